@@ -1,0 +1,57 @@
+"""jobkeeper: a durable background job queue on PostgreSQL or SQLite.
+
+Jobs are rows; workers claim them with ``SELECT ... FOR UPDATE SKIP LOCKED``
+(PostgreSQL) or inside one ``BEGIN IMMEDIATE`` transaction (SQLite); failures
+back off exponentially and end in a dead-letter table; heartbeats let live
+workers rescue the jobs of dead ones.
+
+    from jobkeeper import JobQueue
+
+    jq = JobQueue()          # sqlite:///jobkeeper.db, or JobQueue("postgresql://...")
+    jq.migrate()
+
+    @jq.task(max_attempts=5)
+    def send_email(to: str) -> None: ...
+
+    send_email.enqueue(to="a@example.com")
+    jq.run_worker()
+"""
+
+from jobkeeper.api import JobQueue
+from jobkeeper.context import current_job
+from jobkeeper.errors import (
+    ConfigError,
+    DatabaseError,
+    DatabaseUnavailable,
+    Discard,
+    JobkeeperError,
+    JobNotFound,
+    JobStateError,
+    JobTimeout,
+    PayloadError,
+    Retry,
+)
+from jobkeeper.models import Job, JobStatus
+from jobkeeper.tasks import Task, TaskOptions
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ConfigError",
+    "DatabaseError",
+    "DatabaseUnavailable",
+    "Discard",
+    "Job",
+    "JobNotFound",
+    "JobQueue",
+    "JobStateError",
+    "JobStatus",
+    "JobTimeout",
+    "JobkeeperError",
+    "PayloadError",
+    "Retry",
+    "Task",
+    "TaskOptions",
+    "__version__",
+    "current_job",
+]

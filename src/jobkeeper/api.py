@@ -1,0 +1,506 @@
+"""``JobQueue``: the facade users hold. Validates every input before anything
+is written, then delegates to a backend (River's ``Client``, Oban's ``Oban``).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from datetime import datetime
+from typing import Any, ParamSpec, Protocol, TypeVar, overload
+
+from jobkeeper.backends import Backend, open_backend
+from jobkeeper.config import (
+    Settings,
+    check_max_attempts,
+    check_name,
+    check_priority,
+    check_schedule,
+    check_unique_key,
+    resolve_database_url,
+)
+from jobkeeper.errors import ConfigError, JobNotFound, JobStateError, PayloadError
+from jobkeeper.models import TERMINAL_STATUSES, Job, JobStatus, NewJob, WorkerInfo
+from jobkeeper.payload import encode_args
+from jobkeeper.tasks import ENQUEUE_OPTIONS, Task
+
+logger = logging.getLogger("jobkeeper")
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+DEFAULT_QUEUE = "default"
+
+
+class _TaskDecorator(Protocol):
+    def __call__(self, fn: Callable[P, R], /) -> Task[P, R]: ...
+
+
+RETRYABLE_FROM = frozenset(
+    {JobStatus.DEAD, JobStatus.RETRYABLE, JobStatus.CANCELLED, JobStatus.COMPLETED}
+)
+DEFAULT_MAX_ATTEMPTS = 20
+
+
+class JobQueue:
+    """A durable job queue on one database.
+
+    Creating one connects to nothing; the first call that needs the database
+    does. Thread-safe: API calls may come from any thread (on PostgreSQL they
+    share a small connection pool).
+
+    Args:
+        database_url: ``sqlite:///path.db`` or ``postgresql://user@host:port/db``;
+            default: ``$JOBKEEPER_DATABASE_URL``, else ``sqlite:///jobkeeper.db``.
+        heartbeat_interval: seconds between worker heartbeats (default 5).
+        rescue_after: seconds without a heartbeat before a running job is
+            rescued (default 60; at least 3 x ``heartbeat_interval``).
+        poll_interval: seconds an idle worker waits between looks for due
+            work when no wake-up arrives (default 1).
+        retention: seconds completed and cancelled jobs are kept (default
+            86400; 0 deletes them at completion).
+        max_payload_bytes: largest encoded args or result, bytes (default 1 MiB).
+        shutdown_grace: seconds running jobs get to finish after SIGTERM (default 30).
+        backoff_base: base of the exponential retry backoff (default 2).
+        max_backoff: cap on one retry delay, seconds (default 86400).
+        busy_timeout: SQLite: seconds to wait for the write lock (default 30).
+
+    Raises:
+        ConfigError: an invalid URL or setting (nothing is connected).
+    """
+
+    def __init__(
+        self,
+        database_url: str | None = None,
+        *,
+        heartbeat_interval: float = 5.0,
+        rescue_after: float = 60.0,
+        poll_interval: float = 1.0,
+        retention: float = 86_400.0,
+        max_payload_bytes: int = 1 << 20,
+        shutdown_grace: float = 30.0,
+        backoff_base: float = 2.0,
+        max_backoff: float = 86_400.0,
+        busy_timeout: float = 30.0,
+    ) -> None:
+        self.url = resolve_database_url(database_url)
+        self.settings = Settings(
+            heartbeat_interval=heartbeat_interval,
+            rescue_after=rescue_after,
+            poll_interval=poll_interval,
+            retention=retention,
+            max_payload_bytes=max_payload_bytes,
+            shutdown_grace=shutdown_grace,
+            backoff_base=backoff_base,
+            max_backoff=max_backoff,
+            busy_timeout=busy_timeout,
+        )
+        self.tasks: dict[str, Task[Any, Any]] = {}
+        self._backend: Backend | None = None
+        self._backend_lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"<JobQueue {self.url.redacted()} tasks={sorted(self.tasks)}>"
+
+    @property
+    def backend(self) -> Backend:
+        """The backend (created on first use)."""
+        if self._backend is None:
+            with self._backend_lock:
+                if self._backend is None:
+                    self._backend = open_backend(self.url, self.settings)
+        return self._backend
+
+    def using(self, database_url: str) -> JobQueue:
+        """A JobQueue on another database with the same settings and tasks
+        (what ``jobkeeper --database URL worker --app ...`` runs).
+        """
+        other = JobQueue.__new__(JobQueue)
+        other.url = resolve_database_url(database_url)
+        other.settings = self.settings
+        other.tasks = self.tasks
+        other._backend = None
+        other._backend_lock = threading.Lock()
+        return other
+
+    def close(self) -> None:
+        """Close the queue's connections (it reconnects if used again)."""
+        with self._backend_lock:
+            if self._backend is not None:
+                self._backend.close()
+                self._backend = None
+
+    def __enter__(self) -> JobQueue:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- schema ----------------------------------------------------------------
+
+    def migrate(self) -> int:
+        """Create or upgrade the schema; idempotent and safe to run from many
+        processes at once (advisory lock / write lock).
+
+        Returns:
+            The schema version now applied.
+
+        Raises:
+            DatabaseUnavailable: the database cannot be reached.
+        """
+        return self.backend.migrate()
+
+    # -- tasks -----------------------------------------------------------------
+
+    @overload
+    def task(self, fn: Callable[P, R], /) -> Task[P, R]: ...
+
+    @overload
+    def task(
+        self,
+        *,
+        name: str | None = None,
+        queue: str = DEFAULT_QUEUE,
+        max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+        priority: int = 0,
+        timeout: float | None = None,
+    ) -> _TaskDecorator: ...
+
+    def task(
+        self,
+        fn: Callable[..., Any] | None = None,
+        *,
+        name: str | None = None,
+        queue: str = DEFAULT_QUEUE,
+        max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+        priority: int = 0,
+        timeout: float | None = None,
+    ) -> Any:
+        """Register a function as a task: ``@jq.task`` or ``@jq.task(queue="emails", ...)``.
+
+        Args:
+            name: the name jobs refer to (default: the function's ``__name__``).
+            queue: default queue for its jobs.
+            max_attempts: attempts before a job goes to the dead letters (1..1,000,000).
+            priority: default priority, a 32-bit int; lower runs first.
+            timeout: seconds an attempt may run before it fails with a
+                timeout error and follows the retry policy; ``None`` = no limit.
+
+        Raises:
+            ConfigError: an invalid option, or a name already registered.
+        """
+
+        def register(function: Callable[..., Any]) -> Task[Any, Any]:
+            task_name = name if name is not None else getattr(function, "__name__", None)
+            if task_name is None:
+                raise ConfigError(f"cannot name task {function!r}: pass name=")
+            if task_name in self.tasks:
+                raise ConfigError(f"a task named {task_name!r} is already registered")
+            task: Task[Any, Any] = Task(
+                self,
+                function,
+                name=task_name,
+                queue=queue,
+                max_attempts=max_attempts,
+                priority=priority,
+                timeout=timeout,
+            )
+            self.tasks[task.name] = task
+            return task
+
+        if fn is not None:
+            return register(fn)
+        return register
+
+    # -- enqueue -----------------------------------------------------------------
+
+    def _new_job(self, task: Any, args: Any, options: dict[str, Any]) -> NewJob:
+        """Validate one job completely, writing nothing."""
+        unknown = sorted(set(options) - set(ENQUEUE_OPTIONS) - {"connection"})
+        if unknown:
+            raise ConfigError(
+                f"unknown enqueue option {unknown[0]!r}; valid options: "
+                + ", ".join(o for o in ENQUEUE_OPTIONS if o != "connection")
+            )
+        task_name = task.name if isinstance(task, Task) else check_name("task", task)
+        registered = self.tasks.get(task_name)
+        if args is None:
+            args = {}
+        args_json = encode_args(args, max_bytes=self.settings.max_payload_bytes)
+        if registered is not None:
+            registered.check_args(args)
+        queue = options.get("queue")
+        priority = options.get("priority")
+        max_attempts = options.get("max_attempts")
+        delay, run_at = check_schedule(options.get("delay"), options.get("run_at"))
+        return NewJob(
+            task=task_name,
+            args_json=args_json,
+            queue=check_name("queue", queue)
+            if queue is not None
+            else (registered.queue if registered else DEFAULT_QUEUE),
+            priority=check_priority(priority)
+            if priority is not None
+            else (registered.priority if registered else 0),
+            max_attempts=check_max_attempts(max_attempts)
+            if max_attempts is not None
+            else (registered.max_attempts if registered else DEFAULT_MAX_ATTEMPTS),
+            delay=delay,
+            run_at=run_at,
+            unique_key=check_unique_key(options.get("unique_key")),
+        )
+
+    def enqueue(
+        self,
+        task: str | Task[Any, Any],
+        args: dict[str, Any] | None = None,
+        *,
+        queue: str | None = None,
+        run_at: datetime | None = None,
+        delay: float | None = None,
+        priority: int | None = None,
+        max_attempts: int | None = None,
+        unique_key: str | None = None,
+        connection: Any = None,
+    ) -> Job:
+        """Store one job; returns once it is durable (committed), or, with
+        ``connection``, once it is written in the caller's open transaction.
+
+        Args:
+            task: a task name (need not be registered in this process) or Task.
+            args: the task's keyword arguments: a JSON object of JSON-native
+                values, at most ``max_payload_bytes`` encoded.
+            queue: queue name (default: the task's, else ``"default"``).
+            run_at: an aware datetime; not run before it. Naive datetimes are refused.
+            delay: seconds from now (database clock); not with ``run_at``.
+            priority: 32-bit int, lower runs first (default: the task's, else 0).
+            max_attempts: 1..1,000,000 (default: the task's, else 20).
+            unique_key: while a job of the same task with this key is pending
+                (scheduled/available/running/retryable), return that job
+                instead of inserting a new one.
+            connection: a psycopg 3 ``Connection`` (PostgreSQL) or
+                ``sqlite3.Connection`` to the same file; the job commits or
+                rolls back with that connection's transaction.
+
+        Returns:
+            The stored :class:`Job` (or the pending duplicate for ``unique_key``).
+
+        Raises:
+            PayloadError: args not a JSON object of JSON-native values (NaN,
+                Infinity, NUL, lone surrogates, non-str keys...), too large, or
+                not matching a registered task's parameters. Names the field.
+            ConfigError: an invalid name, option, delay, run_at or priority.
+            TypeError: ``connection`` of the wrong kind or database.
+            DatabaseUnavailable: the database cannot be reached; nothing written.
+        """
+        options = {
+            "queue": queue,
+            "run_at": run_at,
+            "delay": delay,
+            "priority": priority,
+            "max_attempts": max_attempts,
+            "unique_key": unique_key,
+        }
+        new = self._new_job(task, args, {k: v for k, v in options.items() if v is not None})
+        return self.backend.job_insert_many([new], connection=connection)[0]
+
+    def enqueue_many(
+        self,
+        jobs: Iterable[
+            tuple[str | Task[Any, Any], dict[str, Any]]
+            | tuple[str | Task[Any, Any], dict[str, Any], dict[str, Any]]
+        ],
+        *,
+        connection: Any = None,
+    ) -> list[Job]:
+        """Store many jobs in one transaction and one round trip, all or nothing.
+
+        Args:
+            jobs: ``(task, args)`` or ``(task, args, options)`` tuples; options
+                take the keywords of :meth:`enqueue` (except ``connection``).
+            connection: as for :meth:`enqueue`.
+
+        Returns:
+            One Job per input, in input order.
+
+        Raises:
+            PayloadError, ConfigError: naming the item (``jobs[3]: args.x: ...``);
+                every item is validated before anything is written.
+            DatabaseUnavailable: nothing was written.
+        """
+        new_jobs: list[NewJob] = []
+        for index, item in enumerate(jobs):
+            try:
+                if not isinstance(item, tuple) or len(item) not in (2, 3):
+                    raise ConfigError(
+                        "each item must be a (task, args) or (task, args, options) tuple, "
+                        f"got {type(item).__name__}"
+                    )
+                options = item[2] if len(item) == 3 else {}
+                if not isinstance(options, dict):
+                    raise ConfigError(f"options must be a dict, got {type(options).__name__}")
+                if "connection" in options:
+                    raise ConfigError("pass connection= to enqueue_many itself, not per job")
+                new_jobs.append(self._new_job(item[0], item[1], options))
+            except (PayloadError, ConfigError) as exc:
+                raise type(exc)(f"jobs[{index}]: {exc}") from None
+        return self.backend.job_insert_many(new_jobs, connection=connection)
+
+    # -- inspect and act -------------------------------------------------------------
+
+    def get_job(self, job_id: int) -> Job | None:
+        """The job with ``job_id``, live, dead or recently completed; ``None`` if
+        unknown (or pruned).
+        """
+        return self.backend.job_get(_job_id(job_id))
+
+    def list_jobs(
+        self,
+        status: JobStatus | str | None = None,
+        queue: str | None = None,
+        limit: int = 100,
+    ) -> list[Job]:
+        """Jobs newest first, filtered by ``status`` (``"dead"`` lists the dead
+        letters) and ``queue``; at most ``limit`` (1..10,000).
+
+        Raises:
+            ConfigError: an unknown status or a bad limit.
+        """
+        if status is not None:
+            try:
+                status = JobStatus(status)
+            except ValueError:
+                valid = ", ".join(s.value for s in JobStatus)
+                raise ConfigError(f"unknown status {status!r}; valid: {valid}") from None
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 10_000:
+            raise ConfigError(f"limit must be an int between 1 and 10000, got {limit!r}")
+        if queue is not None:
+            check_name("queue", queue)
+        return self.backend.job_list(status=status, queue=queue, limit=limit)
+
+    def cancel(self, job_id: int) -> Job:
+        """Cancel a job. Pending jobs become ``cancelled`` at once; a running
+        job's worker is asked to stop it (it ends ``cancelled`` within about
+        one ``heartbeat_interval``).
+
+        Returns:
+            The job after the request.
+
+        Raises:
+            JobNotFound: no such job.
+            JobStateError: the job already finished (completed, cancelled or dead).
+        """
+        job = self.backend.job_cancel(_job_id(job_id))
+        if job is None:
+            raise JobNotFound(f"no job with id {job_id}")
+        if job.status in TERMINAL_STATUSES and job.status != JobStatus.CANCELLED:
+            raise JobStateError(f"job {job_id} is {job.status.value}; it cannot be cancelled")
+        return job
+
+    def retry(self, job_id: int) -> Job:
+        """Run a dead, retryable, cancelled or completed job again now, with its
+        attempts reset (errors are kept). Dead jobs move back from the dead letters.
+
+        Raises:
+            JobNotFound: no such job.
+            JobStateError: the job is pending or running, or a pending job of
+                the same task holds its ``unique_key``.
+        """
+        before = self.backend.job_get(_job_id(job_id))
+        if before is None:
+            raise JobNotFound(f"no job with id {job_id}")
+        if before.status not in RETRYABLE_FROM:
+            raise JobStateError(
+                f"job {job_id} is {before.status.value}; only dead, retryable, cancelled or "
+                "completed jobs can be retried"
+            )
+        job = self.backend.job_retry(job_id)
+        if job is None:
+            raise JobNotFound(f"job {job_id} was pruned before it could be retried")
+        return job
+
+    def requeue_dead(self, job_ids: Sequence[int] | None = None) -> list[int]:
+        """Move dead letters back to the queue (all of them when ``job_ids`` is
+        None), attempts reset. Returns the ids moved.
+
+        Raises:
+            JobStateError: a pending job of the same task holds one's ``unique_key``;
+                nothing was moved.
+        """
+        ids = None if job_ids is None else [_job_id(i) for i in job_ids]
+        return self.backend.dead_letter_requeue(ids)
+
+    def stats(self) -> dict[str, dict[str, int]]:
+        """``{queue: {status: count}}`` with every status (zeros included), dead
+        letters counted as ``"dead"``.
+        """
+        counts = self.backend.queue_stats()
+        return {
+            queue: {status.value: per_status.get(status.value, 0) for status in JobStatus}
+            for queue, per_status in sorted(counts.items())
+        }
+
+    def workers(self) -> list[WorkerInfo]:
+        """Registered workers and their last heartbeat."""
+        return self.backend.worker_list()
+
+    # -- run -----------------------------------------------------------------
+
+    def worker(
+        self,
+        queues: Sequence[str] | None = None,
+        concurrency: int = 10,
+        burst: bool = False,
+    ) -> Any:
+        """A :class:`jobkeeper.worker.runner.Worker` for these queues, not started
+        (``run_worker`` runs one). Validates like ``run_worker``.
+        """
+        from jobkeeper.worker.runner import Worker
+
+        queue_names = list(queues) if queues else [DEFAULT_QUEUE]
+        for name in queue_names:
+            check_name("queue", name)
+        if isinstance(concurrency, bool) or not isinstance(concurrency, int):
+            raise ConfigError(f"concurrency must be an int, got {concurrency!r}")
+        if not 1 <= concurrency <= 10_000:
+            raise ConfigError(f"concurrency must be between 1 and 10000, got {concurrency}")
+        return Worker(
+            self.backend,
+            self.tasks,
+            self.settings,
+            queues=queue_names,
+            concurrency=concurrency,
+            burst=burst,
+        )
+
+    def run_worker(
+        self,
+        queues: Sequence[str] | None = None,
+        concurrency: int = 10,
+        burst: bool = False,
+    ) -> int:
+        """Run a worker in this thread until SIGTERM/SIGINT (or, with ``burst``,
+        until nothing is available or due within ``poll_interval``).
+
+        Args:
+            queues: queue names to work (default ``["default"]``).
+            concurrency: most jobs running at once (1..10,000).
+            burst: drain and return.
+
+        Returns:
+            0 after a clean stop; 1 if some outcomes could not be written
+            (those jobs will be rescued and re-run).
+
+        Raises:
+            ConfigError: a bad queue name or concurrency.
+            DatabaseUnavailable: the database cannot be reached at start.
+        """
+        stats = self.worker(queues, concurrency, burst).run()
+        return int(stats.exit_code)
+
+
+def _job_id(job_id: Any) -> int:
+    if isinstance(job_id, bool) or not isinstance(job_id, int) or not 0 < job_id < 2**63:
+        raise ConfigError(f"job id must be a positive 64-bit int, got {job_id!r}")
+    return job_id

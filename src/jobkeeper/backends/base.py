@@ -1,0 +1,186 @@
+"""The backend seam: one method per database operation.
+
+Method names are ``noun_verb`` and equal the names of the queries in each
+backend's ``queries.sql`` (River's driver interface and ``-- name:`` queries).
+Every state-changing write on a claimed job is fenced on ``(id, worker_id,
+attempt)`` and returns the ids it changed, so a worker that lost its claim
+changes nothing.
+
+Time is the database's: every timestamp written and every due-time or
+heartbeat comparison uses the database clock (PostgreSQL ``now()``; SQLite's
+``julianday('now')``, the host clock in UTC).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from datetime import datetime
+from typing import Any, Protocol
+
+from jobkeeper.models import Claim, Completion, Failure, Job, JobStatus, NewJob, WorkerInfo
+
+
+class Backend(Protocol):
+    """What the API, the worker and the maintenance services need from a database."""
+
+    #: ``"sqlite"`` or ``"postgresql"``.
+    name: str
+    #: Whether :meth:`listen` delivers wake-ups (PostgreSQL LISTEN/NOTIFY).
+    supports_listen: bool
+
+    def dedicated(self) -> Backend:
+        """A backend on the same database with its own single connection, for
+        one worker thread (heartbeats and acks must never wait behind task work).
+        """
+        ...
+
+    def close(self) -> None:
+        """Close every connection this instance opened. Idempotent."""
+        ...
+
+    def migrate(self) -> int:
+        """Apply pending migrations under a lock; return the schema version."""
+        ...
+
+    def schema_version(self) -> int:
+        """The applied schema version, 0 when not migrated."""
+        ...
+
+    def db_now(self) -> datetime:
+        """The database clock, in UTC."""
+        ...
+
+    # -- jobs --------------------------------------------------------------
+
+    def job_insert_many(self, jobs: Sequence[NewJob], *, connection: Any = None) -> list[Job]:
+        """Insert jobs in one transaction (or in the caller's ``connection``'s
+        transaction, uncommitted). A job whose ``(task, unique_key)`` matches a
+        pending job is not inserted; the pending job is returned in its place.
+        Returns one Job per input, in input order.
+        """
+        ...
+
+    def job_claim(self, *, worker_id: str, queue: str, limit: int) -> list[Job]:
+        """Atomically move up to ``limit`` available jobs of ``queue`` to running
+        under ``worker_id``, counting the attempt. Ordered by priority,
+        scheduled_at, id.
+        """
+        ...
+
+    def job_complete_many(self, completions: Sequence[Completion], *, delete: bool) -> set[int]:
+        """Mark fenced running jobs completed (or delete them when ``delete``);
+        return the ids written.
+        """
+        ...
+
+    def job_fail_many(
+        self, failures: Sequence[Failure], *, stale_after: float | None = None
+    ) -> set[int]:
+        """Record failed attempts, fenced; per ``outcome``: retryable (after
+        ``retry_in`` s), dead (moved to the dead letters), cancelled, or
+        released (available again, attempt not spent). With ``stale_after``
+        (seconds) a write also requires the holder's heartbeat to be older
+        than that (the rescuer's re-check). Returns the ids written.
+        """
+        ...
+
+    def job_stage_due(self) -> int:
+        """Move scheduled/retryable jobs whose ``scheduled_at`` has passed to
+        available; wake listeners. Returns how many moved.
+        """
+        ...
+
+    def job_next_due_in(self, *, queues: Sequence[str]) -> float | None:
+        """Seconds until the earliest scheduled/retryable job of ``queues`` is
+        due (<= 0 when overdue), or ``None`` when there is none.
+        """
+        ...
+
+    def job_rescue_candidates(self, *, rescue_after: float, limit: int) -> list[Job]:
+        """Running jobs whose holder has not heartbeaten for ``rescue_after``
+        seconds (or has no worker row at all).
+        """
+        ...
+
+    def job_cancel_requested(self, *, worker_id: str) -> list[Claim]:
+        """Claims of ``worker_id`` whose jobs were asked to cancel."""
+        ...
+
+    def job_held_by(self, *, worker_id: str) -> list[Job]:
+        """The running jobs held by ``worker_id``."""
+        ...
+
+    def job_prune_finished(self, *, older_than: float, limit: int) -> int:
+        """Delete up to ``limit`` completed/cancelled jobs finished more than
+        ``older_than`` seconds ago; return how many.
+        """
+        ...
+
+    def job_get(self, job_id: int) -> Job | None:
+        """A job by id, from the jobs table or the dead letters."""
+        ...
+
+    def job_list(self, *, status: JobStatus | None, queue: str | None, limit: int) -> list[Job]:
+        """Newest first; ``status=DEAD`` lists dead letters; ``None`` lists both."""
+        ...
+
+    def job_cancel(self, job_id: int) -> Job | None:
+        """Cancel a pending job, or flag a running one for its worker to stop.
+        Returns the job after the change (unchanged when finished), or None.
+        """
+        ...
+
+    def job_retry(self, job_id: int) -> Job | None:
+        """Make a retryable/cancelled/completed/dead job available now with
+        attempts reset. Returns the job after the change (unchanged when it is
+        pending), or None.
+        """
+        ...
+
+    def dead_letter_requeue(self, job_ids: Sequence[int] | None) -> list[int]:
+        """Move dead letters (all when ``job_ids`` is None) back to available;
+        return the ids moved.
+        """
+        ...
+
+    def queue_stats(self) -> dict[str, dict[str, int]]:
+        """``{queue: {status: count}}`` over the jobs table and dead letters."""
+        ...
+
+    # -- workers -----------------------------------------------------------
+
+    def worker_register(self, worker: WorkerInfo) -> None:
+        """Insert (or refresh) the worker's row with a fresh heartbeat."""
+        ...
+
+    def worker_heartbeat(self, worker: WorkerInfo) -> None:
+        """Refresh ``heartbeat_at``; re-register if the row was pruned."""
+        ...
+
+    def worker_deregister(self, worker_id: str) -> None:
+        """Delete the worker's row."""
+        ...
+
+    def worker_prune_stale(self, *, older_than: float) -> int:
+        """Delete rows of workers silent for ``older_than`` seconds."""
+        ...
+
+    def worker_list(self) -> list[WorkerInfo]:
+        """Every registered worker."""
+        ...
+
+    # -- wake-ups ----------------------------------------------------------
+
+    def listen(self, on_queue: Callable[[str], None], stop: threading.Event) -> None:
+        """Block, calling ``on_queue(queue)`` for each enqueue notification,
+        until ``stop`` is set. Reconnects on its own. Only when
+        ``supports_listen``.
+        """
+        ...
+
+    def change_counter(self) -> int | None:
+        """A number that changes whenever another connection commits (SQLite
+        ``PRAGMA data_version``), or ``None`` when the backend has none.
+        """
+        ...

@@ -1,0 +1,522 @@
+"""PostgreSQL backend: psycopg 3, a connection pool for API calls, dedicated
+connections for worker threads, LISTEN/NOTIFY wake-ups.
+
+Claims use ``FOR UPDATE SKIP LOCKED`` so any number of workers on any number
+of hosts share the queue without blocking each other.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+import psycopg
+from psycopg import sql
+from psycopg.rows import tuple_row
+from psycopg_pool import ConnectionPool, PoolTimeout
+
+from jobkeeper.backends.rows import (
+    aware_utc,
+    completion_arrays,
+    job_from_row,
+    match_inserted,
+    split_failures,
+)
+from jobkeeper.backends.sqlfile import load_migrations, load_queries
+from jobkeeper.config import DatabaseURL
+from jobkeeper.errors import DatabaseError, DatabaseUnavailable, JobStateError
+from jobkeeper.models import Claim, Completion, Failure, Job, JobStatus, NewJob, WorkerInfo
+
+logger = logging.getLogger("jobkeeper.postgres")
+
+UTC_NOW_TEXT_SQL = """to_char(now() AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')"""
+QUERIES = {
+    name: text.replace("{utc_now_text}", UTC_NOW_TEXT_SQL)
+    for name, text in load_queries("jobkeeper.backends.postgres").items()
+}
+MIGRATIONS = load_migrations("jobkeeper.backends.postgres.migrations")
+
+#: pg_advisory_xact_lock key serialising migrate() across processes
+#: (the bytes of "jobkeepr" as a big-endian int64).
+MIGRATION_LOCK_KEY = 0x6A6F626B65657072
+#: Seconds an API call waits for a pooled connection (or a connection to be
+#: made) before raising DatabaseUnavailable.
+POOL_TIMEOUT = 10.0
+CONNECT_TIMEOUT = 5
+
+_CREATE_SCHEMA_TABLE = """
+CREATE TABLE IF NOT EXISTS jobkeeper_schema (
+    version    integer     PRIMARY KEY,
+    applied_at timestamptz NOT NULL DEFAULT now()
+)"""
+
+
+def _rows(cursor: psycopg.Cursor[Any]) -> list[dict[str, Any]]:
+    if cursor.description is None:
+        return []
+    names = [column.name for column in cursor.description]
+    return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
+
+
+class _SingleConnection:
+    """One lazily (re)opened connection for one worker thread.
+
+    After a connection error the connection is dropped and the next use
+    reconnects, so a worker survives a database restart or
+    ``pg_terminate_backend`` by retrying its loop.
+    """
+
+    def __init__(self, conninfo: str) -> None:
+        self._conninfo = conninfo
+        self._conn: psycopg.Connection[Any] | None = None
+
+    @contextlib.contextmanager
+    def connection(self) -> Iterator[psycopg.Connection[Any]]:
+        if self._conn is None or self._conn.closed or self._conn.broken:
+            self._drop()
+            self._conn = psycopg.connect(
+                self._conninfo, autocommit=True, connect_timeout=CONNECT_TIMEOUT
+            )
+        try:
+            yield self._conn
+        except psycopg.OperationalError:
+            self._drop()
+            raise
+
+    def _drop(self) -> None:
+        if self._conn is not None:
+            with contextlib.suppress(Exception):
+                self._conn.close()
+        self._conn = None
+
+    def close(self) -> None:
+        self._drop()
+
+
+class _PooledConnections:
+    """A psycopg_pool pool, opened on first use, checking connections on
+    checkout so a restarted server costs no failed API call.
+    """
+
+    def __init__(self, conninfo: str, max_size: int) -> None:
+        self._pool = ConnectionPool(
+            conninfo,
+            min_size=1,
+            max_size=max_size,
+            kwargs={"autocommit": True, "connect_timeout": CONNECT_TIMEOUT},
+            check=ConnectionPool.check_connection,
+            timeout=POOL_TIMEOUT,
+            open=False,
+            name="jobkeeper",
+        )
+        self._opened = False
+        self._lock = threading.Lock()
+
+    @contextlib.contextmanager
+    def connection(self) -> Iterator[psycopg.Connection[Any]]:
+        if not self._opened:
+            with self._lock:
+                if not self._opened:
+                    self._pool.open(wait=False)
+                    self._opened = True
+        with self._pool.connection() as conn:
+            yield conn
+
+    def close(self) -> None:
+        if self._opened:
+            self._pool.close()
+            self._opened = False
+
+
+class PostgresBackend:
+    """The PostgreSQL implementation of :class:`~jobkeeper.backends.base.Backend`.
+
+    Args:
+        url: the parsed ``postgresql://`` URL.
+        dedicated: use one private connection instead of a pool.
+        pool_size: most pooled connections for API calls.
+    """
+
+    name = "postgresql"
+    supports_listen = True
+
+    def __init__(self, url: DatabaseURL, *, dedicated: bool = False, pool_size: int = 10) -> None:
+        self.url = url
+        self._conninfo = url.url.replace("postgres://", "postgresql://", 1)
+        self._source: _SingleConnection | _PooledConnections = (
+            _SingleConnection(self._conninfo)
+            if dedicated
+            else _PooledConnections(self._conninfo, pool_size)
+        )
+        self._channel: str | None = None
+
+    # -- plumbing -----------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _errors(self) -> Iterator[None]:
+        """Translate driver errors into jobkeeper's, naming the server."""
+        try:
+            yield
+        except (psycopg.OperationalError, PoolTimeout) as exc:
+            raise DatabaseUnavailable(
+                f"PostgreSQL at {self.url.redacted()} is unavailable: {_describe(exc)}"
+            ) from exc
+        except psycopg.errors.UndefinedTable as exc:
+            raise DatabaseError(
+                f"{_describe(exc)} -- run `jobkeeper migrate` (or JobQueue.migrate()) first"
+            ) from exc
+        except psycopg.Error as exc:
+            raise DatabaseError(f"PostgreSQL error: {_describe(exc)}") from exc
+
+    @contextlib.contextmanager
+    def _cursor(self, *, transaction: bool = False) -> Iterator[psycopg.Cursor[Any]]:
+        with self._errors(), self._source.connection() as conn:
+            if transaction:
+                with conn.transaction(), conn.cursor(row_factory=tuple_row) as cursor:
+                    yield cursor
+            else:
+                with conn.cursor(row_factory=tuple_row) as cursor:
+                    yield cursor
+
+    def _fetch(self, name: str, params: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+        with self._cursor() as cursor:
+            cursor.execute(QUERIES[name], params or {})
+            return _rows(cursor)
+
+    def _jobs(self, rows: list[dict[str, Any]], *, dead: bool = False) -> list[Job]:
+        return [job_from_row(row, aware_utc, dead=dead) for row in rows]
+
+    def channel(self) -> str:
+        """The NOTIFY channel: ``jobkeeper_<schema>`` (see the insert trigger)."""
+        if self._channel is None:
+            rows = self._fetch_raw("SELECT current_schema()")
+            schema = rows[0][0] if rows else None
+            if schema is None:
+                raise DatabaseError(
+                    "PostgreSQL has no current schema (check search_path in the URL)"
+                )
+            self._channel = f"jobkeeper_{schema}"
+        return self._channel
+
+    def _fetch_raw(self, query: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        with self._cursor() as cursor:
+            cursor.execute(query, params)
+            return cursor.fetchall() if cursor.description else []
+
+    def dedicated(self) -> PostgresBackend:
+        return PostgresBackend(self.url, dedicated=True)
+
+    def close(self) -> None:
+        self._source.close()
+
+    # -- schema -------------------------------------------------------------
+
+    def migrate(self) -> int:
+        with self._cursor(transaction=True) as cursor:
+            # Everything below runs under one transaction-scoped lock, so
+            # concurrent migrate() calls apply each migration exactly once.
+            cursor.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK_KEY,))
+            cursor.execute(_CREATE_SCHEMA_TABLE)
+            cursor.execute(QUERIES["schema_version"])
+            current = int(cursor.fetchone()[0])  # type: ignore[index]
+            for version, script in MIGRATIONS:
+                if version > current:
+                    cursor.execute(script)
+                    cursor.execute("INSERT INTO jobkeeper_schema (version) VALUES (%s)", (version,))
+                    current = version
+            return current
+
+    def schema_version(self) -> int:
+        rows = self._fetch_raw("SELECT to_regclass('jobkeeper_schema') IS NOT NULL")
+        if not rows or not rows[0][0]:
+            return 0
+        return int(self._fetch_raw(QUERIES["schema_version"])[0][0])
+
+    def db_now(self) -> datetime:
+        return self._fetch_raw(QUERIES["db_now"])[0][0].astimezone(UTC)  # type: ignore[no-any-return]
+
+    # -- jobs ---------------------------------------------------------------
+
+    def job_insert_many(self, jobs: Sequence[NewJob], *, connection: Any = None) -> list[Job]:
+        if not jobs:
+            return []
+        if connection is not None:
+            if not isinstance(connection, psycopg.Connection):
+                raise TypeError(
+                    "connection= must be a psycopg 3 Connection to this database, got "
+                    f"{type(connection).__module__}.{type(connection).__name__}"
+                )
+            with self._errors(), connection.cursor(row_factory=tuple_row) as cursor:
+                return self._insert(cursor, jobs)
+        with self._cursor(transaction=True) as cursor:
+            return self._insert(cursor, jobs)
+
+    def _insert(self, cursor: psycopg.Cursor[Any], jobs: Sequence[NewJob]) -> list[Job]:
+        out: list[Job | None] = [None] * len(jobs)
+        pending = list(range(len(jobs)))
+        # A duplicate can finish between the skipped insert and the lookup;
+        # then the key is free again and the next round inserts it.
+        for _ in range(5):
+            batch = [jobs[i] for i in pending]
+            cursor.execute(
+                QUERIES["job_insert_many"],
+                {
+                    "queues": [j.queue for j in batch],
+                    "tasks": [j.task for j in batch],
+                    "args": [j.args_json for j in batch],
+                    "priorities": [j.priority for j in batch],
+                    "max_attempts": [j.max_attempts for j in batch],
+                    "delays": [j.delay for j in batch],
+                    "run_ats": [j.run_at for j in batch],
+                    "unique_keys": [j.unique_key for j in batch],
+                },
+            )
+            inserted = self._jobs(_rows(cursor))
+            existing: dict[tuple[str, str], Job] = {}
+            if len(inserted) < len(batch):
+                keyed = [j for j in batch if j.unique_key is not None]
+                cursor.execute(
+                    QUERIES["job_get_pending_by_unique_key"],
+                    {
+                        "tasks": [j.task for j in keyed],
+                        "unique_keys": [j.unique_key for j in keyed],
+                    },
+                )
+                for job in self._jobs(_rows(cursor)):
+                    assert job.unique_key is not None
+                    existing[(job.task, job.unique_key)] = job
+            matched, unresolved = match_inserted(batch, inserted, existing)
+            for position, matched_job in zip(pending, matched, strict=True):
+                out[position] = matched_job
+            pending = [pending[i] for i in unresolved]
+            if not pending:
+                return [job for job in out if job is not None]
+        raise DatabaseError("could not resolve unique_key conflicts after 5 rounds")
+
+    def job_claim(self, *, worker_id: str, queue: str, limit: int) -> list[Job]:
+        rows = self._fetch("job_claim", {"worker_id": worker_id, "queue": queue, "limit": limit})
+        return sorted(self._jobs(rows), key=lambda j: (j.priority, j.scheduled_at, j.id))
+
+    def job_complete_many(self, completions: Sequence[Completion], *, delete: bool) -> set[int]:
+        if not completions:
+            return set()
+        params = completion_arrays(completions)
+        if delete:
+            del params["results"]
+        name = "job_complete_delete_many" if delete else "job_complete_many"
+        return {row["id"] for row in self._fetch(name, params)}
+
+    def job_fail_many(
+        self, failures: Sequence[Failure], *, stale_after: float | None = None
+    ) -> set[int]:
+        if not failures:
+            return set()
+        dead, updates = split_failures(failures)
+        written: set[int] = set()
+        with self._cursor(transaction=True) as cursor:
+            if updates:
+                cursor.execute(
+                    QUERIES["job_fail_many"],
+                    {
+                        "ids": [f.claim.job_id for f in updates],
+                        "worker_ids": [f.claim.worker_id for f in updates],
+                        "attempts": [f.claim.attempt for f in updates],
+                        "outcomes": [f.outcome for f in updates],
+                        "errors": [f.error_json for f in updates],
+                        "retry_ins": [f.retry_in for f in updates],
+                        "stale_after": stale_after,
+                    },
+                )
+                written.update(row[0] for row in cursor.fetchall())
+            if dead:
+                cursor.execute(
+                    QUERIES["job_fail_dead_many"],
+                    {
+                        "ids": [f.claim.job_id for f in dead],
+                        "worker_ids": [f.claim.worker_id for f in dead],
+                        "attempts": [f.claim.attempt for f in dead],
+                        "errors": [f.error_json for f in dead],
+                        "reasons": [f.reason or "max_attempts exhausted" for f in dead],
+                        "stale_after": stale_after,
+                    },
+                )
+                written.update(row[0] for row in cursor.fetchall())
+            released = {f.claim.job_id for f in updates if f.outcome == "released"} & written
+            if released:
+                queues = {row["queue"] for row in self._released_queues(cursor, released)}
+                cursor.execute(
+                    QUERIES["notify_queues"], {"channel": self.channel(), "queues": sorted(queues)}
+                )
+        return written
+
+    def _released_queues(self, cursor: psycopg.Cursor[Any], ids: set[int]) -> list[dict[str, Any]]:
+        cursor.execute(
+            "SELECT DISTINCT queue FROM jobkeeper_jobs WHERE id = ANY(%s)", (sorted(ids),)
+        )
+        return _rows(cursor)
+
+    def job_stage_due(self) -> int:
+        rows = self._fetch("job_stage_due", {"channel": self.channel(), "limit": 10_000})
+        return sum(int(row["staged"]) for row in rows)
+
+    def job_next_due_in(self, *, queues: Sequence[str]) -> float | None:
+        result = self._fetch("job_next_due_in", {"queues": list(queues)})
+        value = next(iter(result[0].values())) if result else None
+        return None if value is None else float(value)
+
+    def job_rescue_candidates(self, *, rescue_after: float, limit: int) -> list[Job]:
+        return self._jobs(
+            self._fetch("job_rescue_candidates", {"rescue_after": rescue_after, "limit": limit})
+        )
+
+    def job_cancel_requested(self, *, worker_id: str) -> list[Claim]:
+        rows = self._fetch("job_cancel_requested", {"worker_id": worker_id})
+        return [Claim(row["id"], row["worker_id"], row["attempt"]) for row in rows]
+
+    def job_held_by(self, *, worker_id: str) -> list[Job]:
+        return self._jobs(self._fetch("job_held_by", {"worker_id": worker_id}))
+
+    def job_prune_finished(self, *, older_than: float, limit: int) -> int:
+        with self._cursor() as cursor:
+            cursor.execute(
+                QUERIES["job_prune_finished"], {"older_than": older_than, "limit": limit}
+            )
+            return cursor.rowcount
+
+    def job_get(self, job_id: int) -> Job | None:
+        rows = self._fetch("job_get", {"id": job_id})
+        if rows:
+            return self._jobs(rows)[0]
+        dead = self._fetch("dead_letter_get", {"id": job_id})
+        return self._jobs(dead, dead=True)[0] if dead else None
+
+    def job_list(self, *, status: JobStatus | None, queue: str | None, limit: int) -> list[Job]:
+        jobs: list[Job] = []
+        if status != JobStatus.DEAD:
+            params = {"status": status.value if status else None, "queue": queue, "limit": limit}
+            jobs += self._jobs(self._fetch("job_list", params))
+        if status in (None, JobStatus.DEAD):
+            rows = self._fetch("dead_letter_list", {"queue": queue, "limit": limit})
+            jobs += self._jobs(rows, dead=True)
+        return sorted(jobs, key=lambda j: j.id, reverse=True)[:limit]
+
+    def job_cancel(self, job_id: int) -> Job | None:
+        rows = self._fetch("job_cancel", {"id": job_id})
+        return self._jobs(rows)[0] if rows else self.job_get(job_id)
+
+    def job_retry(self, job_id: int) -> Job | None:
+        try:
+            rows = self._fetch("job_retry", {"id": job_id})
+            if not rows and self.dead_letter_requeue([job_id]) == []:
+                return self.job_get(job_id)
+        except DatabaseError as exc:
+            if isinstance(exc.__cause__, psycopg.errors.UniqueViolation):
+                raise JobStateError(
+                    f"job {job_id} cannot be retried: a pending job of the same task "
+                    "already holds its unique_key"
+                ) from None
+            raise
+        job = self.job_get(job_id)
+        if job is not None:
+            self._notify([job.queue])
+        return job
+
+    def _notify(self, queues: Sequence[str]) -> None:
+        self._fetch("notify_queues", {"channel": self.channel(), "queues": list(queues)})
+
+    def dead_letter_requeue(self, job_ids: Sequence[int] | None) -> list[int]:
+        params = {"all": job_ids is None, "ids": list(job_ids or [])}
+        try:
+            ids = sorted(row["id"] for row in self._fetch("dead_letter_requeue", params))
+        except DatabaseError as exc:
+            if isinstance(exc.__cause__, psycopg.errors.UniqueViolation):
+                raise JobStateError(
+                    "cannot requeue: a pending job of the same task already holds the "
+                    "unique_key of a dead letter being requeued; nothing was requeued"
+                ) from None
+            raise
+        return ids
+
+    def queue_stats(self) -> dict[str, dict[str, int]]:
+        stats: dict[str, dict[str, int]] = {}
+        for queue, status, count in self._fetch_raw(QUERIES["queue_stats"]):
+            stats.setdefault(queue, {})[status] = int(count)
+        return stats
+
+    # -- workers ------------------------------------------------------------
+
+    def _worker_params(self, worker: WorkerInfo) -> dict[str, Any]:
+        return {
+            "id": worker.id,
+            "hostname": worker.hostname,
+            "pid": worker.pid,
+            "queues": json.dumps(worker.queues),
+        }
+
+    def worker_register(self, worker: WorkerInfo) -> None:
+        self._fetch("worker_register", self._worker_params(worker))
+
+    def worker_heartbeat(self, worker: WorkerInfo) -> None:
+        with self._cursor() as cursor:
+            cursor.execute(QUERIES["worker_heartbeat"], {"id": worker.id})
+            if cursor.rowcount == 0:
+                # Pruned while we were paused: come back. Our old claims were
+                # (or will be) rescued and our fenced writes will be refused.
+                cursor.execute(QUERIES["worker_register"], self._worker_params(worker))
+
+    def worker_deregister(self, worker_id: str) -> None:
+        self._fetch("worker_deregister", {"id": worker_id})
+
+    def worker_prune_stale(self, *, older_than: float) -> int:
+        with self._cursor() as cursor:
+            cursor.execute(QUERIES["worker_prune_stale"], {"older_than": older_than})
+            return cursor.rowcount
+
+    def worker_list(self) -> list[WorkerInfo]:
+        return [
+            WorkerInfo(
+                id=row["id"],
+                hostname=row["hostname"],
+                pid=row["pid"],
+                queues=list(row["queues"]),
+                started_at=row["started_at"].astimezone(UTC),
+                heartbeat_at=row["heartbeat_at"].astimezone(UTC),
+            )
+            for row in self._fetch("worker_list")
+        ]
+
+    # -- wake-ups -----------------------------------------------------------
+
+    def listen(self, on_queue: Callable[[str], None], stop: threading.Event) -> None:
+        channel = self.channel()
+        delay = 0.1
+        while not stop.is_set():
+            try:
+                with psycopg.connect(
+                    self._conninfo, autocommit=True, connect_timeout=CONNECT_TIMEOUT
+                ) as conn:
+                    conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
+                    # Anything enqueued while we were not listening is found
+                    # by a claim now rather than by the next poll.
+                    on_queue("*")
+                    delay = 0.1
+                    while not stop.is_set():
+                        for notify in conn.notifies(timeout=0.5):
+                            on_queue(notify.payload)
+            except psycopg.Error as exc:
+                logger.warning("LISTEN connection lost (%s); reconnecting", _describe(exc))
+                stop.wait(delay)
+                delay = min(delay * 2, 5.0)
+
+    def change_counter(self) -> int | None:
+        return None

@@ -1,0 +1,1 @@
+"""Packaged SQL migrations (NNNN_name.sql), applied in order by migrate()."""

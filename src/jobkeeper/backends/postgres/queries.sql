@@ -1,0 +1,281 @@
+-- Every runtime statement of the PostgreSQL backend. A block runs from its
+-- "-- name:" line to the next; names equal the PostgresBackend methods.
+-- Batched statements take parallel arrays and unnest them, so one round trip
+-- carries any number of rows.
+-- {utc_now_text} is now() as ISO 8601 text in UTC, the "at" of error entries,
+-- whatever the session's TimeZone.
+
+-- name: job_insert_many
+-- Rows are inserted in input order (ORDER BY ord), so ids ascend with it.
+-- A (task, unique_key) that matches a pending job is skipped here and
+-- resolved to that job by job_get_pending_by_unique_key.
+INSERT INTO jobkeeper_jobs
+    (queue, task, args, status, priority, max_attempts, scheduled_at, unique_key)
+SELECT new.queue, new.task, new.args,
+       CASE WHEN new.delay IS NOT NULL OR new.run_at > now() THEN 'scheduled'
+            ELSE 'available' END,
+       new.priority, new.max_attempts,
+       CASE WHEN new.delay IS NOT NULL THEN now() + make_interval(secs => new.delay)
+            ELSE coalesce(new.run_at, now()) END,
+       new.unique_key
+FROM unnest(%(queues)s::text[], %(tasks)s::text[], %(args)s::jsonb[], %(priorities)s::int[],
+            %(max_attempts)s::int[], %(delays)s::float8[], %(run_ats)s::timestamptz[],
+            %(unique_keys)s::text[])
+     WITH ORDINALITY AS new(queue, task, args, priority, max_attempts, delay, run_at, unique_key, ord)
+ORDER BY new.ord
+ON CONFLICT (task, unique_key)
+    WHERE unique_key IS NOT NULL AND status IN ('scheduled', 'available', 'running', 'retryable')
+    DO NOTHING
+RETURNING *
+
+-- name: job_get_pending_by_unique_key
+SELECT job.*
+FROM jobkeeper_jobs AS job
+JOIN unnest(%(tasks)s::text[], %(unique_keys)s::text[]) AS wanted(task, unique_key)
+  ON job.task = wanted.task AND job.unique_key = wanted.unique_key
+WHERE job.status IN ('scheduled', 'available', 'running', 'retryable')
+
+-- name: job_claim
+-- The candidate ids are MATERIALIZED before the UPDATE uses them: as a plain
+-- subquery the planner may re-run the LIMITed, SKIP LOCKED scan and claim
+-- more rows than asked. SKIP LOCKED lets many workers claim at once without
+-- waiting on each other's row locks.
+WITH candidates AS MATERIALIZED (
+    SELECT id
+    FROM jobkeeper_jobs
+    WHERE status = 'available' AND queue = %(queue)s
+    ORDER BY priority, scheduled_at, id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE jobkeeper_jobs AS job
+SET status = 'running',
+    attempt = job.attempt + 1,
+    attempted_at = now(),
+    worker_id = %(worker_id)s
+FROM candidates
+WHERE job.id = candidates.id
+RETURNING job.*
+
+-- name: job_complete_many
+-- Fenced on (id, worker_id, attempt): a worker whose claim was rescued (and
+-- perhaps re-claimed by another) writes nothing.
+UPDATE jobkeeper_jobs AS job
+SET status = 'completed', finished_at = now(), worker_id = NULL, result = done.result
+FROM unnest(%(ids)s::bigint[], %(worker_ids)s::text[], %(attempts)s::int[], %(results)s::jsonb[])
+     AS done(id, worker_id, attempt, result)
+WHERE job.id = done.id AND job.worker_id = done.worker_id AND job.attempt = done.attempt
+  AND job.status = 'running'
+RETURNING job.id
+
+-- name: job_complete_delete_many
+-- retention = 0: completed jobs are deleted at once, with the same fence.
+DELETE FROM jobkeeper_jobs AS job
+USING unnest(%(ids)s::bigint[], %(worker_ids)s::text[], %(attempts)s::int[])
+     AS done(id, worker_id, attempt)
+WHERE job.id = done.id AND job.worker_id = done.worker_id AND job.attempt = done.attempt
+  AND job.status = 'running'
+RETURNING job.id
+
+-- name: job_fail_many
+-- Retryable, cancelled and released outcomes (dead ones move: job_fail_dead_many).
+-- "released" hands a job back at shutdown: available at once, and the
+-- interrupted attempt is not spent (the error entry records it).
+-- %(stale_after)s is the rescuer's re-check that the holder is still silent,
+-- so a holder that heartbeats again in the meantime keeps its job.
+UPDATE jobkeeper_jobs AS job
+SET status = CASE failed.outcome WHEN 'released' THEN 'available' ELSE failed.outcome END,
+    attempt = CASE failed.outcome WHEN 'released' THEN job.attempt - 1 ELSE job.attempt END,
+    finished_at = CASE failed.outcome WHEN 'released' THEN NULL ELSE now() END,
+    scheduled_at = CASE failed.outcome
+                       WHEN 'retryable' THEN now() + make_interval(secs => failed.retry_in)
+                       ELSE job.scheduled_at END,
+    worker_id = NULL,
+    errors = job.errors || jsonb_build_array(failed.error || jsonb_build_object('at', {utc_now_text}))
+FROM unnest(%(ids)s::bigint[], %(worker_ids)s::text[], %(attempts)s::int[],
+            %(outcomes)s::text[], %(errors)s::jsonb[], %(retry_ins)s::float8[])
+     AS failed(id, worker_id, attempt, outcome, error, retry_in)
+WHERE job.id = failed.id AND job.worker_id = failed.worker_id AND job.attempt = failed.attempt
+  AND job.status = 'running'
+  AND (%(stale_after)s::float8 IS NULL OR NOT EXISTS (
+        SELECT 1 FROM jobkeeper_workers AS worker
+        WHERE worker.id = job.worker_id
+          AND worker.heartbeat_at > now() - make_interval(secs => %(stale_after)s::float8)))
+RETURNING job.id
+
+-- name: job_fail_dead_many
+-- Moves the job to the dead letters in one statement: the DELETE and the
+-- INSERT commit together, so a job is always in exactly one of the tables.
+WITH failed AS (
+    SELECT * FROM unnest(%(ids)s::bigint[], %(worker_ids)s::text[], %(attempts)s::int[],
+                         %(errors)s::jsonb[], %(reasons)s::text[])
+                  AS failed(id, worker_id, attempt, error, reason)
+), moved AS (
+    DELETE FROM jobkeeper_jobs AS job
+    USING failed
+    WHERE job.id = failed.id AND job.worker_id = failed.worker_id
+      AND job.attempt = failed.attempt AND job.status = 'running'
+      AND (%(stale_after)s::float8 IS NULL OR NOT EXISTS (
+            SELECT 1 FROM jobkeeper_workers AS worker
+            WHERE worker.id = job.worker_id
+              AND worker.heartbeat_at > now() - make_interval(secs => %(stale_after)s::float8)))
+    RETURNING job.*, failed.error AS new_error, failed.reason AS new_reason
+)
+INSERT INTO jobkeeper_dead_letters
+    (id, queue, task, args, priority, attempt, max_attempts, scheduled_at, created_at,
+     attempted_at, finished_at, unique_key, errors, result, reason)
+SELECT id, queue, task, args, priority, attempt, max_attempts, scheduled_at, created_at,
+       attempted_at, now(), unique_key,
+       errors || jsonb_build_array(new_error || jsonb_build_object('at', {utc_now_text})),
+       result, new_reason
+FROM moved
+RETURNING id
+
+-- name: job_stage_due
+-- Due scheduled/retryable jobs become available; one NOTIFY per queue
+-- that received any. SKIP LOCKED: stagers of several workers split the work.
+WITH due AS (
+    SELECT id
+    FROM jobkeeper_jobs
+    WHERE status IN ('scheduled', 'retryable') AND scheduled_at <= now()
+    ORDER BY scheduled_at
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+), staged AS (
+    UPDATE jobkeeper_jobs AS job
+    SET status = 'available'
+    FROM due
+    WHERE job.id = due.id
+    RETURNING job.queue
+)
+SELECT per_queue.queue, per_queue.staged, pg_notify(%(channel)s, per_queue.queue)
+FROM (SELECT queue, count(*) AS staged FROM staged GROUP BY queue) AS per_queue
+
+-- name: job_next_due_in
+SELECT extract(epoch FROM min(scheduled_at) - now())::float8
+FROM jobkeeper_jobs
+WHERE status IN ('scheduled', 'retryable') AND queue = ANY(%(queues)s::text[])
+
+-- name: job_rescue_candidates
+-- Rescue does not depend on the holder's worker row existing: a job whose
+-- holder was pruned is as orphaned as one whose holder went silent
+-- (procrastinate#1518).
+SELECT job.*
+FROM jobkeeper_jobs AS job
+WHERE job.status = 'running'
+  AND NOT EXISTS (
+        SELECT 1 FROM jobkeeper_workers AS worker
+        WHERE worker.id = job.worker_id
+          AND worker.heartbeat_at > now() - make_interval(secs => %(rescue_after)s::float8))
+ORDER BY job.id
+LIMIT %(limit)s
+
+-- name: job_cancel_requested
+SELECT id, worker_id, attempt
+FROM jobkeeper_jobs
+WHERE worker_id = %(worker_id)s AND status = 'running' AND cancel_requested
+
+-- name: job_held_by
+SELECT *
+FROM jobkeeper_jobs
+WHERE worker_id = %(worker_id)s AND status = 'running'
+
+-- name: job_prune_finished
+WITH expired AS (
+    SELECT id
+    FROM jobkeeper_jobs
+    WHERE status IN ('completed', 'cancelled')
+      AND finished_at < now() - make_interval(secs => %(older_than)s::float8)
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+DELETE FROM jobkeeper_jobs AS job
+USING expired
+WHERE job.id = expired.id
+
+-- name: job_get
+SELECT * FROM jobkeeper_jobs WHERE id = %(id)s
+
+-- name: dead_letter_get
+SELECT * FROM jobkeeper_dead_letters WHERE id = %(id)s
+
+-- name: job_list
+SELECT *
+FROM jobkeeper_jobs
+WHERE (%(status)s::text IS NULL OR status = %(status)s::text)
+  AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
+ORDER BY id DESC
+LIMIT %(limit)s
+
+-- name: dead_letter_list
+SELECT *
+FROM jobkeeper_dead_letters
+WHERE (%(queue)s::text IS NULL OR queue = %(queue)s::text)
+ORDER BY id DESC
+LIMIT %(limit)s
+
+-- name: job_cancel
+-- Pending jobs are cancelled at once; a running job is flagged and its
+-- worker (or the rescuer, if the worker is gone) finishes the cancellation.
+UPDATE jobkeeper_jobs
+SET status = CASE WHEN status = 'running' THEN 'running' ELSE 'cancelled' END,
+    finished_at = CASE WHEN status = 'running' THEN finished_at ELSE now() END,
+    cancel_requested = true
+WHERE id = %(id)s AND status IN ('scheduled', 'available', 'running', 'retryable')
+RETURNING *
+
+-- name: job_retry
+UPDATE jobkeeper_jobs
+SET status = 'available', attempt = 0, scheduled_at = now(), finished_at = NULL,
+    cancel_requested = false
+WHERE id = %(id)s AND status IN ('retryable', 'cancelled', 'completed')
+RETURNING *
+
+-- name: dead_letter_requeue
+-- Back to the jobs table with the same id, attempts reset, history kept.
+WITH revived AS (
+    DELETE FROM jobkeeper_dead_letters
+    WHERE %(all)s OR id = ANY(%(ids)s::bigint[])
+    RETURNING *
+)
+INSERT INTO jobkeeper_jobs
+    (id, queue, task, args, status, priority, attempt, max_attempts, scheduled_at,
+     created_at, attempted_at, finished_at, unique_key, errors, result)
+SELECT id, queue, task, args, 'available', priority, 0, max_attempts, now(),
+       created_at, attempted_at, NULL, unique_key, errors, result
+FROM revived
+RETURNING id
+
+-- name: queue_stats
+SELECT queue, status, count(*) FROM jobkeeper_jobs GROUP BY queue, status
+UNION ALL
+SELECT queue, 'dead', count(*) FROM jobkeeper_dead_letters GROUP BY queue
+
+-- name: worker_register
+INSERT INTO jobkeeper_workers (id, hostname, pid, queues, started_at, heartbeat_at)
+VALUES (%(id)s, %(hostname)s, %(pid)s, %(queues)s::jsonb, now(), now())
+ON CONFLICT (id) DO UPDATE SET heartbeat_at = now()
+
+-- name: worker_heartbeat
+UPDATE jobkeeper_workers SET heartbeat_at = now() WHERE id = %(id)s
+
+-- name: worker_deregister
+DELETE FROM jobkeeper_workers WHERE id = %(id)s
+
+-- name: worker_prune_stale
+DELETE FROM jobkeeper_workers
+WHERE heartbeat_at < now() - make_interval(secs => %(older_than)s::float8)
+
+-- name: worker_list
+SELECT id, hostname, pid, queues, started_at, heartbeat_at
+FROM jobkeeper_workers
+ORDER BY started_at
+
+-- name: notify_queues
+SELECT pg_notify(%(channel)s, queue) FROM unnest(%(queues)s::text[]) AS queue
+
+-- name: db_now
+SELECT now()
+
+-- name: schema_version
+SELECT coalesce(max(version), 0) FROM jobkeeper_schema

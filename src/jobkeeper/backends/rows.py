@@ -1,0 +1,145 @@
+"""Shared helpers of the backends: row decoding and batch shaping (internal)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from jobkeeper.models import Completion, Failure, Job, JobStatus, NewJob
+from jobkeeper.payload import decode_args
+
+#: Outcomes of job_fail_many (dead goes through job_fail_dead_many).
+UPDATE_OUTCOMES = frozenset({"retryable", "cancelled", "released"})
+
+
+def _json(value: Any, default: Any) -> Any:
+    if value is None:
+        return default
+    if isinstance(value, str | bytes):
+        try:
+            return json.loads(value)
+        except ValueError:
+            return default
+    return value
+
+
+def _errors(value: Any) -> list[dict[str, Any]]:
+    decoded = _json(value, [])
+    return decoded if isinstance(decoded, list) else []
+
+
+def job_from_row(row: dict[str, Any], to_datetime: Any, *, dead: bool = False) -> Job:
+    """Build a :class:`Job` from a row dict (column name -> value).
+
+    ``to_datetime`` converts the backend's stored timestamp to an aware UTC
+    datetime. Never raises on bad args/errors JSON: a row written outside
+    jobkeeper must not crash the worker that claims it (sidekiq#3294).
+    """
+    args, args_error = decode_args(row["args"])
+    return Job(
+        id=int(row["id"]),
+        task=row["task"],
+        args=args,
+        queue=row["queue"],
+        status=JobStatus.DEAD if dead else JobStatus(row["status"]),
+        priority=int(row["priority"]),
+        attempt=int(row["attempt"]),
+        max_attempts=int(row["max_attempts"]),
+        scheduled_at=to_datetime(row["scheduled_at"]),
+        created_at=to_datetime(row["created_at"]),
+        attempted_at=to_datetime(row["attempted_at"]),
+        finished_at=to_datetime(row["finished_at"]),
+        worker_id=None if dead else row["worker_id"],
+        unique_key=row["unique_key"],
+        errors=_errors(row["errors"]),
+        result=_json(row["result"], None),
+        cancel_requested=False if dead else bool(row["cancel_requested"]),
+        dead_reason=row["reason"] if dead else None,
+        args_error=args_error,
+    )
+
+
+def aware_utc(value: datetime | None) -> Any:
+    """PostgreSQL timestamptz (aware, in the session zone) -> aware UTC."""
+    return None if value is None else value.astimezone(UTC)
+
+
+def match_inserted(
+    jobs: Sequence[NewJob], inserted: Iterable[Job], existing: dict[tuple[str, str], Job]
+) -> tuple[list[Job | None], list[int]]:
+    """Pair each input with its inserted row, or its pending duplicate.
+
+    ``inserted`` rows were written in input order (ascending ids); an input
+    whose ``(task, unique_key)`` was skipped by ON CONFLICT resolves to
+    ``existing``. Returns the per-input jobs and the indexes still unresolved
+    (their duplicate finished between the insert and the lookup; insert again).
+    """
+    new_rows = sorted(inserted, key=lambda job: job.id)
+    inserted_keys = {(job.task, job.unique_key) for job in new_rows if job.unique_key is not None}
+    taken: set[tuple[str, str]] = set()
+    rows = iter(new_rows)
+    out: list[Job | None] = []
+    unresolved: list[int] = []
+    for index, new in enumerate(jobs):
+        if new.unique_key is None:
+            out.append(next(rows))
+            continue
+        key = (new.task, new.unique_key)
+        if key in inserted_keys and key not in taken:
+            taken.add(key)
+            out.append(next(rows))
+        elif key in existing:
+            out.append(existing[key])
+        else:
+            out.append(None)
+            unresolved.append(index)
+    return out, unresolved
+
+
+def completion_arrays(completions: Sequence[Completion]) -> dict[str, list[Any]]:
+    """Parallel arrays for the batched completion statements."""
+    return {
+        "ids": [c.claim.job_id for c in completions],
+        "worker_ids": [c.claim.worker_id for c in completions],
+        "attempts": [c.claim.attempt for c in completions],
+        "results": [c.result_json for c in completions],
+    }
+
+
+def split_failures(failures: Sequence[Failure]) -> tuple[list[Failure], list[Failure]]:
+    """Separate moves to the dead letters from in-place failure updates."""
+    dead = [f for f in failures if f.outcome == "dead"]
+    updates = [f for f in failures if f.outcome != "dead"]
+    for failure in updates:
+        if failure.outcome not in UPDATE_OUTCOMES:
+            raise ValueError(f"unknown failure outcome {failure.outcome!r}")
+    return dead, updates
+
+
+def chunks(items: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:
+    """Consecutive slices of at most ``size`` items."""
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
+
+
+def epoch_to_datetime(value: Any) -> datetime | None:
+    """SQLite stored seconds since the epoch (UTC) -> aware UTC datetime."""
+    if value is None:
+        return None
+    try:
+        return datetime.fromtimestamp(float(value), UTC)
+    except (TypeError, ValueError, OverflowError, OSError):
+        return (
+            datetime.max.replace(tzinfo=UTC)
+            if _is_large(value)
+            else datetime.min.replace(tzinfo=UTC)
+        )
+
+
+def _is_large(value: Any) -> bool:
+    try:
+        return float(value) > 0
+    except (TypeError, ValueError):
+        return False

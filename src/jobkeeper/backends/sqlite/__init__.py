@@ -1,0 +1,1 @@
+"""Internal: see backend.py."""

@@ -1,0 +1,533 @@
+"""SQLite backend: the embedded default. WAL mode, a busy timeout, and every
+write in one ``BEGIN IMMEDIATE`` transaction.
+
+``BEGIN IMMEDIATE`` takes the database's single write lock before the claim
+reads anything, so two workers (threads or processes) can never claim the
+same row, with no SKIP LOCKED needed. ``synchronous=FULL`` makes every commit
+durable before ``enqueue`` returns. Each thread gets its own connection.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from jobkeeper.backends.rows import (
+    completion_arrays,
+    epoch_to_datetime,
+    job_from_row,
+    match_inserted,
+    split_failures,
+)
+from jobkeeper.backends.sqlfile import load_migrations, load_queries
+from jobkeeper.config import DatabaseURL
+from jobkeeper.errors import DatabaseError, DatabaseUnavailable, JobStateError
+from jobkeeper.models import Claim, Completion, Failure, Job, JobStatus, NewJob, WorkerInfo
+
+#: The database clock as Unix seconds, UTC.
+NOW_SQL = "((julianday('now') - 2440587.5) * 86400.0)"
+ERRORS_PLUS_NEW_SQL = (
+    "json_insert(CASE WHEN json_valid(errors) AND json_type(errors) = 'array' "
+    "THEN errors ELSE '[]' END, '$[#]', "
+    "json_set(json(:error), '$.at', strftime('%Y-%m-%dT%H:%M:%fZ', 'now')))"
+)
+
+
+def _expand(sql: str) -> str:
+    return sql.replace("{now}", NOW_SQL).replace("{errors_plus_new}", ERRORS_PLUS_NEW_SQL)
+
+
+QUERIES = {name: _expand(sql) for name, sql in load_queries("jobkeeper.backends.sqlite").items()}
+MIGRATIONS = [
+    (version, _expand(script))
+    for version, script in load_migrations("jobkeeper.backends.sqlite.migrations")
+]
+
+_CREATE_SCHEMA_TABLE = """
+CREATE TABLE IF NOT EXISTS jobkeeper_schema (
+    version    INTEGER PRIMARY KEY,
+    applied_at REAL    NOT NULL
+)"""
+
+
+def _statements(script: str) -> list[str]:
+    """Split a migration on lines ending in ';' (our migrations keep to that)."""
+    statements, current = [], []
+    for line in script.splitlines():
+        if line.lstrip().startswith("--"):
+            continue
+        current.append(line)
+        if line.rstrip().endswith(";"):
+            statements.append("\n".join(current).strip().rstrip(";"))
+            current = []
+    tail = "\n".join(current).strip()
+    if tail:
+        statements.append(tail)
+    return [s for s in statements if s]
+
+
+def _rows(cursor: sqlite3.Cursor) -> list[dict[str, Any]]:
+    if cursor.description is None:
+        return []
+    names = [column[0] for column in cursor.description]
+    return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
+
+
+def _is_locked(exc: sqlite3.OperationalError) -> bool:
+    message = str(exc).lower()
+    return "locked" in message or "busy" in message
+
+
+#: In-process wake-ups: worker wake events per database file, set by
+#: commits of this process (other processes are seen through data_version).
+_local_listeners: dict[str, set[threading.Event]] = {}
+_local_listeners_lock = threading.Lock()
+
+
+class SqliteBackend:
+    """The SQLite implementation of :class:`~jobkeeper.backends.base.Backend`.
+
+    Args:
+        url: the parsed ``sqlite:///`` URL.
+        busy_timeout: seconds a write waits for the lock before failing with
+            :class:`~jobkeeper.errors.DatabaseUnavailable`.
+    """
+
+    name = "sqlite"
+    supports_listen = False
+
+    def __init__(self, url: DatabaseURL, *, busy_timeout: float = 30.0) -> None:
+        self.url = url
+        self.path = os.path.abspath(url.path)
+        self.busy_timeout = busy_timeout
+        self._local = threading.local()
+        self._connections: list[sqlite3.Connection] = []
+        self._connections_lock = threading.Lock()
+
+    # -- plumbing -----------------------------------------------------------
+
+    def _conn(self) -> sqlite3.Connection:
+        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
+        if conn is None:
+            directory = os.path.dirname(self.path)
+            if directory and not os.path.isdir(directory):
+                raise DatabaseUnavailable(
+                    f"SQLite database {self.path!r}: directory {directory!r} does not exist"
+                )
+            try:
+                conn = sqlite3.connect(
+                    self.path,
+                    timeout=self.busy_timeout,
+                    isolation_level=None,  # we issue BEGIN IMMEDIATE / COMMIT ourselves
+                    check_same_thread=False,
+                )
+                conn.execute("PRAGMA journal_mode = WAL")
+                conn.execute("PRAGMA synchronous = FULL")
+            except sqlite3.Error as exc:
+                raise DatabaseUnavailable(f"SQLite database {self.path!r}: {exc}") from exc
+            self._local.conn = conn
+            with self._connections_lock:
+                self._connections.append(conn)
+        return conn
+
+    @contextlib.contextmanager
+    def _errors(self) -> Iterator[None]:
+        try:
+            yield
+        except sqlite3.OperationalError as exc:
+            if _is_locked(exc):
+                raise DatabaseUnavailable(
+                    f"SQLite database {self.path!r} stayed locked for more than "
+                    f"busy_timeout={self.busy_timeout}s; nothing was written"
+                ) from exc
+            if "no such table" in str(exc):
+                raise DatabaseError(
+                    f"SQLite: {exc} -- run `jobkeeper migrate` (or JobQueue.migrate()) first"
+                ) from exc
+            raise DatabaseError(f"SQLite error: {exc}") from exc
+        except sqlite3.Error as exc:
+            raise DatabaseError(f"SQLite error: {exc}") from exc
+
+    @contextlib.contextmanager
+    def _write(self) -> Iterator[sqlite3.Connection]:
+        """One BEGIN IMMEDIATE transaction, retried while the lock is busy.
+
+        The connection's busy timeout already waits for the lock; the loop
+        adds jittered retries for the cases SQLite reports BUSY at once, up
+        to the same deadline (huey#445, solid_queue#309).
+        """
+        with self._errors():
+            conn = self._conn()
+            deadline = time.monotonic() + self.busy_timeout
+            pause = 0.005
+            while True:
+                try:
+                    conn.execute("BEGIN IMMEDIATE")
+                    break
+                except sqlite3.OperationalError as exc:
+                    if not _is_locked(exc) or time.monotonic() >= deadline:
+                        raise
+                    time.sleep(pause * (0.5 + random.random()))
+                    pause = min(pause * 2, 0.25)
+            try:
+                yield conn
+                conn.execute("COMMIT")
+            except BaseException:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise
+
+    def _read(self, name: str, params: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+        with self._errors():
+            return _rows(self._conn().execute(QUERIES[name], params or {}))
+
+    def _jobs(self, rows: list[dict[str, Any]], *, dead: bool = False) -> list[Job]:
+        return [job_from_row(row, epoch_to_datetime, dead=dead) for row in rows]
+
+    def dedicated(self) -> SqliteBackend:
+        return SqliteBackend(self.url, busy_timeout=self.busy_timeout)
+
+    def close(self) -> None:
+        with self._connections_lock:
+            connections, self._connections = self._connections, []
+        for conn in connections:
+            with contextlib.suppress(Exception):
+                conn.close()
+        self._local = threading.local()
+
+    def wake_local(self) -> None:
+        """Wake the workers of this process that use the same database file."""
+        with _local_listeners_lock:
+            events = list(_local_listeners.get(self.path, ()))
+        for event in events:
+            event.set()
+
+    def add_local_listener(self, event: threading.Event) -> None:
+        """Register a worker's wake event for in-process wake-ups."""
+        with _local_listeners_lock:
+            _local_listeners.setdefault(self.path, set()).add(event)
+
+    def remove_local_listener(self, event: threading.Event) -> None:
+        with _local_listeners_lock:
+            _local_listeners.get(self.path, set()).discard(event)
+
+    # -- schema -------------------------------------------------------------
+
+    def migrate(self) -> int:
+        with self._write() as conn:
+            conn.execute(_CREATE_SCHEMA_TABLE)
+            current = int(conn.execute(QUERIES["schema_version"]).fetchone()[0])
+            for version, script in MIGRATIONS:
+                if version > current:
+                    for statement in _statements(script):
+                        conn.execute(statement)
+                    conn.execute(
+                        f"INSERT INTO jobkeeper_schema (version, applied_at) VALUES (?, {NOW_SQL})",
+                        (version,),
+                    )
+                    current = version
+            return current
+
+    def schema_version(self) -> int:
+        with self._errors():
+            conn = self._conn()
+            exists = conn.execute(
+                "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'jobkeeper_schema'"
+            ).fetchone()
+            if not exists:
+                return 0
+            return int(conn.execute(QUERIES["schema_version"]).fetchone()[0])
+
+    def db_now(self) -> datetime:
+        with self._errors():
+            value = self._conn().execute(QUERIES["db_now"]).fetchone()[0]
+        return datetime.fromtimestamp(value, UTC)
+
+    # -- jobs ---------------------------------------------------------------
+
+    def job_insert_many(self, jobs: Sequence[NewJob], *, connection: Any = None) -> list[Job]:
+        if not jobs:
+            return []
+        if connection is not None:
+            self._check_same_database(connection)
+            with self._errors():
+                return self._insert(connection, jobs)
+        with self._write() as conn:
+            result = self._insert(conn, jobs)
+        if any(job.status == JobStatus.AVAILABLE for job in result):
+            self.wake_local()
+        return result
+
+    def _check_same_database(self, connection: Any) -> None:
+        if not isinstance(connection, sqlite3.Connection):
+            raise TypeError(
+                "connection= must be a sqlite3.Connection to the same database file, got "
+                f"{type(connection).__module__}.{type(connection).__name__}"
+            )
+        with self._errors():
+            rows = connection.execute("PRAGMA database_list").fetchall()
+        main = next((row[2] for row in rows if row[1] == "main"), "")
+        if not main or os.path.realpath(main) != os.path.realpath(self.path):
+            raise TypeError(
+                f"connection= is open on {main or 'an in-memory database'!r}, "
+                f"not on this queue's database {self.path!r}"
+            )
+
+    def _insert(self, conn: sqlite3.Connection, jobs: Sequence[NewJob]) -> list[Job]:
+        out: list[Job] = []
+        insert = QUERIES["job_insert"]
+        for new in jobs:
+            params = {
+                "queue": new.queue,
+                "task": new.task,
+                "args": new.args_json,
+                "priority": new.priority,
+                "max_attempts": new.max_attempts,
+                "delay": new.delay,
+                "run_at": new.run_at.timestamp() if new.run_at else None,
+                "unique_key": new.unique_key,
+            }
+            inserted = self._jobs(_rows(conn.execute(insert, params)))
+            existing: dict[tuple[str, str], Job] = {}
+            if not inserted and new.unique_key is not None:
+                # The write lock is ours, so the duplicate cannot finish meanwhile.
+                found = _rows(
+                    conn.execute(
+                        QUERIES["job_get_pending_by_unique_key"],
+                        {"task": new.task, "unique_key": new.unique_key},
+                    )
+                )
+                existing = {(new.task, new.unique_key): self._jobs(found)[0]}
+            matched, unresolved = match_inserted([new], inserted, existing)
+            if unresolved or matched[0] is None:
+                raise DatabaseError(
+                    f"unique_key {new.unique_key!r}: conflict without a pending job"
+                )
+            out.append(matched[0])
+        return out
+
+    def job_claim(self, *, worker_id: str, queue: str, limit: int) -> list[Job]:
+        with self._write() as conn:
+            rows = _rows(
+                conn.execute(
+                    QUERIES["job_claim"], {"worker_id": worker_id, "queue": queue, "limit": limit}
+                )
+            )
+        return sorted(self._jobs(rows), key=lambda j: (j.priority, j.scheduled_at, j.id))
+
+    def job_complete_many(self, completions: Sequence[Completion], *, delete: bool) -> set[int]:
+        if not completions:
+            return set()
+        arrays = completion_arrays(completions)
+        query = QUERIES["job_complete_delete" if delete else "job_complete"]
+        written: set[int] = set()
+        with self._write() as conn:
+            for job_id, worker_id, attempt, result in zip(
+                arrays["ids"],
+                arrays["worker_ids"],
+                arrays["attempts"],
+                arrays["results"],
+                strict=True,
+            ):
+                params = {"id": job_id, "worker_id": worker_id, "attempt": attempt}
+                if not delete:
+                    params["result"] = result
+                if conn.execute(query, params).rowcount == 1:
+                    written.add(job_id)
+        return written
+
+    def job_fail_many(
+        self, failures: Sequence[Failure], *, stale_after: float | None = None
+    ) -> set[int]:
+        if not failures:
+            return set()
+        dead, updates = split_failures(failures)
+        written: set[int] = set()
+        with self._write() as conn:
+            for failure in updates:
+                params = {
+                    "id": failure.claim.job_id,
+                    "worker_id": failure.claim.worker_id,
+                    "attempt": failure.claim.attempt,
+                    "outcome": failure.outcome,
+                    "error": failure.error_json,
+                    "retry_in": failure.retry_in,
+                    "stale_after": stale_after,
+                }
+                if conn.execute(QUERIES["job_fail"], params).rowcount == 1:
+                    written.add(failure.claim.job_id)
+            for failure in dead:
+                params = {
+                    "id": failure.claim.job_id,
+                    "worker_id": failure.claim.worker_id,
+                    "attempt": failure.claim.attempt,
+                    "error": failure.error_json,
+                    "reason": failure.reason or "max_attempts exhausted",
+                    "stale_after": stale_after,
+                }
+                if conn.execute(QUERIES["job_fail_dead_copy"], params).rowcount == 1:
+                    conn.execute(QUERIES["job_fail_dead_delete"], {"id": failure.claim.job_id})
+                    written.add(failure.claim.job_id)
+        if any(f.outcome == "released" and f.claim.job_id in written for f in updates):
+            self.wake_local()
+        return written
+
+    def job_stage_due(self) -> int:
+        with self._write() as conn:
+            staged = conn.execute(QUERIES["job_stage_due"], {"limit": 10_000}).rowcount
+        if staged:
+            self.wake_local()
+        return staged
+
+    def job_next_due_in(self, *, queues: Sequence[str]) -> float | None:
+        with self._errors():
+            value = (
+                self._conn()
+                .execute(QUERIES["job_next_due_in"], {"queues": json.dumps(list(queues))})
+                .fetchone()[0]
+            )
+        return None if value is None else float(value)
+
+    def job_rescue_candidates(self, *, rescue_after: float, limit: int) -> list[Job]:
+        rows = self._read("job_rescue_candidates", {"rescue_after": rescue_after, "limit": limit})
+        return self._jobs(rows)
+
+    def job_cancel_requested(self, *, worker_id: str) -> list[Claim]:
+        rows = self._read("job_cancel_requested", {"worker_id": worker_id})
+        return [Claim(row["id"], row["worker_id"], row["attempt"]) for row in rows]
+
+    def job_held_by(self, *, worker_id: str) -> list[Job]:
+        return self._jobs(self._read("job_held_by", {"worker_id": worker_id}))
+
+    def job_prune_finished(self, *, older_than: float, limit: int) -> int:
+        with self._write() as conn:
+            return conn.execute(
+                QUERIES["job_prune_finished"], {"older_than": older_than, "limit": limit}
+            ).rowcount
+
+    def job_get(self, job_id: int) -> Job | None:
+        rows = self._read("job_get", {"id": job_id})
+        if rows:
+            return self._jobs(rows)[0]
+        dead = self._read("dead_letter_get", {"id": job_id})
+        return self._jobs(dead, dead=True)[0] if dead else None
+
+    def job_list(self, *, status: JobStatus | None, queue: str | None, limit: int) -> list[Job]:
+        jobs: list[Job] = []
+        if status != JobStatus.DEAD:
+            params = {"status": status.value if status else None, "queue": queue, "limit": limit}
+            jobs += self._jobs(self._read("job_list", params))
+        if status in (None, JobStatus.DEAD):
+            rows = self._read("dead_letter_list", {"queue": queue, "limit": limit})
+            jobs += self._jobs(rows, dead=True)
+        return sorted(jobs, key=lambda j: j.id, reverse=True)[:limit]
+
+    def job_cancel(self, job_id: int) -> Job | None:
+        with self._write() as conn:
+            rows = _rows(conn.execute(QUERIES["job_cancel"], {"id": job_id}))
+        return self._jobs(rows)[0] if rows else self.job_get(job_id)
+
+    def job_retry(self, job_id: int) -> Job | None:
+        try:
+            with self._write() as conn:
+                rows = _rows(conn.execute(QUERIES["job_retry"], {"id": job_id}))
+                if not rows:
+                    self._requeue(conn, [job_id])
+        except DatabaseError as exc:
+            if isinstance(exc.__cause__, sqlite3.IntegrityError):
+                raise JobStateError(
+                    f"job {job_id} cannot be retried: a pending job of the same task "
+                    "already holds its unique_key"
+                ) from None
+            raise
+        self.wake_local()
+        return self.job_get(job_id)
+
+    def _requeue(self, conn: sqlite3.Connection, job_ids: Sequence[int] | None) -> list[int]:
+        params = {"all": job_ids is None, "ids": json.dumps(list(job_ids or []))}
+        revived = [
+            row["id"] for row in _rows(conn.execute(QUERIES["dead_letter_requeue_copy"], params))
+        ]
+        conn.execute(QUERIES["dead_letter_requeue_delete"], {"ids": json.dumps(revived)})
+        return sorted(revived)
+
+    def dead_letter_requeue(self, job_ids: Sequence[int] | None) -> list[int]:
+        try:
+            with self._write() as conn:
+                ids = self._requeue(conn, job_ids)
+        except DatabaseError as exc:
+            if isinstance(exc.__cause__, sqlite3.IntegrityError):
+                raise JobStateError(
+                    "cannot requeue: a pending job of the same task already holds the "
+                    "unique_key of a dead letter being requeued; nothing was requeued"
+                ) from None
+            raise
+        if ids:
+            self.wake_local()
+        return ids
+
+    def queue_stats(self) -> dict[str, dict[str, int]]:
+        stats: dict[str, dict[str, int]] = {}
+        with self._errors():
+            for queue, status, count in self._conn().execute(QUERIES["queue_stats"]):
+                stats.setdefault(queue, {})[status] = int(count)
+        return stats
+
+    # -- workers ------------------------------------------------------------
+
+    @staticmethod
+    def _worker_params(worker: WorkerInfo) -> dict[str, Any]:
+        return {
+            "id": worker.id,
+            "hostname": worker.hostname,
+            "pid": worker.pid,
+            "queues": json.dumps(worker.queues),
+        }
+
+    def worker_register(self, worker: WorkerInfo) -> None:
+        with self._write() as conn:
+            conn.execute(QUERIES["worker_register"], self._worker_params(worker))
+
+    def worker_heartbeat(self, worker: WorkerInfo) -> None:
+        with self._write() as conn:
+            if conn.execute(QUERIES["worker_heartbeat"], {"id": worker.id}).rowcount == 0:
+                # Pruned while paused: come back; old claims stay fenced off.
+                conn.execute(QUERIES["worker_register"], self._worker_params(worker))
+
+    def worker_deregister(self, worker_id: str) -> None:
+        with self._write() as conn:
+            conn.execute(QUERIES["worker_deregister"], {"id": worker_id})
+
+    def worker_prune_stale(self, *, older_than: float) -> int:
+        with self._write() as conn:
+            return conn.execute(QUERIES["worker_prune_stale"], {"older_than": older_than}).rowcount
+
+    def worker_list(self) -> list[WorkerInfo]:
+        return [
+            WorkerInfo(
+                id=row["id"],
+                hostname=row["hostname"],
+                pid=row["pid"],
+                queues=json.loads(row["queues"]),
+                started_at=datetime.fromtimestamp(row["started_at"], UTC),
+                heartbeat_at=datetime.fromtimestamp(row["heartbeat_at"], UTC),
+            )
+            for row in self._read("worker_list")
+        ]
+
+    # -- wake-ups -----------------------------------------------------------
+
+    def listen(self, on_queue: Callable[[str], None], stop: threading.Event) -> None:
+        raise NotImplementedError("SQLite has no LISTEN/NOTIFY; workers poll data_version")
+
+    def change_counter(self) -> int | None:
+        with self._errors():
+            return int(self._conn().execute("PRAGMA data_version").fetchone()[0])

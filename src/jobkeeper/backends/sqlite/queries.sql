@@ -1,0 +1,210 @@
+-- Every runtime statement of the SQLite backend. A block runs from its
+-- "-- name:" line to the next; names equal the SqliteBackend methods.
+-- {now} is the database clock: julianday('now') as Unix seconds (UTC), the
+-- same value for every row of one statement.
+-- {errors_plus_new} appends :error to the errors array, tolerating a
+-- corrupted errors column (a failure must always be recordable).
+
+-- name: job_insert
+INSERT INTO jobkeeper_jobs
+    (queue, task, args, status, priority, max_attempts, scheduled_at, created_at, unique_key)
+VALUES (
+    :queue, :task, :args,
+    CASE WHEN :delay IS NOT NULL OR :run_at > {now} THEN 'scheduled' ELSE 'available' END,
+    :priority, :max_attempts,
+    CASE WHEN :delay IS NOT NULL THEN {now} + :delay ELSE coalesce(:run_at, {now}) END,
+    {now}, :unique_key)
+ON CONFLICT (task, unique_key)
+    WHERE unique_key IS NOT NULL AND status IN ('scheduled', 'available', 'running', 'retryable')
+    DO NOTHING
+RETURNING *
+
+-- name: job_get_pending_by_unique_key
+SELECT *
+FROM jobkeeper_jobs
+WHERE task = :task AND unique_key = :unique_key
+  AND status IN ('scheduled', 'available', 'running', 'retryable')
+
+-- name: job_claim
+-- Runs inside BEGIN IMMEDIATE: the write lock is taken before the read, so
+-- two workers can never pick the same rows.
+UPDATE jobkeeper_jobs
+SET status = 'running', attempt = attempt + 1, attempted_at = {now}, worker_id = :worker_id
+WHERE id IN (
+    SELECT id
+    FROM jobkeeper_jobs
+    WHERE status = 'available' AND queue = :queue
+    ORDER BY priority, scheduled_at, id
+    LIMIT :limit)
+RETURNING *
+
+-- name: job_complete
+-- Fenced on (id, worker_id, attempt): a worker that lost its claim writes nothing.
+UPDATE jobkeeper_jobs
+SET status = 'completed', finished_at = {now}, worker_id = NULL, result = :result
+WHERE id = :id AND worker_id = :worker_id AND attempt = :attempt AND status = 'running'
+
+-- name: job_complete_delete
+DELETE FROM jobkeeper_jobs
+WHERE id = :id AND worker_id = :worker_id AND attempt = :attempt AND status = 'running'
+
+-- name: job_fail
+-- Retryable, cancelled or released ("released": handed back at shutdown,
+-- available at once, the interrupted attempt not spent).
+-- :stale_after is the rescuer's re-check that the holder is still silent.
+UPDATE jobkeeper_jobs
+SET status = CASE :outcome WHEN 'released' THEN 'available' ELSE :outcome END,
+    attempt = CASE :outcome WHEN 'released' THEN attempt - 1 ELSE attempt END,
+    finished_at = CASE :outcome WHEN 'released' THEN NULL ELSE {now} END,
+    scheduled_at = CASE :outcome WHEN 'retryable' THEN {now} + :retry_in ELSE scheduled_at END,
+    worker_id = NULL,
+    errors = {errors_plus_new}
+WHERE id = :id AND worker_id = :worker_id AND attempt = :attempt AND status = 'running'
+  AND (:stale_after IS NULL OR NOT EXISTS (
+        SELECT 1 FROM jobkeeper_workers AS worker
+        WHERE worker.id = jobkeeper_jobs.worker_id
+          AND worker.heartbeat_at > {now} - :stale_after))
+
+-- name: job_fail_dead_copy
+-- First half of the move to the dead letters; job_fail_dead_delete is the
+-- second, in the same transaction.
+INSERT INTO jobkeeper_dead_letters
+    (id, queue, task, args, priority, attempt, max_attempts, scheduled_at, created_at,
+     attempted_at, finished_at, unique_key, errors, result, reason)
+SELECT id, queue, task, args, priority, attempt, max_attempts, scheduled_at, created_at,
+       attempted_at, {now}, unique_key, {errors_plus_new}, result, :reason
+FROM jobkeeper_jobs
+WHERE id = :id AND worker_id = :worker_id AND attempt = :attempt AND status = 'running'
+  AND (:stale_after IS NULL OR NOT EXISTS (
+        SELECT 1 FROM jobkeeper_workers AS worker
+        WHERE worker.id = jobkeeper_jobs.worker_id
+          AND worker.heartbeat_at > {now} - :stale_after))
+
+-- name: job_fail_dead_delete
+DELETE FROM jobkeeper_jobs WHERE id = :id
+
+-- name: job_stage_due
+UPDATE jobkeeper_jobs
+SET status = 'available'
+WHERE id IN (
+    SELECT id
+    FROM jobkeeper_jobs
+    WHERE status IN ('scheduled', 'retryable') AND scheduled_at <= {now}
+    ORDER BY scheduled_at
+    LIMIT :limit)
+
+-- name: job_next_due_in
+SELECT min(scheduled_at) - {now}
+FROM jobkeeper_jobs
+WHERE status IN ('scheduled', 'retryable') AND queue IN (SELECT value FROM json_each(:queues))
+
+-- name: job_rescue_candidates
+-- Rescue does not depend on the holder's worker row existing (procrastinate#1518).
+SELECT job.*
+FROM jobkeeper_jobs AS job
+WHERE job.status = 'running'
+  AND NOT EXISTS (
+        SELECT 1 FROM jobkeeper_workers AS worker
+        WHERE worker.id = job.worker_id AND worker.heartbeat_at > {now} - :rescue_after)
+ORDER BY job.id
+LIMIT :limit
+
+-- name: job_cancel_requested
+SELECT id, worker_id, attempt
+FROM jobkeeper_jobs
+WHERE worker_id = :worker_id AND status = 'running' AND cancel_requested
+
+-- name: job_held_by
+SELECT *
+FROM jobkeeper_jobs
+WHERE worker_id = :worker_id AND status = 'running'
+
+-- name: job_prune_finished
+DELETE FROM jobkeeper_jobs
+WHERE id IN (
+    SELECT id
+    FROM jobkeeper_jobs
+    WHERE status IN ('completed', 'cancelled') AND finished_at < {now} - :older_than
+    LIMIT :limit)
+
+-- name: job_get
+SELECT * FROM jobkeeper_jobs WHERE id = :id
+
+-- name: dead_letter_get
+SELECT * FROM jobkeeper_dead_letters WHERE id = :id
+
+-- name: job_list
+SELECT *
+FROM jobkeeper_jobs
+WHERE (:status IS NULL OR status = :status) AND (:queue IS NULL OR queue = :queue)
+ORDER BY id DESC
+LIMIT :limit
+
+-- name: dead_letter_list
+SELECT *
+FROM jobkeeper_dead_letters
+WHERE (:queue IS NULL OR queue = :queue)
+ORDER BY id DESC
+LIMIT :limit
+
+-- name: job_cancel
+-- Pending jobs are cancelled at once; a running job is flagged and its
+-- worker (or the rescuer, if the worker is gone) finishes the cancellation.
+UPDATE jobkeeper_jobs
+SET status = CASE WHEN status = 'running' THEN 'running' ELSE 'cancelled' END,
+    finished_at = CASE WHEN status = 'running' THEN finished_at ELSE {now} END,
+    cancel_requested = 1
+WHERE id = :id AND status IN ('scheduled', 'available', 'running', 'retryable')
+RETURNING *
+
+-- name: job_retry
+UPDATE jobkeeper_jobs
+SET status = 'available', attempt = 0, scheduled_at = {now}, finished_at = NULL,
+    cancel_requested = 0
+WHERE id = :id AND status IN ('retryable', 'cancelled', 'completed')
+RETURNING *
+
+-- name: dead_letter_requeue_copy
+-- Back to the jobs table with the same id, attempts reset, history kept;
+-- dead_letter_requeue_delete follows in the same transaction.
+INSERT INTO jobkeeper_jobs
+    (id, queue, task, args, status, priority, attempt, max_attempts, scheduled_at,
+     created_at, attempted_at, finished_at, unique_key, errors, result)
+SELECT id, queue, task, args, 'available', priority, 0, max_attempts, {now},
+       created_at, attempted_at, NULL, unique_key, errors, result
+FROM jobkeeper_dead_letters
+WHERE :all OR id IN (SELECT value FROM json_each(:ids))
+RETURNING id
+
+-- name: dead_letter_requeue_delete
+DELETE FROM jobkeeper_dead_letters WHERE id IN (SELECT value FROM json_each(:ids))
+
+-- name: queue_stats
+SELECT queue, status, count(*) FROM jobkeeper_jobs GROUP BY queue, status
+UNION ALL
+SELECT queue, 'dead', count(*) FROM jobkeeper_dead_letters GROUP BY queue
+
+-- name: worker_register
+INSERT INTO jobkeeper_workers (id, hostname, pid, queues, started_at, heartbeat_at)
+VALUES (:id, :hostname, :pid, :queues, {now}, {now})
+ON CONFLICT (id) DO UPDATE SET heartbeat_at = {now}
+
+-- name: worker_heartbeat
+UPDATE jobkeeper_workers SET heartbeat_at = {now} WHERE id = :id
+
+-- name: worker_deregister
+DELETE FROM jobkeeper_workers WHERE id = :id
+
+-- name: worker_prune_stale
+DELETE FROM jobkeeper_workers WHERE heartbeat_at < {now} - :older_than
+
+-- name: worker_list
+SELECT id, hostname, pid, queues, started_at, heartbeat_at
+FROM jobkeeper_workers
+ORDER BY started_at
+
+-- name: db_now
+SELECT {now}
+
+-- name: schema_version
+SELECT coalesce(max(version), 0) FROM jobkeeper_schema

@@ -1,0 +1,1 @@
+"""The command line: ``jobkeeper ...`` (Typer + Rich)."""

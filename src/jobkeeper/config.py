@@ -1,0 +1,284 @@
+"""Settings, database URL resolution and the limits on names and options.
+
+Leaf module: imports only ``errors`` and ``backoff``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import re
+from datetime import UTC, datetime
+from typing import Any
+from urllib.parse import parse_qsl, urlsplit
+
+from jobkeeper.backoff import ABSOLUTE_MAX_BACKOFF, DEFAULT_BASE, DEFAULT_MAX_BACKOFF
+from jobkeeper.errors import ConfigError, PayloadError
+
+#: Environment variable consulted when no URL is passed.
+DATABASE_URL_ENV = "JOBKEEPER_DATABASE_URL"
+#: The embedded default: a file in the current directory.
+DEFAULT_DATABASE_URL = "sqlite:///jobkeeper.db"
+
+#: Queue and task names: 1-200 characters from letters, digits and ``_ . : - /``,
+#: starting with a letter, digit or underscore. Kept narrow so names are safe
+#: in logs, URLs, metric labels and NOTIFY payloads.
+NAME_MAX_LENGTH = 200
+_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:/\-]*\Z")
+#: Longest accepted ``unique_key``, in characters.
+UNIQUE_KEY_MAX_LENGTH = 500
+#: Priorities are 32-bit signed integers; lower runs first.
+PRIORITY_RANGE = (-(2**31), 2**31 - 1)
+#: Largest ``max_attempts``.
+MAX_ATTEMPTS_LIMIT = 1_000_000
+#: Largest accepted ``delay`` in seconds (100 years).
+MAX_DELAY = ABSOLUTE_MAX_BACKOFF
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Settings:
+    """Tunables of a :class:`~jobkeeper.JobQueue`; every duration is in seconds.
+
+    Attributes:
+        heartbeat_interval: how often a worker refreshes its heartbeat (s, default 5).
+        rescue_after: seconds without a heartbeat after which a running job's
+            holder is presumed dead and the job is rescued (default 60). Must be
+            at least 3 x ``heartbeat_interval`` so a live worker can miss a beat
+            without losing its jobs (pgqueuer#430).
+        poll_interval: how often an idle worker looks for due work when no
+            wake-up arrives (s, default 1).
+        retention: how long completed and cancelled jobs are kept (s, default
+            86400; 0 deletes them on completion).
+        max_payload_bytes: largest encoded args/result, in bytes (default 1 MiB).
+        shutdown_grace: on SIGTERM/SIGINT, how long running jobs may still
+            finish before they are handed back (s, default 30).
+        backoff_base: exponential base of the retry backoff (default 2).
+        max_backoff: cap on one retry delay (s, default 86400).
+        busy_timeout: SQLite only: how long a statement waits for the write
+            lock before failing (s, default 30).
+    """
+
+    heartbeat_interval: float = 5.0
+    rescue_after: float = 60.0
+    poll_interval: float = 1.0
+    retention: float = 86_400.0
+    max_payload_bytes: int = 1 << 20
+    shutdown_grace: float = 30.0
+    backoff_base: float = DEFAULT_BASE
+    max_backoff: float = DEFAULT_MAX_BACKOFF
+    busy_timeout: float = 30.0
+
+    def __post_init__(self) -> None:
+        for name in (
+            "heartbeat_interval",
+            "rescue_after",
+            "poll_interval",
+            "shutdown_grace",
+            "retention",
+            "max_backoff",
+            "busy_timeout",
+        ):
+            value = getattr(self, name)
+            positive = name in ("heartbeat_interval", "rescue_after", "poll_interval")
+            check_seconds(name, value, allow_zero=not positive)
+        if self.rescue_after < 3 * self.heartbeat_interval:
+            raise ConfigError(
+                f"rescue_after={self.rescue_after} must be at least 3 x "
+                f"heartbeat_interval={self.heartbeat_interval}: a live worker would "
+                "otherwise look dead after one slow heartbeat and its jobs would run twice"
+            )
+        if not isinstance(self.max_payload_bytes, int) or isinstance(self.max_payload_bytes, bool):
+            raise ConfigError(f"max_payload_bytes must be an int, got {self.max_payload_bytes!r}")
+        if not 1 <= self.max_payload_bytes <= 256 << 20:
+            raise ConfigError(
+                f"max_payload_bytes={self.max_payload_bytes} must be between 1 and {256 << 20}"
+            )
+        base = self.backoff_base
+        if isinstance(base, bool) or not isinstance(base, int | float) or not 1 < base < math.inf:
+            raise ConfigError(f"backoff_base must be a finite number > 1, got {base!r}")
+
+
+def check_seconds(name: str, value: Any, *, allow_zero: bool = True) -> float:
+    """Validate a duration in seconds and return it as a float.
+
+    Raises:
+        ConfigError: not a number, NaN/infinite, negative (or zero when not allowed).
+    """
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ConfigError(f"{name} must be a number of seconds, got {value!r}")
+    number = float(value)
+    if not math.isfinite(number) or number < 0 or (number == 0 and not allow_zero):
+        bound = ">= 0" if allow_zero else "> 0"
+        raise ConfigError(f"{name} must be a finite number of seconds {bound}, got {value!r}")
+    return number
+
+
+def check_name(kind: str, name: Any) -> str:
+    """Validate a queue or task name (see ``NAME_MAX_LENGTH``).
+
+    Raises:
+        ConfigError: naming the kind and the value.
+    """
+    if not isinstance(name, str):
+        raise ConfigError(f"{kind} name must be a string, got {type(name).__name__} {name!r}")
+    if not name or len(name) > NAME_MAX_LENGTH or not _NAME.match(name):
+        raise ConfigError(
+            f"{kind} name {name[:80]!r} is invalid: use 1-{NAME_MAX_LENGTH} characters "
+            "from letters, digits and _ . : - /, starting with a letter, digit or _"
+        )
+    return name
+
+
+def check_priority(priority: Any) -> int:
+    """Validate a priority (a 32-bit int; lower runs first)."""
+    low, high = PRIORITY_RANGE
+    if isinstance(priority, bool) or not isinstance(priority, int) or not low <= priority <= high:
+        raise ConfigError(f"priority must be an int between {low} and {high}, got {priority!r}")
+    return priority
+
+
+def check_max_attempts(max_attempts: Any) -> int:
+    """Validate ``max_attempts`` (1 .. ``MAX_ATTEMPTS_LIMIT``)."""
+    if (
+        isinstance(max_attempts, bool)
+        or not isinstance(max_attempts, int)
+        or not 1 <= max_attempts <= MAX_ATTEMPTS_LIMIT
+    ):
+        raise ConfigError(
+            f"max_attempts must be an int between 1 and {MAX_ATTEMPTS_LIMIT}, got {max_attempts!r}"
+        )
+    return max_attempts
+
+
+def check_timeout(timeout: Any) -> float | None:
+    """Validate a task timeout: ``None`` or seconds > 0."""
+    if timeout is None:
+        return None
+    return check_seconds("timeout", timeout, allow_zero=False)
+
+
+def check_unique_key(unique_key: Any) -> str | None:
+    """Validate a ``unique_key``: ``None`` or a non-empty storable string."""
+    if unique_key is None:
+        return None
+    if not isinstance(unique_key, str) or not unique_key:
+        raise ConfigError(f"unique_key must be a non-empty string or None, got {unique_key!r}")
+    if len(unique_key) > UNIQUE_KEY_MAX_LENGTH:
+        raise ConfigError(
+            f"unique_key is {len(unique_key)} characters; the limit is {UNIQUE_KEY_MAX_LENGTH}"
+        )
+    if "\x00" in unique_key or any("\ud800" <= c <= "\udfff" for c in unique_key):
+        raise PayloadError(f"unique_key {unique_key!r} contains a NUL or lone surrogate")
+    return unique_key
+
+
+def check_schedule(delay: Any, run_at: Any) -> tuple[float | None, datetime | None]:
+    """Validate ``delay`` (seconds >= 0) and ``run_at`` (an aware datetime).
+
+    A naive ``run_at`` is refused rather than guessed at (arq#184: naive local
+    times made delayed jobs run at once). Aware times are converted to UTC.
+
+    Raises:
+        ConfigError: both given, a negative/NaN delay, or a naive/non-datetime ``run_at``.
+    """
+    if delay is not None and run_at is not None:
+        raise ConfigError("give either delay or run_at, not both")
+    if delay is not None:
+        if isinstance(delay, bool) or not isinstance(delay, int | float):
+            raise ConfigError(f"delay must be a number of seconds, got {delay!r}")
+        if not math.isfinite(delay) or delay < 0:
+            raise ConfigError(f"delay must be a finite number of seconds >= 0, got {delay!r}")
+        if delay > MAX_DELAY:
+            raise ConfigError(f"delay={delay} seconds is more than the limit of {MAX_DELAY:.0f}")
+        return (float(delay) if delay > 0 else None), None
+    if run_at is not None:
+        if not isinstance(run_at, datetime):
+            raise ConfigError(f"run_at must be a datetime, got {type(run_at).__name__}")
+        if run_at.tzinfo is None or run_at.utcoffset() is None:
+            raise ConfigError(
+                f"run_at={run_at.isoformat()} is a naive datetime; pass an aware one, "
+                "e.g. datetime.now(timezone.utc) + timedelta(minutes=10)"
+            )
+        return None, run_at.astimezone(UTC)
+    return None, None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class DatabaseURL:
+    """A parsed database URL.
+
+    Attributes:
+        scheme: ``"sqlite"`` or ``"postgresql"``.
+        url: the URL as given (for PostgreSQL, what psycopg connects with).
+        path: SQLite only: the database file path.
+        options: query-string options (``?key=value``).
+    """
+
+    scheme: str
+    url: str
+    path: str = ""
+    options: dict[str, str] = dataclasses.field(default_factory=dict)
+
+    def redacted(self) -> str:
+        """The URL with any password replaced by ``***`` (for logs and errors)."""
+        parts = urlsplit(self.url)
+        if parts.password:
+            netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
+            return parts._replace(netloc=netloc).geturl()
+        return self.url
+
+
+def resolve_database_url(url: str | None) -> DatabaseURL:
+    """Pick and parse the database URL: the argument, else ``JOBKEEPER_DATABASE_URL``,
+    else ``sqlite:///jobkeeper.db``.
+
+    Accepted forms: ``sqlite:///relative/path.db``, ``sqlite:////absolute/path.db``,
+    ``postgresql://user@host:port/db`` (also ``postgres://``).
+
+    Raises:
+        ConfigError: the URL is not a string, has an unknown scheme, names no
+            SQLite file, or is not a valid PostgreSQL connection URL.
+    """
+    if url is None:
+        url = os.environ.get(DATABASE_URL_ENV) or DEFAULT_DATABASE_URL
+    if not isinstance(url, str):
+        raise ConfigError(f"database URL must be a string, got {type(url).__name__}")
+    url = url.strip()
+    scheme, sep, rest = url.partition("://")
+    scheme = scheme.lower()
+    if not sep:
+        raise ConfigError(
+            f"invalid database URL {url!r}: expected sqlite:///path.db or postgresql://user@host/db"
+        )
+    if scheme == "sqlite":
+        path, _, query = rest.partition("?")
+        if not path.startswith("/") or len(path) < 2:
+            raise ConfigError(
+                f"invalid SQLite URL {url!r}: expected sqlite:///relative.db or sqlite:////abs/path.db"
+            )
+        path = path[1:]
+        if path in (":memory:", "") or path.startswith("file:"):
+            raise ConfigError(
+                f"invalid SQLite URL {url!r}: jobkeeper needs a database file that "
+                "several connections and processes can share"
+            )
+        return DatabaseURL("sqlite", url, path=path, options=dict(parse_qsl(query)))
+    if scheme in ("postgresql", "postgres"):
+        try:
+            import psycopg
+            from psycopg.conninfo import conninfo_to_dict
+
+            conninfo_to_dict(url)
+        except ImportError as exc:  # pragma: no cover - psycopg is a dependency
+            raise ConfigError(
+                "PostgreSQL URLs need psycopg: pip install 'psycopg[binary]'"
+            ) from exc
+        except psycopg.Error as exc:
+            raise ConfigError(f"invalid PostgreSQL URL: {str(exc).strip()}") from None
+        return DatabaseURL("postgresql", url)
+    if scheme in ("mysql", "mariadb"):
+        raise ConfigError(f"{scheme}:// is not supported yet; use sqlite:/// or postgresql://")
+    raise ConfigError(
+        f"invalid database URL {url!r}: unknown scheme {scheme!r} (use sqlite or postgresql)"
+    )

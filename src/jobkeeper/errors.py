@@ -1,0 +1,86 @@
+"""Exceptions: control flow raised by tasks, and the errors jobkeeper raises.
+
+Leaf module: imports nothing from the rest of jobkeeper.
+"""
+
+from __future__ import annotations
+
+
+class Retry(Exception):  # noqa: N818 - the contract's name
+    """Raise inside a task to retry the job after ``delay`` seconds.
+
+    The attempt still counts against ``max_attempts``; once they are used up
+    the job goes to the dead letters like any other failure.
+
+    Args:
+        delay: seconds from now (database clock) before the next attempt;
+            ``None`` uses the normal exponential backoff. Must be finite and >= 0.
+        reason: text recorded in the job's ``errors`` for this attempt.
+
+    Raises:
+        ValueError: ``delay`` is negative, NaN or infinite.
+    """
+
+    def __init__(self, delay: float | None = None, reason: str = "retry requested") -> None:
+        if delay is not None:
+            delay = float(delay)
+            if not (0.0 <= delay < float("inf")):
+                raise ValueError(f"Retry delay must be a finite number >= 0, got {delay!r}")
+        super().__init__(reason)
+        self.delay = delay
+        self.reason = reason
+
+
+class Discard(Exception):  # noqa: N818 - the contract's name
+    """Raise inside a task to send the job straight to the dead letters.
+
+    Args:
+        reason: why; kept as the dead letter's reason and in its ``errors``.
+    """
+
+    def __init__(self, reason: str = "discarded") -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class JobkeeperError(Exception):
+    """Base class of every error jobkeeper raises."""
+
+
+class ConfigError(JobkeeperError, ValueError):
+    """A setting, option, task definition or database URL is invalid."""
+
+
+class PayloadError(JobkeeperError, ValueError):
+    """Job arguments (or a result) are not storable: the message names the
+    offending field (``args.a[1].b``) and value. Nothing was written.
+    """
+
+
+class JobNotFound(JobkeeperError, LookupError):  # noqa: N818 - reads better at call sites
+    """No job (live or dead) has the given id."""
+
+
+class JobStateError(JobkeeperError):
+    """The job is in a state that does not allow the requested action."""
+
+
+class DatabaseError(JobkeeperError):
+    """The database refused or failed an operation."""
+
+
+class DatabaseUnavailable(DatabaseError):  # noqa: N818
+    """The database cannot be reached (down, restarting, or locked past the
+    busy timeout). Nothing was written by the failed call.
+    """
+
+
+class JobTimeout(Exception):  # noqa: N818
+    """An attempt ran longer than its task's ``timeout`` (seconds)."""
+
+
+class JobCancelled(BaseException):
+    """Injected into a running sync task when its job is cancelled or its worker
+    shuts down past the grace period. A BaseException so that a task's own
+    ``except Exception`` does not swallow it.
+    """

@@ -1,0 +1,1 @@
+"""Background services with one lifecycle: heartbeat, rescuer, pruner (internal)."""

@@ -1,0 +1,49 @@
+"""The worker heartbeat: proof of life for every job the worker holds.
+
+It runs on its own thread and its own connection, so neither a busy task
+pool nor a blocked event loop can delay it (pgqueuer#430, graphile-worker#497).
+Each beat also picks up cancel requests for this worker's running jobs.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from jobkeeper.backends.base import Backend
+from jobkeeper.maintenance.service import IntervalService
+from jobkeeper.models import Claim, WorkerInfo
+
+logger = logging.getLogger("jobkeeper.worker")
+
+
+class Heartbeat(IntervalService):
+    """Refreshes ``jobkeeper_workers.heartbeat_at`` every ``interval`` seconds.
+
+    Args:
+        backend: a dedicated backend.
+        worker: this worker's identity.
+        interval: seconds between beats (``heartbeat_interval``).
+        on_cancel: called with each claim whose job was asked to cancel.
+    """
+
+    def __init__(
+        self,
+        backend: Backend,
+        worker: WorkerInfo,
+        interval: float,
+        on_cancel: Callable[[Claim], None],
+    ) -> None:
+        super().__init__("jobkeeper-heartbeat", interval)
+        self._backend = backend
+        self._worker = worker
+        self._on_cancel = on_cancel
+        #: Test hook: when set, beats are skipped (simulates a stalled worker).
+        self.paused = False
+
+    def run_once(self) -> None:
+        if self.paused:
+            return
+        self._backend.worker_heartbeat(self._worker)
+        for claim in self._backend.job_cancel_requested(worker_id=self._worker.id):
+            self._on_cancel(claim)

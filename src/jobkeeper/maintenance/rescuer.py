@@ -1,0 +1,71 @@
+"""The rescuer: gives running jobs of dead workers back to the queue.
+
+A running job whose holder has not heartbeaten for ``rescue_after`` seconds
+(or whose holder's row is gone) is rescued: the lost attempt is counted and
+recorded in ``errors`` as a lost worker, and the job becomes ``retryable``
+after the usual backoff, ``dead`` if its attempts are used up, or
+``cancelled`` if a cancel was asked for (Oban's Lifeline, River's JobRescuer).
+
+Every rescue write is fenced on the ``(id, worker_id, attempt)`` the rescuer
+read and re-checks that the holder is still silent, so a job that completed
+or was re-claimed in between is left alone (river#1302).
+
+Every worker runs a rescuer; the fenced writes make concurrent passes safe.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from jobkeeper.backends.base import Backend
+from jobkeeper.config import Settings
+from jobkeeper.maintenance.service import IntervalService
+from jobkeeper.models import Failure
+from jobkeeper.outcomes import cancelled_attempt, failed_attempt
+
+logger = logging.getLogger("jobkeeper.maintenance")
+
+#: Most jobs rescued per pass.
+BATCH = 500
+
+
+class Rescuer(IntervalService):
+    """Rescues orphaned running jobs; also prunes long-silent worker rows.
+
+    Args:
+        backend: a dedicated backend.
+        settings: ``rescue_after`` and the retry policy.
+        interval: seconds between passes.
+    """
+
+    def __init__(self, backend: Backend, settings: Settings, interval: float) -> None:
+        super().__init__("jobkeeper-rescuer", interval)
+        self._backend = backend
+        self._settings = settings
+        #: Total jobs this rescuer has rescued (for logs and tests).
+        self.rescued = 0
+
+    def run_once(self) -> None:
+        rescue_after = self._settings.rescue_after
+        candidates = self._backend.job_rescue_candidates(rescue_after=rescue_after, limit=BATCH)
+        failures: list[Failure] = []
+        for job in candidates:
+            if job.cancel_requested:
+                failures.append(
+                    cancelled_attempt(job, f"cancelled; its worker {job.worker_id} was lost")
+                )
+                continue
+            error = (
+                f"worker lost: {job.worker_id} sent no heartbeat for more than "
+                f"{rescue_after:g}s while running attempt {job.attempt}"
+            )
+            failures.append(failed_attempt(job, self._settings, error=error))
+        if failures:
+            written = self._backend.job_fail_many(failures, stale_after=rescue_after)
+            self.rescued += len(written)
+            if written:
+                logger.warning(
+                    "rescued %d jobs of lost workers: %s", len(written), sorted(written)[:20]
+                )
+        # Rescue never depends on worker rows, so pruning them is only tidying.
+        self._backend.worker_prune_stale(older_than=max(2 * rescue_after, 60.0))

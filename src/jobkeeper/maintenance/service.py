@@ -1,0 +1,69 @@
+"""The lifecycle every background service shares (after River's startstop).
+
+``start()`` runs ``run_once()`` on a daemon thread every ``interval`` seconds;
+``stop()`` is synchronous and idempotent; tests call ``run_once()`` directly.
+A database error never kills the loop: it is logged (once per outage) and
+the next pass comes sooner, with backoff.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+from jobkeeper.errors import DatabaseError
+
+logger = logging.getLogger("jobkeeper.maintenance")
+
+
+class IntervalService:
+    """Base class: subclasses implement :meth:`run_once`.
+
+    Args:
+        name: thread name and log prefix.
+        interval: seconds between passes.
+    """
+
+    def __init__(self, name: str, interval: float) -> None:
+        self.name = name
+        self.interval = interval
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._failing = False
+
+    def run_once(self) -> None:
+        """One pass of the service's work."""
+        raise NotImplementedError
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name=self.name, daemon=True)
+            self._thread.start()
+
+    def _loop(self) -> None:
+        retry = min(self.interval, 0.1)
+        while not self._stop.is_set():
+            try:
+                self.run_once()
+            except DatabaseError as exc:
+                if not self._failing:
+                    logger.warning("%s: %s; retrying", self.name, exc)
+                self._failing = True
+                self._stop.wait(retry)
+                retry = min(retry * 2, self.interval)
+                continue
+            except Exception:
+                logger.exception("%s: unexpected error; retrying", self.name)
+                self._stop.wait(self.interval)
+                continue
+            if self._failing:
+                logger.info("%s: database reachable again", self.name)
+            self._failing = False
+            retry = min(self.interval, 0.1)
+            self._stop.wait(self.interval)
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stop and wait up to ``timeout`` seconds for the thread. Idempotent."""
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout)

@@ -1,0 +1,182 @@
+"""Pure data types shared by every layer: job states, jobs, workers.
+
+This module performs no I/O and imports nothing else from jobkeeper, so the
+backends, the worker and the public API can all depend on it without cycles
+(the role River's ``rivertype`` package plays).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from datetime import datetime
+from typing import Any
+
+
+class JobStatus(enum.StrEnum):
+    """Where a job is in its lifecycle.
+
+    The words are River's (British "cancelled"), plus ``dead`` for jobs that
+    live in ``jobkeeper_dead_letters``::
+
+        scheduled --(scheduled_at reached)--> available --(claimed)--> running
+        running --> completed | retryable | dead | cancelled
+        retryable --(backoff elapsed)--> available
+    """
+
+    #: Waiting for ``scheduled_at`` (enqueued with ``delay``/``run_at``).
+    #: In: enqueue. Out: the worker's stager, once ``scheduled_at`` has passed.
+    SCHEDULED = "scheduled"
+    #: Ready to be claimed. In: enqueue, stager, retry, requeue, graceful release.
+    #: Out: a worker's claim.
+    AVAILABLE = "available"
+    #: Held by exactly one worker (``worker_id``). In: claim. Out: that worker's
+    #: fenced completion/failure, or the rescuer once the holder stops heartbeating.
+    RUNNING = "running"
+    #: A failed attempt waiting out its backoff. In: failure, rescue. Out: stager.
+    RETRYABLE = "retryable"
+    #: Finished successfully; kept for ``retention`` seconds, then pruned.
+    COMPLETED = "completed"
+    #: Stopped on request (``JobQueue.cancel``); kept for ``retention`` seconds.
+    CANCELLED = "cancelled"
+    #: Out of attempts or discarded; the row lives in ``jobkeeper_dead_letters``.
+    DEAD = "dead"
+
+
+#: States a job never leaves on its own.
+TERMINAL_STATUSES: frozenset[JobStatus] = frozenset(
+    {JobStatus.COMPLETED, JobStatus.CANCELLED, JobStatus.DEAD}
+)
+#: States of a job that will still run (or is running).
+PENDING_STATUSES: frozenset[JobStatus] = frozenset(
+    {JobStatus.SCHEDULED, JobStatus.AVAILABLE, JobStatus.RUNNING, JobStatus.RETRYABLE}
+)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Job:
+    """One job as stored.
+
+    Attributes:
+        id: 64-bit id, assigned in increasing order at enqueue.
+        task: the task's registered name.
+        args: the keyword arguments (a JSON object). ``None`` only when a row
+            written outside jobkeeper holds args that cannot be decoded; the
+            worker then fails the attempt with ``args_error``.
+        queue: the queue name.
+        status: see :class:`JobStatus`.
+        priority: lower runs first.
+        attempt: attempts started so far (counted at claim time).
+        max_attempts: the attempt at which a failure sends the job to the dead letters.
+        scheduled_at: not to run before this (UTC).
+        created_at: when it was enqueued (UTC).
+        attempted_at: when the current/last attempt started (UTC), or ``None``.
+        finished_at: when it completed, was cancelled or died (UTC), or when
+            the last attempt failed; ``None`` while pending.
+        worker_id: the holder while running, else ``None``.
+        unique_key: deduplication key, or ``None``.
+        errors: one ``{"attempt", "at", "error", "traceback"}`` dict per failed attempt.
+        result: the task's JSON return value once completed.
+        cancel_requested: ``True`` when ``cancel`` was asked while it ran.
+        dead_reason: why it was dead-lettered (only for ``status == "dead"``).
+        args_error: why ``args`` could not be decoded, else ``None``.
+    """
+
+    id: int
+    task: str
+    args: dict[str, Any] | None
+    queue: str
+    status: JobStatus
+    priority: int
+    attempt: int
+    max_attempts: int
+    scheduled_at: datetime
+    created_at: datetime
+    attempted_at: datetime | None = None
+    finished_at: datetime | None = None
+    worker_id: str | None = None
+    unique_key: str | None = None
+    errors: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    result: Any = None
+    cancel_requested: bool = False
+    dead_reason: str | None = None
+    args_error: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return a JSON-ready dict (timestamps as ISO 8601 UTC strings).
+
+        This is the stable shape printed by the CLI's ``--json`` options.
+        """
+        out: dict[str, Any] = {}
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if isinstance(value, datetime):
+                value = value.isoformat()
+            elif isinstance(value, JobStatus):
+                value = value.value
+            out[field.name] = value
+        return out
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class WorkerInfo:
+    """One registered worker process (a row of ``jobkeeper_workers``)."""
+
+    id: str
+    hostname: str
+    pid: int
+    queues: list[str]
+    started_at: datetime
+    heartbeat_at: datetime
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class NewJob:
+    """A validated job ready to insert (internal: built by the API, written by a backend).
+
+    ``args_json`` is the canonical JSON text of the args; ``delay`` is seconds
+    from the database's ``now`` and ``run_at`` an absolute UTC time; at most
+    one of the two is set.
+    """
+
+    task: str
+    args_json: str
+    queue: str
+    priority: int
+    max_attempts: int
+    delay: float | None = None
+    run_at: datetime | None = None
+    unique_key: str | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Claim:
+    """What fences a running job: it belongs to ``worker_id`` at ``attempt``."""
+
+    job_id: int
+    worker_id: str
+    attempt: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Completion:
+    """A successful attempt to record (internal)."""
+
+    claim: Claim
+    result_json: str | None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Failure:
+    """A failed attempt to record (internal).
+
+    ``outcome`` is ``"retryable"``, ``"dead"``, ``"cancelled"`` or
+    ``"released"`` (handed back at shutdown without spending the attempt).
+    ``retry_in`` is the backoff in seconds for ``"retryable"``.
+    """
+
+    claim: Claim
+    outcome: str
+    error_json: str
+    retry_in: float = 0.0
+    reason: str | None = None

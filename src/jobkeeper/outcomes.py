@@ -1,0 +1,88 @@
+"""Deciding what a failed attempt leads to: retry (with backoff), dead letter,
+cancellation or release. Shared by the worker's executor and the rescuer so a
+crash and an exception follow the same policy (C-05: a crash spends an attempt
+and backs off like any failure).
+"""
+
+from __future__ import annotations
+
+from jobkeeper.backoff import backoff_delay
+from jobkeeper.config import Settings
+from jobkeeper.models import Claim, Failure, Job
+from jobkeeper.payload import clean_text, dumps
+
+#: Longest stored error message / traceback, in characters (C-09: a 5 MB
+#: message must not make the failure unrecordable).
+MAX_ERROR_CHARS = 4_000
+MAX_TRACEBACK_CHARS = 16_000
+
+
+def claim_of(job: Job) -> Claim:
+    """The fence of a running job."""
+    if job.worker_id is None:
+        raise ValueError(f"job {job.id} is not running (no holder)")
+    return Claim(job.id, job.worker_id, job.attempt)
+
+
+def error_entry(job: Job, error: str, traceback: str | None) -> str:
+    """One entry of ``errors`` as JSON; the database fills in ``at``."""
+    return dumps(
+        {
+            "attempt": job.attempt,
+            "at": None,
+            "error": clean_text(error, max_chars=MAX_ERROR_CHARS),
+            "traceback": None
+            if traceback is None
+            else clean_text(traceback, max_chars=MAX_TRACEBACK_CHARS),
+        }
+    )
+
+
+def failed_attempt(
+    job: Job,
+    settings: Settings,
+    *,
+    error: str,
+    traceback: str | None = None,
+    retry_in: float | None = None,
+    discard_reason: str | None = None,
+) -> Failure:
+    """The outcome of a failed attempt under the retry policy.
+
+    Args:
+        job: the running job (its ``attempt`` is the attempt that failed).
+        settings: for the backoff base and cap.
+        error: one-line description, stored (cleaned and truncated) in ``errors``.
+        traceback: the formatted traceback, if any.
+        retry_in: seconds until the retry (``Retry(delay=...)``); ``None``
+            for the exponential backoff.
+        discard_reason: set to send the job to the dead letters at once.
+
+    Returns:
+        A dead-letter move when discarded or when ``attempt >= max_attempts``,
+        else a retry after the backoff.
+    """
+    entry = error_entry(job, error, traceback)
+    claim = claim_of(job)
+    if discard_reason is not None:
+        return Failure(claim, "dead", entry, reason=f"discarded: {discard_reason}"[:1000])
+    if job.attempt >= job.max_attempts:
+        reason = f"max_attempts={job.max_attempts} exhausted; last error: {error}"
+        return Failure(claim, "dead", entry, reason=clean_text(reason, max_chars=1000))
+    if retry_in is None:
+        retry_in = backoff_delay(
+            job.attempt, base=settings.backoff_base, max_backoff=settings.max_backoff
+        )
+    return Failure(claim, "retryable", entry, retry_in=retry_in)
+
+
+def cancelled_attempt(job: Job, reason: str) -> Failure:
+    """The running job stops as ``cancelled`` (asked for with ``cancel``)."""
+    return Failure(claim_of(job), "cancelled", error_entry(job, reason, None))
+
+
+def released_attempt(job: Job, reason: str) -> Failure:
+    """The running job is handed back at shutdown: available again, the
+    interrupted attempt not spent, the hand-back noted in ``errors``.
+    """
+    return Failure(claim_of(job), "released", error_entry(job, reason, None))

@@ -1,0 +1,193 @@
+"""Validation and canonical JSON encoding of job args, results and error text.
+
+Every payload is checked before anything is written, with an error that names
+the path of the offending value (``args.a[1].b``). The rules are the ones both
+backends can store byte for byte: PostgreSQL ``jsonb`` refuses U+0000 (awa#85),
+strict JSON parsers refuse NaN/Infinity (sidekiq#3294), and UTF-8 cannot carry
+lone surrogates.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from typing import Any
+
+from jobkeeper.errors import PayloadError
+
+#: Deepest nesting of lists/objects accepted (also stops self-referencing data).
+MAX_DEPTH = 64
+
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+# NUL, or a UTF-16 surrogate that is not part of a valid pair (Python strs
+# hold lone surrogates as code points U+D800-U+DFFF).
+_UNSTORABLE_CHAR = re.compile("[\x00\ud800-\udfff]")
+
+
+def _child_path(path: str, key: str | int) -> str:
+    if isinstance(key, int):
+        return f"{path}[{key}]"
+    if _IDENTIFIER.match(key):
+        return f"{path}.{key}"
+    return f"{path}[{_short_repr(key)}]"
+
+
+def _short_repr(value: object, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _check_str(text: str, path: str, what: str) -> None:
+    bad = _UNSTORABLE_CHAR.search(text)
+    if bad is None:
+        return
+    char = bad.group()
+    kind = "a NUL character (\\x00)" if char == "\x00" else f"a lone surrogate (\\u{ord(char):04x})"
+    raise PayloadError(
+        f"{path}: {what} {_short_repr(text)} contains {kind} at index {bad.start()}; "
+        "it cannot be stored as JSON text"
+    )
+
+
+def check_json_value(value: Any, path: str) -> None:
+    """Check that ``value`` is made only of JSON-native values.
+
+    Accepted: ``dict`` with ``str`` keys, ``list``, ``str``, ``int``, finite
+    ``float``, ``bool``, ``None``. Tuples, sets, bytes, datetimes and other
+    objects are refused rather than silently converted, so what the task
+    receives is exactly what was enqueued.
+
+    Args:
+        value: the value to check.
+        path: how to name the value in errors, e.g. ``"args"``.
+
+    Raises:
+        PayloadError: naming the path and value of the first offence.
+    """
+    # Iterative walk: deep or self-referencing data cannot hit Python's
+    # recursion limit inside the validator itself.
+    stack: list[tuple[Any, str, int]] = [(value, path, 0)]
+    while stack:
+        item, item_path, depth = stack.pop()
+        if item is None or isinstance(item, bool | int):
+            continue
+        if isinstance(item, str):
+            _check_str(item, item_path, "string")
+            continue
+        if isinstance(item, float):
+            if not math.isfinite(item):
+                raise PayloadError(
+                    f"{item_path}: {item!r} is not a JSON number (NaN and Infinity are refused)"
+                )
+            continue
+        if depth >= MAX_DEPTH:
+            raise PayloadError(
+                f"{item_path}: nested deeper than {MAX_DEPTH} levels (or refers to itself)"
+            )
+        if isinstance(item, dict):
+            for key, child in item.items():
+                if not isinstance(key, str):
+                    raise PayloadError(
+                        f"{item_path}: object key {_short_repr(key)} is a "
+                        f"{type(key).__name__}; JSON object keys must be strings"
+                    )
+                _check_str(key, item_path, "object key")
+                stack.append((child, _child_path(item_path, key), depth + 1))
+            continue
+        if isinstance(item, list):
+            for index, child in enumerate(item):
+                stack.append((child, _child_path(item_path, index), depth + 1))
+            continue
+        raise PayloadError(
+            f"{item_path}: {_short_repr(item)} is a {type(item).__name__}, not a JSON value "
+            "(use dict, list, str, int, float, bool or None)"
+        )
+
+
+def dumps(value: Any) -> str:
+    """Canonical compact JSON text (UTF-8, not ASCII-escaped, NaN refused)."""
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+
+
+def encode_args(args: Any, *, max_bytes: int) -> str:
+    """Validate job args and return their canonical JSON text.
+
+    Args:
+        args: must be a ``dict`` of JSON-native values (see :func:`check_json_value`).
+        max_bytes: largest accepted size of the UTF-8 encoded JSON, in bytes.
+
+    Returns:
+        The JSON text to store.
+
+    Raises:
+        PayloadError: ``args`` is not a dict, holds a non-JSON value, or its
+            encoding is larger than ``max_bytes``.
+    """
+    if not isinstance(args, dict):
+        raise PayloadError(
+            f"args: must be a JSON object (a dict of keyword arguments), got "
+            f"{type(args).__name__} {_short_repr(args)}"
+        )
+    check_json_value(args, "args")
+    text = dumps(args)
+    size = len(text.encode("utf-8"))
+    if size > max_bytes:
+        raise PayloadError(
+            f"args: encoded size {size} bytes exceeds max_payload_bytes={max_bytes} bytes"
+        )
+    return text
+
+
+def encode_result(result: Any, *, max_bytes: int) -> str | None:
+    """Validate a task's return value and return its JSON text (``None`` for ``None``).
+
+    Raises:
+        PayloadError: the value is not JSON-native or is larger than ``max_bytes``.
+    """
+    if result is None:
+        return None
+    check_json_value(result, "result")
+    text = dumps(result)
+    size = len(text.encode("utf-8"))
+    if size > max_bytes:
+        raise PayloadError(
+            f"result: encoded size {size} bytes exceeds max_payload_bytes={max_bytes} bytes"
+        )
+    return text
+
+
+def decode_args(raw: Any) -> tuple[dict[str, Any] | None, str | None]:
+    """Decode stored args; never raises.
+
+    Returns:
+        ``(args, None)`` when ``raw`` is (or parses to) a JSON object, else
+        ``(None, reason)`` so the worker can fail the attempt with the reason.
+    """
+    value = raw
+    if isinstance(raw, str | bytes):
+        try:
+            value = json.loads(raw)
+        except ValueError as exc:
+            return None, f"stored args are not valid JSON ({exc}): {_short_repr(raw)}"
+    if not isinstance(value, dict):
+        return None, f"stored args are not a JSON object: {_short_repr(value)}"
+    return value, None
+
+
+def clean_text(text: str, *, max_chars: int) -> str:
+    """Make arbitrary text (an exception message, a traceback) storable.
+
+    NUL becomes the visible escape ``\\x00``, lone surrogates become ``\\udXXX``
+    escapes, and text longer than ``max_chars`` keeps its head and tail around
+    a marker saying how much was cut (windmill#10274, pg-boss: a failure that
+    cannot be written leaves the job stuck).
+    """
+    if _UNSTORABLE_CHAR.search(text):
+        text = text.replace("\x00", "\\x00")
+        text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    if len(text) > max_chars:
+        keep = max_chars // 2
+        cut = len(text) - 2 * keep
+        text = f"{text[:keep]}\n... [{cut} characters cut] ...\n{text[-keep:]}"
+    return text

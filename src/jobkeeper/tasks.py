@@ -1,0 +1,180 @@
+"""Tasks: functions registered with a JobQueue, and ``.options(...)`` overrides."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any, Generic, ParamSpec, Protocol, TypeVar
+
+from jobkeeper.config import (
+    check_max_attempts,
+    check_name,
+    check_priority,
+    check_timeout,
+)
+from jobkeeper.errors import ConfigError, PayloadError
+from jobkeeper.models import Job
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+#: The options ``enqueue`` accepts, besides the args.
+ENQUEUE_OPTIONS = (
+    "queue",
+    "delay",
+    "run_at",
+    "priority",
+    "max_attempts",
+    "unique_key",
+    "connection",
+)
+
+
+class _Enqueuer(Protocol):
+    @property
+    def enqueue(self) -> Callable[..., Job]: ...
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TaskOptions:
+    """Per-enqueue overrides, made by :meth:`Task.options`. Immutable; chain
+    ``.options()`` calls to refine.
+    """
+
+    task: Task[Any, Any]
+    overrides: dict[str, Any]
+
+    def options(self, **overrides: Any) -> TaskOptions:
+        """More overrides on top of these (same keywords as :meth:`Task.options`)."""
+        _check_option_names(overrides)
+        return TaskOptions(self.task, {**self.overrides, **overrides})
+
+    def enqueue(self, **args: Any) -> Job:
+        """Enqueue the task with keyword ``args`` and these options; see
+        :meth:`jobkeeper.JobQueue.enqueue` for what is validated and raised.
+        """
+        return self.task.enqueue_with(args, self.overrides)
+
+
+def _check_option_names(options: dict[str, Any]) -> None:
+    unknown = sorted(set(options) - set(ENQUEUE_OPTIONS))
+    if unknown:
+        raise ConfigError(
+            f"unknown enqueue option {unknown[0]!r}; valid options: {', '.join(ENQUEUE_OPTIONS)}"
+        )
+
+
+class Task(Generic[P, R]):
+    """A function registered with ``@jq.task``.
+
+    Calling the task runs the function directly, in-process; ``enqueue``
+    stores a job for a worker to run.
+
+    Attributes:
+        name: the registered name jobs refer to.
+        fn: the wrapped function (sync or ``async def``).
+        queue: default queue.
+        max_attempts: default attempt limit.
+        priority: default priority (lower runs first).
+        timeout: seconds an attempt may run before it fails with a timeout,
+            or ``None`` for no limit.
+        is_async: whether ``fn`` is a coroutine function.
+    """
+
+    def __init__(
+        self,
+        owner: _Enqueuer,
+        fn: Callable[P, R],
+        *,
+        name: str,
+        queue: str,
+        max_attempts: int,
+        priority: int,
+        timeout: float | None,
+    ) -> None:
+        if not callable(fn):
+            raise ConfigError(f"@task needs a function, got {fn!r}")
+        self._owner = owner
+        self.fn = fn
+        self.name = check_name("task", name)
+        self.queue = check_name("queue", queue)
+        self.max_attempts = check_max_attempts(max_attempts)
+        self.priority = check_priority(priority)
+        self.timeout = check_timeout(timeout)
+        self.is_async = inspect.iscoroutinefunction(fn)
+        try:
+            self._signature: inspect.Signature | None = inspect.signature(fn)
+        except (TypeError, ValueError):
+            self._signature = None
+        self.__doc__ = fn.__doc__
+        self.__wrapped__ = fn
+
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
+        return self.fn(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"<Task {self.name!r} queue={self.queue!r}>"
+
+    def check_args(self, args: dict[str, Any]) -> None:
+        """Check ``args`` bind to the function's keyword parameters.
+
+        Raises:
+            PayloadError: a missing or unexpected argument, named.
+        """
+        if self._signature is None:
+            return
+        try:
+            self._signature.bind(**args)
+        except TypeError as exc:
+            raise PayloadError(
+                f"args do not match task {self.name!r}{self._signature}: {exc}"
+            ) from None
+
+    def options(
+        self,
+        *,
+        queue: str | None = None,
+        delay: float | None = None,
+        run_at: datetime | None = None,
+        priority: int | None = None,
+        max_attempts: int | None = None,
+        unique_key: str | None = None,
+        connection: Any = None,
+    ) -> TaskOptions:
+        """Options for the next enqueue, e.g.
+        ``resize.options(delay=30, unique_key="a.png").enqueue(path="a.png")``.
+
+        Args: as for :meth:`jobkeeper.JobQueue.enqueue`. An unknown keyword
+        raises ``TypeError`` naming it.
+        """
+        given = {
+            "queue": queue,
+            "delay": delay,
+            "run_at": run_at,
+            "priority": priority,
+            "max_attempts": max_attempts,
+            "unique_key": unique_key,
+            "connection": connection,
+        }
+        return TaskOptions(self, {k: v for k, v in given.items() if v is not None})
+
+    def enqueue(self, *args: P.args, **kwargs: P.kwargs) -> Job:
+        """Enqueue a job for this task with keyword arguments; returns once durable.
+
+        Raises:
+            PayloadError: positional arguments, args that are not JSON-native
+                or too large, or args that do not match the function.
+            DatabaseUnavailable: the database cannot be reached (nothing written).
+        """
+        if args:
+            raise PayloadError(
+                f"task {self.name!r}: pass arguments by keyword (jobs store a JSON object), "
+                f"got {len(args)} positional"
+            )
+        return self.enqueue_with(dict(kwargs), {})
+
+    def enqueue_with(self, args: dict[str, Any], options: dict[str, Any]) -> Job:
+        """Enqueue with explicit ``args`` and ``options`` dicts."""
+        return self._owner.enqueue(self.name, args, **options)

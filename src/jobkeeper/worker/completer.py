@@ -1,0 +1,215 @@
+"""Writes outcomes (acks) in batches, fenced on ``(id, worker_id, attempt)``.
+
+Outcomes are buffered and flushed in one statement per kind, at most
+``flush_interval`` seconds after the first one arrives or as soon as
+``max_batch`` are waiting. A buffered ack is never dropped: on a database
+error it is retried with backoff until it is written or the worker stops.
+If the worker dies with acks unwritten, those jobs are rescued and run again
+(at-least-once). A write that the fence refuses means the claim was lost
+(rescued after a heartbeat gap); it is logged, never forced.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+from jobkeeper.backends.base import Backend
+from jobkeeper.errors import DatabaseError, DatabaseUnavailable
+from jobkeeper.models import Completion, Failure
+from jobkeeper.payload import dumps
+
+logger = logging.getLogger("jobkeeper.worker")
+
+Outcome = Completion | Failure
+
+
+class Completer:
+    """Background writer of outcomes.
+
+    Args:
+        backend: a dedicated backend (its own connection).
+        delete_completed: ``retention == 0``: delete completed jobs at once.
+        flush_interval: longest wait before a flush, in seconds.
+        max_batch: most outcomes per flush.
+        on_written: called with each flushed batch's outcomes (tests, metrics).
+    """
+
+    def __init__(
+        self,
+        backend: Backend,
+        *,
+        delete_completed: bool,
+        flush_interval: float = 0.01,
+        max_batch: int = 500,
+        on_written: Callable[[list[Outcome], set[int]], None] | None = None,
+    ) -> None:
+        self._backend = backend
+        self._delete = delete_completed
+        self._flush_interval = flush_interval
+        self._max_batch = max_batch
+        self._on_written = on_written
+        self._buffer: list[Outcome] = []
+        self._cond = threading.Condition()
+        self._stopping = False
+        self._abandoned = False
+        self._in_flight = 0
+        self._in_flight_ids: list[int] = []
+        self._thread = threading.Thread(target=self._run, name="jobkeeper-completer", daemon=True)
+        self._thread.start()
+
+    def add(self, outcome: Outcome) -> None:
+        """Queue an outcome for writing (thread-safe, never blocks on I/O)."""
+        with self._cond:
+            self._buffer.append(outcome)
+            self._cond.notify_all()
+
+    @property
+    def pending(self) -> int:
+        """Outcomes not yet written."""
+        with self._cond:
+            return len(self._buffer) + self._in_flight
+
+    def pending_ids(self) -> set[int]:
+        """Ids of jobs whose outcome is not yet written."""
+        with self._cond:
+            return {o.claim.job_id for o in self._buffer} | set(self._in_flight_ids)
+
+    def _run(self) -> None:
+        retry_pause = 0.05
+        while True:
+            with self._cond:
+                while not self._buffer and not self._stopping:
+                    self._cond.wait()
+                if not self._buffer and self._stopping:
+                    return
+                # Linger briefly so concurrent acks share one statement.
+                flush_at = time.monotonic() + self._flush_interval
+                while len(self._buffer) < self._max_batch and not self._stopping:
+                    remaining = flush_at - time.monotonic()
+                    if remaining <= 0:
+                        break
+                    self._cond.wait(remaining)
+                batch = self._buffer[: self._max_batch]
+                del self._buffer[: self._max_batch]
+                self._in_flight = len(batch)
+                self._in_flight_ids = [o.claim.job_id for o in batch]
+            try:
+                self._write(batch)
+                retry_pause = 0.05
+            except DatabaseUnavailable as exc:
+                logger.warning("could not write %d outcomes (%s); retrying", len(batch), exc)
+                with self._cond:
+                    self._buffer[:0] = batch
+                    self._in_flight = 0
+                    self._in_flight_ids = []
+                    if self._abandoned:
+                        return
+                    self._cond.wait(retry_pause)
+                retry_pause = min(retry_pause * 2, 5.0)
+                continue
+            with self._cond:
+                self._in_flight = 0
+                self._in_flight_ids = []
+                self._cond.notify_all()
+
+    def _write(self, batch: list[Outcome]) -> None:
+        completions = [o for o in batch if isinstance(o, Completion)]
+        failures = [o for o in batch if isinstance(o, Failure)]
+        written: set[int] = set()
+        if completions:
+            try:
+                written |= self._backend.job_complete_many(completions, delete=self._delete)
+            except DatabaseUnavailable:
+                raise
+            except DatabaseError:
+                # One bad row must not sink the batch: write one by one and
+                # turn what still fails into a recorded failed attempt.
+                written |= self._complete_one_by_one(completions, failures)
+        if failures:
+            written |= self._fail(failures)
+        for outcome in batch:
+            if outcome.claim.job_id not in written:
+                logger.warning(
+                    "job %s attempt %s: claim lost before its outcome was written "
+                    "(rescued after a heartbeat gap?); outcome dropped",
+                    outcome.claim.job_id,
+                    outcome.claim.attempt,
+                )
+        if self._on_written is not None:
+            self._on_written(batch, written)
+
+    def _complete_one_by_one(
+        self, completions: list[Completion], failures: list[Failure]
+    ) -> set[int]:
+        written: set[int] = set()
+        for completion in completions:
+            try:
+                written |= self._backend.job_complete_many([completion], delete=self._delete)
+            except DatabaseUnavailable:
+                raise
+            except DatabaseError as exc:
+                error = dumps(
+                    {
+                        "attempt": completion.claim.attempt,
+                        "at": None,
+                        "error": f"result not storable: {exc}"[:4000],
+                        "traceback": None,
+                    }
+                )
+                failures.append(Failure(completion.claim, "retryable", error, retry_in=1.0))
+        return written
+
+    def _fail(self, failures: list[Failure]) -> set[int]:
+        try:
+            return self._backend.job_fail_many(failures)
+        except DatabaseUnavailable:
+            raise
+        except DatabaseError as exc:
+            logger.error(
+                "could not record %d failures (%s); retrying one by one", len(failures), exc
+            )
+        written: set[int] = set()
+        for failure in failures:
+            try:
+                written |= self._backend.job_fail_many([failure])
+            except DatabaseUnavailable:
+                raise
+            except DatabaseError as exc:
+                # Last resort, so the job never stays running under a live
+                # worker: a minimal error entry the database must accept.
+                logger.error("job %s: failure not recordable (%s)", failure.claim.job_id, exc)
+                minimal = dumps(
+                    {
+                        "attempt": failure.claim.attempt,
+                        "at": None,
+                        "error": "failure could not be recorded",
+                        "traceback": None,
+                    }
+                )
+                outcome = failure.outcome if failure.outcome != "released" else "retryable"
+                written |= self._backend.job_fail_many(
+                    [Failure(failure.claim, outcome, minimal, failure.retry_in, failure.reason)]
+                )
+        return written
+
+    def stop(self, timeout: float) -> bool:
+        """Flush what is buffered (retrying for up to ``timeout`` seconds) and
+        stop. Returns True when everything was written.
+        """
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            with self._cond:
+                self._abandoned = True
+                self._cond.notify_all()
+            logger.error(
+                "%d outcomes still unwritten at shutdown; those jobs will be rescued and re-run",
+                self.pending,
+            )
+            return False
+        return True

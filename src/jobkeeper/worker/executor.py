@@ -1,0 +1,394 @@
+"""Runs claimed jobs: sync tasks on daemon threads, async tasks on one event
+loop; enforces timeouts; turns every ending into exactly one outcome.
+
+Every execution ends through :meth:`Executor._finish`, which is idempotent:
+whichever comes first (the task returning, its timeout, a cancel request, or
+the shutdown hand-back) decides the outcome, and later endings of the same
+execution are dropped. A sync task cannot be killed, so when the outcome is
+decided before it returns, ``JobCancelled`` is injected into its thread
+(best effort: it is raised at the thread's next Python bytecode) and the
+thread is abandoned; its late result is ignored.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import heapq
+import itertools
+import logging
+import queue
+import threading
+import time
+import traceback
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from jobkeeper.config import Settings
+from jobkeeper.context import reset_current_job, set_current_job
+from jobkeeper.errors import Discard, JobCancelled, PayloadError, Retry
+from jobkeeper.models import Claim, Completion, Failure, Job
+from jobkeeper.outcomes import cancelled_attempt, claim_of, failed_attempt, released_attempt
+from jobkeeper.payload import encode_result
+from jobkeeper.tasks import Task
+
+logger = logging.getLogger("jobkeeper.worker")
+
+Outcome = Completion | Failure
+
+
+def _raise_in_thread(thread_id: int, exc_type: type[BaseException] | None) -> None:
+    """Schedule ``exc_type`` in another thread (``None`` clears a pending one)."""
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(
+        ctypes.c_ulong(thread_id), ctypes.py_object(exc_type) if exc_type else None
+    )
+
+
+class _Execution:
+    """One attempt of one job in this worker."""
+
+    __slots__ = ("async_task", "deadline", "finished", "in_user_code", "job", "lock", "thread_id")
+
+    def __init__(self, job: Job, deadline: float | None) -> None:
+        self.job = job
+        self.deadline = deadline
+        self.lock = threading.Lock()
+        self.finished = False
+        self.in_user_code = False
+        self.thread_id: int | None = None
+        self.async_task: asyncio.Task[Any] | None = None
+
+
+class _DaemonThreadPool:
+    """Reusable daemon threads, grown on demand.
+
+    Daemon threads, unlike ``ThreadPoolExecutor``'s, never hold up
+    interpreter exit behind a task that ignores shutdown (C-04).
+    """
+
+    def __init__(self) -> None:
+        self._work: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._idle = 0
+        self._threads = 0
+        self._names = itertools.count(1)
+
+    def submit(self, fn: Callable[[], None]) -> None:
+        with self._lock:
+            spawn = self._idle == 0
+            if spawn:
+                self._threads += 1
+            else:
+                self._idle -= 1
+        self._work.put(fn)
+        if spawn:
+            name = f"jobkeeper-task-{next(self._names)}"
+            threading.Thread(target=self._run, name=name, daemon=True).start()
+
+    def _run(self) -> None:
+        while True:
+            fn = self._work.get()
+            if fn is None:
+                return
+            try:
+                fn()
+            except BaseException:
+                logger.exception("unexpected error in a task thread")
+            with self._lock:
+                self._idle += 1
+
+    def close(self) -> None:
+        with self._lock:
+            count = self._threads
+        for _ in range(count):
+            self._work.put(None)
+
+
+class Executor:
+    """Runs jobs and reports each one's outcome once.
+
+    Args:
+        tasks: the registry, name -> Task.
+        settings: retry policy and payload limits.
+        on_outcome: called (from any thread) with each execution's outcome.
+        on_slot_free: called after an execution ends, to wake the producer.
+    """
+
+    def __init__(
+        self,
+        *,
+        tasks: Mapping[str, Task[Any, Any]],
+        settings: Settings,
+        on_outcome: Callable[[Outcome], None],
+        on_slot_free: Callable[[], None],
+    ) -> None:
+        self._tasks = tasks
+        self._settings = settings
+        self._on_outcome = on_outcome
+        self._on_slot_free = on_slot_free
+        self._pool = _DaemonThreadPool()
+        self._running: dict[int, _Execution] = {}
+        self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread: threading.Thread | None = None
+        self._deadlines: list[tuple[float, int, _Execution]] = []
+        self._deadline_seq = itertools.count()
+        self._deadline_changed = threading.Condition()
+        self._watchdog: threading.Thread | None = None
+        self._closed = False
+
+    # -- bookkeeping ----------------------------------------------------------
+
+    @property
+    def active(self) -> int:
+        """Executions whose outcome is not decided yet (busy slots)."""
+        with self._lock:
+            return len(self._running)
+
+    def running_jobs(self) -> list[Job]:
+        with self._lock:
+            return [execution.job for execution in self._running.values()]
+
+    def wait_idle(self, timeout: float) -> bool:
+        """Block until no execution is running or ``timeout`` seconds pass."""
+        deadline = time.monotonic() + timeout
+        with self._idle:
+            while self._running:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                self._idle.wait(remaining)
+            return True
+
+    def _finish(self, execution: _Execution, outcome: Outcome, *, interrupt: bool) -> bool:
+        """Decide ``execution``'s outcome, once. Returns False if already decided."""
+        with execution.lock:
+            if execution.finished:
+                return False
+            execution.finished = True
+            if interrupt:
+                self._interrupt(execution)
+        with self._lock:
+            self._running.pop(execution.job.id, None)
+            self._idle.notify_all()
+        self._on_outcome(outcome)
+        self._on_slot_free()
+        return True
+
+    def _interrupt(self, execution: _Execution) -> None:
+        """Stop an execution whose outcome was decided from outside (lock held)."""
+        if execution.async_task is not None and self._loop is not None:
+            self._loop.call_soon_threadsafe(execution.async_task.cancel)
+        elif execution.in_user_code and execution.thread_id is not None:
+            _raise_in_thread(execution.thread_id, JobCancelled)
+
+    # -- submitting -------------------------------------------------------------
+
+    def submit(self, job: Job) -> None:
+        """Start running ``job`` (claimed, status running, held by this worker)."""
+        task = self._tasks.get(job.task)
+        timeout = task.timeout if task is not None else None
+        execution = _Execution(job, time.monotonic() + timeout if timeout else None)
+        with self._lock:
+            self._running[job.id] = execution
+        if task is None or job.args is None:
+            self._finish(execution, self._bad_job(job), interrupt=False)
+            return
+        try:
+            task.check_args(job.args)
+        except PayloadError as exc:
+            self._finish(
+                execution, failed_attempt(job, self._settings, error=str(exc)), interrupt=False
+            )
+            return
+        if execution.deadline is not None:
+            self._watch(execution)
+        if task.is_async:
+            loop = self._event_loop()
+            asyncio.run_coroutine_threadsafe(self._run_async(execution, task), loop)
+        else:
+            self._pool.submit(lambda: self._run_sync(execution, task))
+
+    def _bad_job(self, job: Job) -> Failure:
+        if job.args is None:
+            return failed_attempt(job, self._settings, error=f"cannot run job: {job.args_error}")
+        known = ", ".join(sorted(self._tasks)) or "none"
+        return failed_attempt(
+            job,
+            self._settings,
+            error=f"unknown task {job.task!r}: no task of that name is registered in this "
+            f"worker (known: {known})",
+        )
+
+    def _run_sync(self, execution: _Execution, task: Task[Any, Any]) -> None:
+        job = execution.job
+        assert job.args is not None
+        token = set_current_job(job)
+        try:
+            try:
+                with execution.lock:
+                    if execution.finished:
+                        return
+                    execution.thread_id = threading.get_ident()
+                    execution.in_user_code = True
+                result = task.fn(**job.args)
+            finally:
+                with execution.lock:
+                    execution.in_user_code = False
+                    if execution.finished and execution.thread_id is not None:
+                        # An injected JobCancelled may still be pending: clear
+                        # it so it cannot fire in this pool thread's next job.
+                        _raise_in_thread(execution.thread_id, None)
+            outcome = self._success(job, result)
+        except BaseException as exc:  # noqa: BLE001 - SystemExit in a task must not kill the worker
+            if isinstance(exc, JobCancelled) and execution.finished:
+                return  # whoever interrupted us decided the outcome
+            outcome = self._failure(job, exc)
+        finally:
+            reset_current_job(token)
+        self._finish(execution, outcome, interrupt=False)
+
+    async def _run_async(self, execution: _Execution, task: Task[Any, Any]) -> None:
+        job = execution.job
+        assert job.args is not None
+        current = asyncio.current_task()
+        with execution.lock:
+            if execution.finished:
+                return
+            execution.async_task = current
+        set_current_job(job)  # this asyncio task has its own context
+        try:
+            # The timeout is the watchdog's, as for sync tasks: it decides the
+            # outcome at the deadline and cancels this asyncio task.
+            result = await task.fn(**job.args)
+            outcome = self._success(job, result)
+        except asyncio.CancelledError as exc:
+            if execution.finished:
+                return  # cancelled by _interrupt: the outcome is already decided
+            outcome = self._failure(job, exc)
+        except BaseException as exc:  # noqa: BLE001
+            outcome = self._failure(job, exc)
+        self._finish(execution, outcome, interrupt=False)
+
+    def _success(self, job: Job, result: Any) -> Outcome:
+        try:
+            result_json = encode_result(result, max_bytes=self._settings.max_payload_bytes)
+        except PayloadError as exc:
+            return failed_attempt(job, self._settings, error=f"result not storable: {exc}")
+        return Completion(claim_of(job), result_json)
+
+    def _failure(self, job: Job, exc: BaseException) -> Failure:
+        formatted = "".join(traceback.format_exception(exc))
+        if isinstance(exc, Discard):
+            return failed_attempt(
+                job,
+                self._settings,
+                error=f"Discard: {exc.reason}",
+                traceback=formatted,
+                discard_reason=exc.reason,
+            )
+        if isinstance(exc, Retry):
+            return failed_attempt(
+                job,
+                self._settings,
+                error=f"Retry: {exc.reason}",
+                traceback=None,
+                retry_in=exc.delay,
+            )
+        return failed_attempt(
+            job, self._settings, error=f"{type(exc).__name__}: {exc}", traceback=formatted
+        )
+
+    # -- stopping executions from outside -------------------------------------------
+
+    def cancel(self, claim: Claim, reason: str) -> bool:
+        """Stop the execution holding ``claim``; its job ends ``cancelled``."""
+        with self._lock:
+            execution = self._running.get(claim.job_id)
+        if execution is None or execution.job.attempt != claim.attempt:
+            return False
+        return self._finish(execution, cancelled_attempt(execution.job, reason), interrupt=True)
+
+    def release_all(self, reason: str) -> int:
+        """Hand every unfinished execution back (shutdown after the grace period)."""
+        with self._lock:
+            executions = list(self._running.values())
+        released = 0
+        for execution in executions:
+            outcome = released_attempt(execution.job, reason)
+            released += self._finish(execution, outcome, interrupt=True)
+        return released
+
+    def _watch(self, execution: _Execution) -> None:
+        assert execution.deadline is not None
+        with self._deadline_changed:
+            heapq.heappush(
+                self._deadlines, (execution.deadline, next(self._deadline_seq), execution)
+            )
+            self._deadline_changed.notify()
+            if self._watchdog is None:
+                self._watchdog = threading.Thread(
+                    target=self._watch_deadlines, name="jobkeeper-timeouts", daemon=True
+                )
+                self._watchdog.start()
+
+    def _watch_deadlines(self) -> None:
+        while True:
+            with self._deadline_changed:
+                while not self._closed and (
+                    not self._deadlines or self._deadlines[0][0] > time.monotonic()
+                ):
+                    wait = self._deadlines[0][0] - time.monotonic() if self._deadlines else None
+                    self._deadline_changed.wait(wait)
+                if self._closed:
+                    return
+                _, _, execution = heapq.heappop(self._deadlines)
+            if execution.finished:
+                continue
+            task = self._tasks.get(execution.job.task)
+            timeout = task.timeout if task else None
+            outcome = failed_attempt(
+                execution.job,
+                self._settings,
+                error=f"JobTimeout: task {execution.job.task!r} exceeded its timeout of {timeout}s",
+            )
+            if self._finish(execution, outcome, interrupt=True):
+                logger.warning(
+                    "job %s (%s) timed out after %ss", execution.job.id, execution.job.task, timeout
+                )
+
+    # -- event loop -----------------------------------------------------------------
+
+    def _event_loop(self) -> asyncio.AbstractEventLoop:
+        with self._lock:
+            if self._loop is None:
+                loop = asyncio.new_event_loop()
+                ready = threading.Event()
+
+                def run() -> None:
+                    asyncio.set_event_loop(loop)
+                    loop.call_soon(ready.set)
+                    loop.run_forever()
+
+                self._loop_thread = threading.Thread(
+                    target=run, name="jobkeeper-asyncio", daemon=True
+                )
+                self._loop_thread.start()
+                ready.wait()
+                self._loop = loop
+            return self._loop
+
+    def close(self) -> None:
+        """Stop the helper threads (executions must already be finished or released)."""
+        with self._deadline_changed:
+            self._closed = True
+            self._deadline_changed.notify_all()
+        self._pool.close()
+        loop = self._loop
+        if loop is not None:
+            loop.call_soon_threadsafe(loop.stop)
+            if self._loop_thread is not None:
+                self._loop_thread.join(timeout=2)
+            if not loop.is_running():
+                loop.close()

@@ -1,0 +1,392 @@
+"""The worker process: register, claim, execute, acknowledge, stop gracefully.
+
+Threads, each with its own database connection so none waits behind another
+(C-14):
+
+- the producer (the caller's thread): stages due jobs, claims as many jobs as
+  there are free slots, and sleeps until a slot frees up, a wake-up arrives
+  (LISTEN/NOTIFY on PostgreSQL; an in-process signal or a change of SQLite's
+  ``data_version`` otherwise) or ``poll_interval`` passes;
+- the executor's task threads and event loop;
+- the completer (batched, fenced acks);
+- the heartbeat, the rescuer and the pruner;
+- on PostgreSQL, the listener.
+
+SIGTERM/SIGINT: stop claiming, let running jobs finish for up to
+``shutdown_grace`` seconds, hand the rest back (available again, the attempt
+not spent), flush every ack, deregister, return 0. A second signal skips the
+rest of the grace period.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import signal
+import socket
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from types import FrameType
+from typing import Any
+
+from jobkeeper.backends.base import Backend
+from jobkeeper.config import Settings
+from jobkeeper.errors import DatabaseError, DatabaseUnavailable
+from jobkeeper.maintenance.heartbeat import Heartbeat
+from jobkeeper.maintenance.pruner import Pruner
+from jobkeeper.maintenance.rescuer import Rescuer
+from jobkeeper.models import Claim, Completion, WorkerInfo
+from jobkeeper.outcomes import released_attempt
+from jobkeeper.tasks import Task
+from jobkeeper.worker.completer import Completer, Outcome
+from jobkeeper.worker.executor import Executor
+
+logger = logging.getLogger("jobkeeper.worker")
+
+#: How often an idle SQLite worker checks ``data_version`` for commits by
+#: other processes, in seconds.
+SQLITE_CHANGE_POLL = 0.05
+
+
+def make_worker_id() -> str:
+    """``host:pid:random``: the random part means a restarted process with the
+    same host name and pid (a container's PID 1) never inherits a dead run's
+    liveness (procrastinate#1518).
+    """
+    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
+
+
+@dataclass
+class WorkerStats:
+    """What one worker did (returned by :meth:`Worker.run`)."""
+
+    claimed: int = 0
+    completed: int = 0
+    failed: int = 0
+    lost_claims: int = 0
+    released: int = 0
+    exit_code: int = 0
+    by_outcome: dict[str, int] = field(default_factory=dict)
+
+
+class Worker:
+    """One worker: see the module docstring.
+
+    Args:
+        backend: the queue's backend; the worker opens dedicated ones from it.
+        tasks: the task registry, name -> Task.
+        settings: timings and limits.
+        queues: queue names to claim from.
+        concurrency: most jobs running at once.
+        burst: exit once nothing is available or due within ``poll_interval``.
+    """
+
+    def __init__(
+        self,
+        backend: Backend,
+        tasks: Mapping[str, Task[Any, Any]],
+        settings: Settings,
+        *,
+        queues: Sequence[str],
+        concurrency: int,
+        burst: bool = False,
+    ) -> None:
+        self._settings = settings
+        self.queues = list(dict.fromkeys(queues))
+        self.concurrency = concurrency
+        self.burst = burst
+        self.info = WorkerInfo(
+            id=make_worker_id(),
+            hostname=socket.gethostname(),
+            pid=os.getpid(),
+            queues=self.queues,
+            started_at=datetime.now(UTC),
+            heartbeat_at=datetime.now(UTC),
+        )
+        self.stats = WorkerStats()
+        self._base_backend = backend
+        self._backends: list[Backend] = []
+        self._backend = self._dedicated()
+        self._wake = threading.Event()
+        self._stopping = threading.Event()
+        self._force = threading.Event()
+        self._stats_lock = threading.Lock()
+        self.completer = Completer(
+            self._dedicated(),
+            delete_completed=settings.retention == 0,
+            on_written=self._count_written,
+        )
+        self.executor = Executor(
+            tasks=tasks,
+            settings=settings,
+            on_outcome=self.completer.add,
+            on_slot_free=self._wake.set,
+        )
+        maintenance_interval = min(max(settings.rescue_after / 4, 0.05), 5.0)
+        self.heartbeat = Heartbeat(
+            self._dedicated(), self.info, settings.heartbeat_interval, self._on_cancel
+        )
+        self.rescuer = Rescuer(self._dedicated(), settings, maintenance_interval)
+        self.pruner = Pruner(self._dedicated(), settings.retention, max(maintenance_interval, 1.0))
+        self._listener: threading.Thread | None = None
+        self._listener_stop = threading.Event()
+        self._reconcile_needed = False
+
+    def _dedicated(self) -> Backend:
+        backend = self._base_backend.dedicated()
+        self._backends.append(backend)
+        return backend
+
+    # -- control ------------------------------------------------------------
+
+    def stop(self, *, force: bool = False) -> None:
+        """Ask the worker to stop (thread-safe; what a signal does).
+
+        Args:
+            force: skip what is left of the grace period.
+        """
+        if self._stopping.is_set() or force:
+            self._force.set()
+        self._stopping.set()
+        self._wake.set()
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        name = signal.Signals(signum).name
+        if self._stopping.is_set():
+            logger.warning("%s again: handing back running jobs now", name)
+        else:
+            logger.info(
+                "%s: stopping; running jobs get up to %ss to finish",
+                name,
+                self._settings.shutdown_grace,
+            )
+        self.stop()
+
+    def _on_cancel(self, claim: Claim) -> None:
+        if self.executor.cancel(claim, "cancelled while running"):
+            logger.info("job %s cancelled while running", claim.job_id)
+
+    def _on_queue(self, queue: str) -> None:
+        if queue == "*" or queue in self.queues:
+            self._wake.set()
+
+    def _count_written(self, batch: list[Outcome], written: set[int]) -> None:
+        with self._stats_lock:
+            for outcome in batch:
+                if outcome.claim.job_id not in written:
+                    self.stats.lost_claims += 1
+                    continue
+                kind = "completed" if isinstance(outcome, Completion) else outcome.outcome
+                self.stats.by_outcome[kind] = self.stats.by_outcome.get(kind, 0) + 1
+                if kind == "completed":
+                    self.stats.completed += 1
+                elif kind == "released":
+                    self.stats.released += 1
+                else:
+                    self.stats.failed += 1
+
+    # -- run ----------------------------------------------------------------
+
+    def run(self) -> WorkerStats:
+        """Run until stopped (or, with ``burst``, until the queues are drained).
+
+        Installs SIGTERM/SIGINT handlers when called from the main thread.
+
+        Raises:
+            DatabaseUnavailable: the database cannot be reached at start.
+        """
+        previous = self._install_signals()
+        try:
+            self._backend.worker_register(self.info)
+            logger.info(
+                "worker %s started: queues=%s concurrency=%d",
+                self.info.id,
+                ",".join(self.queues),
+                self.concurrency,
+            )
+            self.heartbeat.start()
+            self.rescuer.start()
+            self.pruner.start()
+            self._start_wakeups()
+            self._produce()
+        finally:
+            self._shutdown()
+            self._restore_signals(previous)
+        return self.stats
+
+    def _install_signals(self) -> dict[int, Any]:
+        if threading.current_thread() is not threading.main_thread():
+            return {}
+        previous: dict[int, Any] = {}
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            previous[signum] = signal.signal(signum, self._on_signal)
+        return previous
+
+    @staticmethod
+    def _restore_signals(previous: dict[int, Any]) -> None:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+    def _start_wakeups(self) -> None:
+        if self._backend.supports_listen:
+            listener_backend = self._base_backend.dedicated()
+
+            def listen() -> None:
+                try:
+                    listener_backend.listen(self._on_queue, self._listener_stop)
+                finally:
+                    listener_backend.close()
+
+            self._listener = threading.Thread(target=listen, name="jobkeeper-listener", daemon=True)
+            self._listener.start()
+        else:
+            add = getattr(self._base_backend, "add_local_listener", None)
+            if add is not None:
+                add(self._wake)
+
+    def _produce(self) -> None:
+        settings = self._settings
+        next_stage = 0.0
+        outage_pause = 0.05
+        while not self._stopping.is_set():
+            self._wake.clear()
+            claimed = 0
+            try:
+                if self._reconcile_needed:
+                    self._release_unknown_claims()
+                if time.monotonic() >= next_stage:
+                    self._backend.job_stage_due()
+                    next_stage = time.monotonic() + settings.poll_interval
+                claimed = self._claim()
+                if self.burst and claimed == 0 and self._drained():
+                    logger.info("burst: nothing left to run; stopping")
+                    return
+                outage_pause = 0.05
+            except DatabaseUnavailable as exc:
+                # A claim may have committed with its reply lost: look for
+                # jobs held under our id that nobody here runs once back.
+                self._reconcile_needed = True
+                logger.warning("database unavailable (%s); retrying in %.2fs", exc, outage_pause)
+                self._stopping.wait(outage_pause)
+                outage_pause = min(outage_pause * 2, 5.0)
+                continue
+            except DatabaseError:
+                logger.exception("claim failed; retrying")
+                self._stopping.wait(settings.poll_interval)
+                continue
+            if claimed and self.executor.active < self.concurrency:
+                continue  # the queue may hold more: claim again before sleeping
+            self._idle_wait(settings.poll_interval)
+
+    def _claim(self) -> int:
+        claimed = 0
+        # Rotate the starting queue so one busy queue cannot starve the others.
+        start = self.stats.claimed % max(len(self.queues), 1)
+        for queue in self.queues[start:] + self.queues[:start]:
+            free = self.concurrency - self.executor.active
+            if free <= 0 or self._stopping.is_set():
+                break
+            jobs = self._backend.job_claim(worker_id=self.info.id, queue=queue, limit=free)
+            for job in jobs:
+                self.executor.submit(job)
+            claimed += len(jobs)
+        with self._stats_lock:
+            self.stats.claimed += claimed
+        return claimed
+
+    def _release_unknown_claims(self) -> None:
+        """Hand back jobs the database says we hold but nothing here runs.
+
+        Runs on the producer thread (the only one that claims), so a claim
+        cannot be in flight meanwhile.
+        """
+        held = self._backend.job_held_by(worker_id=self.info.id)
+        known = {job.id for job in self.executor.running_jobs()} | self.completer.pending_ids()
+        unknown = [job for job in held if job.id not in known]
+        if unknown:
+            failures = [
+                released_attempt(job, "claim reply lost to a connection error; handed back")
+                for job in unknown
+            ]
+            released = self._backend.job_fail_many(failures)
+            logger.warning("handed back %d jobs whose claim reply was lost", len(released))
+        self._reconcile_needed = False
+
+    def _drained(self) -> bool:
+        """Burst mode: nothing running, nothing unwritten, nothing due soon."""
+        if self.executor.active or self.completer.pending:
+            return False
+        due_in = self._backend.job_next_due_in(queues=self.queues)
+        if due_in is None or due_in > self._settings.poll_interval:
+            return True
+        if due_in > 0:
+            self._stopping.wait(due_in)
+        return False
+
+    def _idle_wait(self, timeout: float) -> None:
+        counter = self._backend.change_counter()
+        if counter is None:
+            self._wake.wait(timeout)
+            return
+        # SQLite: commits by other processes show up as a new data_version.
+        deadline = time.monotonic() + timeout
+        while not self._wake.is_set():
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return
+            if self._wake.wait(min(remaining, SQLITE_CHANGE_POLL)):
+                return
+            try:
+                if self._backend.change_counter() != counter:
+                    return
+            except DatabaseError:
+                return
+
+    # -- shutdown -----------------------------------------------------------
+
+    def _shutdown(self) -> None:
+        self._stopping.set()
+        grace = self._settings.shutdown_grace
+        deadline = time.monotonic() + grace
+        while self.executor.active and not self._force.is_set():
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            self.executor.wait_idle(min(remaining, 0.1))
+        if self.executor.active:
+            released = self.executor.release_all(
+                f"worker shutdown: handed back after shutdown_grace={grace:g}s"
+            )
+            logger.warning("handed back %d running jobs at shutdown", released)
+        flushed = self.completer.stop(timeout=max(grace, 10.0))
+        self._listener_stop.set()
+        remove = getattr(self._base_backend, "remove_local_listener", None)
+        if remove is not None:
+            remove(self._wake)
+        for service in (self.heartbeat, self.rescuer, self.pruner):
+            service.stop()
+        if self._listener is not None:
+            self._listener.join(timeout=2)
+        if not flushed:
+            self.stats.exit_code = 1
+        try:
+            # Without our row, anything we still hold (unwritten acks) is
+            # rescued by the next rescuer pass instead of after rescue_after.
+            self._backend.worker_deregister(self.info.id)
+        except DatabaseError as exc:
+            logger.warning("could not deregister (%s); the row will go stale and be pruned", exc)
+        self.executor.close()
+        for backend in self._backends:
+            backend.close()
+        logger.info(
+            "worker %s stopped: %d claimed, %d completed, %d failed, %d handed back",
+            self.info.id,
+            self.stats.claimed,
+            self.stats.completed,
+            self.stats.failed,
+            self.stats.released,
+        )
