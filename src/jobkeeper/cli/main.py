@@ -1,1 +1,326 @@
-def main() -> None: ...
+"""The ``jobkeeper`` command (Typer, Rich).
+
+Exit codes: 0 ok; 2 usage or bad input (one line on stderr naming the
+problem; nothing written); 1 anything else (database unavailable, job not
+found, a job in the wrong state).
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import logging
+import math
+import os
+import sys
+from typing import Annotated, Any, NoReturn
+
+import click
+import typer
+from rich.console import Console
+
+from jobkeeper.api import JobQueue
+from jobkeeper.cli import render
+from jobkeeper.errors import (
+    ConfigError,
+    JobkeeperError,
+    PayloadError,
+)
+from jobkeeper.models import JobStatus
+
+app = typer.Typer(
+    name="jobkeeper",
+    help="A durable background job queue on PostgreSQL or SQLite.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+jobs_app = typer.Typer(help="Inspect jobs.", no_args_is_help=True)
+dead_app = typer.Typer(help="Inspect and requeue dead letters.", no_args_is_help=True)
+app.add_typer(jobs_app, name="jobs")
+app.add_typer(dead_app, name="dead")
+
+console = Console()
+err_console = Console(stderr=True)
+
+
+class BadInput(Exception):
+    """Raised by CLI parsing helpers: exit code 2 with this message."""
+
+
+def _queue(ctx: typer.Context) -> JobQueue:
+    """The JobQueue for ``--database`` (else $JOBKEEPER_DATABASE_URL, else the default)."""
+    url: str | None = ctx.find_root().params.get("database")
+    return JobQueue(url)
+
+
+@app.callback()
+def _root(
+    database: Annotated[
+        str | None,
+        typer.Option(
+            "--database",
+            help="Database URL (sqlite:///path.db or postgresql://user@host/db); "
+            "default $JOBKEEPER_DATABASE_URL, else sqlite:///jobkeeper.db.",
+            show_default=False,
+        ),
+    ] = None,
+) -> None:
+    """A durable background job queue on PostgreSQL or SQLite."""
+
+
+@app.command()
+def migrate(ctx: typer.Context) -> None:
+    """Create or upgrade the schema (idempotent; safe to run concurrently)."""
+    jq = _queue(ctx)
+    version = jq.migrate()
+    console.print(f"schema at version {version} on {jq.url.redacted()}")
+
+
+def _load_app(spec: str) -> JobQueue:
+    module_name, sep, attribute = spec.partition(":")
+    if not sep or not module_name or not attribute:
+        raise BadInput(f"--app {spec!r}: expected package.module:attribute, e.g. myapp.jobs:jq")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise BadInput(f"--app {spec!r}: cannot import {module_name!r}: {exc}") from None
+    jq = getattr(module, attribute, None)
+    if not isinstance(jq, JobQueue):
+        raise BadInput(
+            f"--app {spec!r}: {module_name}.{attribute} is "
+            f"{type(jq).__name__ if jq is not None else 'missing'}, not a JobQueue"
+        )
+    return jq
+
+
+@app.command()
+def worker(
+    ctx: typer.Context,
+    app_spec: Annotated[
+        str, typer.Option("--app", help="Where your JobQueue lives: package.module:attribute.")
+    ],
+    queue: Annotated[
+        list[str] | None,
+        typer.Option("--queue", "-q", help="Queue to work; repeat for several. Default: default."),
+    ] = None,
+    concurrency: Annotated[int, typer.Option(help="Most jobs running at once.")] = 10,
+    burst: Annotated[bool, typer.Option("--burst", help="Drain the queues, then exit.")] = False,
+    log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING or ERROR.")] = "INFO",
+) -> None:
+    """Run a worker until SIGTERM/SIGINT (graceful) or, with --burst, until drained."""
+    level = logging.getLevelName(log_level.upper())
+    if not isinstance(level, int):
+        raise BadInput(f"--log-level {log_level!r}: use DEBUG, INFO, WARNING or ERROR")
+    logging.basicConfig(
+        level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
+    )
+    jq = _load_app(app_spec)
+    url = ctx.find_root().params.get("database")
+    if url:
+        jq = jq.using(url)
+    code = jq.run_worker(queues=queue or None, concurrency=concurrency, burst=burst)
+    raise typer.Exit(code)
+
+
+def _reject_constant(name: str) -> NoReturn:
+    raise BadInput(f"--args: {name} is not valid JSON (NaN and Infinity are refused)")
+
+
+def parse_args_json(text: str) -> dict[str, Any]:
+    """Parse ``--args``: a JSON object, strictly (no NaN/Infinity, no duplicate keys).
+
+    Raises:
+        BadInput: naming the problem.
+    """
+
+    def no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        seen: dict[str, Any] = {}
+        for key, value in pairs:
+            if key in seen:
+                raise BadInput(f"--args: duplicate key {key!r}")
+            seen[key] = value
+        return seen
+
+    try:
+        value = json.loads(text, parse_constant=_reject_constant, object_pairs_hook=no_duplicates)
+    except json.JSONDecodeError as exc:
+        raise BadInput(f"--args is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise BadInput("--args: JSON nested too deeply") from None
+    if not isinstance(value, dict):
+        raise BadInput(f"--args must be a JSON object, got {type(value).__name__}: {text[:60]}")
+    return value
+
+
+@app.command()
+def enqueue(
+    ctx: typer.Context,
+    task: Annotated[str, typer.Argument(help="The task's registered name.")],
+    args: Annotated[str, typer.Option("--args", help="Arguments as a JSON object.")] = "{}",
+    queue: Annotated[str | None, typer.Option(help="Queue (default: default).")] = None,
+    delay: Annotated[float | None, typer.Option(help="Seconds from now, >= 0.")] = None,
+    priority: Annotated[int | None, typer.Option(help="Lower runs first.")] = None,
+    max_attempts: Annotated[int | None, typer.Option(help="Attempts before dead.")] = None,
+    unique_key: Annotated[str | None, typer.Option(help="Skip if a pending job has it.")] = None,
+) -> None:
+    """Enqueue one job and print its id."""
+    if delay is not None and not math.isfinite(delay):
+        raise BadInput(f"--delay {delay}: must be a finite number of seconds >= 0")
+    payload = parse_args_json(args)
+    job = _queue(ctx).enqueue(
+        task,
+        payload,
+        queue=queue,
+        delay=delay,
+        priority=priority,
+        max_attempts=max_attempts,
+        unique_key=unique_key,
+    )
+    console.print(job.id, highlight=False)
+
+
+@app.command()
+def status(
+    ctx: typer.Context,
+    as_json: Annotated[bool, typer.Option("--json", help="Stable JSON output.")] = False,
+) -> None:
+    """Job counts per queue and status, and the live workers."""
+    jq = _queue(ctx)
+    stats = jq.stats()
+    workers = jq.workers()
+    if as_json:
+        render.print_json(console, render.status_json(stats, workers))
+        return
+    console.print(render.status_table(stats))
+    console.print(render.workers_table(workers))
+
+
+def _status_option(value: str | None) -> JobStatus | None:
+    if value is None:
+        return None
+    try:
+        return JobStatus(value)
+    except ValueError:
+        valid = ", ".join(s.value for s in JobStatus)
+        raise BadInput(f"--status {value!r}: use one of {valid}") from None
+
+
+@jobs_app.command("list")
+def jobs_list(
+    ctx: typer.Context,
+    status: Annotated[str | None, typer.Option(help="Only jobs in this status.")] = None,
+    queue: Annotated[str | None, typer.Option(help="Only jobs of this queue.")] = None,
+    limit: Annotated[int, typer.Option(help="At most this many (1-10000).")] = 50,
+    as_json: Annotated[bool, typer.Option("--json", help="Stable JSON output.")] = False,
+) -> None:
+    """List jobs, newest first."""
+    jobs = _queue(ctx).list_jobs(status=_status_option(status), queue=queue, limit=limit)
+    if as_json:
+        render.print_json(console, [job.to_dict() for job in jobs])
+    else:
+        console.print(render.jobs_table(jobs))
+
+
+@jobs_app.command("show")
+def jobs_show(
+    ctx: typer.Context,
+    job_id: Annotated[int, typer.Argument(help="The job id.")],
+    as_json: Annotated[bool, typer.Option("--json", help="Stable JSON output.")] = False,
+) -> None:
+    """Show one job with its errors and result."""
+    job = _queue(ctx).get_job(job_id)
+    if job is None:
+        err_console.print(f"error: no job with id {job_id}", highlight=False)
+        raise typer.Exit(1)
+    if as_json:
+        render.print_json(console, job.to_dict())
+    else:
+        console.print(render.job_detail(job))
+
+
+@app.command()
+def retry(ctx: typer.Context, job_id: Annotated[int, typer.Argument(help="The job id.")]) -> None:
+    """Run a dead, retryable, cancelled or completed job again now."""
+    job = _queue(ctx).retry(job_id)
+    console.print(f"job {job.id} is {job.status.value}", highlight=False)
+
+
+@app.command()
+def cancel(ctx: typer.Context, job_id: Annotated[int, typer.Argument(help="The job id.")]) -> None:
+    """Cancel a pending job, or ask the worker running it to stop."""
+    job = _queue(ctx).cancel(job_id)
+    note = " (cancel requested; its worker will stop it)" if job.status == JobStatus.RUNNING else ""
+    console.print(f"job {job.id} is {job.status.value}{note}", highlight=False)
+
+
+@dead_app.command("list")
+def dead_list(
+    ctx: typer.Context,
+    queue: Annotated[str | None, typer.Option(help="Only this queue.")] = None,
+    limit: Annotated[int, typer.Option(help="At most this many (1-10000).")] = 50,
+    as_json: Annotated[bool, typer.Option("--json", help="Stable JSON output.")] = False,
+) -> None:
+    """List dead letters, newest first."""
+    jobs = _queue(ctx).list_jobs(status=JobStatus.DEAD, queue=queue, limit=limit)
+    if as_json:
+        render.print_json(console, [job.to_dict() for job in jobs])
+    else:
+        console.print(render.jobs_table(jobs, title="dead letters"))
+
+
+@dead_app.command("requeue")
+def dead_requeue(
+    ctx: typer.Context,
+    job_ids: Annotated[list[int] | None, typer.Argument(help="Dead letter ids.")] = None,
+    all_: Annotated[bool, typer.Option("--all", help="Requeue every dead letter.")] = False,
+) -> None:
+    """Move dead letters back to the queue, attempts reset."""
+    if bool(job_ids) == all_:
+        raise BadInput("dead requeue: give job ids or --all (not both)")
+    moved = _queue(ctx).requeue_dead(None if all_ else job_ids)
+    missing = sorted(set(job_ids or []) - set(moved))
+    console.print(f"requeued {len(moved)} jobs: {' '.join(map(str, moved))}", highlight=False)
+    if missing:
+        err_console.print(f"not dead letters: {' '.join(map(str, missing))}", highlight=False)
+        raise typer.Exit(1)
+
+
+@app.command()
+def demo(
+    ctx: typer.Context,
+    workers: Annotated[int, typer.Option(help="Worker processes (one is SIGKILLed).")] = 2,
+    concurrency: Annotated[int, typer.Option(help="Jobs at once per worker.")] = 4,
+) -> None:
+    """Hash every .py file of the standard library through the queue, SIGKILL a
+    worker midway, and reconcile every job (uses ./jobkeeper-demo.db unless --database)."""
+    from jobkeeper.demo.runner import run_demo
+
+    url = ctx.find_root().params.get("database")
+    raise typer.Exit(run_demo(console, database_url=url, workers=workers, concurrency=concurrency))
+
+
+def _fail(message: str, code: int) -> NoReturn:
+    err_console.print(f"error: {message}", highlight=False, soft_wrap=True)
+    sys.exit(code)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point of the ``jobkeeper`` console script."""
+    try:
+        app(args=argv, standalone_mode=False)
+    except click.exceptions.Exit as exc:
+        sys.exit(exc.exit_code)
+    except click.exceptions.Abort:
+        _fail("aborted", 130)
+    except click.UsageError as exc:
+        _fail(exc.format_message().replace("\n", " "), 2)
+    except click.ClickException as exc:
+        _fail(exc.format_message(), exc.exit_code)
+    except (BadInput, PayloadError, ConfigError) as exc:
+        _fail(str(exc).replace("\n", " "), 2)
+    except JobkeeperError as exc:
+        _fail(str(exc).replace("\n", " "), 1)
+    sys.exit(0)

@@ -1,0 +1,128 @@
+"""Rich tables for people and the stable ``--json`` output for scripts.
+
+The JSON shapes are part of the CLI contract: keys are only ever added.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from jobkeeper.models import Job, JobStatus, WorkerInfo
+
+STATUS_STYLE = {
+    "scheduled": "cyan",
+    "available": "blue",
+    "running": "yellow",
+    "retryable": "magenta",
+    "completed": "green",
+    "cancelled": "dim",
+    "dead": "red",
+}
+
+
+def print_json(console: Console, value: Any) -> None:
+    """Print ``value`` as indented JSON (plain text, no markup)."""
+    console.print_json(json.dumps(value, ensure_ascii=False, default=str), highlight=False)
+
+
+def _when(value: datetime | None) -> str:
+    return "" if value is None else value.strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _status(status: str) -> str:
+    return f"[{STATUS_STYLE.get(status, 'white')}]{status}[/]"
+
+
+def status_json(stats: dict[str, dict[str, int]], workers: list[WorkerInfo]) -> dict[str, Any]:
+    """``{"queues": {queue: {status: n}}, "totals": {status: n}, "workers": [...]}``."""
+    totals = {status.value: 0 for status in JobStatus}
+    for per_status in stats.values():
+        for status, count in per_status.items():
+            totals[status] += count
+    return {
+        "queues": stats,
+        "totals": totals,
+        "workers": [
+            {
+                "id": w.id,
+                "hostname": w.hostname,
+                "pid": w.pid,
+                "queues": w.queues,
+                "started_at": w.started_at.isoformat(),
+                "heartbeat_at": w.heartbeat_at.isoformat(),
+            }
+            for w in workers
+        ],
+    }
+
+
+def status_table(stats: dict[str, dict[str, int]]) -> Table:
+    table = Table(title="jobs by queue and status")
+    table.add_column("queue")
+    for status in JobStatus:
+        table.add_column(_status(status.value), justify="right")
+    for queue, per_status in stats.items():
+        table.add_row(queue, *(str(per_status.get(s.value, 0)) for s in JobStatus))
+    if not stats:
+        table.add_row("(no jobs)", *("" for _ in JobStatus))
+    return table
+
+
+def workers_table(workers: list[WorkerInfo]) -> Table:
+    table = Table(title="workers")
+    for column in ("id", "queues", "started", "last heartbeat"):
+        table.add_column(column)
+    for w in workers:
+        table.add_row(w.id, ",".join(w.queues), _when(w.started_at), _when(w.heartbeat_at))
+    return table
+
+
+def jobs_table(jobs: list[Job], title: str = "jobs") -> Table:
+    table = Table(title=title)
+    for column in ("id", "queue", "task", "status", "attempt", "prio", "scheduled", "last error"):
+        table.add_column(column, overflow="fold")
+    for job in jobs:
+        last_error = job.errors[-1].get("error", "") if job.errors else ""
+        table.add_row(
+            str(job.id),
+            job.queue,
+            job.task,
+            _status(job.status.value),
+            f"{job.attempt}/{job.max_attempts}",
+            str(job.priority),
+            _when(job.scheduled_at),
+            str(last_error)[:80],
+        )
+    return table
+
+
+def job_detail(job: Job) -> Table:
+    table = Table(show_header=False, title=f"job {job.id}")
+    table.add_column("field", style="bold")
+    table.add_column("value", overflow="fold")
+    data = job.to_dict()
+    for key in (
+        "id", "task", "queue", "status", "priority", "attempt", "max_attempts",
+        "scheduled_at", "created_at", "attempted_at", "finished_at", "worker_id",
+        "unique_key", "cancel_requested", "dead_reason",
+    ):
+        value = data.get(key)
+        if value is None or value is False:
+            continue
+        table.add_row(key, _status(str(value)) if key == "status" else str(value))
+    table.add_row("args", json.dumps(job.args, ensure_ascii=False))
+    if job.args_error:
+        table.add_row("args_error", job.args_error)
+    if job.result is not None:
+        table.add_row("result", json.dumps(job.result, ensure_ascii=False)[:2000])
+    for entry in job.errors:
+        table.add_row(
+            f"error (attempt {entry.get('attempt')})",
+            f"{entry.get('at')}  {entry.get('error')}",
+        )
+    return table

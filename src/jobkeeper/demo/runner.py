@@ -1,0 +1,234 @@
+"""``jobkeeper demo``: real work through the queue, a crash, and a reconciliation.
+
+1. Enqueue one job per ``.py`` file of the running Python's standard library;
+   about 5% fail on their first attempt and a few always fail (chosen by a
+   hash of the path, so the same files every run).
+2. Start worker processes; SIGKILL the first once 30% of the jobs are done.
+3. The survivors rescue the killed worker's jobs once its heartbeat is
+   ``rescue_after`` seconds old.
+4. When every job is finished, stop the survivors with SIGTERM and account for
+   every enqueued id: completed, dead, or lost (must be 0). Every completed
+   result is checked against the file itself.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import signal
+import subprocess
+import sys
+import sysconfig
+import time
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from jobkeeper.api import JobQueue
+from jobkeeper.demo.tasks import count_file, jq as demo_jq
+from jobkeeper.models import Job, JobStatus
+
+DEFAULT_DEMO_URL = "sqlite:///jobkeeper-demo.db"
+QUEUE = "demo"
+KILL_AT = 0.30
+DEADLINE = 120.0
+
+
+def stdlib_files() -> list[str]:
+    """Every ``.py`` file of the running Python's standard library, sorted."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    return sorted(
+        str(path)
+        for path in root.rglob("*.py")
+        if "site-packages" not in path.parts and "dist-packages" not in path.parts
+    )
+
+
+def planned_failures(path: str) -> int:
+    """How many first attempts of ``path``'s job fail: 99 (always, ~0.2%),
+    1 (~5%), else 0. Deterministic: a hash of the path."""
+    digest = int.from_bytes(hashlib.sha256(path.encode()).digest()[:8], "big")
+    if digest % 500 == 0:
+        return 99
+    if digest % 20 == 0:
+        return 1
+    return 0
+
+
+def _fresh_sqlite(url: str) -> None:
+    path = url.split("///", 1)[1]
+    for suffix in ("", "-wal", "-shm"):
+        Path(path + suffix).unlink(missing_ok=True)
+
+
+def _expected(path: str) -> dict[str, Any]:
+    data = Path(path).read_bytes()
+    return {
+        "lines": len(data.splitlines()),
+        "words": len(data.split()),
+        "bytes": len(data),
+        "sha256": hashlib.sha256(data).hexdigest(),
+    }
+
+
+def _start_worker(url: str, concurrency: int, log: Any) -> subprocess.Popen[bytes]:
+    command = [
+        sys.executable, "-m", "jobkeeper", "--database", url, "worker",
+        "--app", "jobkeeper.demo.tasks:jq", "--queue", QUEUE,
+        "--concurrency", str(concurrency),
+    ]  # fmt: skip
+    return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+
+
+def _held_by_pid(jq: JobQueue, pid: int) -> int:
+    running = jq.list_jobs(status=JobStatus.RUNNING, queue=QUEUE, limit=10_000)
+    return sum(1 for job in running if job.worker_id and job.worker_id.split(":")[1] == str(pid))
+
+
+def run_demo(console: Console, *, database_url: str | None, workers: int, concurrency: int) -> int:
+    """Run the demo; returns the exit code (0 when every job is accounted for)."""
+    url = database_url or DEFAULT_DEMO_URL
+    if workers < 2:
+        console.print("[red]the demo needs at least 2 workers (one is killed)[/]")
+        return 2
+    if url.startswith("sqlite:"):
+        _fresh_sqlite(url)
+    jq = demo_jq.using(url)
+    jq.migrate()
+    files = stdlib_files()
+    console.print(
+        f"[bold]jobkeeper demo[/] on {jq.url.redacted()}: {len(files)} files of "
+        f"{sysconfig.get_paths()['stdlib']}, {workers} workers x {concurrency}"
+    )
+    started = time.monotonic()
+    jobs = jq.enqueue_many(
+        [(count_file, {"path": p, "fail_first": planned_failures(p)}) for p in files]
+    )
+    enqueued = {job.id: job.args["path"] for job in jobs if job.args is not None}
+    console.print(f"enqueued {len(enqueued)} jobs in {time.monotonic() - started:.2f}s")
+
+    log_path = Path("jobkeeper-demo.log")
+    killed_pid, held_at_kill = 0, 0
+    with log_path.open("wb") as log:
+        procs = [_start_worker(url, concurrency, log) for _ in range(workers)]
+        try:
+            finished = _watch(console, jq, len(enqueued), procs, kill_at=KILL_AT)
+            killed_pid, held_at_kill = finished
+        finally:
+            for proc in procs:
+                if proc.poll() is None:
+                    proc.send_signal(signal.SIGTERM)
+            exit_codes = [proc.wait(timeout=30) for proc in procs]
+    wall = time.monotonic() - started
+    return _reconcile(console, jq, enqueued, wall, killed_pid, held_at_kill, exit_codes, log_path)
+
+
+def _watch(
+    console: Console,
+    jq: JobQueue,
+    total: int,
+    procs: list[subprocess.Popen[bytes]],
+    *,
+    kill_at: float,
+) -> tuple[int, int]:
+    """Show progress until every job is finished; SIGKILL ``procs[0]`` at ``kill_at``."""
+    killed_pid, held = 0, 0
+    deadline = time.monotonic() + DEADLINE
+    columns = (
+        TextColumn("[progress.description]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+    )
+    with Progress(*columns, console=console, transient=False) as progress:
+        bar = progress.add_task("jobs finished", total=total)
+        while time.monotonic() < deadline:
+            counts = jq.stats().get(QUEUE, {})
+            done = counts.get("completed", 0) + counts.get("dead", 0)
+            progress.update(bar, completed=done)
+            if not killed_pid and done >= kill_at * total:
+                victim = procs[0]
+                held = _held_by_pid(jq, victim.pid)
+                victim.send_signal(signal.SIGKILL)
+                victim.wait()
+                killed_pid = victim.pid
+                progress.console.print(
+                    f"[yellow]SIGKILLed worker pid {killed_pid} holding {held} running jobs[/]"
+                )
+            if done >= total:
+                break
+            time.sleep(0.2)
+    return killed_pid, held
+
+
+def _reconcile(
+    console: Console,
+    jq: JobQueue,
+    enqueued: dict[int, str],
+    wall: float,
+    killed_pid: int,
+    held_at_kill: int,
+    exit_codes: list[int],
+    log_path: Path,
+) -> int:
+    found: dict[int, Job] = {}
+    for status in (JobStatus.COMPLETED, JobStatus.DEAD, *sorted(set(JobStatus) - {
+        JobStatus.COMPLETED, JobStatus.DEAD})):
+        for job in jq.list_jobs(status=status, queue=QUEUE, limit=10_000):
+            found[job.id] = job
+    by_status: dict[str, int] = {}
+    for job_id in enqueued:
+        job = found.get(job_id)
+        key = job.status.value if job else "lost"
+        by_status[key] = by_status.get(key, 0) + 1
+    completed = [found[i] for i in enqueued if i in found and found[i].status == JobStatus.COMPLETED]
+    retried = sum(1 for job in completed if job.errors)
+    rescued = sum(
+        1
+        for job in found.values()
+        if any(str(e.get("error", "")).startswith("worker lost") for e in job.errors)
+    )
+    verified = sum(1 for job in completed if job.result == _expected(enqueued[job.id]))
+    lost = by_status.get("lost", 0)
+    unfinished = sum(by_status.get(s.value, 0) for s in JobStatus
+                     if s not in (JobStatus.COMPLETED, JobStatus.DEAD, JobStatus.CANCELLED))
+    dead = by_status.get("dead", 0)
+    expected_dead = sum(1 for path in enqueued.values() if planned_failures(path) == 99)
+
+    table = Table(title="reconciliation", show_header=False)
+    table.add_column("what", style="bold")
+    table.add_column("count", justify="right")
+    rows = [
+        ("enqueued", len(enqueued)),
+        ("completed", len(completed)),
+        ("  results verified against the files", verified),
+        ("  retried, then completed", retried),
+        ("rescued from the killed worker", rescued),
+        ("dead (always-failing, expected %d)" % expected_dead, dead),
+        ("cancelled", by_status.get("cancelled", 0)),
+        ("unfinished", unfinished),
+        ("lost", lost),
+    ]
+    for what, count in rows:
+        table.add_row(what, str(count))
+    console.print(table)
+    accounted = len(completed) + dead + by_status.get("cancelled", 0) + unfinished + lost
+    ok = (
+        lost == 0
+        and unfinished == 0
+        and accounted == len(enqueued)
+        and verified == len(completed)
+        and dead == expected_dead
+    )
+    console.print(
+        f"killed worker pid {killed_pid} held {held_at_kill} running jobs; "
+        f"surviving workers exited with {exit_codes[1:]} after SIGTERM"
+    )
+    console.print(f"completed + dead + cancelled + unfinished + lost = {accounted} of {len(enqueued)}")
+    console.print(f"wall time: {wall:.1f}s, {len(enqueued) / wall:.0f} jobs/s (worker log: {log_path})")
+    console.print(f"lost: {lost}")
+    console.print("[green]every job accounted for[/]" if ok else "[red]RECONCILIATION FAILED[/]")
+    return 0 if ok else 1
+

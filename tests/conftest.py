@@ -1,0 +1,116 @@
+"""Shared fixtures: every backend test runs on SQLite (a temp file) and on the
+real PostgreSQL server (a fresh schema per test).
+
+PostgreSQL comes from ``JOBKEEPER_TEST_PG_URL`` (default
+``postgresql://postgres@127.0.0.1:5432/test``). If it cannot be reached the
+whole run stops with an error: PostgreSQL tests never skip. Only an explicit
+``JOBKEEPER_TEST_BACKENDS=sqlite`` (for local work without a server) leaves
+them out, and the run says so.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import psycopg
+import pytest
+
+from jobkeeper import JobQueue
+
+PG_URL = os.environ.get("JOBKEEPER_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/test")
+BACKENDS = [
+    name.strip()
+    for name in os.environ.get("JOBKEEPER_TEST_BACKENDS", "sqlite,postgres").split(",")
+    if name.strip()
+]
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    return [f"jobkeeper backends: {', '.join(BACKENDS)} (PostgreSQL: {PG_URL})"]
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    if "postgres" not in BACKENDS:
+        print("\nWARNING: PostgreSQL tests deselected by JOBKEEPER_TEST_BACKENDS", file=sys.stderr)
+        return
+    try:
+        with psycopg.connect(PG_URL, connect_timeout=5) as conn:
+            conn.execute("SELECT 1")
+    except psycopg.Error as exc:
+        pytest.exit(
+            f"PostgreSQL is unreachable at {PG_URL}: {exc}\n"
+            "Start it (pg_ctlcluster ... main start) or set JOBKEEPER_TEST_PG_URL. "
+            "PostgreSQL tests never skip.",
+            returncode=3,
+        )
+
+
+def pg_schema_url(schema: str) -> str:
+    """``PG_URL`` with ``search_path`` set to ``schema``."""
+    separator = "&" if "?" in PG_URL else "?"
+    return f"{PG_URL}{separator}options={quote(f'-csearch_path={schema}')}"
+
+
+@pytest.fixture
+def pg_url() -> Iterator[str]:
+    """A PostgreSQL URL whose search_path is a fresh, empty schema (dropped after)."""
+    schema = f"jk_test_{secrets.token_hex(6)}"
+    with psycopg.connect(PG_URL, autocommit=True) as conn:
+        conn.execute(f'CREATE SCHEMA "{schema}"')
+    try:
+        yield pg_schema_url(schema)
+    finally:
+        with psycopg.connect(PG_URL, autocommit=True) as conn:
+            conn.execute(f'DROP SCHEMA "{schema}" CASCADE')
+
+
+@pytest.fixture
+def sqlite_url(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path / 'jobs.db'}"
+
+
+@pytest.fixture(params=BACKENDS)
+def db_url(request: pytest.FixtureRequest) -> str:
+    """An empty, unmigrated database of each backend."""
+    if request.param == "postgres":
+        return str(request.getfixturevalue("pg_url"))
+    return str(request.getfixturevalue("sqlite_url"))
+
+
+#: Settings that make workers react in tenths of seconds in tests.
+FAST = {
+    "heartbeat_interval": 0.1,
+    "rescue_after": 1.0,
+    "poll_interval": 0.05,
+    "max_backoff": 0.05,
+    "shutdown_grace": 2.0,
+}
+
+
+@pytest.fixture
+def make_queue(db_url: str) -> Iterator[Callable[..., JobQueue]]:
+    """Factory: ``make_queue(**settings)`` -> a migrated JobQueue on ``db_url``
+    (FAST settings unless overridden). Queues are closed after the test."""
+    made: list[JobQueue] = []
+
+    def make(**settings: Any) -> JobQueue:
+        jq = JobQueue(db_url, **{**FAST, **settings})
+        jq.migrate()
+        made.append(jq)
+        return jq
+
+    yield make
+    for jq in made:
+        jq.close()
+
+
+@pytest.fixture
+def jq(make_queue: Callable[..., JobQueue]) -> JobQueue:
+    """A migrated JobQueue with FAST settings on each backend."""
+    return make_queue()
