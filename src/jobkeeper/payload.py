@@ -172,6 +172,12 @@ def decode_args(raw: Any) -> tuple[dict[str, Any] | None, str | None]:
             return None, f"stored args are not valid JSON ({exc}): {_short_repr(raw)}"
     if not isinstance(value, dict):
         return None, f"stored args are not a JSON object: {_short_repr(value)}"
+    try:
+        # json.loads accepts NaN/Infinity (and \u0000 escapes): a row written
+        # outside jobkeeper must not hand the task what enqueue would refuse.
+        check_json_value(value, "args")
+    except PayloadError as exc:
+        return None, f"stored args are not valid job args: {exc}"
     return value, None
 
 

@@ -30,14 +30,22 @@ def _errors(value: Any) -> list[dict[str, Any]]:
     return decoded if isinstance(decoded, list) else []
 
 
-def job_from_row(row: dict[str, Any], to_datetime: Any, *, dead: bool = False) -> Job:
+def job_from_row(
+    row: dict[str, Any], to_datetime: Any, *, dead: bool = False, json_decoded: bool = False
+) -> Job:
     """Build a :class:`Job` from a row dict (column name -> value).
 
     ``to_datetime`` converts the backend's stored timestamp to an aware UTC
-    datetime. Never raises on bad args/errors JSON: a row written outside
-    jobkeeper must not crash the worker that claims it (sidekiq#3294).
+    datetime. ``json_decoded``: the driver already decoded the JSON columns
+    (psycopg and ``jsonb``), so a ``str`` there is a JSON string value, not
+    JSON text to parse again. Never raises on bad args/errors JSON: a row
+    written outside jobkeeper must not crash the worker that claims it
+    (sidekiq#3294).
     """
-    args, args_error = decode_args(row["args"])
+    raw_args = row["args"]
+    if json_decoded and isinstance(raw_args, str):
+        raw_args = json.dumps(raw_args)
+    args, args_error = decode_args(raw_args)
     return Job(
         id=int(row["id"]),
         task=row["task"],
@@ -54,7 +62,7 @@ def job_from_row(row: dict[str, Any], to_datetime: Any, *, dead: bool = False) -
         worker_id=None if dead else row["worker_id"],
         unique_key=row["unique_key"],
         errors=_errors(row["errors"]),
-        result=_json(row["result"], None),
+        result=row["result"] if json_decoded else _json(row["result"], None),
         cancel_requested=False if dead else bool(row["cancel_requested"]),
         dead_reason=row["reason"] if dead else None,
         args_error=args_error,

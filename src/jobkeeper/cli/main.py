@@ -44,7 +44,7 @@ console = Console()
 err_console = Console(stderr=True)
 
 
-class BadInput(Exception):
+class BadInput(Exception):  # noqa: N818 - reads as what it is
     """Raised by CLI parsing helpers: exit code 2 with this message."""
 
 
@@ -295,7 +295,8 @@ def demo(
     concurrency: Annotated[int, typer.Option(help="Jobs at once per worker.")] = 4,
 ) -> None:
     """Hash every .py file of the standard library through the queue, SIGKILL a
-    worker midway, and reconcile every job (uses ./jobkeeper-demo.db unless --database)."""
+    worker midway, and reconcile every job (uses ./jobkeeper-demo.db unless --database).
+    """
     from jobkeeper.demo.runner import run_demo
 
     url = ctx.find_root().params.get("database")

@@ -107,9 +107,21 @@ def job_detail(job: Job) -> Table:
     table.add_column("value", overflow="fold")
     data = job.to_dict()
     for key in (
-        "id", "task", "queue", "status", "priority", "attempt", "max_attempts",
-        "scheduled_at", "created_at", "attempted_at", "finished_at", "worker_id",
-        "unique_key", "cancel_requested", "dead_reason",
+        "id",
+        "task",
+        "queue",
+        "status",
+        "priority",
+        "attempt",
+        "max_attempts",
+        "scheduled_at",
+        "created_at",
+        "attempted_at",
+        "finished_at",
+        "worker_id",
+        "unique_key",
+        "cancel_requested",
+        "dead_reason",
     ):
         value = data.get(key)
         if value is None or value is False:

@@ -27,8 +27,9 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from jobkeeper.api import JobQueue
-from jobkeeper.demo.tasks import count_file, jq as demo_jq
-from jobkeeper.models import Job, JobStatus
+from jobkeeper.demo.tasks import count_file
+from jobkeeper.demo.tasks import jq as demo_jq
+from jobkeeper.models import JobStatus
 
 DEFAULT_DEMO_URL = "sqlite:///jobkeeper-demo.db"
 QUEUE = "demo"
@@ -48,7 +49,8 @@ def stdlib_files() -> list[str]:
 
 def planned_failures(path: str) -> int:
     """How many first attempts of ``path``'s job fail: 99 (always, ~0.2%),
-    1 (~5%), else 0. Deterministic: a hash of the path."""
+    1 (~5%), else 0. Deterministic: a hash of the path.
+    """
     digest = int.from_bytes(hashlib.sha256(path.encode()).digest()[:8], "big")
     if digest % 500 == 0:
         return 99
@@ -173,17 +175,16 @@ def _reconcile(
     exit_codes: list[int],
     log_path: Path,
 ) -> int:
-    found: dict[int, Job] = {}
-    for status in (JobStatus.COMPLETED, JobStatus.DEAD, *sorted(set(JobStatus) - {
-        JobStatus.COMPLETED, JobStatus.DEAD})):
-        for job in jq.list_jobs(status=status, queue=QUEUE, limit=10_000):
-            found[job.id] = job
+    # Both tables: live jobs and dead letters (the demo has fewer than 10,000).
+    found = {job.id: job for job in jq.list_jobs(queue=QUEUE, limit=10_000)}
     by_status: dict[str, int] = {}
     for job_id in enqueued:
-        job = found.get(job_id)
-        key = job.status.value if job else "lost"
+        entry = found.get(job_id)
+        key = entry.status.value if entry else "lost"
         by_status[key] = by_status.get(key, 0) + 1
-    completed = [found[i] for i in enqueued if i in found and found[i].status == JobStatus.COMPLETED]
+    completed = [
+        found[i] for i in enqueued if i in found and found[i].status == JobStatus.COMPLETED
+    ]
     retried = sum(1 for job in completed if job.errors)
     rescued = sum(
         1
@@ -192,8 +193,11 @@ def _reconcile(
     )
     verified = sum(1 for job in completed if job.result == _expected(enqueued[job.id]))
     lost = by_status.get("lost", 0)
-    unfinished = sum(by_status.get(s.value, 0) for s in JobStatus
-                     if s not in (JobStatus.COMPLETED, JobStatus.DEAD, JobStatus.CANCELLED))
+    unfinished = sum(
+        by_status.get(s.value, 0)
+        for s in JobStatus
+        if s not in (JobStatus.COMPLETED, JobStatus.DEAD, JobStatus.CANCELLED)
+    )
     dead = by_status.get("dead", 0)
     expected_dead = sum(1 for path in enqueued.values() if planned_failures(path) == 99)
 
@@ -206,7 +210,7 @@ def _reconcile(
         ("  results verified against the files", verified),
         ("  retried, then completed", retried),
         ("rescued from the killed worker", rescued),
-        ("dead (always-failing, expected %d)" % expected_dead, dead),
+        (f"dead (always-failing, expected {expected_dead})", dead),
         ("cancelled", by_status.get("cancelled", 0)),
         ("unfinished", unfinished),
         ("lost", lost),
@@ -226,9 +230,12 @@ def _reconcile(
         f"killed worker pid {killed_pid} held {held_at_kill} running jobs; "
         f"surviving workers exited with {exit_codes[1:]} after SIGTERM"
     )
-    console.print(f"completed + dead + cancelled + unfinished + lost = {accounted} of {len(enqueued)}")
-    console.print(f"wall time: {wall:.1f}s, {len(enqueued) / wall:.0f} jobs/s (worker log: {log_path})")
+    console.print(
+        f"completed + dead + cancelled + unfinished + lost = {accounted} of {len(enqueued)}"
+    )
+    console.print(
+        f"wall time: {wall:.1f}s, {len(enqueued) / wall:.0f} jobs/s (worker log: {log_path})"
+    )
     console.print(f"lost: {lost}")
     console.print("[green]every job accounted for[/]" if ok else "[red]RECONCILIATION FAILED[/]")
     return 0 if ok else 1
-

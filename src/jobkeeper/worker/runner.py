@@ -20,6 +20,7 @@ rest of the grace period.
 
 from __future__ import annotations
 
+import collections
 import logging
 import os
 import secrets
@@ -39,7 +40,7 @@ from jobkeeper.errors import DatabaseError, DatabaseUnavailable
 from jobkeeper.maintenance.heartbeat import Heartbeat
 from jobkeeper.maintenance.pruner import Pruner
 from jobkeeper.maintenance.rescuer import Rescuer
-from jobkeeper.models import Claim, Completion, WorkerInfo
+from jobkeeper.models import Claim, Completion, Job, WorkerInfo
 from jobkeeper.outcomes import released_attempt
 from jobkeeper.tasks import Task
 from jobkeeper.worker.completer import Completer, Outcome
@@ -83,6 +84,8 @@ class Worker:
         queues: queue names to claim from.
         concurrency: most jobs running at once.
         burst: exit once nothing is available or due within ``poll_interval``.
+        prefetch: jobs claimed beyond the free slots, to start the moment a
+            slot frees (default: a quarter of ``concurrency``, 1 to 25).
     """
 
     def __init__(
@@ -94,11 +97,14 @@ class Worker:
         queues: Sequence[str],
         concurrency: int,
         burst: bool = False,
+        prefetch: int | None = None,
     ) -> None:
         self._settings = settings
         self.queues = list(dict.fromkeys(queues))
         self.concurrency = concurrency
         self.burst = burst
+        self.prefetch = prefetch if prefetch is not None else min(max(concurrency // 4, 1), 25)
+        self._ready: collections.deque[Job] = collections.deque()
         self.info = WorkerInfo(
             id=make_worker_id(),
             hostname=socket.gethostname(),
@@ -278,22 +284,43 @@ class Worker:
                 logger.exception("claim failed; retrying")
                 self._stopping.wait(settings.poll_interval)
                 continue
-            if claimed and self.executor.active < self.concurrency:
-                continue  # the queue may hold more: claim again before sleeping
+            if claimed and self._wanted() > 0:
+                continue  # a full batch came back: the queue may hold more
             self._idle_wait(settings.poll_interval)
 
+    def _wanted(self) -> int:
+        """Jobs to claim now: free slots plus the prefetch, less what is buffered."""
+        return self.concurrency + self.prefetch - self.executor.active - len(self._ready)
+
+    def _start_ready(self) -> None:
+        while self._ready and self.executor.active < self.concurrency:
+            if self._stopping.is_set():
+                return
+            self.executor.submit(self._ready.popleft())
+
     def _claim(self) -> int:
+        """Claim a batch if worth it; start what fits. Returns jobs claimed.
+
+        A claim is one round trip whatever its size, so the worker does not
+        claim one job per freed slot: it claims when its buffer is empty, or
+        when at least half its capacity (slots + prefetch) can be filled.
+        """
+        self._start_ready()
+        wanted = self._wanted()
+        capacity = self.concurrency + self.prefetch
+        if wanted <= 0 or (self._ready and wanted < capacity // 2):
+            return 0
         claimed = 0
         # Rotate the starting queue so one busy queue cannot starve the others.
         start = self.stats.claimed % max(len(self.queues), 1)
         for queue in self.queues[start:] + self.queues[:start]:
-            free = self.concurrency - self.executor.active
-            if free <= 0 or self._stopping.is_set():
+            limit = wanted - claimed
+            if limit <= 0 or self._stopping.is_set():
                 break
-            jobs = self._backend.job_claim(worker_id=self.info.id, queue=queue, limit=free)
-            for job in jobs:
-                self.executor.submit(job)
+            jobs = self._backend.job_claim(worker_id=self.info.id, queue=queue, limit=limit)
+            self._ready.extend(jobs)
             claimed += len(jobs)
+        self._start_ready()
         with self._stats_lock:
             self.stats.claimed += claimed
         return claimed
@@ -306,6 +333,7 @@ class Worker:
         """
         held = self._backend.job_held_by(worker_id=self.info.id)
         known = {job.id for job in self.executor.running_jobs()} | self.completer.pending_ids()
+        known |= {job.id for job in self._ready}
         unknown = [job for job in held if job.id not in known]
         if unknown:
             failures = [
@@ -318,7 +346,7 @@ class Worker:
 
     def _drained(self) -> bool:
         """Burst mode: nothing running, nothing unwritten, nothing due soon."""
-        if self.executor.active or self.completer.pending:
+        if self.executor.active or self._ready or self.completer.pending:
             return False
         due_in = self._backend.job_next_due_in(queues=self.queues)
         if due_in is None or due_in > self._settings.poll_interval:
@@ -350,6 +378,12 @@ class Worker:
 
     def _shutdown(self) -> None:
         self._stopping.set()
+        while self._ready:
+            # Claimed but never started: hand back at once.
+            job = self._ready.popleft()
+            self.completer.add(
+                released_attempt(job, "worker shutdown: handed back before it started")
+            )
         grace = self._settings.shutdown_grace
         deadline = time.monotonic() + grace
         while self.executor.active and not self._force.is_set():

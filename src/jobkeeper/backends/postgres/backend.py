@@ -10,7 +10,9 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import secrets
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -48,6 +50,12 @@ MIGRATION_LOCK_KEY = 0x6A6F626B65657072
 #: made) before raising DatabaseUnavailable.
 POOL_TIMEOUT = 10.0
 CONNECT_TIMEOUT = 5
+#: Listener canary: seconds between self-notifications, seconds to wait for
+#: the echo, and fresh connections without any echo before giving up on LISTEN.
+CANARY_INTERVAL = 10.0
+CANARY_TIMEOUT = 5.0
+CANARY_GIVE_UP = 3
+CANARY_PREFIX = "~canary:"  # "~" is not allowed in queue names
 
 _CREATE_SCHEMA_TABLE = """
 CREATE TABLE IF NOT EXISTS jobkeeper_schema (
@@ -194,7 +202,7 @@ class PostgresBackend:
             return _rows(cursor)
 
     def _jobs(self, rows: list[dict[str, Any]], *, dead: bool = False) -> list[Job]:
-        return [job_from_row(row, aware_utc, dead=dead) for row in rows]
+        return [job_from_row(row, aware_utc, dead=dead, json_decoded=True) for row in rows]
 
     def channel(self) -> str:
         """The NOTIFY channel: ``jobkeeper_<schema>`` (see the insert trigger)."""
@@ -498,25 +506,85 @@ class PostgresBackend:
     # -- wake-ups -----------------------------------------------------------
 
     def listen(self, on_queue: Callable[[str], None], stop: threading.Event) -> None:
+        """LISTEN on the queue channel until ``stop``; see the Backend Protocol.
+
+        A canary guards the connection: every ``CANARY_INTERVAL`` seconds the
+        listener NOTIFYs its own token from a second connection and expects
+        the echo within ``CANARY_TIMEOUT``. No echo means the LISTEN
+        connection is silently dead (a half-open socket, a proxy that dropped
+        it): it is replaced. If echoes never arrive even on fresh connections
+        (PgBouncer in transaction pooling mode, where LISTEN is not
+        supported), the listener says so once and stops; workers then find
+        jobs by polling every ``poll_interval``.
+        """
         channel = self.channel()
+        sender = _SingleConnection(self._conninfo)
         delay = 0.1
-        while not stop.is_set():
-            try:
-                with psycopg.connect(
-                    self._conninfo, autocommit=True, connect_timeout=CONNECT_TIMEOUT
-                ) as conn:
-                    conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
-                    # Anything enqueued while we were not listening is found
-                    # by a claim now rather than by the next poll.
-                    on_queue("*")
+        silent_connections = 0
+        try:
+            while not stop.is_set():
+                try:
+                    echoed = self._listen_once(channel, sender, on_queue, stop)
+                except psycopg.Error as exc:
+                    logger.warning("LISTEN connection lost (%s); reconnecting", _describe(exc))
+                    stop.wait(delay)
+                    delay = min(delay * 2, 5.0)
+                    continue
+                if echoed:
+                    silent_connections = 0
                     delay = 0.1
-                    while not stop.is_set():
-                        for notify in conn.notifies(timeout=0.5):
-                            on_queue(notify.payload)
-            except psycopg.Error as exc:
-                logger.warning("LISTEN connection lost (%s); reconnecting", _describe(exc))
-                stop.wait(delay)
-                delay = min(delay * 2, 5.0)
+                    continue
+                silent_connections += 1
+                if silent_connections >= CANARY_GIVE_UP:
+                    logger.warning(
+                        "LISTEN/NOTIFY is not delivering on %s (a pooler in transaction "
+                        "mode?): wake-ups off, workers poll every poll_interval",
+                        self.url.redacted(),
+                    )
+                    return
+                logger.warning("LISTEN canary got no echo; reconnecting the listener")
+        finally:
+            sender.close()
+
+    def _listen_once(
+        self,
+        channel: str,
+        sender: _SingleConnection,
+        on_queue: Callable[[str], None],
+        stop: threading.Event,
+    ) -> bool:
+        """One LISTEN connection's life. Returns whether any canary echoed
+        before the connection was given up (``False``: it never delivered).
+        """
+        token = f"{CANARY_PREFIX}{secrets.token_hex(6)}"
+        echoed = False
+        with psycopg.connect(
+            self._conninfo, autocommit=True, connect_timeout=CONNECT_TIMEOUT
+        ) as conn:
+            conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
+            # Anything enqueued while we were not listening is found by a
+            # claim now rather than by the next poll.
+            on_queue("*")
+            sent_at: float | None = None
+            # The first canary goes out at once, so a LISTEN that cannot work
+            # is found within seconds of start.
+            next_canary = time.monotonic()
+            while not stop.is_set():
+                for notify in conn.notifies(timeout=0.25):
+                    if notify.payload == token:
+                        echoed, sent_at = True, None
+                    elif not notify.payload.startswith(CANARY_PREFIX):
+                        on_queue(notify.payload)
+                now = time.monotonic()
+                if sent_at is not None and now - sent_at > CANARY_TIMEOUT:
+                    return echoed
+                if sent_at is None and now >= next_canary:
+                    with sender.connection() as send:
+                        send.execute(
+                            QUERIES["notify_queues"], {"channel": channel, "queues": [token]}
+                        )
+                    sent_at, next_canary = now, now + CANARY_INTERVAL
+        return True
 
     def change_counter(self) -> int | None:
         return None
