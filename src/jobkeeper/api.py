@@ -37,6 +37,8 @@ class _TaskDecorator(Protocol):
     def __call__(self, fn: Callable[P, R], /) -> Task[P, R]: ...
 
 
+#: Options a job may carry (``connection`` belongs to the call, not the job).
+_JOB_OPTIONS = frozenset(ENQUEUE_OPTIONS) - {"connection"}
 RETRYABLE_FROM = frozenset(
     {JobStatus.DEAD, JobStatus.RETRYABLE, JobStatus.CANCELLED, JobStatus.COMPLETED}
 )
@@ -217,7 +219,7 @@ class JobQueue:
 
     def _new_job(self, task: Any, args: Any, options: dict[str, Any]) -> NewJob:
         """Validate one job completely, writing nothing."""
-        unknown = sorted(set(options) - set(ENQUEUE_OPTIONS) - {"connection"})
+        unknown = sorted(options.keys() - _JOB_OPTIONS) if options else None
         if unknown:
             raise ConfigError(
                 f"unknown enqueue option {unknown[0]!r}; valid options: "
@@ -230,6 +232,16 @@ class JobQueue:
         args_json = encode_args(args, max_bytes=self.settings.max_payload_bytes)
         if registered is not None:
             registered.check_args(args)
+        if not options:
+            # The common bulk case: the task's (or the global) defaults.
+            return NewJob(
+                task=task_name,
+                args_json=args_json,
+                args=args,
+                queue=registered.queue if registered else DEFAULT_QUEUE,
+                priority=registered.priority if registered else 0,
+                max_attempts=registered.max_attempts if registered else DEFAULT_MAX_ATTEMPTS,
+            )
         queue = options.get("queue")
         priority = options.get("priority")
         max_attempts = options.get("max_attempts")
@@ -237,6 +249,7 @@ class JobQueue:
         return NewJob(
             task=task_name,
             args_json=args_json,
+            args=args,
             queue=check_name("queue", queue)
             if queue is not None
             else (registered.queue if registered else DEFAULT_QUEUE),

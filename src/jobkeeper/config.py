@@ -6,6 +6,7 @@ Leaf module: imports only ``errors`` and ``backoff``.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import os
 import re
@@ -114,6 +115,11 @@ def check_seconds(name: str, value: Any, *, allow_zero: bool = True) -> float:
     return number
 
 
+@functools.lru_cache(maxsize=4096)
+def _valid_name(name: str) -> bool:
+    return 0 < len(name) <= NAME_MAX_LENGTH and _NAME.match(name) is not None
+
+
 def check_name(kind: str, name: Any) -> str:
     """Validate a queue or task name (see ``NAME_MAX_LENGTH``).
 
@@ -122,7 +128,7 @@ def check_name(kind: str, name: Any) -> str:
     """
     if not isinstance(name, str):
         raise ConfigError(f"{kind} name must be a string, got {type(name).__name__} {name!r}")
-    if not name or len(name) > NAME_MAX_LENGTH or not _NAME.match(name):
+    if not _valid_name(name):
         raise ConfigError(
             f"{kind} name {name[:80]!r} is invalid: use 1-{NAME_MAX_LENGTH} characters "
             "from letters, digits and _ . : - /, starting with a letter, digit or _"

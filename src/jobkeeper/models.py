@@ -147,6 +147,9 @@ class NewJob:
     delay: float | None = None
     run_at: datetime | None = None
     unique_key: str | None = None
+    #: The validated args themselves, so a bulk insert can build its Jobs
+    #: without decoding ``args_json`` again.
+    args: dict[str, Any] | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -23,6 +23,8 @@ _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 # NUL, or a UTF-16 surrogate that is not part of a valid pair (Python strs
 # hold lone surrogates as code points U+D800-U+DFFF).
 _UNSTORABLE_CHAR = re.compile("[\x00\ud800-\udfff]")
+# JSON text that json.loads accepts but may decode to a value enqueue refuses.
+_SUSPICIOUS_JSON = re.compile(r"NaN|Infinity|\\u0000|\\u[dD][89a-fA-F]")
 
 
 def _child_path(path: str, key: str | int) -> str:
@@ -105,9 +107,13 @@ def check_json_value(value: Any, path: str) -> None:
         )
 
 
+# One encoder for every call: json.dumps with options builds a new one each time.
+_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+
+
 def dumps(value: Any) -> str:
     """Canonical compact JSON text (UTF-8, not ASCII-escaped, NaN refused)."""
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    return _ENCODER.encode(value)
 
 
 def encode_args(args: Any, *, max_bytes: int) -> str:
@@ -129,12 +135,49 @@ def encode_args(args: Any, *, max_bytes: int) -> str:
             f"args: must be a JSON object (a dict of keyword arguments), got "
             f"{type(args).__name__} {_short_repr(args)}"
         )
-    check_json_value(args, "args")
-    text = dumps(args)
-    size = len(text.encode("utf-8"))
+    return _encode_checked(args, "args", max_bytes)
+
+
+_SCALARS = frozenset({str, int, float, bool, type(None)})
+
+
+def _is_flat_object(value: Any) -> bool:
+    """A dict of exactly-typed scalars under str keys: json.dumps is exact for it."""
+    return (
+        type(value) is dict
+        and all(type(key) is str for key in value)
+        and all(type(item) in _SCALARS for item in value.values())
+    )
+
+
+def _encode_checked(value: Any, path: str, max_bytes: int) -> str:
+    """Encode ``value``, refusing what :func:`check_json_value` refuses.
+
+    Fast path, all in C: encode, then decode and compare. ``json.dumps``
+    quietly turns tuples into lists and int keys into strings, and the round
+    trip's equality catches exactly those; NaN/Infinity raise; NUL shows up
+    as ``\\u0000`` and lone surrogates fail the UTF-8 encoding. Anything odd
+    (or nesting that could exceed ``MAX_DEPTH``) takes the slow walk, which
+    also produces the error message naming the path.
+    """
+    try:
+        text = dumps(value)
+        encoded = text.encode("utf-8")
+        fast_ok = (
+            "\\u0000" not in text
+            and text.count("[") + text.count("{") <= MAX_DEPTH
+            and (_is_flat_object(value) or json.loads(text) == value)
+        )
+    except (ValueError, TypeError, RecursionError):
+        fast_ok = False
+    if not fast_ok:
+        check_json_value(value, path)
+        text = dumps(value)
+        encoded = text.encode("utf-8")
+    size = len(encoded)
     if size > max_bytes:
         raise PayloadError(
-            f"args: encoded size {size} bytes exceeds max_payload_bytes={max_bytes} bytes"
+            f"{path}: encoded size {size} bytes exceeds max_payload_bytes={max_bytes} bytes"
         )
     return text
 
@@ -147,14 +190,7 @@ def encode_result(result: Any, *, max_bytes: int) -> str | None:
     """
     if result is None:
         return None
-    check_json_value(result, "result")
-    text = dumps(result)
-    size = len(text.encode("utf-8"))
-    if size > max_bytes:
-        raise PayloadError(
-            f"result: encoded size {size} bytes exceeds max_payload_bytes={max_bytes} bytes"
-        )
-    return text
+    return _encode_checked(result, "result", max_bytes)
 
 
 def decode_args(raw: Any) -> tuple[dict[str, Any] | None, str | None]:
@@ -165,13 +201,20 @@ def decode_args(raw: Any) -> tuple[dict[str, Any] | None, str | None]:
         ``(None, reason)`` so the worker can fail the attempt with the reason.
     """
     value = raw
+    suspicious = False
     if isinstance(raw, str | bytes):
         try:
             value = json.loads(raw)
         except ValueError as exc:
             return None, f"stored args are not valid JSON ({exc}): {_short_repr(raw)}"
+        text = raw if isinstance(raw, str) else raw.decode("utf-8", "replace")
+        suspicious = _SUSPICIOUS_JSON.search(text) is not None
     if not isinstance(value, dict):
         return None, f"stored args are not a JSON object: {_short_repr(value)}"
+    if not suspicious:
+        # Text without NaN/Infinity/NUL/surrogate escapes cannot decode to
+        # anything enqueue refuses (and PostgreSQL jsonb can hold none of them).
+        return value, None
     try:
         # json.loads accepts NaN/Infinity (and \u0000 escapes): a row written
         # outside jobkeeper must not hand the task what enqueue would refuse.

@@ -108,6 +108,23 @@ class Task(Generic[P, R]):
             self._signature: inspect.Signature | None = inspect.signature(fn)
         except (TypeError, ValueError):
             self._signature = None
+        # Keyword names the function accepts (None: it takes **kwargs) and
+        # requires: set checks are all an enqueue needs in the common case.
+        self._allowed: frozenset[str] | None = None
+        self._required: frozenset[str] = frozenset()
+        if self._signature is not None:
+            params = self._signature.parameters.values()
+            keyword = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+            if not any(p.kind == inspect.Parameter.VAR_KEYWORD for p in params):
+                self._allowed = frozenset(p.name for p in params if p.kind in keyword)
+            # Required positional-only parameters can never be passed as
+            # keywords: keeping them here sends such args to bind()'s error.
+            self._required = frozenset(
+                p.name
+                for p in params
+                if p.default is p.empty
+                and p.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+            )
         self.__doc__ = fn.__doc__
         self.__wrapped__ = fn
 
@@ -124,6 +141,9 @@ class Task(Generic[P, R]):
             PayloadError: a missing or unexpected argument, named.
         """
         if self._signature is None:
+            return
+        keys = args.keys()
+        if self._required <= keys and (self._allowed is None or keys <= self._allowed):
             return
         try:
             self._signature.bind(**args)

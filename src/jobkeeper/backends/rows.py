@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Iterator, Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from jobkeeper.models import Completion, Failure, Job, JobStatus, NewJob
@@ -66,6 +66,38 @@ def job_from_row(
         cancel_requested=False if dead else bool(row["cancel_requested"]),
         dead_reason=row["reason"] if dead else None,
         args_error=args_error,
+    )
+
+
+def schedule_of(new: NewJob, now: datetime) -> tuple[JobStatus, datetime]:
+    """A new job's status and ``scheduled_at`` given the database clock ``now``."""
+    if new.delay is not None:
+        return JobStatus.SCHEDULED, now + timedelta(seconds=new.delay)
+    if new.run_at is not None:
+        status = JobStatus.SCHEDULED if new.run_at > now else JobStatus.AVAILABLE
+        return status, new.run_at
+    return JobStatus.AVAILABLE, now
+
+
+def job_from_new(new: NewJob, job_id: int, now: datetime) -> Job:
+    """The Job a bulk insert just wrote, built from its input.
+
+    ``now`` is the database clock of the inserting transaction; the status
+    and ``scheduled_at`` follow the same rules as the ``job_insert`` queries.
+    """
+    status, scheduled_at = schedule_of(new, now)
+    return Job(
+        id=job_id,
+        task=new.task,
+        args=new.args if new.args is not None else json.loads(new.args_json),
+        queue=new.queue,
+        status=status,
+        priority=new.priority,
+        attempt=0,
+        max_attempts=new.max_attempts,
+        scheduled_at=scheduled_at,
+        created_at=now,
+        unique_key=new.unique_key,
     )
 
 

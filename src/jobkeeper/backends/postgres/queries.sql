@@ -28,6 +28,23 @@ ON CONFLICT (task, unique_key)
     DO NOTHING
 RETURNING *
 
+-- name: job_reserve_ids
+-- The bulk path (COPY) takes its ids up front, ascending, and the
+-- transaction's clock, to build the Jobs it returns without a RETURNING.
+SELECT now(), array_agg(nextval(pg_get_serial_sequence('jobkeeper_jobs', 'id')) ORDER BY n)
+FROM generate_series(1, %(count)s) AS n
+
+-- name: job_copy_in
+-- Jobs to run now: status, scheduled_at and created_at take their defaults
+-- ('available', and now(): the same transaction clock job_reserve_ids read).
+COPY jobkeeper_jobs (id, queue, task, args, priority, max_attempts)
+FROM STDIN
+
+-- name: job_copy_in_scheduled
+COPY jobkeeper_jobs
+    (id, queue, task, args, status, priority, max_attempts, scheduled_at, created_at)
+FROM STDIN
+
 -- name: job_get_pending_by_unique_key
 SELECT job.*
 FROM jobkeeper_jobs AS job

@@ -23,8 +23,10 @@ from typing import Any
 from jobkeeper.backends.rows import (
     completion_arrays,
     epoch_to_datetime,
+    job_from_new,
     job_from_row,
     match_inserted,
+    schedule_of,
     split_failures,
 )
 from jobkeeper.backends.sqlfile import load_migrations, load_queries
@@ -282,6 +284,8 @@ class SqliteBackend:
             )
 
     def _insert(self, conn: sqlite3.Connection, jobs: Sequence[NewJob]) -> list[Job]:
+        if len(jobs) > 1 and all(new.unique_key is None for new in jobs):
+            return self._insert_bulk(conn, jobs)
         out: list[Job] = []
         insert = QUERIES["job_insert"]
         for new in jobs:
@@ -313,6 +317,29 @@ class SqliteBackend:
                 )
             out.append(matched[0])
         return out
+
+    def _insert_bulk(self, conn: sqlite3.Connection, jobs: Sequence[NewJob]) -> list[Job]:
+        """Insert with executemany, without RETURNING (no unique keys to resolve).
+
+        The write lock is held from the first insert to the commit and
+        AUTOINCREMENT takes max + 1, so the ids are consecutive and end at
+        ``last_insert_rowid()``. The Jobs are built from the input and the
+        clock read in the same transaction, which is also what is stored.
+        """
+        now_epoch = float(conn.execute(QUERIES["db_now"]).fetchone()[0])
+        now = datetime.fromtimestamp(now_epoch, UTC)
+        rows = []
+        for new in jobs:
+            status, scheduled_at = schedule_of(new, now)
+            scheduled_epoch = now_epoch if scheduled_at is now else scheduled_at.timestamp()
+            rows.append(
+                (new.queue, new.task, new.args_json, status.value, new.priority,
+                 new.max_attempts, scheduled_epoch, now_epoch)
+            )  # fmt: skip
+        conn.executemany(QUERIES["job_insert_bulk"], rows)
+        last = int(conn.execute("SELECT last_insert_rowid()").fetchone()[0])
+        first = last - len(jobs) + 1
+        return [job_from_new(new, first + i, now) for i, new in enumerate(jobs)]
 
     def job_claim(self, *, worker_id: str, queue: str, limit: int) -> list[Job]:
         with self._write() as conn:

@@ -19,6 +19,13 @@ ON CONFLICT (task, unique_key)
     DO NOTHING
 RETURNING *
 
+-- name: job_insert_bulk
+-- enqueue_many without unique keys: status and times computed by the caller
+-- from one {now} read in the same transaction.
+INSERT INTO jobkeeper_jobs
+    (queue, task, args, status, priority, max_attempts, scheduled_at, created_at)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?)
+
 -- name: job_get_pending_by_unique_key
 SELECT *
 FROM jobkeeper_jobs
