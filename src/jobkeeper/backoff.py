@@ -35,7 +35,9 @@ def backoff_ceiling(
     Returns:
         ``min(base ** attempt, max_backoff)``, finite and non-decreasing in ``attempt``.
     """
-    cap = min(max(max_backoff, 0.0), ABSOLUTE_MAX_BACKOFF)
+    # A NaN cap would slip through min/max and let base ** attempt run away.
+    cap = ABSOLUTE_MAX_BACKOFF if math.isnan(max_backoff) else max_backoff
+    cap = min(max(cap, 0.0), ABSOLUTE_MAX_BACKOFF)
     attempt = max(int(attempt), 1)
     if cap == 0.0:
         return 0.0
@@ -43,7 +45,9 @@ def backoff_ceiling(
     # a float near attempt 1024 for base 2.
     if attempt * math.log(base) >= math.log(cap):
         return cap
-    return float(base**attempt)
+    # min(): near the cap the log comparison and the power round differently
+    # (5.0 ** 9 can exceed a cap the logs said it was below).
+    return min(float(base**attempt), cap)
 
 
 def backoff_delay(

@@ -238,5 +238,6 @@ def clean_text(text: str, *, max_chars: int) -> str:
     if len(text) > max_chars:
         keep = max_chars // 2
         cut = len(text) - 2 * keep
-        text = f"{text[:keep]}\n... [{cut} characters cut] ...\n{text[-keep:]}"
+        # text[len - keep:], not text[-keep:]: keep is 0 when max_chars is 1.
+        text = f"{text[:keep]}\n... [{cut} characters cut] ...\n{text[len(text) - keep :]}"
     return text

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 
 from jobkeeper.errors import DatabaseError
 
@@ -43,6 +44,7 @@ class IntervalService:
     def _loop(self) -> None:
         retry = min(self.interval, 0.1)
         while not self._stop.is_set():
+            started = time.monotonic()
             try:
                 self.run_once()
             except DatabaseError as exc:
@@ -60,7 +62,10 @@ class IntervalService:
                 logger.info("%s: database reachable again", self.name)
             self._failing = False
             retry = min(self.interval, 0.1)
-            self._stop.wait(self.interval)
+            # Fixed rate: a slow pass (e.g. a heartbeat starved of the GIL by
+            # CPU-bound tasks) must not stretch the period to interval + pass
+            # time (pgqueuer#430: beats slower than the rescue window).
+            self._stop.wait(max(self.interval - (time.monotonic() - started), 0.0))
 
     def stop(self, timeout: float = 5.0) -> None:
         """Stop and wait up to ``timeout`` seconds for the thread. Idempotent."""

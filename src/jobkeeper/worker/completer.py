@@ -64,7 +64,10 @@ class Completer:
         """Queue an outcome for writing (thread-safe, never blocks on I/O)."""
         with self._cond:
             self._buffer.append(outcome)
-            self._cond.notify_all()
+            # Wake the writer only to start a linger or to flush a full batch;
+            # waking it on every add costs a context switch per job.
+            if len(self._buffer) == 1 or len(self._buffer) >= self._max_batch:
+                self._cond.notify_all()
 
     @property
     def pending(self) -> int:

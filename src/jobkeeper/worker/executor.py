@@ -1,27 +1,32 @@
-"""Runs claimed jobs: sync tasks on daemon threads, async tasks on one event
-loop; enforces timeouts; turns every ending into exactly one outcome.
+"""Runs claimed jobs: up to ``concurrency`` runner threads pull from a ready
+queue; sync tasks run on the runner itself, async tasks on one event loop.
+Enforces timeouts and turns every ending into exactly one outcome.
+
+The producer (the worker's claim loop) fills the ready queue in batches and
+is woken only when the queue runs low, so a runner finishing a job goes
+straight on to the next one without any thread hand-off.
 
 Every execution ends through :meth:`Executor._finish`, which is idempotent:
 whichever comes first (the task returning, its timeout, a cancel request, or
 the shutdown hand-back) decides the outcome, and later endings of the same
 execution are dropped. A sync task cannot be killed, so when the outcome is
 decided before it returns, ``JobCancelled`` is injected into its thread
-(best effort: it is raised at the thread's next Python bytecode) and the
-thread is abandoned; its late result is ignored.
+(best effort: it is raised at the thread's next Python bytecode), the thread
+is abandoned (its late result ignored) and a new runner takes its place.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import ctypes
 import heapq
 import itertools
 import logging
-import queue
 import threading
 import time
 import traceback
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from jobkeeper.config import Settings
@@ -36,6 +41,9 @@ logger = logging.getLogger("jobkeeper.worker")
 
 Outcome = Completion | Failure
 
+#: Seconds an idle runner thread waits for work before it exits.
+RUNNER_IDLE_EXIT = 60.0
+
 
 def _raise_in_thread(thread_id: int, exc_type: type[BaseException] | None) -> None:
     """Schedule ``exc_type`` in another thread (``None`` clears a pending one)."""
@@ -47,61 +55,28 @@ def _raise_in_thread(thread_id: int, exc_type: type[BaseException] | None) -> No
 class _Execution:
     """One attempt of one job in this worker."""
 
-    __slots__ = ("async_task", "deadline", "finished", "in_user_code", "job", "lock", "thread_id")
+    __slots__ = (
+        "abandoned",
+        "async_task",
+        "deadline",
+        "done",
+        "finished",
+        "in_user_code",
+        "job",
+        "lock",
+        "thread_id",
+    )
 
     def __init__(self, job: Job, deadline: float | None) -> None:
         self.job = job
         self.deadline = deadline
         self.lock = threading.Lock()
         self.finished = False
+        self.abandoned = False
         self.in_user_code = False
         self.thread_id: int | None = None
         self.async_task: asyncio.Task[Any] | None = None
-
-
-class _DaemonThreadPool:
-    """Reusable daemon threads, grown on demand.
-
-    Daemon threads, unlike ``ThreadPoolExecutor``'s, never hold up
-    interpreter exit behind a task that ignores shutdown (C-04).
-    """
-
-    def __init__(self) -> None:
-        self._work: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
-        self._lock = threading.Lock()
-        self._idle = 0
-        self._threads = 0
-        self._names = itertools.count(1)
-
-    def submit(self, fn: Callable[[], None]) -> None:
-        with self._lock:
-            spawn = self._idle == 0
-            if spawn:
-                self._threads += 1
-            else:
-                self._idle -= 1
-        self._work.put(fn)
-        if spawn:
-            name = f"jobkeeper-task-{next(self._names)}"
-            threading.Thread(target=self._run, name=name, daemon=True).start()
-
-    def _run(self) -> None:
-        while True:
-            fn = self._work.get()
-            if fn is None:
-                return
-            try:
-                fn()
-            except BaseException:
-                logger.exception("unexpected error in a task thread")
-            with self._lock:
-                self._idle += 1
-
-    def close(self) -> None:
-        with self._lock:
-            count = self._threads
-        for _ in range(count):
-            self._work.put(None)
+        self.done: threading.Event | None = None
 
 
 class Executor:
@@ -110,8 +85,11 @@ class Executor:
     Args:
         tasks: the registry, name -> Task.
         settings: retry policy and payload limits.
+        concurrency: most jobs running at once.
+        refill_at: when running + ready jobs fall to this many, ask for more.
         on_outcome: called (from any thread) with each execution's outcome.
-        on_slot_free: called after an execution ends, to wake the producer.
+        on_need_jobs: called when the ready queue runs low or the executor
+            goes idle, to wake the producer (at most once per refill).
     """
 
     def __init__(
@@ -119,17 +97,28 @@ class Executor:
         *,
         tasks: Mapping[str, Task[Any, Any]],
         settings: Settings,
+        concurrency: int,
+        refill_at: int,
         on_outcome: Callable[[Outcome], None],
-        on_slot_free: Callable[[], None],
+        on_need_jobs: Callable[[], None],
     ) -> None:
         self._tasks = tasks
         self._settings = settings
+        self.concurrency = concurrency
+        self._refill_at = refill_at
         self._on_outcome = on_outcome
-        self._on_slot_free = on_slot_free
-        self._pool = _DaemonThreadPool()
+        self._on_need_jobs = on_need_jobs
+        self._ready: collections.deque[Job] = collections.deque()
         self._running: dict[int, _Execution] = {}
         self._lock = threading.Lock()
+        # Two conditions on one lock: runners wait for work, wait_idle() for
+        # the last execution to end; a notify never wakes the wrong kind.
+        self._changed = threading.Condition(self._lock)
         self._idle = threading.Condition(self._lock)
+        self._runners = 0
+        self._runner_names = itertools.count(1)
+        self._asked = False
+        self._starting = True
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread: threading.Thread | None = None
         self._deadlines: list[tuple[float, int, _Execution]] = []
@@ -146,9 +135,21 @@ class Executor:
         with self._lock:
             return len(self._running)
 
-    def running_jobs(self) -> list[Job]:
+    @property
+    def ready_count(self) -> int:
+        """Claimed jobs waiting for a free slot."""
         with self._lock:
-            return [execution.job for execution in self._running.values()]
+            return len(self._ready)
+
+    def load(self) -> int:
+        """Running plus ready jobs."""
+        with self._lock:
+            return len(self._running) + len(self._ready)
+
+    def running_jobs(self) -> list[Job]:
+        """Jobs this executor holds: running and ready."""
+        with self._lock:
+            return [e.job for e in self._running.values()] + list(self._ready)
 
     def wait_idle(self, timeout: float) -> bool:
         """Block until no execution is running or ``timeout`` seconds pass."""
@@ -161,54 +162,143 @@ class Executor:
                 self._idle.wait(remaining)
             return True
 
-    def _finish(self, execution: _Execution, outcome: Outcome, *, interrupt: bool) -> bool:
-        """Decide ``execution``'s outcome, once. Returns False if already decided."""
-        with execution.lock:
-            if execution.finished:
-                return False
-            execution.finished = True
-            if interrupt:
-                self._interrupt(execution)
+    def stop_starting(self) -> list[Job]:
+        """Start nothing more; return (and forget) the jobs still waiting."""
         with self._lock:
-            self._running.pop(execution.job.id, None)
-            self._idle.notify_all()
-        self._on_outcome(outcome)
-        self._on_slot_free()
-        return True
+            self._starting = False
+            waiting = list(self._ready)
+            self._ready.clear()
+            self._changed.notify_all()
+            return waiting
 
-    def _interrupt(self, execution: _Execution) -> None:
-        """Stop an execution whose outcome was decided from outside (lock held)."""
-        if execution.async_task is not None and self._loop is not None:
-            self._loop.call_soon_threadsafe(execution.async_task.cancel)
-        elif execution.in_user_code and execution.thread_id is not None:
-            _raise_in_thread(execution.thread_id, JobCancelled)
+    # -- feeding and running ------------------------------------------------------
 
-    # -- submitting -------------------------------------------------------------
+    def offer(self, jobs: Iterable[Job]) -> None:
+        """Queue claimed jobs (status running, held by this worker) to run."""
+        with self._lock:
+            before = len(self._ready)
+            self._ready.extend(jobs)
+            self._asked = False
+            self._spawn_runners()
+            self._changed.notify(len(self._ready) - before)
 
     def submit(self, job: Job) -> None:
-        """Start running ``job`` (claimed, status running, held by this worker)."""
-        task = self._tasks.get(job.task)
-        timeout = task.timeout if task is not None else None
-        execution = _Execution(job, time.monotonic() + timeout if timeout else None)
+        """Queue one claimed job (see :meth:`offer`)."""
+        self.offer([job])
+
+    def _spawn_runners(self) -> None:
+        """Enough runner threads for the work there is (lock held)."""
+        wanted = min(self.concurrency, len(self._running) + len(self._ready))
+        while self._runners < wanted:
+            self._runners += 1
+            name = f"jobkeeper-runner-{next(self._runner_names)}"
+            threading.Thread(target=self._runner, name=name, daemon=True).start()
+
+    def _need_jobs(self) -> bool:
+        """Whether to wake the producer now (lock held)."""
+        load = len(self._running) + len(self._ready)
+        idle = load == 0
+        low = load <= self._refill_at or (not self._ready and len(self._running) < self.concurrency)
+        if idle or (low and not self._asked):
+            self._asked = True
+            return True
+        return False
+
+    def _next_execution(self) -> _Execution | None:
+        """Block until a ready job can start; None when this runner should exit."""
         with self._lock:
-            self._running[job.id] = execution
+            while True:
+                if self._closed or self._runners > self.concurrency:
+                    self._runners -= 1
+                    return None
+                if self._starting and self._ready and len(self._running) < self.concurrency:
+                    job = self._ready.popleft()
+                    task = self._tasks.get(job.task)
+                    timeout = task.timeout if task is not None else None
+                    execution = _Execution(job, time.monotonic() + timeout if timeout else None)
+                    self._running[job.id] = execution
+                    wake = self._need_jobs()
+                    break
+                if not self._changed.wait(RUNNER_IDLE_EXIT) and not self._ready:
+                    self._runners -= 1
+                    return None
+        if wake:
+            self._on_need_jobs()
+        return execution
+
+    def _runner(self) -> None:
+        while True:
+            execution = self._next_execution()
+            if execution is None:
+                return
+            try:
+                self._execute(execution)
+            except BaseException:
+                logger.exception("unexpected error running job %s", execution.job.id)
+            if execution.abandoned:
+                return  # a replacement runner took this thread's place
+
+    def _execute(self, execution: _Execution) -> None:
+        job = execution.job
+        task = self._tasks.get(job.task)
         if task is None or job.args is None:
             self._finish(execution, self._bad_job(job), interrupt=False)
             return
         try:
             task.check_args(job.args)
         except PayloadError as exc:
-            self._finish(
-                execution, failed_attempt(job, self._settings, error=str(exc)), interrupt=False
-            )
+            outcome = failed_attempt(job, self._settings, error=str(exc))
+            self._finish(execution, outcome, interrupt=False)
             return
         if execution.deadline is not None:
             self._watch(execution)
         if task.is_async:
+            execution.done = threading.Event()
             loop = self._event_loop()
             asyncio.run_coroutine_threadsafe(self._run_async(execution, task), loop)
+            # This runner is the job's slot until its outcome is decided.
+            execution.done.wait()
         else:
-            self._pool.submit(lambda: self._run_sync(execution, task))
+            self._run_sync(execution, task)
+
+    def _finish(self, execution: _Execution, outcome: Outcome, *, interrupt: bool) -> bool:
+        """Decide ``execution``'s outcome, once. Returns False if already decided."""
+        with execution.lock:
+            if execution.finished:
+                return False
+            execution.finished = True
+            abandoned = self._interrupt(execution) if interrupt else False
+        with self._lock:
+            self._running.pop(execution.job.id, None)
+            if abandoned:
+                execution.abandoned = True
+                self._runners -= 1
+                self._spawn_runners()
+            wake = self._need_jobs()
+            if abandoned:
+                self._changed.notify_all()
+            if not self._running:
+                self._idle.notify_all()
+            # No runner needs waking otherwise: one that could start a ready
+            # job is never waiting (it is this one, looping on).
+        if execution.done is not None:
+            execution.done.set()
+        self._on_outcome(outcome)
+        if wake:
+            self._on_need_jobs()
+        return True
+
+    def _interrupt(self, execution: _Execution) -> bool:
+        """Stop an execution whose outcome was decided from outside (its lock
+        held). Returns True when a sync task's thread is left running.
+        """
+        if execution.async_task is not None and self._loop is not None:
+            self._loop.call_soon_threadsafe(execution.async_task.cancel)
+            return False
+        if execution.in_user_code and execution.thread_id is not None:
+            _raise_in_thread(execution.thread_id, JobCancelled)
+            return True
+        return False
 
     def _bad_job(self, job: Job) -> Failure:
         if job.args is None:
@@ -306,6 +396,12 @@ class Executor:
         """Stop the execution holding ``claim``; its job ends ``cancelled``."""
         with self._lock:
             execution = self._running.get(claim.job_id)
+            waiting = next((j for j in self._ready if j.id == claim.job_id), None)
+            if waiting is not None and waiting.attempt == claim.attempt:
+                self._ready.remove(waiting)
+        if waiting is not None and waiting.attempt == claim.attempt:
+            self._on_outcome(cancelled_attempt(waiting, reason))
+            return True
         if execution is None or execution.job.attempt != claim.attempt:
             return False
         return self._finish(execution, cancelled_attempt(execution.job, reason), interrupt=True)
@@ -384,7 +480,8 @@ class Executor:
         with self._deadline_changed:
             self._closed = True
             self._deadline_changed.notify_all()
-        self._pool.close()
+        with self._lock:
+            self._changed.notify_all()  # idle runners see _closed and exit
         loop = self._loop
         if loop is not None:
             loop.call_soon_threadsafe(loop.stop)

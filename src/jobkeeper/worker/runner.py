@@ -20,7 +20,6 @@ rest of the grace period.
 
 from __future__ import annotations
 
-import collections
 import logging
 import os
 import secrets
@@ -40,7 +39,7 @@ from jobkeeper.errors import DatabaseError, DatabaseUnavailable
 from jobkeeper.maintenance.heartbeat import Heartbeat
 from jobkeeper.maintenance.pruner import Pruner
 from jobkeeper.maintenance.rescuer import Rescuer
-from jobkeeper.models import Claim, Completion, Job, WorkerInfo
+from jobkeeper.models import Claim, Completion, WorkerInfo
 from jobkeeper.outcomes import released_attempt
 from jobkeeper.tasks import Task
 from jobkeeper.worker.completer import Completer, Outcome
@@ -104,7 +103,6 @@ class Worker:
         self.concurrency = concurrency
         self.burst = burst
         self.prefetch = prefetch if prefetch is not None else min(max(concurrency // 4, 1), 25)
-        self._ready: collections.deque[Job] = collections.deque()
         self.info = WorkerInfo(
             id=make_worker_id(),
             hostname=socket.gethostname(),
@@ -126,11 +124,14 @@ class Worker:
             delete_completed=settings.retention == 0,
             on_written=self._count_written,
         )
+        capacity = concurrency + self.prefetch
         self.executor = Executor(
             tasks=tasks,
             settings=settings,
+            concurrency=concurrency,
+            refill_at=capacity - capacity // 2,
             on_outcome=self.completer.add,
-            on_slot_free=self._wake.set,
+            on_need_jobs=self._wake.set,
         )
         maintenance_interval = min(max(settings.rescue_after / 4, 0.05), 5.0)
         self.heartbeat = Heartbeat(
@@ -290,13 +291,7 @@ class Worker:
 
     def _wanted(self) -> int:
         """Jobs to claim now: free slots plus the prefetch, less what is buffered."""
-        return self.concurrency + self.prefetch - self.executor.active - len(self._ready)
-
-    def _start_ready(self) -> None:
-        while self._ready and self.executor.active < self.concurrency:
-            if self._stopping.is_set():
-                return
-            self.executor.submit(self._ready.popleft())
+        return self.concurrency + self.prefetch - self.executor.load()
 
     def _claim(self) -> int:
         """Claim a batch if worth it; start what fits. Returns jobs claimed.
@@ -305,10 +300,9 @@ class Worker:
         claim one job per freed slot: it claims when its buffer is empty, or
         when at least half its capacity (slots + prefetch) can be filled.
         """
-        self._start_ready()
         wanted = self._wanted()
         capacity = self.concurrency + self.prefetch
-        if wanted <= 0 or (self._ready and wanted < capacity // 2):
+        if wanted <= 0 or (self.executor.ready_count and wanted < capacity // 2):
             return 0
         claimed = 0
         # Rotate the starting queue so one busy queue cannot starve the others.
@@ -318,9 +312,9 @@ class Worker:
             if limit <= 0 or self._stopping.is_set():
                 break
             jobs = self._backend.job_claim(worker_id=self.info.id, queue=queue, limit=limit)
-            self._ready.extend(jobs)
+            if jobs:
+                self.executor.offer(jobs)
             claimed += len(jobs)
-        self._start_ready()
         with self._stats_lock:
             self.stats.claimed += claimed
         return claimed
@@ -333,7 +327,6 @@ class Worker:
         """
         held = self._backend.job_held_by(worker_id=self.info.id)
         known = {job.id for job in self.executor.running_jobs()} | self.completer.pending_ids()
-        known |= {job.id for job in self._ready}
         unknown = [job for job in held if job.id not in known]
         if unknown:
             failures = [
@@ -346,7 +339,7 @@ class Worker:
 
     def _drained(self) -> bool:
         """Burst mode: nothing running, nothing unwritten, nothing due soon."""
-        if self.executor.active or self._ready or self.completer.pending:
+        if self.executor.load() or self.completer.pending:
             return False
         due_in = self._backend.job_next_due_in(queues=self.queues)
         if due_in is None or due_in > self._settings.poll_interval:
@@ -378,9 +371,8 @@ class Worker:
 
     def _shutdown(self) -> None:
         self._stopping.set()
-        while self._ready:
+        for job in self.executor.stop_starting():
             # Claimed but never started: hand back at once.
-            job = self._ready.popleft()
             self.completer.add(
                 released_attempt(job, "worker shutdown: handed back before it started")
             )
