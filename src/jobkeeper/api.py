@@ -67,6 +67,7 @@ class JobQueue:
         backoff_base: base of the exponential retry backoff (default 2).
         max_backoff: cap on one retry delay, seconds (default 86400).
         busy_timeout: SQLite: seconds to wait for the write lock (default 30).
+        pool_size: PostgreSQL: most pooled connections for API calls (default 10).
 
     Raises:
         ConfigError: an invalid URL or setting (nothing is connected).
@@ -85,6 +86,7 @@ class JobQueue:
         backoff_base: float = 2.0,
         max_backoff: float = 86_400.0,
         busy_timeout: float = 30.0,
+        pool_size: int = 10,
     ) -> None:
         self.url = resolve_database_url(database_url)
         self.settings = Settings(
@@ -97,6 +99,7 @@ class JobQueue:
             backoff_base=backoff_base,
             max_backoff=max_backoff,
             busy_timeout=busy_timeout,
+            pool_size=pool_size,
         )
         self.tasks: dict[str, Task[Any, Any]] = {}
         self._backend: Backend | None = None

@@ -58,6 +58,10 @@ class Settings:
         max_backoff: cap on one retry delay (s, default 86400).
         busy_timeout: SQLite only: how long a statement waits for the write
             lock before failing (s, default 30).
+        pool_size: PostgreSQL only: most pooled connections for API calls
+            (enqueue, inspection, tasks that enqueue); default 10. Workers
+            use dedicated connections besides, so heartbeats and acks never
+            wait for this pool (graphile-worker#497).
     """
 
     heartbeat_interval: float = 5.0
@@ -69,6 +73,7 @@ class Settings:
     backoff_base: float = DEFAULT_BASE
     max_backoff: float = DEFAULT_MAX_BACKOFF
     busy_timeout: float = 30.0
+    pool_size: int = 10
 
     def __post_init__(self) -> None:
         for name in (
@@ -94,6 +99,14 @@ class Settings:
         if not 1 <= self.max_payload_bytes <= 256 << 20:
             raise ConfigError(
                 f"max_payload_bytes={self.max_payload_bytes} must be between 1 and {256 << 20}"
+            )
+        if (
+            isinstance(self.pool_size, bool)
+            or not isinstance(self.pool_size, int)
+            or not 1 <= self.pool_size <= 1000
+        ):
+            raise ConfigError(
+                f"pool_size must be an int between 1 and 1000, got {self.pool_size!r}"
             )
         base = self.backoff_base
         if isinstance(base, bool) or not isinstance(base, int | float) or not 1 < base < math.inf:
@@ -206,7 +219,12 @@ def check_schedule(delay: Any, run_at: Any) -> tuple[float | None, datetime | No
                 f"run_at={run_at.isoformat()} is a naive datetime; pass an aware one, "
                 "e.g. datetime.now(timezone.utc) + timedelta(minutes=10)"
             )
-        return None, run_at.astimezone(UTC)
+        try:
+            return None, run_at.astimezone(UTC)
+        except OverflowError:
+            raise ConfigError(
+                f"run_at={run_at.isoformat()} is out of range once converted to UTC"
+            ) from None
     return None, None
 
 
@@ -275,13 +293,22 @@ def resolve_database_url(url: str | None) -> DatabaseURL:
             import psycopg
             from psycopg.conninfo import conninfo_to_dict
 
-            conninfo_to_dict(url)
+            params = conninfo_to_dict(url)
         except ImportError as exc:  # pragma: no cover - psycopg is a dependency
             raise ConfigError(
                 "PostgreSQL URLs need psycopg: pip install 'psycopg[binary]'"
             ) from exc
         except psycopg.Error as exc:
             raise ConfigError(f"invalid PostgreSQL URL: {str(exc).strip()}") from None
+        # libpq's parser accepts any port text; it only fails at connect time
+        # (after the pool's retries), so check it here.
+        port = params.get("port")
+        if port is not None and not all(
+            p.strip().isascii() and p.strip().isdigit() and 0 < int(p) < 65536
+            for p in str(port).split(",")
+            if p.strip()
+        ):
+            raise ConfigError(f"invalid PostgreSQL URL: port {port!r} is not a port number")
         return DatabaseURL("postgresql", url)
     if scheme in ("mysql", "mariadb"):
         raise ConfigError(f"{scheme}:// is not supported yet; use sqlite:/// or postgresql://")

@@ -65,7 +65,10 @@ def failed_attempt(
     entry = error_entry(job, error, traceback)
     claim = claim_of(job)
     if discard_reason is not None:
-        return Failure(claim, "dead", entry, reason=f"discarded: {discard_reason}"[:1000])
+        # Cleaned like the error text: a NUL or lone surrogate in the reason
+        # would make the dead-letter write fail and leave the job running.
+        reason = clean_text(f"discarded: {discard_reason}", max_chars=1000)
+        return Failure(claim, "dead", entry, reason=reason)
     if job.attempt >= job.max_attempts:
         reason = f"max_attempts={job.max_attempts} exhausted; last error: {error}"
         return Failure(claim, "dead", entry, reason=clean_text(reason, max_chars=1000))

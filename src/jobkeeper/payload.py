@@ -19,6 +19,10 @@ from jobkeeper.errors import PayloadError
 #: Deepest nesting of lists/objects accepted (also stops self-referencing data).
 MAX_DEPTH = 64
 
+#: Ints longer than this many bits are checked against Python's int-to-text
+#: digit limit (4300 digits is about 14,284 bits).
+_INT_BITS_CHECKED = 14_000
+
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 # NUL, or a UTF-16 surrogate that is not part of a valid pair (Python strs
 # hold lone surrogates as code points U+D800-U+DFFF).
@@ -73,6 +77,16 @@ def check_json_value(value: Any, path: str) -> None:
     while stack:
         item, item_path, depth = stack.pop()
         if item is None or isinstance(item, bool | int):
+            # Python refuses to turn ints of more than 4300 digits into text
+            # (sys.get_int_max_str_digits); refuse them here, named.
+            if item is not None and item.bit_length() > _INT_BITS_CHECKED:
+                try:
+                    str(item)
+                except ValueError:
+                    raise PayloadError(
+                        f"{item_path}: an int of {item.bit_length()} bits is too large "
+                        "to encode as JSON"
+                    ) from None
             continue
         if isinstance(item, str):
             _check_str(item, item_path, "string")

@@ -17,7 +17,7 @@ def open_backend(url: DatabaseURL, settings: Settings) -> Backend:
         return SqliteBackend(url, busy_timeout=settings.busy_timeout)
     from jobkeeper.backends.postgres.backend import PostgresBackend
 
-    return PostgresBackend(url)
+    return PostgresBackend(url, pool_size=settings.pool_size)
 
 
 __all__ = ["Backend", "open_backend"]

@@ -15,7 +15,6 @@ import os
 import sys
 from typing import Annotated, Any, NoReturn
 
-import click
 import typer
 from rich.console import Console
 
@@ -51,7 +50,10 @@ class BadInput(Exception):  # noqa: N818 - reads as what it is
 def _queue(ctx: typer.Context) -> JobQueue:
     """The JobQueue for ``--database`` (else $JOBKEEPER_DATABASE_URL, else the default)."""
     url: str | None = ctx.find_root().params.get("database")
-    return JobQueue(url)
+    jq = JobQueue(url)
+    # Close its connections (PostgreSQL: a pool with threads) when the command ends.
+    ctx.call_on_close(jq.close)
+    return jq
 
 
 @app.callback()
@@ -148,6 +150,8 @@ def parse_args_json(text: str) -> dict[str, Any]:
         value = json.loads(text, parse_constant=_reject_constant, object_pairs_hook=no_duplicates)
     except json.JSONDecodeError as exc:
         raise BadInput(f"--args is not valid JSON: {exc}") from None
+    except ValueError as exc:  # e.g. an integer longer than Python's 4300-digit limit
+        raise BadInput(f"--args cannot be read: {exc}") from None
     except RecursionError:
         raise BadInput("--args: JSON nested too deeply") from None
     if not isinstance(value, dict):
@@ -311,17 +315,24 @@ def _fail(message: str, code: int) -> NoReturn:
 def main(argv: list[str] | None = None) -> None:
     """Entry point of the ``jobkeeper`` console script."""
     try:
-        app(args=argv, standalone_mode=False)
-    except click.exceptions.Exit as exc:
-        sys.exit(exc.exit_code)
-    except click.exceptions.Abort:
+        # Not standalone: a `raise typer.Exit(n)` comes back as the return value.
+        code = app(args=argv, standalone_mode=False)
+    except typer.Abort:
         _fail("aborted", 130)
-    except click.UsageError as exc:
-        _fail(exc.format_message().replace("\n", " "), 2)
-    except click.ClickException as exc:
-        _fail(exc.format_message(), exc.exit_code)
     except (BadInput, PayloadError, ConfigError) as exc:
         _fail(str(exc).replace("\n", " "), 2)
     except JobkeeperError as exc:
         _fail(str(exc).replace("\n", " "), 1)
-    sys.exit(0)
+    except Exception as exc:
+        # Usage errors (exit_code 2) and other Click exceptions. Typer >= 0.26
+        # raises those of its vendored Click, not of the `click` package (which
+        # is no longer installed with it), so they are recognised by shape.
+        exit_code = getattr(exc, "exit_code", None)
+        format_message = getattr(exc, "format_message", None)
+        if not isinstance(exit_code, int) or not callable(format_message):
+            raise
+        # A group run without its subcommand has printed its help already
+        # and carries an empty message.
+        message = str(format_message()).replace("\n", " ").strip()
+        _fail(message or "missing command (see the usage above)", exit_code)
+    sys.exit(code if isinstance(code, int) else 0)

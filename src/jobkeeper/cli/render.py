@@ -10,6 +10,7 @@ from datetime import datetime
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from jobkeeper.models import Job, JobStatus, WorkerInfo
@@ -96,7 +97,7 @@ def jobs_table(jobs: list[Job], title: str = "jobs") -> Table:
             f"{job.attempt}/{job.max_attempts}",
             str(job.priority),
             _when(job.scheduled_at),
-            str(last_error)[:80],
+            escape(str(last_error)[:80]),
         )
     return table
 
@@ -126,15 +127,16 @@ def job_detail(job: Job) -> Table:
         value = data.get(key)
         if value is None or value is False:
             continue
-        table.add_row(key, _status(str(value)) if key == "status" else str(value))
-    table.add_row("args", json.dumps(job.args, ensure_ascii=False))
+        # Data is escaped: a "[/]" in it must print, not be parsed as markup.
+        table.add_row(key, _status(str(value)) if key == "status" else escape(str(value)))
+    table.add_row("args", escape(json.dumps(job.args, ensure_ascii=False)))
     if job.args_error:
-        table.add_row("args_error", job.args_error)
+        table.add_row("args_error", escape(job.args_error))
     if job.result is not None:
-        table.add_row("result", json.dumps(job.result, ensure_ascii=False)[:2000])
+        table.add_row("result", escape(json.dumps(job.result, ensure_ascii=False)[:2000]))
     for entry in job.errors:
         table.add_row(
             f"error (attempt {entry.get('attempt')})",
-            f"{entry.get('at')}  {entry.get('error')}",
+            escape(f"{entry.get('at')}  {entry.get('error')}"),
         )
     return table

@@ -8,6 +8,7 @@ Each beat also picks up cancel requests for this worker's running jobs.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 
 from jobkeeper.backends.base import Backend
@@ -40,10 +41,21 @@ class Heartbeat(IntervalService):
         self._on_cancel = on_cancel
         #: Test hook: when set, beats are skipped (simulates a stalled worker).
         self.paused = False
+        self._last_beat = time.monotonic()
+
+    def note_beat(self) -> None:
+        """Record a heartbeat written elsewhere (the worker's registration)."""
+        self._last_beat = time.monotonic()
+
+    def beat_age(self) -> float:
+        """Seconds since the last heartbeat the database acknowledged."""
+        return time.monotonic() - self._last_beat
 
     def run_once(self) -> None:
         if self.paused:
             return
+        sent = time.monotonic()
         self._backend.worker_heartbeat(self._worker)
+        self._last_beat = sent
         for claim in self._backend.job_cancel_requested(worker_id=self._worker.id):
             self._on_cancel(claim)

@@ -142,6 +142,7 @@ class Worker:
         self._listener: threading.Thread | None = None
         self._listener_stop = threading.Event()
         self._reconcile_needed = False
+        self._claims_paused = False
 
     def _dedicated(self) -> Backend:
         backend = self._base_backend.dedicated()
@@ -209,6 +210,7 @@ class Worker:
         previous = self._install_signals()
         try:
             self._backend.worker_register(self.info)
+            self.heartbeat.note_beat()
             logger.info(
                 "worker %s started: queues=%s concurrency=%d",
                 self.info.id,
@@ -300,6 +302,17 @@ class Worker:
         claim one job per freed slot: it claims when its buffer is empty, or
         when at least half its capacity (slots + prefetch) can be filled.
         """
+        if self.heartbeat.beat_age() > self._settings.rescue_after / 2:
+            # Our heartbeat is stale (database trouble, a paused process):
+            # anything claimed now could be rescued from under us at once.
+            if not self._claims_paused:
+                logger.warning(
+                    "no heartbeat acknowledged for %.1fs; not claiming until one is",
+                    self.heartbeat.beat_age(),
+                )
+            self._claims_paused = True
+            return 0
+        self._claims_paused = False
         wanted = self._wanted()
         capacity = self.concurrency + self.prefetch
         if wanted <= 0 or (self.executor.ready_count and wanted < capacity // 2):

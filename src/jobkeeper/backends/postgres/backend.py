@@ -51,6 +51,12 @@ MIGRATION_LOCK_KEY = 0x6A6F626B65657072
 #: made) before raising DatabaseUnavailable.
 POOL_TIMEOUT = 10.0
 CONNECT_TIMEOUT = 5
+#: No server-side prepared statements (psycopg prepares a query from its 5th
+#: run otherwise): behind a pooler in transaction mode (PgBouncer before 1.21,
+#: or without max_prepared_statements) one connection's statements reach
+#: different server sessions, where a prepared name is missing, taken, or
+#: names another statement entirely.
+PREPARE_THRESHOLD = None
 #: Batches at least this large (and without unique keys) are written with COPY.
 COPY_MIN_JOBS = 64
 #: Listener canary: seconds between self-notifications, seconds to wait for
@@ -99,7 +105,10 @@ class _SingleConnection:
         if self._conn is None or self._conn.closed or self._conn.broken:
             self._drop()
             self._conn = psycopg.connect(
-                self._conninfo, autocommit=True, connect_timeout=CONNECT_TIMEOUT
+                self._conninfo,
+                autocommit=True,
+                connect_timeout=CONNECT_TIMEOUT,
+                prepare_threshold=PREPARE_THRESHOLD,
             )
         try:
             yield self._conn
@@ -127,7 +136,11 @@ class _PooledConnections:
             conninfo,
             min_size=1,
             max_size=max_size,
-            kwargs={"autocommit": True, "connect_timeout": CONNECT_TIMEOUT},
+            kwargs={
+                "autocommit": True,
+                "connect_timeout": CONNECT_TIMEOUT,
+                "prepare_threshold": PREPARE_THRESHOLD,
+            },
             check=ConnectionPool.check_connection,
             timeout=POOL_TIMEOUT,
             open=False,

@@ -261,7 +261,7 @@ class SqliteBackend:
         if connection is not None:
             self._check_same_database(connection)
             with self._errors():
-                return self._insert(connection, jobs)
+                return self._insert_in_caller(connection, jobs)
         with self._write() as conn:
             result = self._insert(conn, jobs)
         if any(job.status == JobStatus.AVAILABLE for job in result):
@@ -282,6 +282,30 @@ class SqliteBackend:
                 f"connection= is open on {main or 'an in-memory database'!r}, "
                 f"not on this queue's database {self.path!r}"
             )
+
+    def _insert_in_caller(self, conn: sqlite3.Connection, jobs: Sequence[NewJob]) -> list[Job]:
+        """Insert on the caller's connection as one unit.
+
+        A savepoint undoes a failed batch without touching the rest of the
+        caller's transaction (so a caught error cannot commit half a batch).
+        On an autocommit connection the savepoint is a transaction of its own,
+        committed here: the write lock is held for the whole batch, so it is
+        never half-written and the bulk path's ids stay consecutive.
+        """
+        autocommit = conn.isolation_level is None or getattr(conn, "autocommit", None) is True
+        if not autocommit and not conn.in_transaction:
+            # What sqlite3 itself would issue before the first INSERT; without
+            # it, releasing the savepoint would commit the caller's work.
+            conn.execute(f"BEGIN {conn.isolation_level}")
+        conn.execute("SAVEPOINT jobkeeper_enqueue")
+        try:
+            out = self._insert(conn, jobs)
+        except BaseException:
+            conn.execute("ROLLBACK TO jobkeeper_enqueue")
+            conn.execute("RELEASE jobkeeper_enqueue")
+            raise
+        conn.execute("RELEASE jobkeeper_enqueue")
+        return out
 
     def _insert(self, conn: sqlite3.Connection, jobs: Sequence[NewJob]) -> list[Job]:
         if len(jobs) > 1 and all(new.unique_key is None for new in jobs):

@@ -1,0 +1,103 @@
+"""Helpers of the backend tests: raw SQL on either backend, claiming as a
+fake worker, building fenced completions and failures.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any
+from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
+
+import psycopg
+
+from jobkeeper import Job, JobQueue
+from jobkeeper.models import Claim, Completion, Failure, WorkerInfo
+from jobkeeper.outcomes import error_entry
+
+WORKER = "test-worker-1"
+
+
+def is_pg(jq: JobQueue) -> bool:
+    return jq.url.scheme == "postgresql"
+
+
+def sql(jq: JobQueue, query: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+    """One statement on a fresh autocommit connection; ``?`` placeholders on both."""
+    if is_pg(jq):
+        with psycopg.connect(jq.url.url, autocommit=True) as conn:
+            cursor = conn.execute(query.replace("?", "%s"), tuple(params))
+            return cursor.fetchall() if cursor.description else []
+    conn = sqlite3.connect(jq.url.path, timeout=30, isolation_level=None)
+    try:
+        return conn.execute(query, tuple(params)).fetchall()
+    finally:
+        conn.close()
+
+
+def count(jq: JobQueue, table: str = "jobkeeper_jobs", where: str = "TRUE") -> int:
+    where = where if is_pg(jq) else where.replace("TRUE", "1")
+    return int(sql(jq, f"SELECT count(*) FROM {table} WHERE {where}")[0][0])
+
+
+def total_rows(jq: JobQueue) -> int:
+    return count(jq) + count(jq, "jobkeeper_dead_letters")
+
+
+def register(jq: JobQueue, worker_id: str = WORKER, queues: Sequence[str] = ("default",)) -> None:
+    now = datetime.now(UTC)
+    jq.backend.worker_register(WorkerInfo(worker_id, "test-host", 1, list(queues), now, now))
+
+
+def claim(
+    jq: JobQueue, queue: str = "default", limit: int = 100, worker_id: str = WORKER
+) -> list[Job]:
+    register(jq, worker_id, [queue])
+    return jq.backend.job_claim(worker_id=worker_id, queue=queue, limit=limit)
+
+
+def claim_of(job: Job) -> Claim:
+    assert job.worker_id is not None
+    return Claim(job.id, job.worker_id, job.attempt)
+
+
+def complete(
+    jq: JobQueue, job: Job, result: str | None = None, claim_: Claim | None = None
+) -> set[int]:
+    return jq.backend.job_complete_many([Completion(claim_ or claim_of(job), result)], delete=False)
+
+
+def fail(
+    jq: JobQueue,
+    job: Job,
+    outcome: str = "retryable",
+    *,
+    retry_in: float = 0.0,
+    claim_: Claim | None = None,
+    error: str = "boom",
+) -> set[int]:
+    entry = error_entry(job, error, None)
+    failure = Failure(claim_ or claim_of(job), outcome, entry, retry_in=retry_in, reason=error)
+    return jq.backend.job_fail_many([failure])
+
+
+def kill(jq: JobQueue, job: Job) -> Job:
+    """Claim ``job`` (must be the only available one) and dead-letter it."""
+    (running,) = [j for j in claim(jq, job.queue) if j.id == job.id]
+    assert fail(jq, running, "dead") == {job.id}
+    dead = jq.get_job(job.id)
+    assert dead is not None
+    return dead
+
+
+def with_pg_options(url: str, extra: str) -> str:
+    """``url`` with ``extra`` appended to its libpq ``options`` parameter."""
+    parts = urlsplit(url)
+    query = dict(parse_qsl(parts.query))
+    query["options"] = f"{query.get('options', '')} {extra}".strip()
+    return urlunsplit(parts._replace(query=urlencode(query, quote_via=quote)))
+
+
+def current_schema(jq: JobQueue) -> str:
+    return str(sql(jq, "SELECT current_schema()")[0][0])

@@ -1,0 +1,605 @@
+"""Enqueueing on both backends: durability, batches, transactions, unique keys,
+scheduling and time zones (guarantees 1, 5, 7; C-11, C-12).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+from datetime import UTC, datetime, timedelta, timezone
+from zoneinfo import ZoneInfo
+
+import psycopg
+import pytest
+
+from jobkeeper import ConfigError, JobQueue, JobStatus, PayloadError
+
+from .helpers import claim, complete, count, current_schema, is_pg, kill, sql, with_pg_options
+
+SECOND = timedelta(seconds=1)
+PG_URL = os.environ.get("JOBKEEPER_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/test")
+
+
+# -- durable enqueue --------------------------------------------------------------------
+
+
+def test_enqueue_returns_a_durable_job(jq):
+    job = jq.enqueue("resize", {"path": "a.png", "width": 100}, queue="images", priority=-3)
+    assert job.id > 0
+    assert (job.task, job.queue, job.status) == ("resize", "images", JobStatus.AVAILABLE)
+    assert (job.priority, job.attempt, job.max_attempts) == (-3, 0, 20)
+    assert job.args == {"path": "a.png", "width": 100}
+    assert job.errors == []
+    assert job.result is None and job.worker_id is None and job.finished_at is None
+    assert job.scheduled_at.utcoffset() == timedelta(0)
+    assert job.created_at.utcoffset() == timedelta(0)
+    # A new JobQueue (new connections) on the same URL reads the same job.
+    with JobQueue(jq.url.url) as other:
+        stored = other.get_job(job.id)
+    assert stored is not None
+    assert stored.to_dict() == job.to_dict()
+
+
+def test_ids_increase_in_enqueue_order(jq):
+    ids = [jq.enqueue("t", {"i": i}).id for i in range(5)]
+    assert ids == sorted(ids)
+    assert len(set(ids)) == 5
+
+
+def test_enqueue_through_a_registered_task_uses_its_defaults(jq):
+    @jq.task(queue="emails", max_attempts=3, priority=7)
+    def send(to: str) -> None: ...
+
+    job = send.enqueue(to="a@example.com")
+    assert (job.task, job.queue, job.max_attempts, job.priority) == ("send", "emails", 3, 7)
+    job = send.options(priority=-1, queue="urgent", max_attempts=9).enqueue(to="b@example.com")
+    assert (job.queue, job.max_attempts, job.priority) == ("urgent", 9, -1)
+    assert jq.enqueue(send, {"to": "c"}).task == "send"
+
+
+def test_enqueue_on_an_unmigrated_database_says_to_migrate(db_url):
+    with JobQueue(db_url) as fresh, pytest.raises(Exception, match="migrate") as info:
+        fresh.enqueue("t", {})
+    assert type(info.value).__name__ == "DatabaseError"
+
+
+# -- enqueue_many ---------------------------------------------------------------------------
+
+
+def test_enqueue_many_returns_jobs_in_input_order(jq):
+    items = [("task_b", {"i": 0}), ("task_a", {"i": 1}, {"queue": "q2"}), ("task_c", {"i": 2})]
+    items += [("task_a", {"i": i}, {"priority": -i}) for i in range(3, 10)]
+    jobs = jq.enqueue_many(items)
+    assert [job.args for job in jobs] == [{"i": i} for i in range(10)]
+    assert [job.task for job in jobs][:3] == ["task_b", "task_a", "task_c"]
+    assert jobs[1].queue == "q2"
+    assert [job.id for job in jobs] == sorted(job.id for job in jobs)
+    assert count(jq) == 10
+    assert jq.enqueue_many([]) == []
+
+
+@pytest.mark.parametrize(
+    ("bad", "error", "needle"),
+    [
+        ({"x": float("nan")}, PayloadError, r"jobs\[6\]: args\.x: nan"),
+        ({"s": "a\x00b"}, PayloadError, r"jobs\[6\]: args\.s: .*NUL"),
+        ({"t": (1,)}, PayloadError, r"jobs\[6\]: args\.t: .*tuple"),
+    ],
+)
+def test_enqueue_many_is_all_or_nothing(jq, bad, error, needle):
+    items = [("t", {"i": i}) for i in range(10)]
+    items[6] = ("t", bad)
+    with pytest.raises(error, match=needle):
+        jq.enqueue_many(items)
+    assert count(jq) == 0
+
+
+def test_enqueue_many_bad_option_names_the_item_and_writes_nothing(jq):
+    items = [("t", {"i": i}, {"delay": 5}) for i in range(10)]
+    items[9] = ("t", {}, {"delay": -5})
+    with pytest.raises(ConfigError, match=r"^jobs\[9\]: delay"):
+        jq.enqueue_many(items)
+    assert count(jq) == 0
+
+
+def test_enqueue_many_is_one_transaction(jq):
+    """A failure inside the write (after validation) leaves nothing behind.
+
+    A unique index on args text makes the 3rd row's insert fail in the database.
+    """
+    jq.enqueue("t", {"collide": True})
+    if is_pg(jq):
+        sql(jq, "CREATE UNIQUE INDEX test_collide ON jobkeeper_jobs ((args->>'collide'))")
+    else:
+        sql(
+            jq,
+            "CREATE UNIQUE INDEX test_collide ON jobkeeper_jobs (json_extract(args, '$.collide'))",
+        )
+    with pytest.raises(Exception, match=r"(?i)unique|constraint"):
+        jq.enqueue_many([("t", {"i": 1}), ("t", {"i": 2}), ("t", {"collide": True})])
+    assert count(jq) == 1
+
+
+# -- transactional enqueue ----------------------------------------------------------------
+
+
+def open_caller_connection(jq: JobQueue):
+    if is_pg(jq):
+        return psycopg.connect(jq.url.url)
+    return sqlite3.connect(jq.url.path, timeout=30)
+
+
+def test_enqueue_with_connection_commits_with_the_caller(jq):
+    conn = open_caller_connection(jq)
+    try:
+        job = jq.enqueue("t", {"tx": "commit"}, connection=conn)
+        extra = jq.enqueue_many([("t", {"n": 1}), ("t", {"n": 2})], connection=conn)
+        # The caller's transaction sees its own writes; others do not yet.
+        inside = conn.execute("SELECT count(*) FROM jobkeeper_jobs").fetchone()
+        assert inside is not None and inside[0] == 3
+        assert jq.get_job(job.id) is None
+        assert count(jq) == 0
+        conn.commit()
+    finally:
+        conn.close()
+    stored = jq.get_job(job.id)
+    assert stored is not None
+    assert (stored.status, stored.args) == (JobStatus.AVAILABLE, {"tx": "commit"})
+    assert [jq.get_job(j.id) is not None for j in extra] == [True, True]
+    assert claim(jq)[0].id == job.id
+
+
+def test_enqueue_with_connection_rolls_back_with_the_caller(jq):
+    conn = open_caller_connection(jq)
+    try:
+        job = jq.enqueue("t", {"tx": "rollback"}, connection=conn)
+        jq.enqueue_many([("t", {"n": 1})], connection=conn)
+        conn.rollback()
+    finally:
+        conn.close()
+    assert jq.get_job(job.id) is None
+    assert count(jq) == 0
+    assert claim(jq) == []
+
+
+def test_enqueue_with_connection_of_the_wrong_kind_is_a_type_error(jq, tmp_path):
+    wrong = sqlite3.connect(":memory:") if is_pg(jq) else object()
+    with pytest.raises(TypeError, match="connection="):
+        jq.enqueue("t", {}, connection=wrong)
+    if not is_pg(jq):
+        other = sqlite3.connect(tmp_path / "other.db")
+        memory = sqlite3.connect(":memory:")
+        try:
+            with pytest.raises(TypeError, match="not on this queue's database"):
+                jq.enqueue("t", {}, connection=other)
+            with pytest.raises(TypeError, match="in-memory"):
+                jq.enqueue_many([("t", {})], connection=memory)
+        finally:
+            other.close()
+            memory.close()
+        with (
+            psycopg.connect(PG_URL) as pg_conn,
+            pytest.raises(TypeError, match=r"sqlite3\.Connection"),
+        ):
+            jq.enqueue("t", {}, connection=pg_conn)
+    assert count(jq) == 0
+
+
+def test_invalid_args_with_connection_write_nothing_to_the_caller(jq):
+    conn = open_caller_connection(jq)
+    try:
+        with pytest.raises(PayloadError):
+            jq.enqueue("t", {"x": float("inf")}, connection=conn)
+        conn.commit()
+    finally:
+        conn.close()
+    assert count(jq) == 0
+
+
+# -- unique_key ------------------------------------------------------------------------
+
+
+def test_unique_key_returns_the_pending_job(jq):
+    first = jq.enqueue("resize", {"v": 1}, unique_key="a.png")
+    second = jq.enqueue("resize", {"v": 2}, unique_key="a.png", priority=5)
+    assert second.id == first.id
+    assert second.args == {"v": 1}
+    assert count(jq) == 1
+    # Running still counts as pending.
+    (running,) = claim(jq)
+    third = jq.enqueue("resize", {"v": 3}, unique_key="a.png")
+    assert third.id == first.id
+    assert third.status == JobStatus.RUNNING
+    # Once completed, the key is free again.
+    assert complete(jq, running) == {first.id}
+    fourth = jq.enqueue("resize", {"v": 4}, unique_key="a.png")
+    assert fourth.id != first.id
+    assert fourth.status == JobStatus.AVAILABLE
+    assert count(jq) == 2
+
+
+def test_unique_key_is_freed_by_cancel_and_dead(jq):
+    first = jq.enqueue("t", {}, unique_key="k")
+    jq.cancel(first.id)
+    second = jq.enqueue("t", {}, unique_key="k")
+    assert second.id != first.id
+    kill(jq, second)
+    third = jq.enqueue("t", {}, unique_key="k")
+    assert third.id not in (first.id, second.id)
+
+
+def test_unique_key_scheduled_job_counts_as_pending(jq):
+    first = jq.enqueue("t", {}, unique_key="later", delay=3600)
+    assert first.status == JobStatus.SCHEDULED
+    assert jq.enqueue("t", {}, unique_key="later").id == first.id
+
+
+def test_unique_keys_are_scoped_per_task(jq):
+    a = jq.enqueue("task_a", {}, unique_key="same")
+    b = jq.enqueue("task_b", {}, unique_key="same")
+    assert a.id != b.id
+    assert count(jq) == 2
+
+
+def test_enqueue_many_with_duplicate_keys_in_one_batch(jq):
+    pending = jq.enqueue("t", {"old": True}, unique_key="held")
+    jobs = jq.enqueue_many(
+        [
+            ("t", {"n": 0}, {"unique_key": "k1"}),
+            ("t", {"n": 1}, {"unique_key": "k1"}),
+            ("t", {"n": 2}),
+            ("other", {"n": 3}, {"unique_key": "k1"}),
+            ("t", {"n": 4}, {"unique_key": "held"}),
+            ("t", {"n": 5}, {"unique_key": "k2"}),
+            ("t", {"n": 6}, {"unique_key": "k1"}),
+        ]
+    )
+    assert len(jobs) == 7
+    assert jobs[0].id == jobs[1].id == jobs[6].id
+    assert jobs[0].args == {"n": 0}
+    assert jobs[3].id != jobs[0].id and jobs[3].task == "other"
+    assert jobs[4].id == pending.id and jobs[4].args == {"old": True}
+    assert jobs[2].args == {"n": 2} and jobs[5].args == {"n": 5}
+    assert len({j.id for j in jobs}) == 5
+    assert count(jq) == 5
+
+
+def test_retry_refuses_when_the_unique_key_is_held_again(jq):
+    first = jq.enqueue("t", {}, unique_key="k")
+    kill(jq, first)
+    holder = jq.enqueue("t", {}, unique_key="k")
+    from jobkeeper import JobStateError
+
+    with pytest.raises(JobStateError, match="unique_key"):
+        jq.retry(first.id)
+    with pytest.raises(JobStateError, match="unique_key"):
+        jq.requeue_dead([first.id])
+    after = jq.get_job(first.id)
+    assert after is not None and after.status == JobStatus.DEAD
+    assert jq.get_job(holder.id) is not None
+    assert count(jq, "jobkeeper_dead_letters") == 1
+
+
+# -- scheduling ---------------------------------------------------------------------------------
+
+
+def test_delay_makes_a_scheduled_job_that_is_staged_only_when_due(jq):
+    now = jq.backend.db_now()
+    later = jq.enqueue("t", {}, delay=3600)
+    soon = jq.enqueue("t", {}, delay=0.2)
+    assert later.status == soon.status == JobStatus.SCHEDULED
+    assert abs(later.scheduled_at - (now + timedelta(hours=1))) < 5 * SECOND
+    assert claim(jq) == []
+    # Wait on the database clock (not on our own) until `soon` is due.
+    deadline = datetime.now(UTC) + timedelta(seconds=30)
+    while jq.backend.db_now() < soon.scheduled_at:
+        assert datetime.now(UTC) < deadline
+        time.sleep(0.02)
+    assert jq.backend.job_stage_due() == 1
+    staged = jq.get_job(soon.id)
+    assert staged is not None and staged.status == JobStatus.AVAILABLE
+    still = jq.get_job(later.id)
+    assert still is not None and still.status == JobStatus.SCHEDULED
+    assert [j.id for j in claim(jq)] == [soon.id]
+
+
+def test_zero_delay_is_available_at_once(jq):
+    assert jq.enqueue("t", {}, delay=0).status == JobStatus.AVAILABLE
+
+
+@pytest.mark.parametrize(
+    "zone", [ZoneInfo("Asia/Tokyo"), ZoneInfo("America/Los_Angeles"), timezone(timedelta(hours=14))]
+)
+def test_c11_aware_run_at_in_another_zone_is_stored_as_utc(jq, zone):
+    run_at = (datetime.now(UTC) + timedelta(minutes=10)).astimezone(zone)
+    job = jq.enqueue("t", {}, run_at=run_at)
+    assert job.status == JobStatus.SCHEDULED
+    assert job.scheduled_at.utcoffset() == timedelta(0)
+    assert abs(job.scheduled_at - run_at) < timedelta(milliseconds=1)
+    stored = jq.get_job(job.id)
+    assert stored is not None and abs(stored.scheduled_at - run_at) < timedelta(milliseconds=1)
+    assert jq.backend.job_stage_due() == 0
+    assert claim(jq) == []
+
+
+def test_c11_past_run_at_is_available_now(jq):
+    past = datetime.now(ZoneInfo("Asia/Tokyo")) - timedelta(hours=3)
+    job = jq.enqueue("t", {}, run_at=past)
+    assert job.status == JobStatus.AVAILABLE
+    assert [j.id for j in claim(jq)] == [job.id]
+
+
+def test_c11_naive_run_at_writes_nothing(jq):
+    with pytest.raises(ConfigError, match="naive"):
+        jq.enqueue("t", {}, run_at=datetime.now() + timedelta(minutes=10))
+    assert count(jq) == 0
+
+
+@pytest.mark.parametrize("delay", [-1, -0.5, float("nan"), float("inf")])
+def test_negative_or_nan_delay_writes_nothing(jq, delay):
+    with pytest.raises(ConfigError, match="delay"):
+        jq.enqueue("t", {}, delay=delay)
+    assert count(jq) == 0
+
+
+# -- C-12: the database session's or the process's time zone changes nothing ------------------
+
+
+@pytest.mark.parametrize("zone", ["Pacific/Kiritimati", "Europe/Paris", "America/Adak"])
+def test_c12_postgres_session_time_zone_does_not_shift_jobs(pg_url, zone):
+    with JobQueue(pg_url) as base:
+        base.migrate()
+        schema = current_schema(base)
+    url = with_pg_options(pg_url, f"-ctimezone={zone}")
+    with JobQueue(url) as jq:
+        assert current_schema(jq) == schema
+        assert sql(jq, "SHOW timezone")[0][0] == zone
+        db_now = jq.backend.db_now()
+        wall = datetime.now(UTC)
+        assert abs(db_now - wall) < timedelta(minutes=5)  # same host: no hours-long offset
+        now_job = jq.enqueue("t", {"when": "now"})
+        later = jq.enqueue("t", {"when": "later"}, delay=60)
+        assert now_job.status == JobStatus.AVAILABLE
+        assert later.status == JobStatus.SCHEDULED
+        assert abs(now_job.scheduled_at - db_now) < 5 * SECOND
+        assert abs(later.scheduled_at - (db_now + timedelta(seconds=60))) < 5 * SECOND
+        assert later.scheduled_at.utcoffset() == timedelta(0)
+        # The immediate job is claimable at once; the delayed one is not due.
+        assert jq.backend.job_stage_due() == 0
+        assert [j.id for j in claim(jq)] == [now_job.id]
+        assert 55 < (jq.backend.job_next_due_in(queues=["default"]) or 0) <= 60
+        # A job enqueued inside a caller's transaction with yet another zone.
+        with psycopg.connect(pg_url) as conn:
+            conn.execute("SET TIME ZONE 'Asia/Kathmandu'")
+            in_tx = jq.enqueue("t", {"when": "tx"}, delay=60, connection=conn)
+            conn.commit()
+        assert abs(in_tx.scheduled_at - (db_now + timedelta(seconds=60))) < 5 * SECOND
+    # Read back through a UTC session: the same instants.
+    with JobQueue(pg_url) as utc:
+        stored = utc.get_job(later.id)
+        assert stored is not None and stored.scheduled_at == later.scheduled_at
+
+
+ENQUEUE_SCRIPT = """
+import json, sys
+from datetime import datetime, timedelta, timezone
+from jobkeeper import JobQueue
+jq = JobQueue(sys.argv[1])
+now = jq.enqueue("t", {"when": "now"})
+later = jq.enqueue("t", {"when": "later"}, delay=60)
+local = datetime.now().astimezone() + timedelta(minutes=10)
+aware = jq.enqueue("t", {"when": "aware"}, run_at=local)
+try:
+    jq.enqueue("t", {}, run_at=datetime.now() + timedelta(minutes=10))
+    naive = "accepted"
+except Exception as exc:
+    naive = type(exc).__name__
+print(json.dumps({"ids": [now.id, later.id, aware.id], "naive": naive,
+                  "offset": local.utcoffset().total_seconds(), "local": local.isoformat()}))
+"""
+
+
+@pytest.mark.parametrize("tz", ["Asia/Tokyo", "America/Los_Angeles", "Pacific/Kiritimati"])
+def test_c12_process_time_zone_does_not_shift_jobs(make_queue, tz):
+    """The enqueuing process runs with TZ set far from UTC (SQLite's case; on
+    PostgreSQL too)."""
+    jq = make_queue()
+    env = {**os.environ, "TZ": tz}
+    out = subprocess.run(
+        [sys.executable, "-c", ENQUEUE_SCRIPT, jq.url.url],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
+    report = json.loads(out.stdout)
+    assert report["offset"] != 0  # the child really ran in another zone
+    assert report["naive"] == "ConfigError"
+    now_id, later_id, aware_id = report["ids"]
+    wall = datetime.now(UTC)
+    now_job, later, aware = (jq.get_job(i) for i in (now_id, later_id, aware_id))
+    assert now_job is not None and later is not None and aware is not None
+    assert now_job.status == JobStatus.AVAILABLE
+    assert abs(now_job.scheduled_at - wall) < timedelta(minutes=1)
+    assert later.status == JobStatus.SCHEDULED
+    assert abs(later.scheduled_at - now_job.created_at - timedelta(seconds=60)) < 5 * SECOND
+    local = datetime.fromisoformat(report["local"])
+    assert aware.status == JobStatus.SCHEDULED
+    assert abs(aware.scheduled_at - local) < timedelta(milliseconds=1)
+    assert [j.id for j in claim(jq)] == [now_id]
+
+
+# -- bulk inserts: what enqueue_many returns is what was stored -------------------------------
+
+
+def mixed_batch(size: int) -> list[tuple[str, dict[str, object], dict[str, object]]]:
+    now = datetime.now(UTC)
+    zones = [UTC, ZoneInfo("Asia/Tokyo"), ZoneInfo("America/Los_Angeles")]
+    items: list[tuple[str, dict[str, object], dict[str, object]]] = []
+    for i in range(size):
+        options: dict[str, object] = {"priority": i % 7 - 3, "queue": f"q{i % 3}"}
+        if i % 5 == 1:
+            options["delay"] = 0.1234567 * i + 30
+        elif i % 5 == 2:
+            options["run_at"] = (now + timedelta(minutes=i, microseconds=i)).astimezone(
+                zones[i % 3]
+            )
+        elif i % 5 == 3:
+            options["run_at"] = (now - timedelta(minutes=i)).astimezone(zones[i % 3])
+        if i % 11 == 0:
+            options["max_attempts"] = 1 + i
+        items.append((f"task_{i % 4}", {"i": i, "s": "é" * (i % 3), "l": [i, None]}, options))
+    return items
+
+
+@pytest.mark.parametrize("size", [2, 63, 64, 300])
+def test_enqueue_many_returns_exactly_what_is_stored(jq, size):
+    jobs = jq.enqueue_many(mixed_batch(size))
+    assert len(jobs) == size
+    assert [j.args["i"] for j in jobs] == list(range(size))  # type: ignore[index]
+    ids = [j.id for j in jobs]
+    assert ids == sorted(ids) and len(set(ids)) == size
+    for job in jobs:
+        stored = jq.get_job(job.id)
+        assert stored is not None
+        assert stored.to_dict() == job.to_dict()
+    statuses = {j.status for j in jobs}
+    assert statuses == {JobStatus.AVAILABLE, JobStatus.SCHEDULED}
+    assert count(jq) == size
+
+
+def test_bulk_enqueue_is_one_transaction(jq):
+    """The bulk path (many jobs, no unique keys) also writes all or nothing."""
+    jq.enqueue("t", {"collide": True})
+    if is_pg(jq):
+        sql(jq, "CREATE UNIQUE INDEX test_collide ON jobkeeper_jobs ((args->>'collide'))")
+    else:
+        sql(
+            jq,
+            "CREATE UNIQUE INDEX test_collide ON jobkeeper_jobs (json_extract(args, '$.collide'))",
+        )
+    items = [("t", {"i": i}) for i in range(200)]
+    items[150] = ("t", {"collide": True})
+    with pytest.raises(Exception, match=r"(?i)unique|constraint"):
+        jq.enqueue_many(items)
+    assert count(jq) == 1
+    # The failed batch left nothing that shifts ids: the next batch is consistent.
+    jobs = jq.enqueue_many([("t", {"i": i}) for i in range(100)])
+    for job in jobs[::17]:
+        stored = jq.get_job(job.id)
+        assert stored is not None and stored.args == job.args
+
+
+def test_bulk_enqueue_interleaved_with_other_writers_keeps_ids_right(jq):
+    """Concurrent batches from several threads: every returned id holds its own args."""
+    results: list[list] = []
+    errors: list[BaseException] = []
+
+    def enqueue(worker: int) -> None:
+        try:
+            for round_ in range(3):
+                batch = [("t", {"w": worker, "r": round_, "i": i}) for i in range(80)]
+                results.append(jq.enqueue_many(batch))
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=enqueue, args=(w,)) for w in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert errors == []
+    returned = [job for batch in results for job in batch]
+    assert len(returned) == 4 * 3 * 80
+    assert len({job.id for job in returned}) == len(returned)
+    stored = {job.id: job.args for job in jq.list_jobs(limit=10_000)}
+    assert all(stored[job.id] == job.args for job in returned)
+
+
+def test_failed_batch_in_the_callers_transaction_leaves_none_of_its_rows(jq):
+    """A database error mid-batch (here a unique index hit by the 150th row)
+    must not leave the first 149 rows in the caller's transaction."""
+    jq.enqueue("t", {"collide": True})
+    if is_pg(jq):
+        sql(jq, "CREATE UNIQUE INDEX test_collide ON jobkeeper_jobs ((args->>'collide'))")
+    else:
+        sql(
+            jq,
+            "CREATE UNIQUE INDEX test_collide ON jobkeeper_jobs (json_extract(args, '$.collide'))",
+        )
+    sql(jq, "CREATE TABLE app_orders (n integer)")
+    items = [("t", {"i": i}) for i in range(200)]
+    items[150] = ("t", {"collide": True})
+    conn = open_caller_connection(jq)
+    try:
+        conn.execute("INSERT INTO app_orders VALUES (1)")
+        kept = jq.enqueue("t", {"before": True}, connection=conn)
+        with pytest.raises(Exception, match=r"(?i)unique|constraint"):
+            jq.enqueue_many(items, connection=conn)
+        with pytest.raises(Exception, match=r"(?i)unique|constraint|transaction is aborted"):
+            jq.enqueue_many(items[140:160], connection=conn)  # the per-row path too
+        conn.commit()  # PostgreSQL: the failed statement aborted the transaction
+    finally:
+        conn.close()
+    assert (
+        count(jq, where="args LIKE '%\"i\"%'" if not is_pg(jq) else "args->>'i' IS NOT NULL") == 0
+    )
+    if is_pg(jq):
+        assert count(jq) == 1 and count(jq, "app_orders") == 0
+    else:
+        # The caller's own work and its earlier enqueue survive the failed batch.
+        assert count(jq, "app_orders") == 1
+        assert jq.get_job(kept.id) is not None
+        assert count(jq) == 2
+
+
+def test_sqlite_autocommit_connection_batch_is_atomic_with_right_ids(sqlite_url):
+    """On an autocommit connection another writer must not get between the
+    rows of one batch (the returned ids would point at other jobs). Each row's
+    INSERT is traced, and the trace hook tries to slip a row in right there.
+    """
+    with JobQueue(sqlite_url) as jq:
+        jq.migrate()
+        conn = sqlite3.connect(jq.url.path, isolation_level=None)
+        intruder = sqlite3.connect(jq.url.path, isolation_level=None, timeout=0)
+        tries = []
+
+        def slip_a_row_in(statement: str) -> None:
+            if "INSERT INTO JOBKEEPER_JOBS" in " ".join(statement.upper().split()):
+                tries.append(statement)
+                # Locked out (OperationalError) while the batch holds the write lock.
+                with contextlib.suppress(sqlite3.OperationalError):
+                    intruder.execute(
+                        "INSERT INTO jobkeeper_jobs (queue, task) VALUES ('default', 'intruder')"
+                    )
+
+        conn.set_trace_callback(slip_a_row_in)
+        try:
+            returned = jq.enqueue_many([("mine", {"i": i}) for i in range(10)], connection=conn)
+        finally:
+            conn.close()
+            intruder.close()
+        assert len(tries) == 10
+        stored = {job.id: job.args for job in jq.list_jobs(limit=100)}
+        assert [stored.get(job.id) for job in returned] == [{"i": i} for i in range(10)]
+
+
+def test_extreme_run_at_values_are_stored_and_read_back(jq):
+    far = jq.enqueue("t", {}, run_at=datetime(9999, 12, 31, tzinfo=UTC))
+    ancient = jq.enqueue("t", {}, run_at=datetime(1, 1, 1, 12, tzinfo=UTC))
+    assert far.status == JobStatus.SCHEDULED
+    assert ancient.status == JobStatus.AVAILABLE
+    stored_far, stored_ancient = jq.get_job(far.id), jq.get_job(ancient.id)
+    assert stored_far is not None and stored_far.scheduled_at == far.scheduled_at
+    assert stored_far.scheduled_at.year == 9999
+    assert stored_ancient is not None and stored_ancient.scheduled_at.year == 1
+    assert [j.id for j in claim(jq)] == [ancient.id]
+    assert jq.backend.job_stage_due() == 0
+    assert jq.stats()["default"]["scheduled"] == 1

@@ -1,0 +1,100 @@
+"""Schema: migrate() is idempotent and safe concurrently; the PostgreSQL claim
+query stays on its partial index however much history piles up.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import psycopg
+
+from jobkeeper import JobQueue
+from jobkeeper.backends.postgres.backend import QUERIES as PG_QUERIES
+
+from .helpers import claim, count, sql
+
+TABLES = {"jobkeeper_jobs", "jobkeeper_dead_letters", "jobkeeper_workers", "jobkeeper_schema"}
+
+
+def tables(jq: JobQueue) -> set[str]:
+    if jq.url.scheme == "postgresql":
+        rows = sql(jq, "SELECT tablename FROM pg_tables WHERE schemaname = current_schema()")
+    else:
+        rows = sql(jq, "SELECT name FROM sqlite_master WHERE type = 'table'")
+    return {row[0] for row in rows if str(row[0]).startswith("jobkeeper_")}
+
+
+def test_migrate_is_idempotent(db_url):
+    with JobQueue(db_url) as jq:
+        assert jq.backend.schema_version() == 0
+        assert jq.migrate() == 1
+        job = jq.enqueue("t", {"keep": True})
+        assert jq.migrate() == 1
+        assert jq.migrate() == 1
+        assert jq.backend.schema_version() == 1
+        assert tables(jq) == TABLES
+        assert count(jq, "jobkeeper_schema") == 1
+        kept = jq.get_job(job.id)
+        assert kept is not None and kept.args == {"keep": True}
+
+
+def test_migrate_from_four_threads_at_once(db_url):
+    queues = [JobQueue(db_url) for _ in range(4)]
+    barrier = threading.Barrier(4)
+    versions: list[int] = []
+    errors: list[BaseException] = []
+
+    def run(jq: JobQueue) -> None:
+        try:
+            barrier.wait()
+            versions.append(jq.migrate())
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(jq,)) for jq in queues]
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+        assert errors == []
+        assert versions == [1, 1, 1, 1]
+        jq = queues[0]
+        assert tables(jq) == TABLES
+        assert count(jq, "jobkeeper_schema") == 1
+        jq.enqueue("t", {})
+        assert len(claim(jq)) == 1
+    finally:
+        for jq in queues:
+            jq.close()
+
+
+def test_postgres_claim_uses_the_claim_index_not_a_seq_scan(pg_url):
+    with JobQueue(pg_url) as jq:
+        jq.migrate()
+        sql(
+            jq,
+            "INSERT INTO jobkeeper_jobs (queue, task, status, finished_at) "
+            "SELECT 'default', 't', 'completed', now() FROM generate_series(1, 20000)",
+        )
+        sql(
+            jq,
+            "INSERT INTO jobkeeper_dead_letters (id, queue, task, args, priority, attempt, "
+            "max_attempts, scheduled_at, created_at, finished_at, errors, reason) "
+            "SELECT 1000000 + g, 'default', 't', '{}', 0, 20, 20, now(), now(), now(), '[]', 'x' "
+            "FROM generate_series(1, 5000) AS g",
+        )
+        jq.enqueue_many([("t", {"i": i}) for i in range(20)])
+        sql(jq, "ANALYZE jobkeeper_jobs")
+        with (
+            psycopg.connect(jq.url.url, autocommit=True) as conn,
+            psycopg.ClientCursor(conn) as cursor,
+        ):
+            cursor.execute(
+                "EXPLAIN " + PG_QUERIES["job_claim"],
+                {"queue": "default", "limit": 10, "worker_id": "w"},
+            )
+            plan = "\n".join(row[0] for row in cursor.fetchall())
+        assert "jobkeeper_jobs_claim_idx" in plan, plan
+        assert "Seq Scan on jobkeeper_jobs" not in plan, plan
+        assert len(claim(jq, limit=10)) == 10

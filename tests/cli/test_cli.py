@@ -1,0 +1,462 @@
+"""The ``jobkeeper`` command on both backends: output, ``--json`` shapes, exit
+codes (0 ok, 2 bad input with one line on stderr and nothing written, 1 other).
+
+Most cases call ``jobkeeper.cli.main.main`` in-process (fast); a few run the
+real entry point, ``python -m jobkeeper``, in subprocesses.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import pytest
+
+from backends.helpers import claim, complete, count, fail, kill, total_rows
+from jobkeeper import JobQueue, JobStatus
+from jobkeeper.cli.main import main
+
+JOB_KEYS = {
+    "id",
+    "task",
+    "args",
+    "queue",
+    "status",
+    "priority",
+    "attempt",
+    "max_attempts",
+    "scheduled_at",
+    "created_at",
+    "attempted_at",
+    "finished_at",
+    "worker_id",
+    "unique_key",
+    "errors",
+    "result",
+    "cancel_requested",
+    "dead_reason",
+    "args_error",
+}
+STATUSES = [s.value for s in JobStatus]
+
+
+class Cli:
+    """Runs ``jobkeeper --database URL ...`` in-process and captures the result."""
+
+    def __init__(self, url: str, capsys: pytest.CaptureFixture[str]) -> None:
+        self.url = url
+        self.capsys = capsys
+
+    def __call__(self, *args: str, database: bool = True) -> tuple[int, str, str]:
+        argv = ["--database", self.url, *args] if database else list(args)
+        self.capsys.readouterr()
+        with pytest.raises(SystemExit) as info:
+            main(argv)
+        out, err = self.capsys.readouterr()
+        code = info.value.code
+        return (code if isinstance(code, int) else 1), out, err
+
+    def ok(self, *args: str) -> str:
+        code, out, err = self(*args)
+        assert code == 0, err
+        return out
+
+    def json(self, *args: str) -> Any:
+        return json.loads(self.ok(*args, "--json"))
+
+
+@pytest.fixture
+def cli(db_url: str, capsys: pytest.CaptureFixture[str]) -> Cli:
+    runner = Cli(db_url, capsys)
+    runner.ok("migrate")
+    return runner
+
+
+@pytest.fixture
+def queue(cli: Cli):
+    with JobQueue(cli.url) as jq:
+        yield jq
+
+
+def run_module(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "jobkeeper", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def assert_one_line_error(err: str, *needles: str) -> None:
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("error: "), err
+    assert lines[0][len("error: ") :].strip(), err
+    for needle in needles:
+        assert needle in lines[0], err
+
+
+# -- happy paths -----------------------------------------------------------------------
+
+
+def test_migrate_is_idempotent(cli):
+    assert "schema at version 1" in cli.ok("migrate")
+    assert "schema at version 1" in cli.ok("migrate")
+
+
+def test_enqueue_prints_the_new_id(cli, queue):
+    out = cli.ok("enqueue", "resize", "--args", '{"path": "a.png", "width": 100}')
+    job_id = int(out.strip())
+    job = queue.get_job(job_id)
+    assert job is not None
+    assert (job.task, job.args, job.queue, job.status) == (
+        "resize",
+        {"path": "a.png", "width": 100},
+        "default",
+        JobStatus.AVAILABLE,
+    )
+    second = int(cli.ok("enqueue", "resize").strip())
+    assert second > job_id
+    assert queue.get_job(second).args == {}  # type: ignore[union-attr]
+
+
+def test_enqueue_options(cli, queue):
+    out = cli.ok(
+        "enqueue",
+        "mail",
+        "--args",
+        '{"to": "x@example.com", "n": 1.5, "ok": true, "none": null, "u": "😀"}',
+        "--queue",
+        "emails",
+        "--delay",
+        "120",
+        "--priority",
+        "-4",
+        "--max-attempts",
+        "3",
+        "--unique-key",
+        "k1",
+    )
+    job = queue.get_job(int(out))
+    assert job is not None
+    assert job.args == {"to": "x@example.com", "n": 1.5, "ok": True, "none": None, "u": "😀"}
+    assert (job.queue, job.priority, job.max_attempts, job.unique_key) == ("emails", -4, 3, "k1")
+    assert job.status == JobStatus.SCHEDULED
+    assert int(cli.ok("enqueue", "mail", "--unique-key", "k1")) == job.id
+
+
+def test_status_json_is_stable(cli, queue):
+    empty = cli.json("status")
+    assert empty == {"queues": {}, "totals": dict.fromkeys(STATUSES, 0), "workers": []}
+    queue.enqueue("t", {}, queue="a")
+    queue.enqueue("t", {}, queue="b", delay=60)
+    kill(queue, queue.enqueue("t", {}, queue="b"))
+    status = cli.json("status")
+    assert list(status) == ["queues", "totals", "workers"]
+    assert sorted(status["queues"]) == ["a", "b"]
+    for per_status in status["queues"].values():
+        assert list(per_status) == STATUSES
+    assert status["queues"]["a"]["available"] == 1
+    assert status["queues"]["b"]["scheduled"] == 1
+    assert status["queues"]["b"]["dead"] == 1
+    assert status["totals"] == {
+        **dict.fromkeys(STATUSES, 0),
+        "available": 1,
+        "scheduled": 1,
+        "dead": 1,
+    }
+    # The worker registered by kill() is listed with its fields.
+    (worker,) = status["workers"]
+    assert set(worker) == {"id", "hostname", "pid", "queues", "started_at", "heartbeat_at"}
+    assert "jobs by queue and status" in cli.ok("status")  # the human tables render
+
+
+def test_jobs_list_and_show_json(cli, queue):
+    a = queue.enqueue("t", {"n": 1}, queue="a")
+    b = queue.enqueue("u", {"n": 2}, queue="b")
+    listed = cli.json("jobs", "list")
+    assert [j["id"] for j in listed] == [b.id, a.id]
+    for job in listed:
+        assert set(job) == JOB_KEYS
+    assert [j["id"] for j in cli.json("jobs", "list", "--queue", "a")] == [a.id]
+    assert [j["id"] for j in cli.json("jobs", "list", "--status", "available", "--limit", "1")] == [
+        b.id
+    ]
+    assert cli.json("jobs", "list", "--status", "running") == []
+    shown = cli.json("jobs", "show", str(a.id))
+    assert set(shown) == JOB_KEYS
+    assert shown["id"] == a.id
+    assert shown["args"] == {"n": 1}
+    assert shown["status"] == "available"
+    assert shown["scheduled_at"].endswith("+00:00")
+    assert shown == json.loads(json.dumps(queue.get_job(a.id).to_dict()))  # type: ignore[union-attr]
+    human = cli.ok("jobs", "show", str(a.id))
+    assert str(a.id) in human
+    table = cli.ok("jobs", "list")
+    assert str(b.id) in table and "available" in table
+
+
+def test_jobs_show_dead_and_completed(cli, queue):
+    dead = kill(queue, queue.enqueue("t", {}, queue="d"))
+    done = queue.enqueue("t", {}, queue="c")
+    (running,) = claim(queue, "c")
+    complete(queue, running, '{"answer":42}')
+    shown = cli.json("jobs", "show", str(dead.id))
+    assert shown["status"] == "dead"
+    assert shown["dead_reason"] == "boom"
+    assert [e["error"] for e in shown["errors"]] == ["boom"]
+    shown = cli.json("jobs", "show", str(done.id))
+    assert (shown["status"], shown["result"]) == ("completed", {"answer": 42})
+
+
+def test_dead_list_retry_cancel_and_requeue(cli, queue):
+    d1 = kill(queue, queue.enqueue("t", {"n": 1}))
+    d2 = kill(queue, queue.enqueue("t", {"n": 2}))
+    d3 = kill(queue, queue.enqueue("t", {"n": 3}))
+    listed = cli.json("dead", "list")
+    assert [j["id"] for j in listed] == [d3.id, d2.id, d1.id]
+    assert all(set(j) == JOB_KEYS and j["status"] == "dead" for j in listed)
+
+    assert "available" in cli.ok("retry", str(d1.id))
+    assert queue.get_job(d1.id).status == JobStatus.AVAILABLE  # type: ignore[union-attr]
+
+    out = cli.ok("dead", "requeue", str(d2.id))
+    assert f"requeued 1 jobs: {d2.id}" in out
+    assert "requeued 1 jobs" in cli.ok("dead", "requeue", "--all")
+    assert cli.json("dead", "list") == []
+    assert count(queue, "jobkeeper_dead_letters") == 0
+
+    assert "cancelled" in cli.ok("cancel", str(d3.id))
+    assert queue.get_job(d3.id).status == JobStatus.CANCELLED  # type: ignore[union-attr]
+
+
+def test_cancel_running_job_reports_the_request(cli, queue):
+    job = queue.enqueue("t", {})
+    claim(queue)
+    out = cli.ok("cancel", str(job.id))
+    assert "running" in out and "cancel requested" in out
+
+
+# -- bad input: exit 2, one line, nothing written -----------------------------------------------
+
+BAD_ENQUEUES = [
+    (["--args", "{not json"], "--args is not valid JSON"),
+    (["--args", '{"x": NaN}'], "NaN"),
+    (["--args", '{"x": Infinity}'], "Infinity"),
+    (["--args", '{"x": -Infinity}'], "Infinity"),
+    (["--args", '{"a": [1, {"b": NaN}]}'], "NaN"),
+    (["--args", "[1]"], "must be a JSON object"),
+    (["--args", '"text"'], "must be a JSON object"),
+    (["--args", "null"], "must be a JSON object"),
+    (["--args", '{"a": 1, "a": 2}'], "duplicate key 'a'"),
+    (["--args", '{"s": "a\\u0000b"}'], "args.s"),
+    (["--args", '{"s": "\\ud800"}'], "lone surrogate"),
+    (["--args", "[" * 100_000 + "]" * 100_000], "--args"),
+    (["--args", '{"x": ' + "1" * 5000 + "}"], "--args"),
+    (["--delay", "-1"], "delay"),
+    (["--delay", "-0.5"], "delay"),
+    (["--delay", "nan"], "--delay"),
+    (["--delay", "inf"], "--delay"),
+    (["--delay", "soon"], "--delay"),
+    (["--priority", "99999999999"], "priority"),
+    (["--max-attempts", "0"], "max_attempts"),
+    (["--queue", "has space"], "queue name"),
+    (["--unique-key", ""], "unique_key"),
+    (["--bogus"], "--bogus"),
+    (["--args"], "--args"),
+]
+
+
+def test_bad_enqueue_input_exits_2_with_one_line_and_writes_nothing(cli, queue):
+    for extra, needle in BAD_ENQUEUES:
+        code, out, err = cli("enqueue", "task", *extra)
+        assert code == 2, (extra, out, err)
+        assert_one_line_error(err, needle)
+        assert out == "", extra
+    assert total_rows(queue) == 0
+
+
+def test_c07_nested_nan_names_the_path(cli, queue):
+    code, _, err = cli("enqueue", "task", "--args", '{"a": [1, {"b": 1e999}]}')
+    assert code == 2
+    assert_one_line_error(err, "args.a[1].b", "inf")
+    assert total_rows(queue) == 0
+
+
+OTHER_BAD_INPUT = [
+    ["enqueue", "bad task name"],
+    ["jobs", "list", "--status", "finished"],
+    ["jobs", "list", "--status", "DEAD"],
+    ["jobs", "list", "--limit", "0"],
+    ["jobs", "list", "--limit", "many"],
+    ["jobs", "show", "abc"],
+    ["jobs", "show"],
+    ["retry", "x"],
+    ["cancel", "-5"],
+    ["dead", "requeue"],
+    ["dead", "requeue", "1", "--all"],
+    ["status", "--bogus"],
+    ["nonsense-command"],
+    ["jobs"],
+    ["dead"],
+    [],
+]
+
+
+def test_other_bad_input_exits_2_with_one_line(cli, queue):
+    job = queue.enqueue("t", {})
+    for args in OTHER_BAD_INPUT:
+        code, _, err = cli(*args)
+        assert code == 2, (args, err)
+        assert_one_line_error(err)
+    assert total_rows(queue) == 1
+    assert queue.get_job(job.id).status == JobStatus.AVAILABLE  # type: ignore[union-attr]
+
+
+BAD_URLS = [
+    ("redis://localhost/0", "unknown scheme"),
+    ("sqlite://", "invalid SQLite URL"),
+    ("sqlite:///:memory:", "needs a database file"),
+    ("mysql://u@localhost/db", "not supported yet"),
+    ("not a url", "invalid database URL"),
+    ("postgresql://u@h/db?nonsense_option=1", "invalid PostgreSQL URL"),
+    ("postgresql://u@127.0.0.1:port/db", "not a port number"),
+]
+
+
+@pytest.mark.parametrize("command", [["migrate"], ["status"], ["enqueue", "t"]])
+def test_invalid_database_url_exits_2(capsys, command):
+    for url, needle in BAD_URLS:
+        code, out, err = Cli(url, capsys)(*command)
+        assert code == 2, (url, err)
+        assert_one_line_error(err, needle)
+        assert out == ""
+
+
+def test_unknown_root_option_exits_2(capsys):
+    code, _, err = Cli("", capsys)("--bogus", "status", database=False)
+    assert code == 2
+    assert_one_line_error(err, "--bogus")
+
+
+# -- other failures: exit 1 -----------------------------------------------------------------
+
+
+def test_unknown_job_id_exits_1(cli):
+    for args in (
+        ["jobs", "show", "987654"],
+        ["retry", "987654"],
+        ["cancel", "987654"],
+        ["dead", "requeue", "987654"],
+    ):
+        code, _, err = cli(*args)
+        assert code == 1, (args, err)
+        assert "987654" in err
+
+
+def test_wrong_state_exits_1_and_changes_nothing(cli, queue):
+    job = queue.enqueue("t", {})
+    code, _, err = cli("retry", str(job.id))
+    assert code == 1
+    assert_one_line_error(err, "available")
+    done = queue.enqueue("t", {}, queue="c")
+    (running,) = claim(queue, "c")
+    complete(queue, running)
+    code, _, err = cli("cancel", str(done.id))
+    assert code == 1
+    assert_one_line_error(err, "completed")
+    assert queue.get_job(job.id).status == JobStatus.AVAILABLE  # type: ignore[union-attr]
+    assert queue.get_job(done.id).status == JobStatus.COMPLETED  # type: ignore[union-attr]
+
+
+def test_unmigrated_database_exits_1_saying_migrate(db_url, capsys):
+    code, _, err = Cli(db_url, capsys)("status")
+    assert code == 1
+    assert_one_line_error(err, "migrate")
+
+
+def test_retryable_job_can_be_retried_from_the_cli(cli, queue):
+    job = queue.enqueue("t", {})
+    (running,) = claim(queue)
+    fail(queue, running, retry_in=3600)
+    assert "available" in cli.ok("retry", str(job.id))
+    again = queue.get_job(job.id)
+    assert again is not None and again.attempt == 0 and len(again.errors) == 1
+
+
+# -- the real entry point in subprocesses ----------------------------------------------------
+
+
+def test_subprocess_enqueue_show_and_exit_codes(db_url):
+    with JobQueue(db_url) as jq:
+        jq.migrate()
+    done = run_module("--database", db_url, "enqueue", "resize", "--args", '{"w": 1}')
+    assert done.returncode == 0, done.stderr
+    job_id = int(done.stdout.strip())
+    shown = run_module("--database", db_url, "jobs", "show", str(job_id), "--json")
+    assert shown.returncode == 0
+    assert json.loads(shown.stdout)["args"] == {"w": 1}
+
+    bad = run_module("--database", db_url, "enqueue", "resize", "--args", '{"x": NaN}')
+    assert bad.returncode == 2
+    assert_one_line_error(bad.stderr, "NaN")
+    missing = run_module("--database", db_url, "jobs", "show", "424242")
+    assert missing.returncode == 1
+    assert_one_line_error(missing.stderr, "424242")
+    unknown = run_module("--database", db_url, "enqueue", "resize", "--bogus")
+    assert unknown.returncode == 2
+    assert_one_line_error(unknown.stderr, "--bogus")
+    with JobQueue(db_url) as jq:
+        assert total_rows(jq) == 1
+
+
+def test_subprocess_uses_the_environment_url(sqlite_url):
+    env = {"JOBKEEPER_DATABASE_URL": sqlite_url}
+    assert run_module("migrate", env=env).returncode == 0
+    done = run_module("enqueue", "t", env=env)
+    assert done.returncode == 0, done.stderr
+    with JobQueue(sqlite_url) as jq:
+        assert jq.get_job(int(done.stdout)) is not None
+    bad = run_module("status", env={"JOBKEEPER_DATABASE_URL": "nope"})
+    assert bad.returncode == 2
+    assert_one_line_error(bad.stderr, "invalid database URL")
+
+
+@pytest.mark.parametrize("tz", ["Asia/Tokyo", "America/Los_Angeles"])
+def test_subprocess_c11_negative_delay_exits_2(sqlite_url, tz):
+    with JobQueue(sqlite_url) as jq:
+        jq.migrate()
+        bad = run_module("--database", sqlite_url, "enqueue", "t", "--delay", "-60", env={"TZ": tz})
+        assert bad.returncode == 2
+        assert_one_line_error(bad.stderr, "delay")
+        assert total_rows(jq) == 0
+
+
+def test_four_concurrent_migrate_processes(db_url):
+    with ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(lambda _: run_module("--database", db_url, "migrate"), range(4)))
+    assert [r.returncode for r in results] == [0, 0, 0, 0], [r.stderr for r in results]
+    assert all("schema at version 1" in r.stdout for r in results)
+    with JobQueue(db_url) as jq:
+        assert count(jq, "jobkeeper_schema") == 1
+        assert jq.backend.schema_version() == 1
+
+
+def test_human_output_prints_data_literally_not_as_markup(cli, queue):
+    """Args, keys and error texts like "[/]" or "list[int]" are data: printed
+    as they are, never parsed as Rich markup (which crashed on "[/]")."""
+    args = {"s": "[/] and [red]x[/red]", "t": "list[int]"}
+    job = queue.enqueue("t", args, unique_key="[/]")
+    (running,) = claim(queue)
+    fail(queue, running, retry_in=3600, error="[/bold] list[int] [Errno 2]")
+    shown = cli.ok("jobs", "show", str(job.id))
+    flat = "".join(shown.split())  # the table may fold long values
+    assert "".join(json.dumps(args).split()) in flat
+    assert "[/bold]list[int][Errno2]" in flat
+    listed = cli.ok("jobs", "list")
+    assert "list[int]" in "".join(listed.split())

@@ -1,0 +1,77 @@
+"""The JobQueue app that e2e worker subprocesses load:
+
+    python -m jobkeeper --database URL worker --app tests.e2e.apps:jq
+
+Settings come from ``$JK_E2E_SETTINGS`` (a JSON object of JobQueue keyword
+arguments), so each test picks its own timings. Tasks that take ``record``
+append one line ``<job id> <attempt> <pid> <event>`` to that file with
+O_APPEND (one ``write`` per line, so lines of concurrent processes never mix).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import time
+from typing import Any
+
+from jobkeeper import JobQueue, current_job
+
+SETTINGS: dict[str, Any] = json.loads(os.environ.get("JK_E2E_SETTINGS", "{}"))
+jq = JobQueue(os.environ.get("JK_E2E_DATABASE", "sqlite:///unused-e2e.db"), **SETTINGS)
+
+
+def note(record: str | None, event: str) -> None:
+    if not record:
+        return
+    here = current_job()
+    line = f"{here.id} {here.attempt} {os.getpid()} {event}\n".encode()
+    fd = os.open(record, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line)
+    finally:
+        os.close(fd)
+
+
+@jq.task(max_attempts=5)
+def sleep(seconds: float, record: str | None = None) -> dict[str, Any]:
+    note(record, "start")
+    time.sleep(seconds)
+    note(record, "end")
+    return {"pid": os.getpid(), "attempt": current_job().attempt}
+
+
+@jq.task(max_attempts=5)
+async def asleep(seconds: float, record: str | None = None) -> dict[str, Any]:
+    note(record, "start")
+    await asyncio.sleep(seconds)
+    note(record, "end")
+    return {"pid": os.getpid(), "attempt": current_job().attempt}
+
+
+@jq.task(max_attempts=5)
+def busy(seconds: float, record: str | None = None) -> dict[str, Any]:
+    """CPU-bound: holds the GIL except at the interpreter's switch points."""
+    note(record, "start")
+    end = time.monotonic() + seconds
+    n = 0
+    while time.monotonic() < end:
+        n += 1
+    note(record, "end")
+    return {"pid": os.getpid(), "loops": n}
+
+
+@jq.task(max_attempts=5)
+def record(record: str, n: int = 0) -> int:
+    note(record, "run")
+    return n
+
+
+@jq.task(max_attempts=3)
+def suicide(record: str | None = None) -> None:
+    """The poison job of C-05: kills its own worker process."""
+    note(record, "start")
+    os.kill(os.getpid(), signal.SIGKILL)
+    time.sleep(60)

@@ -1,0 +1,62 @@
+"""Graceful shutdown of a worker process (C-04): SIGTERM and SIGINT."""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+
+from jobkeeper import JobStatus
+
+from .helpers import holder_pid, processes, read_records, wait_exit, wait_for
+
+pytestmark = pytest.mark.slow
+
+# rescue_after is long on purpose: handed-back jobs must be picked up at once,
+# not after a rescue.
+SETTINGS = {
+    "heartbeat_interval": 0.5,
+    "rescue_after": 120.0,
+    "poll_interval": 0.05,
+    "max_backoff": 0.05,
+    "shutdown_grace": 2.0,
+}
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_c04_signal_hands_back_running_jobs_and_exits_0(make_queue, tmp_path, signum):
+    jq = make_queue()
+    url = jq.url.url
+    record = tmp_path / "runs.log"
+    args = {"seconds": 60, "record": str(record)}
+    ids = [j.id for j in jq.enqueue_many([("asleep", args)] * 3 + [("sleep", args)] * 3)]
+    with processes(tmp_path) as procs:
+        first = procs.worker(url, SETTINGS, concurrency=6)
+        wait_for(
+            lambda: (
+                len({r[0] for r in read_records(record)}) == 6
+                and all(holder_pid(url, i) == first.pid for i in ids)
+            ),
+            what="all six jobs running in the first worker",
+        )
+        first.send_signal(signum)
+        # grace 2 s; the deadline only bounds a hang.
+        assert wait_exit(first, timeout=30) == 0, procs.log(first)
+        for job_id in ids:
+            j = jq.get_job(job_id)
+            assert j.status == JobStatus.AVAILABLE, j
+            assert j.worker_id is None
+            assert j.attempt == 0, "the interrupted attempt must not be spent"
+            assert len(j.errors) == 1 and "shutdown" in j.errors[0]["error"]
+        assert jq.workers() == []  # it deregistered
+
+        second = procs.worker(url, SETTINGS, concurrency=6)
+        # Picked up at once: rescue_after (120 s) is far beyond this deadline.
+        wait_for(
+            lambda: all(holder_pid(url, i) == second.pid for i in ids),
+            timeout=30,
+            what="the second worker to claim every handed-back job",
+        )
+        for job_id in ids:
+            assert jq.get_job(job_id).attempt == 1
+    assert not [r for r in read_records(record) if r[3] == "end"]

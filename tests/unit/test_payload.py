@@ -1,0 +1,379 @@
+"""Payload validation and canonical encoding (C-07, C-08, C-09's clean_text)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import decimal
+import json
+import math
+import re
+import uuid
+from typing import Any
+
+import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+
+from jobkeeper.errors import PayloadError
+from jobkeeper.payload import (
+    MAX_DEPTH,
+    check_json_value,
+    clean_text,
+    decode_args,
+    dumps,
+    encode_args,
+    encode_result,
+)
+
+MiB = 1 << 20
+
+# -- strategies -----------------------------------------------------------------
+
+#: Storable text: anything but NUL (surrogates are excluded by default).
+storable_text = st.text(st.characters(exclude_characters="\x00", exclude_categories=("Cs",)))
+json_scalars = (
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | storable_text
+)
+json_values = st.recursive(
+    json_scalars,
+    lambda children: (
+        st.lists(children, max_size=5) | st.dictionaries(storable_text, children, max_size=5)
+    ),
+    max_leaves=20,
+)
+json_objects = st.dictionaries(storable_text, json_values, max_size=8)
+identifiers = st.from_regex(r"[A-Za-z_][A-Za-z0-9_]{0,8}", fullmatch=True)
+non_finite = st.sampled_from([math.nan, math.inf, -math.inf, float("-nan")])
+
+
+def same(a: Any, b: Any) -> bool:
+    """Equality that also tells 1 / 1.0 / True and 0.0 / -0.0 apart."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, float):
+        return a == b and math.copysign(1.0, a) == math.copysign(1.0, b)
+    if isinstance(a, list):
+        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, dict):
+        return list(a) == list(b) and all(same(a[k], b[k]) for k in a)
+    return bool(a == b)
+
+
+def bury(value: Any, segments: list[str | int]) -> tuple[dict[str, Any], str]:
+    """Put ``value`` at ``segments`` inside valid siblings; return (args, expected path).
+
+    The first segment is a key (args are an object); list indexes are padded
+    with valid values before the buried one.
+    """
+    path = "args"
+    for segment in segments:
+        path += f"[{segment}]" if isinstance(segment, int) else f".{segment}"
+    for segment in reversed(segments):
+        if isinstance(segment, int):
+            value = [0, "ok", None, 1.5, True][:segment] + [0] * max(0, segment - 5) + [value, 7]
+        else:
+            value = {"before": 1, segment: value, "zafter": [1.0]}
+    assert isinstance(value, dict)
+    return value, path
+
+
+path_segments = st.tuples(
+    identifiers,
+    st.lists(identifiers | st.integers(min_value=0, max_value=6), max_size=12),
+).map(lambda t: [t[0], *t[1]])
+
+
+# -- round trips ------------------------------------------------------------------
+
+
+@given(json_objects)
+def test_any_json_native_dict_round_trips_exactly(args):
+    text = encode_args(args, max_bytes=256 * MiB)
+    decoded = json.loads(text)
+    assert same(decoded, args)
+    # Canonical: compact UTF-8 (not ASCII-escaped), and encoding the decoded
+    # value gives the same text.
+    assert text == json.dumps(args, ensure_ascii=False, separators=(",", ":"))
+    assert encode_args(decoded, max_bytes=256 * MiB) == text
+    assert decode_args(text) == (decoded, None)
+
+
+def test_valid_unicode_round_trips_byte_for_byte():
+    args = {"s": "héllo ✓ 😀 \u2028 \u2029 \U0010fffd", "ключ": "値"}
+    text = encode_args(args, max_bytes=MiB)
+    assert json.loads(text) == args
+    assert text.encode("utf-8").decode("utf-8") == text
+    assert "\\u" not in text  # stored as characters, not escapes
+
+
+def test_big_ints_and_negative_zero_keep_their_type():
+    args = {"big": 2**80, "neg0": -0.0, "one": 1, "onef": 1.0, "t": True}
+    assert same(json.loads(encode_args(args, max_bytes=MiB)), args)
+
+
+# -- NaN / Infinity (C-07) ----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("args", "path", "shown"),
+    [
+        ({"x": math.nan}, "args.x", "nan"),
+        ({"x": math.inf}, "args.x", "inf"),
+        ({"x": -math.inf}, "args.x", "-inf"),
+        ({"a": [1, {"b": math.nan}]}, "args.a[1].b", "nan"),
+        ({"a": {"b": {"c": [[0, -math.inf]]}}}, "args.a.b.c[0][1]", "-inf"),
+        ({"odd key": math.inf}, "args['odd key']", "inf"),
+    ],
+)
+def test_non_finite_numbers_are_refused_naming_path_and_value(args, path, shown):
+    with pytest.raises(PayloadError) as info:
+        encode_args(args, max_bytes=MiB)
+    message = str(info.value)
+    assert message.startswith(f"{path}: ")
+    assert shown in message
+    assert "\n" not in message
+
+
+@given(non_finite, path_segments)
+@example(math.nan, ["a", 1, "b"])
+def test_non_finite_anywhere_is_refused_naming_its_path(bad, segments):
+    args, path = bury(bad, segments)
+    with pytest.raises(PayloadError) as info:
+        encode_args(args, max_bytes=256 * MiB)
+    assert str(info.value).startswith(f"{path}: ")
+
+
+# -- NUL and lone surrogates (C-08) ------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("args", "path", "kind"),
+    [
+        ({"s": "a\x00b"}, "args.s", "NUL"),
+        ({"s": "\ud800"}, "args.s", "surrogate"),
+        ({"s": "ok \udfff tail"}, "args.s", "surrogate"),
+        ({"a\x00": 1}, "args", "NUL"),
+        ({"\udc80": 1}, "args", "surrogate"),
+        ({"l": ["fine", {"deep\x00key": 1}]}, "args.l[1]", "NUL"),
+        ({"l": ["fine", ["x\ud83dy"]]}, "args.l[1][0]", "surrogate"),
+    ],
+)
+def test_nul_and_lone_surrogates_are_refused_naming_the_field(args, path, kind):
+    with pytest.raises(PayloadError) as info:
+        encode_args(args, max_bytes=MiB)
+    message = str(info.value)
+    assert message.startswith(f"{path}: ")
+    assert kind in message
+
+
+@given(
+    st.sampled_from(["\x00", "\ud800", "\udbff", "\udc00", "\udfff"]),
+    path_segments,
+    storable_text,
+    storable_text,
+)
+def test_unstorable_character_anywhere_in_a_string_is_refused(char, segments, head, tail):
+    args, path = bury(head + char + tail, segments)
+    with pytest.raises(PayloadError) as info:
+        encode_args(args, max_bytes=256 * MiB)
+    assert str(info.value).startswith(f"{path}: ")
+
+
+# -- non-JSON types --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("args", "path", "type_name"),
+    [
+        ({1: "x"}, "args", "int"),
+        ({None: "x"}, "args", "NoneType"),
+        ({("a",): "x"}, "args", "tuple"),
+        ({"t": (1, 2)}, "args.t", "tuple"),
+        ({"s": {1, 2}}, "args.s", "set"),
+        ({"f": frozenset()}, "args.f", "frozenset"),
+        ({"b": b"bytes"}, "args.b", "bytes"),
+        ({"b": bytearray(b"x")}, "args.b", "bytearray"),
+        ({"d": dt.datetime(2024, 1, 1, tzinfo=dt.UTC)}, "args.d", "datetime"),
+        ({"d": dt.date(2024, 1, 1)}, "args.d", "date"),
+        ({"d": decimal.Decimal("1.5")}, "args.d", "Decimal"),
+        ({"u": uuid.UUID(int=1)}, "args.u", "UUID"),
+        ({"o": object()}, "args.o", "object"),
+        ({"n": [1, {"deep": complex(1, 2)}]}, "args.n[1].deep", "complex"),
+    ],
+)
+def test_non_json_types_are_refused_not_converted(args, path, type_name):
+    with pytest.raises(PayloadError) as info:
+        encode_args(args, max_bytes=MiB)
+    message = str(info.value)
+    assert message.startswith(f"{path}: ")
+    assert type_name in message
+
+
+@pytest.mark.parametrize("args", [[1], "x", 1, None, (("a", 1),), json.dumps({"a": 1})])
+def test_args_must_be_a_dict(args):
+    with pytest.raises(PayloadError, match=r"^args: must be a JSON object"):
+        encode_args(args, max_bytes=MiB)
+
+
+# -- depth and self-reference -------------------------------------------------------------
+
+
+def nested(depth: int) -> dict[str, Any]:
+    value: Any = 1
+    for _ in range(depth):
+        value = [value]
+    return {"x": value}
+
+
+def test_nesting_up_to_the_limit_is_accepted():
+    # args itself is depth 0; {"x": [[...1]]} with MAX_DEPTH - 1 lists reaches MAX_DEPTH.
+    text = encode_args(nested(MAX_DEPTH - 1), max_bytes=MiB)
+    assert json.loads(text) == nested(MAX_DEPTH - 1)
+
+
+@pytest.mark.parametrize("depth", [MAX_DEPTH, MAX_DEPTH + 1, 5_000, 100_000])
+def test_too_deep_nesting_is_refused_without_recursion_error(depth):
+    with pytest.raises(PayloadError, match="nested deeper than"):
+        encode_args(nested(depth), max_bytes=256 * MiB)
+
+
+def test_self_reference_is_refused():
+    loop: dict[str, Any] = {"a": 1}
+    loop["me"] = loop
+    with pytest.raises(PayloadError, match="refers to itself"):
+        encode_args(loop, max_bytes=MiB)
+    items: list[Any] = []
+    items.append(items)
+    with pytest.raises(PayloadError, match=r"^args\.l(\[0\])+: nested deeper"):
+        encode_args({"l": items}, max_bytes=MiB)
+
+
+# -- size limit -----------------------------------------------------------------------------
+
+
+@given(json_objects)
+@settings(max_examples=40)
+def test_size_limit_is_exact_in_utf8_bytes(args):
+    size = len(dumps(args).encode("utf-8"))
+    assert encode_args(args, max_bytes=size) == dumps(args)
+    if size > 1:
+        with pytest.raises(PayloadError) as info:
+            encode_args(args, max_bytes=size - 1)
+        message = str(info.value)
+        assert f"{size} bytes" in message
+        assert f"max_payload_bytes={size - 1}" in message
+
+
+def test_size_error_names_size_and_limit():
+    args = {"s": "é" * 600}  # 1200 bytes of text, 600 characters
+    with pytest.raises(PayloadError) as info:
+        encode_args(args, max_bytes=1000)
+    message = str(info.value)
+    assert re.search(r"\b1208 bytes\b", message), message
+    assert "max_payload_bytes=1000" in message
+
+
+# -- results and generic values -------------------------------------------------------------
+
+
+def test_encode_result_validates_like_args_but_allows_any_json_value():
+    assert encode_result(None, max_bytes=10) is None
+    assert encode_result([1, "a"], max_bytes=100) == '[1,"a"]'
+    assert encode_result("x", max_bytes=100) == '"x"'
+    with pytest.raises(PayloadError, match=r"^result\.r: .*NUL"):
+        encode_result({"r": "x\x00y"}, max_bytes=100)
+    with pytest.raises(PayloadError, match=r"^result\[0\]: nan"):
+        encode_result([math.nan], max_bytes=100)
+    with pytest.raises(PayloadError, match="max_payload_bytes=10"):
+        encode_result("x" * 20, max_bytes=10)
+
+
+def test_check_json_value_uses_the_given_path_name():
+    with pytest.raises(PayloadError, match=r"^result\.a\[0\]: "):
+        check_json_value({"a": [math.inf]}, "result")
+
+
+@pytest.mark.parametrize(
+    ("raw", "reason"),
+    [
+        ("not json", "not valid JSON"),
+        ("[1, 2]", "not a JSON object"),
+        ('"text"', "not a JSON object"),
+        (b"\xff\xfe", "not valid JSON"),
+        (42, "not a JSON object"),
+        (["a"], "not a JSON object"),
+    ],
+)
+def test_decode_args_never_raises_and_explains(raw, reason):
+    args, error = decode_args(raw)
+    assert args is None
+    assert error is not None
+    assert reason in error
+
+
+def test_decode_args_accepts_text_bytes_and_decoded_dicts():
+    assert decode_args('{"a": 1}') == ({"a": 1}, None)
+    assert decode_args(b'{"a": 1}') == ({"a": 1}, None)
+    assert decode_args({"a": 1}) == ({"a": 1}, None)
+
+
+# -- clean_text (C-09) ------------------------------------------------------------------------
+
+
+def test_clean_text_escapes_nul_and_lone_surrogates_visibly():
+    cleaned = clean_text("upstream said \x00 no \ud800!", max_chars=1000)
+    assert cleaned == "upstream said \\x00 no \\ud800!"
+    cleaned.encode("utf-8")  # storable
+
+
+def test_clean_text_leaves_valid_text_alone():
+    text = "héllo ✓ 😀 \u2028 line\nnext"
+    assert clean_text(text, max_chars=1000) == text
+
+
+def test_clean_text_bounds_size_and_keeps_head_and_tail():
+    text = "HEAD" + "x" * 5_000_000 + "TAIL"
+    cleaned = clean_text(text, max_chars=4000)
+    assert len(cleaned) <= 4000 + 64
+    assert cleaned.startswith("HEAD")
+    assert cleaned.endswith("TAIL")
+    assert "4996008 characters cut" in cleaned
+
+
+@given(
+    st.text(st.characters(exclude_categories=()), max_size=300),
+    st.integers(min_value=1, max_value=400),
+)
+@example("\x00" * 50, 1)
+@example("abcdef" * 20, 1)
+@example("abcdef" * 20, 2)
+def test_clean_text_output_is_always_storable_and_bounded(text, max_chars):
+    cleaned = clean_text(text, max_chars=max_chars)
+    assert "\x00" not in cleaned
+    cleaned.encode("utf-8")  # no lone surrogates left
+    assert len(cleaned) <= max_chars + 64
+    storable = "\x00" not in text and not any("\ud800" <= c <= "\udfff" for c in text)
+    if storable and len(text) <= max_chars:
+        assert cleaned == text
+
+
+@pytest.mark.parametrize(
+    ("args", "path"),
+    [
+        ({"x": 10**5000}, "args.x"),
+        ({"x": -(10**5000)}, "args.x"),
+        ({"a": [1, {"b": 7**20000}]}, "args.a[1].b"),
+    ],
+)
+def test_ints_beyond_pythons_digit_limit_are_a_payload_error(args, path):
+    with pytest.raises(PayloadError, match=rf"^{re.escape(path)}: an int of \d+ bits is too large"):
+        encode_args(args, max_bytes=256 * MiB)
+
+
+def test_big_ints_within_the_digit_limit_round_trip():
+    args = {"x": 10**4000, "y": -(2**10_000)}
+    assert json.loads(encode_args(args, max_bytes=MiB)) == args

@@ -1,0 +1,482 @@
+"""In-process worker: running tasks, storing results, bad jobs, timeouts,
+cancellation, burst mode and graceful stop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from typing import Any
+
+from jobkeeper import JobQueue, JobStatus, Retry, current_job
+
+from .helpers import (
+    error_texts,
+    is_pg,
+    job,
+    running,
+    running_count,
+    sql,
+    wait_for,
+    wait_status,
+)
+
+DONE = {JobStatus.COMPLETED, JobStatus.DEAD, JobStatus.CANCELLED}
+
+
+def test_sync_and_async_tasks_complete_with_json_result(make_queue):
+    jq = make_queue()
+
+    @jq.task
+    def add(a: int, b: int) -> dict[str, Any]:
+        here = current_job()
+        return {"sum": a + b, "attempt": here.attempt, "text": "héllo ✓ 😀 \u2028"}
+
+    @jq.task
+    async def mul(a: int, b: int) -> list[Any]:
+        await asyncio.sleep(0.01)
+        return [a * b, current_job().id, {"nested": None}]
+
+    @jq.task
+    def nothing() -> None:
+        return None
+
+    j1 = add.enqueue(a=2, b=3)
+    j2 = mul.enqueue(a=4, b=5)
+    j3 = nothing.enqueue()
+    assert jq.run_worker(concurrency=4, burst=True) == 0
+
+    done = [job(jq, j.id) for j in (j1, j2, j3)]
+    assert [d.status for d in done] == [JobStatus.COMPLETED] * 3
+    assert done[0].result == {"sum": 5, "attempt": 1, "text": "héllo ✓ 😀 \u2028"}
+    assert done[1].result == [20, j2.id, {"nested": None}]
+    assert done[2].result is None
+    for d in done:
+        assert d.attempt == 1
+        assert d.errors == []
+        assert d.worker_id is None
+        assert d.finished_at is not None and d.attempted_at is not None
+        assert d.finished_at >= d.attempted_at >= d.created_at
+    assert running_count(jq) == 0
+
+
+def test_burst_mode_exits_when_drained(make_queue):
+    jq = make_queue()
+
+    @jq.task
+    def noop(i: int) -> int:
+        return i
+
+    jobs = jq.enqueue_many([("noop", {"i": i}) for i in range(30)])
+    # A job due far in the future must not keep a burst worker alive.
+    later = noop.options(delay=3600).enqueue(i=-1)
+    worker = jq.worker(concurrency=5, burst=True)
+    with running(worker) as handle:
+        stats = handle.join()
+    assert stats.exit_code == 0
+    assert stats.completed == 30
+    assert all(job(jq, j.id).status == JobStatus.COMPLETED for j in jobs)
+    assert job(jq, later.id).status == JobStatus.SCHEDULED
+    # The worker deregistered on the way out.
+    assert jq.workers() == []
+
+
+def test_unknown_task_fails_its_attempt_and_worker_keeps_going(make_queue):
+    jq = make_queue()
+
+    @jq.task
+    def known() -> str:
+        return "ok"
+
+    stranger = jq.enqueue("no_such_task", {"x": 1}, max_attempts=2)
+    first = known.enqueue()
+    with running(jq.worker(concurrency=2)):
+        dead = wait_status(jq, [stranger.id], {JobStatus.DEAD})[0]
+        # The worker survived both failed attempts and still runs other jobs.
+        after = known.enqueue()
+        wait_status(jq, [first.id, after.id], {JobStatus.COMPLETED})
+    assert dead.attempt == 2
+    assert len(dead.errors) == 2
+    for text in error_texts(dead):
+        assert "no_such_task" in text
+        assert "unknown task" in text
+
+
+def test_args_not_matching_the_task_fail_the_attempt(make_queue):
+    jq = make_queue()
+
+    @jq.task
+    def needs_x(x: int) -> int:
+        return x
+
+    # Enqueued by name from a process that does not know the signature.
+    other = JobQueue(jq.url.url)
+    try:
+        bad = other.enqueue("needs_x", {"y": 1}, max_attempts=1)
+    finally:
+        other.close()
+    jq.run_worker(burst=True)
+    dead = job(jq, bad.id)
+    assert dead.status == JobStatus.DEAD
+    assert "needs_x" in dead.errors[0]["error"]
+
+
+def test_c07_undecodable_args_fail_the_attempt_cleanly(make_queue):
+    jq = make_queue()
+
+    @jq.task
+    def takes(x: int = 0) -> int:
+        return x
+
+    good = takes.enqueue(x=1)
+    # PostgreSQL's jsonb holds only valid JSON: a non-object is the worst it can hold.
+    pg_bad = ['"just a string"', "[1, 2]"]
+    sqlite_bad = ["{not json", '{"x": NaN}', "[1, 2]", '{"s": "a\\u0000b"}']
+    bad_args = pg_bad if is_pg(jq) else sqlite_bad
+    ids = []
+    for raw in bad_args:
+        cast = "::jsonb" if is_pg(jq) else ""
+        rows = sql(
+            jq,
+            f"INSERT INTO jobkeeper_jobs (queue, task, args, max_attempts) "
+            f"VALUES ('default', 'takes', ?{cast}, 2) RETURNING id",
+            [raw],
+        )
+        ids.append(int(rows[0][0]))
+    assert jq.run_worker(concurrency=3, burst=True) == 0
+    assert job(jq, good.id).status == JobStatus.COMPLETED
+    for job_id in ids:
+        dead = job(jq, job_id)
+        assert dead.status == JobStatus.DEAD, dead
+        assert dead.attempt == 2
+        assert len(dead.errors) == 2
+        for text in error_texts(dead):
+            assert "stored args" in text
+    assert running_count(jq) == 0
+
+
+def _busy(seconds: float) -> None:
+    """A CPU-bound loop (Python bytecode: interruptible by the worker)."""
+    end = time.monotonic() + seconds
+    n = 0
+    while time.monotonic() < end:
+        n += 1
+
+
+def test_task_timeout_fails_the_attempt_and_follows_retries(make_queue):
+    jq = make_queue()
+    started: list[str] = []
+
+    @jq.task(timeout=0.3, max_attempts=2)
+    def spin() -> str:
+        started.append("spin")
+        _busy(10)
+        return "finished"
+
+    @jq.task(timeout=0.3, max_attempts=2)
+    async def nap() -> str:
+        started.append("nap")
+        await asyncio.sleep(30)
+        return "finished"
+
+    @jq.task(timeout=5)
+    def quick() -> str:
+        return "in time"
+
+    a, b, c = spin.enqueue(), nap.enqueue(), quick.enqueue()
+    with running(jq.worker(concurrency=4)):
+        wait_status(jq, [a.id, b.id], {JobStatus.DEAD})
+        wait_status(jq, [c.id], {JobStatus.COMPLETED})
+        # Both timed-out jobs gave their slots back: the worker still runs jobs.
+        d = quick.enqueue()
+        wait_status(jq, [d.id], {JobStatus.COMPLETED})
+    for j in (job(jq, a.id), job(jq, b.id)):
+        assert j.attempt == 2
+        assert len(j.errors) == 2, j.errors
+        for entry in j.errors:
+            assert "JobTimeout" in entry["error"]
+            assert "timeout" in entry["error"]
+        assert j.result is None
+    assert started.count("spin") == 2 and started.count("nap") == 2
+    assert job(jq, c.id).result == "in time"
+    assert running_count(jq) == 0
+
+
+def test_cancel_running_jobs_sync_and_async(make_queue):
+    jq = make_queue()
+    progress: dict[str, int] = {"sync": 0}
+
+    @jq.task
+    def slow_sync() -> str:
+        for _ in range(600):
+            time.sleep(0.05)
+            progress["sync"] += 1
+        return "finished"
+
+    @jq.task
+    async def slow_async() -> str:
+        await asyncio.sleep(60)
+        return "finished"
+
+    s, a = slow_sync.enqueue(), slow_async.enqueue()
+    with running(jq.worker(concurrency=2)):
+        wait_status(jq, [s.id, a.id], {JobStatus.RUNNING})
+        assert jq.cancel(s.id).status == JobStatus.RUNNING
+        assert jq.cancel(a.id).status == JobStatus.RUNNING
+        done = wait_status(jq, [s.id, a.id], {JobStatus.CANCELLED, JobStatus.COMPLETED})
+        assert [d.status for d in done] == [JobStatus.CANCELLED] * 2
+        # The sync task's thread was actually stopped, not left running (one
+        # more step may finish between its sleep and the injected exception;
+        # left running it would make about six in this time).
+        seen = progress["sync"]
+        time.sleep(0.3)
+        assert progress["sync"] <= seen + 1
+    for d in done:
+        assert d.result is None
+        assert d.worker_id is None
+        assert d.attempt == 1
+        assert any("cancel" in text for text in error_texts(d))
+    assert running_count(jq) == 0
+
+
+def test_graceful_stop_hands_back_jobs_running_past_the_grace(make_queue):
+    jq = make_queue(shutdown_grace=0.5, rescue_after=60, heartbeat_interval=0.5)
+    finished: list[str] = []
+
+    @jq.task
+    def long_sync() -> None:
+        for _ in range(400):
+            time.sleep(0.05)
+        finished.append("sync")
+
+    @jq.task
+    async def long_async() -> None:
+        await asyncio.sleep(60)
+        finished.append("async")
+
+    @jq.task
+    def short() -> str:
+        time.sleep(0.2)
+        return "done in grace"
+
+    ids = [long_sync.enqueue().id, long_async.enqueue().id]
+    quick = short.enqueue().id
+    # One more than the slots: claimed ahead (prefetch) or left available.
+    waiting = long_sync.enqueue().id
+    worker = jq.worker(concurrency=3)
+    with running(worker) as handle:
+        wait_status(jq, [*ids, quick], {JobStatus.RUNNING})
+        worker.stop()
+        stats = handle.join()
+    ids.append(waiting)
+    assert stats.exit_code == 0
+    # The short job finished within the grace period.
+    assert job(jq, quick).status == JobStatus.COMPLETED
+    for job_id in ids:
+        j = job(jq, job_id)
+        assert j.status == JobStatus.AVAILABLE
+        assert j.attempt == 0, "a handed-back attempt must not be spent"
+        assert j.worker_id is None
+        if job_id != waiting or j.errors:
+            assert len(j.errors) == 1
+            assert "shutdown" in j.errors[0]["error"]
+    assert running_count(jq) == 0
+    assert finished == []
+    assert jq.workers() == []
+
+
+def test_result_is_stored_as_json(make_queue):
+    jq = make_queue()
+
+    @jq.task
+    def payload() -> dict[str, Any]:
+        return {"a": [1, 2.5, True, None, "x"], "b": {"c": -1}}
+
+    j = payload.enqueue()
+    jq.run_worker(burst=True)
+    raw = sql(jq, "SELECT result FROM jobkeeper_jobs WHERE id = ?", [j.id])[0][0]
+    stored = raw if isinstance(raw, dict) else json.loads(raw)
+    assert stored == {"a": [1, 2.5, True, None, "x"], "b": {"c": -1}}
+
+
+def test_many_jobs_concurrently_each_run_once(make_queue):
+    jq = make_queue()
+    seen: list[int] = []
+
+    @jq.task
+    def record(i: int) -> int:
+        seen.append(i)
+        return i * 2
+
+    @jq.task
+    async def arecord(i: int) -> int:
+        await asyncio.sleep(0)
+        seen.append(i)
+        return i * 2
+
+    jobs = jq.enqueue_many([("record" if i % 2 else "arecord", {"i": i}) for i in range(200)])
+    workers = [jq.worker(concurrency=8) for _ in range(2)]
+    with running(workers[0]), running(workers[1]):
+        wait_for(
+            lambda: jq.stats().get("default", {}).get("completed") == 200,
+            what="200 completions",
+        )
+    assert sorted(seen) == list(range(200))
+    for j in jobs:
+        done = job(jq, j.id)
+        assert done.result == j.args["i"] * 2
+        assert done.attempt == 1
+
+
+def test_scalar_results_round_trip_with_their_json_type(make_queue):
+    # A JSON string result must come back as that string, not be parsed again
+    # ("123" must not turn into 123, "in time" must not turn into None).
+    jq = make_queue()
+    values: list[Any] = ["in time", "123", "null", '{"a": 1}', 7, 2.5, True, [1, "2"]]
+
+    @jq.task
+    def give(i: int) -> Any:
+        return values[i]
+
+    jobs = [give.enqueue(i=i) for i in range(len(values))]
+    jq.run_worker(burst=True)
+    for j, expected in zip(jobs, values, strict=True):
+        done = job(jq, j.id)
+        assert done.status == JobStatus.COMPLETED
+        assert done.result == expected and type(done.result) is type(expected)
+
+
+def test_result_that_is_not_json_fails_the_attempt_with_a_clear_error(make_queue):
+    jq = make_queue()
+
+    @jq.task(max_attempts=1)
+    def gives_a_set() -> Any:
+        return {1, 2}
+
+    @jq.task(max_attempts=1)
+    def gives_nan() -> Any:
+        return {"x": float("nan")}
+
+    ids = [gives_a_set.enqueue().id, gives_nan.enqueue().id]
+    jq.run_worker(burst=True)
+    for job_id in ids:
+        dead = job(jq, job_id)
+        assert dead.status == JobStatus.DEAD
+        assert "result not storable" in dead.errors[0]["error"]
+
+
+def test_cancel_of_a_claimed_job_that_has_not_started_never_runs_it(make_queue):
+    # With concurrency 1 the worker may claim the second job ahead (prefetch)
+    # while the first one runs; cancelling it then must not let it start.
+    jq = make_queue()
+    ran: list[str] = []
+    gate = threading.Event()
+
+    @jq.task
+    def first() -> None:
+        ran.append("first")
+        gate.wait(30)
+
+    @jq.task
+    def second() -> None:
+        ran.append("second")
+
+    a, b = first.enqueue(), second.enqueue()
+    with running(jq.worker(concurrency=1)):
+        wait_status(jq, [a.id], {JobStatus.RUNNING})
+        assert job(jq, b.id).status == JobStatus.RUNNING  # claimed ahead, not started
+        cancelled = jq.cancel(b.id)
+        assert cancelled.status in (JobStatus.CANCELLED, JobStatus.RUNNING)
+        time.sleep(0.3)  # a few heartbeats: any cancel poll has happened
+        gate.set()
+        wait_status(jq, [a.id], {JobStatus.COMPLETED})
+        wait_status(jq, [b.id], {JobStatus.CANCELLED, JobStatus.COMPLETED})
+    assert job(jq, b.id).status == JobStatus.CANCELLED
+    assert ran == ["first"]
+
+
+def test_worker_takes_only_its_queues_and_serves_all_of_them(make_queue):
+    jq = make_queue()
+
+    @jq.task
+    def where() -> str:
+        return current_job().queue
+
+    a = [jq.enqueue("where", {}, queue="a") for _ in range(3)]
+    b = [jq.enqueue("where", {}, queue="b") for _ in range(3)]
+    other = jq.enqueue("where", {}, queue="other")
+    jq.run_worker(queues=["a", "b"], concurrency=2, burst=True)
+    for j in a + b:
+        done = job(jq, j.id)
+        assert done.status == JobStatus.COMPLETED and done.result == j.queue
+    assert job(jq, other.id).status == JobStatus.AVAILABLE
+
+
+def test_lower_priority_value_runs_first(make_queue):
+    jq = make_queue()
+    order: list[int] = []
+
+    @jq.task
+    def mark(p: int) -> None:
+        order.append(p)
+
+    for p in (5, -1, 3, 0, -7, 2):
+        mark.options(priority=p).enqueue(p=p)
+    jq.run_worker(concurrency=1, burst=True)
+    assert order == [-7, -1, 0, 2, 3, 5]
+
+
+def test_delayed_job_runs_once_due_and_not_before(make_queue):
+    jq = make_queue()
+
+    @jq.task
+    def hello() -> str:
+        return "hi"
+
+    j = hello.options(delay=0.5).enqueue()
+    assert j.status == JobStatus.SCHEDULED
+    with running(jq.worker()):
+        done = wait_status(jq, [j.id], {JobStatus.COMPLETED})[0]
+    assert done.attempted_at is not None and done.attempted_at >= done.scheduled_at
+    assert done.scheduled_at >= done.created_at
+
+
+def test_timed_out_sync_task_stuck_in_c_code_frees_its_slot(make_queue):
+    # time.sleep cannot be interrupted: the attempt fails at its deadline, the
+    # stuck thread is abandoned, and the worker's only slot runs the next job.
+    jq = make_queue()
+    woke = threading.Event()
+
+    @jq.task(timeout=0.2, max_attempts=1)
+    def stuck() -> None:
+        time.sleep(3)
+        woke.set()
+
+    @jq.task
+    def next_one() -> bool:
+        return woke.is_set()
+
+    s = stuck.enqueue()
+    n = next_one.enqueue()
+    with running(jq.worker(concurrency=1)):
+        done = wait_status(jq, [n.id], {JobStatus.COMPLETED})[0]
+        assert not woke.is_set()
+    assert done.result is False
+    dead = job(jq, s.id)
+    assert dead.status == JobStatus.DEAD and "JobTimeout" in dead.errors[0]["error"]
+
+
+def test_retry_counts_against_max_attempts(make_queue):
+    jq = make_queue()
+
+    @jq.task(max_attempts=2)
+    async def again() -> None:
+        raise Retry(delay=0, reason="once more")
+
+    j = again.enqueue()
+    jq.run_worker(burst=True)
+    dead = job(jq, j.id)
+    assert dead.status == JobStatus.DEAD and dead.attempt == 2
+    assert error_texts(dead) == ["Retry: once more"] * 2

@@ -1,0 +1,409 @@
+"""Rescue of orphaned jobs and the fences that keep it safe (C-02, C-03,
+C-14), in-process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import threading
+import time
+from datetime import UTC, datetime
+
+from jobkeeper import JobStatus, current_job
+from jobkeeper.maintenance.rescuer import Rescuer
+from jobkeeper.models import Claim, Completion, WorkerInfo
+from jobkeeper.outcomes import failed_attempt
+from jobkeeper.worker.runner import make_worker_id
+
+from .helpers import (
+    heartbeat_log,
+    install_heartbeat_log,
+    is_pg,
+    job,
+    running,
+    running_count,
+    sql,
+    wait_for,
+    wait_status,
+)
+
+
+def _info(worker_id: str) -> WorkerInfo:
+    now = datetime.now(UTC)
+    return WorkerInfo(worker_id, "test-host", 1, ["default"], now, now)
+
+
+def _claim_one(jq, worker_id: str):
+    claimed = jq.backend.job_claim(worker_id=worker_id, queue="default", limit=1)
+    assert len(claimed) == 1
+    return claimed[0]
+
+
+def test_c02_stale_rescue_after_completion_changes_nothing(jq):
+    holder = "holder:1:aaaa"
+    jq.backend.worker_register(_info(holder))
+    j = jq.enqueue("some_task", {"n": 1})
+    running_job = _claim_one(jq, holder)
+    # The holder goes silent: it is a rescue candidate once rescue_after passes.
+    jq.backend.worker_deregister(holder)
+    candidates = jq.backend.job_rescue_candidates(rescue_after=jq.settings.rescue_after, limit=10)
+    assert [c.id for c in candidates] == [j.id]
+    # ...but before the rescuer writes, the holder's completion lands.
+    claim = Claim(j.id, holder, running_job.attempt)
+    assert jq.backend.job_complete_many([Completion(claim, '{"by": "holder"}')], delete=False) == {
+        j.id
+    }
+    failures = [
+        failed_attempt(c, jq.settings, error=f"worker lost: {c.worker_id}") for c in candidates
+    ]
+    written = jq.backend.job_fail_many(failures, stale_after=jq.settings.rescue_after)
+    assert written == set()
+    done = job(jq, j.id)
+    assert done.status == JobStatus.COMPLETED
+    assert done.result == {"by": "holder"}
+    assert done.errors == []
+    assert done.attempt == 1
+    # A dead-letter rescue write (last attempt) is fenced the same way.
+    dead_failures = [
+        failed_attempt(c, jq.settings, error="lost", discard_reason="x") for c in candidates
+    ]
+    assert jq.backend.job_fail_many(dead_failures, stale_after=1.0) == set()
+    assert job(jq, j.id).status == JobStatus.COMPLETED
+    assert jq.list_jobs(status="dead") == []
+
+
+def test_c02_stale_rescue_after_reclaim_does_not_clobber_the_new_attempt(jq):
+    first, second = "first:1:aaaa", "second:2:bbbb"
+    j = jq.enqueue("some_task", {})
+    _claim_one(jq, first)  # no worker row: immediately a candidate
+    stale = jq.backend.job_rescue_candidates(rescue_after=1.0, limit=10)
+    assert [c.id for c in stale] == [j.id]
+    # Another rescuer got there first; the job was re-claimed by a live worker.
+    assert jq.backend.job_fail_many(
+        [failed_attempt(c, jq.settings, error="lost", retry_in=0) for c in stale],
+        stale_after=1.0,
+    ) == {j.id}
+    jq.backend.job_stage_due()
+    jq.backend.worker_register(_info(second))
+    reclaimed = _claim_one(jq, second)
+    assert reclaimed.attempt == 2
+    # The first rescuer's stale write now affects nothing.
+    late = [failed_attempt(c, jq.settings, error="lost again") for c in stale]
+    assert jq.backend.job_fail_many(late, stale_after=1.0) == set()
+    now = job(jq, j.id)
+    assert now.status == JobStatus.RUNNING and now.worker_id == second and now.attempt == 2
+    assert len(now.errors) == 1
+    # Nor can the first holder complete it any more.
+    claim = Claim(j.id, first, 1)
+    assert jq.backend.job_complete_many([Completion(claim, "1")], delete=False) == set()
+    assert jq.backend.job_fail_many([failed_attempt(stale[0], jq.settings, error="x")]) == set()
+
+
+class _PausingBackend:
+    """Wraps a backend: runs ``between`` after the rescuer's select."""
+
+    def __init__(self, inner, between) -> None:
+        self._inner = inner
+        self._between = between
+
+    def job_rescue_candidates(self, **kwargs):
+        found = self._inner.job_rescue_candidates(**kwargs)
+        self._between(found)
+        return found
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+
+def test_c02_real_rescuer_paused_between_select_and_update(jq):
+    holder = "holder:1:cccc"
+    jobs = jq.enqueue_many([("some_task", {"i": i}) for i in range(5)])
+    claimed = jq.backend.job_claim(worker_id=holder, queue="default", limit=5)
+    assert len(claimed) == 5
+    done_id = claimed[0].id
+
+    def complete_first(found) -> None:
+        assert done_id in {f.id for f in found}
+        claim = Claim(done_id, holder, 1)
+        jq.backend.job_complete_many([Completion(claim, '"done"')], delete=False)
+
+    rescuer = Rescuer(_PausingBackend(jq.backend, complete_first), jq.settings, 0.1)
+    rescuer.run_once()
+    assert rescuer.rescued == 4
+    done = job(jq, done_id)
+    assert done.status == JobStatus.COMPLETED and done.result == "done" and done.errors == []
+    for j in jobs[1:]:
+        rescued = job(jq, j.id)
+        assert rescued.status in (JobStatus.RETRYABLE, JobStatus.AVAILABLE)
+        assert rescued.attempt == 1
+        assert "worker lost" in rescued.errors[0]["error"]
+    # Later passes leave the completed job alone too.
+    Rescuer(jq.backend, jq.settings, 0.1).run_once()
+    assert job(jq, done_id).status == JobStatus.COMPLETED
+
+
+def test_c02_rescuer_spares_a_holder_that_heartbeats_again(jq):
+    holder = "holder:1:dddd"
+    jq.backend.worker_register(_info(holder))
+    j = jq.enqueue("some_task", {})
+    _claim_one(jq, holder)
+    seen: list[int] = []
+
+    def heartbeat_meanwhile(found) -> None:
+        seen.extend(f.id for f in found)
+        jq.backend.worker_heartbeat(_info(holder))
+
+    # Make the holder look silent to the select, then let it beat again.
+    if is_pg(jq):
+        sql(jq, "UPDATE jobkeeper_workers SET heartbeat_at = now() - interval '1 hour'")
+    else:
+        sql(jq, "UPDATE jobkeeper_workers SET heartbeat_at = heartbeat_at - 3600")
+    rescuer = Rescuer(_PausingBackend(jq.backend, heartbeat_meanwhile), jq.settings, 0.1)
+    rescuer.run_once()
+    assert seen == [j.id]
+    assert rescuer.rescued == 0
+    now = job(jq, j.id)
+    assert now.status == JobStatus.RUNNING and now.worker_id == holder and now.errors == []
+
+
+def test_c03_job_of_a_deleted_worker_row_is_rescued_and_runs_again(make_queue):
+    jq = make_queue()
+    ran: list[int] = []
+
+    @jq.task
+    def work() -> int:
+        attempt = job(jq, ran_for[0]).attempt
+        ran.append(attempt)
+        return attempt
+
+    ghost = "ghost:1:eeee"
+    jq.backend.worker_register(_info(ghost))
+    j = work.enqueue()
+    ran_for = [j.id]
+    _claim_one(jq, ghost)
+    # Dead-worker pruning ran first: the worker row is gone, its job still
+    # says running. Rescue must not depend on the row.
+    jq.backend.worker_deregister(ghost)
+    assert jq.workers() == []
+    with running(jq.worker()) as handle:
+        done = wait_status(jq, [j.id], {JobStatus.COMPLETED})[0]
+        rescuer = handle.worker.rescuer
+    assert rescuer.rescued == 1
+    assert ran == [2]
+    assert done.attempt == 2
+    assert len(done.errors) == 1
+    assert "worker lost" in done.errors[0]["error"] and ghost in done.errors[0]["error"]
+    assert done.errors[0]["attempt"] == 1
+
+
+def test_c03_worker_ids_carry_a_random_part(make_queue):
+    jq = make_queue()
+    a, b = jq.worker(), jq.worker()
+    try:
+        assert a.info.id != b.info.id
+        assert a.info.pid == b.info.pid and a.info.hostname == b.info.hostname
+    finally:
+        for w in (a, b):
+            w.completer.stop(timeout=5)
+    ids = {make_worker_id() for _ in range(100)}
+    assert len(ids) == 100
+
+
+def test_c03_restarted_worker_with_same_host_and_pid_does_not_keep_dead_jobs_alive(make_queue):
+    # A "restarted" worker in the same process (same host and pid) registers
+    # and heartbeats under a new id; the dead run's job is still rescued.
+    jq = make_queue()
+
+    @jq.task
+    async def work() -> str:
+        return "ran again"
+
+    j = work.enqueue()
+    dead_run = jq.worker()
+    dead_id = dead_run.info.id
+    dead_run.completer.stop(timeout=5)
+    jq.backend.worker_register(dead_run.info)
+    _claim_one(jq, dead_id)  # the dead run held the job, then died (no more beats)
+    with running(jq.worker()) as handle:
+        assert handle.worker.info.id != dead_id
+        done = wait_status(jq, [j.id], {JobStatus.COMPLETED})[0]
+    assert done.attempt == 2 and done.result == "ran again"
+    assert dead_id in done.errors[0]["error"]
+
+
+def test_c14_busy_pool_does_not_starve_heartbeats_or_acks(make_queue):
+    # Concurrency 10 with slow tasks that themselves enqueue through the
+    # queue's pool: heartbeats keep flowing, no job is rescued or re-run.
+    jq = make_queue(heartbeat_interval=0.1, rescue_after=1.0)
+    runs: dict[int, int] = {}
+    lock = threading.Lock()
+
+    @jq.task
+    def child(parent: int) -> int:
+        return parent
+
+    @jq.task
+    def parent(n: int) -> int:
+        with lock:
+            runs[n] = runs.get(n, 0) + 1
+        end = time.monotonic() + 1.5  # longer than rescue_after
+        while time.monotonic() < end:
+            child.enqueue(parent=n)
+            time.sleep(0.05)
+        return n
+
+    @jq.task
+    async def aparent(n: int) -> int:
+        with lock:
+            runs[n] = runs.get(n, 0) + 1
+        for _ in range(15):
+            await asyncio.to_thread(child.enqueue, parent=n)
+            await asyncio.sleep(0.1)
+        return n
+
+    jobs = jq.enqueue_many([("parent" if n % 2 else "aparent", {"n": n}) for n in range(20)])
+    install_heartbeat_log(jq)
+    with running(jq.worker(concurrency=10)) as handle:
+        done = wait_status(jq, [j.id for j in jobs], {JobStatus.COMPLETED}, timeout=60)
+        rescuer = handle.worker.rescuer
+        worker_id = handle.worker.info.id
+    assert rescuer.rescued == 0
+    assert runs == {n: 1 for n in range(20)}
+    for d in done:
+        assert d.attempt == 1 and d.errors == []
+    # Heartbeats (database clock, every one logged by a trigger) never paused
+    # for anything near rescue_after.
+    beats = heartbeat_log(jq, worker_id)
+    assert len(beats) > 10
+    gaps = [b - a for a, b in itertools.pairwise(beats)]
+    assert max(gaps) < jq.settings.rescue_after / 2, max(gaps)
+    # Every task's own enqueues went through (async parents make exactly 15).
+    children = sql(jq, "SELECT count(*) FROM jobkeeper_jobs WHERE task = 'child'")[0][0]
+    assert children >= 10 * 15 + 10
+    assert running_count(jq) == 0
+
+
+def test_paused_heartbeat_loses_the_claim_and_the_late_ack_is_refused(make_queue):
+    # In-process zombie: worker A stops heartbeating (test hook) mid-job; its
+    # job is rescued and run again, and A's late result is fenced off.
+    # (A keeps claiming meanwhile, and whatever it claims is rescued too, as
+    # its heartbeat is stale: so later attempts may be A's or B's.)
+    jq = make_queue()
+    release = threading.Event()
+
+    @jq.task
+    def who() -> str:
+        me = current_job()
+        if me.attempt == 1:
+            release.wait(30)
+        return f"{me.worker_id}|{me.attempt}"
+
+    j = who.enqueue()
+    a = jq.worker(concurrency=1)
+    with running(a) as handle_a:
+        wait_status(jq, [j.id], {JobStatus.RUNNING})
+        a.heartbeat.paused = True
+        with running(jq.worker(concurrency=1)):
+            done = wait_status(jq, [j.id], {JobStatus.COMPLETED})[0]
+            lost_before = a.stats.lost_claims
+            release.set()  # A's first attempt now returns; its ack must be refused
+            wait_for(lambda: a.stats.lost_claims > lost_before, what="A's refused ack")
+    final = job(jq, j.id)
+    assert final == done, "a completed job changed after its completion"
+    worker_id, attempt = final.result.split("|")
+    assert int(attempt) == final.attempt >= 2
+    assert len(final.errors) == final.attempt - 1
+    assert a.info.id in final.errors[0]["error"] and final.errors[0]["attempt"] == 1
+    assert all("worker lost" in e["error"] for e in final.errors)
+    # A's only written completion, if any, is the final one.
+    assert (handle_a.stats.completed == 1) == (worker_id == a.info.id)
+
+
+def _install_audit(jq) -> None:
+    """Log every status change and delete of a job row in ``test_audit``."""
+    if is_pg(jq):
+        sql(
+            jq,
+            """
+            CREATE TABLE test_audit (id bigint, old_status text, new_status text,
+                                     old_errors int, new_errors int);
+            CREATE FUNCTION test_audit_job() RETURNS trigger LANGUAGE plpgsql AS $$
+            BEGIN
+                IF TG_OP = 'DELETE' THEN
+                    INSERT INTO test_audit VALUES (OLD.id, OLD.status, 'deleted',
+                                                   jsonb_array_length(OLD.errors), NULL);
+                    RETURN OLD;
+                END IF;
+                INSERT INTO test_audit VALUES (NEW.id, OLD.status, NEW.status,
+                    jsonb_array_length(OLD.errors), jsonb_array_length(NEW.errors));
+                RETURN NEW;
+            END $$;
+            CREATE TRIGGER test_audit_job AFTER UPDATE OR DELETE ON jobkeeper_jobs
+                FOR EACH ROW EXECUTE FUNCTION test_audit_job();
+            """,
+        )
+        return
+    sql(
+        jq,
+        "CREATE TABLE test_audit (id INTEGER, old_status TEXT, new_status TEXT, "
+        "old_errors INTEGER, new_errors INTEGER)",
+    )
+    sql(
+        jq,
+        "CREATE TRIGGER test_audit_update AFTER UPDATE ON jobkeeper_jobs BEGIN "
+        "INSERT INTO test_audit VALUES (NEW.id, OLD.status, NEW.status, "
+        "json_array_length(OLD.errors), json_array_length(NEW.errors)); END",
+    )
+    sql(
+        jq,
+        "CREATE TRIGGER test_audit_delete AFTER DELETE ON jobkeeper_jobs BEGIN "
+        "INSERT INTO test_audit VALUES (OLD.id, OLD.status, 'deleted', "
+        "json_array_length(OLD.errors), NULL); END",
+    )
+
+
+def test_c02_rescues_racing_completions_never_move_a_completed_job(make_queue):
+    # Scaled-down C-02 race: 4 workers whose heartbeats are suspended (test
+    # hook) after 0.2 s for longer than rescue_after, so their running jobs
+    # become rescue candidates just as many of them complete. Heartbeats then
+    # resume: a worker whose heartbeat is stale stops claiming, so without
+    # that nothing would finish. Every transition is audited by a trigger.
+    jq = make_queue(retention=3600)
+
+    @jq.task(max_attempts=3)
+    async def nap(ms: int) -> int:
+        await asyncio.sleep(ms / 1000)
+        return ms
+
+    _install_audit(jq)
+    sleeps = [100 + (i * 37) % 600 for i in range(200)]
+    ids = [j.id for j in jq.enqueue_many([("nap", {"ms": ms}) for ms in sleeps])]
+    workers = [jq.worker(concurrency=10) for _ in range(4)]
+    with running(workers[0]), running(workers[1]), running(workers[2]), running(workers[3]):
+        time.sleep(0.2)
+        for w in workers:
+            w.heartbeat.paused = True
+        deadline = time.monotonic() + 10
+        while sum(w.rescuer.rescued for w in workers) == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.5)  # let more rescues race more completions
+        for w in workers:
+            w.heartbeat.paused = False
+        final = wait_status(jq, ids, {JobStatus.COMPLETED, JobStatus.DEAD}, timeout=90)
+    rescued = sum(w.rescuer.rescued for w in workers)
+    audit = sql(jq, "SELECT id, old_status, new_status, old_errors, new_errors FROM test_audit")
+    assert rescued > 0, "the race was not exercised"
+    assert [row for row in audit if row[1] == "completed"] == []
+    completed = {j.id for j in final if j.status == JobStatus.COMPLETED}
+    assert completed and len(completed) < len(ids) + 1
+    for j in final:
+        if j.status == JobStatus.COMPLETED:
+            assert len(j.errors) == j.attempt - 1
+            assert j.result == sleeps[ids.index(j.id)]
+        else:
+            assert j.attempt == 3 and len(j.errors) == 3
+    # The dead letters never held a job that completed.
+    dead = {int(r[0]) for r in sql(jq, "SELECT id FROM jobkeeper_dead_letters")}
+    assert not dead & completed
+    assert running_count(jq) == 0

@@ -1,0 +1,296 @@
+"""In-process worker: the retry policy, backoff, dead letters, and failures
+that are hard to record (C-06, C-09).
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import timedelta
+from typing import Any
+
+from jobkeeper import Discard, JobStatus, Retry
+from jobkeeper.backoff import ABSOLUTE_MAX_BACKOFF, backoff_ceiling
+
+from .helpers import error_texts, job, now_sql, running, running_count, sql, wait_status
+
+
+def _make_due(jq, job_ids) -> None:
+    """Test hook for the backoff clock: make retryable jobs due now."""
+    marks = ",".join("?" * len(job_ids))
+    sql(
+        jq,
+        f"UPDATE jobkeeper_jobs SET scheduled_at = {now_sql(jq)} "
+        f"WHERE status = 'retryable' AND id IN ({marks})",
+        list(job_ids),
+    )
+
+
+def test_retry_discard_and_exceptions_follow_the_policy(make_queue):
+    jq = make_queue()
+    calls: dict[str, int] = {}
+
+    def count(name: str) -> int:
+        calls[name] = calls.get(name, 0) + 1
+        return calls[name]
+
+    @jq.task(max_attempts=5)
+    def retry_then_ok() -> str:
+        if count("retry") < 3:
+            raise Retry(delay=0, reason="not yet")
+        return "ok"
+
+    @jq.task(max_attempts=5)
+    def discard() -> None:
+        count("discard")
+        raise Discard("bad input, never retry")
+
+    @jq.task(max_attempts=3)
+    def boom() -> None:
+        count("boom")
+        raise ValueError("kaboom")
+
+    @jq.task(max_attempts=2)
+    def exits() -> None:
+        count("exits")
+        raise SystemExit(3)  # must not stop the worker
+
+    @jq.task(max_attempts=2)
+    async def async_boom() -> None:
+        count("async_boom")
+        raise RuntimeError("async kaboom")
+
+    r, d, b, e, a = (t.enqueue() for t in (retry_then_ok, discard, boom, exits, async_boom))
+    with running(jq.worker(concurrency=5)):
+        wait_status(jq, [r.id], {JobStatus.COMPLETED})
+        wait_status(jq, [d.id, b.id, e.id, a.id], {JobStatus.DEAD})
+
+    done = job(jq, r.id)
+    assert done.result == "ok" and done.attempt == 3
+    assert [x["attempt"] for x in done.errors] == [1, 2]
+    assert all("not yet" in x["error"] for x in done.errors)
+    assert all(x["traceback"] is None for x in done.errors)
+
+    discarded = job(jq, d.id)
+    assert calls["discard"] == 1 and discarded.attempt == 1
+    assert "never retry" in (discarded.dead_reason or "")
+    assert "never retry" in discarded.errors[0]["error"]
+
+    boomed = job(jq, b.id)
+    assert calls["boom"] == 3 and boomed.attempt == 3
+    assert [x["attempt"] for x in boomed.errors] == [1, 2, 3]
+    for entry in boomed.errors:
+        assert set(entry) >= {"attempt", "at", "error", "traceback"}
+        assert entry["error"] == "ValueError: kaboom"
+        assert "Traceback" in entry["traceback"] and "kaboom" in entry["traceback"]
+        assert isinstance(entry["at"], str) and entry["at"]
+    assert "max_attempts=3" in (boomed.dead_reason or "")
+
+    assert calls["exits"] == 2 and "SystemExit" in job(jq, e.id).errors[0]["error"]
+    assert calls["async_boom"] == 2
+    assert error_texts(job(jq, a.id)) == ["RuntimeError: async kaboom"] * 2
+    assert running_count(jq) == 0
+
+
+def test_retry_delay_is_honoured(make_queue):
+    jq = make_queue()
+
+    @jq.task(max_attempts=3)
+    def later() -> None:
+        raise Retry(delay=3600, reason="come back in an hour")
+
+    j = later.enqueue()
+    jq.run_worker(burst=True)  # the retry is not due: burst mode stops
+    after = job(jq, j.id)
+    assert after.status == JobStatus.RETRYABLE
+    assert after.attempt == 1
+    assert after.finished_at is not None
+    wait = (after.scheduled_at - after.finished_at).total_seconds()
+    assert 3600 - 1 <= wait <= 3600 + 1
+
+
+def test_backoff_ceiling_grows_with_the_attempt(make_queue):
+    # base 10, cap 500 s: ceilings 10, 100, 500, 500. Each retry's delay
+    # (scheduled_at - finished_at, both on the database clock) must lie in
+    # [0, ceiling(attempt)]; over 20 jobs the largest delay at attempt 2 must
+    # exceed attempt 1's ceiling (all 20 below it has probability 1e-20).
+    jq = make_queue(backoff_base=10, max_backoff=500)
+
+    @jq.task(max_attempts=5)
+    def always_fails(i: int) -> None:
+        raise RuntimeError(f"fail {i}")
+
+    ids = [j.id for j in jq.enqueue_many([("always_fails", {"i": i}) for i in range(20)])]
+    delays: dict[int, list[float]] = {1: [], 2: [], 3: [], 4: []}
+    for _ in range(8):
+        jq.run_worker(concurrency=10, burst=True)
+        # Burst mode also runs retries due within the poll interval, so a
+        # job may be past the round's attempt: file each delay under the
+        # attempt that set it.
+        pending = []
+        for job_id in ids:
+            j = job(jq, job_id)
+            if j.status == JobStatus.DEAD:
+                continue
+            assert j.status == JobStatus.RETRYABLE and j.finished_at is not None
+            ceiling = backoff_ceiling(j.attempt, base=10, max_backoff=500)
+            delay = (j.scheduled_at - j.finished_at).total_seconds()
+            assert -0.001 <= delay <= ceiling + 0.001, (j.attempt, delay, ceiling)
+            delays[j.attempt].append(delay)
+            pending.append(job_id)
+        if not pending:
+            break
+        _make_due(jq, pending)
+    assert max(delays[2]) > backoff_ceiling(1, base=10, max_backoff=500)
+    assert max(delays[3]) > backoff_ceiling(2, base=10, max_backoff=500)
+    # Jitter: the delays are spread, not one value.
+    assert len({round(d, 3) for d in delays[4]}) > 10
+    for job_id in ids:
+        dead = job(jq, job_id)
+        assert dead.status == JobStatus.DEAD
+        assert [e["attempt"] for e in dead.errors] == [1, 2, 3, 4, 5]
+
+
+def test_dead_letters_keep_every_error_and_requeue_brings_them_back(make_queue):
+    jq = make_queue()
+    healthy = {"yes": False}
+
+    @jq.task(max_attempts=3)
+    def flaky(n: int) -> int:
+        if not healthy["yes"]:
+            raise ConnectionError(f"upstream down for {n}")
+        return n
+
+    ids = [j.id for j in jq.enqueue_many([("flaky", {"n": n}) for n in range(3)])]
+    with running(jq.worker(concurrency=3)):
+        dead = wait_status(jq, ids, {JobStatus.DEAD})
+    for d in dead:
+        assert d.attempt == 3
+        assert [e["attempt"] for e in d.errors] == [1, 2, 3]
+        assert all("upstream down" in text for text in error_texts(d))
+    assert {j.id for j in jq.list_jobs(status="dead")} == set(ids)
+    assert jq.stats()["default"]["dead"] == 3
+
+    healthy["yes"] = True
+    assert jq.requeue_dead([ids[0]]) == [ids[0]]
+    back = job(jq, ids[0])
+    assert back.status == JobStatus.AVAILABLE and back.attempt == 0
+    assert len(back.errors) == 3  # history kept
+    revived = jq.retry(ids[1])  # retry() also takes a dead job
+    assert revived.status == JobStatus.AVAILABLE
+    jq.run_worker(burst=True)
+    for job_id in ids[:2]:
+        done = job(jq, job_id)
+        assert done.status == JobStatus.COMPLETED
+        assert done.attempt == 1
+        assert len(done.errors) == 3
+    assert job(jq, ids[2]).status == JobStatus.DEAD
+
+
+def test_c06_many_attempts_with_a_huge_backoff_never_lose_the_job(make_queue):
+    # base 10 with the largest cap: the delay reaches the absolute cap
+    # (~100 years) after a few attempts and must stay finite and storable.
+    jq = make_queue(backoff_base=10, max_backoff=1e300)
+
+    @jq.task(max_attempts=1_000_000)
+    def always_fails() -> None:
+        raise RuntimeError("still failing")
+
+    j = always_fails.enqueue()
+    # Drive the job through attempts 1..6 for real, then jump the counter
+    # (a test hook for "many attempts later") to 16, 64, 1000, 100000 and
+    # the last one.
+    previous_delay = 0.0
+    for step, jump_to in enumerate([None] * 6 + [15, 63, 999, 99_999, 999_999]):
+        if jump_to is not None:
+            sql(jq, "UPDATE jobkeeper_jobs SET attempt = ? WHERE id = ?", [jump_to, j.id])
+        _make_due(jq, [j.id])
+        jq.run_worker(burst=True)
+        now = job(jq, j.id)
+        expected_attempt = step + 1 if jump_to is None else jump_to + 1
+        assert now.attempt == expected_attempt
+        if expected_attempt == 1_000_000:
+            assert now.status == JobStatus.DEAD
+            assert "max_attempts=1000000" in (now.dead_reason or "")
+            break
+        assert now.status == JobStatus.RETRYABLE, now
+        assert now.finished_at is not None
+        delay = (now.scheduled_at - now.finished_at).total_seconds()
+        ceiling = backoff_ceiling(expected_attempt, base=10, max_backoff=1e300)
+        assert math.isfinite(delay) and 0 <= delay <= ceiling + 1
+        assert ceiling <= ABSOLUTE_MAX_BACKOFF
+        assert now.scheduled_at - now.finished_at <= timedelta(seconds=ABSOLUTE_MAX_BACKOFF + 1)
+        previous_delay = max(previous_delay, delay)
+    else:
+        raise AssertionError("the job never reached its last attempt")
+    # At high attempts the ceiling is the absolute cap: the delays got large.
+    assert previous_delay > 86_400
+    assert running_count(jq) == 0
+
+
+def test_c09_unstorable_error_text_and_results_are_recorded_and_dead_lettered(make_queue):
+    jq = make_queue()
+
+    @jq.task(max_attempts=2)
+    def a_nul() -> None:
+        raise RuntimeError("upstream said \x00 no")
+
+    @jq.task(max_attempts=2)
+    def b_nul_result() -> dict[str, Any]:
+        return {"r": "x\x00y"}
+
+    @jq.task(max_attempts=2)
+    def c_surrogate() -> None:
+        raise RuntimeError("bad \ud800 surrogate")
+
+    @jq.task(max_attempts=2)
+    def d_huge() -> None:
+        raise RuntimeError("x" * (5 * 1024 * 1024))
+
+    @jq.task(max_attempts=2)
+    async def e_async_nul_key() -> None:
+        raise KeyError("key\x00with nul \udfff")
+
+    @jq.task(max_attempts=2)
+    def f_discard_nul() -> None:
+        raise Discard("bad \x00 reason \ud800")
+
+    @jq.task
+    def fine() -> str:
+        return "still up"
+
+    jobs = {t.name: t.enqueue().id for t in (a_nul, b_nul_result, c_surrogate, d_huge)}
+    jobs["e"] = e_async_nul_key.enqueue().id
+    jobs["f"] = f_discard_nul.enqueue().id
+    with running(jq.worker(concurrency=5)):
+        finished = wait_status(
+            jq, list(jobs.values()), {JobStatus.DEAD, JobStatus.COMPLETED}, timeout=60
+        )
+        # The worker stays up.
+        ok = fine.enqueue()
+        wait_status(jq, [ok.id], {JobStatus.COMPLETED})
+    by_task = {j.task: j for j in finished}
+    for name in ("a_nul", "c_surrogate", "d_huge", "e_async_nul_key"):
+        dead = by_task[name]
+        assert dead.status == JobStatus.DEAD, dead
+        assert dead.attempt == 2
+        assert [e["attempt"] for e in dead.errors] == [1, 2]
+        for entry in dead.errors:
+            text = entry["error"] + (entry["traceback"] or "")
+            assert "\x00" not in text
+            assert not any("\ud800" <= ch <= "\udfff" for ch in text)
+            assert len(entry["error"]) <= 10_000
+            assert len(entry["traceback"] or "") <= 40_000
+    assert "upstream said" in by_task["a_nul"].errors[0]["error"]
+    assert "no" in by_task["a_nul"].errors[0]["error"]
+    assert "cut" in by_task["d_huge"].errors[0]["error"]
+    discarded = by_task["f_discard_nul"]
+    assert discarded.status == JobStatus.DEAD and discarded.attempt == 1
+    assert "bad" in (discarded.dead_reason or "") and "\x00" not in (discarded.dead_reason or "")
+    b = by_task["b_nul_result"]
+    if b.status == JobStatus.COMPLETED:
+        assert "\x00" not in str(b.result)
+    else:
+        assert b.status == JobStatus.DEAD and b.attempt == 2
+        assert all("result not storable" in text for text in error_texts(b))
+        assert all("NUL" in text for text in error_texts(b))
+    assert running_count(jq) == 0
