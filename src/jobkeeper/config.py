@@ -282,6 +282,8 @@ def resolve_database_url(url: str | None) -> DatabaseURL:
                 f"invalid SQLite URL {url!r}: expected sqlite:///relative.db or sqlite:////abs/path.db"
             )
         path = path[1:]
+        if path.endswith("/"):
+            raise ConfigError(f"invalid SQLite URL {url!r}: the path names a directory, not a file")
         if path in (":memory:", "") or path.startswith("file:"):
             raise ConfigError(
                 f"invalid SQLite URL {url!r}: jobkeeper needs a database file that "

@@ -13,6 +13,7 @@ import logging
 import secrets
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -132,6 +133,7 @@ class _PooledConnections:
     """
 
     def __init__(self, conninfo: str, max_size: int) -> None:
+        self._conninfo = conninfo
         self._pool = ConnectionPool(
             conninfo,
             min_size=1,
@@ -154,6 +156,10 @@ class _PooledConnections:
         if not self._opened:
             with self._lock:
                 if not self._opened:
+                    # One direct attempt first: an unreachable server fails
+                    # now with libpq's own reason, not after the pool's
+                    # timeout of retries and warnings.
+                    psycopg.connect(self._conninfo, connect_timeout=CONNECT_TIMEOUT).close()
                     self._pool.open(wait=False)
                     self._opened = True
         with self._pool.connection() as conn:
@@ -186,6 +192,8 @@ class PostgresBackend:
             else _PooledConnections(self._conninfo, pool_size)
         )
         self._channel: str | None = None
+        # Caller connections already checked (weak: closing them forgets them).
+        self._checked_connections: weakref.WeakSet[psycopg.Connection[Any]] = weakref.WeakSet()
 
     # -- plumbing -----------------------------------------------------------
 
@@ -283,10 +291,33 @@ class PostgresBackend:
                     "connection= must be a psycopg 3 Connection to this database, got "
                     f"{type(connection).__module__}.{type(connection).__name__}"
                 )
-            with self._errors(), connection.cursor(row_factory=tuple_row) as cursor:
-                return self._insert(cursor, jobs)
+            with self._errors():
+                self._check_same_database(connection)
+                if not connection.autocommit:
+                    # Make sure the caller's transaction is open, so that the
+                    # block below is a savepoint inside it rather than a
+                    # transaction of its own that would commit.
+                    connection.execute("SELECT 1")
+                # A savepoint (or, on an autocommit connection, a transaction):
+                # a batch that fails part-way leaves nothing behind.
+                with connection.transaction(), connection.cursor(row_factory=tuple_row) as cur:
+                    return self._insert(cur, jobs)
         with self._cursor(transaction=True) as cursor:
             return self._insert(cursor, jobs)
+
+    def _check_same_database(self, connection: psycopg.Connection[Any]) -> None:
+        """Refuse a caller's connection to another database or schema."""
+        if connection in self._checked_connections:
+            return
+        query = "SELECT current_database(), current_schema()"
+        theirs = connection.execute(query).fetchone()
+        ours = self._fetch_raw(query)[0]
+        if theirs is None or tuple(theirs) != tuple(ours):
+            raise TypeError(
+                f"connection= is open on database/schema {tuple(theirs or ())!r}, not on "
+                f"this queue's {tuple(ours)!r}"
+            )
+        self._checked_connections.add(connection)
 
     def _insert(self, cursor: psycopg.Cursor[Any], jobs: Sequence[NewJob]) -> list[Job]:
         if len(jobs) >= COPY_MIN_JOBS and all(job.unique_key is None for job in jobs):
