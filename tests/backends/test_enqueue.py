@@ -612,7 +612,6 @@ def test_pg_connection_to_another_schema_is_refused(pg_url):
     )
     with JobQueue(pg_url) as jq:
         jq.migrate()
-        with psycopg.connect(server_default) as other:
-            with pytest.raises(TypeError, match="schema"):
-                jq.enqueue("t", {}, connection=other)
+        with psycopg.connect(server_default) as other, pytest.raises(TypeError, match="schema"):
+            jq.enqueue("t", {}, connection=other)
         assert jq.stats() == {}
