@@ -12,7 +12,7 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[dev]'
 	touch $@
 
-.PHONY: help install demo test lint format typecheck check bench clean
+.PHONY: help install pgbouncer demo test lint format typecheck check bench clean
 
 help: ## List the commands
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -22,7 +22,22 @@ install: $(VENV)/.installed ## Create .venv and install jobkeeper with its dev t
 demo: install ## Run the demo on the embedded SQLite default (no server needed)
 	$(BIN)/jobkeeper demo
 
-test: install ## Run the whole test suite (SQLite and the PostgreSQL at $$JOBKEEPER_TEST_PG_URL)
+# tests/pgbouncer runs Debian's pgbouncer and fails (never skips) without it.
+# As root it is installed when missing (and the service Debian may start on
+# port 6432 is stopped: the tests run their own); otherwise we say how.
+pgbouncer: ## Install Debian's pgbouncer (tests/pgbouncer needs it) when missing, as root
+	@if command -v pgbouncer >/dev/null 2>&1 || [ -x /usr/sbin/pgbouncer ]; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		echo "installing pgbouncer (tests/pgbouncer needs it)"; \
+		export DEBIAN_FRONTEND=noninteractive; \
+		apt-get install -y -q pgbouncer >/dev/null 2>&1 || \
+			{ apt-get update -q >/dev/null && apt-get install -y -q pgbouncer >/dev/null; }; \
+		systemctl disable --now pgbouncer >/dev/null 2>&1 || service pgbouncer stop >/dev/null 2>&1 || true; \
+	else \
+		echo "pgbouncer is missing, so tests/pgbouncer will fail: install it with 'sudo apt-get install -y pgbouncer'"; \
+	fi
+
+test: install pgbouncer ## Run the whole test suite (SQLite and the PostgreSQL at $$JOBKEEPER_TEST_PG_URL)
 	$(BIN)/pytest
 
 lint: install ## ruff, ruff format --check, import layers
@@ -38,6 +53,13 @@ typecheck: install ## mypy --strict on the package
 	$(BIN)/mypy
 
 check: lint typecheck test ## Everything CI should see
+
+$(VENV)/.bench-installed: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[dev,bench]'
+	touch $@
+
+bench: $(VENV)/.bench-installed ## Benchmark vs procrastinate, pgqueuer, oban, raw SQL (BENCH_ARGS=--quick)
+	$(BIN)/python benchmarks/run.py $(BENCH_ARGS)
 
 clean: ## Remove the virtualenv and caches
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache jobkeeper-demo.db* jobkeeper-demo.log

@@ -1,0 +1,1 @@
+"""jobkeeper's benchmark suite: figures, printed and recorded, never asserted."""

@@ -1,0 +1,1 @@
+"""Task modules the benchmark's worker subprocesses load (one per library)."""

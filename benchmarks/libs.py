@@ -1,0 +1,428 @@
+"""One adapter per library: how to set up its schema, enqueue, fill a backlog,
+start its worker and see how much is left, each through the library's own
+public API and CLI.
+
+Every adapter opens its connections before its clock starts, so the rates
+time the calls alone. The worker of every library runs one process with
+concurrency 10 and otherwise its default settings.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib.metadata
+import importlib.util
+import json
+import sqlite3
+import sys
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import psycopg
+
+from benchmarks.harness import connect_patiently, python_bin, sqlite_connect
+
+CONCURRENCY = 10
+FILL_CHUNK = 10_000
+
+
+def _version(distribution: str) -> str | None:
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+class Probe:
+    """A read-only connection to count what is left of a backlog."""
+
+    def __init__(self, url: str, remaining_sql: str, finished_sql: str) -> None:
+        self._remaining_sql = remaining_sql
+        self._finished_sql = finished_sql
+        self._sqlite: sqlite3.Connection | None = None
+        self._pg: psycopg.Connection[Any] | None = None
+        if url.startswith("sqlite:"):
+            self._sqlite = sqlite_connect(url)
+        else:
+            self._pg = connect_patiently(url)
+
+    def _scalar(self, query: str) -> int:
+        if self._sqlite is not None:
+            return int(self._sqlite.execute(query).fetchone()[0])
+        assert self._pg is not None
+        row = self._pg.execute(query).fetchone()
+        return int(row[0]) if row else 0
+
+    def remaining(self) -> int:
+        return self._scalar(self._remaining_sql)
+
+    def finished(self) -> int:
+        return self._scalar(self._finished_sql)
+
+    def execute(self, query: str) -> None:
+        if self._sqlite is not None:
+            self._sqlite.execute(query)
+        else:
+            assert self._pg is not None
+            self._pg.execute(query)
+
+    def close(self) -> None:
+        if self._sqlite is not None:
+            self._sqlite.close()
+        if self._pg is not None:
+            self._pg.close()
+
+    def __enter__(self) -> Probe:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class Library:
+    """The interface every adapter implements."""
+
+    name = "?"
+    #: Why this library cannot be measured here (None: it can).
+    unavailable: str | None = None
+    version: str | None = None
+    #: How its worker is configured, for the report.
+    worker_settings = ""
+
+    def prepare(self, url: str) -> None:
+        raise NotImplementedError
+
+    def enqueue_single(self, url: str, n: int) -> float:
+        """Seconds for ``n`` enqueue calls of one no-op job each."""
+        raise NotImplementedError
+
+    def enqueue_bulk(self, url: str, n: int, batch: int) -> float:
+        """Seconds to enqueue ``n`` no-op jobs with the bulk API, ``batch`` per call."""
+        raise NotImplementedError
+
+    def fill(self, url: str, n: int) -> None:
+        """Enqueue ``n`` no-op jobs (not timed)."""
+        raise NotImplementedError
+
+    def worker_command(self, url: str) -> tuple[list[str], dict[str, str]]:
+        raise NotImplementedError
+
+    def probe(self, url: str) -> Probe:
+        raise NotImplementedError
+
+    @contextlib.contextmanager
+    def stamper(self, url: str) -> Iterator[Callable[[int, float], None]]:
+        """Yields ``enqueue(i, t)``: one call enqueues one ``stamp`` job."""
+        raise NotImplementedError
+        yield
+
+
+# -- jobkeeper ------------------------------------------------------------------
+
+
+class Jobkeeper(Library):
+    name = "jobkeeper"
+    worker_settings = f"jobkeeper worker --concurrency {CONCURRENCY}, defaults otherwise"
+
+    def __init__(self) -> None:
+        self.version = _version("jobkeeper")
+
+    def _queue(self, url: str) -> Any:
+        from benchmarks.apps.jobkeeper_app import jq
+
+        return jq.using(url)
+
+    def prepare(self, url: str) -> None:
+        queue = self._queue(url)
+        try:
+            queue.migrate()
+        finally:
+            queue.close()
+
+    def enqueue_single(self, url: str, n: int) -> float:
+        queue = self._queue(url)
+        try:
+            queue.enqueue("noop", {})  # opens the pool
+            started = time.perf_counter()
+            for _ in range(n):
+                queue.enqueue("noop", {})
+            return time.perf_counter() - started
+        finally:
+            queue.close()
+
+    def enqueue_bulk(self, url: str, n: int, batch: int) -> float:
+        queue = self._queue(url)
+        try:
+            queue.enqueue("noop", {})
+            started = time.perf_counter()
+            for done in range(0, n, batch):
+                queue.enqueue_many([("noop", {})] * min(batch, n - done))
+            return time.perf_counter() - started
+        finally:
+            queue.close()
+
+    def fill(self, url: str, n: int) -> None:
+        queue = self._queue(url)
+        try:
+            for done in range(0, n, FILL_CHUNK):
+                queue.enqueue_many([("noop", {})] * min(FILL_CHUNK, n - done))
+        finally:
+            queue.close()
+
+    def worker_command(self, url: str) -> tuple[list[str], dict[str, str]]:
+        argv = [
+            python_bin("jobkeeper"),
+            "--database",
+            url,
+            "worker",
+            "--app",
+            "benchmarks.apps.jobkeeper_app:jq",
+            "--concurrency",
+            str(CONCURRENCY),
+        ]
+        return argv, {}
+
+    def probe(self, url: str) -> Probe:
+        return Probe(
+            url,
+            "SELECT count(*) FROM jobkeeper_jobs WHERE status IN ('available', 'running')",
+            "SELECT count(*) FROM jobkeeper_jobs WHERE status = 'completed'",
+        )
+
+    @contextlib.contextmanager
+    def stamper(self, url: str) -> Iterator[Callable[[int, float], None]]:
+        queue = self._queue(url)
+        try:
+            queue.enqueue("noop", {})
+
+            def enqueue(i: int, t: float) -> None:
+                queue.enqueue("stamp", {"i": i, "t": t})
+
+            yield enqueue
+        finally:
+            queue.close()
+
+
+# -- procrastinate --------------------------------------------------------------
+
+
+class Procrastinate(Library):
+    name = "procrastinate"
+    worker_settings = (
+        f"procrastinate worker --concurrency {CONCURRENCY}, defaults otherwise "
+        "(LISTEN/NOTIFY on, async tasks)"
+    )
+
+    def __init__(self) -> None:
+        self.version = _version("procrastinate")
+        if self.version is None:
+            self.unavailable = "procrastinate is not installed (pip install -e '.[bench]')"
+
+    @contextlib.contextmanager
+    def _app(self, url: str) -> Iterator[Any]:
+        """The benchmark app on ``url``, opened synchronously (sync connector)."""
+        import procrastinate
+
+        from benchmarks.apps import procrastinate_app
+
+        connector = procrastinate.PsycopgConnector(conninfo=url)
+        with procrastinate_app.app.replace_connector(connector) as app, app.open():
+            yield app
+
+    def prepare(self, url: str) -> None:
+        with self._app(url) as app:
+            app.schema_manager.apply_schema()
+
+    def _task(self, app: Any, name: str) -> Any:
+        return app.tasks[name]
+
+    def enqueue_single(self, url: str, n: int) -> float:
+        with self._app(url) as app:
+            noop = self._task(app, "noop")
+            noop.defer()
+            started = time.perf_counter()
+            for _ in range(n):
+                noop.defer()
+            return time.perf_counter() - started
+
+    def enqueue_bulk(self, url: str, n: int, batch: int) -> float:
+        with self._app(url) as app:
+            noop = self._task(app, "noop")
+            noop.defer()
+            started = time.perf_counter()
+            for done in range(0, n, batch):
+                noop.batch_defer(*([{}] * min(batch, n - done)))
+            return time.perf_counter() - started
+
+    def fill(self, url: str, n: int) -> None:
+        with self._app(url) as app:
+            noop = self._task(app, "noop")
+            for done in range(0, n, FILL_CHUNK):
+                noop.batch_defer(*([{}] * min(FILL_CHUNK, n - done)))
+
+    def worker_command(self, url: str) -> tuple[list[str], dict[str, str]]:
+        argv = [
+            sys.executable,
+            "-m",
+            "procrastinate",
+            "--app",
+            "benchmarks.apps.procrastinate_app.app",
+            "worker",
+            "--concurrency",
+            str(CONCURRENCY),
+        ]
+        return argv, {"BENCH_DSN": url}
+
+    def probe(self, url: str) -> Probe:
+        return Probe(
+            url,
+            "SELECT count(*) FROM procrastinate_jobs WHERE status IN ('todo', 'doing')",
+            "SELECT count(*) FROM procrastinate_jobs WHERE status = 'succeeded'",
+        )
+
+    @contextlib.contextmanager
+    def stamper(self, url: str) -> Iterator[Callable[[int, float], None]]:
+        with self._app(url) as app:
+            stamp = self._task(app, "stamp")
+            self._task(app, "noop").defer()
+
+            def enqueue(i: int, t: float) -> None:
+                stamp.defer(i=i, t=t)
+
+            yield enqueue
+
+
+# -- pgqueuer -------------------------------------------------------------------
+
+
+class Pgqueuer(Library):
+    name = "pgqueuer"
+    worker_settings = (
+        "pgqueuer.run (what `pgq run` runs), defaults: batch_size 10, no extra cap "
+        "(max_concurrent_tasks must be >= 2 x batch_size, so 10 cannot be set with the "
+        "default batch); async entrypoints; asyncpg driver"
+    )
+
+    def __init__(self) -> None:
+        self.version = _version("pgqueuer")
+        if self.version is None:
+            self.unavailable = "pgqueuer is not installed (pip install -e '.[bench]')"
+        self.driver = "asyncpg" if importlib.util.find_spec("asyncpg") else "psycopg"
+
+    @contextlib.asynccontextmanager
+    async def _queries(self, url: str) -> Any:
+        from pgqueuer import Queries
+
+        if self.driver == "asyncpg":
+            import asyncpg
+
+            connection = await asyncpg.connect(url)
+            try:
+                yield Queries.from_asyncpg_connection(connection)
+            finally:
+                await connection.close()
+        else:
+            async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+                yield Queries.from_psycopg_connection(conn)
+
+    def prepare(self, url: str) -> None:
+        async def run() -> None:
+            async with self._queries(url) as queries:
+                await queries.install()
+
+        asyncio.run(run())
+
+    def enqueue_single(self, url: str, n: int) -> float:
+        async def run() -> float:
+            async with self._queries(url) as queries:
+                await queries.enqueue("noop", None)
+                started = time.perf_counter()
+                for _ in range(n):
+                    await queries.enqueue("noop", None)
+                return time.perf_counter() - started
+
+        return asyncio.run(run())
+
+    async def _bulk(self, queries: Any, n: int, batch: int) -> None:
+        for done in range(0, n, batch):
+            size = min(batch, n - done)
+            await queries.enqueue(["noop"] * size, [None] * size, [0] * size)
+
+    def enqueue_bulk(self, url: str, n: int, batch: int) -> float:
+        async def run() -> float:
+            async with self._queries(url) as queries:
+                await queries.enqueue("noop", None)
+                started = time.perf_counter()
+                await self._bulk(queries, n, batch)
+                return time.perf_counter() - started
+
+        return asyncio.run(run())
+
+    def fill(self, url: str, n: int) -> None:
+        async def run() -> None:
+            async with self._queries(url) as queries:
+                await self._bulk(queries, n, FILL_CHUNK)
+
+        asyncio.run(run())
+
+    def worker_command(self, url: str) -> tuple[list[str], dict[str, str]]:
+        return [sys.executable, "-m", "benchmarks.apps.pgqueuer_app"], {"BENCH_DSN": url}
+
+    def probe(self, url: str) -> Probe:
+        # pgqueuer deletes a job when it finishes and logs it in pgqueuer_log
+        # (buffered: complete only once the worker has flushed).
+        return Probe(
+            url,
+            "SELECT count(*) FROM pgqueuer",
+            "SELECT count(*) FROM pgqueuer_log WHERE status = 'successful'",
+        )
+
+    @contextlib.contextmanager
+    def stamper(self, url: str) -> Iterator[Callable[[int, float], None]]:
+        loop = asyncio.new_event_loop()
+        manager = self._queries(url)
+        try:
+            queries = loop.run_until_complete(manager.__aenter__())
+            loop.run_until_complete(queries.enqueue("noop", None))
+
+            def enqueue(i: int, t: float) -> None:
+                payload = json.dumps({"i": i, "t": t}).encode()
+                loop.run_until_complete(queries.enqueue("stamp", payload))
+
+            yield enqueue
+        finally:
+            loop.run_until_complete(manager.__aexit__(None, None, None))
+            loop.close()
+
+
+# -- oban -----------------------------------------------------------------------
+
+
+class Oban(Library):
+    """The Python Oban (PyPI ``oban``). Every release on PyPI requires Python
+    >= 3.12 (its modules use PEP 695 ``type`` statements), so on 3.11 it can
+    neither be installed nor imported; the suite then reports it as n/a.
+    """
+
+    name = "oban"
+
+    def __init__(self) -> None:
+        self.version = _version("oban")
+        if sys.version_info < (3, 12):
+            self.unavailable = (
+                "oban (PyPI) requires Python >= 3.12 (PEP 695 syntax); this interpreter is "
+                f"{sys.version.split()[0]}, so it cannot be installed or imported here"
+            )
+        elif self.version is None:
+            self.unavailable = "oban is not installed (pip install -e '.[bench]')"
+        else:
+            self.unavailable = (
+                f"oban {self.version} is installed but this suite has no adapter for it yet "
+                "(none could be written and verified on the Python 3.11 machine it was built on)"
+            )
+
+
+def peers() -> list[Library]:
+    return [Procrastinate(), Pgqueuer(), Oban()]

@@ -1,0 +1,313 @@
+"""The raw limit: a job's lifecycle (insert, claim with SKIP LOCKED, complete)
+in plain SQL, no queue library in between. What PostgreSQL (or SQLite) itself
+can do on this machine is the yardstick for jobkeeper's overhead.
+
+Clients are separate processes (so Python's GIL is not what is measured),
+each with one autocommit connection; they start together behind a barrier and
+each records its own start and end; a rate is jobs / (last end - first start).
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import sqlite3
+import time
+from typing import Any
+
+from benchmarks.harness import connect_patiently, sqlite_connect
+
+PG_SCHEMA = """
+CREATE TABLE raw_jobs (
+    id           bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    queue        text        NOT NULL DEFAULT 'default',
+    args         jsonb       NOT NULL DEFAULT '{}',
+    status       text        NOT NULL DEFAULT 'available',
+    attempt      integer     NOT NULL DEFAULT 0,
+    worker       text,
+    created_at   timestamptz NOT NULL DEFAULT now(),
+    attempted_at timestamptz,
+    finished_at  timestamptz
+);
+CREATE INDEX raw_jobs_claim ON raw_jobs (queue, id) WHERE status = 'available';
+"""
+
+PG_INSERT_ONE = "INSERT INTO raw_jobs (queue, args) VALUES ('default', '{}')"
+PG_INSERT_MANY = (
+    "INSERT INTO raw_jobs (queue, args) SELECT 'default', a FROM unnest(%s::jsonb[]) AS a"
+)
+PG_CLAIM = """
+WITH candidates AS MATERIALIZED (
+    SELECT id FROM raw_jobs
+    WHERE status = 'available' AND queue = 'default'
+    ORDER BY id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE raw_jobs AS job
+SET status = 'running', attempt = job.attempt + 1, attempted_at = now(), worker = %(worker)s
+FROM candidates
+WHERE job.id = candidates.id
+RETURNING job.id, job.args
+"""
+PG_COMPLETE = (
+    "UPDATE raw_jobs SET status = 'completed', finished_at = now(), worker = NULL "
+    "WHERE id = ANY(%s) AND status = 'running'"
+)
+
+SQLITE_SCHEMA = """
+CREATE TABLE raw_jobs (
+    id           INTEGER PRIMARY KEY AUTOINCREMENT,
+    queue        TEXT    NOT NULL DEFAULT 'default',
+    args         TEXT    NOT NULL DEFAULT '{}',
+    status       TEXT    NOT NULL DEFAULT 'available',
+    attempt      INTEGER NOT NULL DEFAULT 0,
+    worker       TEXT,
+    created_at   REAL    NOT NULL DEFAULT (((julianday('now') - 2440587.5) * 86400.0)),
+    attempted_at REAL,
+    finished_at  REAL
+);
+CREATE INDEX raw_jobs_claim ON raw_jobs (queue, id) WHERE status = 'available';
+"""
+SQLITE_INSERT = "INSERT INTO raw_jobs (queue, args) VALUES ('default', '{}')"
+SQLITE_CLAIM = """
+UPDATE raw_jobs
+SET status = 'running', attempt = attempt + 1, worker = ?,
+    attempted_at = ((julianday('now') - 2440587.5) * 86400.0)
+WHERE id IN (SELECT id FROM raw_jobs WHERE status = 'available' AND queue = 'default'
+             ORDER BY id LIMIT ?)
+RETURNING id, args
+"""
+SQLITE_COMPLETE = (
+    "UPDATE raw_jobs SET status = 'completed', worker = NULL, "
+    "finished_at = ((julianday('now') - 2440587.5) * 86400.0) "
+    "WHERE id = ? AND status = 'running'"
+)
+
+
+# -- PostgreSQL -----------------------------------------------------------------
+
+
+def pg_prepare(url: str) -> None:
+    with connect_patiently(url) as conn:
+        conn.execute(PG_SCHEMA)
+
+
+def pg_fill(url: str, n: int) -> None:
+    """Pre-fill ``n`` available jobs with COPY (not timed), then ANALYZE."""
+    with connect_patiently(url) as conn:
+        with (
+            conn.transaction(),
+            conn.cursor() as cursor,
+            cursor.copy("COPY raw_jobs (queue, args) FROM STDIN") as copy,
+        ):
+            for _ in range(n):
+                copy.write_row(("default", "{}"))
+        conn.execute("ANALYZE raw_jobs")
+
+
+def pg_insert_single(url: str, n: int) -> float:
+    with connect_patiently(url) as conn:
+        conn.execute(PG_INSERT_ONE)
+        started = time.perf_counter()
+        for _ in range(n):
+            conn.execute(PG_INSERT_ONE)
+        return time.perf_counter() - started
+
+
+def pg_insert_multirow(url: str, n: int, batch: int) -> float:
+    """One multi-row INSERT (unnest of an array parameter) per ``batch`` rows."""
+    with connect_patiently(url) as conn:
+        conn.execute(PG_INSERT_ONE)
+        started = time.perf_counter()
+        for done in range(0, n, batch):
+            conn.execute(PG_INSERT_MANY, (["{}"] * min(batch, n - done),))
+        return time.perf_counter() - started
+
+
+def pg_copy(url: str, n: int, batch: int) -> float:
+    """One COPY (in its own transaction) per ``batch`` rows."""
+    with connect_patiently(url) as conn:
+        conn.execute(PG_INSERT_ONE)
+        started = time.perf_counter()
+        for done in range(0, n, batch):
+            with (
+                conn.transaction(),
+                conn.cursor() as cursor,
+                cursor.copy("COPY raw_jobs (queue, args) FROM STDIN") as copy,
+            ):
+                for _ in range(min(batch, n - done)):
+                    copy.write_row(("default", "{}"))
+        return time.perf_counter() - started
+
+
+def _pg_client(
+    url: str, mode: str, batch: int, jobs: int, barrier: Any, out: Any, index: int
+) -> None:
+    """One client process: ``lifecycle`` inserts, claims and completes ``jobs``
+    jobs ``batch`` at a time; ``drain`` claims and completes until nothing is
+    left.
+    """
+    worker = f"raw-{index}"
+    with connect_patiently(url) as conn:
+        conn.execute("SELECT 1")
+        barrier.wait()
+        started = time.time()
+        done = 0
+        if mode == "lifecycle":
+            while done < jobs:
+                size = min(batch, jobs - done)
+                if size == 1:
+                    conn.execute(PG_INSERT_ONE)
+                else:
+                    conn.execute(PG_INSERT_MANY, (["{}"] * size,))
+                claimed = conn.execute(PG_CLAIM, {"limit": size, "worker": worker}).fetchall()
+                if claimed:
+                    conn.execute(PG_COMPLETE, ([row[0] for row in claimed],))
+                done += size
+        else:
+            while True:
+                claimed = conn.execute(PG_CLAIM, {"limit": batch, "worker": worker}).fetchall()
+                if not claimed:
+                    break
+                conn.execute(PG_COMPLETE, ([row[0] for row in claimed],))
+                done += len(claimed)
+        out.put((index, started, time.time(), done))
+
+
+def pg_clients(url: str, mode: str, batch: int, clients: int, jobs: int) -> tuple[float, int]:
+    """Run ``clients`` processes; returns (seconds, jobs done). For ``lifecycle``,
+    ``jobs`` is the total split between the clients; for ``drain`` the backlog
+    must be filled first.
+    """
+    return _run_clients(_pg_client, url, mode, batch, clients, jobs)
+
+
+def _run_clients(
+    target: Any, url: str, mode: str, batch: int, clients: int, jobs: int
+) -> tuple[float, int]:
+    context = multiprocessing.get_context("spawn")
+    barrier = context.Barrier(clients)
+    out = context.Queue()
+    share = [jobs // clients + (1 if i < jobs % clients else 0) for i in range(clients)]
+    processes = [
+        context.Process(target=target, args=(url, mode, batch, share[i], barrier, out, i))
+        for i in range(clients)
+    ]
+    for process in processes:
+        process.start()
+    results = [out.get(timeout=3600) for _ in processes]
+    for process in processes:
+        process.join()
+        if process.exitcode != 0:
+            raise RuntimeError(f"raw client exited with code {process.exitcode}")
+    first = min(r[1] for r in results)
+    last = max(r[2] for r in results)
+    return last - first, sum(r[3] for r in results)
+
+
+# -- SQLite ---------------------------------------------------------------------
+
+
+def _sqlite(url: str) -> sqlite3.Connection:
+    conn = sqlite_connect(url)
+    conn.execute("PRAGMA journal_mode = WAL")
+    conn.execute("PRAGMA synchronous = FULL")  # as jobkeeper's SQLite backend
+    return conn
+
+
+def sqlite_prepare(url: str) -> None:
+    conn = _sqlite(url)
+    try:
+        conn.executescript(SQLITE_SCHEMA)
+    finally:
+        conn.close()
+
+
+def sqlite_fill(url: str, n: int) -> None:
+    conn = _sqlite(url)
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+        conn.executemany(SQLITE_INSERT, ([] for _ in range(n)))
+        conn.execute("COMMIT")
+        conn.execute("ANALYZE")
+    finally:
+        conn.close()
+
+
+def sqlite_insert_single(url: str, n: int) -> float:
+    conn = _sqlite(url)
+    try:
+        conn.execute(SQLITE_INSERT)
+        started = time.perf_counter()
+        for _ in range(n):
+            conn.execute(SQLITE_INSERT)  # autocommit: one transaction each
+        return time.perf_counter() - started
+    finally:
+        conn.close()
+
+
+def sqlite_insert_many(url: str, n: int, batch: int) -> float:
+    """``executemany`` of ``batch`` rows in one transaction per batch."""
+    conn = _sqlite(url)
+    try:
+        conn.execute(SQLITE_INSERT)
+        started = time.perf_counter()
+        for done in range(0, n, batch):
+            conn.execute("BEGIN IMMEDIATE")
+            conn.executemany(SQLITE_INSERT, ([] for _ in range(min(batch, n - done))))
+            conn.execute("COMMIT")
+        return time.perf_counter() - started
+    finally:
+        conn.close()
+
+
+def _sqlite_claim(conn: sqlite3.Connection, worker: str, limit: int) -> list[int]:
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        rows = conn.execute(SQLITE_CLAIM, (worker, limit)).fetchall()
+        conn.execute("COMMIT")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    return [row[0] for row in rows]
+
+
+def _sqlite_complete(conn: sqlite3.Connection, ids: list[int]) -> None:
+    conn.execute("BEGIN IMMEDIATE")
+    conn.executemany(SQLITE_COMPLETE, ((i,) for i in ids))
+    conn.execute("COMMIT")
+
+
+def _sqlite_client(
+    url: str, mode: str, batch: int, jobs: int, barrier: Any, out: Any, index: int
+) -> None:
+    worker = f"raw-{index}"
+    conn = _sqlite(url)
+    try:
+        barrier.wait()
+        started = time.time()
+        done = 0
+        if mode == "lifecycle":
+            while done < jobs:
+                size = min(batch, jobs - done)
+                conn.execute("BEGIN IMMEDIATE")
+                conn.executemany(SQLITE_INSERT, ([] for _ in range(size)))
+                conn.execute("COMMIT")
+                ids = _sqlite_claim(conn, worker, size)
+                if ids:
+                    _sqlite_complete(conn, ids)
+                done += size
+        else:
+            while True:
+                ids = _sqlite_claim(conn, worker, batch)
+                if not ids:
+                    break
+                _sqlite_complete(conn, ids)
+                done += len(ids)
+        out.put((index, started, time.time(), done))
+    finally:
+        conn.close()
+
+
+def sqlite_clients(url: str, mode: str, batch: int, clients: int, jobs: int) -> tuple[float, int]:
+    return _run_clients(_sqlite_client, url, mode, batch, clients, jobs)
