@@ -468,6 +468,7 @@ class JobQueue:
         queues: Sequence[str] | None = None,
         concurrency: int = 10,
         burst: bool = False,
+        prefetch: int | None = None,
     ) -> Any:
         """A :class:`jobkeeper.worker.runner.Worker` for these queues, not started
         (``run_worker`` runs one). Validates like ``run_worker``.
@@ -488,6 +489,7 @@ class JobQueue:
             queues=queue_names,
             concurrency=concurrency,
             burst=burst,
+            prefetch=prefetch,
         )
 
     def run_worker(
@@ -495,6 +497,7 @@ class JobQueue:
         queues: Sequence[str] | None = None,
         concurrency: int = 10,
         burst: bool = False,
+        prefetch: int | None = None,
     ) -> int:
         """Run a worker in this thread until SIGTERM/SIGINT (or, with ``burst``,
         until nothing is available or due within ``poll_interval``).
@@ -503,6 +506,9 @@ class JobQueue:
             queues: queue names to work (default ``["default"]``).
             concurrency: most jobs running at once (1..10,000).
             burst: drain and return.
+            prefetch: jobs to claim beyond the free slots; ``None`` (default)
+                adapts it to how long jobs take against how long a claim takes
+                (none for jobs slower than a claim, up to ``concurrency``).
 
         Returns:
             0 after a clean stop; 1 if some outcomes could not be written
@@ -512,7 +518,7 @@ class JobQueue:
             ConfigError: a bad queue name or concurrency.
             DatabaseUnavailable: the database cannot be reached at start.
         """
-        stats = self.worker(queues, concurrency, burst).run()
+        stats = self.worker(queues, concurrency, burst, prefetch).run()
         return int(stats.exit_code)
 
 

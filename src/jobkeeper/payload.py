@@ -40,7 +40,10 @@ def _child_path(path: str, key: str | int) -> str:
 
 
 def _short_repr(value: object, limit: int = 60) -> str:
-    text = repr(value)
+    try:
+        text = repr(value)
+    except Exception:  # noqa: BLE001 - e.g. an int past Python's 4300-digit limit
+        text = f"<a {type(value).__name__} that cannot be shown>"
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 

@@ -368,7 +368,7 @@ def test_result_that_is_not_json_fails_the_attempt_with_a_clear_error(make_queue
 
 
 def test_cancel_of_a_claimed_job_that_has_not_started_never_runs_it(make_queue):
-    # With concurrency 1 the worker may claim the second job ahead (prefetch)
+    # With concurrency 1 and prefetch 1 the worker claims the second job ahead
     # while the first one runs; cancelling it then must not let it start.
     jq = make_queue()
     ran: list[str] = []
@@ -384,9 +384,9 @@ def test_cancel_of_a_claimed_job_that_has_not_started_never_runs_it(make_queue):
         ran.append("second")
 
     a, b = first.enqueue(), second.enqueue()
-    with running(jq.worker(concurrency=1)):
+    with running(jq.worker(concurrency=1, prefetch=1)):
         wait_status(jq, [a.id], {JobStatus.RUNNING})
-        assert job(jq, b.id).status == JobStatus.RUNNING  # claimed ahead, not started
+        wait_status(jq, [b.id], {JobStatus.RUNNING})  # claimed ahead, not started
         cancelled = jq.cancel(b.id)
         assert cancelled.status in (JobStatus.CANCELLED, JobStatus.RUNNING)
         time.sleep(0.3)  # a few heartbeats: any cancel poll has happened

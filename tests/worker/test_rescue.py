@@ -377,7 +377,8 @@ def test_c02_rescues_racing_completions_never_move_a_completed_job(make_queue):
         return ms
 
     _install_audit(jq)
-    sleeps = [100 + (i * 37) % 600 for i in range(200)]
+    # Some jobs outlast rescue_after (1 s), so rescues race their completions.
+    sleeps = [100 + (i * 37) % 1400 for i in range(200)]
     ids = [j.id for j in jq.enqueue_many([("nap", {"ms": ms}) for ms in sleeps])]
     workers = [jq.worker(concurrency=10) for _ in range(4)]
     with running(workers[0]), running(workers[1]), running(workers[2]), running(workers[3]):

@@ -92,8 +92,9 @@ class Backend(Protocol):
         ...
 
     def job_next_due_in(self, *, queues: Sequence[str]) -> float | None:
-        """Seconds until the earliest scheduled/retryable job of ``queues`` is
-        due (<= 0 when overdue), or ``None`` when there is none.
+        """Seconds until the next job of ``queues`` can run: 0 while one is
+        available, else until the earliest scheduled/retryable one is due
+        (<= 0 when overdue), or ``None`` when there is none.
         """
         ...
 
@@ -114,6 +115,13 @@ class Backend(Protocol):
     def job_prune_finished(self, *, older_than: float, limit: int) -> int:
         """Delete up to ``limit`` completed/cancelled jobs finished more than
         ``older_than`` seconds ago; return how many.
+        """
+        ...
+
+    def job_table_maintain(self, *, vacuum: bool) -> list[str]:
+        """Refresh the planner's statistics of the jobs table when stale, and
+        VACUUM it (when ``vacuum``) if the server does not autovacuum. Returns
+        what was done (``["analyze"]``...). Skips work another session holds.
         """
         ...
 

@@ -103,7 +103,9 @@ def job_from_new(new: NewJob, job_id: int, now: datetime) -> Job:
 
 def aware_utc(value: datetime | None) -> Any:
     """PostgreSQL timestamptz (aware, in the session zone) -> aware UTC."""
-    return None if value is None else value.astimezone(UTC)
+    if value is None or value.tzinfo is UTC:
+        return value
+    return value.astimezone(UTC)
 
 
 def match_inserted(

@@ -110,6 +110,10 @@ def worker(
     ] = None,
     concurrency: Annotated[int, typer.Option(help="Most jobs running at once.")] = 10,
     burst: Annotated[bool, typer.Option("--burst", help="Drain the queues, then exit.")] = False,
+    prefetch: Annotated[
+        int | None,
+        typer.Option(help="Jobs to claim beyond free slots (default: adaptive)."),
+    ] = None,
     log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING or ERROR.")] = "INFO",
 ) -> None:
     """Run a worker until SIGTERM/SIGINT (graceful) or, with --burst, until drained."""
@@ -123,7 +127,9 @@ def worker(
     url = ctx.find_root().params.get("database")
     if url:
         jq = jq.using(url)
-    code = jq.run_worker(queues=queue or None, concurrency=concurrency, burst=burst)
+    code = jq.run_worker(
+        queues=queue or None, concurrency=concurrency, burst=burst, prefetch=prefetch
+    )
     raise typer.Exit(code)
 
 

@@ -16,9 +16,12 @@ Every worker runs a rescuer; the fenced writes make concurrent passes safe.
 from __future__ import annotations
 
 import logging
+import math
+import time
 
 from jobkeeper.backends.base import Backend
 from jobkeeper.config import Settings
+from jobkeeper.errors import DatabaseUnavailable
 from jobkeeper.maintenance.service import IntervalService
 from jobkeeper.models import Failure
 from jobkeeper.outcomes import cancelled_attempt, failed_attempt
@@ -44,9 +47,29 @@ class Rescuer(IntervalService):
         self._settings = settings
         #: Total jobs this rescuer has rescued (for logs and tests).
         self.rescued = 0
+        self._unreachable = False
+        self._back_at = -math.inf
 
     def run_once(self) -> None:
+        try:
+            self._pass()
+        except DatabaseUnavailable:
+            self._unreachable = True
+            raise
+
+    def _pass(self) -> None:
         rescue_after = self._settings.rescue_after
+        if self._unreachable:
+            # Back after an outage (a database restart, a lost connection):
+            # every holder's last heartbeat is at least as old as the outage,
+            # live ones included. Judge nobody until live workers have had
+            # two heartbeat intervals to beat again, or their jobs would be
+            # rescued and run twice (the soak's long outages showed it).
+            self._backend.db_now()
+            self._unreachable = False
+            self._back_at = time.monotonic()
+        if time.monotonic() - self._back_at < 2 * self._settings.heartbeat_interval:
+            return
         candidates = self._backend.job_rescue_candidates(rescue_after=rescue_after, limit=BATCH)
         failures: list[Failure] = []
         for job in candidates:

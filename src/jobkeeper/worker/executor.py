@@ -64,12 +64,14 @@ class _Execution:
         "in_user_code",
         "job",
         "lock",
+        "started",
         "thread_id",
     )
 
     def __init__(self, job: Job, deadline: float | None) -> None:
         self.job = job
         self.deadline = deadline
+        self.started = time.monotonic()
         self.lock = threading.Lock()
         self.finished = False
         self.abandoned = False
@@ -90,6 +92,9 @@ class Executor:
         on_outcome: called (from any thread) with each execution's outcome.
         on_need_jobs: called when the ready queue runs low or the executor
             goes idle, to wake the producer (at most once per refill).
+        may_start: called with each ready job just before it starts (it may
+            block); False hands the job back unstarted (fenced: nothing is
+            written if the claim was lost meanwhile).
     """
 
     def __init__(
@@ -101,11 +106,17 @@ class Executor:
         refill_at: int,
         on_outcome: Callable[[Outcome], None],
         on_need_jobs: Callable[[], None],
+        may_start: Callable[[Job], bool] | None = None,
     ) -> None:
+        self._may_start = may_start
         self._tasks = tasks
         self._settings = settings
         self.concurrency = concurrency
-        self._refill_at = refill_at
+        #: When running + ready jobs fall to this many, ask for more (the
+        #: worker adjusts it as its prefetch adapts).
+        self.refill_at = refill_at
+        #: Running mean of how long executions take (seconds), or None.
+        self.mean_run_seconds: float | None = None
         self._on_outcome = on_outcome
         self._on_need_jobs = on_need_jobs
         self._ready: collections.deque[Job] = collections.deque()
@@ -198,7 +209,7 @@ class Executor:
         """Whether to wake the producer now (lock held)."""
         load = len(self._running) + len(self._ready)
         idle = load == 0
-        low = load <= self._refill_at or (not self._ready and len(self._running) < self.concurrency)
+        low = load <= self.refill_at or (not self._ready and len(self._running) < self.concurrency)
         if idle or (low and not self._asked):
             self._asked = True
             return True
@@ -240,6 +251,16 @@ class Executor:
 
     def _execute(self, execution: _Execution) -> None:
         job = execution.job
+        if self._may_start is not None and not self._may_start(job):
+            # The claim was lost while the worker was paused (SIGSTOP, a
+            # database outage): the job may be running elsewhere, or be done
+            # (the soak caught such starts). The fenced hand-back then writes
+            # nothing; if the worker is stopping instead, it hands the job back.
+            reason = "worker stopping (or its claim was lost): handed back before it started"
+            self._finish(execution, released_attempt(job, reason), interrupt=False)
+            return
+        if execution.finished:
+            return  # handed back or cancelled while may_start waited
         task = self._tasks.get(job.task)
         if task is None or job.args is None:
             self._finish(execution, self._bad_job(job), interrupt=False)
@@ -268,8 +289,11 @@ class Executor:
                 return False
             execution.finished = True
             abandoned = self._interrupt(execution) if interrupt else False
+        elapsed = time.monotonic() - execution.started
         with self._lock:
             self._running.pop(execution.job.id, None)
+            mean = self.mean_run_seconds
+            self.mean_run_seconds = elapsed if mean is None else mean + (elapsed - mean) * 0.05
             if abandoned:
                 execution.abandoned = True
                 self._runners -= 1

@@ -35,11 +35,11 @@ from typing import Any
 
 from jobkeeper.backends.base import Backend
 from jobkeeper.config import Settings
-from jobkeeper.errors import DatabaseError, DatabaseUnavailable
+from jobkeeper.errors import ConfigError, DatabaseError, DatabaseUnavailable
 from jobkeeper.maintenance.heartbeat import Heartbeat
 from jobkeeper.maintenance.pruner import Pruner
 from jobkeeper.maintenance.rescuer import Rescuer
-from jobkeeper.models import Claim, Completion, WorkerInfo
+from jobkeeper.models import Claim, Completion, Job, WorkerInfo
 from jobkeeper.outcomes import released_attempt
 from jobkeeper.tasks import Task
 from jobkeeper.worker.completer import Completer, Outcome
@@ -84,7 +84,7 @@ class Worker:
         concurrency: most jobs running at once.
         burst: exit once nothing is available or due within ``poll_interval``.
         prefetch: jobs claimed beyond the free slots, to start the moment a
-            slot frees (default: a quarter of ``concurrency``, 1 to 25).
+            slot frees. Default ``None``: adaptive (see :meth:`prefetch`).
     """
 
     def __init__(
@@ -102,7 +102,12 @@ class Worker:
         self.queues = list(dict.fromkeys(queues))
         self.concurrency = concurrency
         self.burst = burst
-        self.prefetch = prefetch if prefetch is not None else min(max(concurrency // 4, 1), 25)
+        if prefetch is not None and (
+            isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 0
+        ):
+            raise ConfigError(f"prefetch must be an int >= 0 or None, got {prefetch!r}")
+        self._fixed_prefetch = prefetch
+        self._claim_seconds = 0.002  # running mean of one claim's round trip
         self.info = WorkerInfo(
             id=make_worker_id(),
             hostname=socket.gethostname(),
@@ -124,14 +129,14 @@ class Worker:
             delete_completed=settings.retention == 0,
             on_written=self._count_written,
         )
-        capacity = concurrency + self.prefetch
         self.executor = Executor(
             tasks=tasks,
             settings=settings,
             concurrency=concurrency,
-            refill_at=capacity - capacity // 2,
+            refill_at=concurrency - concurrency // 2,
             on_outcome=self.completer.add,
             on_need_jobs=self._wake.set,
+            may_start=self._may_start,
         )
         maintenance_interval = min(max(settings.rescue_after / 4, 0.05), 5.0)
         self.heartbeat = Heartbeat(
@@ -173,6 +178,29 @@ class Worker:
                 self._settings.shutdown_grace,
             )
         self.stop()
+
+    def _may_start(self, job: Job) -> bool:
+        """Whether a claimed job may start (the executor asks, from a runner thread).
+
+        Yes at once while our heartbeat is fresh: no rescuer can take our
+        claims. After a stale spell (a paused process, a database outage) the
+        claim may have been rescued and the job be running elsewhere, or be
+        done: wait for a fresh heartbeat, then ask the database whether we
+        still hold it. False: the claim is lost, or the worker is stopping.
+        """
+        fresh = self._settings.rescue_after / 2
+        if self.heartbeat.beat_age() <= fresh:
+            return True
+        while not self._stopping.is_set():
+            if self.heartbeat.beat_age() <= fresh:
+                try:
+                    held = self._base_backend.job_held_by(worker_id=self.info.id)
+                except DatabaseError:
+                    self._stopping.wait(0.1)
+                    continue
+                return any(h.id == job.id and h.attempt == job.attempt for h in held)
+            self._stopping.wait(0.05)
+        return False
 
     def _on_cancel(self, claim: Claim) -> None:
         if self.executor.cancel(claim, "cancelled while running"):
@@ -291,6 +319,25 @@ class Worker:
                 continue  # a full batch came back: the queue may hold more
             self._idle_wait(settings.poll_interval)
 
+    @property
+    def prefetch(self) -> int:
+        """Jobs to hold beyond the free slots.
+
+        Adaptive unless fixed: enough to keep every slot busy for one claim's
+        round trip (``concurrency x claim time / mean run time``), at most
+        ``concurrency``. Fast jobs get a deep buffer, so claims come in large
+        batches; jobs that run longer than a claim takes get none, so no job
+        waits behind a long one while another worker is idle, and a crash
+        (which costs every claimed job an attempt) takes only what was running.
+        """
+        if self._fixed_prefetch is not None:
+            return self._fixed_prefetch
+        run_seconds = self.executor.mean_run_seconds
+        if run_seconds is None:
+            return 0  # nothing known yet: claim only what fits
+        wanted = self.concurrency * self._claim_seconds / max(run_seconds, 1e-6)
+        return min(round(wanted), self.concurrency)
+
     def _wanted(self) -> int:
         """Jobs to claim now: free slots plus the prefetch, less what is buffered."""
         return self.concurrency + self.prefetch - self.executor.load()
@@ -313,8 +360,10 @@ class Worker:
             self._claims_paused = True
             return 0
         self._claims_paused = False
-        wanted = self._wanted()
-        capacity = self.concurrency + self.prefetch
+        prefetch = self.prefetch
+        capacity = self.concurrency + prefetch
+        self.executor.refill_at = capacity - capacity // 2
+        wanted = capacity - self.executor.load()
         if wanted <= 0 or (self.executor.ready_count and wanted < capacity // 2):
             return 0
         claimed = 0
@@ -324,7 +373,9 @@ class Worker:
             limit = wanted - claimed
             if limit <= 0 or self._stopping.is_set():
                 break
+            started = time.monotonic()
             jobs = self._backend.job_claim(worker_id=self.info.id, queue=queue, limit=limit)
+            self._claim_seconds += (time.monotonic() - started - self._claim_seconds) * 0.1
             if jobs:
                 self.executor.offer(jobs)
             claimed += len(jobs)

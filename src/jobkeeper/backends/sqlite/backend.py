@@ -464,6 +464,11 @@ class SqliteBackend:
                 QUERIES["job_prune_finished"], {"older_than": older_than, "limit": limit}
             ).rowcount
 
+    def job_table_maintain(self, *, vacuum: bool) -> list[str]:
+        # SQLite rewrites rows in place (no dead versions pile up in indexes),
+        # and its planner needs no statistics to use the claim index.
+        return []
+
     def job_get(self, job_id: int) -> Job | None:
         rows = self._read("job_get", {"id": job_id})
         if rows:

@@ -101,9 +101,16 @@ WHERE id IN (
     LIMIT :limit)
 
 -- name: job_next_due_in
-SELECT min(scheduled_at) - {now}
-FROM jobkeeper_jobs
-WHERE status IN ('scheduled', 'retryable') AND queue IN (SELECT value FROM json_each(:queues))
+-- 0 while any job of these queues is available (see the PostgreSQL twin).
+SELECT CASE
+    WHEN EXISTS (SELECT 1 FROM jobkeeper_jobs
+                 WHERE status = 'available' AND queue IN (SELECT value FROM json_each(:queues)))
+    THEN 0
+    ELSE (SELECT min(scheduled_at) - {now}
+          FROM jobkeeper_jobs
+          WHERE status IN ('scheduled', 'retryable')
+            AND queue IN (SELECT value FROM json_each(:queues)))
+END
 
 -- name: job_rescue_candidates
 -- Rescue does not depend on the holder's worker row existing (procrastinate#1518).
