@@ -26,6 +26,8 @@ class Heartbeat(IntervalService):
         worker: this worker's identity.
         interval: seconds between beats (``heartbeat_interval``).
         on_cancel: called with each claim whose job was asked to cancel.
+        stale_after: a beat acknowledged more than this many seconds after the
+            previous one ends a stale spell (counted in ``stale_spells``).
     """
 
     def __init__(
@@ -34,6 +36,7 @@ class Heartbeat(IntervalService):
         worker: WorkerInfo,
         interval: float,
         on_cancel: Callable[[Claim], None],
+        stale_after: float | None = None,
     ) -> None:
         super().__init__("jobkeeper-heartbeat", interval)
         self._backend = backend
@@ -42,6 +45,11 @@ class Heartbeat(IntervalService):
         #: Test hook: when set, beats are skipped (simulates a stalled worker).
         self.paused = False
         self._last_beat = time.monotonic()
+        self._stale_after = stale_after
+        #: Spells without an acknowledged beat for over ``stale_after`` seconds
+        #: (a paused process, a database outage), counted when they end: the
+        #: worker's claims may have been rescued during one.
+        self.stale_spells = 0
 
     def note_beat(self) -> None:
         """Record a heartbeat written elsewhere (the worker's registration)."""
@@ -56,6 +64,8 @@ class Heartbeat(IntervalService):
             return
         sent = time.monotonic()
         self._backend.worker_heartbeat(self._worker)
+        if self._stale_after is not None and sent - self._last_beat > self._stale_after:
+            self.stale_spells += 1  # before _last_beat: readers check the age first
         self._last_beat = sent
         for claim in self._backend.job_cancel_requested(worker_id=self._worker.id):
             self._on_cancel(claim)

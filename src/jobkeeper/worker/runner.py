@@ -140,8 +140,14 @@ class Worker:
         )
         maintenance_interval = min(max(settings.rescue_after / 4, 0.05), 5.0)
         self.heartbeat = Heartbeat(
-            self._dedicated(), self.info, settings.heartbeat_interval, self._on_cancel
+            self._dedicated(),
+            self.info,
+            settings.heartbeat_interval,
+            self._on_cancel,
+            stale_after=settings.rescue_after / 2,
         )
+        # Job id -> the heartbeat's stale_spells when it was claimed.
+        self._claim_spells: dict[int, int] = {}
         self.rescuer = Rescuer(self._dedicated(), settings, maintenance_interval)
         self.pruner = Pruner(self._dedicated(), settings.retention, max(maintenance_interval, 1.0))
         self._listener: threading.Thread | None = None
@@ -182,14 +188,17 @@ class Worker:
     def _may_start(self, job: Job) -> bool:
         """Whether a claimed job may start (the executor asks, from a runner thread).
 
-        Yes at once while our heartbeat is fresh: no rescuer can take our
-        claims. After a stale spell (a paused process, a database outage) the
-        claim may have been rescued and the job be running elsewhere, or be
-        done: wait for a fresh heartbeat, then ask the database whether we
+        Yes at once while our heartbeat is fresh and has been since the claim:
+        no rescuer can have taken it. After a stale spell (a paused process, a
+        database outage; even one the heartbeat has already recovered from)
+        the claim may have been rescued and the job be running elsewhere, or
+        be done: wait for a fresh heartbeat, then ask the database whether we
         still hold it. False: the claim is lost, or the worker is stopping.
         """
         fresh = self._settings.rescue_after / 2
-        if self.heartbeat.beat_age() <= fresh:
+        spell = self._claim_spells.pop(job.id, None)
+        # The age first: the heartbeat counts a spell before it updates the age.
+        if self.heartbeat.beat_age() <= fresh and self.heartbeat.stale_spells == spell:
             return True
         while not self._stopping.is_set():
             if self.heartbeat.beat_age() <= fresh:
@@ -367,6 +376,7 @@ class Worker:
         if wanted <= 0 or (self.executor.ready_count and wanted < capacity // 2):
             return 0
         claimed = 0
+        spell = self.heartbeat.stale_spells  # read before claiming (see _may_start)
         # Rotate the starting queue so one busy queue cannot starve the others.
         start = self.stats.claimed % max(len(self.queues), 1)
         for queue in self.queues[start:] + self.queues[:start]:
@@ -377,6 +387,8 @@ class Worker:
             jobs = self._backend.job_claim(worker_id=self.info.id, queue=queue, limit=limit)
             self._claim_seconds += (time.monotonic() - started - self._claim_seconds) * 0.1
             if jobs:
+                for job in jobs:
+                    self._claim_spells[job.id] = spell
                 self.executor.offer(jobs)
             claimed += len(jobs)
         with self._stats_lock:

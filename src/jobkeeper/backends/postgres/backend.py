@@ -8,7 +8,6 @@ of hosts share the queue without blocking each other.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import secrets
 import threading
@@ -31,10 +30,11 @@ from jobkeeper.backends.rows import (
     match_inserted,
     split_failures,
 )
+from jobkeeper.backends.shared import SharedReads
 from jobkeeper.backends.sqlfile import load_migrations, load_queries
 from jobkeeper.config import DatabaseURL
 from jobkeeper.errors import DatabaseError, DatabaseUnavailable, JobStateError
-from jobkeeper.models import Claim, Completion, Failure, Job, JobStatus, NewJob, WorkerInfo
+from jobkeeper.models import Completion, Failure, Job, NewJob, WorkerInfo
 
 logger = logging.getLogger("jobkeeper.postgres")
 
@@ -191,7 +191,7 @@ class _PooledConnections:
             self._opened = False
 
 
-class PostgresBackend:
+class PostgresBackend(SharedReads):
     """The PostgreSQL implementation of :class:`~jobkeeper.backends.base.Backend`.
 
     Args:
@@ -505,18 +505,6 @@ class PostgresBackend:
         value = next(iter(result[0].values())) if result else None
         return None if value is None else float(value)
 
-    def job_rescue_candidates(self, *, rescue_after: float, limit: int) -> list[Job]:
-        return self._jobs(
-            self._fetch("job_rescue_candidates", {"rescue_after": rescue_after, "limit": limit})
-        )
-
-    def job_cancel_requested(self, *, worker_id: str) -> list[Claim]:
-        rows = self._fetch("job_cancel_requested", {"worker_id": worker_id})
-        return [Claim(row["id"], row["worker_id"], row["attempt"]) for row in rows]
-
-    def job_held_by(self, *, worker_id: str) -> list[Job]:
-        return self._jobs(self._fetch("job_held_by", {"worker_id": worker_id}))
-
     def job_prune_finished(self, *, older_than: float, limit: int) -> int:
         with self._cursor() as cursor:
             cursor.execute(
@@ -554,23 +542,6 @@ class PostgresBackend:
             self._fetch_raw(QUERIES["job_table_analyze"])
             return ["analyze"]
         return []
-
-    def job_get(self, job_id: int) -> Job | None:
-        rows = self._fetch("job_get", {"id": job_id})
-        if rows:
-            return self._jobs(rows)[0]
-        dead = self._fetch("dead_letter_get", {"id": job_id})
-        return self._jobs(dead, dead=True)[0] if dead else None
-
-    def job_list(self, *, status: JobStatus | None, queue: str | None, limit: int) -> list[Job]:
-        jobs: list[Job] = []
-        if status != JobStatus.DEAD:
-            params = {"status": status.value if status else None, "queue": queue, "limit": limit}
-            jobs += self._jobs(self._fetch("job_list", params))
-        if status in (None, JobStatus.DEAD):
-            rows = self._fetch("dead_letter_list", {"queue": queue, "limit": limit})
-            jobs += self._jobs(rows, dead=True)
-        return sorted(jobs, key=lambda j: j.id, reverse=True)[:limit]
 
     def job_cancel(self, job_id: int) -> Job | None:
         rows = self._fetch("job_cancel", {"id": job_id})
@@ -616,14 +587,6 @@ class PostgresBackend:
         return stats
 
     # -- workers ------------------------------------------------------------
-
-    def _worker_params(self, worker: WorkerInfo) -> dict[str, Any]:
-        return {
-            "id": worker.id,
-            "hostname": worker.hostname,
-            "pid": worker.pid,
-            "queues": json.dumps(worker.queues),
-        }
 
     def worker_register(self, worker: WorkerInfo) -> None:
         self._fetch("worker_register", self._worker_params(worker))

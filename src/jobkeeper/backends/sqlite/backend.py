@@ -29,10 +29,11 @@ from jobkeeper.backends.rows import (
     schedule_of,
     split_failures,
 )
+from jobkeeper.backends.shared import SharedReads
 from jobkeeper.backends.sqlfile import load_migrations, load_queries
 from jobkeeper.config import DatabaseURL
 from jobkeeper.errors import DatabaseError, DatabaseUnavailable, JobStateError
-from jobkeeper.models import Claim, Completion, Failure, Job, JobStatus, NewJob, WorkerInfo
+from jobkeeper.models import Completion, Failure, Job, JobStatus, NewJob, WorkerInfo
 
 #: The database clock as Unix seconds, UTC.
 NOW_SQL = "((julianday('now') - 2440587.5) * 86400.0)"
@@ -94,7 +95,7 @@ _local_listeners: dict[str, set[threading.Event]] = {}
 _local_listeners_lock = threading.Lock()
 
 
-class SqliteBackend:
+class SqliteBackend(SharedReads):
     """The SQLite implementation of :class:`~jobkeeper.backends.base.Backend`.
 
     Args:
@@ -187,7 +188,7 @@ class SqliteBackend:
                     conn.execute("ROLLBACK")
                 raise
 
-    def _read(self, name: str, params: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    def _fetch(self, name: str, params: dict[str, Any] | None = None) -> list[dict[str, Any]]:
         with self._errors():
             return _rows(self._conn().execute(QUERIES[name], params or {}))
 
@@ -447,17 +448,6 @@ class SqliteBackend:
             )
         return None if value is None else float(value)
 
-    def job_rescue_candidates(self, *, rescue_after: float, limit: int) -> list[Job]:
-        rows = self._read("job_rescue_candidates", {"rescue_after": rescue_after, "limit": limit})
-        return self._jobs(rows)
-
-    def job_cancel_requested(self, *, worker_id: str) -> list[Claim]:
-        rows = self._read("job_cancel_requested", {"worker_id": worker_id})
-        return [Claim(row["id"], row["worker_id"], row["attempt"]) for row in rows]
-
-    def job_held_by(self, *, worker_id: str) -> list[Job]:
-        return self._jobs(self._read("job_held_by", {"worker_id": worker_id}))
-
     def job_prune_finished(self, *, older_than: float, limit: int) -> int:
         with self._write() as conn:
             return conn.execute(
@@ -468,23 +458,6 @@ class SqliteBackend:
         # SQLite rewrites rows in place (no dead versions pile up in indexes),
         # and its planner needs no statistics to use the claim index.
         return []
-
-    def job_get(self, job_id: int) -> Job | None:
-        rows = self._read("job_get", {"id": job_id})
-        if rows:
-            return self._jobs(rows)[0]
-        dead = self._read("dead_letter_get", {"id": job_id})
-        return self._jobs(dead, dead=True)[0] if dead else None
-
-    def job_list(self, *, status: JobStatus | None, queue: str | None, limit: int) -> list[Job]:
-        jobs: list[Job] = []
-        if status != JobStatus.DEAD:
-            params = {"status": status.value if status else None, "queue": queue, "limit": limit}
-            jobs += self._jobs(self._read("job_list", params))
-        if status in (None, JobStatus.DEAD):
-            rows = self._read("dead_letter_list", {"queue": queue, "limit": limit})
-            jobs += self._jobs(rows, dead=True)
-        return sorted(jobs, key=lambda j: j.id, reverse=True)[:limit]
 
     def job_cancel(self, job_id: int) -> Job | None:
         with self._write() as conn:
@@ -539,15 +512,6 @@ class SqliteBackend:
 
     # -- workers ------------------------------------------------------------
 
-    @staticmethod
-    def _worker_params(worker: WorkerInfo) -> dict[str, Any]:
-        return {
-            "id": worker.id,
-            "hostname": worker.hostname,
-            "pid": worker.pid,
-            "queues": json.dumps(worker.queues),
-        }
-
     def worker_register(self, worker: WorkerInfo) -> None:
         with self._write() as conn:
             conn.execute(QUERIES["worker_register"], self._worker_params(worker))
@@ -576,7 +540,7 @@ class SqliteBackend:
                 started_at=datetime.fromtimestamp(row["started_at"], UTC),
                 heartbeat_at=datetime.fromtimestamp(row["heartbeat_at"], UTC),
             )
-            for row in self._read("worker_list")
+            for row in self._fetch("worker_list")
         ]
 
     # -- wake-ups -----------------------------------------------------------

@@ -1,0 +1,61 @@
+"""Backend operations whose logic is the same on every database (internal).
+
+A backend mixes this in and supplies ``_fetch`` (run a named query, rows as
+dicts) and ``_jobs`` (rows to Jobs); only the SQL differs, and it lives in
+each backend's ``queries.sql`` under the method's name.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from jobkeeper.models import Claim, Job, JobStatus, WorkerInfo
+
+
+class SharedReads:
+    """Read operations of the Backend Protocol, written once."""
+
+    def _fetch(self, name: str, params: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+        raise NotImplementedError
+
+    def _jobs(self, rows: list[dict[str, Any]], *, dead: bool = False) -> list[Job]:
+        raise NotImplementedError
+
+    @staticmethod
+    def _worker_params(worker: WorkerInfo) -> dict[str, Any]:
+        """The parameters of ``worker_register``."""
+        return {
+            "id": worker.id,
+            "hostname": worker.hostname,
+            "pid": worker.pid,
+            "queues": json.dumps(worker.queues),
+        }
+
+    def job_rescue_candidates(self, *, rescue_after: float, limit: int) -> list[Job]:
+        rows = self._fetch("job_rescue_candidates", {"rescue_after": rescue_after, "limit": limit})
+        return self._jobs(rows)
+
+    def job_cancel_requested(self, *, worker_id: str) -> list[Claim]:
+        rows = self._fetch("job_cancel_requested", {"worker_id": worker_id})
+        return [Claim(row["id"], row["worker_id"], row["attempt"]) for row in rows]
+
+    def job_held_by(self, *, worker_id: str) -> list[Job]:
+        return self._jobs(self._fetch("job_held_by", {"worker_id": worker_id}))
+
+    def job_get(self, job_id: int) -> Job | None:
+        rows = self._fetch("job_get", {"id": job_id})
+        if rows:
+            return self._jobs(rows)[0]
+        dead = self._fetch("dead_letter_get", {"id": job_id})
+        return self._jobs(dead, dead=True)[0] if dead else None
+
+    def job_list(self, *, status: JobStatus | None, queue: str | None, limit: int) -> list[Job]:
+        jobs: list[Job] = []
+        if status != JobStatus.DEAD:
+            params = {"status": status.value if status else None, "queue": queue, "limit": limit}
+            jobs += self._jobs(self._fetch("job_list", params))
+        if status in (None, JobStatus.DEAD):
+            rows = self._fetch("dead_letter_list", {"queue": queue, "limit": limit})
+            jobs += self._jobs(rows, dead=True)
+        return sorted(jobs, key=lambda j: j.id, reverse=True)[:limit]
