@@ -34,7 +34,7 @@ from jobkeeper.backends.shared import SharedReads
 from jobkeeper.backends.sqlfile import load_migrations, load_queries
 from jobkeeper.config import DatabaseURL
 from jobkeeper.errors import DatabaseError, DatabaseUnavailable, JobStateError
-from jobkeeper.models import Completion, Failure, Job, NewJob, WorkerInfo
+from jobkeeper.models import Completion, Failure, Job, JobStatus, NewJob, WorkerInfo
 
 logger = logging.getLogger("jobkeeper.postgres")
 
@@ -84,6 +84,38 @@ def _rows(cursor: psycopg.Cursor[Any]) -> list[dict[str, Any]]:
         return []
     names = [(result.fname(i) or b"").decode() for i in range(result.nfields)]
     return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
+
+
+def claimed_job(row: tuple[Any, ...], worker_id: str) -> Job:
+    """A Job from one row of ``job_claim``'s RETURNING list (positional).
+
+    The rest is known: the job is running, held by ``worker_id``, has no
+    result, and no cancel was asked (a cancel flags only running jobs).
+    jsonb cannot hold what enqueue refuses (NaN, NUL...), so only the shape
+    of ``args`` is checked.
+    """
+    (job_id, queue, task, args, priority, attempt, max_attempts,
+     scheduled_at, created_at, attempted_at, unique_key, errors) = row  # fmt: skip
+    args_error = None
+    if not isinstance(args, dict):
+        args, args_error = None, f"stored args are not a JSON object: {args!r:.60}"
+    return Job(
+        id=job_id,
+        task=task,
+        args=args,
+        queue=queue,
+        status=JobStatus.RUNNING,
+        priority=priority,
+        attempt=attempt,
+        max_attempts=max_attempts,
+        scheduled_at=scheduled_at.replace(tzinfo=UTC),
+        created_at=created_at.replace(tzinfo=UTC),
+        attempted_at=attempted_at.replace(tzinfo=UTC),
+        worker_id=worker_id,
+        unique_key=unique_key,
+        errors=errors if isinstance(errors, list) else [],
+        args_error=args_error,
+    )
 
 
 def _describe(exc: BaseException) -> str:
@@ -435,8 +467,10 @@ class PostgresBackend(SharedReads):
     def job_claim(self, *, worker_id: str, queue: str, limit: int) -> list[Job]:
         # Binary results: timestamps and integers decode without text parsing.
         params = {"worker_id": worker_id, "queue": queue, "limit": limit}
-        rows = self._fetch("job_claim", params, binary=True)
-        return sorted(self._jobs(rows), key=lambda j: (j.priority, j.scheduled_at, j.id))
+        with self._cursor() as cursor:
+            cursor.execute(QUERIES["job_claim"], params, binary=True)
+            jobs = [claimed_job(row, worker_id) for row in cursor.fetchall()]
+        return sorted(jobs, key=lambda j: (j.priority, j.scheduled_at, j.id))
 
     def job_complete_many(self, completions: Sequence[Completion], *, delete: bool) -> set[int]:
         if not completions:

@@ -88,10 +88,16 @@ UPDATE jobkeeper_jobs AS job
 SET status = 'running',
     attempt = job.attempt + 1,
     attempted_at = now(),
+    finished_at = NULL,
     worker_id = %(worker_id)s
 FROM candidates
 WHERE job.id = candidates.id
-RETURNING job.*
+-- Only what is not known already (status, holder...), times as UTC wall
+-- clock: the claim is the worker's hottest read (see claimed_job()).
+RETURNING job.id, job.queue, job.task, job.args, job.priority, job.attempt,
+          job.max_attempts, job.scheduled_at AT TIME ZONE 'UTC',
+          job.created_at AT TIME ZONE 'UTC', job.attempted_at AT TIME ZONE 'UTC',
+          job.unique_key, job.errors
 
 -- name: job_complete_many
 -- Fenced on (id, worker_id, attempt): a worker whose claim was rescued (and

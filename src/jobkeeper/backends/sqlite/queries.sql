@@ -36,7 +36,8 @@ WHERE task = :task AND unique_key = :unique_key
 -- Runs inside BEGIN IMMEDIATE: the write lock is taken before the read, so
 -- two workers can never pick the same rows.
 UPDATE jobkeeper_jobs
-SET status = 'running', attempt = attempt + 1, attempted_at = {now}, worker_id = :worker_id
+SET status = 'running', attempt = attempt + 1, attempted_at = {now}, finished_at = NULL,
+    worker_id = :worker_id
 WHERE id IN (
     SELECT id
     FROM jobkeeper_jobs
