@@ -8,6 +8,7 @@ of hosts share the queue without blocking each other.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import secrets
 import threading
@@ -86,6 +87,9 @@ def _rows(cursor: psycopg.Cursor[Any]) -> list[dict[str, Any]]:
     return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
 
 
+_JSON = json.JSONDecoder()
+
+
 def claimed_job(row: tuple[Any, ...], worker_id: str) -> Job:
     """A Job from one row of ``job_claim``'s RETURNING list (positional).
 
@@ -94,11 +98,13 @@ def claimed_job(row: tuple[Any, ...], worker_id: str) -> Job:
     jsonb cannot hold what enqueue refuses (NaN, NUL...), so only the shape
     of ``args`` is checked.
     """
-    (job_id, queue, task, args, priority, attempt, max_attempts,
-     scheduled_at, created_at, attempted_at, unique_key, errors) = row  # fmt: skip
+    (job_id, queue, task, args_text, priority, attempt, max_attempts,
+     scheduled_at, created_at, attempted_at, unique_key, errors_text) = row  # fmt: skip
+    args = _JSON.decode(args_text)
     args_error = None
     if not isinstance(args, dict):
-        args, args_error = None, f"stored args are not a JSON object: {args!r:.60}"
+        args, args_error = None, f"stored args are not a JSON object: {args_text:.60}"
+    errors = [] if errors_text is None else _JSON.decode(errors_text)
     return Job(
         id=job_id,
         task=task,

@@ -93,11 +93,12 @@ SET status = 'running',
 FROM candidates
 WHERE job.id = candidates.id
 -- Only what is not known already (status, holder...), times as UTC wall
--- clock: the claim is the worker's hottest read (see claimed_job()).
-RETURNING job.id, job.queue, job.task, job.args, job.priority, job.attempt,
+-- clock, JSON as text (decoded by one shared decoder; errors only when there
+-- are any): the claim is the worker's hottest read (see claimed_job()).
+RETURNING job.id, job.queue, job.task, job.args::text, job.priority, job.attempt,
           job.max_attempts, job.scheduled_at AT TIME ZONE 'UTC',
           job.created_at AT TIME ZONE 'UTC', job.attempted_at AT TIME ZONE 'UTC',
-          job.unique_key, job.errors
+          job.unique_key, nullif(job.errors, '[]'::jsonb)::text
 
 -- name: job_complete_many
 -- Fenced on (id, worker_id, attempt): a worker whose claim was rescued (and
