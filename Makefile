@@ -58,8 +58,11 @@ $(VENV)/.bench-installed: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[dev,bench]'
 	touch $@
 
-bench: $(VENV)/.bench-installed ## Benchmark vs procrastinate, pgqueuer, oban, raw SQL (BENCH_ARGS=--quick)
+# oban needs Python >= 3.12: run.py makes .venv-oban for it with a Python >= 3.12
+# found on the machine (python3.12 on PATH, pyenv's 3.12.*; see benchmarks/oban_env.py)
+# and installs benchmarks/requirements-oban.txt there; with none, oban is n/a.
+bench: $(VENV)/.bench-installed ## Benchmark vs procrastinate, pgqueuer, oban (own venv, Python >= 3.12), raw SQL (BENCH_ARGS=--quick)
 	$(BIN)/python benchmarks/run.py $(BENCH_ARGS)
 
 clean: ## Remove the virtualenv and caches
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache jobkeeper-demo.db* jobkeeper-demo.log
+	rm -rf $(VENV) .venv-oban .pytest_cache .mypy_cache .ruff_cache jobkeeper-demo.db* jobkeeper-demo.log

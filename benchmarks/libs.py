@@ -15,14 +15,23 @@ import importlib.metadata
 import importlib.util
 import json
 import sqlite3
+import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import psycopg
 
-from benchmarks.harness import connect_patiently, python_bin, sqlite_connect
+from benchmarks.harness import (
+    ROOT,
+    NotAvailableError,
+    connect_patiently,
+    python_bin,
+    sqlite_connect,
+)
+from benchmarks.oban_env import ObanEnv, child_env, ensure
 
 CONCURRENCY = 10
 FILL_CHUNK = 10_000
@@ -91,6 +100,9 @@ class Library:
     #: How its worker is configured, for the report.
     worker_settings = ""
 
+    def setup(self) -> None:
+        """Make the library usable (install what it needs), or set ``unavailable``."""
+
     def prepare(self, url: str) -> None:
         raise NotImplementedError
 
@@ -113,8 +125,12 @@ class Library:
         raise NotImplementedError
 
     @contextlib.contextmanager
-    def stamper(self, url: str) -> Iterator[Callable[[int, float], None]]:
-        """Yields ``enqueue(i, t)``: one call enqueues one ``stamp`` job."""
+    def stamper(self, url: str) -> Iterator[Callable[[int, float], float | None]]:
+        """Yields ``enqueue(i, t)``: one call enqueues one ``stamp`` job. It
+        returns None, or, when the enqueue ran in another process, that
+        process's ``time.time()`` when the call returned (the job then
+        carries that process's time just before the call instead of ``t``).
+        """
         raise NotImplementedError
         yield
 
@@ -401,27 +417,165 @@ class Pgqueuer(Library):
 
 
 class Oban(Library):
-    """The Python Oban (PyPI ``oban``). Every release on PyPI requires Python
-    >= 3.12 (its modules use PEP 695 ``type`` statements), so on 3.11 it can
-    neither be installed nor imported; the suite then reports it as n/a.
+    """The Python Oban (PyPI ``oban``). Every release requires Python >= 3.12,
+    so it runs in a virtualenv of its own (``.venv-oban``, made by
+    :func:`benchmarks.oban_env.ensure` with a Python >= 3.12 found on the
+    machine) and this harness, whatever its Python, never imports it: schema
+    and worker go through oban's CLI (``oban install``, ``oban start``), the
+    enqueues through ``benchmarks/apps/oban_adapter.py`` run by that venv's
+    interpreter, which times its own calls and prints JSON.
     """
 
     name = "oban"
 
     def __init__(self) -> None:
-        self.version = _version("oban")
-        if sys.version_info < (3, 12):
-            self.unavailable = (
-                "oban (PyPI) requires Python >= 3.12 (PEP 695 syntax); this interpreter is "
-                f"{sys.version.split()[0]}, so it cannot be installed or imported here"
+        self.env: ObanEnv | None = None
+        self.unavailable = "oban was not set up (benchmarks.oban_env.ensure)"
+        self.worker_settings = ""
+
+    def setup(self) -> None:
+        try:
+            self.env = ensure()
+        except NotAvailableError as exc:
+            self.unavailable = str(exc)
+            return
+        except Exception as exc:
+            self.unavailable = f"setting up .venv-oban failed: {type(exc).__name__}: {exc}"
+            return
+        self.unavailable = None
+        self.version = self.env.oban_version
+        self.worker_settings = (
+            f"oban start --queues default:{CONCURRENCY} (oban's CLI) on Python "
+            f"{self.env.python_version} in {self.env.venv.name}, defaults otherwise: "
+            "psycopg pool 1-10, uvloop, LISTEN/NOTIFY wake-ups, 5 ms fetch debounce, stager "
+            "1 s, leadership on, a JSON log line per job start and stop; async workers"
+        )
+
+    def _env(self) -> ObanEnv:
+        if self.env is None:
+            raise NotAvailableError(self.unavailable or "oban is not set up")
+        return self.env
+
+    def _adapter(self, *args: str, timeout: float = 1800) -> dict[str, Any]:
+        """Run one adapter command with the venv's Python; its JSON answer."""
+        argv = [self._env().python, "-m", "benchmarks.apps.oban_adapter", *args]
+        out = subprocess.run(
+            argv,
+            cwd=ROOT,
+            env=child_env(),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+        if out.returncode != 0:
+            text = (out.stderr or out.stdout).strip().splitlines()
+            raise NotAvailableError(
+                f"oban adapter {args[0]} exited with code {out.returncode}: "
+                f"{text[-1] if text else '(no output)'}"
             )
-        elif self.version is None:
-            self.unavailable = "oban is not installed (pip install -e '.[bench]')"
-        else:
-            self.unavailable = (
-                f"oban {self.version} is installed but this suite has no adapter for it yet "
-                "(none could be written and verified on the Python 3.11 machine it was built on)"
+        return dict(json.loads(out.stdout.strip().splitlines()[-1]))
+
+    def prepare(self, url: str) -> None:
+        out = subprocess.run(
+            [self._env().oban_cli, "install", "--dsn", url],
+            cwd=ROOT,
+            env=child_env(),
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
+        if out.returncode != 0:
+            text = (out.stderr or out.stdout).strip().splitlines()
+            raise NotAvailableError(
+                f"oban install exited with code {out.returncode}: {text[-1] if text else ''}"
             )
+
+    def enqueue_single(self, url: str, n: int) -> float:
+        return float(self._adapter("single", url, str(n))["seconds"])
+
+    def enqueue_bulk(self, url: str, n: int, batch: int) -> float:
+        return float(self._adapter("bulk", url, str(n), str(batch))["seconds"])
+
+    def fill(self, url: str, n: int) -> None:
+        self._adapter("fill", url, str(n))
+
+    def worker_command(self, url: str) -> tuple[list[str], dict[str, str]]:
+        argv = [
+            self._env().oban_cli,
+            "start",
+            "--dsn",
+            url,
+            "--queues",
+            f"default:{CONCURRENCY}",
+            "--cron-modules",
+            "benchmarks.apps.oban_app",
+        ]
+        return argv, {"PYTHONPATH": child_env()["PYTHONPATH"]}
+
+    def probe(self, url: str) -> Probe:
+        # oban keeps finished jobs (state completed; pruned after a day).
+        return Probe(
+            url,
+            "SELECT count(*) FROM oban_jobs "
+            "WHERE state IN ('available', 'scheduled', 'executing', 'retryable')",
+            "SELECT count(*) FROM oban_jobs WHERE state = 'completed'",
+        )
+
+    @contextlib.contextmanager
+    def stamper(self, url: str) -> Iterator[Callable[[int, float], float | None]]:
+        """Enqueues through a long-lived adapter process over pipes: each call
+        writes ``<i> <t>`` and returns once it has read ``ok <returned>``
+        (sent once the insert committed). The adapter stamps the job with its
+        own ``time.time()`` just before its enqueue call, and the call returns
+        the adapter's time just after it, so the pipe's hops are left out.
+        """
+        argv = [self._env().python, "-m", "benchmarks.apps.oban_adapter", "stamper", url]
+        with tempfile.TemporaryFile() as errors:
+            proc = subprocess.Popen(
+                argv,
+                cwd=ROOT,
+                env=child_env(),
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=errors,
+                text=True,
+                bufsize=1,
+            )
+            assert proc.stdin is not None and proc.stdout is not None
+            stdin, stdout = proc.stdin, proc.stdout
+
+            def fail(what: str) -> NotAvailableError:
+                proc.poll()
+                errors.seek(0)
+                lines = errors.read().decode(errors="replace").strip().splitlines()
+                return NotAvailableError(
+                    f"oban adapter stamper {what} (exit {proc.returncode}): "
+                    f"{lines[-1] if lines else '(no output)'}"
+                )
+
+            try:
+                if stdout.readline().strip() != "ready":
+                    raise fail("did not start")
+
+                def enqueue(i: int, t: float) -> float:
+                    stdin.write(f"{i} {t!r}\n")
+                    stdin.flush()
+                    answer = stdout.readline().split()
+                    if len(answer) != 2 or answer[0] != "ok":
+                        raise fail(f"failed to enqueue job {i}")
+                    return float(answer[1])
+
+                yield enqueue
+            finally:
+                with contextlib.suppress(OSError):
+                    stdin.close()
+                try:
+                    proc.wait(30)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
 
 
 def peers() -> list[Library]:

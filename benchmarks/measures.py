@@ -243,8 +243,8 @@ def latency(ctx: Context, lib: Library) -> dict[str, float]:
                 pause = base + i * gap - time.perf_counter()
                 if pause > 0:
                     time.sleep(pause)
-                enqueue(i, time.time())
-                returned[i] = time.time()
+                answered = enqueue(i, time.time())
+                returned[i] = time.time() if answered is None else answered
             wait_for(lambda: len(read_stamps(stamps_path)) >= n + 1, 30, interval=0.1)
         stamps = {i: v for i, v in read_stamps(stamps_path).items() if i >= 0}
     if len(stamps) < n:

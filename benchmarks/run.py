@@ -179,6 +179,8 @@ class Suite:
         )
         libs: list[Library] = [self.jobkeeper]
         if backend == "postgres":
+            for peer in self.peers:
+                peer.setup()  # oban: makes or updates .venv-oban (Python >= 3.12)
             libs += self.peers
         for lib in libs:
             if lib.unavailable:
