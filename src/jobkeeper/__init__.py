@@ -23,6 +23,7 @@ from jobkeeper.errors import (
     ConfigError,
     DatabaseError,
     DatabaseUnavailable,
+    DataRejected,
     Discard,
     JobkeeperError,
     JobNotFound,
@@ -38,6 +39,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "ConfigError",
+    "DataRejected",
     "DatabaseError",
     "DatabaseUnavailable",
     "Discard",

@@ -118,8 +118,13 @@ class JobQueue:
         return self._backend
 
     def using(self, database_url: str) -> JobQueue:
-        """A JobQueue on another database with the same settings and tasks
-        (what ``jobkeeper --database URL worker --app ...`` runs).
+        """A JobQueue on another database with the same settings and tasks.
+
+        The tasks are shared, not copied: ``task.enqueue()`` still goes to the
+        database of the queue they were registered on. To run an app's worker
+        on another database, let the app create ``JobQueue()`` and set
+        ``JOBKEEPER_DATABASE_URL`` (what ``jobkeeper --database URL worker``
+        does), so follow-up jobs its tasks enqueue land there too.
         """
         other = JobQueue.__new__(JobQueue)
         other.url = resolve_database_url(database_url)
@@ -128,6 +133,21 @@ class JobQueue:
         other._backend = None
         other._backend_lock = threading.Lock()
         return other
+
+    def use_database(self, database_url: str) -> None:
+        """Point this queue, and so every task registered on it, at another
+        database; its open connections are closed first.
+
+        What ``jobkeeper --database URL worker --app ...`` does to the app's
+        queue: follow-up jobs that tasks enqueue go to the database the worker
+        serves.
+
+        Raises:
+            ConfigError: an invalid URL (the queue is left as it was).
+        """
+        url = resolve_database_url(database_url)
+        self.close()
+        self.url = url
 
     def close(self) -> None:
         """Close the queue's connections (it reconnects if used again)."""
@@ -475,7 +495,7 @@ class JobQueue:
         """
         from jobkeeper.worker.runner import Worker
 
-        queue_names = list(queues) if queues else [DEFAULT_QUEUE]
+        queue_names = list(queues) if queues else self.default_queues()
         for name in queue_names:
             check_name("queue", name)
         if isinstance(concurrency, bool) or not isinstance(concurrency, int):
@@ -492,6 +512,12 @@ class JobQueue:
             prefetch=prefetch,
         )
 
+    def default_queues(self) -> list[str]:
+        """The queues a worker serves when none are named: every queue the
+        registered tasks use, else ``["default"]``.
+        """
+        return sorted({task.queue for task in self.tasks.values()}) or [DEFAULT_QUEUE]
+
     def run_worker(
         self,
         queues: Sequence[str] | None = None,
@@ -503,7 +529,7 @@ class JobQueue:
         until nothing is available or due within ``poll_interval``).
 
         Args:
-            queues: queue names to work (default ``["default"]``).
+            queues: queue names to work (default: :meth:`default_queues`).
             concurrency: most jobs running at once (1..10,000).
             burst: drain and return.
             prefetch: jobs to claim beyond the free slots; ``None`` (default)

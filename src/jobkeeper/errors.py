@@ -70,8 +70,15 @@ class DatabaseError(JobkeeperError):
 
 
 class DatabaseUnavailable(DatabaseError):  # noqa: N818
-    """The database cannot be reached (down, restarting, or locked past the
-    busy timeout). Nothing was written by the failed call.
+    """The database cannot take the call now: down, restarting, read-only,
+    out of disk, or locked past the busy timeout. Nothing was written by the
+    failed call; trying again later is the remedy.
+    """
+
+
+class DataRejected(DatabaseError):  # noqa: N818
+    """The database refused the data of a write (a value out of its range, a
+    constraint). Trying the same write again fails the same way.
     """
 
 

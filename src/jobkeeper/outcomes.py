@@ -6,7 +6,7 @@ and backs off like any failure).
 
 from __future__ import annotations
 
-from jobkeeper.backoff import backoff_delay
+from jobkeeper.backoff import ABSOLUTE_MAX_BACKOFF, backoff_delay
 from jobkeeper.config import Settings
 from jobkeeper.models import Claim, Failure, Job
 from jobkeeper.payload import clean_text, dumps
@@ -76,7 +76,9 @@ def failed_attempt(
         retry_in = backoff_delay(
             job.attempt, base=settings.backoff_base, max_backoff=settings.max_backoff
         )
-    return Failure(claim, "retryable", entry, retry_in=retry_in)
+    # Retry(delay=1e12) would put scheduled_at past what PostgreSQL can store,
+    # and the failure could then never be written: cap it like the backoff.
+    return Failure(claim, "retryable", entry, retry_in=min(retry_in, ABSOLUTE_MAX_BACKOFF))
 
 
 def cancelled_attempt(job: Job, reason: str) -> Failure:

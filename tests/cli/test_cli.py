@@ -460,3 +460,85 @@ def test_human_output_prints_data_literally_not_as_markup(cli, queue):
     assert "[/bold]list[int][Errno2]" in flat
     listed = cli.ok("jobs", "list")
     assert "list[int]" in "".join(listed.split())
+
+
+# -- --database with an app ----------------------------------------------------------------
+
+CHAIN_APP = """
+from jobkeeper import JobQueue
+
+jq = JobQueue(heartbeat_interval=0.1, rescue_after=1, poll_interval=0.05)
+
+
+@jq.task(queue="chain", max_attempts=4)
+def parent(n: int) -> int:
+    return child.enqueue(n=n + 1).id
+
+
+@jq.task(queue="chain")
+def child(n: int) -> int:
+    return n * 10
+"""
+
+
+def test_worker_database_option_carries_follow_up_jobs_to_that_database(db_url, tmp_path):
+    # The app creates JobQueue() with no URL; `--database` must reach it, so
+    # that jobs its tasks enqueue go to the database the worker serves, not
+    # to ./jobkeeper.db (newcomer report P2).
+    (tmp_path / "chainapp.py").write_text(CHAIN_APP)
+    env = {"PYTHONPATH": str(tmp_path), "JOBKEEPER_DATABASE_URL": ""}
+    base = [sys.executable, "-m", "jobkeeper", "--database", db_url]
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [*base, *args], capture_output=True, text=True, timeout=120, cwd=tmp_path,
+            env={**os.environ, **env},
+        )  # fmt: skip
+
+    assert run("migrate").returncode == 0
+    enqueued = run("enqueue", "parent", "--args", '{"n": 5}', "--app", "chainapp:jq")
+    assert enqueued.returncode == 0, enqueued.stderr
+    worker = run("worker", "--app", "chainapp:jq", "--burst", "--log-level", "WARNING")
+    assert worker.returncode == 0, worker.stderr
+    with JobQueue(db_url) as jq:
+        parent_job = jq.get_job(int(enqueued.stdout.strip()))
+        assert parent_job is not None and parent_job.status == JobStatus.COMPLETED
+        # The task's own settings applied at enqueue (--app), and the worker
+        # served the app's queue without --queue.
+        assert parent_job.queue == "chain" and parent_job.max_attempts == 4
+        child_job = jq.get_job(parent_job.result)
+        assert child_job is not None and child_job.status == JobStatus.COMPLETED
+        assert child_job.result == 60
+    assert not (tmp_path / "jobkeeper.db").exists()
+
+
+def test_worker_database_option_repoints_an_app_bound_to_another_database(db_url, tmp_path):
+    # An app that names its own URL still runs on --database, tasks and their
+    # follow-up jobs included.
+    other = f"sqlite:///{tmp_path / 'other.db'}"
+    (tmp_path / "boundapp.py").write_text(
+        CHAIN_APP.replace("JobQueue(", f"JobQueue({other!r}, ", 1)
+    )
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    base = [sys.executable, "-m", "jobkeeper", "--database", db_url]
+    for args in (
+        ["migrate"],
+        ["enqueue", "parent", "--args", '{"n": 1}', "--app", "boundapp:jq"],
+        ["worker", "--app", "boundapp:jq", "--burst", "--log-level", "WARNING"],
+    ):
+        done = subprocess.run(
+            [*base, *args], capture_output=True, text=True, timeout=120, cwd=tmp_path, env=env
+        )
+        assert done.returncode == 0, done.stderr
+    with JobQueue(db_url) as jq:
+        assert [j.status for j in jq.list_jobs()] == [JobStatus.COMPLETED] * 2
+    assert not (tmp_path / "other.db").exists()
+
+
+def test_enqueue_with_app_checks_arguments(cli, tmp_path, monkeypatch):
+    (tmp_path / "checkapp.py").write_text(CHAIN_APP)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("JOBKEEPER_DATABASE_URL", cli.url)
+    code, _, err = cli("enqueue", "parent", "--args", '{"wrong": 1}', "--app", "checkapp:jq")
+    assert code == 2
+    assert_one_line_error(err, "parent")

@@ -294,3 +294,62 @@ def test_c09_unstorable_error_text_and_results_are_recorded_and_dead_lettered(ma
         assert all("result not storable" in text for text in error_texts(b))
         assert all("NUL" in text for text in error_texts(b))
     assert running_count(jq) == 0
+
+
+def test_retry_with_an_unstorable_delay_is_capped_not_stuck(make_queue):
+    # Retry(delay=1e12) is ~31,700 years: past what PostgreSQL stores. The
+    # delay is capped at the backoff's absolute maximum, the failure is
+    # written, and the worker goes on with the next job.
+    jq = make_queue()
+
+    @jq.task(max_attempts=3)
+    def far() -> None:
+        raise Retry(delay=1e12)
+
+    @jq.task
+    def after() -> int:
+        return 1
+
+    far_job = far.enqueue()
+    others = [after.enqueue() for _ in range(3)]
+    with running(jq.worker(concurrency=2)):
+        wait_status(jq, [far_job.id], {JobStatus.RETRYABLE})
+        wait_status(jq, [j.id for j in others], {JobStatus.COMPLETED})
+    stored = job(jq, far_job.id)
+    assert stored.finished_at is not None
+    wait = (stored.scheduled_at - stored.finished_at).total_seconds()
+    assert ABSOLUTE_MAX_BACKOFF * 0.99 < wait <= ABSOLUTE_MAX_BACKOFF + 1
+    assert running_count(jq) == 0
+
+
+def test_outcomes_survive_a_passing_database_error(make_queue):
+    # A write that fails for a reason that passes (read-only, disk full: any
+    # DatabaseError that is not about the data) is kept and written later;
+    # the writer thread must not die and leave jobs running forever.
+    from jobkeeper import DatabaseError
+
+    jq = make_queue()
+
+    @jq.task
+    def work(n: int) -> int:
+        return n
+
+    jobs = [work.enqueue(n=n) for n in range(5)]
+    worker = jq.worker(concurrency=5)
+    backend = worker.completer._backend
+    real = backend.job_complete_many
+    failures = {"left": 3}
+
+    def flaky(completions, *, delete):
+        if failures["left"]:
+            failures["left"] -= 1
+            raise DatabaseError("SQLite error: database is read-only for a moment")
+        return real(completions, delete=delete)
+
+    backend.job_complete_many = flaky
+    with running(worker):
+        final = wait_status(jq, [j.id for j in jobs], {JobStatus.COMPLETED})
+    assert failures["left"] == 0
+    assert sorted(j.result for j in final) == [0, 1, 2, 3, 4]
+    assert worker.completer._thread.is_alive() is False  # stopped, not crashed
+    assert running_count(jq) == 0

@@ -20,6 +20,7 @@ from rich.console import Console
 
 from jobkeeper.api import JobQueue
 from jobkeeper.cli import render
+from jobkeeper.config import DATABASE_URL_ENV, resolve_database_url
 from jobkeeper.errors import (
     ConfigError,
     JobkeeperError,
@@ -79,10 +80,20 @@ def migrate(ctx: typer.Context) -> None:
     console.print(f"schema at version {version} on {jq.url.redacted()}")
 
 
-def _load_app(spec: str) -> JobQueue:
+def _load_app(spec: str, database_url: str | None) -> JobQueue:
+    """Import the app's JobQueue, on ``database_url`` when one is given.
+
+    ``--database`` is put in ``JOBKEEPER_DATABASE_URL`` before the import (so
+    an app that uses the database at import time already uses that one), and
+    the app's queue is then pointed at it in place: its tasks, and the
+    follow-up jobs they enqueue, use that database too.
+    """
     module_name, sep, attribute = spec.partition(":")
     if not sep or not module_name or not attribute:
         raise BadInput(f"--app {spec!r}: expected package.module:attribute, e.g. myapp.jobs:jq")
+    wanted = resolve_database_url(database_url) if database_url else None
+    if wanted is not None:
+        os.environ[DATABASE_URL_ENV] = wanted.url
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
     try:
@@ -95,6 +106,8 @@ def _load_app(spec: str) -> JobQueue:
             f"--app {spec!r}: {module_name}.{attribute} is "
             f"{type(jq).__name__ if jq is not None else 'missing'}, not a JobQueue"
         )
+    if wanted is not None and jq.url.url != wanted.url:
+        jq.use_database(wanted.url)
     return jq
 
 
@@ -106,7 +119,11 @@ def worker(
     ],
     queue: Annotated[
         list[str] | None,
-        typer.Option("--queue", "-q", help="Queue to work; repeat for several. Default: default."),
+        typer.Option(
+            "--queue",
+            "-q",
+            help="Queue to work; repeat for several. Default: every queue the app's tasks use.",
+        ),
     ] = None,
     concurrency: Annotated[int, typer.Option(help="Most jobs running at once.")] = 10,
     burst: Annotated[bool, typer.Option("--burst", help="Drain the queues, then exit.")] = False,
@@ -123,10 +140,7 @@ def worker(
     logging.basicConfig(
         level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
     )
-    jq = _load_app(app_spec)
-    url = ctx.find_root().params.get("database")
-    if url:
-        jq = jq.using(url)
+    jq = _load_app(app_spec, ctx.find_root().params.get("database"))
     code = jq.run_worker(
         queues=queue or None, concurrency=concurrency, burst=burst, prefetch=prefetch
     )
@@ -170,6 +184,14 @@ def enqueue(
     ctx: typer.Context,
     task: Annotated[str, typer.Argument(help="The task's registered name.")],
     args: Annotated[str, typer.Option("--args", help="Arguments as a JSON object.")] = "{}",
+    app_spec: Annotated[
+        str | None,
+        typer.Option(
+            "--app",
+            help="Your JobQueue (package.module:attribute): the task's own queue, "
+            "priority and max_attempts apply and its arguments are checked.",
+        ),
+    ] = None,
     queue: Annotated[str | None, typer.Option(help="Queue (default: default).")] = None,
     delay: Annotated[float | None, typer.Option(help="Seconds from now, >= 0.")] = None,
     priority: Annotated[int | None, typer.Option(help="Lower runs first.")] = None,
@@ -180,7 +202,13 @@ def enqueue(
     if delay is not None and not math.isfinite(delay):
         raise BadInput(f"--delay {delay}: must be a finite number of seconds >= 0")
     payload = parse_args_json(args)
-    job = _queue(ctx).enqueue(
+    database = ctx.find_root().params.get("database")
+    if app_spec is not None:
+        jq = _load_app(app_spec, database)
+        ctx.call_on_close(jq.close)
+    else:
+        jq = _queue(ctx)
+    job = jq.enqueue(
         task,
         payload,
         queue=queue,

@@ -8,10 +8,12 @@ Each beat also picks up cancel requests for this worker's running jobs.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable
 
 from jobkeeper.backends.base import Backend
+from jobkeeper.errors import DatabaseError
 from jobkeeper.maintenance.service import IntervalService
 from jobkeeper.models import Claim, WorkerInfo
 
@@ -50,6 +52,11 @@ class Heartbeat(IntervalService):
         #: (a paused process, a database outage), counted when they end: the
         #: worker's claims may have been rescued during one.
         self.stale_spells = 0
+        #: When a beat last failed or waited over ``interval`` to be
+        #: acknowledged (``time.monotonic()``), and since when the beat now
+        #: being written has been waiting (None: none is).
+        self.trouble_at = -math.inf
+        self._writing_since: float | None = None
 
     def note_beat(self) -> None:
         """Record a heartbeat written elsewhere (the worker's registration)."""
@@ -59,11 +66,31 @@ class Heartbeat(IntervalService):
         """Seconds since the last heartbeat the database acknowledged."""
         return time.monotonic() - self._last_beat
 
+    def troubled_within(self, seconds: float) -> bool:
+        """Whether, within the last ``seconds``, a beat failed or waited over
+        ``interval`` for the database (or one is waiting that long now): the
+        database was down, or locked, for every worker alike.
+        """
+        now = time.monotonic()
+        writing_since = self._writing_since
+        if writing_since is not None and now - writing_since > self.interval:
+            return True
+        return now - self.trouble_at < seconds
+
     def run_once(self) -> None:
         if self.paused:
             return
         sent = time.monotonic()
-        self._backend.worker_heartbeat(self._worker)
+        self._writing_since = sent
+        try:
+            self._backend.worker_heartbeat(self._worker)
+        except DatabaseError:
+            self.trouble_at = time.monotonic()
+            raise
+        finally:
+            self._writing_since = None
+        if time.monotonic() - sent > self.interval:
+            self.trouble_at = time.monotonic()
         if self._stale_after is not None and sent - self._last_beat > self._stale_after:
             self.stale_spells += 1  # before _last_beat: readers check the age first
         self._last_beat = sent

@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Callable
 
 from jobkeeper.backends.base import Backend
 from jobkeeper.config import Settings
@@ -39,12 +40,23 @@ class Rescuer(IntervalService):
         backend: a dedicated backend.
         settings: ``rescue_after`` and the retry policy.
         interval: seconds between passes.
+        may_judge: asked before each pass; False skips it (the worker's own
+            heartbeat writes failed or waited on the database lately: whatever
+            held them up, an outage or a stall of SQLite's write lock, held up
+            the other workers' alike, so their silence proves nothing).
     """
 
-    def __init__(self, backend: Backend, settings: Settings, interval: float) -> None:
+    def __init__(
+        self,
+        backend: Backend,
+        settings: Settings,
+        interval: float,
+        may_judge: Callable[[], bool] | None = None,
+    ) -> None:
         super().__init__("jobkeeper-rescuer", interval)
         self._backend = backend
         self._settings = settings
+        self._may_judge = may_judge
         #: Total jobs this rescuer has rescued (for logs and tests).
         self.rescued = 0
         self._unreachable = False
@@ -62,13 +74,16 @@ class Rescuer(IntervalService):
         if self._unreachable:
             # Back after an outage (a database restart, a lost connection):
             # every holder's last heartbeat is at least as old as the outage,
-            # live ones included. Judge nobody until live workers have had
-            # two heartbeat intervals to beat again, or their jobs would be
-            # rescued and run twice (the soak's long outages showed it).
+            # live ones included. Silence while the database was unreachable
+            # does not count: judge nobody until it has been back for
+            # rescue_after, the slack live workers get at any other time, or
+            # their jobs would be rescued and run twice (the soak showed it).
             self._backend.db_now()
             self._unreachable = False
             self._back_at = time.monotonic()
-        if time.monotonic() - self._back_at < 2 * self._settings.heartbeat_interval:
+        if time.monotonic() - self._back_at < rescue_after:
+            return
+        if self._may_judge is not None and not self._may_judge():
             return
         candidates = self._backend.job_rescue_candidates(rescue_after=rescue_after, limit=BATCH)
         failures: list[Failure] = []

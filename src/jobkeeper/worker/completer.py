@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 
 from jobkeeper.backends.base import Backend
-from jobkeeper.errors import DatabaseError, DatabaseUnavailable
+from jobkeeper.errors import DatabaseError, DataRejected
 from jobkeeper.models import Completion, Failure
 from jobkeeper.payload import dumps
 
@@ -82,6 +82,7 @@ class Completer:
 
     def _run(self) -> None:
         retry_pause = 0.05
+        failing = False
         while True:
             with self._cond:
                 while not self._buffer and not self._stopping:
@@ -99,41 +100,56 @@ class Completer:
                 del self._buffer[: self._max_batch]
                 self._in_flight = len(batch)
                 self._in_flight_ids = [o.claim.job_id for o in batch]
+            unwritten: list[Outcome] = []
             try:
-                self._write(batch)
-                retry_pause = 0.05
-            except DatabaseUnavailable as exc:
-                logger.warning("could not write %d outcomes (%s); retrying", len(batch), exc)
-                with self._cond:
-                    self._buffer[:0] = batch
-                    self._in_flight = 0
-                    self._in_flight_ids = []
-                    if self._abandoned:
-                        return
-                    self._cond.wait(retry_pause)
-                retry_pause = min(retry_pause * 2, 5.0)
-                continue
+                unwritten = self._write(batch)
+            except Exception:  # the writer thread must never die (outcomes would sit forever)
+                logger.exception("unexpected error writing %d outcomes; retrying", len(batch))
+                unwritten = batch
             with self._cond:
                 self._in_flight = 0
                 self._in_flight_ids = []
-                self._cond.notify_all()
+                if not unwritten:
+                    self._cond.notify_all()
+                    if failing:
+                        logger.info("outcomes are being written again")
+                    failing, retry_pause = False, 0.05
+                    continue
+                # Keep them, in order, and try again after a pause: every
+                # error here is one that passes (the database is down, read-only,
+                # out of disk...); errors about the data were settled in _write.
+                self._buffer[:0] = unwritten
+                if self._abandoned:
+                    return
+                failing = True
+                self._cond.wait(retry_pause)
+            retry_pause = min(retry_pause * 2, 5.0)
 
-    def _write(self, batch: list[Outcome]) -> None:
+    def _write(self, batch: list[Outcome]) -> list[Outcome]:
+        """Write a batch; return the outcomes to try again later (nothing
+        written for them). Completions go first, each kind in one statement.
+        """
         completions = [o for o in batch if isinstance(o, Completion)]
         failures = [o for o in batch if isinstance(o, Failure)]
         written: set[int] = set()
         if completions:
             try:
-                written |= self._backend.job_complete_many(completions, delete=self._delete)
-            except DatabaseUnavailable:
-                raise
-            except DatabaseError:
-                # One bad row must not sink the batch: write one by one and
-                # turn what still fails into a recorded failed attempt.
-                written |= self._complete_one_by_one(completions, failures)
+                written |= self._complete(completions, failures)
+            except DatabaseError as exc:
+                logger.warning("could not write %d outcomes (%s); retrying", len(batch), exc)
+                return batch
         if failures:
-            written |= self._fail(failures)
-        for outcome in batch:
+            try:
+                written |= self._fail(failures)
+            except DatabaseError as exc:
+                logger.warning("could not write %d failures (%s); retrying", len(failures), exc)
+                self._report(completions, written)
+                return list(failures)
+        self._report(batch, written)
+        return []
+
+    def _report(self, outcomes: list[Completion] | list[Outcome], written: set[int]) -> None:
+        for outcome in outcomes:
             if outcome.claim.job_id not in written:
                 logger.warning(
                     "job %s attempt %s: claim lost before its outcome was written "
@@ -141,19 +157,22 @@ class Completer:
                     outcome.claim.job_id,
                     outcome.claim.attempt,
                 )
-        if self._on_written is not None:
-            self._on_written(batch, written)
+        if self._on_written is not None and outcomes:
+            self._on_written(list(outcomes), written)
 
-    def _complete_one_by_one(
-        self, completions: list[Completion], failures: list[Failure]
-    ) -> set[int]:
+    def _complete(self, completions: list[Completion], failures: list[Failure]) -> set[int]:
+        """Write completions. A result the database refuses (and only that)
+        becomes a failed attempt, appended to ``failures``.
+        """
+        try:
+            return self._backend.job_complete_many(completions, delete=self._delete)
+        except DataRejected:
+            pass  # one bad row must not sink the batch: find it
         written: set[int] = set()
         for completion in completions:
             try:
                 written |= self._backend.job_complete_many([completion], delete=self._delete)
-            except DatabaseUnavailable:
-                raise
-            except DatabaseError as exc:
+            except DataRejected as exc:
                 error = dumps(
                     {
                         "attempt": completion.claim.attempt,
@@ -168,21 +187,15 @@ class Completer:
     def _fail(self, failures: list[Failure]) -> set[int]:
         try:
             return self._backend.job_fail_many(failures)
-        except DatabaseUnavailable:
-            raise
-        except DatabaseError as exc:
-            logger.error(
-                "could not record %d failures (%s); retrying one by one", len(failures), exc
-            )
+        except DataRejected as exc:
+            logger.error("could not record %d failures (%s); trying one by one", len(failures), exc)
         written: set[int] = set()
         for failure in failures:
             try:
                 written |= self._backend.job_fail_many([failure])
-            except DatabaseUnavailable:
-                raise
-            except DatabaseError as exc:
+            except DataRejected as exc:
                 # Last resort, so the job never stays running under a live
-                # worker: a minimal error entry the database must accept.
+                # worker: a minimal entry and a plain delay the database takes.
                 logger.error("job %s: failure not recordable (%s)", failure.claim.job_id, exc)
                 minimal = dumps(
                     {
@@ -192,9 +205,9 @@ class Completer:
                         "traceback": None,
                     }
                 )
-                outcome = failure.outcome if failure.outcome != "released" else "retryable"
+                outcome = "retryable" if failure.outcome == "released" else failure.outcome
                 written |= self._backend.job_fail_many(
-                    [Failure(failure.claim, outcome, minimal, failure.retry_in, failure.reason)]
+                    [Failure(failure.claim, outcome, minimal, retry_in=60.0, reason=failure.reason)]
                 )
         return written
 
@@ -206,7 +219,7 @@ class Completer:
             self._stopping = True
             self._cond.notify_all()
         self._thread.join(timeout)
-        if self._thread.is_alive():
+        if self._thread.is_alive() or self.pending:
             with self._cond:
                 self._abandoned = True
                 self._cond.notify_all()

@@ -148,7 +148,9 @@ class Worker:
         )
         # Job id -> the heartbeat's stale_spells when it was claimed.
         self._claim_spells: dict[int, int] = {}
-        self.rescuer = Rescuer(self._dedicated(), settings, maintenance_interval)
+        self.rescuer = Rescuer(
+            self._dedicated(), settings, maintenance_interval, may_judge=self._may_judge
+        )
         self.pruner = Pruner(self._dedicated(), settings.retention, max(maintenance_interval, 1.0))
         self._listener: threading.Thread | None = None
         self._listener_stop = threading.Event()
@@ -210,6 +212,16 @@ class Worker:
                 return any(h.id == job.id and h.attempt == job.attempt for h in held)
             self._stopping.wait(0.05)
         return False
+
+    def _may_judge(self) -> bool:
+        """Whether our rescuer may declare other workers dead: not while our
+        own heartbeat writes fail or wait on the database, nor for
+        ``rescue_after`` after. Whatever held them up (a database outage,
+        SQLite's write lock held by a stopped process) held up the others'
+        alike; a rescue then would take jobs from live workers (the soak
+        caught it on SQLite).
+        """
+        return not self.heartbeat.troubled_within(self._settings.rescue_after)
 
     def _on_cancel(self, claim: Claim) -> None:
         if self.executor.cancel(claim, "cancelled while running"):

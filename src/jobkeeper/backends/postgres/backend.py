@@ -34,7 +34,7 @@ from jobkeeper.backends.rows import (
 from jobkeeper.backends.shared import SharedReads
 from jobkeeper.backends.sqlfile import load_migrations, load_queries
 from jobkeeper.config import DatabaseURL
-from jobkeeper.errors import DatabaseError, DatabaseUnavailable, JobStateError
+from jobkeeper.errors import DatabaseError, DatabaseUnavailable, DataRejected, JobStateError
 from jobkeeper.models import Completion, Failure, Job, JobStatus, NewJob, WorkerInfo
 
 logger = logging.getLogger("jobkeeper.postgres")
@@ -261,10 +261,19 @@ class PostgresBackend(SharedReads):
         """Translate driver errors into jobkeeper's, naming the server."""
         try:
             yield
-        except (psycopg.OperationalError, PoolTimeout) as exc:
+        except (
+            psycopg.OperationalError,
+            PoolTimeout,
+            # Conditions that pass, not properties of the call: a read-only
+            # standby or maintenance window, a full disk, no memory.
+            psycopg.errors.ReadOnlySqlTransaction,
+            psycopg.errors.InsufficientResources,
+        ) as exc:
             raise DatabaseUnavailable(
                 f"PostgreSQL at {self.url.redacted()} is unavailable: {_describe(exc)}"
             ) from exc
+        except (psycopg.DataError, psycopg.IntegrityError) as exc:
+            raise DataRejected(f"PostgreSQL refused the data: {_describe(exc)}") from exc
         except psycopg.errors.UndefinedTable as exc:
             raise DatabaseError(
                 f"{_describe(exc)} -- run `jobkeeper migrate` (or JobQueue.migrate()) first"

@@ -32,7 +32,7 @@ from jobkeeper.backends.rows import (
 from jobkeeper.backends.shared import SharedReads
 from jobkeeper.backends.sqlfile import load_migrations, load_queries
 from jobkeeper.config import DatabaseURL
-from jobkeeper.errors import DatabaseError, DatabaseUnavailable, JobStateError
+from jobkeeper.errors import DatabaseError, DatabaseUnavailable, DataRejected, JobStateError
 from jobkeeper.models import Completion, Failure, Job, JobStatus, NewJob, WorkerInfo
 
 #: The database clock as Unix seconds, UTC.
@@ -88,6 +88,9 @@ def _is_locked(exc: sqlite3.OperationalError) -> bool:
     message = str(exc).lower()
     return "locked" in message or "busy" in message
 
+
+#: OperationalError texts of conditions that pass (trying later is the remedy).
+_PASSING_CONDITIONS = ("disk is full", "readonly", "disk i/o error", "unable to open")
 
 #: In-process wake-ups: worker wake events per database file, set by
 #: commits of this process (other processes are seen through data_version).
@@ -155,7 +158,11 @@ class SqliteBackend(SharedReads):
                 raise DatabaseError(
                     f"SQLite: {exc} -- run `jobkeeper migrate` (or JobQueue.migrate()) first"
                 ) from exc
+            if any(word in str(exc).lower() for word in _PASSING_CONDITIONS):
+                raise DatabaseUnavailable(f"SQLite database {self.path!r}: {exc}") from exc
             raise DatabaseError(f"SQLite error: {exc}") from exc
+        except (sqlite3.IntegrityError, sqlite3.DataError) as exc:
+            raise DataRejected(f"SQLite refused the data: {exc}") from exc
         except sqlite3.Error as exc:
             raise DatabaseError(f"SQLite error: {exc}") from exc
 
