@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import sqlite3
 import subprocess
@@ -615,3 +616,38 @@ def test_pg_connection_to_another_schema_is_refused(pg_url):
         with psycopg.connect(server_default) as other, pytest.raises(TypeError, match="schema"):
             jq.enqueue("t", {}, connection=other)
         assert jq.stats() == {}
+
+
+def test_long_schema_names_still_enqueue_and_notify():
+    """A NOTIFY channel is an identifier (63 bytes): jobkeeper_<schema> for a
+    60-character schema would not fit, and every enqueue failed (newcomer P6)."""
+    server = os.environ.get("JOBKEEPER_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/test")
+    schema = "s" * 60
+    with psycopg.connect(server, autocommit=True) as admin:
+        admin.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+        admin.execute(f'CREATE SCHEMA "{schema}"')
+    try:
+        url = with_pg_options(server, f"-csearch_path={schema}")
+        with JobQueue(url) as jq, psycopg.connect(url, autocommit=True) as listener:
+            jq.migrate()
+            channel = jq.backend.channel()
+            assert len(channel.encode()) <= 63
+            listener.execute(f'LISTEN "{channel}"')
+            jq.enqueue("t", {}, queue="long-schema")
+            payloads = [n.payload for n in listener.notifies(timeout=5, stop_after=1)]
+            assert payloads == ["long-schema"]
+    finally:
+        with psycopg.connect(server, autocommit=True) as admin:
+            admin.execute(f'DROP SCHEMA "{schema}" CASCADE')
+
+
+def test_numbers_and_key_order_round_trip_exactly(jq):
+    """What the task gets is what was enqueued: on PostgreSQL jsonb would turn
+    1e16 into an int, -0.0 into 0 and sort the keys (newcomer P5)."""
+    args = {"z": -0.0, "f": 1e16, "g": 1e300, "big": 2**70, "b": True, "a": [1.5, "x", None]}
+    job = jq.enqueue("t", args)
+    for seen in (job.args, jq.get_job(job.id).args):
+        assert seen == args
+        assert list(seen) == list(args)
+        assert [type(v) for v in seen.values()] == [type(v) for v in args.values()]
+        assert math.copysign(1.0, seen["z"]) == -1.0

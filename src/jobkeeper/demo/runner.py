@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import signal
 import subprocess
 import sys
@@ -32,7 +33,9 @@ from jobkeeper.demo.tasks import jq as demo_jq
 from jobkeeper.models import JobStatus
 
 DEFAULT_DEMO_URL = "sqlite:///jobkeeper-demo.db"
-QUEUE = "demo"
+#: Each run uses a queue of its own, so a reused database (PostgreSQL with
+#: --database) never mixes in the jobs of earlier runs.
+QUEUE_PREFIX = "demo"
 KILL_AT = 0.30
 DEADLINE = 120.0
 
@@ -75,17 +78,17 @@ def _expected(path: str) -> dict[str, Any]:
     }
 
 
-def _start_worker(url: str, concurrency: int, log: Any) -> subprocess.Popen[bytes]:
+def _start_worker(url: str, queue: str, concurrency: int, log: Any) -> subprocess.Popen[bytes]:
     command = [
         sys.executable, "-m", "jobkeeper", "--database", url, "worker",
-        "--app", "jobkeeper.demo.tasks:jq", "--queue", QUEUE,
+        "--app", "jobkeeper.demo.tasks:jq", "--queue", queue,
         "--concurrency", str(concurrency),
     ]  # fmt: skip
     return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
 
 
-def _held_by_pid(jq: JobQueue, pid: int) -> int:
-    running = jq.list_jobs(status=JobStatus.RUNNING, queue=QUEUE, limit=10_000)
+def _held_by_pid(jq: JobQueue, queue: str, pid: int) -> int:
+    running = jq.list_jobs(status=JobStatus.RUNNING, queue=queue, limit=10_000)
     return sum(1 for job in running if job.worker_id and job.worker_id.split(":")[1] == str(pid))
 
 
@@ -99,6 +102,7 @@ def run_demo(console: Console, *, database_url: str | None, workers: int, concur
         _fresh_sqlite(url)
     jq = demo_jq.using(url)
     jq.migrate()
+    queue = f"{QUEUE_PREFIX}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
     files = stdlib_files()
     console.print(
         f"[bold]jobkeeper demo[/] on {jq.url.redacted()}: {len(files)} files of "
@@ -106,7 +110,10 @@ def run_demo(console: Console, *, database_url: str | None, workers: int, concur
     )
     started = time.monotonic()
     jobs = jq.enqueue_many(
-        [(count_file, {"path": p, "fail_first": planned_failures(p)}) for p in files]
+        [
+            (count_file, {"path": p, "fail_first": planned_failures(p)}, {"queue": queue})
+            for p in files
+        ]
     )
     enqueued = {job.id: job.args["path"] for job in jobs if job.args is not None}
     console.print(f"enqueued {len(enqueued)} jobs in {time.monotonic() - started:.2f}s")
@@ -114,9 +121,9 @@ def run_demo(console: Console, *, database_url: str | None, workers: int, concur
     log_path = Path("jobkeeper-demo.log")
     killed_pid, held_at_kill = 0, 0
     with log_path.open("wb") as log:
-        procs = [_start_worker(url, concurrency, log) for _ in range(workers)]
+        procs = [_start_worker(url, queue, concurrency, log) for _ in range(workers)]
         try:
-            finished = _watch(console, jq, len(enqueued), procs, kill_at=KILL_AT)
+            finished = _watch(console, jq, queue, len(enqueued), procs, kill_at=KILL_AT)
             killed_pid, held_at_kill = finished
         finally:
             for proc in procs:
@@ -124,12 +131,15 @@ def run_demo(console: Console, *, database_url: str | None, workers: int, concur
                     proc.send_signal(signal.SIGTERM)
             exit_codes = [proc.wait(timeout=30) for proc in procs]
     wall = time.monotonic() - started
-    return _reconcile(console, jq, enqueued, wall, killed_pid, held_at_kill, exit_codes, log_path)
+    return _reconcile(
+        console, jq, queue, enqueued, wall, killed_pid, held_at_kill, exit_codes, log_path
+    )
 
 
 def _watch(
     console: Console,
     jq: JobQueue,
+    queue: str,
     total: int,
     procs: list[subprocess.Popen[bytes]],
     *,
@@ -147,15 +157,17 @@ def _watch(
     with Progress(*columns, console=console, transient=False) as progress:
         bar = progress.add_task("jobs finished", total=total)
         while time.monotonic() < deadline:
-            counts = jq.stats().get(QUEUE, {})
+            counts = jq.stats().get(queue, {})
             done = counts.get("completed", 0) + counts.get("dead", 0)
             progress.update(bar, completed=done)
             if not killed_pid and done >= kill_at * total:
                 victim = procs[0]
-                held = _held_by_pid(jq, victim.pid)
                 victim.send_signal(signal.SIGKILL)
                 victim.wait()
                 killed_pid = victim.pid
+                # Counted after the kill: exactly what the dead worker held
+                # (claimed, running or with its ack unwritten).
+                held = _held_by_pid(jq, queue, victim.pid)
                 progress.console.print(
                     f"[yellow]SIGKILLed worker pid {killed_pid} holding {held} running jobs[/]"
                 )
@@ -168,6 +180,7 @@ def _watch(
 def _reconcile(
     console: Console,
     jq: JobQueue,
+    queue: str,
     enqueued: dict[int, str],
     wall: float,
     killed_pid: int,
@@ -176,7 +189,7 @@ def _reconcile(
     log_path: Path,
 ) -> int:
     # Both tables: live jobs and dead letters (the demo has fewer than 10,000).
-    found = {job.id: job for job in jq.list_jobs(queue=QUEUE, limit=10_000)}
+    found = {job.id: job for job in jq.list_jobs(queue=queue, limit=10_000)}
     by_status: dict[str, int] = {}
     for job_id in enqueued:
         entry = found.get(job_id)

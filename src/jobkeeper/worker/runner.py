@@ -156,6 +156,7 @@ class Worker:
         self._listener_stop = threading.Event()
         self._reconcile_needed = False
         self._claims_paused = False
+        self._registered = False
 
     def _dedicated(self) -> Backend:
         backend = self._base_backend.dedicated()
@@ -259,6 +260,7 @@ class Worker:
         previous = self._install_signals()
         try:
             self._backend.worker_register(self.info)
+            self._registered = True
             self.heartbeat.note_beat()
             logger.info(
                 "worker %s started: queues=%s concurrency=%d",
@@ -490,7 +492,8 @@ class Worker:
         try:
             # Without our row, anything we still hold (unwritten acks) is
             # rescued by the next rescuer pass instead of after rescue_after.
-            self._backend.worker_deregister(self.info.id)
+            if self._registered:
+                self._backend.worker_deregister(self.info.id)
         except DatabaseError as exc:
             logger.warning("could not deregister (%s); the row will go stale and be pruned", exc)
         self.executor.close()

@@ -8,6 +8,7 @@ of hosts share the queue without blocking each other.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import logging
 import secrets
@@ -36,6 +37,7 @@ from jobkeeper.backends.sqlfile import load_migrations, load_queries
 from jobkeeper.config import DatabaseURL
 from jobkeeper.errors import DatabaseError, DatabaseUnavailable, DataRejected, JobStateError
 from jobkeeper.models import Completion, Failure, Job, JobStatus, NewJob, WorkerInfo
+from jobkeeper.payload import decode_args
 
 logger = logging.getLogger("jobkeeper.postgres")
 
@@ -95,15 +97,12 @@ def claimed_job(row: tuple[Any, ...], worker_id: str) -> Job:
 
     The rest is known: the job is running, held by ``worker_id``, has no
     result, and no cancel was asked (a cancel flags only running jobs).
-    jsonb cannot hold what enqueue refuses (NaN, NUL...), so only the shape
-    of ``args`` is checked.
+    Args are checked by :func:`decode_args` (PostgreSQL's json type accepts
+    a ``\\u0000`` escape that enqueue would refuse).
     """
     (job_id, queue, task, args_text, priority, attempt, max_attempts,
      scheduled_at, created_at, attempted_at, unique_key, errors_text) = row  # fmt: skip
-    args = _JSON.decode(args_text)
-    args_error = None
-    if not isinstance(args, dict):
-        args, args_error = None, f"stored args are not a JSON object: {args_text:.60}"
+    args, args_error = decode_args(args_text)
     errors = [] if errors_text is None else _JSON.decode(errors_text)
     return Job(
         id=job_id,
@@ -302,7 +301,10 @@ class PostgresBackend(SharedReads):
         return [job_from_row(row, aware_utc, dead=dead, json_decoded=True) for row in rows]
 
     def channel(self) -> str:
-        """The NOTIFY channel: ``jobkeeper_<schema>`` (see the insert trigger)."""
+        """The NOTIFY channel: ``jobkeeper_<schema>``, or ``jobkeeper_<md5 of
+        the schema>`` when that would pass the 63-byte identifier limit (the
+        same rule as the insert trigger's).
+        """
         if self._channel is None:
             rows = self._fetch_raw("SELECT current_schema()")
             schema = rows[0][0] if rows else None
@@ -310,6 +312,8 @@ class PostgresBackend(SharedReads):
                 raise DatabaseError(
                     "PostgreSQL has no current schema (check search_path in the URL)"
                 )
+            if len(schema.encode()) > 53:
+                schema = hashlib.md5(schema.encode()).hexdigest()
             self._channel = f"jobkeeper_{schema}"
         return self._channel
 

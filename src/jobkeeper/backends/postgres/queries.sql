@@ -19,7 +19,7 @@ SELECT new.queue, new.task, new.args,
        CASE WHEN new.delay IS NOT NULL THEN now() + make_interval(secs => new.delay)
             ELSE coalesce(new.run_at, now()) END,
        new.unique_key
-FROM unnest(%(queues)b::text[], %(tasks)b::text[], %(args)b::jsonb[], %(priorities)b::int[],
+FROM unnest(%(queues)b::text[], %(tasks)b::text[], %(args)b::json[], %(priorities)b::int[],
             %(max_attempts)b::int[], %(delays)b::float8[], %(run_ats)b::timestamptz[],
             %(unique_keys)b::text[])
      WITH ORDINALITY AS new(queue, task, args, priority, max_attempts, delay, run_at, unique_key, ord)
@@ -35,7 +35,7 @@ RETURNING *
 INSERT INTO jobkeeper_jobs
     (queue, task, args, status, priority, max_attempts, scheduled_at, unique_key)
 VALUES (
-    %(queue)s, %(task)s, %(args)s::jsonb,
+    %(queue)s, %(task)s, %(args)s::json,
     CASE WHEN %(delay)s::float8 IS NOT NULL OR %(run_at)s::timestamptz > now()
          THEN 'scheduled' ELSE 'available' END,
     %(priority)s, %(max_attempts)s,
@@ -105,7 +105,7 @@ RETURNING job.id, job.queue, job.task, job.args::text, job.priority, job.attempt
 -- perhaps re-claimed by another) writes nothing.
 UPDATE jobkeeper_jobs AS job
 SET status = 'completed', finished_at = now(), worker_id = NULL, result = done.result
-FROM unnest(%(ids)b::bigint[], %(worker_ids)b::text[], %(attempts)b::int[], %(results)b::jsonb[])
+FROM unnest(%(ids)b::bigint[], %(worker_ids)b::text[], %(attempts)b::int[], %(results)b::json[])
      AS done(id, worker_id, attempt, result)
 WHERE job.id = done.id AND job.worker_id = done.worker_id AND job.attempt = done.attempt
   AND job.status = 'running'

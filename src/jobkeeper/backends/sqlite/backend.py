@@ -120,9 +120,18 @@ class SqliteBackend(SharedReads):
 
     # -- plumbing -----------------------------------------------------------
 
-    def _conn(self) -> sqlite3.Connection:
+    def _conn(self, *, create: bool = False) -> sqlite3.Connection:
+        """This thread's connection. Only ``migrate`` may create the file:
+        anything else on a missing file would leave an empty database behind
+        and then fail anyway.
+        """
         conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
         if conn is None:
+            if not create and not os.path.exists(self.path):
+                raise DatabaseError(
+                    f"SQLite database {self.path!r} does not exist -- run `jobkeeper migrate` "
+                    "(or JobQueue.migrate()) first"
+                )
             directory = os.path.dirname(self.path)
             if directory and not os.path.isdir(directory):
                 raise DatabaseUnavailable(
@@ -167,7 +176,7 @@ class SqliteBackend(SharedReads):
             raise DatabaseError(f"SQLite error: {exc}") from exc
 
     @contextlib.contextmanager
-    def _write(self) -> Iterator[sqlite3.Connection]:
+    def _write(self, *, create: bool = False) -> Iterator[sqlite3.Connection]:
         """One BEGIN IMMEDIATE transaction, retried while the lock is busy.
 
         The connection's busy timeout already waits for the lock; the loop
@@ -175,7 +184,7 @@ class SqliteBackend(SharedReads):
         to the same deadline (huey#445, solid_queue#309).
         """
         with self._errors():
-            conn = self._conn()
+            conn = self._conn(create=create)
             deadline = time.monotonic() + self.busy_timeout
             pause = 0.005
             while True:
@@ -232,7 +241,7 @@ class SqliteBackend(SharedReads):
     # -- schema -------------------------------------------------------------
 
     def migrate(self) -> int:
-        with self._write() as conn:
+        with self._write(create=True) as conn:
             conn.execute(_CREATE_SCHEMA_TABLE)
             current = int(conn.execute(QUERIES["schema_version"]).fetchone()[0])
             for version, script in MIGRATIONS:
@@ -247,6 +256,8 @@ class SqliteBackend(SharedReads):
             return current
 
     def schema_version(self) -> int:
+        if not os.path.exists(self.path):
+            return 0
         with self._errors():
             conn = self._conn()
             exists = conn.execute(
