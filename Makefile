@@ -37,7 +37,7 @@ pgbouncer: ## Install Debian's pgbouncer (tests/pgbouncer needs it) when missing
 		echo "pgbouncer is missing, so tests/pgbouncer will fail: install it with 'sudo apt-get install -y pgbouncer'"; \
 	fi
 
-test: install pgbouncer ## Run the whole test suite (SQLite and the PostgreSQL at $$JOBKEEPER_TEST_PG_URL)
+test: install pgbouncer ## Run the whole test suite (SQLite, and PostgreSQL at JOBKEEPER_TEST_PG_URL)
 	$(BIN)/pytest
 
 lint: install ## ruff, ruff format --check, import layers
