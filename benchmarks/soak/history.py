@@ -1,0 +1,654 @@
+"""The soak's history: an execution log written by the tasks, and a checker
+that verifies it together with the final tables (Jepsen-style: the whole
+history is checked, not single outcomes).
+
+The log
+    Every soak task appends ``start`` and ``end`` events to a per-process file
+    opened with ``O_APPEND`` (one ``write(2)`` per event, so events are whole
+    lines even when the process is SIGKILLed, and the log never depends on
+    the database being up). An execution is identified by
+    ``(job, attempt, worker)``: ``jobkeeper.current_job()`` gives all three.
+
+What the checker verifies (each failure is a :class:`Violation`)
+    - every enqueued job is in the tables exactly once (``lost``,
+      ``duplicate_row``, ``unknown_row``), in a terminal state (``completed``,
+      ``dead``, ``cancelled``) or deliberately left pending
+      (``not_terminal``, ``pending_ran``), and in the state its kind allows
+      (``wrong_outcome``);
+    - no two executions of a job overlapped unless the first holder's
+      attempt was rescued after it had been silent (no heartbeat) for
+      ``rescue_after`` (``overlap``: two live holders);
+    - no rescue took a job from a holder that had heartbeaten within
+      ``rescue_after`` (``rescued_live_holder``);
+    - every ``completed`` write came from the attempt's current holder: the
+      stored result names the execution that produced it, that execution is
+      the row's current attempt, it ended ``ok``, its claim was never rescued,
+      and (with the ack audit) exactly one completion was written, by that
+      holder (``bad_completion``, ``duplicate_completion``);
+    - no execution started after its job had finished (``ran_after_finish``),
+      none is of a job nobody enqueued (``phantom_execution``), and the log
+      is well formed (``bad_log``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import re
+import secrets
+import threading
+import time
+from collections import Counter, defaultdict
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+#: Seconds of slack when comparing a log time (the worker's clock) with a
+#: database time (the server's clock): both are this machine's clock, read at
+#: slightly different moments.
+TOLERANCE = 0.05
+
+TERMINAL = frozenset({"completed", "dead", "cancelled"})
+PENDING = frozenset({"scheduled", "available", "retryable"})
+#: Job kinds that must end dead (their task never succeeds).
+MUST_DIE = frozenset({"fail", "discard"})
+#: Kinds whose tasks write the execution log and return ``{n, worker, attempt}``.
+LOGGED = frozenset({"ok", "flaky", "retry", "fail", "discard", "long"})
+
+_RESCUE = re.compile(r"worker lost: (\S+) sent no heartbeat")
+
+
+# -- the execution log --------------------------------------------------------------
+
+
+class ExecLog:
+    """Appends execution events to ``<directory>/exec-<pid>-<random>.log``.
+
+    Thread-safe without a lock: each event is one ``os.write`` on an
+    ``O_APPEND`` descriptor. The file is opened on first use, in the process
+    that writes (a worker).
+    """
+
+    def __init__(self, directory: str | os.PathLike[str]) -> None:
+        self.directory = Path(directory)
+        self._fd: int | None = None
+        self._lock = threading.Lock()
+
+    def _open(self) -> int:
+        with self._lock:
+            if self._fd is None:
+                name = f"exec-{os.getpid()}-{secrets.token_hex(4)}.log"
+                self._fd = os.open(
+                    self.directory / name, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644
+                )
+            return self._fd
+
+    def start(self, job: int, attempt: int, worker: str) -> None:
+        self._write(f"S\t{job}\t{attempt}\t{worker}\t{time.time():.6f}\n")
+
+    def end(self, job: int, attempt: int, worker: str, outcome: str) -> None:
+        self._write(f"E\t{job}\t{attempt}\t{worker}\t{time.time():.6f}\t{outcome}\n")
+
+    def _write(self, line: str) -> None:
+        fd = self._fd if self._fd is not None else self._open()
+        os.write(fd, line.encode())
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Event:
+    kind: str  # "S" (start) or "E" (end)
+    job: int
+    attempt: int
+    worker: str
+    t: float
+    outcome: str = ""
+
+
+def read_exec_logs(directory: str | os.PathLike[str]) -> tuple[list[Event], int]:
+    """Every event in ``directory``'s ``exec-*.log`` files, and the number of
+    malformed lines (a torn last line is impossible with one write per event,
+    so any is a problem).
+    """
+    events: list[Event] = []
+    bad = 0
+    for path in sorted(Path(directory).glob("exec-*.log")):
+        for line in path.read_text().splitlines():
+            fields = line.split("\t")
+            try:
+                if fields[0] == "S" and len(fields) == 5:
+                    events.append(
+                        Event("S", int(fields[1]), int(fields[2]), fields[3], float(fields[4]))
+                    )
+                elif fields[0] == "E" and len(fields) == 6:
+                    events.append(
+                        Event(
+                            "E",
+                            int(fields[1]),
+                            int(fields[2]),
+                            fields[3],
+                            float(fields[4]),
+                            fields[5],
+                        )
+                    )
+                else:
+                    bad += 1
+            except ValueError:
+                bad += 1
+    return events, bad
+
+
+# -- the history ----------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Expected:
+    """One job the driver enqueued and got an id back for."""
+
+    token: int  # args["n"], unique per enqueue call
+    kind: str  # ok | flaky | retry | fail | discard | long | noop | pending | cancel
+
+
+@dataclasses.dataclass(slots=True)
+class Row:
+    """One row of ``jobkeeper_jobs`` (or, with ``status="dead"``, of the dead letters)."""
+
+    id: int
+    status: str
+    attempt: int
+    max_attempts: int
+    token: int | None
+    result: Any = None
+    errors: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    finished_at: float | None = None
+    worker_id: str | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Ack:
+    """An audited write that took a job out of ``running`` (completion,
+    failure, rescue, hand-back or dead-letter move), with the holder it was
+    fenced on (the row's values before the write).
+    """
+
+    job: int
+    new_status: str  # completed | retryable | available | cancelled | removed
+    worker: str
+    attempt: int
+    at: float
+
+
+@dataclasses.dataclass(slots=True)
+class Execution:
+    job: int
+    attempt: int
+    worker: str
+    start: float
+    end: float | None = None
+    outcome: str | None = None
+
+    def key(self) -> tuple[int, int, str]:
+        return (self.job, self.attempt, self.worker)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Rescue:
+    job: int
+    attempt: int
+    worker: str
+    at: float
+
+
+@dataclasses.dataclass
+class History:
+    """Everything the checker reads.
+
+    Attributes:
+        rescue_after: the workers' setting, seconds.
+        enqueued: job id -> what was enqueued (enqueue returned that id).
+        ambiguous: token -> kind, for enqueue calls that raised: the job may
+            or may not exist (a commit whose reply was lost), but not twice.
+        rows: the final tables.
+        events: the execution log.
+        heartbeats: worker id -> the database times of its heartbeats
+            (``None``: not recorded; overlaps are then justified by a rescue
+            record alone).
+        acks: the ack audit (``None``: not recorded).
+        deaths: worker id -> when its process died (SIGKILL), log clock.
+        bad_log_lines: malformed log lines found while reading.
+    """
+
+    rescue_after: float
+    enqueued: dict[int, Expected]
+    rows: list[Row]
+    events: list[Event]
+    ambiguous: dict[int, str] = dataclasses.field(default_factory=dict)
+    heartbeats: dict[str, list[float]] | None = None
+    acks: list[Ack] | None = None
+    deaths: dict[str, float] = dataclasses.field(default_factory=dict)
+    bad_log_lines: int = 0
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Violation:
+    kind: str
+    job: int | None
+    detail: str
+
+    def __str__(self) -> str:
+        where = f"job {self.job}: " if self.job is not None else ""
+        return f"[{self.kind}] {where}{self.detail}"
+
+
+@dataclasses.dataclass
+class Report:
+    violations: list[Violation]
+    stats: dict[str, Any]
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations
+
+    def count(self, kind: str) -> int:
+        return sum(1 for v in self.violations if v.kind == kind)
+
+
+def parse_db_time(value: Any) -> float | None:
+    """An error entry's ``at`` (ISO 8601 text), a datetime or epoch seconds -> epoch seconds."""
+    if value is None:
+        return None
+    if isinstance(value, int | float):
+        return float(value)
+    if isinstance(value, datetime):
+        return value.timestamp()
+    return datetime.fromisoformat(str(value).replace("Z", "+00:00")).timestamp()
+
+
+def rescues_of(row: Row) -> list[Rescue]:
+    """The rescue records in a row's ``errors`` (written by the rescuer)."""
+    found = []
+    for entry in row.errors:
+        if not isinstance(entry, dict):
+            continue
+        match = _RESCUE.match(str(entry.get("error") or ""))
+        at = parse_db_time(entry.get("at"))
+        if match and at is not None:
+            found.append(Rescue(row.id, int(entry.get("attempt") or 0), match.group(1), at))
+    return found
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """Nearest-rank percentile (``q`` in 0..100); ``None`` for no values."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = max(math.ceil(q / 100 * len(ordered)), 1)
+    return ordered[rank - 1]
+
+
+# -- the checker ----------------------------------------------------------------------
+
+
+class _Checker:
+    def __init__(self, history: History) -> None:
+        self.h = history
+        self.violations: list[Violation] = []
+        self.stats: dict[str, Any] = {}
+        self.hb: dict[str, list[float]] | None = (
+            {w: sorted(ts) for w, ts in history.heartbeats.items()}
+            if history.heartbeats is not None
+            else None
+        )
+
+    def flag(self, kind: str, job: int | None, detail: str) -> None:
+        self.violations.append(Violation(kind, job, detail))
+
+    def silent_for(self, worker: str, at: float) -> float:
+        """Seconds since ``worker``'s last heartbeat at or before ``at`` (inf: none)."""
+        assert self.hb is not None
+        beats = self.hb.get(worker, [])
+        lo, hi = 0, len(beats)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if beats[mid] <= at:
+                lo = mid + 1
+            else:
+                hi = mid
+        return at - beats[lo - 1] if lo else math.inf
+
+    # -- pieces -------------------------------------------------------------------
+
+    def executions(self) -> dict[int, list[Execution]]:
+        by_key: dict[tuple[int, int, str], Execution] = {}
+        ends: list[Event] = []
+        for event in sorted(self.h.events, key=lambda e: (e.t, e.kind != "S")):
+            key = (event.job, event.attempt, event.worker)
+            if event.kind == "S":
+                if key in by_key:
+                    self.flag(
+                        "bad_log",
+                        event.job,
+                        f"attempt {event.attempt} started twice by {event.worker}",
+                    )
+                    continue
+                by_key[key] = Execution(event.job, event.attempt, event.worker, event.t)
+            else:
+                ends.append(event)
+        for event in ends:
+            execution = by_key.get((event.job, event.attempt, event.worker))
+            if execution is None:
+                self.flag("bad_log", event.job, f"end without start: {event}")
+            elif execution.end is not None:
+                self.flag("bad_log", event.job, f"attempt {event.attempt} ended twice")
+            else:
+                execution.end, execution.outcome = event.t, event.outcome
+        if self.h.bad_log_lines:
+            self.flag("bad_log", None, f"{self.h.bad_log_lines} malformed log lines")
+        per_job: dict[int, list[Execution]] = defaultdict(list)
+        for execution in by_key.values():
+            per_job[execution.job].append(execution)
+        for executions in per_job.values():
+            executions.sort(key=lambda e: e.start)
+        return per_job
+
+    def effective_end(self, execution: Execution) -> float:
+        """When an execution stopped: its end event, else its process's death."""
+        if execution.end is not None:
+            return execution.end
+        death = self.h.deaths.get(execution.worker)
+        if death is not None and death >= execution.start - TOLERANCE:
+            return death
+        return math.inf
+
+    def check_tables(self) -> dict[int, Row]:
+        rows: dict[int, Row] = {}
+        by_token: dict[int, list[Row]] = defaultdict(list)
+        for row in self.h.rows:
+            if row.id in rows:
+                self.flag(
+                    "duplicate_row",
+                    row.id,
+                    f"in the tables twice ({rows[row.id].status} and {row.status})",
+                )
+                continue
+            rows[row.id] = row
+            if row.token is not None:
+                by_token[row.token].append(row)
+        for token, same in by_token.items():
+            if len(same) > 1:
+                ids = sorted(r.id for r in same)
+                self.flag("duplicate_row", ids[0], f"token {token} stored as jobs {ids}")
+        known_tokens = {e.token for e in self.h.enqueued.values()} | set(self.h.ambiguous)
+        for row in rows.values():
+            expected = self.h.enqueued.get(row.id)
+            if expected is None:
+                if row.token is None or row.token not in known_tokens:
+                    self.flag("unknown_row", row.id, f"nobody enqueued it (token {row.token})")
+                elif row.token not in self.h.ambiguous:
+                    self.flag("duplicate_row", row.id, f"second row for token {row.token}")
+            elif row.token != expected.token:
+                self.flag(
+                    "unknown_row", row.id, f"holds token {row.token}, enqueued {expected.token}"
+                )
+        lost = [job_id for job_id in self.h.enqueued if job_id not in rows]
+        for job_id in lost:
+            self.flag("lost", job_id, f"enqueued ({self.h.enqueued[job_id].kind}), in no table")
+        self.stats["lost"] = len(lost)
+        return rows
+
+    def kind_of(self, row: Row) -> str | None:
+        expected = self.h.enqueued.get(row.id)
+        if expected is not None:
+            return expected.kind
+        return self.h.ambiguous.get(row.token) if row.token is not None else None
+
+    def check_states(self, rows: dict[int, Row], executions: dict[int, list[Execution]]) -> None:
+        for row in rows.values():
+            kind = self.kind_of(row)
+            if kind == "pending":
+                if row.status not in PENDING:
+                    self.flag("pending_ran", row.id, f"left pending on purpose, is {row.status}")
+                elif executions.get(row.id):
+                    self.flag("pending_ran", row.id, "left pending on purpose, but it ran")
+                continue
+            if row.status not in TERMINAL:
+                holder = f" (held by {row.worker_id})" if row.worker_id else ""
+                self.flag("not_terminal", row.id, f"ended the run {row.status}{holder}")
+                continue
+            if kind == "cancel" and row.status != "cancelled":
+                self.flag("wrong_outcome", row.id, f"cancelled before it ran, is {row.status}")
+            elif kind in MUST_DIE and row.status != "dead":
+                self.flag("wrong_outcome", row.id, f"its task never succeeds, is {row.status}")
+            elif row.status == "dead" and kind not in MUST_DIE and row.attempt < row.max_attempts:
+                self.flag(
+                    "wrong_outcome",
+                    row.id,
+                    f"dead after {row.attempt} of {row.max_attempts} attempts (kind {kind})",
+                )
+            if row.status == "dead" and not row.errors:
+                self.flag("wrong_outcome", row.id, "dead letter without any error recorded")
+
+    def check_rescues(self, rows: dict[int, Row]) -> dict[tuple[int, int, str], Rescue]:
+        rescues: dict[tuple[int, int, str], Rescue] = {}
+        since_heartbeat: list[float] = []
+        since_death: list[float] = []
+        for row in rows.values():
+            for rescue in rescues_of(row):
+                rescues[(rescue.job, rescue.attempt, rescue.worker)] = rescue
+                if self.hb is not None:
+                    silent = self.silent_for(rescue.worker, rescue.at)
+                    if silent < self.h.rescue_after - TOLERANCE:
+                        self.flag(
+                            "rescued_live_holder",
+                            rescue.job,
+                            f"attempt {rescue.attempt} rescued from {rescue.worker}, which had "
+                            f"heartbeaten {silent:.3f}s before (rescue_after="
+                            f"{self.h.rescue_after:g}s)",
+                        )
+                    elif math.isfinite(silent):
+                        since_heartbeat.append(silent)
+                death = self.h.deaths.get(rescue.worker)
+                if death is not None and death <= rescue.at + TOLERANCE:
+                    since_death.append(rescue.at - death)
+        self.stats["rescues"] = len(rescues)
+        self.stats["rescue_after_last_heartbeat_s"] = since_heartbeat
+        self.stats["rescue_after_kill_s"] = since_death
+        return rescues
+
+    def check_overlaps(
+        self,
+        executions: dict[int, list[Execution]],
+        rescues: dict[tuple[int, int, str], Rescue],
+    ) -> None:
+        justified = unjustified = stale_starts = 0
+        for job, runs in executions.items():
+            for i, a in enumerate(runs):
+                end_a = self.effective_end(a)
+                for b in runs[i + 1 :]:
+                    if b.start >= end_a - TOLERANCE:
+                        continue
+                    # The first holder is the earlier claim: the lower attempt.
+                    first, second = (
+                        (a, b) if (a.attempt, a.start) <= (b.attempt, b.start) else (b, a)
+                    )
+                    reason = self.overlap_unjustified(first, second, rescues)
+                    if reason is None:
+                        justified += 1
+                    else:
+                        unjustified += 1
+                        self.flag(
+                            "overlap",
+                            job,
+                            f"attempt {first.attempt} on {first.worker} "
+                            f"[{first.start:.3f}, {self.effective_end(first):.3f}] overlapped "
+                            f"attempt {second.attempt} on {second.worker} from "
+                            f"{second.start:.3f}: {reason}",
+                        )
+            for run in runs:
+                rescue = rescues.get(run.key())
+                if rescue is not None and run.start > rescue.at + TOLERANCE:
+                    stale_starts += 1
+        self.stats["overlaps_justified"] = justified
+        self.stats["duplicates"] = unjustified
+        self.stats["started_after_rescue"] = stale_starts
+
+    def overlap_unjustified(
+        self,
+        first: Execution,
+        second: Execution,
+        rescues: dict[tuple[int, int, str], Rescue],
+    ) -> str | None:
+        rescue = rescues.get(first.key())
+        if rescue is None:
+            return "the first holder's attempt was never rescued (two live holders)"
+        if rescue.at > second.start + TOLERANCE:
+            return f"the second started before the rescue at {rescue.at:.3f}"
+        if self.hb is not None:
+            silent = self.silent_for(first.worker, rescue.at)
+            if silent < self.h.rescue_after - TOLERANCE:
+                return f"the first holder had heartbeaten {silent:.3f}s before the rescue"
+        return None
+
+    def check_completions(
+        self,
+        rows: dict[int, Row],
+        executions: dict[int, list[Execution]],
+        rescues: dict[tuple[int, int, str], Rescue],
+    ) -> None:
+        acks: dict[int, list[Ack]] = defaultdict(list)
+        for ack in self.h.acks or []:
+            acks[ack.job].append(ack)
+        for row in rows.values():
+            runs = {run.key(): run for run in executions.get(row.id, [])}
+            if row.finished_at is not None and row.status in TERMINAL:
+                late = [r for r in runs.values() if r.start > row.finished_at + TOLERANCE]
+                for run in late:
+                    self.flag(
+                        "ran_after_finish",
+                        row.id,
+                        f"attempt {run.attempt} on {run.worker} started at {run.start:.3f}, "
+                        f"after the job was {row.status} at {row.finished_at:.3f}",
+                    )
+            completions = [a for a in acks.get(row.id, []) if a.new_status == "completed"]
+            if len(completions) > 1:
+                writers = ", ".join(f"{a.worker}#{a.attempt}" for a in completions)
+                self.flag(
+                    "duplicate_completion", row.id, f"completed {len(completions)}x: {writers}"
+                )
+            if row.status != "completed":
+                if completions:
+                    self.flag(
+                        "duplicate_completion",
+                        row.id,
+                        f"a completion was written but the job is {row.status}",
+                    )
+                continue
+            if self.h.acks is not None and not completions:
+                self.flag("bad_completion", row.id, "completed without an audited completion")
+            for ack in completions[:1]:
+                if ack.attempt != row.attempt:
+                    self.flag(
+                        "bad_completion",
+                        row.id,
+                        f"completion written for attempt {ack.attempt} by {ack.worker}, "
+                        f"but the row is at attempt {row.attempt}",
+                    )
+            if self.kind_of(row) not in LOGGED:
+                continue
+            result = row.result if isinstance(row.result, dict) else {}
+            worker, attempt = result.get("worker"), result.get("attempt")
+            if attempt != row.attempt or not isinstance(worker, str):
+                self.flag(
+                    "bad_completion",
+                    row.id,
+                    f"result from {worker}#{attempt}, but the row is at attempt {row.attempt}",
+                )
+                continue
+            if row.token is not None and result.get("n") != row.token:
+                self.flag("bad_completion", row.id, f"result of token {result.get('n')}")
+            run = runs.get((row.id, attempt, worker))
+            if run is None or run.outcome != "ok":
+                state = "never ran" if run is None else f"ended {run.outcome or 'never'}"
+                self.flag(
+                    "bad_completion",
+                    row.id,
+                    f"completed by {worker}#{attempt}, whose execution {state}",
+                )
+            if (row.id, attempt, worker) in rescues:
+                self.flag(
+                    "bad_completion",
+                    row.id,
+                    f"completed by {worker}#{attempt}, whose claim had been rescued",
+                )
+            for ack in completions[:1]:
+                if ack.worker != worker:
+                    self.flag(
+                        "bad_completion",
+                        row.id,
+                        f"result is {worker}'s but the completion was fenced on {ack.worker}",
+                    )
+                if run is not None and run.end is not None and ack.at < run.end - TOLERANCE:
+                    self.flag("bad_completion", row.id, "completion written before the task ended")
+
+    def check_phantoms(self, rows: dict[int, Row], executions: dict[int, list[Execution]]) -> None:
+        for job in executions:
+            if job not in rows and job not in self.h.enqueued:
+                self.flag("phantom_execution", job, "executed, but no such job exists")
+
+    def run(self) -> Report:
+        rows = self.check_tables()
+        executions = self.executions()
+        self.check_states(rows, executions)
+        rescues = self.check_rescues(rows)
+        self.check_overlaps(executions, rescues)
+        self.check_completions(rows, executions, rescues)
+        self.check_phantoms(rows, executions)
+        status = Counter(row.status for row in rows.values())
+        all_runs = [run for runs in executions.values() for run in runs]
+        self.stats.update(
+            jobs=len(self.h.enqueued),
+            ambiguous_enqueues=len(self.h.ambiguous),
+            rows=len(rows),
+            by_status=dict(sorted(status.items())),
+            executions=len(all_runs),
+            executions_unfinished=sum(1 for r in all_runs if r.end is None),
+            re_executed_jobs=sum(
+                1 for runs in executions.values() if sum(r.outcome == "ok" for r in runs) > 1
+            ),
+            violations=len(self.violations),
+        )
+        return Report(self.violations, self.stats)
+
+
+def check(history: History) -> Report:
+    """Verify ``history``; see the module docstring for what is checked."""
+    return _Checker(history).run()
+
+
+def deaths_by_pid(
+    first_seen: Mapping[str, float], lives: Sequence[tuple[int, float, float | None]]
+) -> dict[str, float]:
+    """Map worker ids (``host:pid:random``) to the death times of their processes.
+
+    Args:
+        first_seen: worker id -> the earliest time it appears (log, heartbeats).
+        lives: ``(pid, started, died)`` of each worker process the driver ran
+            (``died`` None: still alive, or stopped gracefully). A pid reused
+            by a later process is told apart by the start times.
+    """
+    by_pid: dict[int, list[tuple[float, float | None]]] = defaultdict(list)
+    for pid, started, died in lives:
+        by_pid[pid].append((started, died))
+    deaths: dict[str, float] = {}
+    for worker, seen in first_seen.items():
+        try:
+            pid = int(worker.rsplit(":", 2)[1])
+        except (IndexError, ValueError):
+            continue
+        for started, died in by_pid.get(pid, []):
+            if started - 1.0 <= seen and (died is None or seen <= died + 1.0):
+                if died is not None:
+                    deaths[worker] = died
+                break
+    return deaths

@@ -1,0 +1,287 @@
+"""jobkeeper behind PgBouncer in transaction pooling mode (issue 4, item 4).
+
+The test starts Debian's ``pgbouncer`` on a free loopback port in front of
+the test PostgreSQL (a fresh database per session; PgBouncer does not pass
+the ``options`` startup parameter that the other tests use for their
+schemas). Enqueue (single, batch, COPY), claim, complete and rescue must all
+work through it; LISTEN cannot (a transaction pooler hands each statement to
+whichever server connection is free), so each worker must fall back to
+polling and say so exactly once in its log; and no statement may fail on
+server-side prepared statements (which a transaction pooler before 1.21
+breaks: a prepared name is missing, taken, or names another statement).
+
+PgBouncer missing is a failure, never a skip: ``make test`` installs it when
+run as root (``apt-get install -y pgbouncer``).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+
+import psycopg
+import pytest
+from psycopg.conninfo import conninfo_to_dict
+
+from jobkeeper import JobQueue
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[2]
+PG_URL = os.environ.get("JOBKEEPER_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/test")
+BACKENDS = os.environ.get("JOBKEEPER_TEST_BACKENDS", "sqlite,postgres")
+MISSING = (
+    "pgbouncer is not installed, and the PgBouncer tests need it: install it with "
+    "`apt-get install -y pgbouncer` (Debian/Ubuntu; `make test` does this when run as root)"
+)
+SETTINGS = {
+    "heartbeat_interval": 0.2,
+    "rescue_after": 1.0,
+    "poll_interval": 0.1,
+    "max_backoff": 0.1,
+    "shutdown_grace": 5.0,
+}
+GIVE_UP = "LISTEN/NOTIFY is not delivering"
+
+if "postgres" not in BACKENDS:
+    pytestmark = [pytestmark, pytest.mark.skip(reason="JOBKEEPER_TEST_BACKENDS excludes postgres")]
+
+
+def require_pgbouncer(
+    which: Callable[[str], str | None] = shutil.which,
+    candidates: Sequence[str] = ("/usr/sbin/pgbouncer", "/usr/bin/pgbouncer"),
+) -> str:
+    """The pgbouncer binary; fails the test (never skips) when there is none."""
+    found = which("pgbouncer")
+    if found:
+        return found
+    for candidate in candidates:
+        if os.access(candidate, os.X_OK):
+            return candidate
+    pytest.fail(MISSING, pytrace=False)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def version_of(binary: str) -> tuple[int, ...]:
+    text = subprocess.run([binary, "--version"], capture_output=True, text=True).stdout
+    match = re.search(r"PgBouncer (\d+)\.(\d+)", text)
+    return (int(match.group(1)), int(match.group(2))) if match else (0, 0)
+
+
+class Bouncer:
+    def __init__(self, url: str, log: Path, version: tuple[int, ...], database: str) -> None:
+        self.url = url
+        self.log = log
+        self.version = version
+        self.database = database
+        # The server's own log, where readable (Debian's default location):
+        # its error lines name the database ("%u@%d" in log_line_prefix).
+        self.server_logs = {
+            path: path.stat().st_size
+            for path in Path("/var/log/postgresql").glob("postgresql-*.log")
+            if os.access(path, os.R_OK)
+        }
+
+    def log_text(self) -> str:
+        return self.log.read_text(errors="replace") if self.log.exists() else ""
+
+    def server_log_lines(self) -> list[str]:
+        """Lines the server logged for our database since the fixture started."""
+        lines = []
+        for path, offset in self.server_logs.items():
+            with path.open("rb") as log:
+                log.seek(offset)
+                text = log.read().decode(errors="replace")
+            lines += [line for line in text.splitlines() if f"@{self.database} " in line]
+        return lines
+
+
+@pytest.fixture(scope="module")
+def bouncer() -> Iterator[Bouncer]:
+    binary = require_pgbouncer()
+    server = conninfo_to_dict(PG_URL)
+    database = f"jk_pgbouncer_{secrets.token_hex(4)}"
+    with psycopg.connect(PG_URL, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{database}"')
+    # Not under pytest's tmp dir: PgBouncer runs as "postgres" when we are
+    # root, and pytest's directories are private to us.
+    directory = Path(tempfile.mkdtemp(prefix="jobkeeper-pgbouncer-"))
+    as_root = os.geteuid() == 0
+    port = free_port()
+    version = version_of(binary)
+    lines = [
+        "[databases]",
+        f"jk = host={server.get('host', '127.0.0.1')} port={server.get('port', 5432)} "
+        f"dbname={database} user={server.get('user', 'postgres')}",
+        "[pgbouncer]",
+        "listen_addr = 127.0.0.1",
+        f"listen_port = {port}",
+        "unix_socket_dir =",
+        "auth_type = any",
+        "pool_mode = transaction",
+        # Few server connections for many clients: consecutive statements of
+        # one client land on different server sessions.
+        "default_pool_size = 4",
+        "max_client_conn = 200",
+        "ignore_startup_parameters = extra_float_digits",
+        f"logfile = {directory / 'pgbouncer.log'}",
+        f"pidfile = {directory / 'pgbouncer.pid'}",
+    ]
+    if version >= (1, 21):
+        lines.append("max_prepared_statements = 200")
+    ini = directory / "pgbouncer.ini"
+    ini.write_text("\n".join(lines) + "\n")
+    if as_root:
+        # PgBouncer refuses to run as root.
+        shutil.chown(directory, "postgres")
+        for path in directory.iterdir():
+            shutil.chown(path, "postgres")
+    # Popen's user= (not runuser) so that our signals reach PgBouncer itself.
+    as_postgres = {"user": "postgres", "group": "postgres", "extra_groups": []} if as_root else {}
+    with (directory / "stderr.log").open("wb") as stderr:
+        proc = subprocess.Popen(
+            [binary, str(ini)], stdout=subprocess.DEVNULL, stderr=stderr, **as_postgres
+        )
+    url = f"postgresql://postgres@127.0.0.1:{port}/jk"
+    try:
+        deadline = time.monotonic() + 15
+        while True:
+            try:
+                with psycopg.connect(url, connect_timeout=2) as conn:
+                    conn.execute("SELECT 1")
+                break
+            except psycopg.OperationalError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    output = "\n".join(
+                        path.read_text(errors="replace") for path in directory.glob("*.log")
+                    )
+                    pytest.fail(f"pgbouncer did not start:\n{output}", pytrace=False)
+                time.sleep(0.1)
+        yield Bouncer(url, directory / "pgbouncer.log", version, database)
+    finally:
+        proc.send_signal(signal.SIGTERM)  # immediate shutdown (SIGINT waits for clients)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        with psycopg.connect(PG_URL, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def start_worker(
+    url: str, log: Path, *queues: str, concurrency: int = 4
+) -> subprocess.Popen[bytes]:
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "JOBKEEPER_DATABASE_URL": url,
+        **{f"SOAK_{k.upper()}": str(v) for k, v in SETTINGS.items()},
+    }
+    command = [sys.executable, "-m", "jobkeeper", "--database", url, "worker"]
+    command += ["--app", "benchmarks.soak.app:jq", "--concurrency", str(concurrency)]
+    for queue in queues:
+        command += ["--queue", queue]
+    with log.open("wb") as stderr:
+        return subprocess.Popen(
+            command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=stderr
+        )
+
+
+def wait_for(predicate: Callable[[], object], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.1)
+
+
+def test_missing_pgbouncer_fails_with_the_install_command():
+    with pytest.raises(pytest.fail.Exception, match=r"apt-get install -y pgbouncer"):
+        require_pgbouncer(which=lambda name: None, candidates=())
+
+
+def test_enqueue_claim_complete_and_rescue_through_pgbouncer(bouncer, tmp_path):
+    jq = JobQueue(bouncer.url, **SETTINGS)
+    assert jq.migrate() >= 1
+    # Every API statement runs well past psycopg's prepare threshold (5).
+    singles = [jq.enqueue("soak.work", {"n": i, "ms": 1}) for i in range(20)]
+    batch = jq.enqueue_many([("soak.work", {"n": 100 + i, "ms": 1}) for i in range(10)])
+    copied = jq.enqueue_many([("soak.noop", {"n": 200 + i}) for i in range(200)])  # COPY
+    keyed = [jq.enqueue("soak.noop", {"n": 500}, unique_key="same") for _ in range(6)]
+    assert len({j.id for j in keyed}) == 1
+    stalled = jq.enqueue("soak.stall", {"n": 900, "seconds": 60}, queue="stall")
+    for _ in range(6):
+        assert jq.get_job(stalled.id) is not None
+        jq.stats()
+
+    # Worker A takes the stalling job and is SIGKILLed holding it.
+    log_a, log_b = tmp_path / "worker-a.log", tmp_path / "worker-b.log"
+    worker_a = start_worker(bouncer.url, log_a, "stall", concurrency=1)
+    worker_b = None
+    try:
+        wait_for(
+            lambda: (j := jq.get_job(stalled.id)) is not None and j.status.value == "running",
+            30,
+            "worker A to claim the stalling job",
+        )
+        worker_a.kill()
+        worker_a.wait()
+        # Worker B rescues it (through PgBouncer), then runs everything.
+        worker_b = start_worker(bouncer.url, log_b, "default", "stall")
+        every = [*singles, *batch, *copied, keyed[0], stalled]
+        wait_for(
+            lambda: all(
+                (j := jq.get_job(job.id)) is not None and j.status.value == "completed"
+                for job in every
+            ),
+            60,
+            "every job to complete",
+        )
+        rescued = jq.get_job(stalled.id)
+        assert rescued is not None
+        assert rescued.attempt == 2
+        assert [str(e["error"]).split(" ")[:2] for e in rescued.errors] == [["worker", "lost:"]]
+        # LISTEN cannot work through a transaction pooler: the canary gives up
+        # (after 3 silent connections) and says so.
+        wait_for(lambda: GIVE_UP in log_b.read_text(), 40, "the LISTEN fallback message")
+        # Polling still finds new work at once.
+        late = jq.enqueue("soak.work", {"n": 1000, "ms": 1})
+        wait_for(
+            lambda: (j := jq.get_job(late.id)) is not None and j.status.value == "completed",
+            10,
+            "a job enqueued after the fallback",
+        )
+        worker_b.terminate()
+        assert worker_b.wait(30) == 0
+    finally:
+        for proc in (worker_a, worker_b):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        jq.close()
+    text_b = log_b.read_text()
+    logs = log_a.read_text() + text_b
+    assert text_b.count(GIVE_UP) == 1, text_b
+    assert "prepared statement" not in logs, logs
+    assert "Traceback" not in logs, logs
+    assert " ERROR " not in logs, logs
+    assert "prepared statement" not in bouncer.log_text()
+    server_errors = [line for line in bouncer.server_log_lines() if "prepared statement" in line]
+    assert server_errors == []
