@@ -79,13 +79,19 @@ def schedule_of(new: NewJob, now: datetime) -> tuple[JobStatus, datetime]:
     return JobStatus.AVAILABLE, now
 
 
-def job_from_new(new: NewJob, job_id: int, now: datetime) -> Job:
-    """The Job a bulk insert just wrote, built from its input.
+def job_from_new(
+    new: NewJob,
+    job_id: int,
+    now: datetime,
+    stored: tuple[JobStatus, datetime] | None = None,
+) -> Job:
+    """The Job an insert just wrote, built from its input.
 
     ``now`` is the database clock of the inserting transaction; the status
-    and ``scheduled_at`` follow the same rules as the ``job_insert`` queries.
+    and ``scheduled_at`` are ``stored`` (as the insert returned them) or else
+    follow the same rules as the ``job_insert`` queries.
     """
-    status, scheduled_at = schedule_of(new, now)
+    status, scheduled_at = stored if stored is not None else schedule_of(new, now)
     return Job(
         id=job_id,
         task=new.task,

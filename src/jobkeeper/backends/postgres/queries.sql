@@ -30,22 +30,19 @@ ON CONFLICT (task, unique_key)
 RETURNING *
 
 -- name: job_insert_one
--- job_insert_many for a single job: plain parameters plan and travel faster
--- than eight one-element arrays.
+-- One job without a unique key (so no conflict is possible): plain
+-- parameters plan and travel faster than eight one-element arrays, and the
+-- caller builds the Job from its input plus what the server decided.
 INSERT INTO jobkeeper_jobs
-    (queue, task, args, status, priority, max_attempts, scheduled_at, unique_key)
+    (queue, task, args, status, priority, max_attempts, scheduled_at)
 VALUES (
     %(queue)s, %(task)s, %(args)s::json,
     CASE WHEN %(delay)s::float8 IS NOT NULL OR %(run_at)s::timestamptz > now()
          THEN 'scheduled' ELSE 'available' END,
     %(priority)s, %(max_attempts)s,
     CASE WHEN %(delay)s::float8 IS NOT NULL THEN now() + make_interval(secs => %(delay)s::float8)
-         ELSE coalesce(%(run_at)s::timestamptz, now()) END,
-    %(unique_key)s)
-ON CONFLICT (task, unique_key)
-    WHERE unique_key IS NOT NULL AND status IN ('scheduled', 'available', 'running', 'retryable')
-    DO NOTHING
-RETURNING *
+         ELSE coalesce(%(run_at)s::timestamptz, now()) END)
+RETURNING id, status, scheduled_at, created_at
 
 -- name: job_reserve_ids
 -- The bulk path (COPY) takes its ids up front, ascending, and the
