@@ -59,12 +59,9 @@ def _exists(pid: int) -> bool:
 
 
 def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+    """Whether this pid is a live process (not a zombie)."""
+    if not _exists(pid):
         return False
-    except PermissionError:
-        return True
     stat = Path(f"/proc/{pid}/stat")
     with contextlib.suppress(OSError):
         if stat.read_text().rsplit(")", 1)[1].split()[0] == "Z":
