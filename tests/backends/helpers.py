@@ -4,6 +4,7 @@ fake worker, building fenced completions and failures.
 
 from __future__ import annotations
 
+import os
 import sqlite3
 from collections.abc import Sequence
 from datetime import UTC, datetime
@@ -17,6 +18,8 @@ from jobkeeper.models import Claim, Completion, Failure, WorkerInfo
 from jobkeeper.outcomes import error_entry
 
 WORKER = "test-worker-1"
+#: The test server (see tests/conftest.py).
+PG_URL = os.environ.get("JOBKEEPER_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/test")
 
 
 def is_pg(jq: JobQueue) -> bool:

@@ -54,6 +54,8 @@ MIGRATION_LOCK_KEY = 0x6A6F626B65657072
 #: Seconds an API call waits for a pooled connection (or a connection to be
 #: made) before raising DatabaseUnavailable.
 POOL_TIMEOUT = 10.0
+#: Seconds between probes of the server while waiting for a pooled connection.
+POOL_SLICE = 0.5
 CONNECT_TIMEOUT = 5
 #: No server-side prepared statements (psycopg prepares a query from its 5th
 #: run otherwise): behind a pooler in transaction mode (PgBouncer before 1.21,
@@ -188,6 +190,9 @@ class _PooledConnections:
             name="jobkeeper",
         )
         self._opened = False
+        #: Set after a failure that may mean the server is gone: the next
+        #: checkout probes with a direct connection first.
+        self._suspect = False
         self._lock = threading.Lock()
         self._returned_at: weakref.WeakKeyDictionary[psycopg.Connection[Any], float] = (
             weakref.WeakKeyDictionary()
@@ -202,27 +207,58 @@ class _PooledConnections:
         round trip per enqueue.
         """
         if time.monotonic() - self._returned_at.get(conn, 0.0) > IDLE_CHECK_AFTER:
-            ConnectionPool.check_connection(conn)
+            try:
+                ConnectionPool.check_connection(conn)
+            except Exception:
+                self._suspect = True
+                raise
+
+    def _probe(self) -> None:
+        """Connect directly once: raises at once (libpq's own reason) when
+        the server is unreachable, instead of letting the caller wait out
+        the pool's timeout while it retries in the background.
+        """
+        psycopg.connect(self._conninfo, connect_timeout=CONNECT_TIMEOUT).close()
+        self._suspect = False
+
+    def _getconn(self) -> psycopg.Connection[Any]:
+        """A pooled connection; waits up to ``POOL_TIMEOUT`` when the pool is
+        busy, but fails within about ``POOL_SLICE`` when the server is down.
+        """
+        deadline = time.monotonic() + POOL_TIMEOUT
+        while True:
+            if self._suspect:
+                self._probe()
+            remaining = deadline - time.monotonic()
+            try:
+                return self._pool.getconn(timeout=max(min(POOL_SLICE, remaining), 0.001))
+            except PoolTimeout:
+                if time.monotonic() >= deadline:
+                    raise
+                # Busy, or the server went away: a probe tells which.
+                self._suspect = True
 
     @contextlib.contextmanager
     def connection(self) -> Iterator[psycopg.Connection[Any]]:
         if not self._opened:
             with self._lock:
                 if not self._opened:
-                    # One direct attempt first: an unreachable server fails
-                    # now with libpq's own reason, not after the pool's
-                    # timeout of retries and warnings.
-                    psycopg.connect(self._conninfo, connect_timeout=CONNECT_TIMEOUT).close()
+                    self._probe()
                     self._pool.open(wait=False)
                     self._opened = True
-        with self._pool.connection() as conn:
-            try:
+        conn = self._getconn()
+        try:
+            with conn:
                 yield conn
-            finally:
-                # Noted here, not in a pool ``reset`` callback: with one, the
-                # pool hands every returned connection to a worker thread,
-                # which cost ~150 us of CPU and latency per API call.
-                self._returned_at[conn] = time.monotonic()
+        except psycopg.OperationalError:
+            self._suspect = True
+            raise
+        finally:
+            # Noted here, not in a pool ``reset`` callback: with one, the
+            # pool hands every returned connection to a worker thread,
+            # which cost ~150 us of CPU and latency per API call.
+            self._returned_at[conn] = time.monotonic()
+            self._pool.putconn(conn)
 
     def close(self) -> None:
         if self._opened:
@@ -701,16 +737,25 @@ class PostgresBackend(SharedReads):
         supported), the listener says so once and stops; workers then find
         jobs by polling every ``poll_interval``.
         """
-        channel = self.channel()
         sender = _SingleConnection(self._conninfo)
         delay = 0.1
         silent_connections = 0
         try:
             while not stop.is_set():
                 try:
-                    echoed = self._listen_once(channel, sender, on_queue, stop)
-                except psycopg.Error as exc:
-                    logger.warning("LISTEN connection lost (%s); reconnecting", _describe(exc))
+                    # Inside the loop: even naming the channel takes a query,
+                    # and a refused connection here must not end the thread.
+                    echoed = self._listen_once(self.channel(), sender, on_queue, stop)
+                except (psycopg.Error, DatabaseError) as exc:
+                    reason = _describe(exc) if isinstance(exc, psycopg.Error) else str(exc)
+                    logger.warning("LISTEN connection lost (%s); reconnecting", reason)
+                    stop.wait(delay)
+                    delay = min(delay * 2, 5.0)
+                    continue
+                except Exception:
+                    # Wake-ups are an optimisation; polling covers for them,
+                    # but a listener that gives up for good would not.
+                    logger.exception("LISTEN failed unexpectedly; restarting it")
                     stop.wait(delay)
                     delay = min(delay * 2, 5.0)
                     continue
