@@ -9,14 +9,16 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
+from rich.console import Console
 
-from backends.helpers import claim, complete, count, fail, kill, total_rows
+from backends.helpers import claim, complete, count, fail, is_pg, kill, register, sql, total_rows
 from jobkeeper import JobQueue, JobStatus
 from jobkeeper.cli.main import main
 
@@ -172,7 +174,17 @@ def test_status_json_is_stable(cli, queue):
     }
     # The worker registered by kill() is listed with its fields.
     (worker,) = status["workers"]
-    assert set(worker) == {"id", "hostname", "pid", "queues", "started_at", "heartbeat_at"}
+    assert set(worker) == {
+        "id",
+        "hostname",
+        "pid",
+        "queues",
+        "started_at",
+        "heartbeat_at",
+        "heartbeat_age",
+        "stale",
+    }
+    assert worker["stale"] is False
     assert "jobs by queue and status" in cli.ok("status")  # the human tables render
 
 
@@ -257,7 +269,7 @@ BAD_ENQUEUES = [
     (["--args", '{"s": "a\\u0000b"}'], "args.s"),
     (["--args", '{"s": "\\ud800"}'], "lone surrogate"),
     (["--args", "[" * 100_000 + "]" * 100_000], "--args"),
-    (["--args", '{"x": ' + "1" * 5000 + "}"], "--args"),
+    (["--args", '{"x": ' + "1" * 5000 + "}"], "--args: args.x is an integer of 5000 digits"),
     (["--delay", "-1"], "delay"),
     (["--delay", "-0.5"], "delay"),
     (["--delay", "nan"], "--delay"),
@@ -354,9 +366,10 @@ def test_unknown_job_id_exits_1(cli):
         ["cancel", "987654"],
         ["dead", "requeue", "987654"],
     ):
-        code, _, err = cli(*args)
+        code, out, err = cli(*args)
         assert code == 1, (args, err)
-        assert "987654" in err
+        assert_one_line_error(err, "987654")
+        assert out == "", (args, out)
 
 
 def test_wrong_state_exits_1_and_changes_nothing(cli, queue):
@@ -542,3 +555,143 @@ def test_enqueue_with_app_checks_arguments(cli, tmp_path, monkeypatch):
     code, _, err = cli("enqueue", "parent", "--args", '{"wrong": 1}', "--app", "checkapp:jq")
     assert code == 2
     assert_one_line_error(err, "parent")
+
+
+# -- user reports: unknown task with --app, app import errors, requeue output, long
+# -- integers, stale workers -----------------------------------------------------------------
+
+MANY_TASKS_APP = "from jobkeeper import JobQueue\n\njq = JobQueue()\n" + "".join(
+    f"\n\n@jq.task\ndef task_{i:02}() -> None: ...\n" for i in range(12)
+)
+
+
+def test_enqueue_with_app_refuses_an_unknown_task(cli, queue, tmp_path, monkeypatch):
+    (tmp_path / "unknowntaskapp.py").write_text(CHAIN_APP)
+    (tmp_path / "manytasksapp.py").write_text(MANY_TASKS_APP)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    code, out, err = cli("enqueue", "nosuch", "--app", "unknowntaskapp:jq")
+    assert code == 2, err
+    assert_one_line_error(err, "'nosuch'", "unknowntaskapp:jq", "child, parent")
+    assert out == ""
+    # A long list of tasks is cut, saying how many more there are.
+    code, out, err = cli("enqueue", "nosuch", "--app", "manytasksapp:jq")
+    assert code == 2, err
+    assert_one_line_error(err, "'nosuch'", "task_00", "task_09", "and 2 more")
+    assert "task_10" not in err
+    assert total_rows(queue) == 0
+    # The app's own tasks still enqueue, and without --app any name does.
+    assert int(cli.ok("enqueue", "child", "--args", '{"n": 1}', "--app", "unknowntaskapp:jq"))
+    assert int(cli.ok("enqueue", "nosuch"))
+    assert total_rows(queue) == 2
+
+
+BAD_IMPORT_APPS = {
+    "zerodivapp": (
+        "raise ZeroDivisionError('division by zero')\n",
+        "ZeroDivisionError: division by zero",
+    ),
+    "syntaxapp": ("def broken(:\n", "SyntaxError"),
+    "exitapp": ("import sys\nsys.exit(3)\n", "SystemExit: 3"),
+    "bareapp": ("raise RuntimeError\n", "failed: RuntimeError"),
+}
+
+
+@pytest.mark.parametrize("command", ["worker", "enqueue"])
+def test_app_that_raises_while_imported_exits_2_with_one_line(
+    cli, queue, tmp_path, monkeypatch, command
+):
+    for name, (source, _) in BAD_IMPORT_APPS.items():
+        (tmp_path / f"{name}.py").write_text(source)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for name, (_, needle) in BAD_IMPORT_APPS.items():
+        args = ["worker", "--burst"] if command == "worker" else ["enqueue", "t"]
+        code, out, err = cli(*args, "--app", f"{name}:jq")
+        assert code == 2, (name, err)
+        assert_one_line_error(err, f"importing app '{name}:jq' failed", needle)
+        assert out == ""
+    assert total_rows(queue) == 0
+
+
+def test_subprocess_app_that_raises_while_imported_exits_2(db_url, tmp_path):
+    (tmp_path / "badapp.py").write_text("x = 1 / 0\n")
+    with JobQueue(db_url) as jq:
+        jq.migrate()
+    env = {"PYTHONPATH": str(tmp_path)}
+    for args in (
+        ["worker", "--app", "badapp:jq", "--burst"],
+        ["enqueue", "t", "--app", "badapp:jq"],
+    ):
+        done = run_module("--database", db_url, *args, env=env)
+        assert done.returncode == 2, done.stderr
+        assert_one_line_error(
+            done.stderr, "importing app 'badapp:jq' failed: ZeroDivisionError: division by zero"
+        )
+        assert done.stdout == ""
+    with JobQueue(db_url) as jq:
+        assert total_rows(jq) == 0
+
+
+def test_dead_requeue_reports_ids_that_are_not_dead_letters(cli, queue):
+    live = queue.enqueue("t", {})
+    dead = kill(queue, queue.enqueue("t", {}))
+    # Nothing to requeue: no "requeued 0 jobs:" fragment, one error line, exit 1
+    # (as for `jobs show` / `retry` / `cancel` of an unknown id).
+    code, out, err = cli("dead", "requeue", "999", str(live.id))
+    assert code == 1
+    assert out == ""
+    assert_one_line_error(err, f"not dead letters: {live.id} 999")
+    # Some are dead letters: those are requeued and said so, the others named.
+    code, out, err = cli("dead", "requeue", str(dead.id), "999")
+    assert code == 1
+    assert out.strip() == f"requeued 1 jobs: {dead.id}"
+    assert_one_line_error(err, "not dead letters: 999")
+    assert queue.get_job(dead.id).status == JobStatus.AVAILABLE  # type: ignore[union-attr]
+    # --all with no dead letters is not an error and prints no dangling list.
+    out = cli.ok("dead", "requeue", "--all")
+    assert out.strip() == "requeued 0 jobs (there are no dead letters)"
+
+
+def test_args_integer_past_the_digit_limit_names_the_field(cli, queue):
+    huge = "1" * 5000
+    for text, needle in (
+        ('{"a": [1, {"b": ' + huge + "}]}", "args.a[1].b is an integer of 5000 digits"),
+        ('{"a": -' + huge + "}", "args.a is an integer of 5000 digits"),
+        ('{"odd key": ' + huge + "}", "args['odd key'] is an integer"),
+        (huge, "args is an integer of 5000 digits"),
+    ):
+        code, out, err = cli("enqueue", "t", "--args", text)
+        assert code == 2, err
+        assert_one_line_error(err, "--args: ", needle, "more than 4300 digits are not supported")
+        assert "set_int_max_str_digits" not in err
+        assert out == ""
+    # At the limit it is still an ordinary integer.
+    job = queue.get_job(int(cli.ok("enqueue", "t", "--args", '{"n": ' + "9" * 18 + "}")))
+    assert job is not None and job.args == {"n": 999_999_999_999_999_999}
+    assert total_rows(queue) == 1
+
+
+def test_status_marks_workers_without_a_recent_heartbeat_stale(cli, queue, monkeypatch):
+    register(queue, "live-worker")
+    register(queue, "dead-worker")
+    # Age the dead worker's heartbeat by 300 s on the database clock (default
+    # rescue_after is 60 s).
+    if is_pg(queue):
+        query = "UPDATE jobkeeper_workers SET heartbeat_at = heartbeat_at - interval '300 seconds'"
+    else:
+        query = "UPDATE jobkeeper_workers SET heartbeat_at = heartbeat_at - 300"
+    sql(queue, query + " WHERE id = ?", ["dead-worker"])
+    workers = {w["id"]: w for w in cli.json("status")["workers"]}
+    assert workers["live-worker"]["stale"] is False
+    assert 0 <= workers["live-worker"]["heartbeat_age"] < 60
+    assert workers["dead-worker"]["stale"] is True
+    assert 300 <= workers["dead-worker"]["heartbeat_age"] < 360
+    # A console wide enough that the table's cells are not folded.
+    monkeypatch.setattr("jobkeeper.cli.main.console", Console(width=200))
+    rows = {
+        line.split("│")[1].strip(): line
+        for line in cli.ok("status").splitlines()
+        if "-worker " in line
+    }
+    assert rows["live-worker"].split("│")[5].strip() == "live"
+    state = rows["dead-worker"].split("│")[5].strip()
+    assert re.fullmatch(r"stale \(no heartbeat for 3[0-5]\ds\)", state), state

@@ -12,6 +12,7 @@ import json
 import logging
 import math
 import os
+import re
 import sys
 from typing import Annotated, Any, NoReturn
 
@@ -100,6 +101,11 @@ def _load_app(spec: str, database_url: str | None) -> JobQueue:
         module = importlib.import_module(module_name)
     except ImportError as exc:
         raise BadInput(f"--app {spec!r}: cannot import {module_name!r}: {exc}") from None
+    except (Exception, SystemExit) as exc:  # noqa: BLE001 - any error of the app itself
+        # The app's own code raised while being imported (a bug at module
+        # level, a SyntaxError, a sys.exit()): one line, not Click's traceback.
+        detail = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        raise BadInput(f"importing app {spec!r} failed: {detail}") from None
     jq = getattr(module, attribute, None)
     if not isinstance(jq, JobQueue):
         raise BadInput(
@@ -151,6 +157,40 @@ def _reject_constant(name: str) -> NoReturn:
     raise BadInput(f"--args: {name} is not valid JSON (NaN and Infinity are refused)")
 
 
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+
+
+class _TooLongInt:
+    """Stands in for a JSON integer past Python's int/str digit limit
+    (``sys.get_int_max_str_digits()``) while ``--args`` is parsed, so that the
+    error can name where it is instead of repeating Python's advice.
+    """
+
+    def __init__(self, digits: int, limit: int) -> None:
+        self.digits = digits
+        self.limit = limit
+
+
+def _find_too_long_int(value: Any) -> tuple[str, _TooLongInt]:
+    """The path (``args.a[1].b``) and marker of the first too-long integer."""
+    # Iterative, in document order: the JSON may be nested deeply.
+    stack: list[tuple[Any, str]] = [(value, "args")]
+    while stack:
+        item, path = stack.pop()
+        if isinstance(item, _TooLongInt):
+            return path, item
+        children: list[tuple[Any, str]] = []
+        if isinstance(item, dict):
+            for key, child in item.items():
+                # The same notation as the payload checks' errors.
+                name = f".{key}" if _IDENTIFIER.match(key) else f"[{repr(key)[:60]}]"
+                children.append((child, path + name))
+        elif isinstance(item, list):
+            children = [(child, f"{path}[{i}]") for i, child in enumerate(item)]
+        stack.extend(reversed(children))
+    raise AssertionError("a too-long integer was parsed but not found")  # pragma: no cover
+
+
 def parse_args_json(text: str) -> dict[str, Any]:
     """Parse ``--args``: a JSON object, strictly (no NaN/Infinity, no duplicate keys).
 
@@ -166,17 +206,61 @@ def parse_args_json(text: str) -> dict[str, Any]:
             seen[key] = value
         return seen
 
+    too_long: list[_TooLongInt] = []
+
+    def parse_int(digits: str) -> int | _TooLongInt:
+        limit = sys.get_int_max_str_digits()
+        if limit and len(digits.lstrip("-")) > limit:
+            marker = _TooLongInt(len(digits.lstrip("-")), limit)
+            too_long.append(marker)
+            return marker
+        return int(digits)
+
     try:
-        value = json.loads(text, parse_constant=_reject_constant, object_pairs_hook=no_duplicates)
+        value = json.loads(
+            text,
+            parse_constant=_reject_constant,
+            parse_int=parse_int,
+            object_pairs_hook=no_duplicates,
+        )
     except json.JSONDecodeError as exc:
         raise BadInput(f"--args is not valid JSON: {exc}") from None
     except ValueError as exc:  # e.g. an integer longer than Python's 4300-digit limit
         raise BadInput(f"--args cannot be read: {exc}") from None
     except RecursionError:
         raise BadInput("--args: JSON nested too deeply") from None
+    if too_long:
+        path, marker = _find_too_long_int(value)
+        raise BadInput(
+            f"--args: {path} is an integer of {marker.digits} digits; integers with more "
+            f"than {marker.limit} digits are not supported"
+        )
     if not isinstance(value, dict):
         raise BadInput(f"--args must be a JSON object, got {type(value).__name__}: {text[:60]}")
     return value
+
+
+#: How many of an app's task names an unknown-task error lists.
+_TASKS_SHOWN = 10
+
+
+def _check_task_known(jq: JobQueue, task: str, app_spec: str) -> None:
+    """With ``--app`` the task must be one of the app's: a typo would otherwise
+    enqueue a job no worker of that app can run.
+
+    Raises:
+        BadInput: naming the task and (up to ten of) the app's task names.
+    """
+    if task in jq.tasks:
+        return
+    names = sorted(jq.tasks)
+    if not names:
+        known = "it defines no tasks"
+    else:
+        shown = ", ".join(names[:_TASKS_SHOWN])
+        more = f" and {len(names) - _TASKS_SHOWN} more" if len(names) > _TASKS_SHOWN else ""
+        known = f"its tasks: {shown}{more}"
+    raise BadInput(f"--app {app_spec!r} has no task {task!r}; {known}")
 
 
 @app.command()
@@ -206,6 +290,7 @@ def enqueue(
     if app_spec is not None:
         jq = _load_app(app_spec, database)
         ctx.call_on_close(jq.close)
+        _check_task_known(jq, task, app_spec)
     else:
         jq = _queue(ctx)
     job = jq.enqueue(
@@ -225,15 +310,23 @@ def status(
     ctx: typer.Context,
     as_json: Annotated[bool, typer.Option("--json", help="Stable JSON output.")] = False,
 ) -> None:
-    """Job counts per queue and status, and the live workers."""
+    """Job counts per queue and status, and the registered workers (a worker
+    without a heartbeat for longer than rescue_after, default 60 s, is marked stale).
+    """
     jq = _queue(ctx)
     stats = jq.stats()
     workers = jq.workers()
+    # Heartbeats are written with the database clock, so their age is measured
+    # against it too (a skewed local clock cannot make a live worker look dead).
+    now = jq.backend.db_now()
+    rescue_after = jq.settings.rescue_after
     if as_json:
-        render.print_json(console, render.status_json(stats, workers))
+        render.print_json(
+            console, render.status_json(stats, workers, now=now, rescue_after=rescue_after)
+        )
         return
     console.print(render.status_table(stats))
-    console.print(render.workers_table(workers))
+    console.print(render.workers_table(workers, now=now, rescue_after=rescue_after))
 
 
 def _status_option(value: str | None) -> JobStatus | None:
@@ -320,9 +413,18 @@ def dead_requeue(
         raise BadInput("dead requeue: give job ids or --all (not both)")
     moved = _queue(ctx).requeue_dead(None if all_ else job_ids)
     missing = sorted(set(job_ids or []) - set(moved))
-    console.print(f"requeued {len(moved)} jobs: {' '.join(map(str, moved))}", highlight=False)
+    if moved:
+        console.print(f"requeued {len(moved)} jobs: {' '.join(map(str, moved))}", highlight=False)
+    elif all_:
+        console.print("requeued 0 jobs (there are no dead letters)", highlight=False)
     if missing:
-        err_console.print(f"not dead letters: {' '.join(map(str, missing))}", highlight=False)
+        # Like `jobs show` / `retry` / `cancel` on an unknown id: one error
+        # line, exit 1 (the ids that were dead letters are requeued all the same).
+        err_console.print(
+            f"error: not dead letters: {' '.join(map(str, missing))}",
+            highlight=False,
+            soft_wrap=True,
+        )
         raise typer.Exit(1)
 
 

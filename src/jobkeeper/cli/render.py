@@ -39,8 +39,37 @@ def _status(status: str) -> str:
     return f"[{STATUS_STYLE.get(status, 'white')}]{status}[/]"
 
 
-def status_json(stats: dict[str, dict[str, int]], workers: list[WorkerInfo]) -> dict[str, Any]:
-    """``{"queues": {queue: {status: n}}, "totals": {status: n}, "workers": [...]}``."""
+def heartbeat_age(worker: WorkerInfo, now: datetime) -> float:
+    """Seconds since the worker's last heartbeat (never negative)."""
+    return max(0.0, (now - worker.heartbeat_at).total_seconds())
+
+
+def is_stale(worker: WorkerInfo, now: datetime, rescue_after: float) -> bool:
+    """Whether the worker has been silent longer than ``rescue_after``: it most
+    likely died without deregistering (its running jobs are due for rescue).
+    """
+    return heartbeat_age(worker, now) > rescue_after
+
+
+def worker_state(worker: WorkerInfo, now: datetime, rescue_after: float) -> str:
+    """``live`` or ``stale (no heartbeat for 42s)``."""
+    if not is_stale(worker, now, rescue_after):
+        return "live"
+    return f"stale (no heartbeat for {heartbeat_age(worker, now):.0f}s)"
+
+
+def status_json(
+    stats: dict[str, dict[str, int]],
+    workers: list[WorkerInfo],
+    *,
+    now: datetime,
+    rescue_after: float,
+) -> dict[str, Any]:
+    """``{"queues": {queue: {status: n}}, "totals": {status: n}, "workers": [...]}``.
+
+    Each worker also has ``heartbeat_age`` (seconds, database clock) and
+    ``stale`` (silent for longer than ``rescue_after``).
+    """
     totals = {status.value: 0 for status in JobStatus}
     for per_status in stats.values():
         for status, count in per_status.items():
@@ -56,6 +85,8 @@ def status_json(stats: dict[str, dict[str, int]], workers: list[WorkerInfo]) -> 
                 "queues": w.queues,
                 "started_at": w.started_at.isoformat(),
                 "heartbeat_at": w.heartbeat_at.isoformat(),
+                "heartbeat_age": round(heartbeat_age(w, now), 3),
+                "stale": is_stale(w, now, rescue_after),
             }
             for w in workers
         ],
@@ -74,12 +105,19 @@ def status_table(stats: dict[str, dict[str, int]]) -> Table:
     return table
 
 
-def workers_table(workers: list[WorkerInfo]) -> Table:
+def workers_table(workers: list[WorkerInfo], *, now: datetime, rescue_after: float) -> Table:
     table = Table(title="workers")
-    for column in ("id", "queues", "started", "last heartbeat"):
+    for column in ("id", "queues", "started", "last heartbeat", "state"):
         table.add_column(column)
     for w in workers:
-        table.add_row(w.id, ",".join(w.queues), _when(w.started_at), _when(w.heartbeat_at))
+        state = worker_state(w, now, rescue_after)
+        table.add_row(
+            escape(w.id),
+            escape(",".join(w.queues)),
+            _when(w.started_at),
+            _when(w.heartbeat_at),
+            "[green]live[/]" if state == "live" else f"[red]{state}[/]",
+        )
     return table
 
 

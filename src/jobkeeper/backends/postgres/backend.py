@@ -40,6 +40,11 @@ from jobkeeper.models import Completion, Failure, Job, JobStatus, NewJob, Worker
 from jobkeeper.payload import decode_args
 
 logger = logging.getLogger("jobkeeper.postgres")
+# The pool logs every failed reconnect during an outage. An application that
+# configured logging still gets those records (they propagate to its
+# handlers); one that did not would get them dumped raw on stderr by
+# logging's last-resort handler, beside the DatabaseUnavailable it catches.
+logging.getLogger("psycopg.pool").addHandler(logging.NullHandler())
 
 UTC_NOW_TEXT_SQL = """to_char(now() AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')"""
 QUERIES = {
