@@ -52,6 +52,8 @@ logger = logging.getLogger("jobkeeper.worker")
 #: memory (a few microseconds, no I/O), so a short period buys a pickup
 #: latency of about half of it for next to no CPU.
 SQLITE_CHANGE_POLL = 0.01
+#: Longest wait, in seconds, between attempts to reach the database at start.
+STARTUP_RETRY_MAX = 10.0
 
 
 def make_worker_id() -> str:
@@ -256,13 +258,20 @@ class Worker:
 
         Installs SIGTERM/SIGINT handlers when called from the main thread.
 
+        A worker started while the database is unreachable waits for it,
+        retrying with backoff (up to ``STARTUP_RETRY_MAX`` seconds apart) and
+        logging each failure, the way a worker started beside its database
+        (docker-compose, a reboot) should; SIGTERM/SIGINT meanwhile ends it
+        cleanly. A ``burst`` worker is for scripts and fails at once instead.
+
         Raises:
-            DatabaseUnavailable: the database cannot be reached at start.
+            DatabaseUnavailable: with ``burst``, the database cannot be
+                reached at start.
         """
         previous = self._install_signals()
         try:
-            self._backend.worker_register(self.info)
-            self._registered = True
+            if not self._register_when_reachable():
+                return self.stats
             self.heartbeat.note_beat()
             logger.info(
                 "worker %s started: queues=%s concurrency=%d",
@@ -279,6 +288,25 @@ class Worker:
             self._shutdown()
             self._restore_signals(previous)
         return self.stats
+
+    def _register_when_reachable(self) -> bool:
+        """Register this worker, waiting out an unreachable database (not in
+        burst mode). Returns False if told to stop before it could.
+        """
+        delay = 0.5
+        while True:
+            try:
+                self._backend.worker_register(self.info)
+            except DatabaseUnavailable as exc:
+                if self.burst:
+                    raise
+                logger.warning("database unavailable at start (%s); retrying in %.1fs", exc, delay)
+                if self._stopping.wait(delay):
+                    return False
+                delay = min(delay * 2, STARTUP_RETRY_MAX)
+                continue
+            self._registered = True
+            return True
 
     def _install_signals(self) -> dict[int, Any]:
         if threading.current_thread() is not threading.main_thread():

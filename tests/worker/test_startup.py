@@ -1,0 +1,88 @@
+"""A worker started while its database is unreachable waits for it."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import time
+
+import psycopg
+import pytest
+
+from jobkeeper import DatabaseUnavailable, JobQueue, JobStatus
+
+from .helpers import running, wait_status
+
+PG_URL = os.environ.get("JOBKEEPER_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/test")
+FAST = {"heartbeat_interval": 0.1, "rescue_after": 1.0, "poll_interval": 0.05}
+
+
+@pytest.fixture
+def refusing_database():
+    """A migrated database holding one job, that refuses connections until
+    ``allow()`` is called (an outage of that database alone)."""
+    name = f"jk_start_{secrets.token_hex(4)}"
+    admin = psycopg.connect(PG_URL, autocommit=True)
+    admin.execute(f'CREATE DATABASE "{name}"')
+    url = PG_URL.rsplit("/", 1)[0] + f"/{name}"
+    setup = JobQueue(url, **FAST)
+    setup.migrate()
+    job = setup.enqueue("startup.echo", {"x": 1})
+    setup.close()
+    admin.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS false')
+
+    def allow() -> None:
+        admin.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS true')
+
+    try:
+        yield url, job.id, allow
+    finally:
+        allow()
+        admin.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+        admin.close()
+
+
+def test_a_worker_waits_for_the_database_then_runs_its_jobs(refusing_database, caplog):
+    url, job_id, allow = refusing_database
+    jq = JobQueue(url, **FAST)
+
+    @jq.task(name="startup.echo")
+    def echo(x: int) -> int:
+        return x
+
+    try:
+        with running(jq.worker(concurrency=2)) as handle:
+            deadline = time.monotonic() + 10
+            while "database unavailable at start" not in caplog.text:
+                assert time.monotonic() < deadline, "no warning while waiting"
+                assert handle.thread.is_alive(), "the worker gave up"
+                time.sleep(0.05)
+            allow()
+            (done,) = wait_status(jq, [job_id], {JobStatus.COMPLETED})
+            assert done.result == 1
+    finally:
+        jq.close()
+
+
+def test_a_waiting_worker_stops_cleanly(refusing_database, caplog):
+    url, _, _ = refusing_database
+    jq = JobQueue(url, **FAST)
+    try:
+        with running(jq.worker()) as handle:
+            deadline = time.monotonic() + 10
+            while "database unavailable at start" not in caplog.text:
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+        assert handle.stats.claimed == 0
+    finally:
+        jq.close()
+
+
+def test_a_burst_worker_fails_at_once(refusing_database):
+    url, _, _ = refusing_database
+    jq = JobQueue(url, **FAST)
+    try:
+        with pytest.raises(DatabaseUnavailable, match="not currently accepting connections"):
+            jq.run_worker(burst=True)
+    finally:
+        jq.close()
