@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import re
 import sqlite3
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
@@ -157,15 +158,16 @@ def same_json(a: Any, b: Any) -> bool:
     return type(a) is type(b) and a == b
 
 
-def sql(jq: JobQueue, query: str) -> list[tuple[Any, ...]]:
-    """One statement on a fresh connection of either backend."""
+def sql(jq: JobQueue, query: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+    """One statement on a fresh connection of either backend (placeholders:
+    ``%s`` on PostgreSQL, ``?`` on SQLite)."""
     if jq.url.scheme == "postgresql":
         with psycopg.connect(jq.url.url, autocommit=True) as conn:
-            cursor = conn.execute(query)  # type: ignore[arg-type]
+            cursor = conn.execute(query, params)  # type: ignore[arg-type]
             return cursor.fetchall() if cursor.description else []
     conn = sqlite3.connect(jq.url.path, timeout=30, isolation_level=None)
     try:
-        return conn.execute(query).fetchall()
+        return conn.execute(query, params).fetchall()
     finally:
         conn.close()
 

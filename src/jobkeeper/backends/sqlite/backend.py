@@ -98,6 +98,27 @@ _local_listeners: dict[str, set[threading.Event]] = {}
 _local_listeners_lock = threading.Lock()
 
 
+def _retry_while_locked(action: Callable[[], object], timeout: float) -> None:
+    """Run ``action``, retrying with jittered backoff while SQLite reports the
+    database locked, for up to ``timeout`` seconds.
+
+    For what the busy timeout does not cover: switching a new file to WAL
+    needs an exclusive lock, and connections opened at the same moment (four
+    processes running ``migrate`` at once) get "database is locked" at once.
+    """
+    deadline = time.monotonic() + timeout
+    pause = 0.005
+    while True:
+        try:
+            action()
+            return
+        except sqlite3.OperationalError as exc:
+            if not _is_locked(exc) or time.monotonic() >= deadline:
+                raise
+            time.sleep(pause * (0.5 + random.random()))
+            pause = min(pause * 2, 0.25)
+
+
 class SqliteBackend(SharedReads):
     """The SQLite implementation of :class:`~jobkeeper.backends.base.Backend`.
 
@@ -144,7 +165,9 @@ class SqliteBackend(SharedReads):
                     isolation_level=None,  # we issue BEGIN IMMEDIATE / COMMIT ourselves
                     check_same_thread=False,
                 )
-                conn.execute("PRAGMA journal_mode = WAL")
+                _retry_while_locked(
+                    lambda: conn.execute("PRAGMA journal_mode = WAL"), self.busy_timeout
+                )
                 conn.execute("PRAGMA synchronous = FULL")
             except sqlite3.Error as exc:
                 raise DatabaseUnavailable(f"SQLite database {self.path!r}: {exc}") from exc
@@ -185,17 +208,7 @@ class SqliteBackend(SharedReads):
         """
         with self._errors():
             conn = self._conn(create=create)
-            deadline = time.monotonic() + self.busy_timeout
-            pause = 0.005
-            while True:
-                try:
-                    conn.execute("BEGIN IMMEDIATE")
-                    break
-                except sqlite3.OperationalError as exc:
-                    if not _is_locked(exc) or time.monotonic() >= deadline:
-                        raise
-                    time.sleep(pause * (0.5 + random.random()))
-                    pause = min(pause * 2, 0.25)
+            _retry_while_locked(lambda: conn.execute("BEGIN IMMEDIATE"), self.busy_timeout)
             try:
                 yield conn
                 conn.execute("COMMIT")
