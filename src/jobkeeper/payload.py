@@ -31,7 +31,10 @@ _UNSTORABLE_CHAR = re.compile("[\x00\ud800-\udfff]")
 _SUSPICIOUS_JSON = re.compile(r"NaN|Infinity|\\u0000|\\u[dD][89a-fA-F]")
 
 
-def _child_path(path: str, key: str | int) -> str:
+def child_path(path: str, key: str | int) -> str:
+    """How errors name ``path``'s member ``key``: ``args.a``, ``args[0]``,
+    ``args['odd key']``.
+    """
     if isinstance(key, int):
         return f"{path}[{key}]"
     if _IDENTIFIER.match(key):
@@ -112,11 +115,11 @@ def check_json_value(value: Any, path: str) -> None:
                         f"{type(key).__name__}; JSON object keys must be strings"
                     )
                 _check_str(key, item_path, "object key")
-                stack.append((child, _child_path(item_path, key), depth + 1))
+                stack.append((child, child_path(item_path, key), depth + 1))
             continue
         if isinstance(item, list):
             for index, child in enumerate(item):
-                stack.append((child, _child_path(item_path, index), depth + 1))
+                stack.append((child, child_path(item_path, index), depth + 1))
             continue
         raise PayloadError(
             f"{item_path}: {_short_repr(item)} is a {type(item).__name__}, not a JSON value "

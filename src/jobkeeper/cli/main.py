@@ -12,7 +12,6 @@ import json
 import logging
 import math
 import os
-import re
 import sys
 from typing import Annotated, Any, NoReturn
 
@@ -28,6 +27,7 @@ from jobkeeper.errors import (
     PayloadError,
 )
 from jobkeeper.models import JobStatus
+from jobkeeper.payload import child_path
 
 app = typer.Typer(
     name="jobkeeper",
@@ -157,9 +157,6 @@ def _reject_constant(name: str) -> NoReturn:
     raise BadInput(f"--args: {name} is not valid JSON (NaN and Infinity are refused)")
 
 
-_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
-
-
 class _TooLongInt:
     """Stands in for a JSON integer past Python's int/str digit limit
     (``sys.get_int_max_str_digits()``) while ``--args`` is parsed, so that the
@@ -181,12 +178,9 @@ def _find_too_long_int(value: Any) -> tuple[str, _TooLongInt]:
             return path, item
         children: list[tuple[Any, str]] = []
         if isinstance(item, dict):
-            for key, child in item.items():
-                # The same notation as the payload checks' errors.
-                name = f".{key}" if _IDENTIFIER.match(key) else f"[{repr(key)[:60]}]"
-                children.append((child, path + name))
+            children = [(child, child_path(path, key)) for key, child in item.items()]
         elif isinstance(item, list):
-            children = [(child, f"{path}[{i}]") for i, child in enumerate(item)]
+            children = [(child, child_path(path, i)) for i, child in enumerate(item)]
         stack.extend(reversed(children))
     raise AssertionError("a too-long integer was parsed but not found")  # pragma: no cover
 

@@ -51,11 +51,11 @@ def is_stale(worker: WorkerInfo, now: datetime, rescue_after: float) -> bool:
     return heartbeat_age(worker, now) > rescue_after
 
 
-def worker_state(worker: WorkerInfo, now: datetime, rescue_after: float) -> str:
-    """``live`` or ``stale (no heartbeat for 42s)``."""
+def _state_cell(worker: WorkerInfo, now: datetime, rescue_after: float) -> str:
+    """``live`` (green) or ``stale (no heartbeat for 42s)`` (red)."""
     if not is_stale(worker, now, rescue_after):
-        return "live"
-    return f"stale (no heartbeat for {heartbeat_age(worker, now):.0f}s)"
+        return "[green]live[/]"
+    return f"[red]stale (no heartbeat for {heartbeat_age(worker, now):.0f}s)[/]"
 
 
 def status_json(
@@ -110,13 +110,12 @@ def workers_table(workers: list[WorkerInfo], *, now: datetime, rescue_after: flo
     for column in ("id", "queues", "started", "last heartbeat", "state"):
         table.add_column(column)
     for w in workers:
-        state = worker_state(w, now, rescue_after)
         table.add_row(
             escape(w.id),
             escape(",".join(w.queues)),
             _when(w.started_at),
             _when(w.heartbeat_at),
-            "[green]live[/]" if state == "live" else f"[red]{state}[/]",
+            _state_cell(w, now, rescue_after),
         )
     return table
 

@@ -751,16 +751,14 @@ class PostgresBackend(SharedReads):
                     # Inside the loop: even naming the channel takes a query,
                     # and a refused connection here must not end the thread.
                     echoed = self._listen_once(self.channel(), sender, on_queue, stop)
-                except (psycopg.Error, DatabaseError) as exc:
-                    reason = _describe(exc) if isinstance(exc, psycopg.Error) else str(exc)
-                    logger.warning("LISTEN connection lost (%s); reconnecting", reason)
-                    stop.wait(delay)
-                    delay = min(delay * 2, 5.0)
-                    continue
-                except Exception:
-                    # Wake-ups are an optimisation; polling covers for them,
-                    # but a listener that gives up for good would not.
-                    logger.exception("LISTEN failed unexpectedly; restarting it")
+                except Exception as exc:
+                    if isinstance(exc, psycopg.Error | DatabaseError):
+                        reason = _describe(exc) if isinstance(exc, psycopg.Error) else str(exc)
+                        logger.warning("LISTEN connection lost (%s); reconnecting", reason)
+                    else:
+                        # Wake-ups are an optimisation; polling covers for
+                        # them, but a listener that gives up for good would not.
+                        logger.exception("LISTEN failed unexpectedly; restarting it")
                     stop.wait(delay)
                     delay = min(delay * 2, 5.0)
                     continue
