@@ -65,7 +65,8 @@ def with_dbname(url: str, dbname: str) -> str:
     return urlunsplit((parts.scheme, parts.netloc, "/" + dbname, parts.query, parts.fragment))
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_exists(pid: int) -> bool:
+    """Whether any process (a zombie included) has this pid."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -139,7 +140,7 @@ class PgServer:
             ]
             for name in names:
                 match = re.match(rf"{DB_PREFIX}(\d+)_", name)
-                if match and not _pid_alive(int(match.group(1))):
+                if match and not pid_exists(int(match.group(1))):
                     log(f"dropping stale database {name}")
                     conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 

@@ -31,7 +31,7 @@ from benchmarks.harness import (
     python_bin,
     sqlite_connect,
 )
-from benchmarks.oban_env import ObanEnv, child_env, ensure
+from benchmarks.oban_env import ObanEnv, child_env, ensure, run_in_venv
 
 CONCURRENCY = 10
 FILL_CHUNK = 10_000
@@ -459,38 +459,11 @@ class Oban(Library):
     def _adapter(self, *args: str, timeout: float = 1800) -> dict[str, Any]:
         """Run one adapter command with the venv's Python; its JSON answer."""
         argv = [self._env().python, "-m", "benchmarks.apps.oban_adapter", *args]
-        out = subprocess.run(
-            argv,
-            cwd=ROOT,
-            env=child_env(),
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            check=False,
-        )
-        if out.returncode != 0:
-            text = (out.stderr or out.stdout).strip().splitlines()
-            raise NotAvailableError(
-                f"oban adapter {args[0]} exited with code {out.returncode}: "
-                f"{text[-1] if text else '(no output)'}"
-            )
-        return dict(json.loads(out.stdout.strip().splitlines()[-1]))
+        out = run_in_venv(argv, f"oban adapter {args[0]}", timeout=timeout)
+        return dict(json.loads(out.strip().splitlines()[-1]))
 
     def prepare(self, url: str) -> None:
-        out = subprocess.run(
-            [self._env().oban_cli, "install", "--dsn", url],
-            cwd=ROOT,
-            env=child_env(),
-            capture_output=True,
-            text=True,
-            timeout=300,
-            check=False,
-        )
-        if out.returncode != 0:
-            text = (out.stderr or out.stdout).strip().splitlines()
-            raise NotAvailableError(
-                f"oban install exited with code {out.returncode}: {text[-1] if text else ''}"
-            )
+        run_in_venv([self._env().oban_cli, "install", "--dsn", url], "oban install", timeout=300)
 
     def enqueue_single(self, url: str, n: int) -> float:
         return float(self._adapter("single", url, str(n))["seconds"])

@@ -137,24 +137,40 @@ def _run_logged(argv: list[str], what: str, log_path: Path) -> None:
         raise NotAvailableError(f"{what} failed (exit {code}; {log_path}): {tail}")
 
 
-def _smoke(venv: Path) -> tuple[str, str]:
-    """Import oban and the benchmark workers in the venv: ``(python, oban)`` versions."""
-    python = str(venv / "bin" / "python")
+def run_in_venv(argv: list[str], what: str, *, timeout: float) -> str:
+    """Run ``argv`` (the venv's Python and its arguments) from the repository
+    root with :func:`child_env`; its stdout.
+
+    Raises:
+        NotAvailableError: naming ``what``, the exit code and the last line
+            the command printed.
+    """
     out = subprocess.run(
-        [python, "-m", "benchmarks.apps.oban_adapter", "version"],
+        argv,
         cwd=ROOT,
         env=child_env(),
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=timeout,
         check=False,
     )
     if out.returncode != 0:
         text = (out.stderr or out.stdout).strip().splitlines()
         raise NotAvailableError(
-            f"oban does not import in {venv}: {text[-1] if text else f'exit {out.returncode}'}"
+            f"{what} exited with code {out.returncode}: {text[-1] if text else '(no output)'}"
         )
-    found = json.loads(out.stdout.strip().splitlines()[-1])
+    return out.stdout
+
+
+def _smoke(venv: Path) -> tuple[str, str]:
+    """Import oban and the benchmark workers in the venv: ``(python, oban)`` versions."""
+    python = str(venv / "bin" / "python")
+    out = run_in_venv(
+        [python, "-m", "benchmarks.apps.oban_adapter", "version"],
+        f"importing oban in {venv}",
+        timeout=120,
+    )
+    found = json.loads(out.strip().splitlines()[-1])
     return found["python"], found["oban"]
 
 

@@ -13,9 +13,11 @@ events to ``$SOAK_LOG_DIR`` (see :mod:`benchmarks.soak.history`) and return
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import random
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from benchmarks.soak.history import ExecLog
@@ -60,6 +62,26 @@ def _end(execution: tuple[int, int, str], outcome: str) -> None:
         LOG.end(*execution, outcome)
 
 
+@contextlib.contextmanager
+def _logged() -> Iterator[tuple[int, int, str]]:
+    """Log this execution's ``start``, then its ``end``: ``ok`` if the block
+    finished, ``error`` if anything (a failure, a cancel) left it early.
+    Yields ``(job id, attempt, worker id)``.
+    """
+    execution = _begin()
+    outcome = "error"
+    try:
+        yield execution
+        outcome = "ok"
+    finally:
+        _end(execution, outcome)
+
+
+def _result(n: int, execution: tuple[int, int, str]) -> dict[str, Any]:
+    """The result naming the execution that produced it."""
+    return {"n": n, "worker": execution[2], "attempt": execution[1]}
+
+
 def _decide(mode: str, attempt: int, fails: int) -> None:
     """Raise the failure ``mode`` asks for on this attempt, if any."""
     if mode == "fail" or (mode == "flaky" and attempt <= fails):
@@ -85,32 +107,22 @@ def work(n: int, ms: float, mode: str = "ok", fails: int = 0, cpu: bool = False)
     fails as ``mode`` says: ok | flaky (fails ``fails`` times) | retry (raises
     Retry ``fails`` times) | fail (always) | discard.
     """
-    execution = _begin()
-    outcome = "error"
-    try:
+    with _logged() as execution:
         if cpu:
             _burn(ms / 1000)
         else:
             time.sleep(ms / 1000)
         _decide(mode, execution[1], fails)
-        outcome = "ok"
-    finally:
-        _end(execution, outcome)
-    return {"n": n, "worker": execution[2], "attempt": execution[1]}
+    return _result(n, execution)
 
 
 @jq.task(name="soak.work_async")
 async def work_async(n: int, ms: float, mode: str = "ok", fails: int = 0) -> dict[str, Any]:
     """The async variant of ``soak.work``."""
-    execution = _begin()
-    outcome = "error"
-    try:
+    with _logged() as execution:
         await asyncio.sleep(ms / 1000)
         _decide(mode, execution[1], fails)
-        outcome = "ok"
-    finally:
-        _end(execution, outcome)
-    return {"n": n, "worker": execution[2], "attempt": execution[1]}
+    return _result(n, execution)
 
 
 @jq.task(name="soak.noop")
@@ -122,14 +134,9 @@ def noop(n: int) -> None:
 @jq.task(name="soak.long_cpu")
 def long_cpu(n: int, seconds: float) -> dict[str, Any]:
     """A CPU-bound sync task running ``seconds``, longer than rescue_after."""
-    execution = _begin()
-    outcome = "error"
-    try:
+    with _logged() as execution:
         _burn(seconds)
-        outcome = "ok"
-    finally:
-        _end(execution, outcome)
-    return {"n": n, "worker": execution[2], "attempt": execution[1]}
+    return _result(n, execution)
 
 
 @jq.task(name="soak.long_async_block")
@@ -137,17 +144,12 @@ async def long_async_block(n: int, seconds: float, cpu: bool = False) -> dict[st
     """An async task that blocks the event loop for ``seconds`` (a blocking
     sleep, or a CPU-bound loop) without ever awaiting.
     """
-    execution = _begin()
-    outcome = "error"
-    try:
+    with _logged() as execution:
         if cpu:
             _burn(seconds)
         else:
             time.sleep(seconds)
-        outcome = "ok"
-    finally:
-        _end(execution, outcome)
-    return {"n": n, "worker": execution[2], "attempt": execution[1]}
+    return _result(n, execution)
 
 
 @jq.task(name="soak.stall")
@@ -155,12 +157,7 @@ def stall(n: int, seconds: float) -> dict[str, Any]:
     """Sleeps ``seconds`` on its first attempt only (a job to SIGKILL a worker
     under, and see rescued and completed by another).
     """
-    execution = _begin()
-    outcome = "error"
-    try:
+    with _logged() as execution:
         if execution[1] == 1:
             time.sleep(seconds)
-        outcome = "ok"
-    finally:
-        _end(execution, outcome)
-    return {"n": n, "worker": execution[2], "attempt": execution[1]}
+    return _result(n, execution)

@@ -20,6 +20,8 @@ from pathlib import Path
 
 import psycopg
 
+from benchmarks.harness import pid_exists
+
 PG_BIN = Path(os.environ.get("SOAK_PG_BIN", "/usr/lib/postgresql/15/bin"))
 
 
@@ -47,20 +49,9 @@ def _children(pid: int) -> list[int]:
     return found
 
 
-def _exists(pid: int) -> bool:
-    """Whether any process (a zombie included) has this pid."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _alive(pid: int) -> bool:
     """Whether this pid is a live process (not a zombie)."""
-    if not _exists(pid):
+    if not pid_exists(pid):
         return False
     stat = Path(f"/proc/{pid}/stat")
     with contextlib.suppress(OSError):
@@ -176,9 +167,9 @@ class PrivatePostgres:
             time.sleep(0.05)
         # The start-up check is kill(pid, 0), which a zombie still passes
         # until its parent reaps it: wait for that, else drop the stale lock.
-        while _exists(pid) and time.monotonic() < deadline + 10:
+        while pid_exists(pid) and time.monotonic() < deadline + 10:
             time.sleep(0.05)
-        if _exists(pid) and not _alive(pid):
+        if pid_exists(pid) and not _alive(pid):
             (self.data / "postmaster.pid").unlink(missing_ok=True)
 
     def running(self) -> bool:
