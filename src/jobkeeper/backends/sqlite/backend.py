@@ -224,6 +224,13 @@ class SqliteBackend(SharedReads):
     def _jobs(self, rows: list[dict[str, Any]], *, dead: bool = False) -> list[Job]:
         return [job_from_row(row, epoch_to_datetime, dead=dead) for row in rows]
 
+    def _probe(self, name: str, params: dict[str, Any] | None = None) -> bool:
+        """Whether a periodic write has anything to do (see the ``*_probe``
+        queries: a lock-free read, so idle polls take no write lock).
+        """
+        with self._errors():
+            return bool(self._conn().execute(QUERIES[name], params or {}).fetchone()[0])
+
     def dedicated(self) -> SqliteBackend:
         return SqliteBackend(self.url, busy_timeout=self.busy_timeout)
 
@@ -398,6 +405,8 @@ class SqliteBackend(SharedReads):
         return [job_from_new(new, first + i, now) for i, new in enumerate(jobs)]
 
     def job_claim(self, *, worker_id: str, queue: str, limit: int) -> list[Job]:
+        if not self._probe("job_claim_probe", {"queue": queue}):
+            return []
         with self._write() as conn:
             rows = _rows(
                 conn.execute(
@@ -464,6 +473,8 @@ class SqliteBackend(SharedReads):
         return written
 
     def job_stage_due(self) -> int:
+        if not self._probe("job_stage_due_probe"):
+            return 0
         with self._write() as conn:
             staged = conn.execute(QUERIES["job_stage_due"], {"limit": 10_000}).rowcount
         if staged:
@@ -480,6 +491,8 @@ class SqliteBackend(SharedReads):
         return None if value is None else float(value)
 
     def job_prune_finished(self, *, older_than: float, limit: int) -> int:
+        if not self._probe("job_prune_finished_probe", {"older_than": older_than}):
+            return 0
         with self._write() as conn:
             return conn.execute(
                 QUERIES["job_prune_finished"], {"older_than": older_than, "limit": limit}
@@ -548,9 +561,21 @@ class SqliteBackend(SharedReads):
             conn.execute(QUERIES["worker_register"], self._worker_params(worker))
 
     def worker_heartbeat(self, worker: WorkerInfo) -> None:
-        with self._write() as conn:
-            if conn.execute(QUERIES["worker_heartbeat"], {"id": worker.id}).rowcount == 0:
-                # Pruned while paused: come back; old claims stay fenced off.
+        # One autocommit statement: SQLite takes the write lock and commits
+        # inside a single step, so the lock is never held while this thread
+        # waits for the GIL between BEGIN, UPDATE and COMMIT.
+        updated: list[int] = []
+        with self._errors():
+            conn = self._conn()
+            _retry_while_locked(
+                lambda: updated.append(
+                    conn.execute(QUERIES["worker_heartbeat"], {"id": worker.id}).rowcount
+                ),
+                self.busy_timeout,
+            )
+        if updated[-1] == 0:
+            # Pruned while paused: come back; old claims stay fenced off.
+            with self._write() as conn:
                 conn.execute(QUERIES["worker_register"], self._worker_params(worker))
 
     def worker_deregister(self, worker_id: str) -> None:
@@ -558,6 +583,8 @@ class SqliteBackend(SharedReads):
             conn.execute(QUERIES["worker_deregister"], {"id": worker_id})
 
     def worker_prune_stale(self, *, older_than: float) -> int:
+        if not self._probe("worker_prune_stale_probe", {"older_than": older_than}):
+            return 0
         with self._write() as conn:
             return conn.execute(QUERIES["worker_prune_stale"], {"older_than": older_than}).rowcount
 

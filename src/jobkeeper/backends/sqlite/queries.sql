@@ -46,6 +46,14 @@ WHERE id IN (
     LIMIT :limit)
 RETURNING *
 
+-- name: job_claim_probe
+-- The *_probe reads run before a periodic write and outside any transaction:
+-- a WAL reader takes no lock, so an idle worker's polls neither wait behind
+-- other processes' writes nor hold up theirs (heartbeats above all: CPU-bound
+-- tasks slow every Python step of a lock holder, stretching each hold). A
+-- probe that misses a row committed a moment later defers it to the next poll.
+SELECT EXISTS (SELECT 1 FROM jobkeeper_jobs WHERE status = 'available' AND queue = :queue)
+
 -- name: job_complete
 -- Fenced on (id, worker_id, attempt): a worker that lost its claim writes nothing.
 UPDATE jobkeeper_jobs
@@ -101,6 +109,11 @@ WHERE id IN (
     ORDER BY scheduled_at
     LIMIT :limit)
 
+-- name: job_stage_due_probe
+SELECT EXISTS (
+    SELECT 1 FROM jobkeeper_jobs
+    WHERE status IN ('scheduled', 'retryable') AND scheduled_at <= {now})
+
 -- name: job_next_due_in
 -- 0 while any job of these queues is available (see the PostgreSQL twin).
 SELECT CASE
@@ -141,6 +154,11 @@ WHERE id IN (
     FROM jobkeeper_jobs
     WHERE status IN ('completed', 'cancelled') AND finished_at < {now} - :older_than
     LIMIT :limit)
+
+-- name: job_prune_finished_probe
+SELECT EXISTS (
+    SELECT 1 FROM jobkeeper_jobs
+    WHERE status IN ('completed', 'cancelled') AND finished_at < {now} - :older_than)
 
 -- name: job_get
 SELECT * FROM jobkeeper_jobs WHERE id = :id
@@ -212,6 +230,9 @@ DELETE FROM jobkeeper_workers WHERE id = :id
 
 -- name: worker_prune_stale
 DELETE FROM jobkeeper_workers WHERE heartbeat_at < {now} - :older_than
+
+-- name: worker_prune_stale_probe
+SELECT EXISTS (SELECT 1 FROM jobkeeper_workers WHERE heartbeat_at < {now} - :older_than)
 
 -- name: worker_list
 SELECT id, hostname, pid, queues, started_at, heartbeat_at

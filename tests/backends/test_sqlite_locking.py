@@ -1,0 +1,120 @@
+"""SQLite: a worker's periodic writes take the database's one write lock only
+when they have something to write.
+
+Idle polls (claim on an empty queue, staging with nothing due, pruning with
+nothing old) read first, outside any transaction; a WAL reader takes no lock.
+Before this, every poll of every worker process took the write lock, and with
+CPU-bound tasks slowing each Python step of the holder, heartbeats queued
+behind those holds for hundreds of milliseconds (tests/soak/test_long_jobs.py
+failed about one run in five on SQLite).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from jobkeeper import JobQueue
+from jobkeeper.errors import DatabaseError
+from jobkeeper.models import WorkerInfo
+
+WORKER = WorkerInfo(
+    id="host:1:abcd",
+    hostname="host",
+    pid=1,
+    queues=["default"],
+    started_at=datetime.now(UTC),
+    heartbeat_at=datetime.now(UTC),
+)
+
+
+@pytest.fixture
+def locked_queue(sqlite_url: str):
+    """A migrated SQLite queue (busy timeout 0.3 s) and a second connection
+    that holds the write lock, the way another worker process mid-write does.
+    """
+    jq = JobQueue(sqlite_url, busy_timeout=0.3)
+    jq.migrate()
+    jq.backend.worker_register(WORKER)
+    holder = sqlite3.connect(sqlite_url.removeprefix("sqlite:///"), isolation_level=None)
+    try:
+        yield jq, holder
+    finally:
+        if holder.in_transaction:
+            holder.execute("ROLLBACK")
+        holder.close()
+        jq.close()
+
+
+def _lock(holder: sqlite3.Connection) -> None:
+    holder.execute("BEGIN IMMEDIATE")
+
+
+def test_idle_polls_do_not_wait_for_the_write_lock(locked_queue):
+    jq, holder = locked_queue
+    backend = jq.backend.dedicated()
+    try:
+        _lock(holder)
+        started = time.monotonic()
+        assert backend.job_claim(worker_id=WORKER.id, queue="default", limit=10) == []
+        assert backend.job_stage_due() == 0
+        assert backend.job_prune_finished(older_than=3600, limit=100) == 0
+        assert backend.worker_prune_stale(older_than=3600) == 0
+        # All four returned without waiting out the 0.3 s busy timeout.
+        assert time.monotonic() - started < 0.3
+    finally:
+        backend.close()
+
+
+def test_polls_with_work_still_write_under_the_lock(locked_queue):
+    """The probe only skips empty polls: with work, the write waits for the
+    lock (and fails cleanly if it never comes), then does its work.
+    """
+    jq, holder = locked_queue
+    job = jq.enqueue("t", {})
+    jq.enqueue("t", {}, delay=3600)
+    backend = jq.backend.dedicated()
+    try:
+        _lock(holder)
+        with pytest.raises(DatabaseError, match="locked"):
+            backend.job_claim(worker_id=WORKER.id, queue="default", limit=10)
+        holder.execute("ROLLBACK")
+        claimed = backend.job_claim(worker_id=WORKER.id, queue="default", limit=10)
+        assert [j.id for j in claimed] == [job.id]
+        # Make the delayed job due: staging then has work and does it.
+        holder.execute(
+            "UPDATE jobkeeper_jobs SET scheduled_at = scheduled_at - 7200 "
+            "WHERE status = 'scheduled'"
+        )
+        assert backend.job_stage_due() == 1
+    finally:
+        backend.close()
+
+
+def test_heartbeat_is_one_statement_and_re_registers_a_pruned_worker(locked_queue):
+    jq, holder = locked_queue
+    backend = jq.backend.dedicated()
+    try:
+        before = {w.id: w.heartbeat_at for w in backend.worker_list()}[WORKER.id]
+        time.sleep(0.01)
+        backend.worker_heartbeat(WORKER)
+        after = {w.id: w.heartbeat_at for w in backend.worker_list()}[WORKER.id]
+        assert after > before
+        # A worker pruned while it was paused comes back on its next beat.
+        holder.execute("DELETE FROM jobkeeper_workers")
+        backend.worker_heartbeat(WORKER)
+        assert [w.id for w in backend.worker_list()] == [WORKER.id]
+        # Under another process's write lock the beat waits for the lock, and
+        # fails cleanly (nothing half-written) when it never comes.
+        _lock(holder)
+        with pytest.raises(DatabaseError, match="locked"):
+            backend.worker_heartbeat(WORKER)
+        holder.execute("ROLLBACK")
+        backend.worker_heartbeat(WORKER)
+        beat = {w.id: w.heartbeat_at for w in backend.worker_list()}[WORKER.id]
+        assert beat > datetime.now(UTC) - timedelta(seconds=5)
+    finally:
+        backend.close()
