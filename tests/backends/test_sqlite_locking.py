@@ -53,18 +53,53 @@ def _lock(holder: sqlite3.Connection) -> None:
     holder.execute("BEGIN IMMEDIATE")
 
 
+def _statements(backend) -> list[str]:
+    """Record the statements ``backend``'s connection (this thread's) runs."""
+    seen: list[str] = []
+    backend._conn().set_trace_callback(seen.append)
+    return seen
+
+
 def test_idle_polls_do_not_wait_for_the_write_lock(locked_queue):
     jq, holder = locked_queue
     backend = jq.backend.dedicated()
     try:
+        seen = _statements(backend)
         _lock(holder)
         started = time.monotonic()
         assert backend.job_claim(worker_id=WORKER.id, queue="default", limit=10) == []
         assert backend.job_stage_due() == 0
         assert backend.job_prune_finished(older_than=3600, limit=100) == 0
         assert backend.worker_prune_stale(older_than=3600) == 0
-        # All four returned without waiting out the 0.3 s busy timeout.
+        # All four returned without waiting out the 0.3 s busy timeout, and
+        # none so much as began a write transaction.
         assert time.monotonic() - started < 0.3
+        assert len(seen) == 4
+        assert all("SELECT EXISTS" in s and "BEGIN" not in s for s in seen), seen
+    finally:
+        backend.close()
+
+
+def test_prunes_with_work_delete_what_is_old(locked_queue):
+    """Each probe matches its write: with old rows present, the prunes find
+    and delete them (a probe drifting from its DELETE would skip them).
+    """
+    jq, holder = locked_queue
+    done = jq.enqueue("t", {})
+    backend = jq.backend.dedicated()
+    try:
+        [claimed] = backend.job_claim(worker_id=WORKER.id, queue="default", limit=1)
+        assert claimed.id == done.id
+        holder.execute(
+            "UPDATE jobkeeper_jobs SET status = 'completed', worker_id = NULL, "
+            "finished_at = unixepoch() - 7200 WHERE id = ?",
+            (done.id,),
+        )
+        assert backend.job_prune_finished(older_than=3600, limit=100) == 1
+        assert jq.get_job(done.id) is None
+        holder.execute("UPDATE jobkeeper_workers SET heartbeat_at = heartbeat_at - 7200")
+        assert backend.worker_prune_stale(older_than=3600) == 1
+        assert backend.worker_list() == []
     finally:
         backend.close()
 
@@ -100,7 +135,10 @@ def test_heartbeat_is_one_statement_and_re_registers_a_pruned_worker(locked_queu
     try:
         before = {w.id: w.heartbeat_at for w in backend.worker_list()}[WORKER.id]
         time.sleep(0.01)
+        seen = _statements(backend)
         backend.worker_heartbeat(WORKER)
+        # The lock is taken and released inside one statement: no BEGIN/COMMIT.
+        assert [s.split()[0] for s in seen] == ["UPDATE"], seen
         after = {w.id: w.heartbeat_at for w in backend.worker_list()}[WORKER.id]
         assert after > before
         # A worker pruned while it was paused comes back on its next beat.

@@ -1,5 +1,7 @@
 """SQLite backend: the embedded default. WAL mode, a busy timeout, and every
-write in one ``BEGIN IMMEDIATE`` transaction.
+write in one ``BEGIN IMMEDIATE`` transaction, except the heartbeat: a single
+autocommit statement. Periodic writes read first and take the write lock only
+when they have work (see the ``*_probe`` queries).
 
 ``BEGIN IMMEDIATE`` takes the database's single write lock before the claim
 reads anything, so two workers (threads or processes) can never claim the
@@ -567,6 +569,10 @@ class SqliteBackend(SharedReads):
         updated: list[int] = []
         with self._errors():
             conn = self._conn()
+            if conn.in_transaction:
+                # Only after a ROLLBACK that itself failed: a beat must never
+                # join (and vanish with) a transaction nobody will commit.
+                conn.execute("ROLLBACK")
             _retry_while_locked(
                 lambda: updated.append(
                     conn.execute(QUERIES["worker_heartbeat"], {"id": worker.id}).rowcount
