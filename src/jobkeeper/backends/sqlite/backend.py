@@ -231,7 +231,7 @@ class SqliteBackend(SharedReads):
         queries: a lock-free read, so idle polls take no write lock).
         """
         with self._errors():
-            return bool(self._conn().execute(QUERIES[name], params or {}).fetchone()[0])
+            return self._conn().execute(QUERIES[name], params or {}).fetchone() is not None
 
     def dedicated(self) -> SqliteBackend:
         return SqliteBackend(self.url, busy_timeout=self.busy_timeout)

@@ -52,7 +52,13 @@ RETURNING *
 -- other processes' writes nor hold up theirs (heartbeats above all: CPU-bound
 -- tasks slow every Python step of a lock holder, stretching each hold). A
 -- probe that misses a row committed a moment later defers it to the next poll.
-SELECT EXISTS (SELECT 1 FROM jobkeeper_jobs WHERE status = 'available' AND queue = :queue)
+-- Each has its write's WHERE and uses its index (the claim probe keeps the
+-- claim's ORDER BY: as EXISTS (...), SQLite scanned the whole table).
+SELECT 1
+FROM jobkeeper_jobs
+WHERE status = 'available' AND queue = :queue
+ORDER BY priority, scheduled_at, id
+LIMIT 1
 
 -- name: job_complete
 -- Fenced on (id, worker_id, attempt): a worker that lost its claim writes nothing.
@@ -110,9 +116,10 @@ WHERE id IN (
     LIMIT :limit)
 
 -- name: job_stage_due_probe
-SELECT EXISTS (
-    SELECT 1 FROM jobkeeper_jobs
-    WHERE status IN ('scheduled', 'retryable') AND scheduled_at <= {now})
+SELECT 1
+FROM jobkeeper_jobs
+WHERE status IN ('scheduled', 'retryable') AND scheduled_at <= {now}
+LIMIT 1
 
 -- name: job_next_due_in
 -- 0 while any job of these queues is available (see the PostgreSQL twin).
@@ -156,9 +163,10 @@ WHERE id IN (
     LIMIT :limit)
 
 -- name: job_prune_finished_probe
-SELECT EXISTS (
-    SELECT 1 FROM jobkeeper_jobs
-    WHERE status IN ('completed', 'cancelled') AND finished_at < {now} - :older_than)
+SELECT 1
+FROM jobkeeper_jobs
+WHERE status IN ('completed', 'cancelled') AND finished_at < {now} - :older_than
+LIMIT 1
 
 -- name: job_get
 SELECT * FROM jobkeeper_jobs WHERE id = :id
@@ -232,7 +240,7 @@ DELETE FROM jobkeeper_workers WHERE id = :id
 DELETE FROM jobkeeper_workers WHERE heartbeat_at < {now} - :older_than
 
 -- name: worker_prune_stale_probe
-SELECT EXISTS (SELECT 1 FROM jobkeeper_workers WHERE heartbeat_at < {now} - :older_than)
+SELECT 1 FROM jobkeeper_workers WHERE heartbeat_at < {now} - :older_than LIMIT 1
 
 -- name: worker_list
 SELECT id, hostname, pid, queues, started_at, heartbeat_at
