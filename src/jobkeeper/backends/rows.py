@@ -69,6 +69,23 @@ def job_from_row(
     )
 
 
+def insert_params(new: NewJob, run_at: Any) -> dict[str, Any]:
+    """The named parameters of the one-row insert queries of both backends
+    (a query that has no ``unique_key`` ignores it); ``run_at`` is the
+    backend's form of ``new.run_at``.
+    """
+    return {
+        "queue": new.queue,
+        "task": new.task,
+        "args": new.args_json,
+        "priority": new.priority,
+        "max_attempts": new.max_attempts,
+        "delay": new.delay,
+        "run_at": run_at,
+        "unique_key": new.unique_key,
+    }
+
+
 def schedule_of(new: NewJob, now: datetime) -> tuple[JobStatus, datetime]:
     """A new job's status and ``scheduled_at`` given the database clock ``now``."""
     if new.delay is not None:

@@ -27,6 +27,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 from jobkeeper.backends.rows import (
     aware_utc,
     completion_arrays,
+    insert_params,
     job_from_new,
     job_from_row,
     match_inserted,
@@ -489,18 +490,7 @@ class PostgresBackend(SharedReads):
         """The single enqueue: one statement, and no row to decode (the args
         go back as the caller gave them, like the COPY path's).
         """
-        cursor.execute(
-            QUERIES["job_insert_one"],
-            {
-                "queue": new.queue,
-                "task": new.task,
-                "args": new.args_json,
-                "priority": new.priority,
-                "max_attempts": new.max_attempts,
-                "delay": new.delay,
-                "run_at": new.run_at,
-            },
-        )
+        cursor.execute(QUERIES["job_insert_one"], insert_params(new, new.run_at))
         row = cursor.fetchone()
         assert row is not None
         job_id, status, scheduled_at, created_at = row

@@ -20,11 +20,12 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from jobkeeper.backends.rows import (
     completion_arrays,
     epoch_to_datetime,
+    insert_params,
     job_from_new,
     job_from_row,
     match_inserted,
@@ -100,9 +101,12 @@ _local_listeners: dict[str, set[threading.Event]] = {}
 _local_listeners_lock = threading.Lock()
 
 
-def _retry_while_locked(action: Callable[[], object], timeout: float) -> None:
-    """Run ``action``, retrying with jittered backoff while SQLite reports the
-    database locked, for up to ``timeout`` seconds.
+T = TypeVar("T")
+
+
+def _retry_while_locked(action: Callable[[], T], timeout: float) -> T:
+    """Run ``action`` and return its result, retrying with jittered backoff
+    while SQLite reports the database locked, for up to ``timeout`` seconds.
 
     For what the busy timeout does not cover: switching a new file to WAL
     needs an exclusive lock, and connections opened at the same moment (four
@@ -112,8 +116,7 @@ def _retry_while_locked(action: Callable[[], object], timeout: float) -> None:
     pause = 0.005
     while True:
         try:
-            action()
-            return
+            return action()
         except sqlite3.OperationalError as exc:
             if not _is_locked(exc) or time.monotonic() >= deadline:
                 raise
@@ -354,16 +357,7 @@ class SqliteBackend(SharedReads):
         out: list[Job] = []
         insert = QUERIES["job_insert"]
         for new in jobs:
-            params = {
-                "queue": new.queue,
-                "task": new.task,
-                "args": new.args_json,
-                "priority": new.priority,
-                "max_attempts": new.max_attempts,
-                "delay": new.delay,
-                "run_at": new.run_at.timestamp() if new.run_at else None,
-                "unique_key": new.unique_key,
-            }
+            params = insert_params(new, new.run_at.timestamp() if new.run_at else None)
             inserted = self._jobs(_rows(conn.execute(insert, params)))
             existing: dict[tuple[str, str], Job] = {}
             if not inserted and new.unique_key is not None:
@@ -566,20 +560,17 @@ class SqliteBackend(SharedReads):
         # One autocommit statement: SQLite takes the write lock and commits
         # inside a single step, so the lock is never held while this thread
         # waits for the GIL between BEGIN, UPDATE and COMMIT.
-        updated: list[int] = []
         with self._errors():
             conn = self._conn()
             if conn.in_transaction:
                 # Only after a ROLLBACK that itself failed: a beat must never
                 # join (and vanish with) a transaction nobody will commit.
                 conn.execute("ROLLBACK")
-            _retry_while_locked(
-                lambda: updated.append(
-                    conn.execute(QUERIES["worker_heartbeat"], {"id": worker.id}).rowcount
-                ),
+            updated = _retry_while_locked(
+                lambda: conn.execute(QUERIES["worker_heartbeat"], {"id": worker.id}).rowcount,
                 self.busy_timeout,
             )
-        if updated[-1] == 0:
+        if updated == 0:
             # Pruned while paused: come back; old claims stay fenced off.
             with self._write() as conn:
                 conn.execute(QUERIES["worker_register"], self._worker_params(worker))
