@@ -204,8 +204,9 @@ def parse_args_json(text: str) -> dict[str, Any]:
 
     def parse_int(digits: str) -> int | _TooLongInt:
         limit = sys.get_int_max_str_digits()
-        if limit and len(digits.lstrip("-")) > limit:
-            marker = _TooLongInt(len(digits.lstrip("-")), limit)
+        length = len(digits.lstrip("-"))
+        if limit and length > limit:
+            marker = _TooLongInt(length, limit)
             too_long.append(marker)
             return marker
         return int(digits)
