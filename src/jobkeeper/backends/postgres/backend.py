@@ -12,6 +12,7 @@ import hashlib
 import json
 import logging
 import secrets
+import select
 import threading
 import time
 import weakref
@@ -131,6 +132,19 @@ def claimed_job(row: tuple[Any, ...], worker_id: str) -> Job:
     )
 
 
+def _has_unread_input(conn: psycopg.Connection[Any]) -> bool:
+    """Whether the server sent anything to this idle connection (without reading it)."""
+    try:
+        fd = conn.fileno()
+        if not hasattr(select, "poll"):  # Windows
+            return bool(select.select([fd], [], [fd], 0)[0])
+        poller = select.poll()
+        poller.register(fd, select.POLLIN | select.POLLERR | select.POLLHUP)
+        return bool(poller.poll(0))
+    except (OSError, ValueError, psycopg.Error):
+        return True  # no usable socket: let the ping decide
+
+
 def _describe(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return text[0] if text else type(exc).__name__
@@ -190,7 +204,6 @@ class _PooledConnections:
                 "connect_timeout": CONNECT_TIMEOUT,
                 "prepare_threshold": PREPARE_THRESHOLD,
             },
-            check=self._check_if_idle,
             timeout=POOL_TIMEOUT,
             open=False,
             name="jobkeeper",
@@ -204,20 +217,26 @@ class _PooledConnections:
             weakref.WeakKeyDictionary()
         )
 
-    def _check_if_idle(self, conn: psycopg.Connection[Any]) -> None:
-        """Ping a connection on checkout only if it sat idle for a while.
+    def _alive(self, conn: psycopg.Connection[Any]) -> bool:
+        """Whether a connection just checked out can be used, pinging it only
+        when it may have been cut.
 
-        A connection used a moment ago is alive; one that idled may have been
-        cut by a server restart, and the ping lets the pool replace it
-        instead of failing the caller's call. Pinging every checkout cost a
-        round trip per enqueue.
+        A connection that idled for a while may have been cut by a server
+        restart or failover without a word. One used a moment ago was alive
+        then, and a server that ends a session (restart, ``pg_terminate_
+        backend``, an idle timeout) first sends the reason on the socket: an
+        idle connection whose socket is readable is suspect. Both get a ping.
+        The readability test is one ``poll`` system call; a ping on every
+        checkout cost a round trip per enqueue.
         """
-        if time.monotonic() - self._returned_at.get(conn, 0.0) > IDLE_CHECK_AFTER:
-            try:
-                ConnectionPool.check_connection(conn)
-            except Exception:
-                self._suspect = True
-                raise
+        idle = time.monotonic() - self._returned_at.get(conn, 0.0) > IDLE_CHECK_AFTER
+        if not idle and not _has_unread_input(conn):
+            return True
+        try:
+            ConnectionPool.check_connection(conn)
+        except psycopg.Error:
+            return False
+        return True
 
     def _probe(self) -> None:
         """Connect directly once: raises at once (libpq's own reason) when
@@ -228,8 +247,14 @@ class _PooledConnections:
         self._suspect = False
 
     def _getconn(self) -> psycopg.Connection[Any]:
-        """A pooled connection; waits up to ``POOL_TIMEOUT`` when the pool is
-        busy, but fails within about ``POOL_SLICE`` when the server is down.
+        """A live pooled connection; waits up to ``POOL_TIMEOUT`` when the
+        pool is busy, but fails within about ``POOL_SLICE`` when the server
+        is down.
+
+        Dead connections (see :meth:`_alive`) are closed and handed back, and
+        the pool opens replacements at once. The pool's own ``check`` hook is
+        not used for this: after two failed checks it backs off for a second,
+        so the first call after a restart waited out a whole slice.
         """
         deadline = time.monotonic() + POOL_TIMEOUT
         while True:
@@ -237,12 +262,21 @@ class _PooledConnections:
                 self._probe()
             remaining = deadline - time.monotonic()
             try:
-                return self._pool.getconn(timeout=max(min(POOL_SLICE, remaining), 0.001))
+                conn = self._pool.getconn(timeout=max(min(POOL_SLICE, remaining), 0.001))
             except PoolTimeout:
                 if time.monotonic() >= deadline:
                     raise
                 # Busy, or the server went away: a probe tells which.
                 self._suspect = True
+                continue
+            if self._alive(conn):
+                return conn
+            # Cut: the server may be gone; the probe says so at once if it is.
+            self._suspect = True
+            conn.close()
+            self._pool.putconn(conn)
+            if time.monotonic() >= deadline:
+                raise PoolTimeout(f"no live connection within {POOL_TIMEOUT:g}s")
 
     @contextlib.contextmanager
     def connection(self) -> Iterator[psycopg.Connection[Any]]:
