@@ -493,6 +493,16 @@ def rss(ctx: Context, lib: Jobkeeper) -> dict[str, Any]:
 # -- raw limit ------------------------------------------------------------------
 
 
+def _migrate_jobkeeper(url: str) -> None:
+    from jobkeeper import JobQueue
+
+    queue = JobQueue(url)
+    try:
+        queue.migrate()
+    finally:
+        queue.close()
+
+
 def raw_limit(ctx: Context) -> dict[str, float]:
     """One run of every raw figure on ``ctx.backend``."""
     sizes = ctx.sizes
@@ -515,6 +525,10 @@ def raw_limit(ctx: Context) -> dict[str, float]:
         with ctx.fresh("raw_copy") as url:
             prepare(url)
             out["raw_copy"] = sizes.bulk / raw.pg_copy(url, sizes.bulk, sizes.bulk_batch)
+        with ctx.fresh("raw_copy_jk") as url:
+            _migrate_jobkeeper(url)
+            seconds = raw.pg_copy_jobkeeper_table(url, sizes.bulk, sizes.bulk_batch)
+            out["raw_copy_jobkeeper_table"] = sizes.bulk / seconds
     else:
         with ctx.fresh("raw_many") as url:
             prepare(url)

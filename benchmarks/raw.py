@@ -140,6 +140,28 @@ def pg_copy(url: str, n: int, batch: int) -> float:
         return time.perf_counter() - started
 
 
+def pg_copy_jobkeeper_table(url: str, n: int, batch: int) -> float:
+    """:func:`pg_copy`, but into jobkeeper's own ``jobkeeper_jobs`` (migrated
+    by the caller): the columns jobkeeper's COPY writes, its partial indexes
+    and its per-statement NOTIFY trigger, ids from the identity default. The
+    server's share of a bulk enqueue: what is left of jobkeeper's time is the
+    client's (validation, encoding, building the returned jobs).
+    """
+    with connect_patiently(url) as conn:
+        started = time.perf_counter()
+        for done in range(0, n, batch):
+            with (
+                conn.transaction(),
+                conn.cursor() as cursor,
+                cursor.copy(
+                    "COPY jobkeeper_jobs (queue, task, args, priority, max_attempts) FROM STDIN"
+                ) as copy,
+            ):
+                for _ in range(min(batch, n - done)):
+                    copy.write_row(("default", "noop", "{}", 0, 20))
+        return time.perf_counter() - started
+
+
 def _pg_client(
     url: str, mode: str, batch: int, jobs: int, barrier: Any, out: Any, index: int
 ) -> None:

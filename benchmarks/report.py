@@ -177,6 +177,14 @@ def rows_for(backend: str, sizes: Sizes) -> list[Row]:
         rows.append(
             Row("raw_copy", f"raw SQL: COPY, {sizes.bulk_batch:,}/COPY", "jobs/s", libs=False)
         )
+        rows.append(
+            Row(
+                "raw_copy_jobkeeper_table",
+                f"  same, into jobkeeper's own table, {sizes.bulk_batch:,}/COPY",
+                "jobs/s",
+                libs=False,
+            )
+        )
     else:
         rows.append(
             Row(
