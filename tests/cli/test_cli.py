@@ -330,6 +330,23 @@ def test_other_bad_input_exits_2_with_one_line(cli, queue):
     assert queue.get_job(job.id).status == JobStatus.AVAILABLE  # type: ignore[union-attr]
 
 
+def test_negative_job_ids_get_the_id_check_not_no_such_option(cli, queue):
+    # "-1" used to be parsed as an unknown option ("No such option: -1").
+    job = queue.enqueue("t", {})
+    for args in (
+        ["jobs", "show", "-1"],
+        ["retry", "-5"],
+        ["cancel", "-1"],
+        ["dead", "requeue", "-3"],
+        ["dead", "requeue", str(job.id), "-3"],
+    ):
+        code, out, err = cli(*args)
+        assert code == 2, (args, err)
+        assert_one_line_error(err, "job id must be a positive 64-bit int, got -")
+        assert out == "", args
+    assert queue.get_job(job.id).status == JobStatus.AVAILABLE  # type: ignore[union-attr]
+
+
 BAD_URLS = [
     ("redis://localhost/0", "unknown scheme"),
     ("sqlite://", "invalid SQLite URL"),

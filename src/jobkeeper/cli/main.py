@@ -38,6 +38,9 @@ app = typer.Typer(
 )
 jobs_app = typer.Typer(help="Inspect jobs.", no_args_is_help=True)
 dead_app = typer.Typer(help="Inspect and requeue dead letters.", no_args_is_help=True)
+#: For commands taking job ids: a mistyped ``-1`` reaches the id check (and
+#: its message) instead of failing as "No such option: -1".
+_IDS_MAY_LOOK_LIKE_OPTIONS = {"ignore_unknown_options": True}
 app.add_typer(jobs_app, name="jobs")
 app.add_typer(dead_app, name="dead")
 
@@ -350,7 +353,7 @@ def jobs_list(
         console.print(render.jobs_table(jobs))
 
 
-@jobs_app.command("show")
+@jobs_app.command("show", context_settings=_IDS_MAY_LOOK_LIKE_OPTIONS)
 def jobs_show(
     ctx: typer.Context,
     job_id: Annotated[int, typer.Argument(help="The job id.")],
@@ -367,14 +370,14 @@ def jobs_show(
         console.print(render.job_detail(job))
 
 
-@app.command()
+@app.command(context_settings=_IDS_MAY_LOOK_LIKE_OPTIONS)
 def retry(ctx: typer.Context, job_id: Annotated[int, typer.Argument(help="The job id.")]) -> None:
     """Run a dead, retryable, cancelled or completed job again now."""
     job = _queue(ctx).retry(job_id)
     console.print(f"job {job.id} is {job.status.value}", highlight=False)
 
 
-@app.command()
+@app.command(context_settings=_IDS_MAY_LOOK_LIKE_OPTIONS)
 def cancel(ctx: typer.Context, job_id: Annotated[int, typer.Argument(help="The job id.")]) -> None:
     """Cancel a pending job, or ask the worker running it to stop."""
     job = _queue(ctx).cancel(job_id)
@@ -397,7 +400,7 @@ def dead_list(
         console.print(render.jobs_table(jobs, title="dead letters"))
 
 
-@dead_app.command("requeue")
+@dead_app.command("requeue", context_settings=_IDS_MAY_LOOK_LIKE_OPTIONS)
 def dead_requeue(
     ctx: typer.Context,
     job_ids: Annotated[list[int] | None, typer.Argument(help="Dead letter ids.")] = None,
