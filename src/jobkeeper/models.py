@@ -128,6 +128,9 @@ class WorkerInfo:
     queues: list[str]
     started_at: datetime
     heartbeat_at: datetime
+    #: Seconds of silence after which this worker's jobs may be rescued (its
+    #: own setting); ``None`` for rows written by older versions.
+    rescue_after: float | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

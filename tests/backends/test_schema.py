@@ -27,15 +27,39 @@ def tables(jq: JobQueue) -> set[str]:
 def test_migrate_is_idempotent(db_url):
     with JobQueue(db_url) as jq:
         assert jq.backend.schema_version() == 0
-        assert jq.migrate() == 1
+        assert jq.migrate() == 2
         job = jq.enqueue("t", {"keep": True})
-        assert jq.migrate() == 1
-        assert jq.migrate() == 1
-        assert jq.backend.schema_version() == 1
+        assert jq.migrate() == 2
+        assert jq.migrate() == 2
+        assert jq.backend.schema_version() == 2
         assert tables(jq) == TABLES
-        assert count(jq, "jobkeeper_schema") == 1
+        assert count(jq, "jobkeeper_schema") == 2
         kept = jq.get_job(job.id)
         assert kept is not None and kept.args == {"keep": True}
+
+
+def test_migrate_from_version_1_keeps_jobs_and_workers(db_url):
+    # A database at version 1 with a registered worker holding a job: version
+    # 2 adds the workers' declared rescue_after, NULL for existing rows.
+    with JobQueue(db_url) as jq:
+        jq.migrate()
+        sql(jq, "ALTER TABLE jobkeeper_workers DROP COLUMN rescue_after")
+        sql(jq, "DELETE FROM jobkeeper_schema WHERE version = 2")
+        assert jq.backend.schema_version() == 1
+        now = "now()" if jq.url.scheme == "postgresql" else "0"
+        queues = "'[\"default\"]'" + ("::jsonb" if jq.url.scheme == "postgresql" else "")
+        sql(
+            jq,
+            "INSERT INTO jobkeeper_workers (id, hostname, pid, queues, started_at, heartbeat_at) "
+            f"VALUES ('old:1:aaaa', 'h', 1, {queues}, {now}, {now})",
+        )
+        job = jq.enqueue("t", {"keep": True})
+        (held,) = jq.backend.job_claim(worker_id="old:1:aaaa", queue="default", limit=1)
+        assert jq.migrate() == 2
+        (worker,) = jq.workers()
+        assert (worker.id, worker.rescue_after) == ("old:1:aaaa", None)
+        kept = jq.get_job(job.id)
+        assert kept is not None and kept.worker_id == held.worker_id == "old:1:aaaa"
 
 
 def test_migrate_from_four_threads_at_once(db_url):
@@ -58,10 +82,10 @@ def test_migrate_from_four_threads_at_once(db_url):
         for thread in threads:
             thread.join(60)
         assert errors == []
-        assert versions == [1, 1, 1, 1]
+        assert versions == [2, 2, 2, 2]
         jq = queues[0]
         assert tables(jq) == TABLES
-        assert count(jq, "jobkeeper_schema") == 1
+        assert count(jq, "jobkeeper_schema") == 2
         jq.enqueue("t", {})
         assert len(claim(jq)) == 1
     finally:

@@ -107,8 +107,8 @@ def assert_one_line_error(err: str, *needles: str) -> None:
 
 
 def test_migrate_is_idempotent(cli):
-    assert "schema at version 1" in cli.ok("migrate")
-    assert "schema at version 1" in cli.ok("migrate")
+    assert "schema at version 2" in cli.ok("migrate")
+    assert "schema at version 2" in cli.ok("migrate")
 
 
 def test_enqueue_prints_the_new_id(cli, queue):
@@ -183,6 +183,7 @@ def test_status_json_is_stable(cli, queue):
         "heartbeat_at",
         "heartbeat_age",
         "stale",
+        "rescue_after",
     }
     assert worker["stale"] is False
     assert "jobs by queue and status" in cli.ok("status")  # the human tables render
@@ -471,10 +472,10 @@ def test_four_concurrent_migrate_processes(db_url):
     with ThreadPoolExecutor(4) as pool:
         results = list(pool.map(lambda _: run_module("--database", db_url, "migrate"), range(4)))
     assert [r.returncode for r in results] == [0, 0, 0, 0], [r.stderr for r in results]
-    assert all("schema at version 1" in r.stdout for r in results)
+    assert all("schema at version 2" in r.stdout for r in results)
     with JobQueue(db_url) as jq:
-        assert count(jq, "jobkeeper_schema") == 1
-        assert jq.backend.schema_version() == 1
+        assert count(jq, "jobkeeper_schema") == 2
+        assert jq.backend.schema_version() == 2
 
 
 def test_human_output_prints_data_literally_not_as_markup(cli, queue):

@@ -408,3 +408,95 @@ def test_c02_rescues_racing_completions_never_move_a_completed_job(make_queue):
     dead = {int(r[0]) for r in sql(jq, "SELECT id FROM jobkeeper_dead_letters")}
     assert not dead & completed
     assert running_count(jq) == 0
+
+
+# -- each holder is judged by its own rescue_after ------------------------------------
+
+
+def _age_heartbeat(jq, worker_id: str, seconds: float) -> None:
+    if is_pg(jq):
+        query = "UPDATE jobkeeper_workers SET heartbeat_at = now() - make_interval(secs => ?)"
+    else:
+        query = (
+            "UPDATE jobkeeper_workers SET heartbeat_at = "
+            "(julianday('now') - 2440587.5) * 86400.0 - ?"
+        )
+    sql(jq, query + " WHERE id = ?", [seconds, worker_id])
+
+
+def test_a_rescuer_with_a_shorter_window_leaves_a_live_holders_jobs_alone(jq):
+    # Workers with different settings share one database. The rescuer judged
+    # every holder by its own rescue_after, so a holder that promised beats
+    # within 30 s lost its jobs to a rescuer configured with 1 s after one
+    # slow beat: two live holders. Now each holder is judged by the window
+    # it declared when it registered.
+    holder = "patient:1:aaaa"
+    now = datetime.now(UTC)
+    jq.backend.worker_register(WorkerInfo(holder, "h", 1, ["default"], now, now, 30.0))
+    j = jq.enqueue("some_task", {})
+    held = _claim_one(jq, holder)
+    _age_heartbeat(jq, holder, 5)  # silent for 5 s: alive by its own 30 s
+    assert jq.backend.job_rescue_candidates(rescue_after=1.0, limit=10) == []
+    lost = failed_attempt(held, jq.settings, error="worker lost")
+    assert jq.backend.job_fail_many([lost], stale_after=1.0) == set()
+    assert jq.backend.worker_prune_stale(older_than=1.0) == 0
+    assert job(jq, j.id).status == JobStatus.RUNNING
+    assert [w.rescue_after for w in jq.workers()] == [30.0]
+
+    _age_heartbeat(jq, holder, 40)  # past its own window: rescued
+    (candidate,) = jq.backend.job_rescue_candidates(rescue_after=1.0, limit=10)
+    assert candidate.id == j.id
+    # The row stays while the worker may still be alive (2 x its window)...
+    assert jq.backend.worker_prune_stale(older_than=1.0) == 0
+    assert jq.backend.job_fail_many([lost], stale_after=1.0) == {j.id}
+    assert job(jq, j.id).status == JobStatus.RETRYABLE
+    _age_heartbeat(jq, holder, 70)
+    assert jq.backend.worker_prune_stale(older_than=1.0) == 1  # ...and then goes
+
+
+def test_a_holder_that_declared_no_window_is_judged_by_the_rescuers(jq):
+    # Rows of workers from before the column existed hold NULL.
+    holder = "old:1:aaaa"
+    jq.backend.worker_register(_info(holder))
+    j = jq.enqueue("some_task", {})
+    _claim_one(jq, holder)
+    _age_heartbeat(jq, holder, 5)
+    assert [c.id for c in jq.backend.job_rescue_candidates(rescue_after=1.0, limit=10)] == [j.id]
+    assert jq.backend.job_rescue_candidates(rescue_after=10.0, limit=10) == []
+    assert [w.rescue_after for w in jq.workers()] == [None]
+
+
+def test_workers_with_different_rescue_after_share_a_database(make_queue):
+    # End to end: a worker whose heartbeats come every 2 s (rescue_after 30 s)
+    # runs a 3 s job beside a worker whose rescuer uses 1 s and runs every
+    # 0.25 s. The old rule rescued the job from under its live holder.
+    patient = make_queue(heartbeat_interval=2.0, rescue_after=30.0)
+    eager = make_queue()  # FAST: rescue_after 1 s
+    runs: list[int] = []
+
+    @patient.task(queue="long")
+    def slow(n: int) -> int:
+        runs.append(n)
+        time.sleep(3)
+        return n
+
+    j = patient.enqueue("slow", {"n": 1})
+    # A job held by a worker of an older version (no declared window), silent
+    # for 5 s: stale by the other worker's 1 s, not by the patient one's 30 s,
+    # so only the other worker's rescuer takes it (and shows it is at work).
+    orphan = patient.enqueue("slow", {"n": 2}, queue="orphans")
+    patient.backend.worker_register(_info("gone:1:aaaa"))
+    patient.backend.job_claim(worker_id="gone:1:aaaa", queue="orphans", limit=1)
+    _age_heartbeat(patient, "gone:1:aaaa", 5)
+    holder = patient.worker(queues=["long"], concurrency=1)
+    other = eager.worker(queues=["default"], concurrency=1)
+    with running(holder), running(other):
+        wait_for(lambda: runs, what="the slow job to start")
+        (done,) = wait_status(patient, [j.id], {JobStatus.COMPLETED, JobStatus.RETRYABLE})
+    assert done.status == JobStatus.COMPLETED
+    assert done.errors == [] and done.attempt == 1
+    assert runs == [1]
+    assert other.rescuer.rescued == 1
+    rescued = job(patient, orphan.id)
+    assert rescued.status in (JobStatus.RETRYABLE, JobStatus.AVAILABLE)
+    assert "gone:1:aaaa" in rescued.errors[0]["error"]

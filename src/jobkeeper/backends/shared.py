@@ -30,6 +30,7 @@ class SharedReads:
             "hostname": worker.hostname,
             "pid": worker.pid,
             "queues": json.dumps(worker.queues),
+            "rescue_after": worker.rescue_after,
         }
 
     def job_rescue_candidates(self, *, rescue_after: float, limit: int) -> list[Job]:

@@ -309,7 +309,7 @@ def status(
     as_json: Annotated[bool, typer.Option("--json", help="Stable JSON output.")] = False,
 ) -> None:
     """Job counts per queue and status, and the registered workers (a worker
-    without a heartbeat for longer than rescue_after, default 60 s, is marked stale).
+    without a heartbeat for longer than its own rescue_after is marked stale).
     """
     jq = _queue(ctx)
     stats = jq.stats()

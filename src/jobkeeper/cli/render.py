@@ -45,10 +45,12 @@ def heartbeat_age(worker: WorkerInfo, now: datetime) -> float:
 
 
 def is_stale(worker: WorkerInfo, now: datetime, rescue_after: float) -> bool:
-    """Whether the worker has been silent longer than ``rescue_after``: it most
-    likely died without deregistering (its running jobs are due for rescue).
+    """Whether the worker has been silent longer than its own declared
+    ``rescue_after`` (``rescue_after`` here for rows of older versions): it
+    most likely died without deregistering (its running jobs are due for rescue).
     """
-    return heartbeat_age(worker, now) > rescue_after
+    window = worker.rescue_after if worker.rescue_after is not None else rescue_after
+    return heartbeat_age(worker, now) > window
 
 
 def _state_cell(worker: WorkerInfo, now: datetime, rescue_after: float) -> str:
@@ -68,7 +70,9 @@ def status_json(
     """``{"queues": {queue: {status: n}}, "totals": {status: n}, "workers": [...]}``.
 
     Each worker also has ``heartbeat_age`` (seconds, database clock) and
-    ``stale`` (silent for longer than ``rescue_after``).
+    ``stale`` (silent for longer than its own ``rescue_after``; see
+    :func:`is_stale`), and ``rescue_after`` (seconds, ``null`` for workers of
+    older versions).
     """
     totals = {status.value: 0 for status in JobStatus}
     for per_status in stats.values():
@@ -87,6 +91,7 @@ def status_json(
                 "heartbeat_at": w.heartbeat_at.isoformat(),
                 "heartbeat_age": round(heartbeat_age(w, now), 3),
                 "stale": is_stale(w, now, rescue_after),
+                "rescue_after": w.rescue_after,
             }
             for w in workers
         ],

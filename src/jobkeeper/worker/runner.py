@@ -119,6 +119,7 @@ class Worker:
             queues=self.queues,
             started_at=datetime.now(UTC),
             heartbeat_at=datetime.now(UTC),
+            rescue_after=settings.rescue_after,
         )
         self.stats = WorkerStats()
         self._base_backend = backend

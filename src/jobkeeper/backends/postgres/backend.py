@@ -748,6 +748,7 @@ class PostgresBackend(SharedReads):
                 queues=list(row["queues"]),
                 started_at=row["started_at"].astimezone(UTC),
                 heartbeat_at=row["heartbeat_at"].astimezone(UTC),
+                rescue_after=row["rescue_after"],
             )
             for row in self._fetch("worker_list")
         ]

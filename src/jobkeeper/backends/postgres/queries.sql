@@ -127,7 +127,8 @@ RETURNING job.id
 -- "released" hands a job back at shutdown: available at once, and the
 -- interrupted attempt is not spent (the error entry records it).
 -- %(stale_after)s is the rescuer's re-check that the holder is still silent,
--- so a holder that heartbeats again in the meantime keeps its job.
+-- so a holder that heartbeats again in the meantime keeps its job. Silent
+-- means for longer than the holder's own rescue_after when it declared one.
 UPDATE jobkeeper_jobs AS job
 SET status = CASE failed.outcome WHEN 'released' THEN 'available' ELSE failed.outcome END,
     attempt = CASE failed.outcome WHEN 'released' THEN job.attempt - 1 ELSE job.attempt END,
@@ -145,7 +146,8 @@ WHERE job.id = failed.id AND job.worker_id = failed.worker_id AND job.attempt = 
   AND (%(stale_after)s::float8 IS NULL OR NOT EXISTS (
         SELECT 1 FROM jobkeeper_workers AS worker
         WHERE worker.id = job.worker_id
-          AND worker.heartbeat_at > now() - make_interval(secs => %(stale_after)s::float8)))
+          AND worker.heartbeat_at > now() - make_interval(
+                secs => coalesce(worker.rescue_after, %(stale_after)s::float8))))
 RETURNING job.id
 
 -- name: job_fail_dead_many
@@ -163,7 +165,8 @@ WITH failed AS (
       AND (%(stale_after)s::float8 IS NULL OR NOT EXISTS (
             SELECT 1 FROM jobkeeper_workers AS worker
             WHERE worker.id = job.worker_id
-              AND worker.heartbeat_at > now() - make_interval(secs => %(stale_after)s::float8)))
+              AND worker.heartbeat_at > now() - make_interval(
+                    secs => coalesce(worker.rescue_after, %(stale_after)s::float8))))
     RETURNING job.*, failed.error AS new_error, failed.reason AS new_reason
 )
 INSERT INTO jobkeeper_dead_letters
@@ -210,14 +213,17 @@ END
 -- name: job_rescue_candidates
 -- Rescue does not depend on the holder's worker row existing: a job whose
 -- holder was pruned is as orphaned as one whose holder went silent
--- (procrastinate#1518).
+-- (procrastinate#1518). A holder is silent once its heartbeat is older than
+-- its own declared rescue_after (else the rescuer's): a rescuer with a
+-- shorter window than a live holder's must not take its jobs.
 SELECT job.*
 FROM jobkeeper_jobs AS job
 WHERE job.status = 'running'
   AND NOT EXISTS (
         SELECT 1 FROM jobkeeper_workers AS worker
         WHERE worker.id = job.worker_id
-          AND worker.heartbeat_at > now() - make_interval(secs => %(rescue_after)s::float8))
+          AND worker.heartbeat_at > now() - make_interval(
+                secs => coalesce(worker.rescue_after, %(rescue_after)s::float8)))
 ORDER BY job.id
 LIMIT %(limit)s
 
@@ -320,8 +326,8 @@ UNION ALL
 SELECT queue, 'dead', count(*) FROM jobkeeper_dead_letters GROUP BY queue
 
 -- name: worker_register
-INSERT INTO jobkeeper_workers (id, hostname, pid, queues, started_at, heartbeat_at)
-VALUES (%(id)s, %(hostname)s, %(pid)s, %(queues)s::jsonb, now(), now())
+INSERT INTO jobkeeper_workers (id, hostname, pid, queues, started_at, heartbeat_at, rescue_after)
+VALUES (%(id)s, %(hostname)s, %(pid)s, %(queues)s::jsonb, now(), now(), %(rescue_after)s)
 ON CONFLICT (id) DO UPDATE SET heartbeat_at = now()
 
 -- name: worker_heartbeat
@@ -331,11 +337,14 @@ UPDATE jobkeeper_workers SET heartbeat_at = now() WHERE id = %(id)s
 DELETE FROM jobkeeper_workers WHERE id = %(id)s
 
 -- name: worker_prune_stale
+-- Never a row whose worker may still be alive by its own rescue_after: its
+-- jobs would become rescuable with it.
 DELETE FROM jobkeeper_workers
-WHERE heartbeat_at < now() - make_interval(secs => %(older_than)s::float8)
+WHERE heartbeat_at < now() - make_interval(
+          secs => greatest(%(older_than)s::float8, 2 * coalesce(rescue_after, 0)))
 
 -- name: worker_list
-SELECT id, hostname, pid, queues, started_at, heartbeat_at
+SELECT id, hostname, pid, queues, started_at, heartbeat_at, rescue_after
 FROM jobkeeper_workers
 ORDER BY started_at
 

@@ -594,6 +594,7 @@ class SqliteBackend(SharedReads):
                 queues=json.loads(row["queues"]),
                 started_at=datetime.fromtimestamp(row["started_at"], UTC),
                 heartbeat_at=datetime.fromtimestamp(row["heartbeat_at"], UTC),
+                rescue_after=row["rescue_after"],
             )
             for row in self._fetch("worker_list")
         ]

@@ -73,7 +73,8 @@ WHERE id = :id AND worker_id = :worker_id AND attempt = :attempt AND status = 'r
 -- name: job_fail
 -- Retryable, cancelled or released ("released": handed back at shutdown,
 -- available at once, the interrupted attempt not spent).
--- :stale_after is the rescuer's re-check that the holder is still silent.
+-- :stale_after is the rescuer's re-check that the holder is still silent
+-- (for longer than the holder's own rescue_after when it declared one).
 UPDATE jobkeeper_jobs
 SET status = CASE :outcome WHEN 'released' THEN 'available' ELSE :outcome END,
     attempt = CASE :outcome WHEN 'released' THEN attempt - 1 ELSE attempt END,
@@ -85,7 +86,7 @@ WHERE id = :id AND worker_id = :worker_id AND attempt = :attempt AND status = 'r
   AND (:stale_after IS NULL OR NOT EXISTS (
         SELECT 1 FROM jobkeeper_workers AS worker
         WHERE worker.id = jobkeeper_jobs.worker_id
-          AND worker.heartbeat_at > {now} - :stale_after))
+          AND worker.heartbeat_at > {now} - coalesce(worker.rescue_after, :stale_after)))
 
 -- name: job_fail_dead_copy
 -- First half of the move to the dead letters; job_fail_dead_delete is the
@@ -100,7 +101,7 @@ WHERE id = :id AND worker_id = :worker_id AND attempt = :attempt AND status = 'r
   AND (:stale_after IS NULL OR NOT EXISTS (
         SELECT 1 FROM jobkeeper_workers AS worker
         WHERE worker.id = jobkeeper_jobs.worker_id
-          AND worker.heartbeat_at > {now} - :stale_after))
+          AND worker.heartbeat_at > {now} - coalesce(worker.rescue_after, :stale_after)))
 
 -- name: job_fail_dead_delete
 DELETE FROM jobkeeper_jobs WHERE id = :id
@@ -135,12 +136,15 @@ END
 
 -- name: job_rescue_candidates
 -- Rescue does not depend on the holder's worker row existing (procrastinate#1518).
+-- A holder is silent once its heartbeat is older than its own declared
+-- rescue_after (else the rescuer's).
 SELECT job.*
 FROM jobkeeper_jobs AS job
 WHERE job.status = 'running'
   AND NOT EXISTS (
         SELECT 1 FROM jobkeeper_workers AS worker
-        WHERE worker.id = job.worker_id AND worker.heartbeat_at > {now} - :rescue_after)
+        WHERE worker.id = job.worker_id
+          AND worker.heartbeat_at > {now} - coalesce(worker.rescue_after, :rescue_after))
 ORDER BY job.id
 LIMIT :limit
 
@@ -226,8 +230,8 @@ UNION ALL
 SELECT queue, 'dead', count(*) FROM jobkeeper_dead_letters GROUP BY queue
 
 -- name: worker_register
-INSERT INTO jobkeeper_workers (id, hostname, pid, queues, started_at, heartbeat_at)
-VALUES (:id, :hostname, :pid, :queues, {now}, {now})
+INSERT INTO jobkeeper_workers (id, hostname, pid, queues, started_at, heartbeat_at, rescue_after)
+VALUES (:id, :hostname, :pid, :queues, {now}, {now}, :rescue_after)
 ON CONFLICT (id) DO UPDATE SET heartbeat_at = {now}
 
 -- name: worker_heartbeat
@@ -237,13 +241,16 @@ UPDATE jobkeeper_workers SET heartbeat_at = {now} WHERE id = :id
 DELETE FROM jobkeeper_workers WHERE id = :id
 
 -- name: worker_prune_stale
-DELETE FROM jobkeeper_workers WHERE heartbeat_at < {now} - :older_than
+-- Never a row whose worker may still be alive by its own rescue_after.
+DELETE FROM jobkeeper_workers
+WHERE heartbeat_at < {now} - max(:older_than, 2 * coalesce(rescue_after, 0))
 
 -- name: worker_prune_stale_probe
-SELECT 1 FROM jobkeeper_workers WHERE heartbeat_at < {now} - :older_than LIMIT 1
+SELECT 1 FROM jobkeeper_workers
+WHERE heartbeat_at < {now} - max(:older_than, 2 * coalesce(rescue_after, 0)) LIMIT 1
 
 -- name: worker_list
-SELECT id, hostname, pid, queues, started_at, heartbeat_at
+SELECT id, hostname, pid, queues, started_at, heartbeat_at, rescue_after
 FROM jobkeeper_workers
 ORDER BY started_at
 
