@@ -466,6 +466,32 @@ def test_a_holder_that_declared_no_window_is_judged_by_the_rescuers(jq):
     assert [w.rescue_after for w in jq.workers()] == [None]
 
 
+def test_the_rescuer_gives_the_most_patient_holder_its_window_after_an_outage(jq):
+    # After an outage every holder's last beat is old: the rescuer waits for
+    # the longest declared window (2 s here, its own is 1 s) before judging,
+    # and names the holder's own window in the error it records.
+    holder = "patient:1:bbbb"
+    now = datetime.now(UTC)
+    jq.backend.worker_register(WorkerInfo(holder, "h", 1, ["default"], now, now, 2.0))
+    j = jq.enqueue("some_task", {})
+    _claim_one(jq, holder)
+    _age_heartbeat(jq, holder, 5)
+    rescuer = Rescuer(jq.backend, jq.settings, 0.1)
+    rescuer._unreachable = True  # as after a DatabaseUnavailable in a pass
+    back = time.monotonic()
+    rescuer.run_once()
+    assert rescuer.rescued == 0
+    time.sleep(max(0.0, back + 1.2 - time.monotonic()))
+    rescuer.run_once()  # past its own 1 s, not past the holder's 2 s
+    assert rescuer.rescued == 0
+    assert job(jq, j.id).status == JobStatus.RUNNING
+    time.sleep(max(0.0, back + 2.1 - time.monotonic()))
+    rescuer.run_once()
+    assert rescuer.rescued == 1
+    (error,) = job(jq, j.id).errors
+    assert f"worker lost: {holder} sent no heartbeat for more than 2s" in error["error"]
+
+
 def test_workers_with_different_rescue_after_share_a_database(make_queue):
     # End to end: a worker whose heartbeats come every 2 s (rescue_after 30 s)
     # runs a 3 s job beside a worker whose rescuer uses 1 s and runs every

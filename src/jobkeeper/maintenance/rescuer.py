@@ -40,10 +40,12 @@ class Rescuer(IntervalService):
         backend: a dedicated backend.
         settings: ``rescue_after`` and the retry policy.
         interval: seconds between passes.
-        may_judge: asked before each pass; False skips it (the worker's own
-            heartbeat writes failed or waited on the database lately: whatever
-            held them up, an outage or a stall of SQLite's write lock, held up
-            the other workers' alike, so their silence proves nothing).
+        may_judge: asked before each pass with the longest window any holder
+            declared (seconds); False skips it (the worker's own heartbeat
+            writes failed or waited on the database within that window:
+            whatever held them up, an outage or a stall of SQLite's write
+            lock, held up the other workers' alike, so their silence proves
+            nothing).
     """
 
     def __init__(
@@ -51,7 +53,7 @@ class Rescuer(IntervalService):
         backend: Backend,
         settings: Settings,
         interval: float,
-        may_judge: Callable[[], bool] | None = None,
+        may_judge: Callable[[float], bool] | None = None,
     ) -> None:
         super().__init__("jobkeeper-rescuer", interval)
         self._backend = backend
@@ -81,9 +83,14 @@ class Rescuer(IntervalService):
             self._backend.db_now()
             self._unreachable = False
             self._back_at = time.monotonic()
-        if time.monotonic() - self._back_at < rescue_after:
+        # Holders are judged by their own windows (workers with different
+        # settings share a database): after an outage, or a stall of our own
+        # heartbeat, the most patient of them gets its whole window to beat.
+        windows = {w.id: w.rescue_after or rescue_after for w in self._backend.worker_list()}
+        patience = max([rescue_after, *windows.values()])
+        if time.monotonic() - self._back_at < patience:
             return
-        if self._may_judge is not None and not self._may_judge():
+        if self._may_judge is not None and not self._may_judge(patience):
             return
         candidates = self._backend.job_rescue_candidates(rescue_after=rescue_after, limit=BATCH)
         failures: list[Failure] = []
@@ -93,9 +100,10 @@ class Rescuer(IntervalService):
                     cancelled_attempt(job, f"cancelled; its worker {job.worker_id} was lost")
                 )
                 continue
+            window = windows.get(job.worker_id or "") or rescue_after
             error = (
                 f"worker lost: {job.worker_id} sent no heartbeat for more than "
-                f"{rescue_after:g}s while running attempt {job.attempt}"
+                f"{window:g}s while running attempt {job.attempt}"
             )
             failures.append(failed_attempt(job, self._settings, error=error))
         if failures:

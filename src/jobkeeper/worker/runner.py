@@ -219,15 +219,15 @@ class Worker:
             self._stopping.wait(0.05)
         return False
 
-    def _may_judge(self) -> bool:
+    def _may_judge(self, window: float) -> bool:
         """Whether our rescuer may declare other workers dead: not while our
-        own heartbeat writes fail or wait on the database, nor for
-        ``rescue_after`` after. Whatever held them up (a database outage,
-        SQLite's write lock held by a stopped process) held up the others'
-        alike; a rescue then would take jobs from live workers (the soak
-        caught it on SQLite).
+        own heartbeat writes fail or wait on the database, nor for ``window``
+        seconds after (the longest rescue_after any worker declared).
+        Whatever held them up (a database outage, SQLite's write lock held by
+        a stopped process) held up the others' alike; a rescue then would
+        take jobs from live workers (the soak caught it on SQLite).
         """
-        return not self.heartbeat.troubled_within(self._settings.rescue_after)
+        return not self.heartbeat.troubled_within(max(window, self._settings.rescue_after))
 
     def _on_cancel(self, claim: Claim) -> None:
         if self.executor.cancel(claim, "cancelled while running"):
