@@ -348,15 +348,20 @@ def test_scalar_results_round_trip_with_their_json_type(make_queue):
         assert done.result == expected and type(done.result) is type(expected)
 
 
-def test_result_that_is_not_json_fails_the_attempt_with_a_clear_error(make_queue):
+def test_result_that_is_not_json_sends_the_job_to_the_dead_letters_at_once(make_queue):
+    # Retrying cannot help (the same code returns the same kind of value) and
+    # re-ran the task's side effects max_attempts times: it is dead at once.
     jq = make_queue()
+    calls: list[str] = []
 
-    @jq.task(max_attempts=1)
+    @jq.task(max_attempts=5)
     def gives_a_set() -> Any:
+        calls.append("set")
         return {1, 2}
 
-    @jq.task(max_attempts=1)
-    def gives_nan() -> Any:
+    @jq.task(max_attempts=5)
+    async def gives_nan() -> Any:
+        calls.append("nan")
         return {"x": float("nan")}
 
     ids = [gives_a_set.enqueue().id, gives_nan.enqueue().id]
@@ -364,7 +369,74 @@ def test_result_that_is_not_json_fails_the_attempt_with_a_clear_error(make_queue
     for job_id in ids:
         dead = job(jq, job_id)
         assert dead.status == JobStatus.DEAD
+        assert dead.attempt == 1 and len(dead.errors) == 1
         assert "result not storable" in dead.errors[0]["error"]
+        assert dead.dead_reason is not None and "result not storable" in dead.dead_reason
+    assert sorted(calls) == ["nan", "set"]
+
+
+class _Unprintable(Exception):
+    """An exception whose ``__str__`` raises (it forgot an attribute)."""
+
+    def __init__(self, code: int) -> None:  # no super().__init__: no args
+        self.code = code
+
+    def __str__(self) -> str:
+        return f"code {self.code} ({self.detail})"  # type: ignore[attr-defined]
+
+
+class _UnprintableReason:
+    def __str__(self) -> str:
+        raise ValueError("no")
+
+
+def test_exceptions_that_cannot_be_printed_still_end_the_attempt(make_queue):
+    # A task raising an exception whose str() fails wedged its job in
+    # "running" and its worker slot for good (the outcome was never built;
+    # the async variant without even a log line); a burst worker never exited.
+    jq = make_queue()
+
+    @jq.task(max_attempts=2)
+    def sync_bad() -> None:
+        raise _Unprintable(5)
+
+    @jq.task(max_attempts=2)
+    async def async_bad() -> None:
+        raise _Unprintable(6)
+
+    @jq.task(max_attempts=2)
+    def discard_bad() -> None:
+        from jobkeeper import Discard
+
+        raise Discard(_UnprintableReason())  # type: ignore[arg-type]
+
+    @jq.task
+    def fine() -> str:
+        return "ok"
+
+    bad = [sync_bad.enqueue().id, async_bad.enqueue().id, discard_bad.enqueue().id]
+    good = [fine.enqueue().id for _ in range(3)]
+    # Two slots: two wedged jobs used to starve everything behind them.
+    finished = threading.Event()
+
+    def run() -> None:
+        jq.run_worker(concurrency=2, burst=True)
+        finished.set()
+
+    threading.Thread(target=run, daemon=True).start()
+    assert finished.wait(30), "the burst worker never drained"
+    for job_id in good:
+        assert job(jq, job_id).status == JobStatus.COMPLETED
+    for job_id in bad[:2]:
+        dead = job(jq, job_id)
+        assert dead.status == JobStatus.DEAD and dead.attempt == 2
+        assert [e["error"] for e in dead.errors] == [
+            "_Unprintable: <str() raised AttributeError>"
+        ] * 2
+    discarded = job(jq, bad[2])
+    assert discarded.status == JobStatus.DEAD and discarded.attempt == 1
+    assert discarded.errors[0]["error"] == "Discard: <str() raised ValueError>"
+    assert running_count(jq) == 0
 
 
 def test_cancel_of_a_claimed_job_that_has_not_started_never_runs_it(make_queue):
@@ -480,3 +552,40 @@ def test_retry_counts_against_max_attempts(make_queue):
     dead = job(jq, j.id)
     assert dead.status == JobStatus.DEAD and dead.attempt == 2
     assert error_texts(dead) == ["Retry: once more"] * 2
+
+
+def test_an_internal_error_building_the_outcome_still_ends_the_attempt(make_queue, monkeypatch):
+    # The last resort behind the above: whatever fails while an outcome is
+    # built, the attempt ends as a failure under the retry policy instead of
+    # holding its job and slot.
+    import jobkeeper.worker.executor as executor_module
+
+    def broken(exc: BaseException) -> str | None:
+        raise RuntimeError("formatter bug")
+
+    monkeypatch.setattr(executor_module, "_traceback_text", broken)
+    jq = make_queue()
+
+    @jq.task(max_attempts=1)
+    def sync_fails() -> None:
+        raise ValueError("task failed")
+
+    @jq.task(max_attempts=1)
+    async def async_fails() -> None:
+        raise ValueError("task failed")
+
+    @jq.task
+    def fine() -> str:
+        return "ok"
+
+    ids = [sync_fails.enqueue().id, async_fails.enqueue().id]
+    ok = fine.enqueue().id
+    assert jq.run_worker(concurrency=1, burst=True) == 0
+    for job_id in ids:
+        dead = job(jq, job_id)
+        assert dead.status == JobStatus.DEAD
+        assert dead.errors[0]["error"] == (
+            "internal error settling the attempt: RuntimeError: formatter bug"
+        )
+    assert job(jq, ok).status == JobStatus.COMPLETED
+    assert running_count(jq) == 0

@@ -52,6 +52,28 @@ def _raise_in_thread(thread_id: int, exc_type: type[BaseException] | None) -> No
     )
 
 
+def _safe_str(value: Any) -> str:
+    """``str(value)``, or a note saying why not: a task's exception (or
+    ``Discard`` reason) whose ``__str__`` raises must not stop its attempt
+    from being settled.
+    """
+    try:
+        return str(value)
+    except BaseException as exc:  # noqa: BLE001 - any failure of user code
+        return f"<str() raised {type(exc).__name__}>"
+
+
+def _exception_text(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {_safe_str(exc)}"
+
+
+def _traceback_text(exc: BaseException) -> str | None:
+    try:
+        return "".join(traceback.format_exception(exc))
+    except BaseException:  # noqa: BLE001 - a broken exception object: keep the one-liner
+        return None
+
+
 class _Execution:
     """One attempt of one job in this worker."""
 
@@ -244,8 +266,9 @@ class Executor:
                 return
             try:
                 self._execute(execution)
-            except BaseException:
+            except BaseException as exc:  # the runner must survive anything
                 logger.exception("unexpected error running job %s", execution.job.id)
+                self._settle_after_internal_error(execution, exc)
             if execution.abandoned:
                 return  # a replacement runner took this thread's place
 
@@ -276,9 +299,16 @@ class Executor:
         if task.is_async:
             execution.done = threading.Event()
             loop = self._event_loop()
-            asyncio.run_coroutine_threadsafe(self._run_async(execution, task), loop)
+            done = execution.done
+            future = asyncio.run_coroutine_threadsafe(self._run_async(execution, task), loop)
+            # Also when the coroutine dies without settling (see below).
+            future.add_done_callback(lambda _: done.set())
             # This runner is the job's slot until its outcome is decided.
-            execution.done.wait()
+            done.wait()
+            if not execution.finished:
+                # Only a failure of _run_async's own last resort gets here.
+                error = future.exception() if not future.cancelled() else None
+                raise error or RuntimeError("the async task ended without an outcome")
         else:
             self._run_sync(execution, task)
 
@@ -364,6 +394,13 @@ class Executor:
         self._finish(execution, outcome, interrupt=False)
 
     async def _run_async(self, execution: _Execution, task: Task[Any, Any]) -> None:
+        try:
+            await self._run_async_settled(execution, task)
+        except BaseException as exc:  # settle whatever happened
+            logger.exception("unexpected error running job %s", execution.job.id)
+            self._settle_after_internal_error(execution, exc)
+
+    async def _run_async_settled(self, execution: _Execution, task: Task[Any, Any]) -> None:
         job = execution.job
         assert job.args is not None
         current = asyncio.current_task()
@@ -389,30 +426,54 @@ class Executor:
         try:
             result_json = encode_result(result, max_bytes=self._settings.max_payload_bytes)
         except PayloadError as exc:
-            return failed_attempt(job, self._settings, error=f"result not storable: {exc}")
-        return Completion(claim_of(job), result_json)
-
-    def _failure(self, job: Job, exc: BaseException) -> Failure:
-        formatted = "".join(traceback.format_exception(exc))
-        if isinstance(exc, Discard):
+            # Straight to the dead letters: the same code returns the same
+            # kind of value, so retries would only repeat the task's side
+            # effects (up to max_attempts times) to the same end.
+            error = f"result not storable: {exc}"
             return failed_attempt(
                 job,
                 self._settings,
-                error=f"Discard: {exc.reason}",
+                error=error,
+                discard_reason=f"{error} (the task ran to its end: fix what it returns, "
+                "then requeue)",
+            )
+        return Completion(claim_of(job), result_json)
+
+    def _failure(self, job: Job, exc: BaseException) -> Failure:
+        formatted = _traceback_text(exc)
+        if isinstance(exc, Discard):
+            reason = _safe_str(exc.reason)
+            return failed_attempt(
+                job,
+                self._settings,
+                error=f"Discard: {reason}",
                 traceback=formatted,
-                discard_reason=exc.reason,
+                discard_reason=reason,
             )
         if isinstance(exc, Retry):
             return failed_attempt(
                 job,
                 self._settings,
-                error=f"Retry: {exc.reason}",
+                error=f"Retry: {_safe_str(exc.reason)}",
                 traceback=None,
                 retry_in=exc.delay,
             )
-        return failed_attempt(
-            job, self._settings, error=f"{type(exc).__name__}: {exc}", traceback=formatted
-        )
+        return failed_attempt(job, self._settings, error=_exception_text(exc), traceback=formatted)
+
+    def _settle_after_internal_error(self, execution: _Execution, exc: BaseException) -> None:
+        """Last resort: an attempt whose outcome could not be built (a bug
+        here, or user code misbehaving where it was not expected) still ends,
+        as a failed attempt under the retry policy, so the job and its slot
+        are never held for good. A no-op if it was settled after all.
+        """
+        error = f"internal error settling the attempt: {_exception_text(exc)}"
+        try:
+            outcome: Outcome = failed_attempt(execution.job, self._settings, error=error)
+        except BaseException:  # noqa: BLE001 - the policy itself failed: plain retry
+            outcome = failed_attempt(
+                execution.job, self._settings, error="internal error settling the attempt"
+            )
+        self._finish(execution, outcome, interrupt=False)
 
     # -- stopping executions from outside -------------------------------------------
 
