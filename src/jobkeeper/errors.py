@@ -71,8 +71,14 @@ class DatabaseError(JobkeeperError):
 
 class DatabaseUnavailable(DatabaseError):  # noqa: N818
     """The database cannot take the call now: down, restarting, read-only,
-    out of disk, or locked past the busy timeout. Nothing was written by the
-    failed call; trying again later is the remedy.
+    out of disk, or locked past the busy timeout. Trying again later is the
+    remedy.
+
+    Nothing was written by the failed call, with one exception no client can
+    rule out: when the connection is cut after a write was sent (the server
+    restarts at that moment), the write may have committed before the reply
+    was lost. An ``enqueue`` retried after such an error can then store the
+    job twice; a ``unique_key`` makes the retry safe.
     """
 
 

@@ -278,7 +278,13 @@ def enqueue(
     delay: Annotated[float | None, typer.Option(help="Seconds from now, >= 0.")] = None,
     priority: Annotated[int | None, typer.Option(help="Lower runs first.")] = None,
     max_attempts: Annotated[int | None, typer.Option(help="Attempts before dead.")] = None,
-    unique_key: Annotated[str | None, typer.Option(help="Skip if a pending job has it.")] = None,
+    unique_key: Annotated[
+        str | None,
+        typer.Option(
+            help="Skip if a job of this task with this key is scheduled, available, running "
+            "or retryable (print that job's id)."
+        ),
+    ] = None,
 ) -> None:
     """Enqueue one job and print its id."""
     if delay is not None and not math.isfinite(delay):
