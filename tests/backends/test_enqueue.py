@@ -287,6 +287,32 @@ def test_retry_refuses_when_the_unique_key_is_held_again(jq):
     assert count(jq, "jobkeeper_dead_letters") == 1
 
 
+def test_a_refused_requeue_names_the_dead_letters_in_the_way(jq):
+    # It said only that "a pending job" held "the unique_key of a dead
+    # letter": with --all there was no telling which.
+    from jobkeeper import JobStateError
+
+    held = kill(jq, jq.enqueue("t", {}, unique_key="k1"))
+    holder = jq.enqueue("t", {}, unique_key="k1")
+    twin_a = kill(jq, jq.enqueue("u", {}, unique_key="k2"))
+    twin_b = kill(jq, jq.enqueue("u", {}, unique_key="k2"))
+    free = kill(jq, jq.enqueue("t", {}, unique_key="k3"))
+    with pytest.raises(JobStateError) as info:
+        jq.requeue_dead()
+    message = str(info.value)
+    assert (
+        f"dead letter {held.id} (task 't', unique_key 'k1') is held by pending job {holder.id}"
+        in message
+    )
+    assert (
+        f"dead letter {twin_b.id} (task 'u', unique_key 'k2') clashes with dead letter {twin_a.id}"
+        in message
+    )
+    assert message.endswith("; nothing was requeued")
+    assert str(free.id) not in message
+    assert count(jq, "jobkeeper_dead_letters") == 4
+
+
 # -- scheduling ---------------------------------------------------------------------------------
 
 

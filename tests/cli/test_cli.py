@@ -239,8 +239,8 @@ def test_dead_list_retry_cancel_and_requeue(cli, queue):
     assert queue.get_job(d1.id).status == JobStatus.AVAILABLE  # type: ignore[union-attr]
 
     out = cli.ok("dead", "requeue", str(d2.id))
-    assert f"requeued 1 jobs: {d2.id}" in out
-    assert "requeued 1 jobs" in cli.ok("dead", "requeue", "--all")
+    assert f"requeued 1 job: {d2.id}" in out
+    assert "requeued 1 job" in cli.ok("dead", "requeue", "--all")
     assert cli.json("dead", "list") == []
     assert count(queue, "jobkeeper_dead_letters") == 0
 
@@ -661,7 +661,7 @@ def test_dead_requeue_reports_ids_that_are_not_dead_letters(cli, queue):
     # Some are dead letters: those are requeued and said so, the others named.
     code, out, err = cli("dead", "requeue", str(dead.id), "999")
     assert code == 1
-    assert out.strip() == f"requeued 1 jobs: {dead.id}"
+    assert out.strip() == f"requeued 1 job: {dead.id}"
     assert_one_line_error(err, "not dead letters: 999")
     assert queue.get_job(dead.id).status == JobStatus.AVAILABLE  # type: ignore[union-attr]
     # --all with no dead letters is not an error and prints no dangling list.

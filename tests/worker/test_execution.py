@@ -287,6 +287,29 @@ def test_graceful_stop_hands_back_jobs_running_past_the_grace(make_queue):
     assert jq.workers() == []
 
 
+def test_a_forced_stop_says_so_in_the_hand_back(make_queue):
+    # A second signal skips the grace; the error said "after shutdown_grace".
+    jq = make_queue(shutdown_grace=30, rescue_after=60, heartbeat_interval=0.5)
+
+    @jq.task
+    def long_sync() -> None:
+        for _ in range(400):
+            time.sleep(0.05)
+
+    j = long_sync.enqueue()
+    worker = jq.worker(concurrency=1)
+    with running(worker) as handle:
+        wait_status(jq, [j.id], {JobStatus.RUNNING})
+        worker.stop()
+        worker.stop()  # what a second SIGTERM/SIGINT does
+        stats = handle.join()
+    assert stats.exit_code == 0
+    handed = job(jq, j.id)
+    assert handed.status == JobStatus.AVAILABLE and handed.attempt == 0
+    (error,) = error_texts(handed)
+    assert "handed back at once (stop forced by a second signal)" in error
+
+
 def test_result_is_stored_as_json(make_queue):
     jq = make_queue()
 

@@ -418,7 +418,8 @@ def dead_requeue(
     moved = _queue(ctx).requeue_dead(None if all_ else job_ids)
     missing = sorted(set(job_ids or []) - set(moved))
     if moved:
-        console.print(f"requeued {len(moved)} jobs: {' '.join(map(str, moved))}", highlight=False)
+        noun = "job" if len(moved) == 1 else "jobs"
+        console.print(f"requeued {len(moved)} {noun}: {' '.join(map(str, moved))}", highlight=False)
     elif all_:
         console.print("requeued 0 jobs (there are no dead letters)", highlight=False)
     if missing:

@@ -506,7 +506,9 @@ class Worker:
             self.executor.wait_idle(min(remaining, 0.1))
         if self.executor.active:
             released = self.executor.release_all(
-                f"worker shutdown: handed back after shutdown_grace={grace:g}s"
+                "worker shutdown: handed back at once (stop forced by a second signal)"
+                if self._force.is_set()
+                else f"worker shutdown: handed back after shutdown_grace={grace:g}s"
             )
             logger.warning("handed back %d running jobs at shutdown", released)
         flushed = self.completer.stop(timeout=max(grace, 10.0))

@@ -705,10 +705,7 @@ class PostgresBackend(SharedReads):
             ids = sorted(row["id"] for row in self._fetch("dead_letter_requeue", params))
         except DatabaseError as exc:
             if isinstance(exc.__cause__, psycopg.errors.UniqueViolation):
-                raise JobStateError(
-                    "cannot requeue: a pending job of the same task already holds the "
-                    "unique_key of a dead letter being requeued; nothing was requeued"
-                ) from None
+                raise self._requeue_conflict(params) from None
             raise
         return ids
 

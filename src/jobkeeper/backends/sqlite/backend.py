@@ -534,9 +534,8 @@ class SqliteBackend(SharedReads):
                 ids = self._requeue(conn, job_ids)
         except DatabaseError as exc:
             if isinstance(exc.__cause__, sqlite3.IntegrityError):
-                raise JobStateError(
-                    "cannot requeue: a pending job of the same task already holds the "
-                    "unique_key of a dead letter being requeued; nothing was requeued"
+                raise self._requeue_conflict(
+                    {"all": job_ids is None, "ids": json.dumps(list(job_ids or []))}
                 ) from None
             raise
         if ids:

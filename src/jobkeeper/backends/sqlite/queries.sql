@@ -224,6 +224,19 @@ RETURNING id
 -- name: dead_letter_requeue_delete
 DELETE FROM jobkeeper_dead_letters WHERE id IN (SELECT value FROM json_each(:ids))
 
+-- name: dead_letter_requeue_conflicts
+-- Why a requeue hit the unique index (it wrote nothing): the dead letters
+-- being requeued that have a unique_key, each with the pending job of its
+-- task that holds the key, if any (dead letters can also clash among themselves).
+SELECT dead.id, dead.task, dead.unique_key,
+       (SELECT job.id FROM jobkeeper_jobs AS job
+        WHERE job.task = dead.task AND job.unique_key = dead.unique_key
+          AND job.status IN ('scheduled', 'available', 'running', 'retryable')
+        LIMIT 1) AS holder
+FROM jobkeeper_dead_letters AS dead
+WHERE dead.unique_key IS NOT NULL AND (:all OR dead.id IN (SELECT value FROM json_each(:ids)))
+ORDER BY dead.id
+
 -- name: queue_stats
 SELECT queue, status, count(*) FROM jobkeeper_jobs GROUP BY queue, status
 UNION ALL
