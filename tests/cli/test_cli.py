@@ -713,3 +713,21 @@ def test_status_marks_workers_without_a_recent_heartbeat_stale(cli, queue, monke
     assert rows["live-worker"].split("│")[5].strip() == "live"
     state = rows["dead-worker"].split("│")[5].strip()
     assert re.fullmatch(r"stale \(no heartbeat for 3[0-5]\ds\)", state), state
+
+
+def test_tables_written_to_a_pipe_are_not_cut_to_80_columns(cli, queue):
+    # Rich draws 80 columns when stdout is not a terminal: `jobs list > file`
+    # showed "schedu…" and cut long task names.
+    task = "some.rather.long.module.path:a_task_name_that_is_long"
+    queue.enqueue(task, {}, delay=60)
+    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
+    done = subprocess.run(
+        [sys.executable, "-m", "jobkeeper", "--database", cli.url, "jobs", "list"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
+    assert done.returncode == 0, done.stderr
+    assert task in done.stdout and "scheduled" in done.stdout
+    assert "…" not in done.stdout

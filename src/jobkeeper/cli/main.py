@@ -44,8 +44,21 @@ _IDS_MAY_LOOK_LIKE_OPTIONS = {"ignore_unknown_options": True}
 app.add_typer(jobs_app, name="jobs")
 app.add_typer(dead_app, name="dead")
 
-console = Console()
-err_console = Console(stderr=True)
+#: Width of tables written to a pipe or file: Rich's default there is 80
+#: columns, which cut cells short ("schedu…") in `jobs list > file`.
+PIPED_WIDTH = 200
+
+
+def _console(*, stderr: bool = False) -> Console:
+    """A console; one writing to a pipe or file (without COLUMNS set) is wide."""
+    console = Console(stderr=stderr)
+    if not console.is_terminal and "COLUMNS" not in os.environ:
+        console = Console(stderr=stderr, width=PIPED_WIDTH)
+    return console
+
+
+console = _console()
+err_console = _console(stderr=True)
 
 
 class BadInput(Exception):  # noqa: N818 - reads as what it is
