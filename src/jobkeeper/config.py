@@ -37,6 +37,13 @@ MAX_ATTEMPTS_LIMIT = 1_000_000
 MAX_DELAY = ABSOLUTE_MAX_BACKOFF
 
 
+#: The default ``rescue_after`` (seconds); also what rescuers assume, at the
+#: least, for workers of versions that did not record their own.
+DEFAULT_RESCUE_AFTER = 60.0
+#: Longest accepted duration setting: 100 years, in seconds (the backoff's own cap).
+MAX_SETTING_SECONDS = ABSOLUTE_MAX_BACKOFF
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class Settings:
     """Tunables of a :class:`~jobkeeper.JobQueue`; every duration is in seconds.
@@ -65,7 +72,7 @@ class Settings:
     """
 
     heartbeat_interval: float = 5.0
-    rescue_after: float = 60.0
+    rescue_after: float = DEFAULT_RESCUE_AFTER
     poll_interval: float = 1.0
     retention: float = 86_400.0
     max_payload_bytes: int = 1 << 20
@@ -88,6 +95,13 @@ class Settings:
             value = getattr(self, name)
             positive = name in ("heartbeat_interval", "rescue_after", "poll_interval")
             check_seconds(name, value, allow_zero=not positive)
+            if value > MAX_SETTING_SECONDS:
+                # now() - a longer interval is before what PostgreSQL can
+                # store ("timestamp out of range"): every rescue or prune
+                # query using it would fail, for every worker of the database.
+                raise ConfigError(
+                    f"{name}={value!r} is longer than {MAX_SETTING_SECONDS:.0f} seconds (100 years)"
+                )
         if self.rescue_after < 3 * self.heartbeat_interval:
             raise ConfigError(
                 f"rescue_after={self.rescue_after} must be at least 3 x "

@@ -7,8 +7,9 @@ from __future__ import annotations
 import threading
 
 import psycopg
+import pytest
 
-from jobkeeper import JobQueue
+from jobkeeper import DatabaseError, JobQueue
 from jobkeeper.backends.postgres.backend import QUERIES as PG_QUERIES
 
 from .helpers import claim, count, sql
@@ -55,6 +56,9 @@ def test_migrate_from_version_1_keeps_jobs_and_workers(db_url):
         )
         job = jq.enqueue("t", {"keep": True})
         (held,) = jq.backend.job_claim(worker_id="old:1:aaaa", queue="default", limit=1)
+        # A new worker (or `status`) before the upgrade says what to do.
+        with pytest.raises(DatabaseError, match="run `jobkeeper migrate`"):
+            jq.workers()
         assert jq.migrate() == 2
         (worker,) = jq.workers()
         assert (worker.id, worker.rescue_after) == ("old:1:aaaa", None)

@@ -158,6 +158,16 @@ def test_c01_rescue_after_four_with_default_heartbeat_is_rejected():
         JobQueue("sqlite:///x.db", rescue_after=4)
 
 
+@pytest.mark.parametrize("name", ["rescue_after", "retention", "shutdown_grace", "max_backoff"])
+def test_durations_longer_than_a_century_are_refused(name):
+    # now() - 1e12 s is before anything PostgreSQL stores: one worker with
+    # rescue_after=1e12 made every rescuer's query fail, for every worker.
+    with pytest.raises(ConfigError, match=f"^{name}=1000000000000.0 is longer than 3155760000"):
+        JobQueue("sqlite:///x.db", **{name: 1e12})
+    century = 100 * 365.25 * 86_400
+    assert getattr(Settings(**{name: century}), name) == century
+
+
 @pytest.mark.parametrize(("heartbeat", "rescue"), [(5.0, 15.0), (1.0, 4.0), (0.1, 1.0)])
 def test_rescue_after_of_three_heartbeats_or_more_is_accepted(heartbeat, rescue):
     assert Settings(heartbeat_interval=heartbeat, rescue_after=rescue).rescue_after == rescue

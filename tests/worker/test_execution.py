@@ -290,16 +290,20 @@ def test_graceful_stop_hands_back_jobs_running_past_the_grace(make_queue):
 def test_a_forced_stop_says_so_in_the_hand_back(make_queue):
     # A second signal skips the grace; the error said "after shutdown_grace".
     jq = make_queue(shutdown_grace=30, rescue_after=60, heartbeat_interval=0.5)
+    started = threading.Event()
 
     @jq.task
     def long_sync() -> None:
+        started.set()
         for _ in range(400):
             time.sleep(0.05)
 
     j = long_sync.enqueue()
     worker = jq.worker(concurrency=1)
     with running(worker) as handle:
-        wait_status(jq, [j.id], {JobStatus.RUNNING})
+        # Started, not only claimed: a claimed job that has not started is
+        # handed back "before it started" instead.
+        assert started.wait(30)
         worker.stop()
         worker.stop()  # what a second SIGTERM/SIGINT does
         stats = handle.join()

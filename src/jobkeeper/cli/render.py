@@ -100,7 +100,7 @@ def status_json(
 
 def status_table(stats: dict[str, dict[str, int]]) -> Table:
     table = Table(title="jobs by queue and status")
-    table.add_column("queue")
+    table.add_column("queue", overflow="fold")
     for status in JobStatus:
         table.add_column(_status(status.value), justify="right")
     for queue, per_status in stats.items():
@@ -113,7 +113,7 @@ def status_table(stats: dict[str, dict[str, int]]) -> Table:
 def workers_table(workers: list[WorkerInfo], *, now: datetime, rescue_after: float) -> Table:
     table = Table(title="workers")
     for column in ("id", "queues", "started", "last heartbeat", "state"):
-        table.add_column(column)
+        table.add_column(column, overflow="fold")
     for w in workers:
         table.add_row(
             escape(w.id),

@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 
 from jobkeeper.backends.base import Backend
-from jobkeeper.config import Settings
+from jobkeeper.config import DEFAULT_RESCUE_AFTER, Settings
 from jobkeeper.errors import DatabaseUnavailable
 from jobkeeper.maintenance.service import IntervalService
 from jobkeeper.models import Failure
@@ -40,8 +40,8 @@ class Rescuer(IntervalService):
         backend: a dedicated backend.
         settings: ``rescue_after`` and the retry policy.
         interval: seconds between passes.
-        may_judge: asked before each pass with the longest window any holder
-            declared (seconds); False skips it (the worker's own heartbeat
+        may_judge: asked before judging a holder, with its window (seconds);
+            False leaves its jobs for a later pass (the worker's own heartbeat
             writes failed or waited on the database within that window:
             whatever held them up, an outage or a stall of SQLite's write
             lock, held up the other workers' alike, so their silence proves
@@ -63,6 +63,8 @@ class Rescuer(IntervalService):
         self.rescued = 0
         self._unreachable = False
         self._back_at = -math.inf
+        #: Completed passes (tests, logs).
+        self.passes = 0
 
     def run_once(self) -> None:
         try:
@@ -77,37 +79,39 @@ class Rescuer(IntervalService):
             # Back after an outage (a database restart, a lost connection):
             # every holder's last heartbeat is at least as old as the outage,
             # live ones included. Silence while the database was unreachable
-            # does not count: judge nobody until it has been back for
-            # rescue_after, the slack live workers get at any other time, or
-            # their jobs would be rescued and run twice (the soak showed it).
+            # does not count: a holder is judged only once the database has
+            # been back for its whole window, the slack live workers get at
+            # any other time, or their jobs would be rescued and run twice
+            # (the soak showed it).
             self._backend.db_now()
             self._unreachable = False
             self._back_at = time.monotonic()
-        # Holders are judged by their own windows (workers with different
-        # settings share a database): after an outage, or a stall of our own
-        # heartbeat, the most patient of them gets its whole window to beat.
-        windows = {w.id: w.rescue_after or rescue_after for w in self._backend.worker_list()}
-        patience = max([rescue_after, *windows.values()])
-        if time.monotonic() - self._back_at < patience:
-            return
-        if self._may_judge is not None and not self._may_judge(patience):
-            return
-        candidates = self._backend.job_rescue_candidates(rescue_after=rescue_after, limit=BATCH)
+        # Each holder is judged by the window it declared. Rows of workers
+        # from before schema version 2 declared none: assume at least the
+        # default, which is what such a worker most likely runs with.
+        unknown = max(rescue_after, DEFAULT_RESCUE_AFTER)
+        windows = {w.id: w.rescue_after or unknown for w in self._backend.worker_list()}
+        since_back = time.monotonic() - self._back_at
+        candidates = self._backend.job_rescue_candidates(rescue_after=unknown, limit=BATCH)
         failures: list[Failure] = []
         for job in candidates:
+            # A holder without a row (deregistered, pruned) gets our window.
+            window = windows.get(job.worker_id or "", rescue_after)
+            if since_back < window or (self._may_judge is not None and not self._may_judge(window)):
+                continue  # judged in a later pass, if still silent then
             if job.cancel_requested:
                 failures.append(
                     cancelled_attempt(job, f"cancelled; its worker {job.worker_id} was lost")
                 )
                 continue
-            window = windows.get(job.worker_id or "") or rescue_after
             error = (
                 f"worker lost: {job.worker_id} sent no heartbeat for more than "
                 f"{window:g}s while running attempt {job.attempt}"
             )
             failures.append(failed_attempt(job, self._settings, error=error))
+        self.passes += 1
         if failures:
-            written = self._backend.job_fail_many(failures, stale_after=rescue_after)
+            written = self._backend.job_fail_many(failures, stale_after=unknown)
             self.rescued += len(written)
             if written:
                 logger.warning(

@@ -222,7 +222,7 @@ class Worker:
     def _may_judge(self, window: float) -> bool:
         """Whether our rescuer may declare other workers dead: not while our
         own heartbeat writes fail or wait on the database, nor for ``window``
-        seconds after (the longest rescue_after any worker declared).
+        seconds after (the judged holder's rescue_after, at least our own).
         Whatever held them up (a database outage, SQLite's write lock held by
         a stopped process) held up the others' alike; a rescue then would
         take jobs from live workers (the soak caught it on SQLite).

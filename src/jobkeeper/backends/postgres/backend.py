@@ -351,7 +351,7 @@ class PostgresBackend(SharedReads):
             ) from exc
         except (psycopg.DataError, psycopg.IntegrityError) as exc:
             raise DataRejected(f"PostgreSQL refused the data: {_describe(exc)}") from exc
-        except psycopg.errors.UndefinedTable as exc:
+        except (psycopg.errors.UndefinedTable, psycopg.errors.UndefinedColumn) as exc:
             raise DatabaseError(
                 f"{_describe(exc)} -- run `jobkeeper migrate` (or JobQueue.migrate()) first"
             ) from exc

@@ -191,7 +191,8 @@ class SqliteBackend(SharedReads):
                     f"SQLite database {self.path!r} stayed locked for more than "
                     f"busy_timeout={self.busy_timeout}s; nothing was written"
                 ) from exc
-            if "no such table" in str(exc):
+            # A table or column a newer schema version adds: not migrated yet.
+            if any(m in str(exc) for m in ("no such table", "no such column", "has no column")):
                 raise DatabaseError(
                     f"SQLite: {exc} -- run `jobkeeper migrate` (or JobQueue.migrate()) first"
                 ) from exc
