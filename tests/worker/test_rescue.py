@@ -424,6 +424,18 @@ def _age_heartbeat(jq, worker_id: str, seconds: float) -> None:
     sql(jq, query + " WHERE id = ?", [seconds, worker_id])
 
 
+def _silent_holder_of_a_job(jq, holder: str, window: float | None, silent_for: float) -> int:
+    """Register ``holder`` (declaring ``window``), let it claim a new job and
+    age its heartbeat by ``silent_for`` seconds; returns the job's id.
+    """
+    now = datetime.now(UTC)
+    jq.backend.worker_register(WorkerInfo(holder, "h", 1, ["default"], now, now, window))
+    j = jq.enqueue("some_task", {})
+    _claim_one(jq, holder)
+    _age_heartbeat(jq, holder, silent_for)
+    return j.id
+
+
 def test_a_rescuer_with_a_shorter_window_leaves_a_live_holders_jobs_alone(jq):
     # Workers with different settings share one database. The rescuer judged
     # every holder by its own rescue_after, so a holder that promised beats
@@ -456,12 +468,8 @@ def test_a_rescuer_with_a_shorter_window_leaves_a_live_holders_jobs_alone(jq):
 
 def test_a_holder_that_declared_no_window_is_judged_by_the_rescuers(jq):
     # Rows of workers from before the column existed hold NULL.
-    holder = "old:1:aaaa"
-    jq.backend.worker_register(_info(holder))
-    j = jq.enqueue("some_task", {})
-    _claim_one(jq, holder)
-    _age_heartbeat(jq, holder, 5)
-    assert [c.id for c in jq.backend.job_rescue_candidates(rescue_after=1.0, limit=10)] == [j.id]
+    job_id = _silent_holder_of_a_job(jq, "old:1:aaaa", None, 5)
+    assert [c.id for c in jq.backend.job_rescue_candidates(rescue_after=1.0, limit=10)] == [job_id]
     assert jq.backend.job_rescue_candidates(rescue_after=10.0, limit=10) == []
     assert [w.rescue_after for w in jq.workers()] == [None]
 
@@ -473,11 +481,8 @@ def test_after_an_outage_each_holder_gets_its_own_window_again(jq):
     # nothing (it did, when the rescuer waited for the longest window).
     holder = "quick:1:bbbb"
     now = datetime.now(UTC)
-    jq.backend.worker_register(WorkerInfo(holder, "h", 1, ["default"], now, now, 2.0))
     jq.backend.worker_register(WorkerInfo("patient:1:cccc", "h", 1, ["x"], now, now, 300.0))
-    j = jq.enqueue("some_task", {})
-    _claim_one(jq, holder)
-    _age_heartbeat(jq, holder, 5)
+    job_id = _silent_holder_of_a_job(jq, holder, 2.0, 5)
     rescuer = Rescuer(jq.backend, jq.settings, 0.1)
     rescuer._unreachable = True  # as after a DatabaseUnavailable in a pass
     back = time.monotonic()
@@ -486,11 +491,11 @@ def test_after_an_outage_each_holder_gets_its_own_window_again(jq):
     time.sleep(max(0.0, back + 1.2 - time.monotonic()))
     rescuer.run_once()  # past the rescuer's own 1 s, not past the holder's 2 s
     assert rescuer.rescued == 0
-    assert job(jq, j.id).status == JobStatus.RUNNING
+    assert job(jq, job_id).status == JobStatus.RUNNING
     time.sleep(max(0.0, back + 2.1 - time.monotonic()))
     rescuer.run_once()
     assert rescuer.rescued == 1
-    (error,) = job(jq, j.id).errors
+    (error,) = job(jq, job_id).errors
     assert f"worker lost: {holder} sent no heartbeat for more than 2s" in error["error"]
 
 
@@ -500,17 +505,14 @@ def test_workers_that_declared_no_window_get_at_least_the_default(jq):
     # configured with 1 s took its jobs within seconds; it now assumes at
     # least the default 60 s.
     holder = "old:1:dddd"
-    jq.backend.worker_register(_info(holder))
-    j = jq.enqueue("some_task", {})
-    _claim_one(jq, holder)
-    _age_heartbeat(jq, holder, 5)
+    job_id = _silent_holder_of_a_job(jq, holder, None, 5)
     rescuer = Rescuer(jq.backend, jq.settings, 0.1)
     rescuer.run_once()
     assert rescuer.rescued == 0 and rescuer.passes == 1
     _age_heartbeat(jq, holder, 61)
     rescuer.run_once()
     assert rescuer.rescued == 1
-    assert "no heartbeat for more than 60s" in job(jq, j.id).errors[0]["error"]
+    assert "no heartbeat for more than 60s" in job(jq, job_id).errors[0]["error"]
 
 
 def test_workers_with_different_rescue_after_share_a_database(make_queue):
