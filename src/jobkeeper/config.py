@@ -95,10 +95,12 @@ class Settings:
             value = getattr(self, name)
             positive = name in ("heartbeat_interval", "rescue_after", "poll_interval")
             check_seconds(name, value, allow_zero=not positive)
-            if value > MAX_SETTING_SECONDS:
+            # max_backoff is a cap itself, clamped where used (any value works).
+            if value > MAX_SETTING_SECONDS and name != "max_backoff":
                 # now() - a longer interval is before what PostgreSQL can
                 # store ("timestamp out of range"): every rescue or prune
-                # query using it would fail, for every worker of the database.
+                # query using it would fail, for every worker of the
+                # database; and thread waits that long overflow.
                 raise ConfigError(
                     f"{name}={value!r} is longer than {MAX_SETTING_SECONDS:.0f} seconds (100 years)"
                 )

@@ -158,7 +158,9 @@ def test_c01_rescue_after_four_with_default_heartbeat_is_rejected():
         JobQueue("sqlite:///x.db", rescue_after=4)
 
 
-@pytest.mark.parametrize("name", ["rescue_after", "retention", "shutdown_grace", "max_backoff"])
+@pytest.mark.parametrize(
+    "name", ["rescue_after", "retention", "shutdown_grace", "poll_interval", "busy_timeout"]
+)
 def test_durations_longer_than_a_century_are_refused(name):
     # now() - 1e12 s is before anything PostgreSQL stores: one worker with
     # rescue_after=1e12 made every rescuer's query fail, for every worker.
