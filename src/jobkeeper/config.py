@@ -44,6 +44,15 @@ DEFAULT_RESCUE_AFTER = 60.0
 MAX_SETTING_SECONDS = ABSOLUTE_MAX_BACKOFF
 
 
+def holder_window(declared: float | None, own: float) -> float:
+    """Seconds of silence after which a worker is judged dead: the
+    ``rescue_after`` it declared, or for a worker of a version that recorded
+    none, ``own`` (the judge's setting) but at least the default, which is
+    what such a worker most likely runs with.
+    """
+    return declared if declared is not None else max(own, DEFAULT_RESCUE_AFTER)
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class Settings:
     """Tunables of a :class:`~jobkeeper.JobQueue`; every duration is in seconds.

@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from jobkeeper.config import holder_window
 from jobkeeper.models import Job, JobStatus, WorkerInfo
 
 STATUS_STYLE = {
@@ -45,12 +46,12 @@ def heartbeat_age(worker: WorkerInfo, now: datetime) -> float:
 
 
 def is_stale(worker: WorkerInfo, now: datetime, rescue_after: float) -> bool:
-    """Whether the worker has been silent longer than its own declared
-    ``rescue_after`` (``rescue_after`` here for rows of older versions): it
-    most likely died without deregistering (its running jobs are due for rescue).
+    """Whether the worker has been silent longer than its window, judged as
+    the rescuers judge it (:func:`~jobkeeper.config.holder_window`, with
+    ``rescue_after`` as the judge's own): it most likely died without
+    deregistering (its running jobs are due for rescue).
     """
-    window = worker.rescue_after if worker.rescue_after is not None else rescue_after
-    return heartbeat_age(worker, now) > window
+    return heartbeat_age(worker, now) > holder_window(worker.rescue_after, rescue_after)
 
 
 def _state_cell(worker: WorkerInfo, now: datetime, rescue_after: float) -> str:

@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 
 from jobkeeper.backends.base import Backend
-from jobkeeper.config import DEFAULT_RESCUE_AFTER, Settings
+from jobkeeper.config import Settings, holder_window
 from jobkeeper.errors import DatabaseUnavailable
 from jobkeeper.maintenance.service import IntervalService
 from jobkeeper.models import Failure
@@ -86,11 +86,12 @@ class Rescuer(IntervalService):
             self._backend.db_now()
             self._unreachable = False
             self._back_at = time.monotonic()
-        # Each holder is judged by the window it declared. Rows of workers
-        # from before schema version 2 declared none: assume at least the
-        # default, which is what such a worker most likely runs with.
-        unknown = max(rescue_after, DEFAULT_RESCUE_AFTER)
-        windows = {w.id: w.rescue_after or unknown for w in self._backend.worker_list()}
+        # Each holder is judged by the window it declared (see holder_window:
+        # rows from before schema version 2 declared none).
+        unknown = holder_window(None, rescue_after)
+        windows = {
+            w.id: holder_window(w.rescue_after, rescue_after) for w in self._backend.worker_list()
+        }
         since_back = time.monotonic() - self._back_at
         candidates = self._backend.job_rescue_candidates(rescue_after=unknown, limit=BATCH)
         failures: list[Failure] = []

@@ -467,13 +467,9 @@ class Executor:
         are never held for good. A no-op if it was settled after all.
         """
         error = f"internal error settling the attempt: {_exception_text(exc)}"
-        try:
-            outcome: Outcome = failed_attempt(execution.job, self._settings, error=error)
-        except BaseException:  # noqa: BLE001 - the policy itself failed: plain retry
-            outcome = failed_attempt(
-                execution.job, self._settings, error="internal error settling the attempt"
-            )
-        self._finish(execution, outcome, interrupt=False)
+        self._finish(
+            execution, failed_attempt(execution.job, self._settings, error=error), interrupt=False
+        )
 
     # -- stopping executions from outside -------------------------------------------
 

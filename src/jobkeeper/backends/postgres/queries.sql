@@ -214,8 +214,9 @@ END
 -- Rescue does not depend on the holder's worker row existing: a job whose
 -- holder was pruned is as orphaned as one whose holder went silent
 -- (procrastinate#1518). A holder is silent once its heartbeat is older than
--- its own declared rescue_after (else the rescuer's): a rescuer with a
--- shorter window than a live holder's must not take its jobs.
+-- its own declared rescue_after (else %(rescue_after)s, the rescuer's window
+-- for holders that declared none): a rescuer with a shorter window than a
+-- live holder's must not take its jobs.
 SELECT job.*
 FROM jobkeeper_jobs AS job
 WHERE job.status = 'running'

@@ -521,8 +521,13 @@ class SqliteBackend(SharedReads):
         self.wake_local()
         return self.job_get(job_id)
 
+    @staticmethod
+    def _requeue_params(job_ids: Sequence[int] | None) -> dict[str, Any]:
+        """Which dead letters a requeue takes (``None``: all of them)."""
+        return {"all": job_ids is None, "ids": json.dumps(list(job_ids or []))}
+
     def _requeue(self, conn: sqlite3.Connection, job_ids: Sequence[int] | None) -> list[int]:
-        params = {"all": job_ids is None, "ids": json.dumps(list(job_ids or []))}
+        params = self._requeue_params(job_ids)
         revived = [
             row["id"] for row in _rows(conn.execute(QUERIES["dead_letter_requeue_copy"], params))
         ]
@@ -535,9 +540,7 @@ class SqliteBackend(SharedReads):
                 ids = self._requeue(conn, job_ids)
         except DatabaseError as exc:
             if isinstance(exc.__cause__, sqlite3.IntegrityError):
-                raise self._requeue_conflict(
-                    {"all": job_ids is None, "ids": json.dumps(list(job_ids or []))}
-                ) from None
+                raise self._requeue_conflict(self._requeue_params(job_ids)) from None
             raise
         if ids:
             self.wake_local()

@@ -137,7 +137,8 @@ END
 -- name: job_rescue_candidates
 -- Rescue does not depend on the holder's worker row existing (procrastinate#1518).
 -- A holder is silent once its heartbeat is older than its own declared
--- rescue_after (else the rescuer's).
+-- rescue_after (else :rescue_after, the rescuer's window for holders that
+-- declared none).
 SELECT job.*
 FROM jobkeeper_jobs AS job
 WHERE job.status = 'running'
