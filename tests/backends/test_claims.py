@@ -309,3 +309,25 @@ def test_unstorable_discard_reason_and_error_text_are_still_recorded(jq):
     assert again is not None and again.status == JobStatus.RETRYABLE
     (entry,) = again.errors
     assert "\\x00" in entry["error"] and len(entry["error"]) < 10_000
+
+
+def test_claimed_jobs_carry_their_own_timestamps_as_utc(jq):
+    # The PostgreSQL claim memoises timestamp conversions within a batch: rows
+    # with different times must still each get their own, aware, in UTC.
+    now = datetime.now(UTC)
+    past = [now - timedelta(minutes=m) for m in (30, 20, 10)]
+    jobs = [jq.enqueue("t", {"i": i}, run_at=at) for i, at in enumerate(past)]
+    jobs += jq.enqueue_many([("t", {"i": i}) for i in range(3, 6)])
+    claimed = {j.id: j for j in claim(jq, limit=10)}
+    assert len(claimed) == 6
+    attempted = {j.attempted_at for j in claimed.values()}
+    assert len(attempted) == 1
+    for job in jobs:
+        got, stored = claimed[job.id], jq.get_job(job.id)
+        assert got.scheduled_at == stored.scheduled_at == job.scheduled_at
+        assert got.created_at == stored.created_at
+        assert got.attempted_at == stored.attempted_at
+        for value in (got.scheduled_at, got.created_at, got.attempted_at):
+            assert value is not None and value.utcoffset() == timedelta(0)
+    assert [claimed[j.id].scheduled_at for j in jobs[:3]] == [j.scheduled_at for j in jobs[:3]]
+    assert len({claimed[j.id].scheduled_at for j in jobs[:3]}) == 3
