@@ -331,6 +331,21 @@ def test_other_bad_input_exits_2_with_one_line(cli, queue):
     assert queue.get_job(job.id).status == JobStatus.AVAILABLE  # type: ignore[union-attr]
 
 
+def test_error_lines_print_the_quoted_input_literally(cli, queue):
+    # Error lines quote the input; "[/]" in it was read as Rich markup, which
+    # crashed with a traceback (exit 1) instead of the one-line error.
+    for args, needle in (
+        (["jobs", "list", "--status", "[/]"], "--status '[/]'"),
+        (["enqueue", "t", "--queue", "[/]"], "'[/]'"),
+        (["enqueue", "t", "--priority", "[red]1"], "'[red]1'"),
+    ):
+        code, out, err = cli(*args)
+        assert code == 2, (args, err)
+        assert_one_line_error(err, needle)
+        assert out == "", args
+    assert total_rows(queue) == 0
+
+
 def test_negative_job_ids_get_the_id_check_not_no_such_option(cli, queue):
     # "-1" used to be parsed as an unknown option ("No such option: -1").
     job = queue.enqueue("t", {})

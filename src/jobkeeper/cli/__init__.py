@@ -1,1 +1,1 @@
-"""The command line: ``jobkeeper ...`` (Typer + Rich)."""
+"""The command line: ``jobkeeper ...`` (Click + Rich)."""

@@ -1,4 +1,4 @@
-"""The ``jobkeeper`` command (Typer, Rich).
+"""The ``jobkeeper`` command (Click, Rich).
 
 Exit codes: 0 ok; 2 usage or bad input (one line on stderr naming the
 problem; nothing written); 1 anything else (database unavailable, job not
@@ -8,14 +8,16 @@ found, a job in the wrong state).
 from __future__ import annotations
 
 import importlib
+import inspect
 import json
 import logging
 import math
 import os
 import sys
-from typing import Annotated, Any, NoReturn
+from collections.abc import Sequence
+from typing import Any, NoReturn
 
-import typer
+import click
 from rich.console import Console
 
 from jobkeeper.api import JobQueue
@@ -29,20 +31,85 @@ from jobkeeper.errors import (
 from jobkeeper.models import JobStatus
 from jobkeeper.payload import child_path
 
-app = typer.Typer(
+
+class _Argument(click.Argument):
+    """A positional argument with a help text, which ``_Command`` lists: Click
+    before 8.5 takes no ``help`` for arguments (the text is kept under another
+    name so that 8.5's own section does not list it a second time).
+    """
+
+    def __init__(self, param_decls: Sequence[str], *, doc: str, **attrs: Any) -> None:
+        super().__init__(param_decls, **attrs)
+        self.doc = doc
+
+
+def _summary(help_text: str | None) -> str:
+    """The first paragraph of a help text, on one line."""
+    return " ".join(inspect.cleandoc(help_text or "").split("\n\n")[0].split())
+
+
+class _Command(click.Command):
+    """Lists its arguments with their help, before the options."""
+
+    def get_short_help_str(self, limit: int = 45) -> str:
+        # Click cuts the summary at `limit` columns with "..."; the command
+        # list shows the whole first paragraph instead (wrapped), as before.
+        return _summary(self.help)
+
+    def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        rows = [
+            (
+                " ".join(param.get_usage_pieces(ctx)),
+                f"{param.doc}  [required]" if param.required else param.doc,
+            )
+            for param in self.get_params(ctx)
+            if isinstance(param, _Argument)
+        ]
+        if rows:
+            with formatter.section("Arguments"):
+                formatter.write_dl(rows)
+        super().format_options(ctx, formatter)
+
+
+class _Group(click.Group):
+    command_class = _Command
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        # In the order they are defined here (Click sorts them by name).
+        return list(self.commands)
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        # A group run without a command prints its help (to stdout) and then
+        # fails with exit code 2, on every Click version: 8.1 exits 0 after
+        # the help, 8.2+ raises the whole help as the error message.
+        if not args and self.no_args_is_help and not ctx.resilient_parsing:
+            click.echo(ctx.get_help(), color=ctx.color)
+            raise click.UsageError("missing command (see the usage above)", ctx)
+        return super().parse_args(ctx, args)
+
+
+@click.group(
+    cls=_Group,
     name="jobkeeper",
-    help="A durable background job queue on PostgreSQL or SQLite.",
     no_args_is_help=True,
-    pretty_exceptions_enable=False,
-    add_completion=False,
+    context_settings={"show_default": True},
 )
-jobs_app = typer.Typer(help="Inspect jobs.", no_args_is_help=True)
-dead_app = typer.Typer(help="Inspect and requeue dead letters.", no_args_is_help=True)
+@click.option(
+    "--database",
+    default=None,
+    show_default=False,
+    help="Database URL (sqlite:///path.db or postgresql://user@host/db); "
+    "default $JOBKEEPER_DATABASE_URL, else sqlite:///jobkeeper.db.",
+)
+def app(database: str | None) -> None:
+    """A durable background job queue on PostgreSQL or SQLite."""
+
+
+jobs_app = _Group("jobs", help="Inspect jobs.", no_args_is_help=True)
+dead_app = _Group("dead", help="Inspect and requeue dead letters.", no_args_is_help=True)
 #: For commands taking job ids: a mistyped ``-1`` reaches the id check (and
 #: its message) instead of failing as "No such option: -1".
-_IDS_MAY_LOOK_LIKE_OPTIONS = {"ignore_unknown_options": True}
-app.add_typer(jobs_app, name="jobs")
-app.add_typer(dead_app, name="dead")
+_IDS_MAY_LOOK_LIKE_OPTIONS: dict[str, Any] = {"ignore_unknown_options": True}
 
 #: Width of tables written to a pipe or file: Rich's default there is 80
 #: columns, which cut cells short ("schedu…") in `jobs list > file`.
@@ -65,7 +132,7 @@ class BadInput(Exception):  # noqa: N818 - reads as what it is
     """Raised by CLI parsing helpers: exit code 2 with this message."""
 
 
-def _queue(ctx: typer.Context) -> JobQueue:
+def _queue(ctx: click.Context) -> JobQueue:
     """The JobQueue for ``--database`` (else $JOBKEEPER_DATABASE_URL, else the default)."""
     url: str | None = ctx.find_root().params.get("database")
     jq = JobQueue(url)
@@ -74,23 +141,9 @@ def _queue(ctx: typer.Context) -> JobQueue:
     return jq
 
 
-@app.callback()
-def _root(
-    database: Annotated[
-        str | None,
-        typer.Option(
-            "--database",
-            help="Database URL (sqlite:///path.db or postgresql://user@host/db); "
-            "default $JOBKEEPER_DATABASE_URL, else sqlite:///jobkeeper.db.",
-            show_default=False,
-        ),
-    ] = None,
-) -> None:
-    """A durable background job queue on PostgreSQL or SQLite."""
-
-
-@app.command()
-def migrate(ctx: typer.Context) -> None:
+@app.command("migrate")
+@click.pass_context
+def migrate(ctx: click.Context) -> None:
     """Create or upgrade the schema (idempotent; safe to run concurrently)."""
     jq = _queue(ctx)
     version = jq.migrate()
@@ -133,27 +186,38 @@ def _load_app(spec: str, database_url: str | None) -> JobQueue:
     return jq
 
 
-@app.command()
+@app.command("worker")
+@click.option(
+    "--app",
+    "app_spec",
+    required=True,
+    help="Where your JobQueue lives: package.module:attribute.",
+)
+@click.option(
+    "--queue",
+    "-q",
+    "queue",
+    multiple=True,
+    help="Queue to work; repeat for several. Default: every queue the app's tasks use.",
+)
+@click.option("--concurrency", type=click.INT, default=10, help="Most jobs running at once.")
+@click.option("--burst", is_flag=True, help="Drain the queues, then exit.")
+@click.option(
+    "--prefetch",
+    type=click.INT,
+    default=None,
+    help="Jobs to claim beyond free slots (default: adaptive).",
+)
+@click.option("--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR.")
+@click.pass_context
 def worker(
-    ctx: typer.Context,
-    app_spec: Annotated[
-        str, typer.Option("--app", help="Where your JobQueue lives: package.module:attribute.")
-    ],
-    queue: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--queue",
-            "-q",
-            help="Queue to work; repeat for several. Default: every queue the app's tasks use.",
-        ),
-    ] = None,
-    concurrency: Annotated[int, typer.Option(help="Most jobs running at once.")] = 10,
-    burst: Annotated[bool, typer.Option("--burst", help="Drain the queues, then exit.")] = False,
-    prefetch: Annotated[
-        int | None,
-        typer.Option(help="Jobs to claim beyond free slots (default: adaptive)."),
-    ] = None,
-    log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING or ERROR.")] = "INFO",
+    ctx: click.Context,
+    app_spec: str,
+    queue: tuple[str, ...],
+    concurrency: int,
+    burst: bool,
+    prefetch: int | None,
+    log_level: str,
 ) -> None:
     """Run a worker until SIGTERM/SIGINT (graceful) or, with --burst, until drained."""
     level = logging.getLevelName(log_level.upper())
@@ -164,9 +228,9 @@ def worker(
     )
     jq = _load_app(app_spec, ctx.find_root().params.get("database"))
     code = jq.run_worker(
-        queues=queue or None, concurrency=concurrency, burst=burst, prefetch=prefetch
+        queues=list(queue) or None, concurrency=concurrency, burst=burst, prefetch=prefetch
     )
-    raise typer.Exit(code)
+    ctx.exit(code)
 
 
 def _reject_constant(name: str) -> NoReturn:
@@ -274,30 +338,37 @@ def _check_task_known(jq: JobQueue, task: str, app_spec: str) -> None:
     raise BadInput(f"--app {app_spec!r} has no task {task!r}; {known}")
 
 
-@app.command()
+@app.command("enqueue")
+@click.argument("task", cls=_Argument, doc="The task's registered name.")
+@click.option("--args", default="{}", help="Arguments as a JSON object.")
+@click.option(
+    "--app",
+    "app_spec",
+    default=None,
+    help="Your JobQueue (package.module:attribute): the task's own queue, "
+    "priority and max_attempts apply and its arguments are checked.",
+)
+@click.option("--queue", default=None, help="Queue (default: default).")
+@click.option("--delay", type=click.FLOAT, default=None, help="Seconds from now, >= 0.")
+@click.option("--priority", type=click.INT, default=None, help="Lower runs first.")
+@click.option("--max-attempts", type=click.INT, default=None, help="Attempts before dead.")
+@click.option(
+    "--unique-key",
+    default=None,
+    help="Skip if a job of this task with this key is scheduled, available, running "
+    "or retryable (print that job's id).",
+)
+@click.pass_context
 def enqueue(
-    ctx: typer.Context,
-    task: Annotated[str, typer.Argument(help="The task's registered name.")],
-    args: Annotated[str, typer.Option("--args", help="Arguments as a JSON object.")] = "{}",
-    app_spec: Annotated[
-        str | None,
-        typer.Option(
-            "--app",
-            help="Your JobQueue (package.module:attribute): the task's own queue, "
-            "priority and max_attempts apply and its arguments are checked.",
-        ),
-    ] = None,
-    queue: Annotated[str | None, typer.Option(help="Queue (default: default).")] = None,
-    delay: Annotated[float | None, typer.Option(help="Seconds from now, >= 0.")] = None,
-    priority: Annotated[int | None, typer.Option(help="Lower runs first.")] = None,
-    max_attempts: Annotated[int | None, typer.Option(help="Attempts before dead.")] = None,
-    unique_key: Annotated[
-        str | None,
-        typer.Option(
-            help="Skip if a job of this task with this key is scheduled, available, running "
-            "or retryable (print that job's id)."
-        ),
-    ] = None,
+    ctx: click.Context,
+    task: str,
+    args: str,
+    app_spec: str | None,
+    queue: str | None,
+    delay: float | None,
+    priority: int | None,
+    max_attempts: int | None,
+    unique_key: str | None,
 ) -> None:
     """Enqueue one job and print its id."""
     if delay is not None and not math.isfinite(delay):
@@ -322,11 +393,10 @@ def enqueue(
     console.print(job.id, highlight=False)
 
 
-@app.command()
-def status(
-    ctx: typer.Context,
-    as_json: Annotated[bool, typer.Option("--json", help="Stable JSON output.")] = False,
-) -> None:
+@app.command("status")
+@click.option("--json", "as_json", is_flag=True, help="Stable JSON output.")
+@click.pass_context
+def status(ctx: click.Context, as_json: bool) -> None:
     """Job counts per queue and status, and the registered workers (a worker
     without a heartbeat for longer than its own rescue_after is marked stale).
     """
@@ -357,12 +427,13 @@ def _status_option(value: str | None) -> JobStatus | None:
 
 
 @jobs_app.command("list")
+@click.option("--status", default=None, help="Only jobs in this status.")
+@click.option("--queue", default=None, help="Only jobs of this queue.")
+@click.option("--limit", type=click.INT, default=50, help="At most this many (1-10000).")
+@click.option("--json", "as_json", is_flag=True, help="Stable JSON output.")
+@click.pass_context
 def jobs_list(
-    ctx: typer.Context,
-    status: Annotated[str | None, typer.Option(help="Only jobs in this status.")] = None,
-    queue: Annotated[str | None, typer.Option(help="Only jobs of this queue.")] = None,
-    limit: Annotated[int, typer.Option(help="At most this many (1-10000).")] = 50,
-    as_json: Annotated[bool, typer.Option("--json", help="Stable JSON output.")] = False,
+    ctx: click.Context, status: str | None, queue: str | None, limit: int, as_json: bool
 ) -> None:
     """List jobs, newest first."""
     jobs = _queue(ctx).list_jobs(status=_status_option(status), queue=queue, limit=limit)
@@ -373,31 +444,34 @@ def jobs_list(
 
 
 @jobs_app.command("show", context_settings=_IDS_MAY_LOOK_LIKE_OPTIONS)
-def jobs_show(
-    ctx: typer.Context,
-    job_id: Annotated[int, typer.Argument(help="The job id.")],
-    as_json: Annotated[bool, typer.Option("--json", help="Stable JSON output.")] = False,
-) -> None:
+@click.argument("job_id", cls=_Argument, type=click.INT, doc="The job id.")
+@click.option("--json", "as_json", is_flag=True, help="Stable JSON output.")
+@click.pass_context
+def jobs_show(ctx: click.Context, job_id: int, as_json: bool) -> None:
     """Show one job with its errors and result."""
     job = _queue(ctx).get_job(job_id)
     if job is None:
         err_console.print(f"error: no job with id {job_id}", highlight=False)
-        raise typer.Exit(1)
+        ctx.exit(1)
     if as_json:
         render.print_json(console, job.to_dict())
     else:
         console.print(render.job_detail(job))
 
 
-@app.command(context_settings=_IDS_MAY_LOOK_LIKE_OPTIONS)
-def retry(ctx: typer.Context, job_id: Annotated[int, typer.Argument(help="The job id.")]) -> None:
+@app.command("retry", context_settings=_IDS_MAY_LOOK_LIKE_OPTIONS)
+@click.argument("job_id", cls=_Argument, type=click.INT, doc="The job id.")
+@click.pass_context
+def retry(ctx: click.Context, job_id: int) -> None:
     """Run a dead, retryable, cancelled or completed job again now."""
     job = _queue(ctx).retry(job_id)
     console.print(f"job {job.id} is {job.status.value}", highlight=False)
 
 
-@app.command(context_settings=_IDS_MAY_LOOK_LIKE_OPTIONS)
-def cancel(ctx: typer.Context, job_id: Annotated[int, typer.Argument(help="The job id.")]) -> None:
+@app.command("cancel", context_settings=_IDS_MAY_LOOK_LIKE_OPTIONS)
+@click.argument("job_id", cls=_Argument, type=click.INT, doc="The job id.")
+@click.pass_context
+def cancel(ctx: click.Context, job_id: int) -> None:
     """Cancel a pending job, or ask the worker running it to stop."""
     job = _queue(ctx).cancel(job_id)
     note = " (cancel requested; its worker will stop it)" if job.status == JobStatus.RUNNING else ""
@@ -405,12 +479,11 @@ def cancel(ctx: typer.Context, job_id: Annotated[int, typer.Argument(help="The j
 
 
 @dead_app.command("list")
-def dead_list(
-    ctx: typer.Context,
-    queue: Annotated[str | None, typer.Option(help="Only this queue.")] = None,
-    limit: Annotated[int, typer.Option(help="At most this many (1-10000).")] = 50,
-    as_json: Annotated[bool, typer.Option("--json", help="Stable JSON output.")] = False,
-) -> None:
+@click.option("--queue", default=None, help="Only this queue.")
+@click.option("--limit", type=click.INT, default=50, help="At most this many (1-10000).")
+@click.option("--json", "as_json", is_flag=True, help="Stable JSON output.")
+@click.pass_context
+def dead_list(ctx: click.Context, queue: str | None, limit: int, as_json: bool) -> None:
     """List dead letters, newest first."""
     jobs = _queue(ctx).list_jobs(status=JobStatus.DEAD, queue=queue, limit=limit)
     if as_json:
@@ -420,16 +493,15 @@ def dead_list(
 
 
 @dead_app.command("requeue", context_settings=_IDS_MAY_LOOK_LIKE_OPTIONS)
-def dead_requeue(
-    ctx: typer.Context,
-    job_ids: Annotated[list[int] | None, typer.Argument(help="Dead letter ids.")] = None,
-    all_: Annotated[bool, typer.Option("--all", help="Requeue every dead letter.")] = False,
-) -> None:
+@click.argument("job_ids", cls=_Argument, type=click.INT, nargs=-1, doc="Dead letter ids.")
+@click.option("--all", "all_", is_flag=True, help="Requeue every dead letter.")
+@click.pass_context
+def dead_requeue(ctx: click.Context, job_ids: tuple[int, ...], all_: bool) -> None:
     """Move dead letters back to the queue, attempts reset."""
     if bool(job_ids) == all_:
         raise BadInput("dead requeue: give job ids or --all (not both)")
-    moved = _queue(ctx).requeue_dead(None if all_ else job_ids)
-    missing = sorted(set(job_ids or []) - set(moved))
+    moved = _queue(ctx).requeue_dead(None if all_ else list(job_ids))
+    missing = sorted(set(job_ids) - set(moved))
     if moved:
         noun = "job" if len(moved) == 1 else "jobs"
         console.print(f"requeued {len(moved)} {noun}: {' '.join(map(str, moved))}", highlight=False)
@@ -443,50 +515,46 @@ def dead_requeue(
             highlight=False,
             soft_wrap=True,
         )
-        raise typer.Exit(1)
+        ctx.exit(1)
 
 
-@app.command()
-def demo(
-    ctx: typer.Context,
-    workers: Annotated[int, typer.Option(help="Worker processes (one is SIGKILLed).")] = 2,
-    concurrency: Annotated[int, typer.Option(help="Jobs at once per worker.")] = 4,
-) -> None:
+@app.command("demo")
+@click.option("--workers", type=click.INT, default=2, help="Worker processes (one is SIGKILLed).")
+@click.option("--concurrency", type=click.INT, default=4, help="Jobs at once per worker.")
+@click.pass_context
+def demo(ctx: click.Context, workers: int, concurrency: int) -> None:
     """Hash every .py file of the standard library through the queue, SIGKILL a
     worker midway, and reconcile every job (uses ./jobkeeper-demo.db unless --database).
     """
     from jobkeeper.demo.runner import run_demo
 
     url = ctx.find_root().params.get("database")
-    raise typer.Exit(run_demo(console, database_url=url, workers=workers, concurrency=concurrency))
+    ctx.exit(run_demo(console, database_url=url, workers=workers, concurrency=concurrency))
+
+
+# After the commands, so that the command list shows them last, as before.
+app.add_command(jobs_app)
+app.add_command(dead_app)
 
 
 def _fail(message: str, code: int) -> NoReturn:
-    err_console.print(f"error: {message}", highlight=False, soft_wrap=True)
+    # No markup: messages quote the user's input, and "[/]" in it crashed Rich.
+    err_console.print(f"error: {message}", markup=False, highlight=False, soft_wrap=True)
     sys.exit(code)
 
 
 def main(argv: list[str] | None = None) -> None:
     """Entry point of the ``jobkeeper`` console script."""
     try:
-        # Not standalone: a `raise typer.Exit(n)` comes back as the return value.
-        code = app(args=argv, standalone_mode=False)
-    except typer.Abort:
+        # Not standalone: a `ctx.exit(n)` comes back as the return value, and
+        # Click's own errors are raised here, to be printed as one line.
+        code = app.main(args=argv, standalone_mode=False)
+    except click.Abort:
         _fail("aborted", 130)
     except (BadInput, PayloadError, ConfigError) as exc:
         _fail(str(exc).replace("\n", " "), 2)
     except JobkeeperError as exc:
         _fail(str(exc).replace("\n", " "), 1)
-    except Exception as exc:
-        # Usage errors (exit_code 2) and other Click exceptions. Typer >= 0.26
-        # raises those of its vendored Click, not of the `click` package (which
-        # is no longer installed with it), so they are recognised by shape.
-        exit_code = getattr(exc, "exit_code", None)
-        format_message = getattr(exc, "format_message", None)
-        if not isinstance(exit_code, int) or not callable(format_message):
-            raise
-        # A group run without its subcommand has printed its help already
-        # and carries an empty message.
-        message = str(format_message()).replace("\n", " ").strip()
-        _fail(message or "missing command (see the usage above)", exit_code)
+    except click.ClickException as exc:  # usage errors (exit code 2) and the like
+        _fail(exc.format_message().replace("\n", " ").strip(), exc.exit_code)
     sys.exit(code if isinstance(code, int) else 0)
