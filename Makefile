@@ -10,6 +10,9 @@ $(BIN)/python:
 
 $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+	@# Bytecode for src/ (an editable install): with PYTHONDONTWRITEBYTECODE set,
+	@# every worker process the tests start would compile the package again.
+	$(BIN)/python -m compileall -q src
 	touch $@
 
 .PHONY: help install pgbouncer demo test lint format typecheck check bench clean
