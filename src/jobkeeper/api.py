@@ -532,7 +532,7 @@ class JobQueue:
             queues: queue names to work (default: :meth:`default_queues`).
             concurrency: most jobs running at once (1..10,000).
             burst: drain and return.
-            prefetch: jobs to claim beyond the free slots; ``None`` (default)
+            prefetch: jobs to claim beyond the free slots (0..10,000); ``None`` (default)
                 adapts it to how long jobs take against how long a claim takes
                 (none for jobs slower than a claim, up to ``concurrency``).
 
@@ -541,7 +541,7 @@ class JobQueue:
             (those jobs will be rescued and re-run).
 
         Raises:
-            ConfigError: a bad queue name or concurrency.
+            ConfigError: a bad queue name, concurrency or prefetch.
             DatabaseUnavailable: the database cannot be reached at start.
         """
         stats = self.worker(queues, concurrency, burst, prefetch).run()

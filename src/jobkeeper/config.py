@@ -271,7 +271,12 @@ class DatabaseURL:
 
     def redacted(self) -> str:
         """The URL with any password replaced by ``***`` (for logs and errors)."""
-        parts = urlsplit(self.url)
+        try:
+            parts = urlsplit(self.url)
+        except ValueError:
+            # Not splittable (a malformed [IPv6] host): blank whatever sits
+            # between "user:" and "@" without parsing further.
+            return re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", self.url)
         if parts.password:
             netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
             return parts._replace(netloc=netloc).geturl()
@@ -327,6 +332,12 @@ def resolve_database_url(url: str | None) -> DatabaseURL:
             ) from exc
         except psycopg.Error as exc:
             raise ConfigError(f"invalid PostgreSQL URL: {str(exc).strip()}") from None
+        try:
+            urlsplit(url)
+        except ValueError as exc:
+            # libpq accepts e.g. "postgresql://[/]" and fails only at connect
+            # time, where even the error message could not be built.
+            raise ConfigError(f"invalid PostgreSQL URL: {exc}") from None
         # libpq's parser accepts any port text; it only fails at connect time
         # (after the pool's retries), so check it here.
         port = params.get("port")

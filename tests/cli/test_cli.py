@@ -371,6 +371,8 @@ BAD_URLS = [
     ("not a url", "invalid database URL"),
     ("postgresql://u@h/db?nonsense_option=1", "invalid PostgreSQL URL"),
     ("postgresql://u@127.0.0.1:port/db", "not a port number"),
+    # libpq accepts it; the connect error then could not even be worded.
+    ("postgresql://[/]", "invalid PostgreSQL URL"),
 ]
 
 
@@ -626,6 +628,10 @@ BAD_IMPORT_APPS = {
     "syntaxapp": ("def broken(:\n", "SyntaxError"),
     "exitapp": ("import sys\nsys.exit(3)\n", "SystemExit: 3"),
     "bareapp": ("raise RuntimeError\n", "failed: RuntimeError"),
+    "baseexcapp": (
+        "class Stop(BaseException):\n    pass\nraise Stop('custom')\n",
+        "Stop: custom",
+    ),
 }
 
 
@@ -746,3 +752,88 @@ def test_tables_written_to_a_pipe_are_not_cut_to_80_columns(cli, queue):
     assert done.returncode == 0, done.stderr
     assert task in done.stdout and "scheduled" in done.stdout
     assert "…" not in done.stdout
+
+
+# -- from a breaking run of the Click port ---------------------------------------------
+
+
+def test_urls_and_paths_print_literally_not_as_markup(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "x[").mkdir()
+    for name in ("[red]y.db", "x[/].db"):
+        code, out, err = Cli(f"sqlite:///{name}", capsys)("migrate")
+        assert code == 0, err
+        assert f"on sqlite:///{name}" in out
+        assert (tmp_path / name).exists()
+
+
+def test_empty_database_option_is_refused_with_app_too(db_url, tmp_path, monkeypatch, capsys):
+    (tmp_path / "emptyurlapp.py").write_text(
+        f"from jobkeeper import JobQueue\njq = JobQueue({db_url!r})\n"
+        "@jq.task\ndef t() -> None: ...\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("JOBKEEPER_DATABASE_URL", db_url)
+    with JobQueue(db_url) as jq:
+        jq.migrate()
+        for args in (
+            ["enqueue", "t", "--app", "emptyurlapp:jq"],
+            ["worker", "--burst", "--app", "emptyurlapp:jq"],
+        ):
+            code, out, err = Cli("", capsys)("--database", "", *args, database=False)
+            assert code == 2, (args, err)
+            assert out == ""
+            assert_one_line_error(err, "invalid database URL ''")
+        assert total_rows(jq) == 0
+
+
+@pytest.mark.parametrize("prefetch", ["-1", "10001", "99999999999999999999"])
+def test_worker_prefetch_out_of_range_exits_2_before_claiming(
+    cli, queue, tmp_path, monkeypatch, prefetch
+):
+    (tmp_path / "prefetchapp.py").write_text(
+        "from jobkeeper import JobQueue\njq = JobQueue()\n@jq.task\ndef t() -> None: ...\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    job = queue.enqueue("t")
+    code, out, err = cli("worker", "--burst", "--app", "prefetchapp:jq", "--prefetch", prefetch)
+    assert code == 2, err
+    assert out == ""
+    assert_one_line_error(err, "prefetch must be an int between 0 and 10000", prefetch)
+    assert queue.get_job(job.id).status == JobStatus.AVAILABLE  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "needle"),
+    [
+        ("--workers", "0", "--workers must be between 2 and 64"),
+        ("--workers", "1000", "--workers must be between 2 and 64"),
+        ("--concurrency", "0", "--concurrency must be between 1 and 10000"),
+    ],
+)
+def test_demo_bad_sizes_exit_2_before_writing(tmp_path, capsys, monkeypatch, option, value, needle):
+    monkeypatch.chdir(tmp_path)
+    code, out, err = Cli("", capsys)("demo", option, value, database=False)
+    assert code == 2
+    assert_one_line_error(err, needle, value)
+    assert out == ""
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_demo_on_a_named_sqlite_database_keeps_its_other_jobs(tmp_path, capsys, monkeypatch):
+    from jobkeeper.demo import runner
+
+    # A few files instead of the whole standard library: seconds, not minutes.
+    files = runner.stdlib_files()[:24]
+    monkeypatch.setattr(runner, "stdlib_files", lambda: files)
+    monkeypatch.chdir(tmp_path)
+    url = f"sqlite:///{tmp_path / 'mine.db'}"
+    with JobQueue(url) as jq:
+        jq.migrate()
+        mine = jq.enqueue("my_task", {"n": 1}, queue="mine")
+    code, out, err = Cli(url, capsys)("demo")
+    assert code == 0, out + err
+    assert "lost: 0" in out
+    with JobQueue(url) as jq:
+        kept = jq.get_job(mine.id)
+        assert kept is not None and kept.args == {"n": 1} and kept.status == JobStatus.AVAILABLE

@@ -14,6 +14,7 @@ from jobkeeper.config import (
     DEFAULT_DATABASE_URL,
     MAX_DELAY,
     NAME_MAX_LENGTH,
+    DatabaseURL,
     Settings,
     check_max_attempts,
     check_name,
@@ -504,3 +505,10 @@ def test_registered_task_args_must_bind(tmp_path):
 def test_run_at_out_of_range_in_utc_is_a_config_error(run_at):
     with pytest.raises(ConfigError, match="out of range"):
         check_schedule(None, run_at)
+
+
+def test_redacted_url_that_cannot_be_split_still_hides_the_password():
+    # Built directly: resolve_database_url refuses such a URL, but redacted()
+    # words error messages and must never raise itself.
+    url = DatabaseURL("postgresql", "postgresql://me:hunter2@[/]/db")
+    assert url.redacted() == "postgresql://me:***@[/]/db"

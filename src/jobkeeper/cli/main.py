@@ -147,7 +147,10 @@ def migrate(ctx: click.Context) -> None:
     """Create or upgrade the schema (idempotent; safe to run concurrently)."""
     jq = _queue(ctx)
     version = jq.migrate()
-    console.print(f"schema at version {version} on {jq.url.redacted()}")
+    # No markup: the URL is the user's text ("[/]" in it crashed Rich).
+    console.print(
+        f"schema at version {version} on {jq.url.redacted()}", markup=False, highlight=False
+    )
 
 
 def _load_app(spec: str, database_url: str | None) -> JobQueue:
@@ -161,7 +164,8 @@ def _load_app(spec: str, database_url: str | None) -> JobQueue:
     module_name, sep, attribute = spec.partition(":")
     if not sep or not module_name or not attribute:
         raise BadInput(f"--app {spec!r}: expected package.module:attribute, e.g. myapp.jobs:jq")
-    wanted = resolve_database_url(database_url) if database_url else None
+    # `--database ''` is refused here as by every other command, not ignored.
+    wanted = resolve_database_url(database_url) if database_url is not None else None
     if wanted is not None:
         os.environ[DATABASE_URL_ENV] = wanted.url
     if os.getcwd() not in sys.path:
@@ -170,9 +174,12 @@ def _load_app(spec: str, database_url: str | None) -> JobQueue:
         module = importlib.import_module(module_name)
     except ImportError as exc:
         raise BadInput(f"--app {spec!r}: cannot import {module_name!r}: {exc}") from None
-    except (Exception, SystemExit) as exc:  # noqa: BLE001 - any error of the app itself
+    except BaseException as exc:  # any error of the app itself (re-raised: Ctrl-C)
         # The app's own code raised while being imported (a bug at module
-        # level, a SyntaxError, a sys.exit()): one line, not Click's traceback.
+        # level, a SyntaxError, a sys.exit(), its own BaseException subclass):
+        # one line, not a traceback. Ctrl-C stays Ctrl-C.
+        if isinstance(exc, KeyboardInterrupt):
+            raise
         detail = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
         raise BadInput(f"importing app {spec!r} failed: {detail}") from None
     jq = getattr(module, attribute, None)
@@ -526,8 +533,16 @@ def demo(ctx: click.Context, workers: int, concurrency: int) -> None:
     """Hash every .py file of the standard library through the queue, SIGKILL a
     worker midway, and reconcile every job (uses ./jobkeeper-demo.db unless --database).
     """
-    from jobkeeper.demo.runner import run_demo
+    from jobkeeper.demo.runner import MAX_WORKERS, run_demo
 
+    # Checked before anything is written (a bad --concurrency used to be
+    # found by the workers only, after 1,790 jobs were enqueued).
+    if not 2 <= workers <= MAX_WORKERS:
+        raise BadInput(
+            f"--workers must be between 2 and {MAX_WORKERS} (one worker is killed), got {workers}"
+        )
+    if not 1 <= concurrency <= 10_000:
+        raise BadInput(f"--concurrency must be between 1 and 10000, got {concurrency}")
     url = ctx.find_root().params.get("database")
     ctx.exit(run_demo(console, database_url=url, workers=workers, concurrency=concurrency))
 

@@ -24,12 +24,14 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from jobkeeper.api import JobQueue
 from jobkeeper.demo.tasks import count_file
 from jobkeeper.demo.tasks import jq as demo_jq
+from jobkeeper.errors import ConfigError
 from jobkeeper.models import JobStatus
 
 DEFAULT_DEMO_URL = "sqlite:///jobkeeper-demo.db"
@@ -38,6 +40,8 @@ DEFAULT_DEMO_URL = "sqlite:///jobkeeper-demo.db"
 QUEUE_PREFIX = "demo"
 KILL_AT = 0.30
 DEADLINE = 120.0
+#: Most worker processes the demo starts.
+MAX_WORKERS = 64
 
 
 def stdlib_files() -> list[str]:
@@ -62,8 +66,12 @@ def planned_failures(path: str) -> int:
     return 0
 
 
-def _fresh_sqlite(url: str) -> None:
-    path = url.split("///", 1)[1]
+def _fresh_demo_file() -> None:
+    """Start the default demo database afresh (only that file: a database
+    named with ``--database`` may hold the user's jobs, and the demo's own
+    queue keeps its jobs apart there, as on PostgreSQL).
+    """
+    path = DEFAULT_DEMO_URL.split("///", 1)[1]
     for suffix in ("", "-wal", "-shm"):
         Path(path + suffix).unlink(missing_ok=True)
 
@@ -93,19 +101,27 @@ def _held_by_pid(jq: JobQueue, queue: str, pid: int) -> int:
 
 
 def run_demo(console: Console, *, database_url: str | None, workers: int, concurrency: int) -> int:
-    """Run the demo; returns the exit code (0 when every job is accounted for)."""
+    """Run the demo; returns the exit code (0 when every job is accounted for).
+
+    Raises:
+        ConfigError: ``workers`` is not 2..``MAX_WORKERS`` or ``concurrency``
+            not 1..10,000 (nothing written).
+    """
+    if not 2 <= workers <= MAX_WORKERS:
+        raise ConfigError(
+            f"the demo needs 2 to {MAX_WORKERS} workers (one is killed), got {workers}"
+        )
+    if not 1 <= concurrency <= 10_000:
+        raise ConfigError(f"concurrency must be between 1 and 10000, got {concurrency}")
     url = database_url or DEFAULT_DEMO_URL
-    if workers < 2:
-        console.print("[red]the demo needs at least 2 workers (one is killed)[/]")
-        return 2
-    if url.startswith("sqlite:"):
-        _fresh_sqlite(url)
+    if database_url is None:
+        _fresh_demo_file()
     jq = demo_jq.using(url)
     jq.migrate()
     queue = f"{QUEUE_PREFIX}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
     files = stdlib_files()
     console.print(
-        f"[bold]jobkeeper demo[/] on {jq.url.redacted()}: {len(files)} files of "
+        f"[bold]jobkeeper demo[/] on {escape(jq.url.redacted())}: {len(files)} files of "
         f"{sysconfig.get_paths()['stdlib']}, {workers} workers x {concurrency}"
     )
     started = time.monotonic()
@@ -172,6 +188,9 @@ def _watch(
                     f"[yellow]SIGKILLed worker pid {killed_pid} holding {held} running jobs[/]"
                 )
             if done >= total:
+                break
+            if all(proc.poll() is not None for proc in procs):
+                progress.console.print("[red]every worker has exited: see jobkeeper-demo.log[/]")
                 break
             time.sleep(0.2)
     return killed_pid, held

@@ -52,6 +52,8 @@ logger = logging.getLogger("jobkeeper.worker")
 #: memory (a few microseconds, no I/O), so a short period buys a pickup
 #: latency of about half of it for next to no CPU.
 SQLITE_CHANGE_POLL = 0.01
+#: Most jobs a worker may hold beyond its free slots (``prefetch``).
+MAX_PREFETCH = 10_000
 #: Longest wait, in seconds, between attempts to reach the database at start.
 STARTUP_RETRY_MAX = 10.0
 
@@ -107,9 +109,15 @@ class Worker:
         self.concurrency = concurrency
         self.burst = burst
         if prefetch is not None and (
-            isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 0
+            isinstance(prefetch, bool)
+            or not isinstance(prefetch, int)
+            or not 0 <= prefetch <= MAX_PREFETCH
         ):
-            raise ConfigError(f"prefetch must be an int >= 0 or None, got {prefetch!r}")
+            # Bounded: a huge value reached the claim's LIMIT and failed
+            # there (SQLite: OverflowError; PostgreSQL: a retry loop).
+            raise ConfigError(
+                f"prefetch must be an int between 0 and {MAX_PREFETCH} or None, got {prefetch!r}"
+            )
         self._fixed_prefetch = prefetch
         self._claim_seconds = 0.002  # running mean of one claim's round trip
         self.info = WorkerInfo(
