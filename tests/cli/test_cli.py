@@ -837,3 +837,11 @@ def test_demo_on_a_named_sqlite_database_keeps_its_other_jobs(tmp_path, capsys, 
     with JobQueue(url) as jq:
         kept = jq.get_job(mine.id)
         assert kept is not None and kept.args == {"n": 1} and kept.status == JobStatus.AVAILABLE
+
+
+def test_jobs_list_help_names_every_status(capsys):
+    code, out, _ = Cli("", capsys)("jobs", "list", "--help", database=False)
+    assert code == 0
+    text = " ".join(out.split())
+    for status in STATUSES:
+        assert status in text, status

@@ -434,7 +434,11 @@ def _status_option(value: str | None) -> JobStatus | None:
 
 
 @jobs_app.command("list")
-@click.option("--status", default=None, help="Only jobs in this status.")
+@click.option(
+    "--status",
+    default=None,
+    help="Only jobs in this status: " + ", ".join(s.value for s in JobStatus) + ".",
+)
 @click.option("--queue", default=None, help="Only jobs of this queue.")
 @click.option("--limit", type=click.INT, default=50, help="At most this many (1-10000).")
 @click.option("--json", "as_json", is_flag=True, help="Stable JSON output.")
