@@ -200,14 +200,19 @@ def test_c06_many_attempts_with_a_huge_backoff_never_lose_the_job(make_queue):
     # (a test hook for "many attempts later") to 16, 64, 1000, 100000 and
     # the last one.
     previous_delay = 0.0
-    for step, jump_to in enumerate([None] * 6 + [15, 63, 999, 99_999, 999_999]):
+    attempt = 0
+    for jump_to in [None] * 6 + [15, 63, 999, 99_999, 999_999]:
         if jump_to is not None:
             sql(jq, "UPDATE jobkeeper_jobs SET attempt = ? WHERE id = ?", [jump_to, j.id])
+            attempt = jump_to
         _make_due(jq, [j.id])
         jq.run_worker(burst=True)
         now = job(jq, j.id)
-        expected_attempt = step + 1 if jump_to is None else jump_to + 1
-        assert now.attempt == expected_attempt
+        # At least one more attempt: a burst worker also runs the job again
+        # when full jitter picks a delay under poll_interval (0.5% of the time
+        # after attempt 1 with base 10, which made this test flaky).
+        assert now.attempt >= attempt + 1
+        attempt = expected_attempt = now.attempt
         if expected_attempt == 1_000_000:
             assert now.status == JobStatus.DEAD
             assert "max_attempts=1000000" in (now.dead_reason or "")
