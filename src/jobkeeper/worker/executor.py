@@ -46,7 +46,7 @@ Outcome = Completion | Failure
 RUNNER_IDLE_EXIT = 60.0
 #: Seconds of ready work one runner may take on alone before :meth:`Executor.offer`
 #: wakes another, and the longest ready jobs may go untaken while runners
-#: sleep before the dispatcher wakes runners for all of them. Waking a runner
+#: sleep before :meth:`Executor.dispatch_stalled` wakes one. Waking a runner
 #: costs a context switch and a GIL hand-off (about 20 us of CPU per job in
 #: the no-op drain profile, most of it in the kernel); for jobs much shorter
 #: than that, one runner working through a batch beats ten taking turns.
@@ -162,11 +162,6 @@ class Executor:
         self._waiting = 0
         #: When a runner last took a ready job (or jobs arrived to an empty queue).
         self._last_take = 0.0
-        #: Set while ready jobs were left to the runners awake: the dispatcher
-        #: thread watches them (see _dispatch_stalled).
-        self._dispatch_armed = False
-        self._dispatch_changed = threading.Condition(self._lock)
-        self._dispatcher: threading.Thread | None = None
         self._runner_names = itertools.count(1)
         self._asked = False
         self._starting = True
@@ -233,11 +228,7 @@ class Executor:
             if not before:
                 self._last_take = time.monotonic()
             self._spawn_runners()
-            added = len(self._ready) - before
-            waking = self._runners_to_wake(added)
-            self._changed.notify(waking)
-            if waking < added and not self._dispatch_armed:
-                self._arm_dispatcher()
+            self._changed.notify(self._runners_to_wake(len(self._ready) - before))
 
     def submit(self, job: Job) -> None:
         """Queue one claimed job (see :meth:`offer`)."""
@@ -258,7 +249,7 @@ class Executor:
         work needs at ``SERIAL_BUDGET`` seconds each, counting the runners
         already awake (each loops on to the next ready job when it finishes).
         A job that runs longer than its batch's mean suggested is covered by
-        the dispatcher (:meth:`_dispatch_stalled`).
+        :meth:`dispatch_stalled`.
         """
         mean = self.mean_run_seconds
         if mean is None:
@@ -267,43 +258,31 @@ class Executor:
         awake = self._runners - self._waiting
         return max(0, min(added, wanted - awake))
 
-    def _arm_dispatcher(self) -> None:
-        """Have the dispatcher watch the ready jobs left to the runners awake (lock held)."""
-        self._dispatch_armed = True
-        if self._dispatcher is None:
-            self._dispatcher = threading.Thread(
-                target=self._dispatch_stalled, name="jobkeeper-dispatcher", daemon=True
-            )
-            self._dispatcher.start()
-        else:
-            self._dispatch_changed.notify()
+    def dispatch_stalled(self) -> float | None:
+        """Wake one sleeping runner when ready jobs have gone untaken for
+        ``SERIAL_BUDGET`` seconds while a slot is free: the runners awake are
+        all held by jobs longer than the batch's mean suggested. The worker's
+        producer calls this while it waits.
 
-    def _dispatch_stalled(self) -> None:
-        """The dispatcher thread: while armed, when ready jobs have gone
-        untaken for ``SERIAL_BUDGET`` seconds with a slot free, the runners
-        awake are held by jobs longer than the batch's mean suggested (a slow
-        job after fast ones): wake runners for every ready job that fits.
-
-        Its own thread, so that no other work (the producer's claims, a
-        database that stalls them) can hold the ready jobs up; it sleeps
-        while disarmed, and is armed at most once per offered batch.
+        Returns:
+            Seconds until the next check is due, or ``None`` while there is
+            nothing to watch (no ready job, no sleeping runner, or no free slot).
         """
         with self._lock:
-            while not self._closed:
-                if not self._dispatch_armed:
-                    self._dispatch_changed.wait()
-                    continue
-                free = self.concurrency - len(self._running)
-                if not (self._starting and self._ready and self._waiting and free > 0):
-                    self._dispatch_armed = False
-                    continue
-                now = time.monotonic()
-                stalled_for = now - self._last_take
-                if stalled_for < SERIAL_BUDGET:
-                    self._dispatch_changed.wait(SERIAL_BUDGET - stalled_for)
-                    continue
-                self._changed.notify(min(len(self._ready), free))
-                self._last_take = now  # give the woken runners their turn
+            if not (
+                self._starting
+                and self._ready
+                and self._waiting
+                and len(self._running) < self.concurrency
+            ):
+                return None
+            now = time.monotonic()
+            stalled_for = now - self._last_take
+            if stalled_for < SERIAL_BUDGET:
+                return SERIAL_BUDGET - stalled_for
+            self._changed.notify(1)
+            self._last_take = now  # give the woken runner its turn
+            return SERIAL_BUDGET
 
     def _need_jobs(self) -> bool:
         """Whether to wake the producer now (lock held)."""
@@ -418,7 +397,7 @@ class Executor:
             if not self._running:
                 self._idle.notify_all()
             # No runner needs waking otherwise: this one loops on to the next
-            # ready job itself (and the dispatcher covers a long one).
+            # ready job itself (and dispatch_stalled covers a long one).
         if execution.done is not None:
             execution.done.set()
         self._on_outcome(outcome)
@@ -647,7 +626,6 @@ class Executor:
             self._deadline_changed.notify_all()
         with self._lock:
             self._changed.notify_all()  # idle runners see _closed and exit
-            self._dispatch_changed.notify_all()
         loop = self._loop
         if loop is not None:
             loop.call_soon_threadsafe(loop.stop)
