@@ -616,34 +616,3 @@ def test_an_internal_error_building_the_outcome_still_ends_the_attempt(make_queu
         )
     assert job(jq, ok).status == JobStatus.COMPLETED
     assert running_count(jq) == 0
-
-
-def test_ready_jobs_do_not_wait_behind_a_long_job_after_fast_ones(make_queue):
-    # Once jobs are known to be fast, a batch wakes one runner, not one per
-    # job (a wake-up costs more than such a job). A long job in such a batch
-    # must not hold up the ready jobs behind it while slots are free: a
-    # sleeping runner is woken for them (Executor.dispatch_stalled).
-    jq = make_queue()
-    quick_ran: list[int] = []
-    all_quick_ran = threading.Event()
-    slow_saw: list[bool] = []
-
-    @jq.task
-    def quick(i: int) -> None:
-        quick_ran.append(i)
-        if len([n for n in quick_ran if n >= 1000]) == 3:
-            all_quick_ran.set()
-
-    @jq.task
-    def slow() -> None:
-        # Returns as soon as the quick jobs behind it ran; the 10 s are the
-        # failure case (they waited for this job to end).
-        slow_saw.append(all_quick_ran.wait(10))
-
-    with running(jq.worker(concurrency=4)):
-        warm = jq.enqueue_many([("quick", {"i": i}) for i in range(60)])
-        wait_status(jq, [j.id for j in warm], {JobStatus.COMPLETED})
-        batch = [slow.options(priority=-1).enqueue()]
-        batch += jq.enqueue_many([("quick", {"i": 1000 + i}) for i in range(3)])
-        wait_status(jq, [j.id for j in batch], {JobStatus.COMPLETED}, timeout=30)
-    assert slow_saw == [True]

@@ -23,7 +23,6 @@ import ctypes
 import heapq
 import itertools
 import logging
-import math
 import threading
 import time
 import traceback
@@ -44,13 +43,6 @@ Outcome = Completion | Failure
 
 #: Seconds an idle runner thread waits for work before it exits.
 RUNNER_IDLE_EXIT = 60.0
-#: Seconds of ready work one runner may take on alone before :meth:`Executor.offer`
-#: wakes another, and the longest ready jobs may go untaken while runners
-#: sleep before :meth:`Executor.dispatch_stalled` wakes one. Waking a runner
-#: costs a context switch and a GIL hand-off (about 20 us of CPU per job in
-#: the no-op drain profile, most of it in the kernel); for jobs much shorter
-#: than that, one runner working through a batch beats ten taking turns.
-SERIAL_BUDGET = 0.001
 
 
 def _raise_in_thread(thread_id: int, exc_type: type[BaseException] | None) -> None:
@@ -157,11 +149,6 @@ class Executor:
         self._changed = threading.Condition(self._lock)
         self._idle = threading.Condition(self._lock)
         self._runners = 0
-        #: Runners asleep in ``_changed.wait`` (the rest run a job or are about
-        #: to take one).
-        self._waiting = 0
-        #: When a runner last took a ready job (or jobs arrived to an empty queue).
-        self._last_take = 0.0
         self._runner_names = itertools.count(1)
         self._asked = False
         self._starting = True
@@ -225,10 +212,8 @@ class Executor:
             before = len(self._ready)
             self._ready.extend(jobs)
             self._asked = False
-            if not before:
-                self._last_take = time.monotonic()
             self._spawn_runners()
-            self._changed.notify(self._runners_to_wake(len(self._ready) - before))
+            self._changed.notify(len(self._ready) - before)
 
     def submit(self, job: Job) -> None:
         """Queue one claimed job (see :meth:`offer`)."""
@@ -241,48 +226,6 @@ class Executor:
             self._runners += 1
             name = f"jobkeeper-runner-{next(self._runner_names)}"
             threading.Thread(target=self._runner, name=name, daemon=True).start()
-
-    def _runners_to_wake(self, added: int) -> int:
-        """How many sleeping runners to wake for ``added`` new ready jobs (lock held).
-
-        All of them until run times are known. Then only as many as the ready
-        work needs at ``SERIAL_BUDGET`` seconds each, counting the runners
-        already awake (each loops on to the next ready job when it finishes).
-        A job that runs longer than its batch's mean suggested is covered by
-        :meth:`dispatch_stalled`.
-        """
-        mean = self.mean_run_seconds
-        if mean is None:
-            return added
-        wanted = max(1, math.ceil(len(self._ready) * mean / SERIAL_BUDGET))
-        awake = self._runners - self._waiting
-        return max(0, min(added, wanted - awake))
-
-    def dispatch_stalled(self) -> float | None:
-        """Wake one sleeping runner when ready jobs have gone untaken for
-        ``SERIAL_BUDGET`` seconds while a slot is free: the runners awake are
-        all held by jobs longer than the batch's mean suggested. The worker's
-        producer calls this while it waits.
-
-        Returns:
-            Seconds until the next check is due, or ``None`` while there is
-            nothing to watch (no ready job, no sleeping runner, or no free slot).
-        """
-        with self._lock:
-            if not (
-                self._starting
-                and self._ready
-                and self._waiting
-                and len(self._running) < self.concurrency
-            ):
-                return None
-            now = time.monotonic()
-            stalled_for = now - self._last_take
-            if stalled_for < SERIAL_BUDGET:
-                return SERIAL_BUDGET - stalled_for
-            self._changed.notify(1)
-            self._last_take = now  # give the woken runner its turn
-            return SERIAL_BUDGET
 
     def _need_jobs(self) -> bool:
         """Whether to wake the producer now (lock held)."""
@@ -303,19 +246,13 @@ class Executor:
                     return None
                 if self._starting and self._ready and len(self._running) < self.concurrency:
                     job = self._ready.popleft()
-                    self._last_take = time.monotonic()
                     task = self._tasks.get(job.task)
                     timeout = task.timeout if task is not None else None
                     execution = _Execution(job, time.monotonic() + timeout if timeout else None)
                     self._running[job.id] = execution
                     wake = self._need_jobs()
                     break
-                self._waiting += 1
-                try:
-                    notified = self._changed.wait(RUNNER_IDLE_EXIT)
-                finally:
-                    self._waiting -= 1
-                if not notified and not self._ready:
+                if not self._changed.wait(RUNNER_IDLE_EXIT) and not self._ready:
                     self._runners -= 1
                     return None
         if wake:
@@ -396,8 +333,8 @@ class Executor:
                 self._changed.notify_all()
             if not self._running:
                 self._idle.notify_all()
-            # No runner needs waking otherwise: this one loops on to the next
-            # ready job itself (and dispatch_stalled covers a long one).
+            # No runner needs waking otherwise: one that could start a ready
+            # job is never waiting (it is this one, looping on).
         if execution.done is not None:
             execution.done.set()
         self._on_outcome(outcome)

@@ -353,7 +353,6 @@ class Worker:
         outage_pause = 0.05
         while not self._stopping.is_set():
             self._wake.clear()
-            self.executor.dispatch_stalled()  # also while full batches keep coming
             claimed = 0
             try:
                 if self._reconcile_needed:
@@ -479,25 +478,18 @@ class Worker:
         return False
 
     def _idle_wait(self, timeout: float) -> None:
-        """Wait up to ``timeout`` seconds for a wake-up, meanwhile waking a
-        runner for ready jobs that went untaken (``Executor.dispatch_stalled``)
-        and, on SQLite, watching for commits by other processes (a new
-        ``data_version``).
-        """
         counter = self._backend.change_counter()
+        if counter is None:
+            self._wake.wait(timeout)
+            return
+        # SQLite: commits by other processes show up as a new data_version.
         deadline = time.monotonic() + timeout
-        while True:
+        while not self._wake.is_set():
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return
-            step = remaining if counter is None else min(remaining, SQLITE_CHANGE_POLL)
-            check_in = self.executor.dispatch_stalled()
-            if check_in is not None:
-                step = min(step, check_in)
-            if self._wake.wait(step):
+            if self._wake.wait(min(remaining, SQLITE_CHANGE_POLL)):
                 return
-            if counter is None:
-                continue
             try:
                 if self._backend.change_counter() != counter:
                     return
