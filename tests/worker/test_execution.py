@@ -616,3 +616,49 @@ def test_an_internal_error_building_the_outcome_still_ends_the_attempt(make_queu
         )
     assert job(jq, ok).status == JobStatus.COMPLETED
     assert running_count(jq) == 0
+
+
+def test_a_pause_right_after_the_start_check_hands_the_job_back_unstarted(make_queue):
+    # A process paused (SIGSTOP) just after the executor's start check said
+    # yes resumes with a stale heartbeat: its claim may have been rescued and
+    # the job run and finished elsewhere (the PostgreSQL soak caught such
+    # starts). The last check before the call hands the job back instead;
+    # the worker then claims it again and runs it once.
+    jq = make_queue()
+    checks: list[int] = []
+    runs: list[tuple[int, int]] = []
+
+    @jq.task
+    def work_sync() -> None:
+        runs.append((current_job().id, len(checks)))
+
+    @jq.task
+    async def work_async() -> None:
+        runs.append((current_job().id, len(checks)))
+
+    jobs = [work_sync.enqueue(), work_async.enqueue()]
+    worker = jq.worker(concurrency=1)
+    may_start = worker.executor._may_start
+    assert may_start is not None
+    paused: set[int] = set()
+
+    def pausing(job_: Any) -> bool:
+        checks.append(job_.id)
+        verdict = may_start(job_)
+        if job_.id not in paused:
+            paused.add(job_.id)
+            # As if the process had been stopped right here for rescue_after.
+            worker.heartbeat._last_beat -= jq.settings.rescue_after
+        return verdict
+
+    worker.executor._may_start = pausing
+    with running(worker):
+        wait_status(jq, [j.id for j in jobs], {JobStatus.COMPLETED}, timeout=30)
+    for j in jobs:
+        done = job(jq, j.id)
+        assert done.attempt == 1  # the hand-back did not spend the attempt
+        assert "handed back before it started" in error_texts(done)[0]
+        ran = [checks_before for job_id, checks_before in runs if job_id == j.id]
+        assert len(ran) == 1, runs
+        # It ran after a second start check, not right after the paused one.
+        assert checks[: ran[0]].count(j.id) == 2, (checks, runs)

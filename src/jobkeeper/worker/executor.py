@@ -114,9 +114,15 @@ class Executor:
         on_outcome: called (from any thread) with each execution's outcome.
         on_need_jobs: called when the ready queue runs low or the executor
             goes idle, to wake the producer (at most once per refill).
-        may_start: called with each ready job just before it starts (it may
+        may_start: called with each ready job before it starts (it may
             block); False hands the job back unstarted (fenced: nothing is
             written if the claim was lost meanwhile).
+        still_held: called (it must not block) at the last moment before the
+            task is called, after ``may_start`` said yes: False hands the job
+            back unstarted. It narrows the window in which a process paused
+            right after ``may_start`` (SIGSTOP, a VM freeze) would start a job
+            whose claim was rescued meanwhile to the few instructions between
+            this check and the call.
     """
 
     def __init__(
@@ -129,8 +135,10 @@ class Executor:
         on_outcome: Callable[[Outcome], None],
         on_need_jobs: Callable[[], None],
         may_start: Callable[[Job], bool] | None = None,
+        still_held: Callable[[Job], bool] | None = None,
     ) -> None:
         self._may_start = may_start
+        self._still_held = still_held
         self._tasks = tasks
         self._settings = settings
         self.concurrency = concurrency
@@ -279,8 +287,7 @@ class Executor:
             # database outage): the job may be running elsewhere, or be done
             # (the soak caught such starts). The fenced hand-back then writes
             # nothing; if the worker is stopping instead, it hands the job back.
-            reason = "worker stopping (or its claim was lost): handed back before it started"
-            self._finish(execution, released_attempt(job, reason), interrupt=False)
+            self._hand_back_unstarted(execution)
             return
         if execution.finished:
             return  # handed back or cancelled while may_start waited
@@ -311,6 +318,10 @@ class Executor:
                 raise error or RuntimeError("the async task ended without an outcome")
         else:
             self._run_sync(execution, task)
+
+    def _hand_back_unstarted(self, execution: _Execution) -> None:
+        reason = "worker stopping (or its claim was lost): handed back before it started"
+        self._finish(execution, released_attempt(execution.job, reason), interrupt=False)
 
     def _finish(self, execution: _Execution, outcome: Outcome, *, interrupt: bool) -> bool:
         """Decide ``execution``'s outcome, once. Returns False if already decided."""
@@ -374,8 +385,13 @@ class Executor:
                 with execution.lock:
                     if execution.finished:
                         return
-                    execution.thread_id = threading.get_ident()
-                    execution.in_user_code = True
+                    held = self._still_held is None or self._still_held(job)
+                    if held:
+                        execution.thread_id = threading.get_ident()
+                        execution.in_user_code = True
+                if not held:
+                    self._hand_back_unstarted(execution)
+                    return
                 result = task.fn(**job.args)
             finally:
                 with execution.lock:
@@ -407,7 +423,11 @@ class Executor:
         with execution.lock:
             if execution.finished:
                 return
+            held = self._still_held is None or self._still_held(job)
             execution.async_task = current
+        if not held:
+            self._hand_back_unstarted(execution)
+            return
         set_current_job(job)  # this asyncio task has its own context
         try:
             # The timeout is the watchdog's, as for sync tasks: it decides the

@@ -147,9 +147,10 @@ class Worker:
             settings=settings,
             concurrency=concurrency,
             refill_at=concurrency - concurrency // 2,
-            on_outcome=self.completer.add,
+            on_outcome=self._on_outcome,
             on_need_jobs=self._wake.set,
             may_start=self._may_start,
+            still_held=self._still_held,
         )
         maintenance_interval = min(max(settings.rescue_after / 4, 0.05), 5.0)
         self.heartbeat = Heartbeat(
@@ -211,21 +212,39 @@ class Worker:
         be done: wait for a fresh heartbeat, then ask the database whether we
         still hold it. False: the claim is lost, or the worker is stopping.
         """
-        fresh = self._settings.rescue_after / 2
-        spell = self._claim_spells.pop(job.id, None)
-        # The age first: the heartbeat counts a spell before it updates the age.
-        if self.heartbeat.beat_age() <= fresh and self.heartbeat.stale_spells == spell:
+        if self._still_held(job):
             return True
         while not self._stopping.is_set():
-            if self.heartbeat.beat_age() <= fresh:
+            if self.heartbeat.beat_age() <= self._settings.rescue_after / 2:
+                spell = self.heartbeat.stale_spells  # the age first, as in _still_held
                 try:
                     held = self._base_backend.job_held_by(worker_id=self.info.id)
                 except DatabaseError:
                     self._stopping.wait(0.1)
                     continue
-                return any(h.id == job.id and h.attempt == job.attempt for h in held)
+                if any(h.id == job.id and h.attempt == job.attempt for h in held):
+                    # Confirmed as of a fresh heartbeat: the executor's last
+                    # check before the call (_still_held) now counts from here.
+                    self._claim_spells[job.id] = spell
+                    return True
+                return False
             self._stopping.wait(0.05)
         return False
+
+    def _still_held(self, job: Job) -> bool:
+        """Whether our heartbeat is fresh and has been since the job was
+        claimed (or its hold last confirmed): then no rescuer can have taken
+        it. Never blocks; the executor asks again just before calling the task.
+        """
+        # The age first: the heartbeat counts a spell before it updates the age.
+        return (
+            self.heartbeat.beat_age() <= self._settings.rescue_after / 2
+            and self.heartbeat.stale_spells == self._claim_spells.get(job.id)
+        )
+
+    def _on_outcome(self, outcome: Outcome) -> None:
+        self._claim_spells.pop(outcome.claim.job_id, None)
+        self.completer.add(outcome)
 
     def _may_judge(self, window: float) -> bool:
         """Whether our rescuer may declare other workers dead: not while our
