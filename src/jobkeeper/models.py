@@ -178,11 +178,12 @@ class Failure:
 
     ``outcome`` is ``"retryable"``, ``"dead"``, ``"cancelled"`` or
     ``"released"`` (handed back at shutdown without spending the attempt).
-    ``retry_in`` is the backoff in seconds for ``"retryable"``.
+    ``retry_in`` is the backoff in seconds for ``"retryable"``. ``error_json``
+    is the entry appended to ``errors``; None (releases only) appends none.
     """
 
     claim: Claim
     outcome: str
-    error_json: str
+    error_json: str | None
     retry_in: float = 0.0
     reason: str | None = None

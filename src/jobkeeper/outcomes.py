@@ -86,8 +86,11 @@ def cancelled_attempt(job: Job, reason: str) -> Failure:
     return Failure(claim_of(job), "cancelled", error_entry(job, reason, None))
 
 
-def released_attempt(job: Job, reason: str) -> Failure:
+def released_attempt(job: Job, reason: str | None) -> Failure:
     """The running job is handed back at shutdown: available again, the
-    interrupted attempt not spent, the hand-back noted in ``errors``.
+    interrupted attempt not spent, the hand-back noted in ``errors`` (not
+    with ``reason`` None: for a job that was only prefetched, nothing
+    happened to it worth recording).
     """
-    return Failure(claim_of(job), "released", error_entry(job, reason, None))
+    error = None if reason is None else error_entry(job, reason, None)
+    return Failure(claim_of(job), "released", error)

@@ -662,3 +662,47 @@ def test_a_pause_right_after_the_start_check_hands_the_job_back_unstarted(make_q
         assert len(ran) == 1, runs
         # It ran after a second start check, not right after the paused one.
         assert checks[: ran[0]].count(j.id) == 2, (checks, runs)
+
+
+def test_prefetched_jobs_stuck_behind_slow_ones_are_handed_back(make_queue):
+    # Fast jobs grow the adaptive prefetch, so the slow jobs queued behind
+    # them are claimed ahead too. With every slot then held by a slow job,
+    # the prefetched ones would wait for those to end while another worker
+    # could run them: they are handed back instead, attempt not spent and
+    # nothing added to their errors (nothing happened to them).
+    jq = make_queue()
+    gate = threading.Event()
+    runs: list[int] = []
+
+    @jq.task
+    def fast() -> None:
+        pass
+
+    @jq.task
+    def slow() -> None:
+        runs.append(current_job().id)
+        gate.wait(60)
+
+    jq.enqueue_many([("fast", {})] * 300)
+    slow_ids = [j.id for j in jq.enqueue_many([("slow", {})] * 6)]
+    worker = jq.worker(concurrency=2)
+    try:
+        with running(worker):
+            wait_for(lambda: len(runs) == 2, timeout=30)
+            started = set(runs)
+            waiting = [i for i in slow_ids if i not in started]
+
+            def handed_back() -> list[Any] | None:
+                jobs = [job(jq, i) for i in waiting]
+                return jobs if all(j.status == JobStatus.AVAILABLE for j in jobs) else None
+
+            for j in wait_for(handed_back, timeout=15):
+                assert j.attempt == 0 and j.errors == []  # nothing happened to them
+            # Claimed: the fast jobs, the two running and the ones handed back.
+            assert worker.stats.claimed > 300 + 2, "no slow job was prefetched: proves nothing"
+            assert sorted(runs) == sorted(started)  # none ran meanwhile
+            gate.set()
+            wait_status(jq, slow_ids, {JobStatus.COMPLETED}, timeout=30)
+    finally:
+        gate.set()
+    assert sorted(runs) == sorted(slow_ids)  # each ran once

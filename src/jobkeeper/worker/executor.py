@@ -147,6 +147,8 @@ class Executor:
         self.refill_at = refill_at
         #: Running mean of how long executions take (seconds), or None.
         self.mean_run_seconds: float | None = None
+        #: When a ready job last started (``time.monotonic()``).
+        self.last_start = time.monotonic()
         self._on_outcome = on_outcome
         self._on_need_jobs = on_need_jobs
         self._ready: collections.deque[Job] = collections.deque()
@@ -212,6 +214,21 @@ class Executor:
             self._changed.notify_all()
             return waiting
 
+    def hand_back_waiting(self, stalled_for: float) -> int:
+        """Hand back (released, attempt not spent) every ready job when none
+        has started for ``stalled_for`` seconds: the slots are all held by
+        jobs slower than the prefetch was sized for, and the jobs behind them
+        should go to a worker with a free slot. Returns how many.
+        """
+        with self._lock:
+            if not self._ready or time.monotonic() - self.last_start < stalled_for:
+                return 0
+            waiting = list(self._ready)
+            self._ready.clear()
+        for job in waiting:
+            self._on_outcome(released_attempt(job, None))
+        return len(waiting)
+
     # -- feeding and running ------------------------------------------------------
 
     def offer(self, jobs: Iterable[Job]) -> None:
@@ -254,6 +271,7 @@ class Executor:
                     return None
                 if self._starting and self._ready and len(self._running) < self.concurrency:
                     job = self._ready.popleft()
+                    self.last_start = time.monotonic()
                     task = self._tasks.get(job.task)
                     timeout = task.timeout if task is not None else None
                     execution = _Execution(job, time.monotonic() + timeout if timeout else None)

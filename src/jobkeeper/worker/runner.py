@@ -54,6 +54,14 @@ logger = logging.getLogger("jobkeeper.worker")
 SQLITE_CHANGE_POLL = 0.01
 #: Most jobs a worker may hold beyond its free slots (``prefetch``).
 MAX_PREFETCH = 10_000
+#: The adaptive prefetch holds at most this many jobs per slot, and at most
+#: ``MAX_ADAPTIVE_PREFETCH`` in all: about what the raw-SQL limit needs (claims
+#: of ~100 rows) at the default concurrency of 10.
+PREFETCH_PER_SLOT = 10
+MAX_ADAPTIVE_PREFETCH = 1_000
+#: Seconds without a job starting, every slot busy, after which an adaptive
+#: worker hands its prefetched jobs back (``Executor.hand_back_waiting``).
+PREFETCH_STALL = 1.0
 #: Longest wait, in seconds, between attempts to reach the database at start.
 STARTUP_RETRY_MAX = 10.0
 
@@ -379,6 +387,8 @@ class Worker:
                 if time.monotonic() >= next_stage:
                     self._backend.job_stage_due()
                     next_stage = time.monotonic() + settings.poll_interval
+                if self._fixed_prefetch is None:
+                    self.executor.hand_back_waiting(PREFETCH_STALL)
                 claimed = self._claim()
                 if self.burst and claimed == 0 and self._drained():
                     logger.info("burst: nothing left to run; stopping")
@@ -405,19 +415,27 @@ class Worker:
         """Jobs to hold beyond the free slots.
 
         Adaptive unless fixed: enough to keep every slot busy for one claim's
-        round trip (``concurrency x claim time / mean run time``), at most
-        ``concurrency``. Fast jobs get a deep buffer, so claims come in large
-        batches; jobs that run longer than a claim takes get none, so no job
-        waits behind a long one while another worker is idle, and a crash
-        (which costs every claimed job an attempt) takes only what was running.
+        round trip (``concurrency x claim time / run time``), at most
+        ``PREFETCH_PER_SLOT`` per slot. Fast jobs get a deep buffer, so claims
+        come in large batches; jobs that run longer than a claim takes get
+        none, so no job waits behind a long one while another worker is idle,
+        and a crash (which costs every claimed job an attempt) takes only what
+        was running. The run time is the running mean, or, while every slot
+        is busy, the time since a job last started if that is longer: slots
+        held by slow jobs shrink the buffer before any of them finishes. If
+        jobs arrive slower than the buffer was sized for anyway, they are
+        handed back after ``PREFETCH_STALL`` seconds (see :meth:`_produce`).
         """
         if self._fixed_prefetch is not None:
             return self._fixed_prefetch
-        run_seconds = self.executor.mean_run_seconds
+        executor = self.executor
+        run_seconds = executor.mean_run_seconds
         if run_seconds is None:
             return 0  # nothing known yet: claim only what fits
+        if executor.active >= self.concurrency:
+            run_seconds = max(run_seconds, time.monotonic() - executor.last_start)
         wanted = self.concurrency * self._claim_seconds / max(run_seconds, 1e-6)
-        return min(round(wanted), self.concurrency)
+        return min(round(wanted), PREFETCH_PER_SLOT * self.concurrency, MAX_ADAPTIVE_PREFETCH)
 
     def _wanted(self) -> int:
         """Jobs to claim now: free slots plus the prefetch, less what is buffered."""

@@ -125,7 +125,8 @@ RETURNING job.id
 -- name: job_fail_many
 -- Retryable, cancelled and released outcomes (dead ones move: job_fail_dead_many).
 -- "released" hands a job back at shutdown: available at once, and the
--- interrupted attempt is not spent (the error entry records it).
+-- interrupted attempt is not spent (the error entry records it; a NULL
+-- error, for a prefetched job handed back unstarted, adds none).
 -- %(stale_after)s is the rescuer's re-check that the holder is still silent,
 -- so a holder that heartbeats again in the meantime keeps its job. Silent
 -- means for longer than the holder's own rescue_after when it declared one.
@@ -137,7 +138,9 @@ SET status = CASE failed.outcome WHEN 'released' THEN 'available' ELSE failed.ou
                        WHEN 'retryable' THEN now() + make_interval(secs => failed.retry_in)
                        ELSE job.scheduled_at END,
     worker_id = NULL,
-    errors = job.errors || jsonb_build_array(failed.error || jsonb_build_object('at', {utc_now_text}))
+    errors = CASE WHEN failed.error IS NULL THEN job.errors
+                  ELSE job.errors || jsonb_build_array(
+                           failed.error || jsonb_build_object('at', {utc_now_text})) END
 FROM unnest(%(ids)b::bigint[], %(worker_ids)b::text[], %(attempts)b::int[],
             %(outcomes)b::text[], %(errors)b::jsonb[], %(retry_ins)b::float8[])
      AS failed(id, worker_id, attempt, outcome, error, retry_in)

@@ -72,7 +72,8 @@ WHERE id = :id AND worker_id = :worker_id AND attempt = :attempt AND status = 'r
 
 -- name: job_fail
 -- Retryable, cancelled or released ("released": handed back at shutdown,
--- available at once, the interrupted attempt not spent).
+-- available at once, the interrupted attempt not spent; a NULL :error, for a
+-- prefetched job handed back unstarted, adds no entry to errors).
 -- :stale_after is the rescuer's re-check that the holder is still silent
 -- (for longer than the holder's own rescue_after when it declared one).
 UPDATE jobkeeper_jobs
@@ -81,7 +82,7 @@ SET status = CASE :outcome WHEN 'released' THEN 'available' ELSE :outcome END,
     finished_at = CASE :outcome WHEN 'released' THEN NULL ELSE {now} END,
     scheduled_at = CASE :outcome WHEN 'retryable' THEN {now} + :retry_in ELSE scheduled_at END,
     worker_id = NULL,
-    errors = {errors_plus_new}
+    errors = CASE WHEN :error IS NULL THEN errors ELSE {errors_plus_new} END
 WHERE id = :id AND worker_id = :worker_id AND attempt = :attempt AND status = 'running'
   AND (:stale_after IS NULL OR NOT EXISTS (
         SELECT 1 FROM jobkeeper_workers AS worker
