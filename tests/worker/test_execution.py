@@ -706,3 +706,31 @@ def test_prefetched_jobs_stuck_behind_slow_ones_are_handed_back(make_queue):
     finally:
         gate.set()
     assert sorted(runs) == sorted(slow_ids)  # each ran once
+
+
+def test_jobs_claimed_after_an_idle_spell_are_not_handed_back(make_queue):
+    # The hand-back of stalled prefetch counts from when the ready jobs last
+    # moved; jobs offered after a long idle spell have not waited at all.
+    jq = make_queue()
+
+    @jq.task
+    def noop() -> None:
+        pass
+
+    outcomes: list[Any] = []
+    executor = jq.worker(concurrency=1).executor
+    executor._on_outcome = outcomes.append
+    executor.stop_starting()  # keep offered jobs ready: no runner starts them
+    executor.last_start -= 600  # idle for ten minutes
+    executor._ready_moved -= 600
+    jobs = jq.enqueue_many([("noop", {})] * 3)
+    claimed = jq.backend.job_claim(worker_id="w", queue="default", limit=3)
+    try:
+        executor.offer(claimed)
+        assert executor.hand_back_waiting(1.0) == 0 and outcomes == []
+        executor._ready_moved -= 1.5  # now they have waited 1.5 s
+        assert executor.hand_back_waiting(1.0) == 3
+    finally:
+        executor.close()
+    assert [o.claim.job_id for o in outcomes] == [j.id for j in jobs]
+    assert all(o.outcome == "released" and o.error_json is None for o in outcomes)

@@ -149,6 +149,9 @@ class Executor:
         self.mean_run_seconds: float | None = None
         #: When a ready job last started (``time.monotonic()``).
         self.last_start = time.monotonic()
+        # When ready jobs last moved: one started, or some came to an empty
+        # queue (jobs offered after an idle spell have not waited at all).
+        self._ready_moved = self.last_start
         self._on_outcome = on_outcome
         self._on_need_jobs = on_need_jobs
         self._ready: collections.deque[Job] = collections.deque()
@@ -221,7 +224,7 @@ class Executor:
         should go to a worker with a free slot. Returns how many.
         """
         with self._lock:
-            if not self._ready or time.monotonic() - self.last_start < stalled_for:
+            if not self._ready or time.monotonic() - self._ready_moved < stalled_for:
                 return 0
             waiting = list(self._ready)
             self._ready.clear()
@@ -235,6 +238,8 @@ class Executor:
         """Queue claimed jobs (status running, held by this worker) to run."""
         with self._lock:
             before = len(self._ready)
+            if not before:
+                self._ready_moved = time.monotonic()
             self._ready.extend(jobs)
             self._asked = False
             self._spawn_runners()
@@ -271,7 +276,7 @@ class Executor:
                     return None
                 if self._starting and self._ready and len(self._running) < self.concurrency:
                     job = self._ready.popleft()
-                    self.last_start = time.monotonic()
+                    self.last_start = self._ready_moved = time.monotonic()
                     task = self._tasks.get(job.task)
                     timeout = task.timeout if task is not None else None
                     execution = _Execution(job, time.monotonic() + timeout if timeout else None)

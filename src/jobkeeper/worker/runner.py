@@ -422,9 +422,9 @@ class Worker:
         and a crash (which costs every claimed job an attempt) takes only what
         was running. The run time is the running mean, or, while every slot
         is busy, the time since a job last started if that is longer: slots
-        held by slow jobs shrink the buffer before any of them finishes. If
-        jobs arrive slower than the buffer was sized for anyway, they are
-        handed back after ``PREFETCH_STALL`` seconds (see :meth:`_produce`).
+        held by slow jobs shrink the buffer before any of them finishes.
+        Prefetched jobs that still wait ``PREFETCH_STALL`` seconds with no
+        job starting are handed back (see :meth:`_produce`).
         """
         if self._fixed_prefetch is not None:
             return self._fixed_prefetch
