@@ -721,6 +721,7 @@ def test_jobs_claimed_after_an_idle_spell_are_not_handed_back(make_queue):
     executor = jq.worker(concurrency=1).executor
     executor._on_outcome = outcomes.append
     executor.stop_starting()  # keep offered jobs ready: no runner starts them
+    executor._running[0] = None  # its one slot is busy
     executor.last_start -= 600  # idle for ten minutes
     executor._ready_moved -= 600
     jobs = jq.enqueue_many([("noop", {})] * 3)
@@ -729,8 +730,38 @@ def test_jobs_claimed_after_an_idle_spell_are_not_handed_back(make_queue):
         executor.offer(claimed)
         assert executor.hand_back_waiting(1.0) == 0 and outcomes == []
         executor._ready_moved -= 1.5  # now they have waited 1.5 s
+        executor._running.clear()
+        assert executor.hand_back_waiting(1.0) == 0  # a slot is free: they will start
+        executor._running[0] = None
         assert executor.hand_back_waiting(1.0) == 3
     finally:
         executor.close()
     assert [o.claim.job_id for o in outcomes] == [j.id for j in jobs]
     assert all(o.outcome == "released" and o.error_json is None for o in outcomes)
+
+
+def test_an_idle_worker_never_hands_back_the_jobs_it_claims(make_queue):
+    # A breaking run: after a second idle, every job claimed was handed back
+    # (the producer loops on after a claim before a runner takes the job),
+    # re-claimed and handed back again, up to thousands of times; one job
+    # took 57 s to start.
+    jq = make_queue()
+
+    @jq.task
+    def noop() -> None:
+        pass
+
+    worker = jq.worker(concurrency=4)
+    hand_back = worker.executor.hand_back_waiting
+    handed_back: list[int] = []
+    worker.executor.hand_back_waiting = lambda stalled_for: (
+        handed_back.append(  # type: ignore[method-assign]
+            hand_back(stalled_for)
+        )
+        or handed_back[-1]
+    )
+    with running(worker):
+        for _ in range(3):
+            time.sleep(1.2)  # idle for longer than PREFETCH_STALL
+            wait_status(jq, [noop.enqueue().id], {JobStatus.COMPLETED}, timeout=10)
+    assert handed_back and sum(handed_back) == 0

@@ -218,13 +218,18 @@ class Executor:
             return waiting
 
     def hand_back_waiting(self, stalled_for: float) -> int:
-        """Hand back (released, attempt not spent) every ready job when none
-        has started for ``stalled_for`` seconds: the slots are all held by
+        """Hand back (released, attempt not spent) every ready job when every
+        slot is busy and none has started for ``stalled_for`` seconds (nor
+        come to an empty ready queue, see ``_ready_moved``): the slots are held by
         jobs slower than the prefetch was sized for, and the jobs behind them
         should go to a worker with a free slot. Returns how many.
         """
         with self._lock:
-            if not self._ready or time.monotonic() - self._ready_moved < stalled_for:
+            if (
+                not self._ready
+                or len(self._running) < self.concurrency
+                or time.monotonic() - self._ready_moved < stalled_for
+            ):
                 return 0
             waiting = list(self._ready)
             self._ready.clear()
