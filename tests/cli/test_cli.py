@@ -227,6 +227,36 @@ def test_jobs_show_dead_and_completed(cli, queue):
     assert (shown["status"], shown["result"]) == ("completed", {"answer": 42})
 
 
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["status", "--database", "sqlite:///x.db"],
+        ["jobs", "list", "--database=sqlite:///x.db"],
+        ["worker", "--app", "a:b", "--database", "sqlite:///x.db"],
+    ],
+)
+def test_database_after_the_command_says_where_it_goes(argv, capsys):
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    assert info.value.code == 2
+    assert_one_line_error(
+        capsys.readouterr().err, "--database", "goes before the command: jobkeeper --database URL"
+    )
+
+
+def test_jobs_show_says_when_it_cuts_a_long_result(cli, queue):
+    job = queue.enqueue("t", {})
+    (running,) = claim(queue, "default")
+    complete(queue, running, json.dumps({"text": "x" * 5000}))
+    out = cli.ok("jobs", "show", str(job.id))
+    # The table folds long values over lines between its borders.
+    flat = "".join(c for c in "".join(out.split()) if not "\u2500" <= c <= "\u257f")
+    assert "x" * 1900 in flat
+    assert "morecharacters;--jsonshowsall" in flat
+    assert "3,012" in flat  # 5,012 characters of JSON, 2,000 shown
+    assert cli.json("jobs", "show", str(job.id))["result"] == {"text": "x" * 5000}
+
+
 def test_dead_list_retry_cancel_and_requeue(cli, queue):
     d1 = kill(queue, queue.enqueue("t", {"n": 1}))
     d2 = kill(queue, queue.enqueue("t", {"n": 2}))

@@ -36,6 +36,19 @@ def _when(value: datetime | None) -> str:
     return "" if value is None else value.strftime("%Y-%m-%d %H:%M:%S")
 
 
+#: Longest result shown by ``jobs show`` and error shown by ``jobs list``, in
+#: characters (``--json`` prints them whole).
+MAX_RESULT_CHARS = 2_000
+MAX_LISTED_ERROR_CHARS = 80
+
+
+def _clip(text: str, limit: int) -> str:
+    """``text`` cut to ``limit`` characters, saying how much was left out."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}… ({len(text) - limit:,} more characters; --json shows all)"
+
+
 def _status(status: str) -> str:
     return f"[{STATUS_STYLE.get(status, 'white')}]{status}[/]"
 
@@ -140,7 +153,7 @@ def jobs_table(jobs: list[Job], title: str = "jobs") -> Table:
             f"{job.attempt}/{job.max_attempts}",
             str(job.priority),
             _when(job.scheduled_at),
-            escape(str(last_error)[:80]),
+            escape(_clip(str(last_error), MAX_LISTED_ERROR_CHARS)),
         )
     return table
 
@@ -176,7 +189,8 @@ def job_detail(job: Job) -> Table:
     if job.args_error:
         table.add_row("args_error", escape(job.args_error))
     if job.result is not None:
-        table.add_row("result", escape(json.dumps(job.result, ensure_ascii=False)[:2000]))
+        result = json.dumps(job.result, ensure_ascii=False)
+        table.add_row("result", escape(_clip(result, MAX_RESULT_CHARS)))
     for entry in job.errors:
         table.add_row(
             f"error (attempt {entry.get('attempt')})",
