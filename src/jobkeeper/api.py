@@ -12,6 +12,7 @@ from typing import Any, ParamSpec, Protocol, TypeVar, overload
 
 from jobkeeper.backends import Backend, open_backend
 from jobkeeper.config import (
+    MAX_CONCURRENCY,
     Settings,
     check_max_attempts,
     check_name,
@@ -500,8 +501,10 @@ class JobQueue:
             check_name("queue", name)
         if isinstance(concurrency, bool) or not isinstance(concurrency, int):
             raise ConfigError(f"concurrency must be an int, got {concurrency!r}")
-        if not 1 <= concurrency <= 10_000:
-            raise ConfigError(f"concurrency must be between 1 and 10000, got {concurrency}")
+        if not 1 <= concurrency <= MAX_CONCURRENCY:
+            raise ConfigError(
+                f"concurrency must be between 1 and {MAX_CONCURRENCY}, got {concurrency}"
+            )
         return Worker(
             self.backend,
             self.tasks,

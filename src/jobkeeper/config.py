@@ -33,6 +33,8 @@ UNIQUE_KEY_MAX_LENGTH = 500
 PRIORITY_RANGE = (-(2**31), 2**31 - 1)
 #: Largest ``max_attempts``.
 MAX_ATTEMPTS_LIMIT = 1_000_000
+#: Most execution slots of one worker (``concurrency``).
+MAX_CONCURRENCY = 10_000
 #: Largest accepted ``delay`` in seconds (100 years).
 MAX_DELAY = ABSOLUTE_MAX_BACKOFF
 

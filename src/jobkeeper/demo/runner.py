@@ -29,6 +29,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from jobkeeper.api import JobQueue
+from jobkeeper.config import MAX_CONCURRENCY
 from jobkeeper.demo.tasks import count_file
 from jobkeeper.demo.tasks import jq as demo_jq
 from jobkeeper.errors import ConfigError
@@ -105,7 +106,7 @@ def run_demo(console: Console, *, database_url: str | None, workers: int, concur
 
     Raises:
         ConfigError: ``workers`` is not 2..``MAX_WORKERS`` or ``concurrency``
-            not 1..10,000, named as the ``jobkeeper demo`` options they come
+            not 1..``MAX_CONCURRENCY``, named as the ``jobkeeper demo`` options they come
             from. Checked before anything is written: a bad concurrency used
             to be found by the workers only, after 1,790 jobs were enqueued.
     """
@@ -113,8 +114,10 @@ def run_demo(console: Console, *, database_url: str | None, workers: int, concur
         raise ConfigError(
             f"--workers must be between 2 and {MAX_WORKERS} (one worker is killed), got {workers}"
         )
-    if not 1 <= concurrency <= 10_000:
-        raise ConfigError(f"--concurrency must be between 1 and 10000, got {concurrency}")
+    if not 1 <= concurrency <= MAX_CONCURRENCY:
+        raise ConfigError(
+            f"--concurrency must be between 1 and {MAX_CONCURRENCY}, got {concurrency}"
+        )
     url = database_url or DEFAULT_DEMO_URL
     if database_url is None:
         _fresh_demo_file()
