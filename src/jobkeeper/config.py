@@ -285,6 +285,39 @@ class DatabaseURL:
         return self.url
 
 
+#: libpq options whose values libpq checks only when connecting (so a typo
+#: looked like an unreachable server), checked here as libpq 15 would.
+_LIBPQ_CHOICES = {
+    "sslmode": ("disable", "allow", "prefer", "require", "verify-ca", "verify-full"),
+    "gssencmode": ("disable", "prefer", "require"),
+    "channel_binding": ("disable", "prefer", "require"),
+    "target_session_attrs": (
+        "any", "read-write", "read-only", "primary", "standby", "prefer-standby"
+    ),
+}  # fmt: skip
+_LIBPQ_INTEGERS = (
+    "connect_timeout",
+    "keepalives",
+    "keepalives_idle",
+    "keepalives_interval",
+    "keepalives_count",
+    "tcp_user_timeout",
+)
+
+
+def _check_libpq_values(params: dict[str, Any]) -> None:
+    for name, choices in _LIBPQ_CHOICES.items():
+        value = params.get(name)
+        if value is not None and value not in choices:
+            raise ConfigError(
+                f"invalid PostgreSQL URL: {name}={value!r}; use one of {', '.join(choices)}"
+            )
+    for name in _LIBPQ_INTEGERS:
+        value = params.get(name)
+        if value is not None and not re.fullmatch(r"\s*[+-]?\d+\s*", str(value)):
+            raise ConfigError(f"invalid PostgreSQL URL: {name}={value!r} is not an integer")
+
+
 def resolve_database_url(url: str | None) -> DatabaseURL:
     """Pick and parse the database URL: the argument, else ``JOBKEEPER_DATABASE_URL``,
     else ``sqlite:///jobkeeper.db``.
@@ -349,6 +382,7 @@ def resolve_database_url(url: str | None) -> DatabaseURL:
             if p.strip()
         ):
             raise ConfigError(f"invalid PostgreSQL URL: port {port!r} is not a port number")
+        _check_libpq_values(params)
         return DatabaseURL("postgresql", url)
     if scheme in ("mysql", "mariadb"):
         raise ConfigError(f"{scheme}:// is not supported yet; use sqlite:/// or postgresql://")

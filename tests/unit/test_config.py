@@ -102,6 +102,13 @@ def test_valid_urls(url, scheme, path):
         ("postgresql://u@h/db?port=abc", "port 'abc'"),
         ("postgresql://u@h:99999/db", "port '99999'"),
         ("postgresql://u@h1:5432,h2:x/db", "port '5432,x'"),
+        # libpq checks these only when connecting: they looked like an
+        # unreachable server (DatabaseUnavailable, exit 1, after retries).
+        ("postgresql://u@h/db?sslmode=bogus", "sslmode='bogus'; use one of disable, allow"),
+        ("postgresql://u@h/db?sslmode=REQUIRE", "sslmode='REQUIRE'"),
+        ("postgresql://u@h/db?target_session_attrs=rw", "target_session_attrs='rw'"),
+        ("postgresql://u@h/db?connect_timeout=abc", "connect_timeout='abc' is not an integer"),
+        ("postgresql://u@h/db?keepalives_idle=1.5", "keepalives_idle='1.5' is not an integer"),
     ],
 )
 def test_invalid_urls_raise_config_error_with_clear_text(url, needle):
@@ -512,3 +519,16 @@ def test_redacted_url_that_cannot_be_split_still_hides_the_password():
     # words error messages and must never raise itself.
     url = DatabaseURL("postgresql", "postgresql://me:hunter2@[/]/db")
     assert url.redacted() == "postgresql://me:***@[/]/db"
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        "sslmode=require&connect_timeout=5",
+        "sslmode=verify-full&channel_binding=require&gssencmode=disable",
+        "target_session_attrs=prefer-standby&keepalives=1&keepalives_idle=30",
+        "connect_timeout=%2010%20",
+    ],
+)
+def test_valid_libpq_options_are_accepted(query):
+    assert resolve_database_url(f"postgresql://u@h/db?{query}").scheme == "postgresql"
