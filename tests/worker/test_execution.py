@@ -279,12 +279,48 @@ def test_graceful_stop_hands_back_jobs_running_past_the_grace(make_queue):
         assert j.status == JobStatus.AVAILABLE
         assert j.attempt == 0, "a handed-back attempt must not be spent"
         assert j.worker_id is None
-        if job_id != waiting or j.errors:
+        if job_id == waiting:
+            assert j.errors == []  # never claimed, or claimed and never started
+        else:
             assert len(j.errors) == 1
             assert "shutdown" in j.errors[0]["error"]
     assert running_count(jq) == 0
     assert finished == []
     assert jq.workers() == []
+
+
+def test_a_stop_hands_back_prefetched_jobs_with_no_errors_entry(make_queue):
+    # Nothing happened to a job that was only prefetched: a graceful stop
+    # returns it as it was (attempt 0, errors empty); the running one gets
+    # the shutdown entry.
+    jq = make_queue(shutdown_grace=0.2)
+    gate = threading.Event()
+
+    @jq.task
+    def first() -> None:
+        gate.wait(30)
+
+    @jq.task
+    def second() -> None:
+        pass
+
+    a, b = first.enqueue(), second.enqueue()
+    worker = jq.worker(concurrency=1, prefetch=1)
+    try:
+        with running(worker) as handle:
+            wait_status(jq, [a.id, b.id], {JobStatus.RUNNING})  # b claimed ahead
+            worker.stop()
+            assert handle.join().exit_code == 0
+    finally:
+        gate.set()
+    prefetched, interrupted = job(jq, b.id), job(jq, a.id)
+    assert (prefetched.status, prefetched.attempt, prefetched.errors) == (
+        JobStatus.AVAILABLE,
+        0,
+        [],
+    )
+    assert interrupted.status == JobStatus.AVAILABLE and interrupted.attempt == 0
+    assert "shutdown" in error_texts(interrupted)[0]
 
 
 def test_a_forced_stop_says_so_in_the_hand_back(make_queue):

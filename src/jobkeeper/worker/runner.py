@@ -538,10 +538,10 @@ class Worker:
     def _shutdown(self) -> None:
         self._stopping.set()
         for job in self.executor.stop_starting():
-            # Claimed but never started: hand back at once.
-            self.completer.add(
-                released_attempt(job, "worker shutdown: handed back before it started")
-            )
+            # Claimed but never started: hand back at once. No errors entry:
+            # nothing happened to the job (with a deep prefetch, a stop would
+            # otherwise add one to every job it had buffered).
+            self.completer.add(released_attempt(job, None))
         grace = self._settings.shutdown_grace
         deadline = time.monotonic() + grace
         while self.executor.active and not self._force.is_set():
