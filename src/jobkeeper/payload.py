@@ -27,8 +27,10 @@ _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 # NUL, or a UTF-16 surrogate that is not part of a valid pair (Python strs
 # hold lone surrogates as code points U+D800-U+DFFF).
 _UNSTORABLE_CHAR = re.compile("[\x00\ud800-\udfff]")
-# JSON text that json.loads accepts but may decode to a value enqueue refuses.
-_SUSPICIOUS_JSON = re.compile(r"NaN|Infinity|\\u0000|\\u[dD][89a-fA-F]")
+# JSON text that json.loads accepts but may decode to a value enqueue refuses:
+# NaN/Infinity literals, NUL and surrogate escapes, and numbers that may
+# overflow a float to infinity (a 3-digit exponent, or 309+ digits: 1e400).
+_SUSPICIOUS_JSON = re.compile(r"NaN|Infinity|\\u0000|\\u[dD][89a-fA-F]|[eE][+-]?\d{3}|\d{309}")
 
 
 def child_path(path: str, key: str | int) -> str:
@@ -232,8 +234,8 @@ def decode_args(raw: Any) -> tuple[dict[str, Any] | None, str | None]:
     if not isinstance(value, dict):
         return None, f"stored args are not a JSON object: {_short_repr(value)}"
     if not suspicious:
-        # Text without NaN/Infinity/NUL/surrogate escapes cannot decode to
-        # anything enqueue refuses (and PostgreSQL jsonb can hold none of them).
+        # Text without NaN/Infinity/NUL/surrogate escapes or huge numbers cannot
+        # decode to anything enqueue refuses (PostgreSQL jsonb holds none of them).
         return value, None
     try:
         # json.loads accepts NaN/Infinity (and \u0000 escapes): a row written

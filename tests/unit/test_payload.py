@@ -306,6 +306,11 @@ def test_check_json_value_uses_the_given_path_name():
         (b"\xff\xfe", "not valid JSON"),
         (42, "not a JSON object"),
         (["a"], "not a JSON object"),
+        # Numbers that overflow a float: json.loads makes them infinity,
+        # which enqueue refuses like NaN (a breaking run saw a task get inf).
+        ('{"n": 1e400}', "args.n: inf"),
+        ('{"n": -1E+999}', "args.n: -inf"),
+        ('{"n": [' + "9" * 400 + ".5]}", "args.n[0]: inf"),
     ],
 )
 def test_decode_args_never_raises_and_explains(raw, reason):
@@ -317,6 +322,10 @@ def test_decode_args_never_raises_and_explains(raw, reason):
 
 def test_decode_args_accepts_text_bytes_and_decoded_dicts():
     assert decode_args('{"a": 1}') == ({"a": 1}, None)
+    assert decode_args('{"a": 1e308, "b": 1e-400, "c": 2.5E+100}') == (
+        {"a": 1e308, "b": 0.0, "c": 2.5e100},
+        None,
+    )
     assert decode_args(b'{"a": 1}') == ({"a": 1}, None)
     assert decode_args({"a": 1}) == ({"a": 1}, None)
 

@@ -395,7 +395,15 @@ class Executor:
 
     def _bad_job(self, job: Job) -> Failure:
         if job.args is None:
-            return failed_attempt(job, self._settings, error=f"cannot run job: {job.args_error}")
+            # Straight to the dead letters: the stored args are the same at
+            # every attempt, so retries would only delay this by the backoff.
+            return failed_attempt(
+                job,
+                self._settings,
+                error=f"cannot run job: {job.args_error}",
+                discard_reason=f"{job.args_error} (written outside jobkeeper's enqueue, which "
+                "refuses such args; fix them in the row, then requeue)",
+            )
         known = ", ".join(sorted(self._tasks)) or "none"
         return failed_attempt(
             job,
