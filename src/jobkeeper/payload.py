@@ -123,8 +123,10 @@ def check_json_value(value: Any, path: str) -> None:
             for index, child in enumerate(item):
                 stack.append((child, child_path(item_path, index), depth + 1))
             continue
+        kind = type(item).__name__
+        article = "an" if kind[:1].lower() in "aeiou" else "a"
         raise PayloadError(
-            f"{item_path}: {_short_repr(item)} is a {type(item).__name__}, not a JSON value "
+            f"{item_path}: {_short_repr(item)} is {article} {kind}, not a JSON value "
             "(use dict, list, str, int, float, bool or None)"
         )
 
