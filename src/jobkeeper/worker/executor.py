@@ -208,14 +208,16 @@ class Executor:
                 self._idle.wait(remaining)
             return True
 
-    def stop_starting(self) -> list[Job]:
-        """Start nothing more; return (and forget) the jobs still waiting."""
+    def stop_starting(self) -> int:
+        """Start nothing more; hand back the jobs still waiting (see
+        :meth:`_hand_back_waiting_jobs`). Returns how many.
+        """
         with self._lock:
             self._starting = False
             waiting = list(self._ready)
             self._ready.clear()
             self._changed.notify_all()
-            return waiting
+        return self._hand_back_waiting_jobs(waiting)
 
     def hand_back_waiting(self, stalled_for: float) -> int:
         """Hand back (released, attempt not spent) every ready job when every
@@ -233,6 +235,12 @@ class Executor:
                 return 0
             waiting = list(self._ready)
             self._ready.clear()
+        return self._hand_back_waiting_jobs(waiting)
+
+    def _hand_back_waiting_jobs(self, waiting: list[Job]) -> int:
+        """Hand back claimed jobs that never started: released, attempt not
+        spent, and no errors entry, as nothing happened to them.
+        """
         for job in waiting:
             self._on_outcome(released_attempt(job, None))
         return len(waiting)

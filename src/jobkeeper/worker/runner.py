@@ -160,13 +160,17 @@ class Worker:
             may_start=self._may_start,
             still_held=self._still_held,
         )
+        #: A heartbeat younger than this (seconds) means no rescuer can have
+        #: taken our claims; older, and we stop claiming and starting jobs
+        #: until the database has confirmed we still hold them.
+        self._fresh_for = settings.rescue_after / 2
         maintenance_interval = min(max(settings.rescue_after / 4, 0.05), 5.0)
         self.heartbeat = Heartbeat(
             self._dedicated(),
             self.info,
             settings.heartbeat_interval,
             self._on_cancel,
-            stale_after=settings.rescue_after / 2,
+            stale_after=self._fresh_for,
         )
         # Job id -> the heartbeat's stale_spells when it was claimed.
         self._claim_spells: dict[int, int] = {}
@@ -223,7 +227,7 @@ class Worker:
         if self._still_held(job):
             return True
         while not self._stopping.is_set():
-            if self.heartbeat.beat_age() <= self._settings.rescue_after / 2:
+            if self.heartbeat.beat_age() <= self._fresh_for:
                 spell = self.heartbeat.stale_spells  # the age first, as in _still_held
                 try:
                     held = self._base_backend.job_held_by(worker_id=self.info.id)
@@ -246,7 +250,7 @@ class Worker:
         """
         # The age first: the heartbeat counts a spell before it updates the age.
         return (
-            self.heartbeat.beat_age() <= self._settings.rescue_after / 2
+            self.heartbeat.beat_age() <= self._fresh_for
             and self.heartbeat.stale_spells == self._claim_spells.get(job.id)
         )
 
@@ -448,7 +452,7 @@ class Worker:
         claim one job per freed slot: it claims when its buffer is empty, or
         when at least half its capacity (slots + prefetch) can be filled.
         """
-        if self.heartbeat.beat_age() > self._settings.rescue_after / 2:
+        if self.heartbeat.beat_age() > self._fresh_for:
             # Our heartbeat is stale (database trouble, a paused process):
             # anything claimed now could be rescued from under us at once.
             if not self._claims_paused:
@@ -537,11 +541,9 @@ class Worker:
 
     def _shutdown(self) -> None:
         self._stopping.set()
-        for job in self.executor.stop_starting():
-            # Claimed but never started: hand back at once. No errors entry:
-            # nothing happened to the job (with a deep prefetch, a stop would
-            # otherwise add one to every job it had buffered).
-            self.completer.add(released_attempt(job, None))
+        # Claimed but never started: handed back at once, with no errors
+        # entry (with a deep prefetch a stop would add one to every buffered job).
+        self.executor.stop_starting()
         grace = self._settings.shutdown_grace
         deadline = time.monotonic() + grace
         while self.executor.active and not self._force.is_set():
