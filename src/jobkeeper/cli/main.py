@@ -569,12 +569,10 @@ def main(argv: list[str] | None = None) -> None:
         _fail(str(exc).replace("\n", " "), 2)
     except JobkeeperError as exc:
         _fail(str(exc).replace("\n", " "), 1)
-    except click.NoSuchOption as exc:
+    except click.ClickException as exc:  # usage errors (exit code 2) and the like
         message = exc.format_message().replace("\n", " ").strip()
-        if exc.option_name == "--database":
+        if isinstance(exc, click.NoSuchOption) and exc.option_name == "--database":
             # The one option of the group people put after the command.
             message += " --database goes before the command: jobkeeper --database URL COMMAND ..."
         _fail(message, exc.exit_code)
-    except click.ClickException as exc:  # usage errors (exit code 2) and the like
-        _fail(exc.format_message().replace("\n", " ").strip(), exc.exit_code)
     sys.exit(code if isinstance(code, int) else 0)
