@@ -792,12 +792,12 @@ def test_an_idle_worker_never_hands_back_the_jobs_it_claims(make_queue):
     worker = jq.worker(concurrency=4)
     hand_back = worker.executor.hand_back_waiting
     handed_back: list[int] = []
-    worker.executor.hand_back_waiting = lambda stalled_for: (
-        handed_back.append(  # type: ignore[method-assign]
-            hand_back(stalled_for)
-        )
-        or handed_back[-1]
-    )
+
+    def recording_hand_back(stalled_for: float) -> int:
+        handed_back.append(hand_back(stalled_for))
+        return handed_back[-1]
+
+    worker.executor.hand_back_waiting = recording_hand_back  # type: ignore[method-assign]
     with running(worker):
         for _ in range(3):
             time.sleep(1.2)  # idle for longer than PREFETCH_STALL
