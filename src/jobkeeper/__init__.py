@@ -32,6 +32,7 @@ from jobkeeper.errors import (
     PayloadError,
     Retry,
 )
+from jobkeeper.events import EventKind, JobEvent, OutcomeKind
 from jobkeeper.models import Job, JobStatus
 from jobkeeper.tasks import Task, TaskOptions
 
@@ -43,13 +44,16 @@ __all__ = [
     "DatabaseError",
     "DatabaseUnavailable",
     "Discard",
+    "EventKind",
     "Job",
+    "JobEvent",
     "JobNotFound",
     "JobQueue",
     "JobStateError",
     "JobStatus",
     "JobTimeout",
     "JobkeeperError",
+    "OutcomeKind",
     "PayloadError",
     "Retry",
     "Task",

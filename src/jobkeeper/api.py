@@ -22,6 +22,7 @@ from jobkeeper.config import (
     resolve_database_url,
 )
 from jobkeeper.errors import ConfigError, JobNotFound, JobStateError, PayloadError
+from jobkeeper.events import EventBus, JobEvent
 from jobkeeper.models import TERMINAL_STATUSES, Job, JobStatus, NewJob, WorkerInfo
 from jobkeeper.payload import encode_args
 from jobkeeper.tasks import ENQUEUE_OPTIONS, Task
@@ -103,6 +104,8 @@ class JobQueue:
             pool_size=pool_size,
         )
         self.tasks: dict[str, Task[Any, Any]] = {}
+        #: Listeners of this queue's job events (see :meth:`on_event`).
+        self.events = EventBus()
         self._backend: Backend | None = None
         self._backend_lock = threading.Lock()
 
@@ -131,6 +134,7 @@ class JobQueue:
         other.url = resolve_database_url(database_url)
         other.settings = self.settings
         other.tasks = self.tasks
+        other.events = self.events
         other._backend = None
         other._backend_lock = threading.Lock()
         return other
@@ -162,6 +166,27 @@ class JobQueue:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    def on_event(self, listener: Callable[[JobEvent], None]) -> Callable[[], None]:
+        """Call ``listener`` with every :class:`~jobkeeper.JobEvent` of the
+        workers this queue runs (claimed, started, finished, acked, claim
+        lost) and of their rescuers (rescued, dead-lettered).
+
+        The listener runs on the worker's own threads: it must be quick and
+        must not block. One that raises is logged and skipped, never breaking
+        the worker. Nobody listening costs the worker nothing measurable. The
+        model is Oban's telemetry events (``oban-bg/oban:lib/oban/telemetry.ex``).
+
+        Args:
+            listener: a callable taking one ``JobEvent``.
+
+        Returns:
+            A function that removes the listener again.
+
+        Raises:
+            TypeError: ``listener`` is not callable.
+        """
+        return self.events.subscribe(listener)
 
     # -- schema ----------------------------------------------------------------
 

@@ -10,11 +10,22 @@ import psycopg
 import pytest
 
 from jobkeeper import DatabaseError, JobQueue
+from jobkeeper.backends.postgres.backend import MIGRATIONS as PG_MIGRATIONS
 from jobkeeper.backends.postgres.backend import QUERIES as PG_QUERIES
+from jobkeeper.backends.sqlite.backend import MIGRATIONS as SQLITE_MIGRATIONS
 
 from .helpers import claim, count, sql
 
-TABLES = {"jobkeeper_jobs", "jobkeeper_dead_letters", "jobkeeper_workers", "jobkeeper_schema"}
+TABLES = {
+    "jobkeeper_jobs",
+    "jobkeeper_dead_letters",
+    "jobkeeper_workers",
+    "jobkeeper_schema",
+    "jobkeeper_leader",
+}
+#: The newest schema version; both backends number their migrations alike.
+LATEST = PG_MIGRATIONS[-1][0]
+assert [v for v, _ in PG_MIGRATIONS] == [v for v, _ in SQLITE_MIGRATIONS]
 
 
 def tables(jq: JobQueue) -> set[str]:
@@ -28,13 +39,13 @@ def tables(jq: JobQueue) -> set[str]:
 def test_migrate_is_idempotent(db_url):
     with JobQueue(db_url) as jq:
         assert jq.backend.schema_version() == 0
-        assert jq.migrate() == 2
+        assert jq.migrate() == LATEST
         job = jq.enqueue("t", {"keep": True})
-        assert jq.migrate() == 2
-        assert jq.migrate() == 2
-        assert jq.backend.schema_version() == 2
+        assert jq.migrate() == LATEST
+        assert jq.migrate() == LATEST
+        assert jq.backend.schema_version() == LATEST
         assert tables(jq) == TABLES
-        assert count(jq, "jobkeeper_schema") == 2
+        assert count(jq, "jobkeeper_schema") == len(PG_MIGRATIONS)
         kept = jq.get_job(job.id)
         assert kept is not None and kept.args == {"keep": True}
 
@@ -44,8 +55,9 @@ def test_migrate_from_version_1_keeps_jobs_and_workers(db_url):
     # 2 adds the workers' declared rescue_after, NULL for existing rows.
     with JobQueue(db_url) as jq:
         jq.migrate()
+        sql(jq, "DROP TABLE jobkeeper_leader")
         sql(jq, "ALTER TABLE jobkeeper_workers DROP COLUMN rescue_after")
-        sql(jq, "DELETE FROM jobkeeper_schema WHERE version = 2")
+        sql(jq, "DELETE FROM jobkeeper_schema WHERE version >= 2")
         assert jq.backend.schema_version() == 1
         now = "now()" if jq.url.scheme == "postgresql" else "0"
         queues = "'[\"default\"]'" + ("::jsonb" if jq.url.scheme == "postgresql" else "")
@@ -59,7 +71,7 @@ def test_migrate_from_version_1_keeps_jobs_and_workers(db_url):
         # A new worker (or `status`) before the upgrade says what to do.
         with pytest.raises(DatabaseError, match="run `jobkeeper migrate`"):
             jq.workers()
-        assert jq.migrate() == 2
+        assert jq.migrate() == LATEST
         (worker,) = jq.workers()
         assert (worker.id, worker.rescue_after) == ("old:1:aaaa", None)
         kept = jq.get_job(job.id)
@@ -86,10 +98,10 @@ def test_migrate_from_four_threads_at_once(db_url):
         for thread in threads:
             thread.join(60)
         assert errors == []
-        assert versions == [2, 2, 2, 2]
+        assert versions == [LATEST] * 4
         jq = queues[0]
         assert tables(jq) == TABLES
-        assert count(jq, "jobkeeper_schema") == 2
+        assert count(jq, "jobkeeper_schema") == len(PG_MIGRATIONS)
         jq.enqueue("t", {})
         assert len(claim(jq)) == 1
     finally:

@@ -178,6 +178,23 @@ class Backend(Protocol):
         """Every registered worker."""
         ...
 
+    # -- leadership ---------------------------------------------------------
+
+    def leader_try_acquire(self, *, name: str, worker_id: str, ttl: float) -> bool:
+        """Take the lease ``name`` for ``ttl`` seconds (database clock) when it
+        is free or expired, or extend it when ``worker_id`` holds it. Returns
+        whether ``worker_id`` holds it now.
+        """
+        ...
+
+    def leader_resign(self, *, name: str, worker_id: str) -> None:
+        """Give the lease up if ``worker_id`` holds it (a graceful stop)."""
+        ...
+
+    def leader_get(self, *, name: str) -> str | None:
+        """The worker holding an unexpired lease ``name``, or None."""
+        ...
+
     # -- wake-ups ----------------------------------------------------------
 
     def listen(self, on_queue: Callable[[str], None], stop: threading.Event) -> None:

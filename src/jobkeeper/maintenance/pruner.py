@@ -14,6 +14,7 @@ with ``autovacuum = off``).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 from jobkeeper.backends.base import Backend
 from jobkeeper.maintenance.service import IntervalService
@@ -25,10 +26,25 @@ VACUUM_INTERVAL = 10.0
 
 
 class Pruner(IntervalService):
-    """Deletes completed and cancelled jobs older than ``retention`` seconds, in batches."""
+    """Deletes completed and cancelled jobs older than ``retention`` seconds, in batches.
 
-    def __init__(self, backend: Backend, retention: float, interval: float) -> None:
-        super().__init__("jobkeeper-pruner", interval)
+    Args:
+        backend: a dedicated backend.
+        retention: seconds finished jobs are kept.
+        interval: seconds between passes.
+        only_when: passes run only while it says True (the worker passes its
+            leader's ``is_leader``: one pruner per fleet is enough, and two
+            at once would only contend for the same rows).
+    """
+
+    def __init__(
+        self,
+        backend: Backend,
+        retention: float,
+        interval: float,
+        only_when: Callable[[], bool] | None = None,
+    ) -> None:
+        super().__init__("jobkeeper-pruner", interval, only_when)
         self._backend = backend
         self._retention = retention
         self._next_vacuum = 0.0

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 
 from jobkeeper.errors import DatabaseError
 
@@ -23,11 +24,20 @@ class IntervalService:
     Args:
         name: thread name and log prefix.
         interval: seconds between passes.
+        only_when: asked before each pass; a pass is skipped while it says
+            False (a service that must run once per fleet passes the
+            leader's ``is_leader``).
     """
 
-    def __init__(self, name: str, interval: float) -> None:
+    def __init__(
+        self, name: str, interval: float, only_when: Callable[[], bool] | None = None
+    ) -> None:
         self.name = name
         self.interval = interval
+        self._only_when = only_when
+        #: Passes of the loop completed (see :meth:`wait_passes`).
+        self.loop_passes = 0
+        self._passed = threading.Condition()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._failing = False
@@ -46,7 +56,8 @@ class IntervalService:
         while not self._stop.is_set():
             started = time.monotonic()
             try:
-                self.run_once()
+                if self._only_when is None or self._only_when():
+                    self.run_once()
             except DatabaseError as exc:
                 if not self._failing:
                     logger.warning("%s: %s; retrying", self.name, exc)
@@ -61,11 +72,22 @@ class IntervalService:
             if self._failing:
                 logger.info("%s: database reachable again", self.name)
             self._failing = False
+            with self._passed:
+                self.loop_passes += 1
+                self._passed.notify_all()
             retry = min(self.interval, 0.1)
             # Fixed rate: a slow pass (e.g. a heartbeat starved of the GIL by
             # CPU-bound tasks) must not stretch the period to interval + pass
             # time (pgqueuer#430: beats slower than the rescue window).
             self._stop.wait(max(self.interval - (time.monotonic() - started), 0.0))
+
+    def wait_passes(self, count: int, timeout: float) -> bool:
+        """Block until :attr:`loop_passes` reaches ``count`` or ``timeout`` seconds
+        pass; returns whether it did. For tests: wait on the service's own
+        signal instead of sleeping (River's ``testsignal``).
+        """
+        with self._passed:
+            return self._passed.wait_for(lambda: self.loop_passes >= count, timeout)
 
     def stop(self, timeout: float = 5.0) -> None:
         """Stop and wait up to ``timeout`` seconds for the thread. Idempotent."""

@@ -37,8 +37,10 @@ from jobkeeper.backends.base import Backend
 from jobkeeper.config import Settings
 from jobkeeper.errors import ConfigError, DatabaseError, DatabaseUnavailable
 from jobkeeper.maintenance.heartbeat import Heartbeat
+from jobkeeper.maintenance.leader import Leader
 from jobkeeper.maintenance.pruner import Pruner
 from jobkeeper.maintenance.rescuer import Rescuer
+from jobkeeper.maintenance.service import IntervalService
 from jobkeeper.models import Claim, Completion, Job, WorkerInfo
 from jobkeeper.outcomes import released_attempt
 from jobkeeper.tasks import Task
@@ -177,7 +179,22 @@ class Worker:
         self.rescuer = Rescuer(
             self._dedicated(), settings, maintenance_interval, may_judge=self._may_judge
         )
-        self.pruner = Pruner(self._dedicated(), settings.retention, max(maintenance_interval, 1.0))
+        self.leader = Leader(
+            self._dedicated(), self.info.id, ttl=max(3 * settings.heartbeat_interval, 1.0)
+        )
+        self.pruner = Pruner(
+            self._dedicated(),
+            settings.retention,
+            max(maintenance_interval, 1.0),
+            only_when=lambda: self.leader.is_leader,
+        )
+        #: Started in this order, stopped in the reverse one.
+        self._services: list[IntervalService] = [
+            self.heartbeat,
+            self.leader,
+            self.rescuer,
+            self.pruner,
+        ]
         self._listener: threading.Thread | None = None
         self._listener_stop = threading.Event()
         self._reconcile_needed = False
@@ -319,9 +336,8 @@ class Worker:
                 ",".join(self.queues),
                 self.concurrency,
             )
-            self.heartbeat.start()
-            self.rescuer.start()
-            self.pruner.start()
+            for service in self._services:
+                service.start()
             self._start_wakeups()
             self._produce()
         finally:
@@ -563,7 +579,7 @@ class Worker:
         remove = getattr(self._base_backend, "remove_local_listener", None)
         if remove is not None:
             remove(self._wake)
-        for service in (self.heartbeat, self.rescuer, self.pruner):
+        for service in reversed(self._services):
             service.stop()
         if self._listener is not None:
             self._listener.join(timeout=2)

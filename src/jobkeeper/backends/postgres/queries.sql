@@ -373,3 +373,23 @@ SELECT now()
 
 -- name: schema_version
 SELECT coalesce(max(version), 0) FROM jobkeeper_schema
+
+-- name: leader_try_acquire
+-- Take the lease when it is free or expired, or extend it when it is ours;
+-- a row comes back only then. The database clock judges expiry, so skewed
+-- worker clocks cannot elect two leaders.
+INSERT INTO jobkeeper_leader AS leader (name, worker_id, elected_at, expires_at)
+VALUES (%(name)s, %(worker_id)s, now(), now() + make_interval(secs => %(ttl)s::float8))
+ON CONFLICT (name) DO UPDATE
+SET worker_id = excluded.worker_id,
+    elected_at = CASE WHEN leader.worker_id = excluded.worker_id THEN leader.elected_at
+                      ELSE now() END,
+    expires_at = excluded.expires_at
+WHERE leader.worker_id = excluded.worker_id OR leader.expires_at < now()
+RETURNING worker_id
+
+-- name: leader_resign
+DELETE FROM jobkeeper_leader WHERE name = %(name)s AND worker_id = %(worker_id)s
+
+-- name: leader_get
+SELECT worker_id FROM jobkeeper_leader WHERE name = %(name)s AND expires_at >= now()

@@ -602,6 +602,21 @@ class SqliteBackend(SharedReads):
             for row in self._fetch("worker_list")
         ]
 
+    # -- leadership -----------------------------------------------------------
+
+    def leader_try_acquire(self, *, name: str, worker_id: str, ttl: float) -> bool:
+        params = {"name": name, "worker_id": worker_id, "ttl": ttl}
+        with self._write() as conn:
+            return bool(conn.execute(QUERIES["leader_try_acquire"], params).fetchall())
+
+    def leader_resign(self, *, name: str, worker_id: str) -> None:
+        with self._write() as conn:
+            conn.execute(QUERIES["leader_resign"], {"name": name, "worker_id": worker_id})
+
+    def leader_get(self, *, name: str) -> str | None:
+        rows = self._fetch("leader_get", {"name": name})
+        return str(rows[0]["worker_id"]) if rows else None
+
     # -- wake-ups -----------------------------------------------------------
 
     def listen(self, on_queue: Callable[[str], None], stop: threading.Event) -> None:

@@ -1,0 +1,165 @@
+"""The event seam: what happens to jobs in a worker, emitted in one place.
+
+Workers emit a :class:`JobEvent` at each step of a job's life in that worker
+(claimed, started, finished, acknowledged, handed back) and rescuers emit
+rescues and dead letters; logs, metrics and tracing subscribe with
+:meth:`jobkeeper.JobQueue.on_event`. The idea is Oban's ``:telemetry``
+events (``oban-bg/oban:lib/oban/telemetry.ex``): one stream of facts that
+any number of listeners read, so nothing in the worker knows metrics exist.
+
+Emitting costs one attribute test when nobody listens: emitters check
+:attr:`EventBus.listening` before they build an event.
+
+Leaf module: imports only ``models``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+from jobkeeper.models import Job
+
+logger = logging.getLogger("jobkeeper.events")
+
+
+class EventKind(enum.StrEnum):
+    """The kinds of :class:`JobEvent`, in the order a job meets them."""
+
+    #: A worker claimed the job (it holds it; it has not started).
+    CLAIMED = "claimed"
+    #: The task is about to be called (the attempt starts).
+    STARTED = "started"
+    #: The attempt ended in the worker; ``outcome`` says how (not yet written).
+    FINISHED = "finished"
+    #: The worker wrote the outcome; ``outcome`` says which.
+    ACKED = "acked"
+    #: The outcome was refused: the worker no longer held the job (its claim
+    #: was rescued while it was silent). Nothing was written.
+    CLAIM_LOST = "claim_lost"
+    #: A rescuer took the job from a holder that went silent.
+    RESCUED = "rescued"
+    #: The job moved to the dead letters (``error`` holds the reason).
+    DEAD_LETTERED = "dead_lettered"
+
+
+class OutcomeKind(enum.StrEnum):
+    """How an attempt ended (the ``outcome`` of FINISHED and ACKED events,
+    and the label of ``jobkeeper_jobs_processed_total``).
+    """
+
+    COMPLETED = "completed"
+    #: Failed; it will run again after a backoff.
+    RETRIED = "retried"
+    #: Moved to the dead letters (attempts used up, or discarded).
+    DEAD = "dead"
+    CANCELLED = "cancelled"
+    #: Put back to run later without spending the attempt.
+    SNOOZED = "snoozed"
+    #: Handed back unstarted (or at shutdown): available again, attempt not spent.
+    RELEASED = "released"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class JobEvent:
+    """One fact about one job.
+
+    Attributes:
+        kind: what happened.
+        job_id: the job.
+        task: its task name.
+        queue: its queue.
+        attempt: the attempt this event belongs to.
+        worker_id: the worker that emitted it (for RESCUED: the lost holder).
+        at: when, as ``time.time()`` seconds on the emitting host.
+        outcome: for FINISHED and ACKED, how the attempt ended.
+        duration: for FINISHED, seconds the attempt ran.
+        error: the error text of a failed attempt, or the dead-letter reason.
+        job: the job as the worker holds it (CLAIMED, STARTED, FINISHED), else None.
+    """
+
+    kind: EventKind
+    job_id: int
+    task: str
+    queue: str
+    attempt: int
+    worker_id: str | None
+    at: float
+    outcome: OutcomeKind | None = None
+    duration: float | None = None
+    error: str | None = None
+    job: Job | None = None
+
+    @classmethod
+    def of(
+        cls,
+        kind: EventKind,
+        job: Job,
+        *,
+        worker_id: str | None = None,
+        outcome: OutcomeKind | None = None,
+        duration: float | None = None,
+        error: str | None = None,
+        keep_job: bool = True,
+    ) -> JobEvent:
+        """An event about ``job`` stamped now."""
+        return cls(
+            kind=kind,
+            job_id=job.id,
+            task=job.task,
+            queue=job.queue,
+            attempt=job.attempt,
+            worker_id=worker_id if worker_id is not None else job.worker_id,
+            at=time.time(),
+            outcome=outcome,
+            duration=duration,
+            error=error,
+            job=job if keep_job else None,
+        )
+
+
+#: A listener: called with each event, on the thread that emitted it. It
+#: must be quick and must not block (it runs on the worker's own threads).
+Listener = Callable[[JobEvent], None]
+
+
+class EventBus:
+    """Listeners of one :class:`~jobkeeper.JobQueue`'s events.
+
+    Thread-safe. A listener that raises is logged and skipped; it never
+    breaks the worker that emitted the event.
+    """
+
+    def __init__(self) -> None:
+        self._listeners: tuple[Listener, ...] = ()
+        self._lock = threading.Lock()
+
+    @property
+    def listening(self) -> bool:
+        """Whether anyone listens (emitters test this before building an event)."""
+        return bool(self._listeners)
+
+    def subscribe(self, listener: Listener) -> Callable[[], None]:
+        """Add ``listener``; returns a function that removes it again."""
+        if not callable(listener):
+            raise TypeError(f"an event listener must be callable, got {listener!r}")
+        with self._lock:
+            self._listeners = (*self._listeners, listener)
+
+        def unsubscribe() -> None:
+            with self._lock:
+                self._listeners = tuple(x for x in self._listeners if x is not listener)
+
+        return unsubscribe
+
+    def emit(self, event: JobEvent) -> None:
+        """Call every listener with ``event``."""
+        for listener in self._listeners:  # a tuple: safe against (un)subscribes meanwhile
+            try:
+                listener(event)
+            except Exception:
+                logger.exception("event listener %r failed on %s", listener, event.kind.value)
