@@ -25,6 +25,7 @@ from psycopg import sql
 from psycopg.rows import tuple_row
 from psycopg_pool import ConnectionPool, PoolTimeout
 
+from jobkeeper.backends.migrate import apply_migrations
 from jobkeeper.backends.rows import (
     aware_utc,
     completion_arrays,
@@ -53,7 +54,11 @@ QUERIES = {
     name: text.replace("{utc_now_text}", UTC_NOW_TEXT_SQL)
     for name, text in load_queries("jobkeeper.backends.postgres").items()
 }
-MIGRATIONS = load_migrations("jobkeeper.backends.postgres.migrations")
+#: Each migration file runs as one statement (PostgreSQL takes several at once).
+MIGRATIONS = [
+    (version, [script])
+    for version, script in load_migrations("jobkeeper.backends.postgres.migrations")
+]
 
 #: pg_advisory_xact_lock key serialising migrate() across processes
 #: (the bytes of "jobkeepr" as a big-endian int64).
@@ -80,12 +85,6 @@ CANARY_INTERVAL = 10.0
 CANARY_TIMEOUT = 5.0
 CANARY_GIVE_UP = 3
 CANARY_PREFIX = "~canary:"  # "~" is not allowed in queue names
-
-_CREATE_SCHEMA_TABLE = """
-CREATE TABLE IF NOT EXISTS jobkeeper_schema (
-    version    integer     PRIMARY KEY,
-    applied_at timestamptz NOT NULL DEFAULT now()
-)"""
 
 
 def _rows(cursor: psycopg.Cursor[Any]) -> list[dict[str, Any]]:
@@ -421,21 +420,20 @@ class PostgresBackend(SharedReads):
 
     def migrate(self) -> int:
         with self._cursor(transaction=True) as cursor:
-            # Everything below runs under one transaction-scoped lock, so
-            # concurrent migrate() calls apply each migration exactly once.
-            cursor.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK_KEY,))
-            cursor.execute(_CREATE_SCHEMA_TABLE)
-            cursor.execute(QUERIES["schema_version"])
-            current = int(cursor.fetchone()[0])  # type: ignore[index]
-            for version, script in MIGRATIONS:
-                if version > current:
-                    cursor.execute(script)
-                    cursor.execute("INSERT INTO jobkeeper_schema (version) VALUES (%s)", (version,))
-                    current = version
-            return current
+
+            def execute(statement: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
+                # No parameters: the simple protocol, which takes a whole
+                # migration file of several statements at once.
+                cursor.execute(statement, params or None)
+                return cursor.fetchall() if cursor.description else []
+
+            # Everything runs under one transaction-scoped lock, so concurrent
+            # migrate() calls apply each migration exactly once.
+            execute(QUERIES["schema_lock"], (MIGRATION_LOCK_KEY,))
+            return apply_migrations(execute, MIGRATIONS, QUERIES)
 
     def schema_version(self) -> int:
-        rows = self._fetch_raw("SELECT to_regclass('jobkeeper_schema') IS NOT NULL")
+        rows = self._fetch_raw(QUERIES["schema_exists"])
         if not rows or not rows[0][0]:
             return 0
         return int(self._fetch_raw(QUERIES["schema_version"])[0][0])

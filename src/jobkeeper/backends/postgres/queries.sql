@@ -371,8 +371,24 @@ SELECT pg_notify(%(channel)s, queue) FROM unnest(%(queues)b::text[]) AS queue
 -- name: db_now
 SELECT now()
 
+-- name: schema_lock
+-- Serialises migrate() across processes for the rest of the transaction.
+SELECT pg_advisory_xact_lock(%s)
+
+-- name: schema_create
+CREATE TABLE IF NOT EXISTS jobkeeper_schema (
+    version    integer     PRIMARY KEY,
+    applied_at timestamptz NOT NULL DEFAULT now()
+)
+
+-- name: schema_exists
+SELECT to_regclass('jobkeeper_schema') IS NOT NULL
+
 -- name: schema_version
 SELECT coalesce(max(version), 0) FROM jobkeeper_schema
+
+-- name: schema_record
+INSERT INTO jobkeeper_schema (version) VALUES (%s)
 
 -- name: leader_try_acquire
 -- Take the lease when it is free or expired, or extend it when it is ours;

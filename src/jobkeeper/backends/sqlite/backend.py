@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
+from jobkeeper.backends.migrate import apply_migrations
 from jobkeeper.backends.rows import (
     completion_arrays,
     epoch_to_datetime,
@@ -52,16 +53,6 @@ def _expand(sql: str) -> str:
 
 
 QUERIES = {name: _expand(sql) for name, sql in load_queries("jobkeeper.backends.sqlite").items()}
-MIGRATIONS = [
-    (version, _expand(script))
-    for version, script in load_migrations("jobkeeper.backends.sqlite.migrations")
-]
-
-_CREATE_SCHEMA_TABLE = """
-CREATE TABLE IF NOT EXISTS jobkeeper_schema (
-    version    INTEGER PRIMARY KEY,
-    applied_at REAL    NOT NULL
-)"""
 
 
 def _statements(script: str) -> list[str]:
@@ -78,6 +69,13 @@ def _statements(script: str) -> list[str]:
     if tail:
         statements.append(tail)
     return [s for s in statements if s]
+
+
+#: sqlite3 runs one statement at a time: each migration is split into its statements.
+MIGRATIONS = [
+    (version, _statements(_expand(script)))
+    for version, script in load_migrations("jobkeeper.backends.sqlite.migrations")
+]
 
 
 def _rows(cursor: sqlite3.Cursor) -> list[dict[str, Any]]:
@@ -268,28 +266,18 @@ class SqliteBackend(SharedReads):
 
     def migrate(self) -> int:
         with self._write(create=True) as conn:
-            conn.execute(_CREATE_SCHEMA_TABLE)
-            current = int(conn.execute(QUERIES["schema_version"]).fetchone()[0])
-            for version, script in MIGRATIONS:
-                if version > current:
-                    for statement in _statements(script):
-                        conn.execute(statement)
-                    conn.execute(
-                        f"INSERT INTO jobkeeper_schema (version, applied_at) VALUES (?, {NOW_SQL})",
-                        (version,),
-                    )
-                    current = version
-            return current
+
+            def execute(statement: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
+                return conn.execute(statement, params).fetchall()
+
+            return apply_migrations(execute, MIGRATIONS, QUERIES)
 
     def schema_version(self) -> int:
         if not os.path.exists(self.path):
             return 0
         with self._errors():
             conn = self._conn()
-            exists = conn.execute(
-                "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'jobkeeper_schema'"
-            ).fetchone()
-            if not exists:
+            if not conn.execute(QUERIES["schema_exists"]).fetchone()[0]:
                 return 0
             return int(conn.execute(QUERIES["schema_version"]).fetchone()[0])
 

@@ -272,8 +272,20 @@ ORDER BY started_at
 -- name: db_now
 SELECT {now}
 
+-- name: schema_create
+CREATE TABLE IF NOT EXISTS jobkeeper_schema (
+    version    INTEGER PRIMARY KEY,
+    applied_at REAL    NOT NULL
+)
+
+-- name: schema_exists
+SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'jobkeeper_schema')
+
 -- name: schema_version
 SELECT coalesce(max(version), 0) FROM jobkeeper_schema
+
+-- name: schema_record
+INSERT INTO jobkeeper_schema (version, applied_at) VALUES (?, {now})
 
 -- name: leader_try_acquire
 -- Take the lease when it is free or expired, or extend it when it is ours;
