@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
 from typing import Any, ParamSpec, Protocol, TypeVar, overload
 
-from jobkeeper.backends import Backend, open_backend
+from jobkeeper.backends import Backend, open_backend, resolve_database_url
 from jobkeeper.config import (
     MAX_CONCURRENCY,
     Settings,
@@ -19,7 +19,6 @@ from jobkeeper.config import (
     check_priority,
     check_schedule,
     check_unique_key,
-    resolve_database_url,
 )
 from jobkeeper.errors import ConfigError, JobNotFound, JobStateError, PayloadError
 from jobkeeper.events import EventBus, JobEvent

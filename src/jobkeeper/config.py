@@ -12,7 +12,7 @@ import os
 import re
 from datetime import UTC, datetime
 from typing import Any
-from urllib.parse import parse_qsl, urlsplit
+from urllib.parse import urlsplit
 
 from jobkeeper.backoff import ABSOLUTE_MAX_BACKOFF, DEFAULT_BASE, DEFAULT_MAX_BACKOFF
 from jobkeeper.errors import ConfigError, PayloadError
@@ -285,107 +285,16 @@ class DatabaseURL:
         return self.url
 
 
-#: libpq options whose values libpq checks only when connecting (so a typo
-#: looked like an unreachable server), checked here as libpq 15 would.
-_LIBPQ_CHOICES = {
-    "sslmode": ("disable", "allow", "prefer", "require", "verify-ca", "verify-full"),
-    "gssencmode": ("disable", "prefer", "require"),
-    "channel_binding": ("disable", "prefer", "require"),
-    "target_session_attrs": (
-        "any", "read-write", "read-only", "primary", "standby", "prefer-standby"
-    ),
-}  # fmt: skip
-_LIBPQ_INTEGERS = (
-    "connect_timeout",
-    "keepalives",
-    "keepalives_idle",
-    "keepalives_interval",
-    "keepalives_count",
-    "tcp_user_timeout",
-)
-
-
-def _check_libpq_values(params: dict[str, Any]) -> None:
-    for name, choices in _LIBPQ_CHOICES.items():
-        value = params.get(name)
-        if value is not None and value not in choices:
-            raise ConfigError(
-                f"invalid PostgreSQL URL: {name}={value!r}; use one of {', '.join(choices)}"
-            )
-    for name in _LIBPQ_INTEGERS:
-        value = params.get(name)
-        if value is not None and not re.fullmatch(r"\s*[+-]?\d+\s*", str(value)):
-            raise ConfigError(f"invalid PostgreSQL URL: {name}={value!r} is not an integer")
-
-
-def resolve_database_url(url: str | None) -> DatabaseURL:
-    """Pick and parse the database URL: the argument, else ``JOBKEEPER_DATABASE_URL``,
-    else ``sqlite:///jobkeeper.db``.
-
-    Accepted forms: ``sqlite:///relative/path.db``, ``sqlite:////absolute/path.db``,
-    ``postgresql://user@host:port/db`` (also ``postgres://``).
+def requested_database_url(url: str | None) -> str:
+    """The URL to use: ``url``, else ``$JOBKEEPER_DATABASE_URL``, else the
+    SQLite default; stripped. Each backend parses its own kind
+    (``jobkeeper.backends.resolve_database_url``).
 
     Raises:
-        ConfigError: the URL is not a string, has an unknown scheme, names no
-            SQLite file, or is not a valid PostgreSQL connection URL.
+        ConfigError: the URL is not a string.
     """
     if url is None:
         url = os.environ.get(DATABASE_URL_ENV) or DEFAULT_DATABASE_URL
     if not isinstance(url, str):
         raise ConfigError(f"database URL must be a string, got {type(url).__name__}")
-    url = url.strip()
-    scheme, sep, rest = url.partition("://")
-    scheme = scheme.lower()
-    if not sep:
-        raise ConfigError(
-            f"invalid database URL {url!r}: expected sqlite:///path.db or postgresql://user@host/db"
-        )
-    if scheme == "sqlite":
-        path, _, query = rest.partition("?")
-        if not path.startswith("/") or len(path) < 2:
-            raise ConfigError(
-                f"invalid SQLite URL {url!r}: expected sqlite:///relative.db or sqlite:////abs/path.db"
-            )
-        path = path[1:]
-        if path.endswith("/"):
-            raise ConfigError(f"invalid SQLite URL {url!r}: the path names a directory, not a file")
-        if path in (":memory:", "") or path.startswith("file:"):
-            raise ConfigError(
-                f"invalid SQLite URL {url!r}: jobkeeper needs a database file that "
-                "several connections and processes can share"
-            )
-        return DatabaseURL("sqlite", url, path=path, options=dict(parse_qsl(query)))
-    if scheme in ("postgresql", "postgres"):
-        try:
-            import psycopg
-            from psycopg.conninfo import conninfo_to_dict
-
-            params = conninfo_to_dict(url)
-        except ImportError as exc:  # pragma: no cover - psycopg is a dependency
-            raise ConfigError(
-                "PostgreSQL URLs need psycopg: pip install 'psycopg[binary]'"
-            ) from exc
-        except psycopg.Error as exc:
-            raise ConfigError(f"invalid PostgreSQL URL: {str(exc).strip()}") from None
-        try:
-            urlsplit(url)
-        except ValueError as exc:
-            # libpq accepts e.g. "postgresql://[/]" and fails only at connect
-            # time, where even the error message could not be built.
-            raise ConfigError(f"invalid PostgreSQL URL: {exc}") from None
-        # libpq's parser accepts any port text; it only fails at connect time
-        # (after the pool's retries), so check it here.
-        port = params.get("port")
-        if port is not None and not all(
-            p.strip().isascii() and p.strip().isdigit() and 0 < int(p) < 65536
-            for p in str(port).split(",")
-            if p.strip()
-        ):
-            raise ConfigError(f"invalid PostgreSQL URL: port {port!r} is not a port number")
-        _check_libpq_values(params)
-        return DatabaseURL("postgresql", url)
-    if scheme in ("mysql", "mariadb"):
-        raise ConfigError(f"{scheme}:// is not supported yet; use sqlite:/// or postgresql://")
-    raise ConfigError(
-        f"invalid database URL {url!r}: unknown scheme {scheme!r} (use sqlite or postgresql)"
-    )
+    return url.strip()

@@ -9,6 +9,7 @@ from zoneinfo import ZoneInfo
 import pytest
 
 from jobkeeper import ConfigError, JobQueue, PayloadError
+from jobkeeper.backends import resolve_database_url
 from jobkeeper.config import (
     DATABASE_URL_ENV,
     DEFAULT_DATABASE_URL,
@@ -23,7 +24,6 @@ from jobkeeper.config import (
     check_seconds,
     check_timeout,
     check_unique_key,
-    resolve_database_url,
 )
 
 # -- database URL ------------------------------------------------------------------------------

@@ -1,23 +1,96 @@
 """Database backends behind one Protocol (:mod:`jobkeeper.backends.base`).
 
 Internal: users pick a backend by URL through :class:`jobkeeper.JobQueue`.
+A backend is one entry of ``BACKENDS``: the URL schemes it serves, the
+function that checks its URLs, and the one that opens it. A third backend
+is a third entry.
 """
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable
+
 from jobkeeper.backends.base import Backend
-from jobkeeper.config import DatabaseURL, Settings
+from jobkeeper.config import DatabaseURL, Settings, requested_database_url
+from jobkeeper.errors import ConfigError
 
 
-def open_backend(url: DatabaseURL, settings: Settings) -> Backend:
-    """Create the backend for ``url`` (no connection is made yet)."""
-    if url.scheme == "sqlite":
-        from jobkeeper.backends.sqlite.backend import SqliteBackend
+def _open_sqlite(url: DatabaseURL, settings: Settings) -> Backend:
+    from jobkeeper.backends.sqlite.backend import SqliteBackend
 
-        return SqliteBackend(url, busy_timeout=settings.busy_timeout)
+    return SqliteBackend(url, busy_timeout=settings.busy_timeout)
+
+
+def _open_postgres(url: DatabaseURL, settings: Settings) -> Backend:
     from jobkeeper.backends.postgres.backend import PostgresBackend
 
     return PostgresBackend(url, pool_size=settings.pool_size)
 
 
-__all__ = ["Backend", "open_backend"]
+def _parse_sqlite(url: str) -> DatabaseURL:
+    from jobkeeper.backends.sqlite.url import parse_url
+
+    return parse_url(url)
+
+
+def _parse_postgres(url: str) -> DatabaseURL:
+    from jobkeeper.backends.postgres.url import parse_url
+
+    return parse_url(url)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class BackendEntry:
+    """How to check a backend's URLs and open it (the imports are lazy, so
+    the SQLite default loads no PostgreSQL driver).
+    """
+
+    parse: Callable[[str], DatabaseURL]
+    open: Callable[[DatabaseURL, Settings], Backend]
+
+
+#: URL scheme -> backend.
+BACKENDS: dict[str, BackendEntry] = {
+    "sqlite": BackendEntry(_parse_sqlite, _open_sqlite),
+    "postgresql": BackendEntry(_parse_postgres, _open_postgres),
+    "postgres": BackendEntry(_parse_postgres, _open_postgres),
+}
+#: Schemes users ask for that no backend serves yet.
+PLANNED = ("mysql", "mariadb")
+
+
+def resolve_database_url(url: str | None) -> DatabaseURL:
+    """Pick and parse the database URL: the argument, else
+    ``JOBKEEPER_DATABASE_URL``, else ``sqlite:///jobkeeper.db``.
+
+    Accepted forms: ``sqlite:///relative/path.db``, ``sqlite:////absolute/path.db``,
+    ``postgresql://user@host:port/db`` (also ``postgres://``).
+
+    Raises:
+        ConfigError: the URL is not a string, has an unknown scheme, or is
+            not valid for its backend (the message says why).
+    """
+    url = requested_database_url(url)
+    scheme, sep, _ = url.partition("://")
+    scheme = scheme.lower()
+    if not sep:
+        raise ConfigError(
+            f"invalid database URL {url!r}: expected sqlite:///path.db or postgresql://user@host/db"
+        )
+    entry = BACKENDS.get(scheme)
+    if entry is not None:
+        return entry.parse(url)
+    if scheme in PLANNED:
+        raise ConfigError(f"{scheme}:// is not supported yet; use sqlite:/// or postgresql://")
+    raise ConfigError(
+        f"invalid database URL {url!r}: unknown scheme {scheme!r} (use sqlite or postgresql)"
+    )
+
+
+def open_backend(url: DatabaseURL, settings: Settings) -> Backend:
+    """Create the backend for ``url`` (no connection is made yet)."""
+    return BACKENDS[url.scheme].open(url, settings)
+
+
+__all__ = ["BACKENDS", "Backend", "open_backend", "resolve_database_url"]

@@ -21,8 +21,9 @@ import click
 from rich.console import Console
 
 from jobkeeper.api import JobQueue
+from jobkeeper.backends import resolve_database_url
 from jobkeeper.cli import render
-from jobkeeper.config import DATABASE_URL_ENV, resolve_database_url
+from jobkeeper.config import DATABASE_URL_ENV
 from jobkeeper.errors import (
     ConfigError,
     JobkeeperError,

@@ -1,0 +1,80 @@
+"""Parsing ``postgresql://`` URLs (internal): what libpq would refuse only
+when connecting is refused here, when the URL is given.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+from urllib.parse import urlsplit
+
+from jobkeeper.config import DatabaseURL
+from jobkeeper.errors import ConfigError
+
+#: libpq options whose values libpq checks only when connecting (so a typo
+#: looked like an unreachable server), checked here as libpq 15 would.
+_LIBPQ_CHOICES = {
+    "sslmode": ("disable", "allow", "prefer", "require", "verify-ca", "verify-full"),
+    "gssencmode": ("disable", "prefer", "require"),
+    "channel_binding": ("disable", "prefer", "require"),
+    "target_session_attrs": (
+        "any", "read-write", "read-only", "primary", "standby", "prefer-standby"
+    ),
+}  # fmt: skip
+_LIBPQ_INTEGERS = (
+    "connect_timeout",
+    "keepalives",
+    "keepalives_idle",
+    "keepalives_interval",
+    "keepalives_count",
+    "tcp_user_timeout",
+)
+
+
+def _check_libpq_values(params: dict[str, Any]) -> None:
+    for name, choices in _LIBPQ_CHOICES.items():
+        value = params.get(name)
+        if value is not None and value not in choices:
+            raise ConfigError(
+                f"invalid PostgreSQL URL: {name}={value!r}; use one of {', '.join(choices)}"
+            )
+    for name in _LIBPQ_INTEGERS:
+        value = params.get(name)
+        if value is not None and not re.fullmatch(r"\s*[+-]?\d+\s*", str(value)):
+            raise ConfigError(f"invalid PostgreSQL URL: {name}={value!r} is not an integer")
+
+
+def parse_url(url: str) -> DatabaseURL:
+    """``postgresql://user@host:port/db`` (also ``postgres://``), or any
+    libpq connection URL.
+
+    Raises:
+        ConfigError: libpq cannot parse it, or a port or option value it
+            would refuse only when connecting.
+    """
+    try:
+        import psycopg
+        from psycopg.conninfo import conninfo_to_dict
+
+        params = conninfo_to_dict(url)
+    except ImportError as exc:  # pragma: no cover - psycopg is a dependency
+        raise ConfigError("PostgreSQL URLs need psycopg: pip install 'psycopg[binary]'") from exc
+    except psycopg.Error as exc:
+        raise ConfigError(f"invalid PostgreSQL URL: {str(exc).strip()}") from None
+    try:
+        urlsplit(url)
+    except ValueError as exc:
+        # libpq accepts e.g. "postgresql://[/]" and fails only at connect
+        # time, where even the error message could not be built.
+        raise ConfigError(f"invalid PostgreSQL URL: {exc}") from None
+    # libpq's parser accepts any port text; it only fails at connect time
+    # (after the pool's retries), so check it here.
+    port = params.get("port")
+    if port is not None and not all(
+        p.strip().isascii() and p.strip().isdigit() and 0 < int(p) < 65536
+        for p in str(port).split(",")
+        if p.strip()
+    ):
+        raise ConfigError(f"invalid PostgreSQL URL: port {port!r} is not a port number")
+    _check_libpq_values(params)
+    return DatabaseURL("postgresql", url)
