@@ -20,7 +20,13 @@ from jobkeeper.config import (
     check_schedule,
     check_unique_key,
 )
-from jobkeeper.errors import ConfigError, JobNotFound, JobStateError, PayloadError
+from jobkeeper.errors import (
+    ConfigError,
+    JobNotFound,
+    JobStateError,
+    PayloadError,
+    UniqueKeyConflict,
+)
 from jobkeeper.events import EventBus, JobEvent
 from jobkeeper.models import TERMINAL_STATUSES, Job, JobStatus, NewJob, WorkerInfo
 from jobkeeper.payload import encode_args
@@ -476,7 +482,15 @@ class JobQueue:
                 f"job {job_id} is {before.status.value}; only dead, retryable, cancelled or "
                 "completed jobs can be retried"
             )
-        job = self.backend.job_retry(job_id)
+        try:
+            job = self.backend.job_retry(job_id)
+        except UniqueKeyConflict:
+            if before.status == JobStatus.DEAD:
+                raise self._requeue_refused([job_id]) from None
+            raise JobStateError(
+                f"job {job_id} cannot be retried: a pending job of the same task "
+                "already holds its unique_key"
+            ) from None
         if job is None:
             raise JobNotFound(f"job {job_id} was pruned before it could be retried")
         return job
@@ -490,7 +504,28 @@ class JobQueue:
                 nothing was moved.
         """
         ids = None if job_ids is None else [_job_id(i) for i in job_ids]
-        return self.backend.dead_letter_requeue(ids)
+        try:
+            return self.backend.dead_letter_requeue(ids)
+        except UniqueKeyConflict:
+            raise self._requeue_refused(ids) from None
+
+    def _requeue_refused(self, job_ids: Sequence[int] | None) -> JobStateError:
+        """The error for a requeue refused by the unique index, naming the
+        dead letters in the way and what holds their keys.
+        """
+        seen: dict[tuple[str, str], int] = {}
+        clashes: list[str] = []
+        for conflict in self.backend.dead_letter_requeue_conflicts(job_ids=job_ids):
+            key = (conflict.task, conflict.unique_key)
+            what = f"dead letter {conflict.dead_letter_id} (task {key[0]!r}, unique_key {key[1]!r})"
+            if conflict.holder is not None:
+                clashes.append(f"{what} is held by pending job {conflict.holder}")
+            elif key in seen:
+                clashes.append(f"{what} clashes with dead letter {seen[key]}")
+            seen.setdefault(key, conflict.dead_letter_id)
+        shown = "; ".join(clashes[:3]) or "a pending job of the same task holds a unique_key"
+        more = f" (and {len(clashes) - 3} more)" if len(clashes) > 3 else ""
+        return JobStateError(f"cannot requeue: {shown}{more}; nothing was requeued")
 
     def stats(self) -> dict[str, dict[str, int]]:
         """``{queue: {status: count}}`` with every status (zeros included), dead

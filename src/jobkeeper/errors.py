@@ -88,6 +88,13 @@ class DataRejected(DatabaseError):  # noqa: N818
     """
 
 
+class UniqueKeyConflict(DataRejected):
+    """Internal: a write would give a second pending job of a task the same
+    ``unique_key`` (a retry or a dead-letter requeue; enqueue resolves to the
+    pending job instead). Backends raise it; the API says what is in the way.
+    """
+
+
 class JobTimeout(Exception):  # noqa: N818
     """An attempt ran longer than its task's ``timeout`` (seconds)."""
 

@@ -187,3 +187,16 @@ class Failure:
     error_json: str | None
     retry_in: float = 0.0
     reason: str | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RequeueConflict:
+    """A dead letter whose ``unique_key`` stands in the way of its requeue
+    (internal): held by the pending job ``holder``, or, when ``holder`` is
+    None, shared with another dead letter being requeued.
+    """
+
+    dead_letter_id: int
+    task: str
+    unique_key: str
+    holder: int | None

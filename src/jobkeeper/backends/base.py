@@ -18,7 +18,16 @@ from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any, Protocol
 
-from jobkeeper.models import Claim, Completion, Failure, Job, JobStatus, NewJob, WorkerInfo
+from jobkeeper.models import (
+    Claim,
+    Completion,
+    Failure,
+    Job,
+    JobStatus,
+    NewJob,
+    RequeueConflict,
+    WorkerInfo,
+)
 
 
 class Backend(Protocol):
@@ -143,12 +152,26 @@ class Backend(Protocol):
         """Make a retryable/cancelled/completed/dead job available now with
         attempts reset. Returns the job after the change (unchanged when it is
         pending), or None.
+
+        Raises:
+            UniqueKeyConflict: a pending job of the same task holds its unique_key.
         """
         ...
 
     def dead_letter_requeue(self, job_ids: Sequence[int] | None) -> list[int]:
         """Move dead letters (all when ``job_ids`` is None) back to available;
         return the ids moved.
+
+        Raises:
+            UniqueKeyConflict: one's unique_key is held (nothing was moved).
+        """
+        ...
+
+    def dead_letter_requeue_conflicts(
+        self, *, job_ids: Sequence[int] | None
+    ) -> list[RequeueConflict]:
+        """Why a requeue of these dead letters (all when None) hit the unique
+        index: each one with a ``unique_key``, and the pending job holding it.
         """
         ...
 

@@ -8,10 +8,10 @@ each backend's ``queries.sql`` under the method's name.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any
 
-from jobkeeper.errors import JobStateError
-from jobkeeper.models import Claim, Job, JobStatus, WorkerInfo
+from jobkeeper.models import Claim, Job, JobStatus, RequeueConflict, WorkerInfo
 
 
 class SharedReads:
@@ -23,24 +23,17 @@ class SharedReads:
     def _jobs(self, rows: list[dict[str, Any]], *, dead: bool = False) -> list[Job]:
         raise NotImplementedError
 
-    def _requeue_conflict(self, params: dict[str, Any]) -> JobStateError:
-        """The error for a dead-letter requeue refused by the unique index,
-        naming the dead letters in the way and what holds their keys.
-        """
-        rows = self._fetch("dead_letter_requeue_conflicts", params)
-        seen: dict[tuple[str, str], int] = {}
-        clashes: list[str] = []
-        for row in rows:
-            key = (row["task"], row["unique_key"])
-            what = f"dead letter {row['id']} (task {key[0]!r}, unique_key {key[1]!r})"
-            if row["holder"] is not None:
-                clashes.append(f"{what} is held by pending job {row['holder']}")
-            elif key in seen:
-                clashes.append(f"{what} clashes with dead letter {seen[key]}")
-            seen.setdefault(key, row["id"])
-        shown = "; ".join(clashes[:3]) or "a pending job of the same task holds a unique_key"
-        more = f" (and {len(clashes) - 3} more)" if len(clashes) > 3 else ""
-        return JobStateError(f"cannot requeue: {shown}{more}; nothing was requeued")
+    def _requeue_params(self, job_ids: Sequence[int] | None) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def dead_letter_requeue_conflicts(
+        self, *, job_ids: Sequence[int] | None
+    ) -> list[RequeueConflict]:
+        rows = self._fetch("dead_letter_requeue_conflicts", self._requeue_params(job_ids))
+        return [
+            RequeueConflict(row["id"], row["task"], row["unique_key"], row["holder"])
+            for row in rows
+        ]
 
     @staticmethod
     def _worker_params(worker: WorkerInfo) -> dict[str, Any]:

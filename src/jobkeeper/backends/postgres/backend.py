@@ -38,7 +38,12 @@ from jobkeeper.backends.rows import (
 from jobkeeper.backends.shared import SharedReads
 from jobkeeper.backends.sqlfile import load_migrations, load_queries
 from jobkeeper.config import DatabaseURL
-from jobkeeper.errors import DatabaseError, DatabaseUnavailable, DataRejected, JobStateError
+from jobkeeper.errors import (
+    DatabaseError,
+    DatabaseUnavailable,
+    DataRejected,
+    UniqueKeyConflict,
+)
 from jobkeeper.models import Completion, Failure, Job, JobStatus, NewJob, WorkerInfo
 from jobkeeper.payload import decode_args
 
@@ -359,6 +364,10 @@ class PostgresBackend(SharedReads):
             raise DatabaseUnavailable(
                 f"PostgreSQL at {self.url.redacted()} is unavailable: {_describe(exc)}"
             ) from exc
+        except psycopg.errors.UniqueViolation as exc:
+            if exc.diag.constraint_name == "jobkeeper_jobs_unique_idx":
+                raise UniqueKeyConflict(f"PostgreSQL refused the data: {_describe(exc)}") from exc
+            raise DataRejected(f"PostgreSQL refused the data: {_describe(exc)}") from exc
         except (psycopg.DataError, psycopg.IntegrityError) as exc:
             raise DataRejected(f"PostgreSQL refused the data: {_describe(exc)}") from exc
         except (psycopg.errors.UndefinedTable, psycopg.errors.UndefinedColumn) as exc:
@@ -690,17 +699,9 @@ class PostgresBackend(SharedReads):
         return self._jobs(rows)[0] if rows else self.job_get(job_id)
 
     def job_retry(self, job_id: int) -> Job | None:
-        try:
-            rows = self._fetch("job_retry", {"id": job_id})
-            if not rows and self.dead_letter_requeue([job_id]) == []:
-                return self.job_get(job_id)
-        except DatabaseError as exc:
-            if isinstance(exc.__cause__, psycopg.errors.UniqueViolation):
-                raise JobStateError(
-                    f"job {job_id} cannot be retried: a pending job of the same task "
-                    "already holds its unique_key"
-                ) from None
-            raise
+        rows = self._fetch("job_retry", {"id": job_id})
+        if not rows and self.dead_letter_requeue([job_id]) == []:
+            return self.job_get(job_id)
         job = self.job_get(job_id)
         if job is not None:
             self._notify([job.queue])
@@ -711,13 +712,10 @@ class PostgresBackend(SharedReads):
 
     def dead_letter_requeue(self, job_ids: Sequence[int] | None) -> list[int]:
         params = {"all": job_ids is None, "ids": list(job_ids or [])}
-        try:
-            ids = sorted(row["id"] for row in self._fetch("dead_letter_requeue", params))
-        except DatabaseError as exc:
-            if isinstance(exc.__cause__, psycopg.errors.UniqueViolation):
-                raise self._requeue_conflict(params) from None
-            raise
-        return ids
+        return sorted(row["id"] for row in self._fetch("dead_letter_requeue", params))
+
+    def _requeue_params(self, job_ids: Sequence[int] | None) -> dict[str, Any]:
+        return {"all": job_ids is None, "ids": list(job_ids or [])}
 
     def queue_stats(self) -> dict[str, dict[str, int]]:
         stats: dict[str, dict[str, int]] = {}

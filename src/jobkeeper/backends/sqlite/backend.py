@@ -36,7 +36,7 @@ from jobkeeper.backends.rows import (
 from jobkeeper.backends.shared import SharedReads
 from jobkeeper.backends.sqlfile import load_migrations, load_queries
 from jobkeeper.config import DatabaseURL
-from jobkeeper.errors import DatabaseError, DatabaseUnavailable, DataRejected, JobStateError
+from jobkeeper.errors import DatabaseError, DatabaseUnavailable, DataRejected, UniqueKeyConflict
 from jobkeeper.models import Completion, Failure, Job, JobStatus, NewJob, WorkerInfo
 
 #: The database clock as Unix seconds, UTC.
@@ -197,7 +197,11 @@ class SqliteBackend(SharedReads):
             if any(word in str(exc).lower() for word in _PASSING_CONDITIONS):
                 raise DatabaseUnavailable(f"SQLite database {self.path!r}: {exc}") from exc
             raise DatabaseError(f"SQLite error: {exc}") from exc
-        except (sqlite3.IntegrityError, sqlite3.DataError) as exc:
+        except sqlite3.IntegrityError as exc:
+            if "unique_key" in str(exc):
+                raise UniqueKeyConflict(f"SQLite refused the data: {exc}") from exc
+            raise DataRejected(f"SQLite refused the data: {exc}") from exc
+        except sqlite3.DataError as exc:
             raise DataRejected(f"SQLite refused the data: {exc}") from exc
         except sqlite3.Error as exc:
             raise DatabaseError(f"SQLite error: {exc}") from exc
@@ -494,23 +498,14 @@ class SqliteBackend(SharedReads):
         return self._jobs(rows)[0] if rows else self.job_get(job_id)
 
     def job_retry(self, job_id: int) -> Job | None:
-        try:
-            with self._write() as conn:
-                rows = _rows(conn.execute(QUERIES["job_retry"], {"id": job_id}))
-                if not rows:
-                    self._requeue(conn, [job_id])
-        except DatabaseError as exc:
-            if isinstance(exc.__cause__, sqlite3.IntegrityError):
-                raise JobStateError(
-                    f"job {job_id} cannot be retried: a pending job of the same task "
-                    "already holds its unique_key"
-                ) from None
-            raise
+        with self._write() as conn:
+            rows = _rows(conn.execute(QUERIES["job_retry"], {"id": job_id}))
+            if not rows:
+                self._requeue(conn, [job_id])
         self.wake_local()
         return self.job_get(job_id)
 
-    @staticmethod
-    def _requeue_params(job_ids: Sequence[int] | None) -> dict[str, Any]:
+    def _requeue_params(self, job_ids: Sequence[int] | None) -> dict[str, Any]:
         """Which dead letters a requeue takes (``None``: all of them)."""
         return {"all": job_ids is None, "ids": json.dumps(list(job_ids or []))}
 
@@ -523,13 +518,8 @@ class SqliteBackend(SharedReads):
         return sorted(revived)
 
     def dead_letter_requeue(self, job_ids: Sequence[int] | None) -> list[int]:
-        try:
-            with self._write() as conn:
-                ids = self._requeue(conn, job_ids)
-        except DatabaseError as exc:
-            if isinstance(exc.__cause__, sqlite3.IntegrityError):
-                raise self._requeue_conflict(self._requeue_params(job_ids)) from None
-            raise
+        with self._write() as conn:
+            ids = self._requeue(conn, job_ids)
         if ids:
             self.wake_local()
         return ids
