@@ -33,6 +33,7 @@ from jobkeeper.errors import (
     Retry,
 )
 from jobkeeper.models import Job, JobStatus
+from jobkeeper.schedule import Schedule
 from jobkeeper.tasks import Task, TaskOptions
 
 __version__ = "0.1.0"
@@ -52,6 +53,7 @@ __all__ = [
     "JobkeeperError",
     "PayloadError",
     "Retry",
+    "Schedule",
     "Task",
     "TaskOptions",
     "__version__",
