@@ -34,6 +34,7 @@ from jobkeeper.errors import (
 )
 from jobkeeper.events import EventKind, JobEvent, OutcomeKind
 from jobkeeper.models import Job, JobStatus
+from jobkeeper.schedule import Schedule
 from jobkeeper.tasks import Task, TaskOptions
 
 __version__ = "0.1.0"
@@ -56,6 +57,7 @@ __all__ = [
     "OutcomeKind",
     "PayloadError",
     "Retry",
+    "Schedule",
     "Task",
     "TaskOptions",
     "__version__",
