@@ -254,7 +254,7 @@ def test_c10_scheduled_jobs_notify_when_staged_not_when_inserted(pg_jq):
         pg_jq.enqueue("t", args_of_size(9_000), delay=3600)
         assert list(listener.conn.notifies(timeout=0.3)) == []
         sql(pg_jq, "UPDATE jobkeeper_jobs SET scheduled_at = now() - interval '1 second'")
-        assert pg_jq.backend.job_stage_due() == 1
+        assert pg_jq.backend.job_stage_due().staged == 1
         assert listener.drain(until=1) == ["default"]
     finally:
         listener.close()
