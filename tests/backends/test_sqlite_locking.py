@@ -76,7 +76,7 @@ def test_idle_polls_do_not_wait_for_the_write_lock(locked_queue):
         # none so much as began a write transaction.
         assert time.monotonic() - started < 0.3
         assert len(seen) == 4
-        assert all(s.rstrip().endswith("LIMIT 1") and "BEGIN" not in s for s in seen), seen
+        assert all("LIMIT 1" in s and "BEGIN" not in s for s in seen), seen
     finally:
         backend.close()
 
