@@ -200,3 +200,17 @@ class RequeueConflict:
     task: str
     unique_key: str
     holder: int | None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Staging:
+    """What one pass of the stager did and learned (internal).
+
+    ``staged`` is how many due scheduled/retryable jobs it made available.
+    ``next_due_in`` is the seconds, by the database clock, until the next job
+    of the asked-for queues comes due (0 when due jobs were left over), or
+    ``None`` when none is scheduled: the producer's wait until it stages again.
+    """
+
+    staged: int
+    next_due_in: float | None

@@ -162,12 +162,12 @@ def test_retryable_is_staged_after_its_backoff(jq):
     assert retryable is not None and retryable.status == JobStatus.RETRYABLE
     db_now = jq.backend.db_now()
     assert abs(retryable.scheduled_at - (db_now + timedelta(hours=1))) < timedelta(seconds=5)
-    assert jq.backend.job_stage_due() == 0
+    assert jq.backend.job_stage_due().staged == 0
     other = jq.enqueue("t", {})
     (running2,) = claim(jq)
     assert running2.id == other.id
     assert fail(jq, running2, retry_in=0) == {other.id}
-    assert jq.backend.job_stage_due() == 1
+    assert jq.backend.job_stage_due().staged == 1
     (again,) = claim(jq)
     assert (again.id, again.attempt) == (other.id, 2)
 
@@ -267,7 +267,7 @@ def test_c06_huge_backoff_is_stored_and_the_job_is_never_lost(jq):
     expected = jq.backend.db_now() + timedelta(seconds=retry_in)
     assert abs(stored.scheduled_at - expected) < timedelta(seconds=5)
     assert stored.scheduled_at.year >= datetime.now(UTC).year + 99
-    assert jq.backend.job_stage_due() == 0
+    assert jq.backend.job_stage_due().staged == 0
     due_in = jq.backend.job_next_due_in(queues=["default"])
     assert due_in is not None and due_in > 99 * 365 * 86_400
     assert jq.stats()["default"]["retryable"] == 1

@@ -328,7 +328,7 @@ def test_delay_makes_a_scheduled_job_that_is_staged_only_when_due(jq):
     while jq.backend.db_now() < soon.scheduled_at:
         assert datetime.now(UTC) < deadline
         time.sleep(0.02)
-    assert jq.backend.job_stage_due() == 1
+    assert jq.backend.job_stage_due().staged == 1
     staged = jq.get_job(soon.id)
     assert staged is not None and staged.status == JobStatus.AVAILABLE
     still = jq.get_job(later.id)
@@ -351,7 +351,7 @@ def test_c11_aware_run_at_in_another_zone_is_stored_as_utc(jq, zone):
     assert abs(job.scheduled_at - run_at) < timedelta(milliseconds=1)
     stored = jq.get_job(job.id)
     assert stored is not None and abs(stored.scheduled_at - run_at) < timedelta(milliseconds=1)
-    assert jq.backend.job_stage_due() == 0
+    assert jq.backend.job_stage_due().staged == 0
     assert claim(jq) == []
 
 
@@ -398,7 +398,7 @@ def test_c12_postgres_session_time_zone_does_not_shift_jobs(pg_url, zone):
         assert abs(later.scheduled_at - (db_now + timedelta(seconds=60))) < 5 * SECOND
         assert later.scheduled_at.utcoffset() == timedelta(0)
         # The immediate job is claimable at once; the delayed one is not due.
-        assert jq.backend.job_stage_due() == 0
+        assert jq.backend.job_stage_due().staged == 0
         assert [j.id for j in claim(jq)] == [now_job.id]
         assert 55 < (jq.backend.job_next_due_in(queues=["default"]) or 0) <= 60
         # A job enqueued inside a caller's transaction with yet another zone.
@@ -627,7 +627,7 @@ def test_extreme_run_at_values_are_stored_and_read_back(jq):
     assert stored_far.scheduled_at.year == 9999
     assert stored_ancient is not None and stored_ancient.scheduled_at.year == 1
     assert [j.id for j in claim(jq)] == [ancient.id]
-    assert jq.backend.job_stage_due() == 0
+    assert jq.backend.job_stage_due().staged == 0
     assert jq.stats()["default"]["scheduled"] == 1
 
 

@@ -122,7 +122,7 @@ def test_cancel_pending_job(jq, delay):
     stored = jq.get_job(job.id)
     assert stored is not None and stored.status == JobStatus.CANCELLED
     assert claim(jq) == []
-    assert jq.backend.job_stage_due() == 0
+    assert jq.backend.job_stage_due().staged == 0
     # Cancelling again is harmless.
     assert jq.cancel(job.id).status == JobStatus.CANCELLED
 

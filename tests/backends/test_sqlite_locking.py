@@ -69,14 +69,14 @@ def test_idle_polls_do_not_wait_for_the_write_lock(locked_queue):
         _lock(holder)
         started = time.monotonic()
         assert backend.job_claim(worker_id=WORKER.id, queue="default", limit=10) == []
-        assert backend.job_stage_due() == 0
+        assert backend.job_stage_due().staged == 0
         assert backend.job_prune_finished(older_than=3600, limit=100) == 0
         assert backend.worker_prune_stale(older_than=3600) == 0
         # All four returned without waiting out the 0.3 s busy timeout, and
         # none so much as began a write transaction.
         assert time.monotonic() - started < 0.3
         assert len(seen) == 4
-        assert all(s.rstrip().endswith("LIMIT 1") and "BEGIN" not in s for s in seen), seen
+        assert all("LIMIT 1" in s and "BEGIN" not in s for s in seen), seen
     finally:
         backend.close()
 
@@ -125,7 +125,7 @@ def test_polls_with_work_still_write_under_the_lock(locked_queue):
             "UPDATE jobkeeper_jobs SET scheduled_at = scheduled_at - 7200 "
             "WHERE status = 'scheduled'"
         )
-        assert backend.job_stage_due() == 1
+        assert backend.job_stage_due().staged == 1
     finally:
         backend.close()
 
@@ -187,7 +187,7 @@ def test_probes_search_their_index_instead_of_scanning_the_table(locked_queue, p
     )
     conn = sqlite3.connect(jq.backend.path)  # a new connection reads the statistics
     try:
-        params = {"queue": "default", "older_than": 3600}
+        params = {"queue": "default", "older_than": 3600, "queues": '["default"]'}
         rows = conn.execute("EXPLAIN QUERY PLAN " + QUERIES[probe], params).fetchall()
     finally:
         conn.close()

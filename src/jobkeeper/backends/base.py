@@ -26,6 +26,7 @@ from jobkeeper.models import (
     JobStatus,
     NewJob,
     RequeueConflict,
+    Staging,
     WorkerInfo,
 )
 
@@ -94,9 +95,15 @@ class Backend(Protocol):
         """
         ...
 
-    def job_stage_due(self) -> int:
-        """Move scheduled/retryable jobs whose ``scheduled_at`` has passed to
-        available; wake listeners. Returns how many moved.
+    def job_stage_due(self, *, queues: Sequence[str] = ()) -> Staging:
+        """Move scheduled/retryable jobs (of every queue) whose ``scheduled_at``
+        has passed to available; wake listeners. Jobs another session is
+        staging at the same moment are skipped, not waited for.
+
+        Returns how many moved, and (in the same statement, by the database
+        clock) the seconds until the earliest scheduled/retryable job of
+        ``queues`` that is not yet due comes due: 0 when due jobs were left
+        for another pass, ``None`` when there is none (or no ``queues``).
         """
         ...
 
@@ -220,10 +227,20 @@ class Backend(Protocol):
 
     # -- wake-ups ----------------------------------------------------------
 
-    def listen(self, on_queue: Callable[[str], None], stop: threading.Event) -> None:
+    def listen(
+        self,
+        on_queue: Callable[[str], None],
+        stop: threading.Event,
+        *,
+        on_due: Callable[[str, float], None] | None = None,
+    ) -> None:
         """Block, calling ``on_queue(queue)`` for each enqueue notification,
         until ``stop`` is set. Reconnects on its own. Only when
         ``supports_listen``.
+
+        ``on_due(queue, seconds)`` is called when a job of ``queue`` was
+        enqueued to come due in ``seconds`` (a delayed enqueue; the seconds
+        by the database clock, as of the enqueue).
         """
         ...
 

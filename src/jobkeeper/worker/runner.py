@@ -6,7 +6,8 @@ Threads, each with its own database connection so none waits behind another
 - the producer (the caller's thread): stages due jobs, claims as many jobs as
   there are free slots, and sleeps until a slot frees up, a wake-up arrives
   (LISTEN/NOTIFY on PostgreSQL; an in-process signal or a change of SQLite's
-  ``data_version`` otherwise) or ``poll_interval`` passes;
+  ``data_version`` otherwise), the next job of its queues comes due, or
+  ``poll_interval`` passes (see :meth:`Worker._stage`);
 - the executor's task threads and event loop;
 - the completer (batched, fenced acks);
 - the heartbeat, the rescuer and the pruner;
@@ -21,6 +22,7 @@ rest of the grace period.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import secrets
 import signal
@@ -41,7 +43,7 @@ from jobkeeper.maintenance.leader import Leader
 from jobkeeper.maintenance.pruner import Pruner
 from jobkeeper.maintenance.rescuer import Rescuer
 from jobkeeper.maintenance.service import IntervalService
-from jobkeeper.models import Claim, Completion, Job, WorkerInfo
+from jobkeeper.models import Claim, Completion, Failure, Job, WorkerInfo
 from jobkeeper.outcomes import released_attempt
 from jobkeeper.tasks import Task
 from jobkeeper.worker.completer import Completer, Outcome
@@ -54,6 +56,11 @@ logger = logging.getLogger("jobkeeper.worker")
 #: memory (a few microseconds, no I/O), so a short period buys a pickup
 #: latency of about half of it for next to no CPU.
 SQLITE_CHANGE_POLL = 0.01
+#: Least time, in seconds, from one staging to the next one prompted by a
+#: SQLite commit of another connection (it may have been a delayed enqueue by
+#: another process, which sends no wake-up). Commits can come by the thousand:
+#: this bounds the extra stagings (each a lock-free read) to ten a second.
+CHANGE_RESTAGE_GAP = 0.1
 #: Most jobs a worker may hold beyond its free slots (``prefetch``).
 MAX_PREFETCH = 10_000
 #: The adaptive prefetch holds at most this many jobs per slot, and at most
@@ -147,10 +154,17 @@ class Worker:
         self._stopping = threading.Event()
         self._force = threading.Event()
         self._stats_lock = threading.Lock()
+        # When (time.monotonic()) the producer stages next: at the latest
+        # poll_interval after it last did, sooner when a job of ours is known
+        # to come due (see _stage and _stage_within).
+        self._stage_lock = threading.Lock()
+        self._stage_at = 0.0
+        self._staged_at = -math.inf
+        self._staged_counter: int | None = None
         self.completer = Completer(
             self._dedicated(),
             delete_completed=settings.retention == 0,
-            on_written=self._count_written,
+            on_written=self._on_written,
         )
         self.executor = Executor(
             tasks=tasks,
@@ -293,6 +307,26 @@ class Worker:
         if queue == "*" or queue in self.queues:
             self._wake.set()
 
+    def _on_due(self, queue: str, seconds: float) -> None:
+        """A job of ``queue`` was enqueued to come due in ``seconds`` (NOTIFY)."""
+        if queue in self.queues:
+            self._stage_within(seconds)
+
+    def _on_written(self, batch: list[Outcome], written: set[int]) -> None:
+        self._count_written(batch, written)
+        # A retry we wrote comes due retry_in seconds from now (the database
+        # computed its scheduled_at as of the write, just done): no other
+        # wake-up will come for it.
+        retry_ins = [
+            outcome.retry_in
+            for outcome in batch
+            if isinstance(outcome, Failure)
+            and outcome.outcome == "retryable"
+            and outcome.claim.job_id in written
+        ]
+        if retry_ins:
+            self._stage_within(min(retry_ins))
+
     def _count_written(self, batch: list[Outcome], written: set[int]) -> None:
         with self._stats_lock:
             for outcome in batch:
@@ -383,7 +417,9 @@ class Worker:
 
             def listen() -> None:
                 try:
-                    listener_backend.listen(self._on_queue, self._listener_stop)
+                    listener_backend.listen(
+                        self._on_queue, self._listener_stop, on_due=self._on_due
+                    )
                 finally:
                     listener_backend.close()
 
@@ -396,7 +432,6 @@ class Worker:
 
     def _produce(self) -> None:
         settings = self._settings
-        next_stage = 0.0
         outage_pause = 0.05
         while not self._stopping.is_set():
             self._wake.clear()
@@ -404,9 +439,8 @@ class Worker:
             try:
                 if self._reconcile_needed:
                     self._release_unknown_claims()
-                if time.monotonic() >= next_stage:
-                    self._backend.job_stage_due()
-                    next_stage = time.monotonic() + settings.poll_interval
+                if time.monotonic() >= self._stage_at:
+                    self._stage()
                 if self._fixed_prefetch is None:
                     self.executor.hand_back_waiting(PREFETCH_STALL)
                 claimed = self._claim()
@@ -428,7 +462,50 @@ class Worker:
                 continue
             if claimed and self._wanted() > 0:
                 continue  # a full batch came back: the queue may hold more
-            self._idle_wait(settings.poll_interval)
+            self._idle_wait()
+
+    def _stage(self) -> None:
+        """Stage due jobs, and set when to stage next: when the next job of our
+        queues comes due (the database says in how many seconds, by its own
+        clock), at the latest ``poll_interval`` from now -- the fallback for
+        jobs we hear nothing about (another process's delayed enqueue where no
+        NOTIFY reaches us, a rescued job).
+
+        Only jobs not yet due count as next: a due job that another worker is
+        staging, or has staged, gives no reason to stage again at once, so a
+        wake-up for it cannot make the producer spin.
+        """
+        with self._stage_lock:
+            # Hints that arrive while the query runs lower it again.
+            was, self._stage_at = self._stage_at, math.inf
+        try:
+            self._staged_counter = self._backend.change_counter()
+            staging = self._backend.job_stage_due(queues=self.queues)
+        except BaseException:
+            with self._stage_lock:
+                self._stage_at = min(self._stage_at, was)
+            raise
+        wait = self._settings.poll_interval
+        if staging.next_due_in is not None:
+            wait = min(wait, max(staging.next_due_in, 0.0))
+        now = time.monotonic()
+        self._staged_at = now
+        with self._stage_lock:
+            self._stage_at = min(self._stage_at, now + wait)
+
+    def _stage_within(self, seconds: float) -> None:
+        """Have the producer stage within ``seconds`` (thread-safe): a job of
+        our queues comes due then (a retry we wrote, a delayed enqueue).
+        """
+        at = time.monotonic() + max(seconds, 0.0)
+        with self._stage_lock:
+            if at >= self._stage_at:
+                return
+            self._stage_at = at
+        self._wake.set()
+
+    def _until_stage(self) -> float:
+        return max(self._stage_at - time.monotonic(), 0.0)
 
     @property
     def prefetch(self) -> int:
@@ -534,15 +611,21 @@ class Worker:
             self._stopping.wait(due_in)
         return False
 
-    def _idle_wait(self, timeout: float) -> None:
+    def _idle_wait(self) -> None:
+        """Sleep until woken, or until it is time to stage (see :meth:`_stage`)."""
         counter = self._backend.change_counter()
         if counter is None:
-            self._wake.wait(timeout)
+            self._wake.wait(self._until_stage())
             return
         # SQLite: commits by other processes show up as a new data_version.
-        deadline = time.monotonic() + timeout
+        if counter != self._staged_counter:
+            # Something was committed since we staged: perhaps a delayed job
+            # by another process, which sends no wake-up. Stage again soon
+            # to learn its due time.
+            with self._stage_lock:
+                self._stage_at = min(self._stage_at, self._staged_at + CHANGE_RESTAGE_GAP)
         while not self._wake.is_set():
-            remaining = deadline - time.monotonic()
+            remaining = self._until_stage()
             if remaining <= 0:
                 return
             if self._wake.wait(min(remaining, SQLITE_CHANGE_POLL)):

@@ -27,6 +27,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 
 from jobkeeper.backends.migrate import apply_migrations
 from jobkeeper.backends.rows import (
+    STAGE_LIMIT,
     aware_utc,
     completion_arrays,
     insert_params,
@@ -44,7 +45,7 @@ from jobkeeper.errors import (
     DataRejected,
     UniqueKeyConflict,
 )
-from jobkeeper.models import Completion, Failure, Job, JobStatus, NewJob, WorkerInfo
+from jobkeeper.models import Completion, Failure, Job, JobStatus, NewJob, Staging, WorkerInfo
 from jobkeeper.payload import decode_args
 
 logger = logging.getLogger("jobkeeper.postgres")
@@ -455,6 +456,8 @@ class PostgresBackend(SharedReads):
     def job_insert_many(self, jobs: Sequence[NewJob], *, connection: Any = None) -> list[Job]:
         if not jobs:
             return []
+        delayed = any(j.delay is not None or j.run_at is not None for j in jobs)
+        channel = self.channel() if delayed else None  # looked up before a cursor is held
         if connection is not None:
             if not isinstance(connection, psycopg.Connection):
                 raise TypeError(
@@ -471,12 +474,33 @@ class PostgresBackend(SharedReads):
                 # A savepoint (or, on an autocommit connection, a transaction):
                 # a batch that fails part-way leaves nothing behind.
                 with connection.transaction(), connection.cursor(row_factory=tuple_row) as cur:
-                    return self._insert(cur, jobs)
-        # Without unique keys or COPY the insert is one statement, atomic on
-        # its own: no BEGIN/COMMIT round trips around it.
-        single_statement = len(jobs) < COPY_MIN_JOBS and all(j.unique_key is None for j in jobs)
+                    return self._notify_due(cur, channel, self._insert(cur, jobs))
+        # Without unique keys, COPY or delayed jobs (their NOTIFY is a second
+        # statement) the insert is one statement, atomic on its own: no
+        # BEGIN/COMMIT round trips around it.
+        single_statement = (
+            len(jobs) < COPY_MIN_JOBS and not delayed and all(j.unique_key is None for j in jobs)
+        )
         with self._cursor(transaction=not single_statement) as cursor:
-            return self._insert(cursor, jobs)
+            return self._notify_due(cursor, channel, self._insert(cursor, jobs))
+
+    def _notify_due(
+        self, cursor: psycopg.Cursor[Any], channel: str | None, jobs: list[Job]
+    ) -> list[Job]:
+        """Tell listening workers when the scheduled jobs among ``jobs`` come
+        due (one NOTIFY per queue, in the insert's transaction), so that they
+        stage them then rather than at their next poll. Returns ``jobs``.
+        """
+        due: dict[str, datetime] = {}
+        for job in jobs:
+            if job.status == JobStatus.SCHEDULED:
+                due[job.queue] = min(due.get(job.queue, job.scheduled_at), job.scheduled_at)
+        if channel is not None and due:
+            cursor.execute(
+                QUERIES["notify_due"],
+                {"channel": channel, "queues": list(due), "due_ats": list(due.values())},
+            )
+        return jobs
 
     def _check_same_database(self, connection: psycopg.Connection[Any]) -> None:
         """Refuse a caller's connection to another database or schema."""
@@ -647,9 +671,13 @@ class PostgresBackend(SharedReads):
         )
         return _rows(cursor)
 
-    def job_stage_due(self) -> int:
-        rows = self._fetch("job_stage_due", {"channel": self.channel(), "limit": 10_000})
-        return sum(int(row["staged"]) for row in rows)
+    def job_stage_due(self, *, queues: Sequence[str] = ()) -> Staging:
+        params = {"channel": self.channel(), "limit": STAGE_LIMIT, "queues": list(queues)}
+        (row,) = self._fetch("job_stage_due", params)
+        staged, next_due_in = int(row["staged"]), row["next_due_in"]
+        if staged >= STAGE_LIMIT:
+            return Staging(staged, 0.0)  # more may be due: stage again at once
+        return Staging(staged, None if next_due_in is None else float(next_due_in))
 
     def job_next_due_in(self, *, queues: Sequence[str]) -> float | None:
         result = self._fetch("job_next_due_in", {"queues": list(queues)})
@@ -774,7 +802,13 @@ class PostgresBackend(SharedReads):
 
     # -- wake-ups -----------------------------------------------------------
 
-    def listen(self, on_queue: Callable[[str], None], stop: threading.Event) -> None:
+    def listen(
+        self,
+        on_queue: Callable[[str], None],
+        stop: threading.Event,
+        *,
+        on_due: Callable[[str, float], None] | None = None,
+    ) -> None:
         """LISTEN on the queue channel until ``stop``; see the Backend Protocol.
 
         A canary guards the connection: every ``CANARY_INTERVAL`` seconds the
@@ -794,7 +828,7 @@ class PostgresBackend(SharedReads):
                 try:
                     # Inside the loop: even naming the channel takes a query,
                     # and a refused connection here must not end the thread.
-                    echoed = self._listen_once(self.channel(), sender, on_queue, stop)
+                    echoed = self._listen_once(self.channel(), sender, on_queue, on_due, stop)
                 except Exception as exc:
                     if isinstance(exc, psycopg.Error | DatabaseError):
                         reason = _describe(exc) if isinstance(exc, psycopg.Error) else str(exc)
@@ -827,6 +861,7 @@ class PostgresBackend(SharedReads):
         channel: str,
         sender: _SingleConnection,
         on_queue: Callable[[str], None],
+        on_due: Callable[[str, float], None] | None,
         stop: threading.Event,
     ) -> bool:
         """One LISTEN connection's life. Returns whether any canary echoed
@@ -850,7 +885,7 @@ class PostgresBackend(SharedReads):
                     if notify.payload == token:
                         echoed, sent_at = True, None
                     elif not notify.payload.startswith(CANARY_PREFIX):
-                        on_queue(notify.payload)
+                        self._dispatch(notify.payload, on_queue, on_due)
                 now = time.monotonic()
                 if sent_at is not None and now - sent_at > CANARY_TIMEOUT:
                     return echoed
@@ -861,6 +896,28 @@ class PostgresBackend(SharedReads):
                         )
                     sent_at, next_canary = now, now + CANARY_INTERVAL
         return True
+
+    @staticmethod
+    def _dispatch(
+        payload: str,
+        on_queue: Callable[[str], None],
+        on_due: Callable[[str, float], None] | None,
+    ) -> None:
+        """``queue``: jobs became available (the insert trigger, the stager);
+        ``queue seconds``: a delayed job comes due then (``notify_due``).
+        Queue names have no spaces.
+        """
+        queue, _, due_in = payload.partition(" ")
+        if not due_in:
+            on_queue(queue)
+            return
+        try:
+            seconds = float(due_in)
+        except ValueError:
+            logger.warning("ignoring a malformed NOTIFY payload: %r", payload)
+            return
+        if on_due is not None:
+            on_due(queue, seconds)
 
     def change_counter(self) -> int | None:
         return None

@@ -185,6 +185,11 @@ RETURNING id
 -- name: job_stage_due
 -- Due scheduled/retryable jobs become available; one NOTIFY per queue
 -- that received any. SKIP LOCKED: stagers of several workers split the work.
+-- The same statement answers when the next job of the caller's queues comes
+-- due (by this clock: guarantee 7), so an idle worker can wake for it instead
+-- of waiting out poll_interval. Only jobs not yet due count: a due one that
+-- another stager holds locked is theirs to stage and NOTIFY about, and
+-- counting it would have this worker stage again at once, round and round.
 WITH due AS (
     SELECT id
     FROM jobkeeper_jobs
@@ -198,9 +203,18 @@ WITH due AS (
     FROM due
     WHERE job.id = due.id
     RETURNING job.queue
+), per_queue AS (
+    SELECT queue, count(*) AS staged, pg_notify(%(channel)s, queue)
+    FROM staged
+    GROUP BY queue
 )
-SELECT per_queue.queue, per_queue.staged, pg_notify(%(channel)s, per_queue.queue)
-FROM (SELECT queue, count(*) AS staged FROM staged GROUP BY queue) AS per_queue
+SELECT (SELECT coalesce(sum(staged), 0) FROM per_queue)::bigint AS staged,
+       -- The stager's index (scheduled_at), walked from now: the first row of
+       -- these queues ends the scan.
+       (SELECT extract(epoch FROM min(scheduled_at) - now())::float8
+        FROM jobkeeper_jobs
+        WHERE status IN ('scheduled', 'retryable') AND scheduled_at > now()
+          AND queue = ANY(%(queues)b::text[])) AS next_due_in
 
 -- name: job_next_due_in
 -- 0 while any job of these queues is available (a claim that came back empty
@@ -367,6 +381,14 @@ ORDER BY started_at
 
 -- name: notify_queues
 SELECT pg_notify(%(channel)s, queue) FROM unnest(%(queues)b::text[]) AS queue
+
+-- name: notify_due
+-- Delayed jobs were inserted: per queue, the earliest due time as seconds
+-- from now by this clock ("queue seconds"), so that a listening worker
+-- stages then instead of at its next poll. The insert trigger announces only
+-- available jobs; a payload with a space is one older workers ignore.
+SELECT pg_notify(%(channel)s, queue || ' ' || greatest(extract(epoch FROM due_at - now()), 0))
+FROM unnest(%(queues)b::text[], %(due_ats)b::timestamptz[]) AS due(queue, due_at)
 
 -- name: db_now
 SELECT now()

@@ -24,6 +24,7 @@ from typing import Any, TypeVar
 
 from jobkeeper.backends.migrate import apply_migrations
 from jobkeeper.backends.rows import (
+    STAGE_LIMIT,
     completion_arrays,
     epoch_to_datetime,
     insert_params,
@@ -37,7 +38,7 @@ from jobkeeper.backends.shared import SharedReads
 from jobkeeper.backends.sqlfile import load_migrations, load_queries
 from jobkeeper.config import DatabaseURL
 from jobkeeper.errors import DatabaseError, DatabaseUnavailable, DataRejected, UniqueKeyConflict
-from jobkeeper.models import Completion, Failure, Job, JobStatus, NewJob, WorkerInfo
+from jobkeeper.models import Completion, Failure, Job, JobStatus, NewJob, Staging, WorkerInfo
 
 #: The database clock as Unix seconds, UTC.
 NOW_SQL = "((julianday('now') - 2440587.5) * 86400.0)"
@@ -461,14 +462,20 @@ class SqliteBackend(SharedReads):
             self.wake_local()
         return written
 
-    def job_stage_due(self) -> int:
-        if not self._probe("job_stage_due_probe"):
-            return 0
+    def job_stage_due(self, *, queues: Sequence[str] = ()) -> Staging:
+        (probe,) = self._fetch("job_stage_due_probe", {"queues": json.dumps(list(queues))})
+        next_due_in = None if probe["next_due_in"] is None else float(probe["next_due_in"])
+        if probe["due"] is None:
+            return Staging(0, next_due_in)
+        # A job coming due between the probe and the write is staged by the
+        # write or comes due at next_due_in: no wake-up is missed either way.
         with self._write() as conn:
-            staged = conn.execute(QUERIES["job_stage_due"], {"limit": 10_000}).rowcount
+            staged = conn.execute(QUERIES["job_stage_due"], {"limit": STAGE_LIMIT}).rowcount
         if staged:
             self.wake_local()
-        return staged
+        if staged >= STAGE_LIMIT:
+            return Staging(staged, 0.0)  # more may be due: stage again at once
+        return Staging(staged, next_due_in)
 
     def job_next_due_in(self, *, queues: Sequence[str]) -> float | None:
         with self._errors():
@@ -597,7 +604,13 @@ class SqliteBackend(SharedReads):
 
     # -- wake-ups -----------------------------------------------------------
 
-    def listen(self, on_queue: Callable[[str], None], stop: threading.Event) -> None:
+    def listen(
+        self,
+        on_queue: Callable[[str], None],
+        stop: threading.Event,
+        *,
+        on_due: Callable[[str, float], None] | None = None,
+    ) -> None:
         raise NotImplementedError("SQLite has no LISTEN/NOTIFY; workers poll data_version")
 
     def change_counter(self) -> int | None:

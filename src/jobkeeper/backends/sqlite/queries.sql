@@ -118,10 +118,19 @@ WHERE id IN (
     LIMIT :limit)
 
 -- name: job_stage_due_probe
-SELECT 1
-FROM jobkeeper_jobs
-WHERE status IN ('scheduled', 'retryable') AND scheduled_at <= {now}
-LIMIT 1
+-- A lock-free read before job_stage_due takes the write lock: whether any
+-- job is due, and when the next job of the caller's queues that is not yet
+-- due comes due (seconds, by this clock), so an idle worker can wake for it
+-- instead of waiting out poll_interval. Both walk the stager's index
+-- (scheduled_at) from now; SQLite's 'now' is one instant per statement.
+SELECT (SELECT 1
+        FROM jobkeeper_jobs
+        WHERE status IN ('scheduled', 'retryable') AND scheduled_at <= {now}
+        LIMIT 1) AS due,
+       (SELECT min(scheduled_at) - {now}
+        FROM jobkeeper_jobs
+        WHERE status IN ('scheduled', 'retryable') AND scheduled_at > {now}
+          AND queue IN (SELECT value FROM json_each(:queues))) AS next_due_in
 
 -- name: job_next_due_in
 -- 0 while any job of these queues is available (see the PostgreSQL twin).
