@@ -246,20 +246,24 @@ def test_cancel_running_jobs_sync_and_async(make_queue):
 def test_graceful_stop_hands_back_jobs_running_past_the_grace(make_queue):
     jq = make_queue(shutdown_grace=0.5, rescue_after=60, heartbeat_interval=0.5)
     finished: list[str] = []
+    started: list[str] = []
 
     @jq.task
     def long_sync() -> None:
+        started.append("sync")
         for _ in range(400):
             time.sleep(0.05)
         finished.append("sync")
 
     @jq.task
     async def long_async() -> None:
+        started.append("async")
         await asyncio.sleep(60)
         finished.append("async")
 
     @jq.task
     def short() -> str:
+        started.append("short")
         time.sleep(0.2)
         return "done in grace"
 
@@ -270,6 +274,9 @@ def test_graceful_stop_hands_back_jobs_running_past_the_grace(make_queue):
     worker = jq.worker(concurrency=3)
     with running(worker) as handle:
         wait_status(jq, [*ids, quick], {JobStatus.RUNNING})
+        # Started, not only claimed: a loaded machine may stop the worker
+        # before a runner took a claimed job, which then goes back unstarted.
+        wait_for(lambda: len(started) >= 3, what="three jobs to start")
         worker.stop()
         stats = handle.join()
     ids.append(waiting)
