@@ -77,7 +77,9 @@ class DeadlineWatch:
             heapq.heapify(self._heap)
 
     def close(self) -> None:
-        """Stop the thread; nothing is called back after this returns."""
+        """Stop the thread and forget every watch: no callback starts after
+        this returns (one already running finishes).
+        """
         with self._changed:
             self._closed = True
             self._heap.clear()

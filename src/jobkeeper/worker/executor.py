@@ -125,9 +125,6 @@ class _Execution:
         self.async_task: asyncio.Task[Any] | None = None
         self.done: threading.Event | None = None
 
-    def stop_requested(self) -> bool:
-        return self.timed_out or self.cancel_reason is not None or self.release_reason is not None
-
 
 class Executor:
     """Runs jobs and reports each one's outcome once.
