@@ -240,8 +240,10 @@ class JobQueue:
             queue: default queue for its jobs.
             max_attempts: attempts before a job goes to the dead letters (1..1,000,000).
             priority: default priority, a 32-bit int; lower runs first.
-            timeout: seconds an attempt may run before it fails with a
-                timeout error and follows the retry policy; ``None`` = no limit.
+            timeout: seconds an attempt may run before it is asked to stop
+                and fails with a timeout error under the retry policy, once
+                its code has returned (the job stays held until then);
+                ``None`` = no limit.
 
         Raises:
             ConfigError: an invalid option, or a name already registered.
@@ -449,7 +451,8 @@ class JobQueue:
     def cancel(self, job_id: int) -> Job:
         """Cancel a job. Pending jobs become ``cancelled`` at once; a running
         job's worker is asked to stop it (it ends ``cancelled`` within about
-        one ``heartbeat_interval``).
+        one ``heartbeat_interval``, or, if its code cannot be interrupted,
+        once that code returns: the job stays running until then).
 
         Returns:
             The job after the request.

@@ -71,7 +71,7 @@ class Settings:
             86400; 0 deletes them on completion).
         max_payload_bytes: largest encoded args/result, in bytes (default 1 MiB).
         shutdown_grace: on SIGTERM/SIGINT, how long running jobs may still
-            finish before they are handed back (s, default 30).
+            finish before they are interrupted and handed back (s, default 30).
         backoff_base: exponential base of the retry backoff (default 2).
         max_backoff: cap on one retry delay (s, default 86400).
         busy_timeout: SQLite only: how long a statement waits for the write

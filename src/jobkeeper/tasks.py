@@ -78,8 +78,8 @@ class Task(Generic[P, R]):
         queue: default queue.
         max_attempts: default attempt limit.
         priority: default priority (lower runs first).
-        timeout: seconds an attempt may run before it fails with a timeout,
-            or ``None`` for no limit.
+        timeout: seconds an attempt may run before it is asked to stop; it
+            fails with a timeout once its code has returned. ``None``: no limit.
         is_async: whether ``fn`` is a coroutine function.
     """
 

@@ -52,6 +52,29 @@ async def asleep(seconds: float, record: str | None = None) -> dict[str, Any]:
 
 
 @jq.task(max_attempts=5)
+def naps(seconds: float, record: str | None = None) -> dict[str, Any]:
+    """Sleeps in short naps: an interrupt lands between two."""
+    note(record, "start")
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        time.sleep(0.05)
+    note(record, "end")
+    return {"pid": os.getpid(), "attempt": current_job().attempt}
+
+
+@jq.task(max_attempts=5)
+def stuck_once(seconds: float, record: str | None = None) -> int:
+    """The first attempt sleeps ``seconds`` in one C call, out of any
+    interrupt's reach; later attempts return at once.
+    """
+    note(record, "start")
+    if current_job().attempt == 1:
+        time.sleep(seconds)
+    note(record, "end")
+    return current_job().attempt
+
+
+@jq.task(max_attempts=5)
 def busy(seconds: float, record: str | None = None) -> dict[str, Any]:
     """CPU-bound: holds the GIL except at the interpreter's switch points."""
     note(record, "start")

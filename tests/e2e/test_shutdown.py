@@ -29,7 +29,9 @@ def test_c04_signal_hands_back_running_jobs_and_exits_0(make_queue, tmp_path, si
     url = jq.url.url
     record = tmp_path / "runs.log"
     args = {"seconds": 60, "record": str(record)}
-    ids = [j.id for j in jq.enqueue_many([("asleep", args)] * 3 + [("sleep", args)] * 3)]
+    # Sync tasks nap in short sleeps: code stuck in one long C call does not
+    # return when interrupted, and stays held instead (the test below).
+    ids = [j.id for j in jq.enqueue_many([("asleep", args)] * 3 + [("naps", args)] * 3)]
     with processes(tmp_path) as procs:
         first = procs.worker(url, SETTINGS, concurrency=6)
         wait_for(
@@ -60,3 +62,38 @@ def test_c04_signal_hands_back_running_jobs_and_exits_0(make_queue, tmp_path, si
         for job_id in ids:
             assert jq.get_job(job_id).attempt == 1
     assert not [r for r in read_records(record) if r[3] == "end"]
+
+
+def test_a_stop_leaves_code_stuck_in_c_held_until_its_rescue(make_queue, tmp_path):
+    # Past the grace period the worker interrupts its job, whose code sleeps
+    # in C and does not return: the job is not handed back (another worker
+    # would start it beside the still-running code). The worker exits 1 with
+    # the job held under its id and its row kept; once its heartbeat is
+    # rescue_after old, another worker rescues the job (the attempt counted).
+    jq = make_queue()
+    url = jq.url.url
+    record = tmp_path / "runs.log"
+    settings = {**SETTINGS, "rescue_after": 3.0, "shutdown_grace": 0.5}
+    stuck = jq.enqueue("stuck_once", {"seconds": 60, "record": str(record)})
+    with processes(tmp_path) as procs:
+        first = procs.worker(url, settings, concurrency=1)
+        wait_for(lambda: read_records(record), what="the first attempt to start")
+        first.send_signal(signal.SIGTERM)
+        assert wait_exit(first, timeout=30) == 1, procs.log(first)
+        assert "stay held by this worker" in procs.log(first)
+        held = jq.get_job(stuck.id)
+        assert held.status == JobStatus.RUNNING and held.attempt == 1, held
+        assert held.errors == []
+        assert [w.pid for w in jq.workers()] == [first.pid]  # not deregistered
+
+        second = procs.worker(url, settings, concurrency=1)
+        done = wait_for(
+            lambda: (j := jq.get_job(stuck.id)).status == JobStatus.COMPLETED and j,
+            timeout=30,
+            what="the rescue and the second attempt",
+        )
+        second.send_signal(signal.SIGTERM)
+        assert wait_exit(second, timeout=30) == 0, procs.log(second)
+    assert done.attempt == 2 and done.result == 2
+    assert len(done.errors) == 1, done.errors  # the lost worker, recorded by the rescue
+    assert [(r[1], r[3]) for r in read_records(record)] == [(1, "start"), (2, "start"), (2, "end")]

@@ -6,13 +6,17 @@ The producer (the worker's claim loop) fills the ready queue in batches and
 is woken only when the queue runs low, so a runner finishing a job goes
 straight on to the next one without any thread hand-off.
 
-Every execution ends through :meth:`Executor._finish`, which is idempotent:
-whichever comes first (the task returning, its timeout, a cancel request, or
-the shutdown hand-back) decides the outcome, and later endings of the same
-execution are dropped. A sync task cannot be killed, so when the outcome is
-decided before it returns, ``JobCancelled`` is injected into its thread
-(best effort: it is raised at the thread's next Python bytecode), the thread
-is abandoned (its late result ignored) and a new runner takes its place.
+Only the code's own ending decides an execution's outcome. A timeout, a
+cancel request or a stop past the grace period *asks* the code to stop
+(``JobCancelled`` is injected into a sync task's thread, raised at its next
+Python bytecode; an async task is cancelled, which lands at its next await)
+and records why; the job stays held by this worker (heartbeats going, slot
+busy) until the code returns, and only then is the outcome written: the
+timeout failure, ``cancelled``, or the shutdown hand-back. Code stuck where
+no interrupt reaches (C code, an async task blocking its loop) therefore
+never runs beside its own retry (issue 13). Python cannot kill a thread, so
+a slot held by code that never returns is freed only by stopping the worker
+(see :meth:`Worker._shutdown`).
 """
 
 from __future__ import annotations
@@ -20,7 +24,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import ctypes
-import heapq
 import itertools
 import logging
 import threading
@@ -36,6 +39,7 @@ from jobkeeper.models import Claim, Completion, Failure, Job
 from jobkeeper.outcomes import cancelled_attempt, claim_of, failed_attempt, released_attempt
 from jobkeeper.payload import encode_result
 from jobkeeper.tasks import Task
+from jobkeeper.worker.deadlines import DeadlineWatch
 
 logger = logging.getLogger("jobkeeper.worker")
 
@@ -43,6 +47,12 @@ Outcome = Completion | Failure
 
 #: Seconds an idle runner thread waits for work before it exits.
 RUNNER_IDLE_EXIT = 60.0
+#: Seconds between the warnings about an attempt still running past its
+#: timeout (the first comes at the deadline).
+PAST_TIMEOUT_REMINDER = 300.0
+#: A timed-out attempt that returns at least this many seconds past its
+#: deadline says so in its error text.
+LATE_NOTE_AFTER = 0.1
 
 
 def _raise_in_thread(thread_id: int, exc_type: type[BaseException] | None) -> None:
@@ -75,29 +85,42 @@ def _traceback_text(exc: BaseException) -> str | None:
 
 
 class _Execution:
-    """One attempt of one job in this worker."""
+    """One attempt of one job in this worker.
+
+    ``timed_out``, ``cancel_reason`` and ``release_reason`` record what asked
+    the code to stop; the outcome is built from them once it has returned.
+    """
 
     __slots__ = (
-        "abandoned",
         "async_task",
+        "cancel_reason",
         "deadline",
         "done",
         "finished",
         "in_user_code",
+        "interrupted",
         "job",
         "lock",
+        "release_reason",
         "started",
         "thread_id",
+        "timed_out",
+        "timeout",
     )
 
-    def __init__(self, job: Job, deadline: float | None) -> None:
+    def __init__(self, job: Job, timeout: float | None) -> None:
         self.job = job
-        self.deadline = deadline
+        self.timeout = timeout
+        #: ``time.monotonic()`` when the task was called plus ``timeout``.
+        self.deadline: float | None = None
         self.started = time.monotonic()
         self.lock = threading.Lock()
         self.finished = False
-        self.abandoned = False
         self.in_user_code = False
+        self.interrupted = False
+        self.timed_out = False
+        self.cancel_reason: str | None = None
+        self.release_reason: str | None = None
         self.thread_id: int | None = None
         self.async_task: asyncio.Task[Any] | None = None
         self.done: threading.Event | None = None
@@ -167,19 +190,22 @@ class Executor:
         self._starting = True
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread: threading.Thread | None = None
-        self._deadlines: list[tuple[float, int, _Execution]] = []
-        self._deadline_seq = itertools.count()
-        self._deadline_changed = threading.Condition()
-        self._watchdog: threading.Thread | None = None
+        self._deadlines = DeadlineWatch(self._on_deadline, "jobkeeper-timeouts")
+        # Executions whose outcome is being handed to on_outcome: not running
+        # any more, but the worker must not flush and stop before they land.
+        self._delivering = 0
+        # Set by abandon_running(): outcomes of code that returns later are
+        # not written (the worker has stopped; its jobs await rescue).
+        self._abandoned = False
         self._closed = False
 
     # -- bookkeeping ----------------------------------------------------------
 
     @property
     def active(self) -> int:
-        """Executions whose outcome is not decided yet (busy slots)."""
+        """Executions whose outcome is not delivered yet (busy slots)."""
         with self._lock:
-            return len(self._running)
+            return len(self._running) + self._delivering
 
     @property
     def ready_count(self) -> int:
@@ -198,10 +224,12 @@ class Executor:
             return [e.job for e in self._running.values()] + list(self._ready)
 
     def wait_idle(self, timeout: float) -> bool:
-        """Block until no execution is running or ``timeout`` seconds pass."""
+        """Block until no execution is running (and every outcome is
+        delivered) or ``timeout`` seconds pass.
+        """
         deadline = time.monotonic() + timeout
         with self._idle:
-            while self._running:
+            while self._running or self._delivering:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     return False
@@ -291,8 +319,7 @@ class Executor:
                     job = self._ready.popleft()
                     self.last_start = self._ready_moved = time.monotonic()
                     task = self._tasks.get(job.task)
-                    timeout = task.timeout if task is not None else None
-                    execution = _Execution(job, time.monotonic() + timeout if timeout else None)
+                    execution = _Execution(job, task.timeout if task is not None else None)
                     self._running[job.id] = execution
                     wake = self._need_jobs()
                     break
@@ -313,8 +340,6 @@ class Executor:
             except BaseException as exc:  # the runner must survive anything
                 logger.exception("unexpected error running job %s", execution.job.id)
                 self._settle_after_internal_error(execution, exc)
-            if execution.abandoned:
-                return  # a replacement runner took this thread's place
 
     def _execute(self, execution: _Execution) -> None:
         job = execution.job
@@ -329,16 +354,14 @@ class Executor:
             return  # handed back or cancelled while may_start waited
         task = self._tasks.get(job.task)
         if task is None or job.args is None:
-            self._finish(execution, self._bad_job(job), interrupt=False)
+            self._finish(execution, self._bad_job(job))
             return
         try:
             task.check_args(job.args)
         except PayloadError as exc:
             outcome = failed_attempt(job, self._settings, error=str(exc))
-            self._finish(execution, outcome, interrupt=False)
+            self._finish(execution, outcome)
             return
-        if execution.deadline is not None:
-            self._watch(execution)
         if task.is_async:
             execution.done = threading.Event()
             loop = self._event_loop()
@@ -357,49 +380,139 @@ class Executor:
 
     def _hand_back_unstarted(self, execution: _Execution) -> None:
         reason = "worker stopping (or its claim was lost): handed back before it started"
-        self._finish(execution, released_attempt(execution.job, reason), interrupt=False)
+        self._finish(execution, released_attempt(execution.job, reason))
 
-    def _finish(self, execution: _Execution, outcome: Outcome, *, interrupt: bool) -> bool:
-        """Decide ``execution``'s outcome, once. Returns False if already decided."""
+    def _finish(self, execution: _Execution, outcome: Outcome) -> bool:
+        """Deliver ``execution``'s outcome, once (its code has returned, or
+        never started). Returns False if already delivered.
+        """
         with execution.lock:
             if execution.finished:
                 return False
             execution.finished = True
-            abandoned = self._interrupt(execution) if interrupt else False
+        self._deadlines.unwatch(execution.job.id)
         elapsed = time.monotonic() - execution.started
         with self._lock:
             self._running.pop(execution.job.id, None)
             mean = self.mean_run_seconds
             self.mean_run_seconds = elapsed if mean is None else mean + (elapsed - mean) * 0.05
-            if abandoned:
-                execution.abandoned = True
-                self._runners -= 1
-                self._spawn_runners()
+            deliver = not self._abandoned
+            if deliver:
+                self._delivering += 1
             wake = self._need_jobs()
-            if abandoned:
-                self._changed.notify_all()
-            if not self._running:
+            if not self._running and not self._delivering:
                 self._idle.notify_all()
             # No runner needs waking otherwise: one that could start a ready
             # job is never waiting (it is this one, looping on).
         if execution.done is not None:
             execution.done.set()
-        self._on_outcome(outcome)
+        if not deliver:
+            logger.warning(
+                "job %s (%s) returned after its worker gave up on it; nothing written: "
+                "it is rescued rescue_after seconds after the worker's last heartbeat",
+                execution.job.id,
+                execution.job.task,
+            )
+            return True
+        try:
+            self._on_outcome(outcome)
+        finally:
+            with self._lock:
+                self._delivering -= 1
+                if not self._running and not self._delivering:
+                    self._idle.notify_all()
         if wake:
             self._on_need_jobs()
         return True
 
-    def _interrupt(self, execution: _Execution) -> bool:
-        """Stop an execution whose outcome was decided from outside (its lock
-        held). Returns True when a sync task's thread is left running.
+    def _interrupt(self, execution: _Execution) -> None:
+        """Ask running code to stop, once (its lock held). Before the code is
+        called this does nothing: the start check sees the request instead.
         """
+        if execution.interrupted or not execution.in_user_code:
+            return
+        execution.interrupted = True
         if execution.async_task is not None and self._loop is not None:
             self._loop.call_soon_threadsafe(execution.async_task.cancel)
-            return False
-        if execution.in_user_code and execution.thread_id is not None:
+        elif execution.thread_id is not None:
             _raise_in_thread(execution.thread_id, JobCancelled)
-            return True
-        return False
+
+    def _start_user_code(
+        self,
+        execution: _Execution,
+        *,
+        thread_id: int | None = None,
+        async_task: asyncio.Task[Any] | None = None,
+    ) -> bool:
+        """The last check before the task is called (see ``still_held``); it
+        also starts the timeout. False: the execution was settled instead
+        (cancelled, or handed back unstarted) and the task must not be called.
+        """
+        with execution.lock:
+            if execution.finished:
+                return False
+            cancel_reason = execution.cancel_reason
+            start = (
+                cancel_reason is None
+                and execution.release_reason is None
+                and (self._still_held is None or self._still_held(execution.job))
+            )
+            if start:
+                execution.thread_id = thread_id
+                execution.async_task = async_task
+                execution.in_user_code = True
+                if execution.timeout:
+                    execution.deadline = time.monotonic() + execution.timeout
+        if not start:
+            if cancel_reason is not None:
+                self._finish(execution, cancelled_attempt(execution.job, cancel_reason))
+            else:
+                self._hand_back_unstarted(execution)
+            return False
+        if execution.deadline is not None:
+            self._deadlines.watch(execution.job.id, execution.deadline)
+        return True
+
+    def _ended(
+        self, execution: _Execution, *, result: Any = None, exc: BaseException | None = None
+    ) -> Outcome:
+        """The outcome of code that has returned ``result`` or raised ``exc``,
+        given what asked it to stop meanwhile.
+        """
+        job = execution.job
+        with execution.lock:
+            timed_out = execution.timed_out
+            cancel_reason = execution.cancel_reason
+            release_reason = execution.release_reason
+        if exc is None and not timed_out:
+            return self._success(job, result)  # the work was done, even if asked to stop
+        if cancel_reason is not None:
+            return cancelled_attempt(job, cancel_reason)
+        if timed_out:
+            return self._timed_out(execution)
+        if release_reason is not None:
+            return released_attempt(job, release_reason)
+        assert exc is not None
+        return self._failure(job, exc)
+
+    def _timed_out(self, execution: _Execution) -> Failure:
+        job = execution.job
+        assert execution.deadline is not None and execution.timeout is not None
+        error = f"JobTimeout: task {job.task!r} exceeded its timeout of {execution.timeout:g}s"
+        late = time.monotonic() - execution.deadline
+        if late >= LATE_NOTE_AFTER:
+            error += (
+                f"; its code returned {late:.1f}s past its timeout (the job stayed held, "
+                "its retry waiting, until then)"
+            )
+            logger.warning(
+                "job %s (%s) returned %.1fs past its timeout of %gs; its timeout is recorded now",
+                job.id,
+                job.task,
+                late,
+                execution.timeout,
+            )
+        return failed_attempt(job, self._settings, error=error)
 
     def _bad_job(self, job: Job) -> Failure:
         if job.args is None:
@@ -426,32 +539,23 @@ class Executor:
         token = set_current_job(job)
         try:
             try:
-                with execution.lock:
-                    if execution.finished:
-                        return
-                    held = self._still_held is None or self._still_held(job)
-                    if held:
-                        execution.thread_id = threading.get_ident()
-                        execution.in_user_code = True
-                if not held:
-                    self._hand_back_unstarted(execution)
+                if not self._start_user_code(execution, thread_id=threading.get_ident()):
                     return
                 result = task.fn(**job.args)
             finally:
                 with execution.lock:
                     execution.in_user_code = False
-                    if execution.finished and execution.thread_id is not None:
-                        # An injected JobCancelled may still be pending: clear
-                        # it so it cannot fire in this pool thread's next job.
+                    if execution.interrupted and execution.thread_id is not None:
+                        # The injected JobCancelled may still be pending (the
+                        # code returned before it fired): clear it so it
+                        # cannot fire in this runner's next job.
                         _raise_in_thread(execution.thread_id, None)
-            outcome = self._success(job, result)
+            outcome = self._ended(execution, result=result)
         except BaseException as exc:  # noqa: BLE001 - SystemExit in a task must not kill the worker
-            if isinstance(exc, JobCancelled) and execution.finished:
-                return  # whoever interrupted us decided the outcome
-            outcome = self._failure(job, exc)
+            outcome = self._ended(execution, exc=exc)
         finally:
             reset_current_job(token)
-        self._finish(execution, outcome, interrupt=False)
+        self._finish(execution, outcome)
 
     async def _run_async(self, execution: _Execution, task: Task[Any, Any]) -> None:
         try:
@@ -463,28 +567,21 @@ class Executor:
     async def _run_async_settled(self, execution: _Execution, task: Task[Any, Any]) -> None:
         job = execution.job
         assert job.args is not None
-        current = asyncio.current_task()
-        with execution.lock:
-            if execution.finished:
-                return
-            held = self._still_held is None or self._still_held(job)
-            execution.async_task = current
-        if not held:
-            self._hand_back_unstarted(execution)
+        if not self._start_user_code(execution, async_task=asyncio.current_task()):
             return
         set_current_job(job)  # this asyncio task has its own context
         try:
-            # The timeout is the watchdog's, as for sync tasks: it decides the
-            # outcome at the deadline and cancels this asyncio task.
-            result = await task.fn(**job.args)
-            outcome = self._success(job, result)
-        except asyncio.CancelledError as exc:
-            if execution.finished:
-                return  # cancelled by _interrupt: the outcome is already decided
-            outcome = self._failure(job, exc)
+            try:
+                # A timeout or cancel cancels this asyncio task (_interrupt);
+                # the outcome is decided here, once the code has returned.
+                result = await task.fn(**job.args)
+            finally:
+                with execution.lock:
+                    execution.in_user_code = False
+            outcome = self._ended(execution, result=result)
         except BaseException as exc:  # noqa: BLE001
-            outcome = self._failure(job, exc)
-        self._finish(execution, outcome, interrupt=False)
+            outcome = self._ended(execution, exc=exc)
+        self._finish(execution, outcome)
 
     def _success(self, job: Job, result: Any) -> Outcome:
         try:
@@ -531,14 +628,16 @@ class Executor:
         are never held for good. A no-op if it was settled after all.
         """
         error = f"internal error settling the attempt: {_exception_text(exc)}"
-        self._finish(
-            execution, failed_attempt(execution.job, self._settings, error=error), interrupt=False
-        )
+        self._finish(execution, failed_attempt(execution.job, self._settings, error=error))
 
     # -- stopping executions from outside -------------------------------------------
 
     def cancel(self, claim: Claim, reason: str) -> bool:
-        """Stop the execution holding ``claim``; its job ends ``cancelled``."""
+        """Cancel the job of ``claim``: at once if it has not started; else
+        ask its code to stop, and it ends ``cancelled`` once the code has
+        returned (``completed`` if the code succeeds anyway). Returns True
+        when this request was new.
+        """
         with self._lock:
             execution = self._running.get(claim.job_id)
             waiting = next((j for j in self._ready if j.id == claim.job_id), None)
@@ -549,55 +648,76 @@ class Executor:
             return True
         if execution is None or execution.job.attempt != claim.attempt:
             return False
-        return self._finish(execution, cancelled_attempt(execution.job, reason), interrupt=True)
+        with execution.lock:
+            if execution.finished or execution.cancel_reason is not None:
+                return False  # the heartbeat reports a pending request at every beat
+            execution.cancel_reason = reason
+            self._interrupt(execution)
+        return True
 
-    def release_all(self, reason: str) -> int:
-        """Hand every unfinished execution back (shutdown after the grace period)."""
+    def interrupt_all(self, reason: str) -> int:
+        """Ask every running execution to stop (shutdown after the grace
+        period); each one whose code then returns is handed back with
+        ``reason`` (or completes, if it succeeded). Returns how many were asked.
+        """
         with self._lock:
             executions = list(self._running.values())
-        released = 0
+        asked = 0
         for execution in executions:
-            outcome = released_attempt(execution.job, reason)
-            released += self._finish(execution, outcome, interrupt=True)
-        return released
+            with execution.lock:
+                if execution.finished:
+                    continue
+                if execution.release_reason is None:
+                    execution.release_reason = reason
+                self._interrupt(execution)
+                asked += 1
+        return asked
 
-    def _watch(self, execution: _Execution) -> None:
-        assert execution.deadline is not None
-        with self._deadline_changed:
-            heapq.heappush(
-                self._deadlines, (execution.deadline, next(self._deadline_seq), execution)
-            )
-            self._deadline_changed.notify()
-            if self._watchdog is None:
-                self._watchdog = threading.Thread(
-                    target=self._watch_deadlines, name="jobkeeper-timeouts", daemon=True
-                )
-                self._watchdog.start()
+    def abandon_running(self) -> list[Job]:
+        """Give up on the executions still running (shutdown, once they did
+        not return when interrupted): their outcomes will not be delivered
+        if their code returns later. Returns their jobs, which stay held.
+        """
+        with self._lock:
+            self._abandoned = True
+            return [execution.job for execution in self._running.values()]
 
-    def _watch_deadlines(self) -> None:
-        while True:
-            with self._deadline_changed:
-                while not self._closed and (
-                    not self._deadlines or self._deadlines[0][0] > time.monotonic()
-                ):
-                    wait = self._deadlines[0][0] - time.monotonic() if self._deadlines else None
-                    self._deadline_changed.wait(wait)
-                if self._closed:
-                    return
-                _, _, execution = heapq.heappop(self._deadlines)
+    def _on_deadline(self, job_id: int) -> None:
+        """The deadline watch: ``job_id``'s attempt passed its timeout (or,
+        when it already had, a reminder is due). Asks the code to stop; the
+        job stays held until the code returns.
+        """
+        with self._lock:
+            execution = self._running.get(job_id)
+        if execution is None or execution.deadline is None:
+            return
+        with execution.lock:
             if execution.finished:
-                continue
-            task = self._tasks.get(execution.job.task)
-            timeout = task.timeout if task else None
-            outcome = failed_attempt(
-                execution.job,
-                self._settings,
-                error=f"JobTimeout: task {execution.job.task!r} exceeded its timeout of {timeout}s",
+                return
+            first = not execution.timed_out
+            execution.timed_out = True
+            self._interrupt(execution)
+            # Under the lock: _finish marks it finished before it unwatches,
+            # so this reminder cannot outlive the execution.
+            self._deadlines.watch(job_id, time.monotonic() + PAST_TIMEOUT_REMINDER)
+        job = execution.job
+        if first:
+            logger.warning(
+                "job %s (%s) passed its timeout of %gs and has not returned; it was asked to "
+                "stop, and its slot stays busy and the job held until its code returns",
+                job.id,
+                job.task,
+                execution.timeout,
             )
-            if self._finish(execution, outcome, interrupt=True):
-                logger.warning(
-                    "job %s (%s) timed out after %ss", execution.job.id, execution.job.task, timeout
-                )
+        else:
+            logger.warning(
+                "job %s (%s) is still running %.0fs past its timeout of %gs; its slot stays "
+                "busy until its code returns (stopping the worker frees it)",
+                job.id,
+                job.task,
+                time.monotonic() - execution.deadline,
+                execution.timeout,
+            )
 
     # -- event loop -----------------------------------------------------------------
 
@@ -621,11 +741,12 @@ class Executor:
             return self._loop
 
     def close(self) -> None:
-        """Stop the helper threads (executions must already be finished or released)."""
-        with self._deadline_changed:
-            self._closed = True
-            self._deadline_changed.notify_all()
+        """Stop the helper threads (executions must already be finished or
+        abandoned: an abandoned one keeps its runner thread until it returns).
+        """
+        self._deadlines.close()
         with self._lock:
+            self._closed = True
             self._changed.notify_all()  # idle runners see _closed and exit
         loop = self._loop
         if loop is not None:

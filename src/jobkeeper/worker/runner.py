@@ -14,9 +14,11 @@ Threads, each with its own database connection so none waits behind another
 - on PostgreSQL, the listener.
 
 SIGTERM/SIGINT: stop claiming, let running jobs finish for up to
-``shutdown_grace`` seconds, hand the rest back (available again, the attempt
-not spent), flush every ack, deregister, return 0. A second signal skips the
-rest of the grace period.
+``shutdown_grace`` seconds, interrupt the rest and hand back those whose code
+returns within ``INTERRUPT_WAIT`` (available again, the attempt not spent),
+flush every ack, deregister, return 0. A second signal skips the rest of the
+grace period. Jobs whose code does not return even then stay held (see
+:meth:`Worker._shutdown`).
 """
 
 from __future__ import annotations
@@ -73,6 +75,9 @@ MAX_ADAPTIVE_PREFETCH = 1_000
 PREFETCH_STALL = 1.0
 #: Longest wait, in seconds, between attempts to reach the database at start.
 STARTUP_RETRY_MAX = 10.0
+#: Seconds a stopping worker waits, after interrupting the jobs still running
+#: past the grace period, for their code to return.
+INTERRUPT_WAIT = 2.0
 
 
 def make_worker_id() -> str:
@@ -301,7 +306,7 @@ class Worker:
 
     def _on_cancel(self, claim: Claim) -> None:
         if self.executor.cancel(claim, "cancelled while running"):
-            logger.info("job %s cancelled while running", claim.job_id)
+            logger.info("job %s: cancel requested; asked its code to stop", claim.job_id)
 
     def _on_queue(self, queue: str) -> None:
         if queue == "*" or queue in self.queues:
@@ -650,13 +655,7 @@ class Worker:
             if remaining <= 0:
                 break
             self.executor.wait_idle(min(remaining, 0.1))
-        if self.executor.active:
-            released = self.executor.release_all(
-                "worker shutdown: handed back at once (stop forced by a second signal)"
-                if self._force.is_set()
-                else f"worker shutdown: handed back after shutdown_grace={grace:g}s"
-            )
-            logger.warning("handed back %d running jobs at shutdown", released)
+        stuck = self._interrupt_running(grace) if self.executor.active else []
         flushed = self.completer.stop(timeout=max(grace, 10.0))
         self._listener_stop.set()
         remove = getattr(self._base_backend, "remove_local_listener", None)
@@ -666,12 +665,15 @@ class Worker:
             service.stop()
         if self._listener is not None:
             self._listener.join(timeout=2)
-        if not flushed:
+        if not flushed or stuck:
             self.stats.exit_code = 1
         try:
             # Without our row, anything we still hold (unwritten acks) is
             # rescued by the next rescuer pass instead of after rescue_after.
-            if self._registered:
+            # Not while code we gave up on may still run in this process: its
+            # job is rescued rescue_after seconds after our last heartbeat,
+            # by when a CLI worker process has exited.
+            if self._registered and not stuck:
                 self._backend.worker_deregister(self.info.id)
         except DatabaseError as exc:
             logger.warning("could not deregister (%s); the row will go stale and be pruned", exc)
@@ -679,10 +681,41 @@ class Worker:
         for backend in self._backends:
             backend.close()
         logger.info(
-            "worker %s stopped: %d claimed, %d completed, %d failed, %d handed back",
+            "worker %s stopped: %d claimed, %d completed, %d failed, %d handed back, %d left held",
             self.info.id,
             self.stats.claimed,
             self.stats.completed,
             self.stats.failed,
             self.stats.released,
+            len(stuck),
         )
+
+    def _interrupt_running(self, grace: float) -> list[Job]:
+        """Past the grace period: interrupt what still runs, wait up to
+        ``INTERRUPT_WAIT`` seconds for its code to return (handed back then),
+        and give up on the rest. Returns the jobs given up on.
+
+        Those are not handed back: another worker would start them while
+        their code still runs here (two live holders). They stay held by
+        this worker; once its heartbeat stops they are rescued after
+        ``rescue_after`` (the attempt counted), as if it had crashed.
+        """
+        asked = self.executor.interrupt_all(
+            "worker shutdown: handed back at once (stop forced by a second signal)"
+            if self._force.is_set()
+            else f"worker shutdown: handed back after shutdown_grace={grace:g}s"
+        )
+        logger.warning("interrupting %d jobs still running at shutdown", asked)
+        self.executor.wait_idle(INTERRUPT_WAIT)
+        stuck = self.executor.abandon_running()
+        if stuck:
+            logger.error(
+                "%d jobs did not return %gs after being interrupted at shutdown and stay held "
+                "by this worker, to be rescued %gs after its last heartbeat (not handed back: "
+                "their code may still be running): %s",
+                len(stuck),
+                INTERRUPT_WAIT,
+                self._settings.rescue_after,
+                ", ".join(f"{job.id} ({job.task})" for job in stuck),
+            )
+        return stuck

@@ -1,0 +1,174 @@
+"""An attempt whose code has not returned keeps its job held (issue 13, kind 1).
+
+A timeout, a cancel request or a stop past the grace period asks the code to
+stop; the outcome is recorded only once it has returned. Code stuck where the
+interrupt cannot reach it (C code such as ``time.sleep``; an async task that
+blocks its event loop) must never run beside its own retry.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from jobkeeper import JobQueue, JobStateError, JobStatus, current_job
+
+from .helpers import error_texts, job, running, wait_for, wait_status
+
+#: Seconds the stuck code sleeps in C, well past its timeout.
+STUCK = 2.0
+
+
+class Attempts:
+    """Start and end times (``time.monotonic()``) of every attempt, per worker."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.spans: list[dict[str, Any]] = []
+
+    def start(self) -> dict[str, Any]:
+        here = current_job()
+        span = {"attempt": here.attempt, "worker": here.worker_id, "start": time.monotonic()}
+        with self._lock:
+            self.spans.append(span)
+        return span
+
+    def assert_no_overlap(self) -> None:
+        with self._lock:
+            spans = sorted(self.spans, key=lambda s: s["start"])
+        for before, after in itertools.pairwise(spans):
+            assert "end" in before, spans
+            assert after["start"] >= before["end"], f"attempts overlapped: {spans}"
+
+
+def _watch_held(jq: JobQueue, job_id: int, span: dict[str, Any]) -> list[JobStatus]:
+    """The job's status, sampled until its first attempt's code has returned."""
+    seen: list[JobStatus] = []
+    while "end" not in span:
+        seen.append(job(jq, job_id).status)
+        time.sleep(0.05)
+    return seen
+
+
+def _run_past_timeout(jq: JobQueue, task_name: str, attempts: Attempts) -> None:
+    j = jq.enqueue(task_name, {})
+    # Two workers with a free slot each: whichever does not hold the job
+    # would take its retry at once if the timeout freed it early.
+    with running(jq.worker(concurrency=1)), running(jq.worker(concurrency=1)):
+        span = wait_for(lambda: attempts.spans and attempts.spans[0], what="the first attempt")
+        seen = _watch_held(jq, j.id, span)
+        done = wait_status(jq, [j.id], {JobStatus.COMPLETED})[0]
+    assert seen and set(seen) == {JobStatus.RUNNING}, seen
+    attempts.assert_no_overlap()
+    assert [s["attempt"] for s in attempts.spans] == [1, 2]
+    assert done.attempt == 2
+    (error,) = error_texts(done)
+    assert "JobTimeout" in error and "timeout of 0.5s" in error
+    assert "past its timeout" in error  # recorded once the code had returned
+
+
+def test_async_task_blocking_its_loop_past_the_timeout_never_overlaps_its_retry(make_queue):
+    jq = make_queue()
+    attempts = Attempts()
+
+    @jq.task(timeout=0.5, max_attempts=3)
+    async def blocks_loop() -> str:
+        span = attempts.start()
+        if current_job().attempt == 1:
+            time.sleep(STUCK)  # blocks the event loop: no cancel can land meanwhile
+        span["end"] = time.monotonic()
+        return "done"
+
+    _run_past_timeout(jq, "blocks_loop", attempts)
+
+
+def test_sync_task_stuck_in_c_code_past_the_timeout_never_overlaps_its_retry(make_queue):
+    jq = make_queue()
+    attempts = Attempts()
+
+    @jq.task(timeout=0.5, max_attempts=3)
+    def sleeps_in_c() -> str:
+        span = attempts.start()
+        try:
+            if current_job().attempt == 1:
+                time.sleep(STUCK)  # the injected interrupt waits for this to return
+        finally:
+            span["end"] = time.monotonic()
+        return "done"
+
+    _run_past_timeout(jq, "sleeps_in_c", attempts)
+
+
+def test_cancel_of_code_stuck_in_c_keeps_the_job_held_until_it_returns(make_queue):
+    jq = make_queue()
+    attempts = Attempts()
+
+    @jq.task
+    def sleeps_in_c() -> str:
+        span = attempts.start()
+        try:
+            time.sleep(STUCK)
+        finally:
+            span["end"] = time.monotonic()
+        return "done"
+
+    j = sleeps_in_c.enqueue()
+    with running(jq.worker(concurrency=1)), running(jq.worker(concurrency=1)):
+        span = wait_for(lambda: attempts.spans and attempts.spans[0], what="the attempt")
+        assert jq.cancel(j.id).status == JobStatus.RUNNING
+        time.sleep(0.5)  # several heartbeats: the worker has seen the request
+        refused = 0
+        while "end" not in span:
+            assert job(jq, j.id).status == JobStatus.RUNNING
+            with pytest.raises(JobStateError, match="running"):
+                jq.retry(j.id)
+            refused += 1
+            time.sleep(0.1)
+        done = wait_status(jq, [j.id], {JobStatus.CANCELLED, JobStatus.COMPLETED})[0]
+    assert refused > 0
+    assert done.status == JobStatus.CANCELLED
+    assert done.attempt == 1 and done.worker_id is None
+    assert [s["attempt"] for s in attempts.spans] == [1]
+
+
+def test_a_stop_leaves_code_that_does_not_return_held_not_released(make_queue):
+    # Past the grace period the worker interrupts what still runs and waits a
+    # little; code stuck in C does not return, so its job must stay held by
+    # this worker (rescued after rescue_after once its heartbeat stops), not be
+    # handed back for another worker to start beside it.
+    jq = make_queue(shutdown_grace=0.2, rescue_after=60)
+    returned = threading.Event()
+    started = threading.Event()
+
+    @jq.task
+    def stuck() -> str:
+        started.set()
+        try:
+            time.sleep(6)
+        finally:
+            returned.set()
+        return "late"
+
+    j = stuck.enqueue()
+    worker = jq.worker(concurrency=1)
+    with running(worker) as handle:
+        assert started.wait(30)
+        worker.stop()
+        stats = handle.join()
+    assert not returned.is_set(), "the test needs the code still running here"
+    assert stats.exit_code == 1
+    held = job(jq, j.id)
+    assert held.status == JobStatus.RUNNING, held
+    assert held.worker_id == worker.info.id and held.attempt == 1
+    assert held.errors == []
+    # The worker row stays, so a rescuer waits the full rescue_after.
+    assert [w.id for w in jq.workers()] == [worker.info.id]
+    assert returned.wait(30)
+    time.sleep(0.3)
+    # The late return writes nothing: the job waits for its rescue.
+    after = job(jq, j.id)
+    assert (after.status, after.worker_id, after.errors) == (JobStatus.RUNNING, worker.info.id, [])
