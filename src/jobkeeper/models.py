@@ -187,3 +187,19 @@ class Failure:
     error_json: str | None
     retry_in: float = 0.0
     reason: str | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class QueueCounts:
+    """Jobs per queue and status, as the dashboard and ``/metrics`` show them.
+
+    Attributes:
+        counts: ``{queue: {status: count}}``; statuses a queue has none of
+            are absent.
+        estimated: the statuses whose counts are estimates: ``completed``,
+            ``cancelled`` or ``dead`` once more rows of that status exist
+            than the exact limit asked for. Live statuses are always exact.
+    """
+
+    counts: dict[str, dict[str, int]]
+    estimated: frozenset[str] = frozenset()

@@ -18,7 +18,16 @@ from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any, Protocol
 
-from jobkeeper.models import Claim, Completion, Failure, Job, JobStatus, NewJob, WorkerInfo
+from jobkeeper.models import (
+    Claim,
+    Completion,
+    Failure,
+    Job,
+    JobStatus,
+    NewJob,
+    QueueCounts,
+    WorkerInfo,
+)
 
 
 class Backend(Protocol):
@@ -129,8 +138,18 @@ class Backend(Protocol):
         """A job by id, from the jobs table or the dead letters."""
         ...
 
-    def job_list(self, *, status: JobStatus | None, queue: str | None, limit: int) -> list[Job]:
-        """Newest first; ``status=DEAD`` lists dead letters; ``None`` lists both."""
+    def job_list(
+        self,
+        *,
+        status: JobStatus | None,
+        queue: str | None,
+        limit: int,
+        task: str | None = None,
+        before: int | None = None,
+    ) -> list[Job]:
+        """Newest first; ``status=DEAD`` lists dead letters; ``None`` lists both.
+        ``before``: only ids below it (keyset paging).
+        """
         ...
 
     def job_cancel(self, job_id: int) -> Job | None:
@@ -190,5 +209,47 @@ class Backend(Protocol):
     def change_counter(self) -> int | None:
         """A number that changes whenever another connection commits (SQLite
         ``PRAGMA data_version``), or ``None`` when the backend has none.
+        """
+        ...
+
+    # -- dashboard, /metrics, doctor ---------------------------------------
+
+    def dead_letter_purge(
+        self, *, job_ids: Sequence[int] | None, older_than: float | None
+    ) -> list[int]:
+        """Delete dead letters: those of ``job_ids`` (all when None) that died
+        more than ``older_than`` seconds ago (any age when None). Returns the
+        ids deleted.
+        """
+        ...
+
+    def queue_counts(self, *, exact_below: int) -> QueueCounts:
+        """Jobs per queue and status, dead letters as ``dead``. Live statuses
+        exact; a finished status (or the dead letters) with more than
+        ``exact_below`` rows is estimated, reading at most ``exact_below + 1``.
+        """
+        ...
+
+    def queue_oldest_due(self) -> dict[str, tuple[int, float]]:
+        """Per queue with due work, its oldest job that could run now
+        (available, or past due): ``{queue: (job id, seconds since due)}``.
+        """
+        ...
+
+    def job_throughput(
+        self, *, since_seconds: float, bucket_seconds: float
+    ) -> dict[float, dict[str, int]]:
+        """Jobs finished (completed, cancelled) in the last ``since_seconds``,
+        per bucket: ``{bucket start (Unix seconds): {status: count}}``;
+        empty buckets absent.
+        """
+        ...
+
+    def database_health(self) -> dict[str, Any]:
+        """Facts ``doctor`` judges: ``backend``, ``schema_version``,
+        ``schema_expected``, ``claim_uses_index`` and ``claim_plan``; on
+        PostgreSQL ``table`` (live/dead tuples, seconds since the last vacuum,
+        autovacuum switches), ``xmin_holders`` and ``notify_usage``; on SQLite
+        ``journal_mode``, ``busy_timeout_ms`` and ``wal_bytes``.
         """
         ...
