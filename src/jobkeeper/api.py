@@ -528,12 +528,15 @@ class JobQueue:
         table size: what the dashboard and ``/metrics`` show.
 
         Live statuses (scheduled, available, running, retryable) are always
-        exact. ``completed``, ``cancelled`` and ``dead`` are exact up to
-        ``exact_below`` rows each; above that they are estimates (PostgreSQL:
-        the planner's row estimate; SQLite: the rate of the newest rows
-        extrapolated) split across queues like a capped sample, and named in
-        ``QueueCounts.estimated``. Unlike :meth:`stats`, no count reads more
-        than ``exact_below + 1`` finished rows.
+        exact, read from their partial indexes. ``completed`` and
+        ``cancelled`` are exact while the two together hold at most
+        ``exact_below`` rows, and ``dead`` while the dead letters do; above
+        that they are estimates (PostgreSQL: the planner's row estimate;
+        SQLite: the rate of the newest rows extrapolated over the oldest's
+        age) split across queues like the newest ``exact_below + 1`` rows,
+        and named in ``QueueCounts.estimated``. Unlike :meth:`stats`, no
+        count reads more than ``exact_below + 1`` finished rows or dead
+        letters, so its cost stays flat however many ``retention`` keeps.
         """
         if isinstance(exact_below, bool) or not isinstance(exact_below, int) or exact_below < 1:
             raise ConfigError(f"exact_below must be a positive int, got {exact_below!r}")

@@ -196,9 +196,10 @@ class QueueCounts:
     Attributes:
         counts: ``{queue: {status: count}}``; statuses a queue has none of
             are absent.
-        estimated: the statuses whose counts are estimates: ``completed``,
-            ``cancelled`` or ``dead`` once more rows of that status exist
-            than the exact limit asked for. Live statuses are always exact.
+        estimated: the statuses whose counts are estimates: ``completed``
+            and ``cancelled`` once more finished rows exist than the exact
+            limit asked for, ``dead`` once more dead letters do. Live
+            statuses are always exact.
     """
 
     counts: dict[str, dict[str, int]]

@@ -225,8 +225,9 @@ class Backend(Protocol):
 
     def queue_counts(self, *, exact_below: int) -> QueueCounts:
         """Jobs per queue and status, dead letters as ``dead``. Live statuses
-        exact; a finished status (or the dead letters) with more than
-        ``exact_below`` rows is estimated, reading at most ``exact_below + 1``.
+        exact; completed and cancelled exact while together at most
+        ``exact_below`` rows (dead letters likewise), else estimated from a
+        sample of the newest ``exact_below + 1``.
         """
         ...
 

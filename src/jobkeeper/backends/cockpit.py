@@ -26,9 +26,11 @@ class CockpitReads:
     def _fetch(self, name: str, params: dict[str, Any] | None = None) -> list[dict[str, Any]]:
         raise NotImplementedError
 
-    def _count_estimate(self, status: str, cap: int) -> int | None:
-        """An estimate of the rows of ``status`` (``"dead"``: dead letters),
-        called only when more than ``cap`` exist; ``None`` when unknown.
+    def _count_estimate(self, status: str, cap: int, share: float) -> int | None:
+        """An estimate of the rows of ``status`` (``"dead"``: the dead
+        letters), asked only when more than ``cap`` finished rows (or dead
+        letters) exist; ``share`` is the status's fraction of the capped
+        sample. ``None`` when unknown.
         """
         raise NotImplementedError
 
@@ -41,22 +43,25 @@ class CockpitReads:
             counts.setdefault(row["queue"], {})[row["status"]] = int(row["n"])
         estimated: set[str] = set()
         cap = exact_below + 1
-        samples: dict[str, list[dict[str, Any]]] = {
-            status: self._fetch("queue_counts_finished", {"status": status, "cap": cap})
-            for status in _CAPPED_STATUSES
-        }
-        samples["dead"] = self._fetch("queue_counts_dead", {"cap": cap})
-        for status, rows in samples.items():
-            seen = sum(int(row["n"]) for row in rows)
-            scale = 1.0
-            if seen > exact_below:
-                # The sample stopped at the cap: scale its per-queue split to
-                # an estimate of the whole (never below what was seen).
-                estimate = self._count_estimate(status, cap)
-                scale = max(estimate or seen, seen) / seen
-                estimated.add(status)
+        finished = self._fetch("queue_counts_finished", {"cap": cap})
+        dead = self._fetch("queue_counts_dead", {"cap": cap})
+        for rows, capped in ((finished, _CAPPED_STATUSES), (dead, ("dead",))):
+            seen = {status: 0 for status in capped}
             for row in rows:
-                counts.setdefault(row["queue"], {})[status] = round(int(row["n"]) * scale)
+                seen[row.get("status", "dead")] += int(row["n"])
+            total = sum(seen.values())
+            scale = dict.fromkeys(capped, 1.0)
+            if total > exact_below:
+                # The sample stopped at the cap: scale each status's per-queue
+                # split to an estimate of its whole (never below what was seen).
+                for status, count in seen.items():
+                    if count:
+                        estimate = self._count_estimate(status, cap, count / total)
+                        scale[status] = max(estimate or count, count) / count
+                estimated.update(capped)
+            for row in rows:
+                status = row.get("status", "dead")
+                counts.setdefault(row["queue"], {})[status] = round(int(row["n"]) * scale[status])
         return QueueCounts(counts=counts, estimated=frozenset(estimated))
 
     def queue_oldest_due(self) -> dict[str, tuple[int, float]]:

@@ -4,11 +4,12 @@ A custom collector reads the database at scrape time through the API, so
 the numbers are the database's, whichever process serves them:
 
 - ``jobkeeper_jobs{queue,status}``: jobs per queue and status (dead letters
-  as ``dead``). Live statuses are exact; ``completed``, ``cancelled`` and
-  ``dead`` are exact below 100,000 rows of the status and estimated above
-  (:meth:`jobkeeper.JobQueue.queue_counts`), so a scrape never counts a table
-  that grows with retention. ``jobkeeper_jobs_estimated{status}`` is 1 for
-  the statuses estimated in this scrape.
+  as ``dead``). Live statuses are exact; ``completed`` and ``cancelled`` are
+  exact while together below 100,000 rows, ``dead`` while the dead letters
+  are, and estimated above (:meth:`jobkeeper.JobQueue.queue_counts`), so a
+  scrape never counts a table that grows with retention.
+  ``jobkeeper_jobs_estimated{status}`` is 1 for the statuses estimated in
+  this scrape.
 - ``jobkeeper_queue_latency_seconds{queue}``: age of the oldest job that
   could run now (0 for a queue with nothing due).
 - ``jobkeeper_workers``: registered worker processes.

@@ -861,7 +861,7 @@ class PostgresBackend(SharedReads, CockpitReads):
     def _ids_param(self, job_ids: Sequence[int] | None) -> Any:
         return None if job_ids is None else list(job_ids)
 
-    def _count_estimate(self, status: str, cap: int) -> int | None:
+    def _count_estimate(self, status: str, cap: int, share: float) -> int | None:
         if status == "dead":
             rows = self._fetch("queue_counts_estimate_dead")
         else:

@@ -316,12 +316,13 @@ SELECT queue, 'running' AS status, count(*) AS n FROM jobkeeper_jobs WHERE statu
 GROUP BY queue
 
 -- name: queue_counts_finished
--- The finished index's own WHERE is repeated so SQLite may use it.
-SELECT queue, count(*) AS n
-FROM (SELECT queue FROM jobkeeper_jobs
-      WHERE status IN ('completed', 'cancelled') AND status = :status
+-- See the PostgreSQL twin: at most :cap rows, newest first down the finished index.
+SELECT queue, status, count(*) AS n
+FROM (SELECT queue, status FROM jobkeeper_jobs
+      WHERE status IN ('completed', 'cancelled')
+      ORDER BY finished_at DESC
       LIMIT :cap)
-GROUP BY queue
+GROUP BY queue, status
 
 -- name: queue_counts_dead
 SELECT queue, count(*) AS n
@@ -329,14 +330,14 @@ FROM (SELECT queue FROM jobkeeper_dead_letters LIMIT :cap)
 GROUP BY queue
 
 -- name: queue_counts_estimate
--- SQLite keeps no row estimates. Above the cap, the rate of the newest
--- :cap rows of the status (by the finished index) is extrapolated over the
--- time since its oldest row: (newest :cap) x (whole span / their span).
+-- SQLite keeps no row estimates. Above the cap, the rate of the newest :cap
+-- finished rows (down the finished index) is extrapolated over the time
+-- since the oldest one: :cap x (whole span / their span).
 SELECT (SELECT min(finished_at) FROM jobkeeper_jobs
-        WHERE status IN ('completed', 'cancelled') AND status = :status) AS oldest,
+        WHERE status IN ('completed', 'cancelled')) AS oldest,
        (SELECT min(finished_at) FROM (
             SELECT finished_at FROM jobkeeper_jobs
-            WHERE status IN ('completed', 'cancelled') AND status = :status
+            WHERE status IN ('completed', 'cancelled')
             ORDER BY finished_at DESC LIMIT :cap)) AS sample_oldest,
        {now} AS now
 
