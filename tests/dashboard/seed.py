@@ -34,8 +34,15 @@ class Seeded:
     worker_id: str
 
 
-def _error(attempt: int, message: str) -> str:
-    return json.dumps({"attempt": attempt, "error": message, "traceback": TRACEBACK})
+REPORT_TRACEBACK = """Traceback (most recent call last):
+  File "/srv/app/reports.py", line 88, in render_report
+    template = TEMPLATES[options["template"]]
+KeyError: 'template'
+"""
+
+
+def _error(attempt: int, message: str, traceback: str = TRACEBACK) -> str:
+    return json.dumps({"attempt": attempt, "error": message, "traceback": traceback})
 
 
 def seed(jq: JobQueue, *, completed: int = 12) -> Seeded:
@@ -75,7 +82,7 @@ def seed(jq: JobQueue, *, completed: int = 12) -> Seeded:
     (claim,) = backend.job_claim(worker_id=worker.id, queue="reports", limit=1)
     backend.job_fail_many(
         [Failure(Claim(claim.id, worker.id, 1), "dead",
-                 _error(1, "KeyError: 'template'"), reason="max_attempts exhausted")]
+                 _error(1, "KeyError: 'template'", REPORT_TRACEBACK), reason="max_attempts exhausted")]
     )  # fmt: skip
     running = jq.enqueue("send_email", {"to": "ops@example.com"}, queue="emails")
     backend.job_claim(worker_id=worker.id, queue="emails", limit=1)

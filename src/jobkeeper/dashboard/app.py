@@ -247,6 +247,7 @@ class Dashboard:
             ago=lambda then: ago(then, now),
             database=self.jq.url.redacted(),
             flash=request.query_params.get("flash"),
+            section=context.pop("section", None),
             **context,
         )
         response = HTMLResponse(html, status_code=status_code)
