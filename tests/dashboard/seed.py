@@ -82,7 +82,8 @@ def seed(jq: JobQueue, *, completed: int = 12) -> Seeded:
     (claim,) = backend.job_claim(worker_id=worker.id, queue="reports", limit=1)
     backend.job_fail_many(
         [Failure(Claim(claim.id, worker.id, 1), "dead",
-                 _error(1, "KeyError: 'template'", REPORT_TRACEBACK), reason="max_attempts exhausted")]
+                 _error(1, "KeyError: 'template'", REPORT_TRACEBACK),
+                 reason="max_attempts exhausted")]
     )  # fmt: skip
     running = jq.enqueue("send_email", {"to": "ops@example.com"}, queue="emails")
     backend.job_claim(worker_id=worker.id, queue="emails", limit=1)
