@@ -15,7 +15,7 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m compileall -q src
 	touch $@
 
-.PHONY: help install pgbouncer demo test lint format typecheck check bench clean
+.PHONY: help install pgbouncer chromium demo test lint format typecheck check bench clean
 
 help: ## List the commands
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -40,7 +40,21 @@ pgbouncer: ## Install Debian's pgbouncer (tests/pgbouncer needs it) when missing
 		echo "pgbouncer is missing, so tests/pgbouncer will fail: install it with 'sudo apt-get install -y pgbouncer'"; \
 	fi
 
-test: install pgbouncer ## Run the whole test suite (SQLite, and PostgreSQL at JOBKEEPER_TEST_PG_URL)
+# tests/browser drives Debian's Chromium with Playwright (browsers cannot be
+# downloaded by `playwright install` here, and need not be): as root it is
+# installed when missing, as pgbouncer is; otherwise we say how.
+chromium: ## Install Debian's chromium (tests/browser needs it) when missing, as root
+	@if [ -x /usr/bin/chromium ]; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		echo "installing chromium (tests/browser needs it)"; \
+		export DEBIAN_FRONTEND=noninteractive; \
+		apt-get install -y -q chromium >/dev/null 2>&1 || \
+			{ apt-get update -q >/dev/null && apt-get install -y -q chromium >/dev/null; }; \
+	else \
+		echo "chromium is missing, so tests/browser will fail: install it with 'sudo apt-get install -y chromium'"; \
+	fi
+
+test: install pgbouncer chromium ## Run the whole test suite (SQLite, and PostgreSQL at JOBKEEPER_TEST_PG_URL)
 	$(BIN)/pytest
 
 lint: install ## ruff, ruff format --check, import layers

@@ -5,19 +5,22 @@ is written, then delegates to a backend (River's ``Client``, Oban's ``Oban``).
 from __future__ import annotations
 
 import logging
+import math
 import threading
 from collections.abc import Callable, Iterable, Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, ParamSpec, Protocol, TypeVar, overload
 
 from jobkeeper.backends import Backend, open_backend, resolve_database_url
 from jobkeeper.config import (
     MAX_CONCURRENCY,
+    MAX_SETTING_SECONDS,
     Settings,
     check_max_attempts,
     check_name,
     check_priority,
     check_schedule,
+    check_seconds,
     check_unique_key,
 )
 from jobkeeper.errors import (
@@ -28,7 +31,14 @@ from jobkeeper.errors import (
     UniqueKeyConflict,
 )
 from jobkeeper.events import EventBus, JobEvent
-from jobkeeper.models import TERMINAL_STATUSES, Job, JobStatus, NewJob, WorkerInfo
+from jobkeeper.models import (
+    TERMINAL_STATUSES,
+    Job,
+    JobStatus,
+    NewJob,
+    QueueCounts,
+    WorkerInfo,
+)
 from jobkeeper.payload import encode_args
 from jobkeeper.tasks import ENQUEUE_OPTIONS, Task
 
@@ -429,12 +439,19 @@ class JobQueue:
         status: JobStatus | str | None = None,
         queue: str | None = None,
         limit: int = 100,
+        *,
+        task: str | None = None,
+        before: int | None = None,
     ) -> list[Job]:
         """Jobs newest first, filtered by ``status`` (``"dead"`` lists the dead
-        letters) and ``queue``; at most ``limit`` (1..10,000).
+        letters), ``queue`` and ``task``; at most ``limit`` (1..10,000).
+
+        Pages by keyset: pass the smallest id of one page as ``before`` to get
+        the next (``WHERE id < before ORDER BY id DESC``), so a deep page costs
+        what the first does.
 
         Raises:
-            ConfigError: an unknown status or a bad limit.
+            ConfigError: an unknown status, a bad limit, name or ``before``.
         """
         if status is not None:
             try:
@@ -446,7 +463,13 @@ class JobQueue:
             raise ConfigError(f"limit must be an int between 1 and 10000, got {limit!r}")
         if queue is not None:
             check_name("queue", queue)
-        return self.backend.job_list(status=status, queue=queue, limit=limit)
+        if task is not None:
+            check_name("task", task)
+        if before is not None:
+            before = _job_id(before)
+        return self.backend.job_list(
+            status=status, queue=queue, limit=limit, task=task, before=before
+        )
 
     def cancel(self, job_id: int) -> Job:
         """Cancel a job. Pending jobs become ``cancelled`` at once; a running
@@ -530,6 +553,24 @@ class JobQueue:
         more = f" (and {len(clashes) - 3} more)" if len(clashes) > 3 else ""
         return JobStateError(f"cannot requeue: {shown}{more}; nothing was requeued")
 
+    def purge_dead(
+        self, job_ids: Sequence[int] | None = None, *, older_than: float | None = None
+    ) -> list[int]:
+        """Delete dead letters for good: those of ``job_ids`` (all of them when
+        None) that died more than ``older_than`` seconds ago (any age when
+        None). Returns the ids deleted; ids that are not dead letters are
+        ignored.
+
+        Raises:
+            ConfigError: a bad id or a negative ``older_than``.
+        """
+        ids = None if job_ids is None else [_job_id(i) for i in job_ids]
+        if older_than is not None:
+            check_seconds("older_than", older_than, allow_zero=True)
+            if older_than > MAX_SETTING_SECONDS:
+                raise ConfigError(f"older_than={older_than!r} is longer than 100 years")
+        return self.backend.dead_letter_purge(job_ids=ids, older_than=older_than)
+
     def stats(self) -> dict[str, dict[str, int]]:
         """``{queue: {status: count}}`` with every status (zeros included), dead
         letters counted as ``"dead"``.
@@ -543,6 +584,70 @@ class JobQueue:
     def workers(self) -> list[WorkerInfo]:
         """Registered workers and their last heartbeat."""
         return self.backend.worker_list()
+
+    def queue_counts(self, exact_below: int = 100_000) -> QueueCounts:
+        """Jobs per queue and status (dead letters as ``"dead"``), cheap at any
+        table size: what the dashboard and ``/metrics`` show.
+
+        Live statuses (scheduled, available, running, retryable) are always
+        exact, read from their partial indexes. ``completed`` and
+        ``cancelled`` are exact while the two together hold at most
+        ``exact_below`` rows, and ``dead`` while the dead letters do; above
+        that they are estimates (PostgreSQL: the planner's row estimate;
+        SQLite: the rate of the newest rows extrapolated over the oldest's
+        age) split across queues like the newest ``exact_below + 1`` rows,
+        and named in ``QueueCounts.estimated``. Unlike :meth:`stats`, no
+        count reads more than ``exact_below + 1`` finished rows or dead
+        letters, so its cost stays flat however many ``retention`` keeps.
+        """
+        if isinstance(exact_below, bool) or not isinstance(exact_below, int) or exact_below < 1:
+            raise ConfigError(f"exact_below must be a positive int, got {exact_below!r}")
+        return self.backend.queue_counts(exact_below=exact_below)
+
+    def oldest_due(self) -> dict[str, tuple[int, float]]:
+        """Per queue with work due, its oldest job that could run now
+        (available, or scheduled/retryable and past due): ``{queue: (job id,
+        seconds since it became due)}``. The queue's latency.
+        """
+        return self.backend.queue_oldest_due()
+
+    def throughput(
+        self, since: float = 3600.0, bucket: float = 60.0
+    ) -> list[tuple[datetime, dict[str, int]]]:
+        """Jobs finished (``completed``, ``cancelled``) per ``bucket`` seconds
+        over the last ``since`` seconds, oldest bucket first, empty buckets
+        included: ``[(bucket start (UTC), {status: count})]``. Reads the
+        finished index, so it costs what the window holds. Jobs already
+        pruned (``retention``) are not counted.
+
+        Raises:
+            ConfigError: ``since`` or ``bucket`` not positive, or over 10,000 buckets.
+        """
+        check_seconds("since", since, allow_zero=False)
+        check_seconds("bucket", bucket, allow_zero=False)
+        if since / bucket > 10_000:
+            raise ConfigError(f"since/bucket gives {since / bucket:.0f} buckets; at most 10000")
+        rows = self.backend.job_throughput(since_seconds=since, bucket_seconds=bucket)
+        now = self.backend.db_now().timestamp()
+        last = math.floor(now / bucket) * bucket
+        first = math.floor((now - since) / bucket) * bucket + bucket
+        starts = [first + i * bucket for i in range(round((last - first) / bucket) + 1)]
+        # Buckets are keyed by start; floats from the database may differ in
+        # the last bits, so they are matched by their bucket number.
+        by_number = {round(start / bucket): counts for start, counts in rows.items()}
+        return [
+            (datetime.fromtimestamp(start, UTC), by_number.get(round(start / bucket), {}))
+            for start in starts
+        ]
+
+    def health(self) -> dict[str, Any]:
+        """Facts about the database that ``jobkeeper doctor`` judges (see
+        :meth:`jobkeeper.backends.base.Backend.database_health`).
+
+        Raises:
+            DatabaseUnavailable: the database cannot be reached.
+        """
+        return self.backend.database_health()
 
     # -- run -----------------------------------------------------------------
 

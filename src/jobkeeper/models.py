@@ -214,3 +214,20 @@ class Staging:
 
     staged: int
     next_due_in: float | None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class QueueCounts:
+    """Jobs per queue and status, as the dashboard and ``/metrics`` show them.
+
+    Attributes:
+        counts: ``{queue: {status: count}}``; statuses a queue has none of
+            are absent.
+        estimated: the statuses whose counts are estimates: ``completed``
+            and ``cancelled`` once more finished rows exist than the exact
+            limit asked for, ``dead`` once more dead letters do. Live
+            statuses are always exact.
+    """
+
+    counts: dict[str, dict[str, int]]
+    estimated: frozenset[str] = frozenset()

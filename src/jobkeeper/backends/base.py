@@ -25,6 +25,7 @@ from jobkeeper.models import (
     Job,
     JobStatus,
     NewJob,
+    QueueCounts,
     RequeueConflict,
     Staging,
     WorkerInfo,
@@ -145,8 +146,18 @@ class Backend(Protocol):
         """A job by id, from the jobs table or the dead letters."""
         ...
 
-    def job_list(self, *, status: JobStatus | None, queue: str | None, limit: int) -> list[Job]:
-        """Newest first; ``status=DEAD`` lists dead letters; ``None`` lists both."""
+    def job_list(
+        self,
+        *,
+        status: JobStatus | None,
+        queue: str | None,
+        limit: int,
+        task: str | None = None,
+        before: int | None = None,
+    ) -> list[Job]:
+        """Newest first; ``status=DEAD`` lists dead letters; ``None`` lists both.
+        ``before``: only ids below it (keyset paging).
+        """
         ...
 
     def job_cancel(self, job_id: int) -> Job | None:
@@ -247,5 +258,48 @@ class Backend(Protocol):
     def change_counter(self) -> int | None:
         """A number that changes whenever another connection commits (SQLite
         ``PRAGMA data_version``), or ``None`` when the backend has none.
+        """
+        ...
+
+    # -- dashboard, /metrics, doctor ---------------------------------------
+
+    def dead_letter_purge(
+        self, *, job_ids: Sequence[int] | None, older_than: float | None
+    ) -> list[int]:
+        """Delete dead letters: those of ``job_ids`` (all when None) that died
+        more than ``older_than`` seconds ago (any age when None). Returns the
+        ids deleted.
+        """
+        ...
+
+    def queue_counts(self, *, exact_below: int) -> QueueCounts:
+        """Jobs per queue and status, dead letters as ``dead``. Live statuses
+        exact; completed and cancelled exact while together at most
+        ``exact_below`` rows (dead letters likewise), else estimated from a
+        sample of the newest ``exact_below + 1``.
+        """
+        ...
+
+    def queue_oldest_due(self) -> dict[str, tuple[int, float]]:
+        """Per queue with due work, its oldest job that could run now
+        (available, or past due): ``{queue: (job id, seconds since due)}``.
+        """
+        ...
+
+    def job_throughput(
+        self, *, since_seconds: float, bucket_seconds: float
+    ) -> dict[float, dict[str, int]]:
+        """Jobs finished (completed, cancelled) in the last ``since_seconds``,
+        per bucket: ``{bucket start (Unix seconds): {status: count}}``;
+        empty buckets absent.
+        """
+        ...
+
+    def database_health(self) -> dict[str, Any]:
+        """Facts ``doctor`` judges: ``backend``, ``schema_version``,
+        ``schema_expected``, ``claim_uses_index`` and ``claim_plan``; on
+        PostgreSQL ``table`` (live/dead tuples, seconds since the last vacuum,
+        autovacuum switches), ``xmin_holders`` and ``notify_usage``; on SQLite
+        ``journal_mode``, ``busy_timeout_ms`` and ``wal_bytes``.
         """
         ...

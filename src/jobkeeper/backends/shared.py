@@ -64,12 +64,27 @@ class SharedReads:
         dead = self._fetch("dead_letter_get", {"id": job_id})
         return self._jobs(dead, dead=True)[0] if dead else None
 
-    def job_list(self, *, status: JobStatus | None, queue: str | None, limit: int) -> list[Job]:
+    def job_list(
+        self,
+        *,
+        status: JobStatus | None,
+        queue: str | None,
+        limit: int,
+        task: str | None = None,
+        before: int | None = None,
+    ) -> list[Job]:
         jobs: list[Job] = []
         if status != JobStatus.DEAD:
-            params = {"status": status.value if status else None, "queue": queue, "limit": limit}
+            params = {
+                "status": status.value if status else None,
+                "queue": queue,
+                "task": task,
+                "before": before,
+                "limit": limit,
+            }
             jobs += self._jobs(self._fetch("job_list", params))
         if status in (None, JobStatus.DEAD):
-            rows = self._fetch("dead_letter_list", {"queue": queue, "limit": limit})
+            params = {"queue": queue, "task": task, "before": before, "limit": limit}
+            rows = self._fetch("dead_letter_list", params)
             jobs += self._jobs(rows, dead=True)
         return sorted(jobs, key=lambda j: j.id, reverse=True)[:limit]

@@ -533,6 +533,98 @@ def dead_requeue(ctx: click.Context, job_ids: tuple[int, ...], all_: bool) -> No
         ctx.exit(1)
 
 
+@dead_app.command("purge", context_settings=_IDS_MAY_LOOK_LIKE_OPTIONS)
+@click.argument("job_ids", cls=_Argument, type=click.INT, nargs=-1, doc="Dead letter ids.")
+@click.option("--all", "all_", is_flag=True, help="Delete every dead letter.")
+@click.option(
+    "--older-than",
+    type=click.FLOAT,
+    default=None,
+    help="Only dead letters that died more than this many seconds ago.",
+)
+@click.pass_context
+def dead_purge(
+    ctx: click.Context, job_ids: tuple[int, ...], all_: bool, older_than: float | None
+) -> None:
+    """Delete dead letters for good (their history goes with them)."""
+    if sum((bool(job_ids), all_, older_than is not None)) != 1:
+        raise BadInput("dead purge: give job ids, --all or --older-than SECONDS (one of them)")
+    deleted = _queue(ctx).purge_dead(list(job_ids) or None, older_than=older_than)
+    noun = "dead letter" if len(deleted) == 1 else "dead letters"
+    console.print(f"deleted {len(deleted)} {noun}", highlight=False)
+    missing = sorted(set(job_ids) - set(deleted))
+    if missing:
+        err_console.print(
+            f"error: not dead letters: {' '.join(map(str, missing))}",
+            highlight=False,
+            soft_wrap=True,
+        )
+        ctx.exit(1)
+
+
+@app.command("dashboard")
+@click.option("--host", default="127.0.0.1", help="Address to listen on.")
+@click.option("--port", type=click.IntRange(0, 65535), default=8787, help="Port to listen on.")
+@click.option("--read-only", is_flag=True, help="No actions: pages only, every POST refused.")
+@click.pass_context
+def dashboard(ctx: click.Context, host: str, port: int, read_only: bool) -> None:
+    """Serve the web dashboard (pip install 'jobkeeper[dashboard]').
+
+    Listens on loopback only, unless $JOBKEEPER_DASHBOARD_PASSWORD is set:
+    then any address, with HTTP basic auth (user jobkeeper) on every page.
+    """
+    from jobkeeper.dashboard.app import PASSWORD_ENV, is_loopback
+
+    if not is_loopback(host) and not os.environ.get(PASSWORD_ENV):
+        raise BadInput(
+            f"--host {host} is not a loopback address: set {PASSWORD_ENV} to serve it "
+            "there (with basic auth), or use --host 127.0.0.1"
+        )
+    try:
+        import uvicorn
+
+        from jobkeeper.dashboard import create_app
+    except ImportError as exc:
+        raise BadInput(
+            f"the dashboard needs its extra ({exc.name} is missing): "
+            "pip install 'jobkeeper[dashboard]'"
+        ) from None
+    jq = _queue(ctx)
+    jq.backend.db_now()  # an unreachable database fails here, in one line
+    console.print(
+        f"jobkeeper dashboard on http://{host}:{port}/ for {jq.url.redacted()}"
+        + (" (read-only)" if read_only else ""),
+        markup=False,
+        highlight=False,
+    )
+    uvicorn.run(create_app(jq, read_only=read_only), host=host, port=port, log_level="warning")
+
+
+@app.command("doctor")
+@_json_option
+@click.pass_context
+def doctor(ctx: click.Context, as_json: bool) -> None:
+    """Check the database and the settings: one line per check (ok, warn or
+    fail) with what to do; exit 1 when any check fails.
+    """
+    from jobkeeper import doctor as checks_module
+
+    checks = checks_module.run_checks(_queue(ctx))
+    if as_json:
+        render.print_json(console, [check.to_dict() for check in checks])
+    else:
+        styles = {"ok": "green", "warn": "yellow", "fail": "bold red"}
+        width = max(len(check.name) for check in checks)
+        for check in checks:
+            console.print(
+                f"[{styles[check.level]}]{check.level:<4}[/] {check.name:<{width}}  ",
+                end="",
+                highlight=False,
+            )
+            console.print(check.message, markup=False, highlight=False, soft_wrap=True)
+    ctx.exit(checks_module.exit_code(checks))
+
+
 @app.command("demo")
 @click.option("--workers", type=click.INT, default=2, help="Worker processes (one is SIGKILLed).")
 @click.option("--concurrency", type=click.INT, default=4, help="Jobs at once per worker.")

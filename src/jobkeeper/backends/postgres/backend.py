@@ -25,6 +25,7 @@ from psycopg import sql
 from psycopg.rows import tuple_row
 from psycopg_pool import ConnectionPool, PoolTimeout
 
+from jobkeeper.backends.cockpit import CockpitReads
 from jobkeeper.backends.migrate import apply_migrations
 from jobkeeper.backends.rows import (
     STAGE_LIMIT,
@@ -322,7 +323,7 @@ class _PooledConnections:
             self._opened = False
 
 
-class PostgresBackend(SharedReads):
+class PostgresBackend(SharedReads, CockpitReads):
     """The PostgreSQL implementation of :class:`~jobkeeper.backends.base.Backend`.
 
     Args:
@@ -921,3 +922,34 @@ class PostgresBackend(SharedReads):
 
     def change_counter(self) -> int | None:
         return None
+
+    # -- dashboard, /metrics, doctor ----------------------------------------
+
+    def _ids_param(self, job_ids: Sequence[int] | None) -> Any:
+        return None if job_ids is None else list(job_ids)
+
+    def _count_estimate(self, status: str, cap: int, share: float) -> int | None:
+        if status == "dead":
+            rows = self._fetch("queue_counts_estimate_dead")
+        else:
+            rows = self._fetch("queue_counts_estimate", {"status": status})
+        try:
+            return int(rows[0]["QUERY PLAN"][0]["Plan"]["Plan Rows"])
+        except (IndexError, KeyError, TypeError, ValueError):
+            return None
+
+    def database_health(self) -> dict[str, Any]:
+        facts: dict[str, Any] = {
+            "backend": self.name,
+            "schema_version": self.schema_version(),
+            "schema_expected": MIGRATIONS[-1][0],
+        }
+        table = self._fetch("database_health_table")
+        facts["table"] = table[0] if table else None
+        if table:
+            plan = self._fetch("database_health_claim_plan", {"queue": "default"})
+            facts["claim_plan"] = json.dumps(plan[0]["QUERY PLAN"]) if plan else ""
+            facts["claim_uses_index"] = "jobkeeper_jobs_claim_idx" in facts["claim_plan"]
+        facts["xmin_holders"] = self._fetch("database_health_xmin")
+        facts["notify_usage"] = float(self._fetch("database_health_notify")[0]["usage"])
+        return facts

@@ -296,6 +296,10 @@ SELECT *
 FROM jobkeeper_jobs
 WHERE (%(status)s::text IS NULL OR status = %(status)s::text)
   AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
+  AND (%(task)s::text IS NULL OR task = %(task)s::text)
+  -- Keyset paging: the next page starts below the last id shown, so a deep
+  -- page costs what the first does (no OFFSET walking the rows before it).
+  AND (%(before)s::bigint IS NULL OR id < %(before)s::bigint)
 ORDER BY id DESC
 LIMIT %(limit)s
 
@@ -303,6 +307,8 @@ LIMIT %(limit)s
 SELECT *
 FROM jobkeeper_dead_letters
 WHERE (%(queue)s::text IS NULL OR queue = %(queue)s::text)
+  AND (%(task)s::text IS NULL OR task = %(task)s::text)
+  AND (%(before)s::bigint IS NULL OR id < %(before)s::bigint)
 ORDER BY id DESC
 LIMIT %(limit)s
 
@@ -431,3 +437,120 @@ DELETE FROM jobkeeper_leader WHERE name = %(name)s AND worker_id = %(worker_id)s
 
 -- name: leader_get
 SELECT worker_id FROM jobkeeper_leader WHERE name = %(name)s AND expires_at >= now()
+
+-- Reads and actions of the dashboard, /metrics and doctor. Each reads
+-- through a partial index or stops at a cap, so none grows with the
+-- completed rows kept for retention.
+
+-- name: dead_letter_purge
+-- Deletes dead letters for good: the given ids, those dead for more than
+-- older_than seconds, or (neither given) all of them.
+DELETE FROM jobkeeper_dead_letters
+WHERE (%(ids)b::bigint[] IS NULL OR id = ANY(%(ids)b::bigint[]))
+  AND (%(older_than)s::float8 IS NULL
+       OR finished_at < now() - make_interval(secs => %(older_than)s::float8))
+RETURNING id
+
+-- name: job_throughput
+-- Jobs finished per bucket over the last since seconds, from the finished
+-- index: the cost follows the jobs finished in the window, not the history.
+SELECT (floor(extract(epoch FROM finished_at) / %(bucket)s::float8) * %(bucket)s::float8)::float8 AS bucket,
+       status, count(*) AS n
+FROM jobkeeper_jobs
+WHERE status IN ('completed', 'cancelled')
+  AND finished_at >= now() - make_interval(secs => %(since)s::float8)
+GROUP BY 1, 2
+
+-- name: queue_oldest_due
+-- Per queue, its oldest job that could run now: available (claim index) or
+-- past due but not staged yet (due index). Written as two arms so each uses
+-- its partial index; the cost follows the backlog, not the history.
+SELECT DISTINCT ON (queue) queue, id, extract(epoch FROM now() - scheduled_at)::float8 AS age
+FROM (
+    SELECT queue, id, scheduled_at FROM jobkeeper_jobs WHERE status = 'available'
+    UNION ALL
+    SELECT queue, id, scheduled_at FROM jobkeeper_jobs
+    WHERE status IN ('scheduled', 'retryable') AND scheduled_at <= now()
+) AS due
+ORDER BY queue, scheduled_at, id
+
+-- name: queue_counts_live
+-- Exact counts of the live statuses, each arm from its partial index
+-- (claim, due, running): their size follows the backlog.
+SELECT queue, 'available' AS status, count(*) AS n FROM jobkeeper_jobs WHERE status = 'available'
+GROUP BY queue
+UNION ALL
+SELECT queue, status, count(*) AS n FROM jobkeeper_jobs
+WHERE status IN ('scheduled', 'retryable') GROUP BY queue, status
+UNION ALL
+SELECT queue, 'running' AS status, count(*) AS n FROM jobkeeper_jobs WHERE status = 'running'
+GROUP BY queue
+
+-- name: queue_counts_finished
+-- Completed and cancelled jobs per queue, reading at most %(cap)s rows (the
+-- newest, down the finished index): exact while both together hold fewer,
+-- else a sample that queue_counts_estimate scales. A count per status would
+-- walk every finished row to find a rare one (the index holds both).
+SELECT queue, status, count(*) AS n
+FROM (SELECT queue, status FROM jobkeeper_jobs
+      WHERE status IN ('completed', 'cancelled')
+      ORDER BY finished_at DESC
+      LIMIT %(cap)s) AS sample
+GROUP BY queue, status
+
+-- name: queue_counts_dead
+SELECT queue, count(*) AS n
+FROM (SELECT queue FROM jobkeeper_dead_letters LIMIT %(cap)s) AS sample
+GROUP BY queue
+
+-- name: queue_counts_estimate
+-- The planner's row estimate (from ANALYZE statistics) for one status, or
+-- for the dead letters when status is 'dead'. Used only above the cap.
+EXPLAIN (FORMAT JSON)
+SELECT 1 FROM jobkeeper_jobs WHERE status = %(status)s
+
+-- name: queue_counts_estimate_dead
+EXPLAIN (FORMAT JSON)
+SELECT 1 FROM jobkeeper_dead_letters
+
+-- name: database_health_claim_plan
+-- doctor: the claim's plan (not run) must walk jobkeeper_jobs_claim_idx.
+EXPLAIN (FORMAT JSON)
+SELECT id
+FROM jobkeeper_jobs
+WHERE status = 'available' AND queue = %(queue)s
+ORDER BY priority, scheduled_at, id
+LIMIT 10
+FOR UPDATE SKIP LOCKED
+
+-- name: database_health_table
+-- doctor: dead tuples, vacuum history and autovacuum switches of the jobs
+-- table (none when the schema is not migrated).
+SELECT stat.n_live_tup AS live, stat.n_dead_tup AS dead,
+       extract(epoch FROM now() - greatest(stat.last_vacuum, stat.last_autovacuum))::float8
+           AS vacuumed_ago,
+       current_setting('autovacuum') = 'on' AS autovacuum,
+       coalesce(NOT ('autovacuum_enabled=false' = ANY(cls.reloptions)), true) AS table_autovacuum
+FROM pg_stat_user_tables AS stat
+JOIN pg_class AS cls ON cls.oid = stat.relid
+WHERE stat.relid = to_regclass('jobkeeper_jobs')
+
+-- name: database_health_xmin
+-- doctor: sessions of this database whose snapshot or transaction holds
+-- back the xmin horizon (VACUUM cannot remove rows they might still see),
+-- oldest first, with how long their transaction has been open.
+SELECT pid, coalesce(state, '') AS state, extract(epoch FROM now() - xact_start)::float8 AS open_for,
+       coalesce(age(backend_xmin), age(backend_xid)) AS xid_age,
+       left(coalesce(query, ''), 120) AS query
+FROM pg_stat_activity
+WHERE datname = current_database() AND pid <> pg_backend_pid()
+  AND (backend_xmin IS NOT NULL OR backend_xid IS NOT NULL)
+  AND xact_start IS NOT NULL
+ORDER BY xact_start
+LIMIT 5
+
+-- name: database_health_notify
+-- doctor: the fraction of the NOTIFY queue in use (0..1); it fills when a
+-- listener stops reading inside an open transaction.
+SELECT pg_notification_queue_usage() AS usage
+

@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
+from jobkeeper.backends.cockpit import CockpitReads, json_ids
 from jobkeeper.backends.migrate import apply_migrations
 from jobkeeper.backends.rows import (
     STAGE_LIMIT,
@@ -123,7 +124,7 @@ def _retry_while_locked(action: Callable[[], T], timeout: float) -> T:
             pause = min(pause * 2, 0.25)
 
 
-class SqliteBackend(SharedReads):
+class SqliteBackend(SharedReads, CockpitReads):
     """The SQLite implementation of :class:`~jobkeeper.backends.base.Backend`.
 
     Args:
@@ -616,3 +617,46 @@ class SqliteBackend(SharedReads):
     def change_counter(self) -> int | None:
         with self._errors():
             return int(self._conn().execute("PRAGMA data_version").fetchone()[0])
+
+    # -- dashboard, /metrics, doctor ----------------------------------------
+
+    def _ids_param(self, job_ids: Sequence[int] | None) -> Any:
+        return json_ids(job_ids)
+
+    def dead_letter_purge(
+        self, *, job_ids: Sequence[int] | None, older_than: float | None
+    ) -> list[int]:
+        # A write like any other: under BEGIN IMMEDIATE, with its lock retries.
+        params = {"ids": json_ids(job_ids), "all_ids": job_ids is None, "older_than": older_than}
+        with self._write() as conn:
+            rows = _rows(conn.execute(QUERIES["dead_letter_purge"], params))
+        return sorted(int(row["id"]) for row in rows)
+
+    def _count_estimate(self, status: str, cap: int, share: float) -> int | None:
+        name = "queue_counts_estimate_dead" if status == "dead" else "queue_counts_estimate"
+        row = self._fetch(name, {"cap": cap})[0]
+        oldest, sample_oldest, newest = row["oldest"], row["sample_oldest"], row["now"]
+        if oldest is None or sample_oldest is None or newest is None or newest <= sample_oldest:
+            return None
+        return round(float(share * cap * (newest - oldest) / (newest - sample_oldest)))
+
+    def database_health(self) -> dict[str, Any]:
+        facts: dict[str, Any] = {
+            "backend": self.name,
+            "schema_version": self.schema_version(),
+            "schema_expected": MIGRATIONS[-1][0],
+        }
+        if facts["schema_version"] == 0:
+            return facts
+        with self._errors():
+            conn = self._conn()
+            facts["journal_mode"] = str(conn.execute("PRAGMA journal_mode").fetchone()[0])
+            facts["busy_timeout_ms"] = int(conn.execute("PRAGMA busy_timeout").fetchone()[0])
+            plan = conn.execute(
+                QUERIES["database_health_claim_plan"], {"queue": "default"}
+            ).fetchall()
+        facts["claim_plan"] = "; ".join(str(row[-1]) for row in plan)
+        facts["claim_uses_index"] = "jobkeeper_jobs_claim_idx" in facts["claim_plan"]
+        wal = self.path + "-wal"
+        facts["wal_bytes"] = os.path.getsize(wal) if os.path.exists(wal) else 0
+        return facts

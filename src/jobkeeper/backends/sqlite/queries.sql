@@ -193,13 +193,17 @@ SELECT * FROM jobkeeper_dead_letters WHERE id = :id
 SELECT *
 FROM jobkeeper_jobs
 WHERE (:status IS NULL OR status = :status) AND (:queue IS NULL OR queue = :queue)
+  AND (:task IS NULL OR task = :task)
+  -- Keyset paging (see the PostgreSQL twin).
+  AND (:before IS NULL OR id < :before)
 ORDER BY id DESC
 LIMIT :limit
 
 -- name: dead_letter_list
 SELECT *
 FROM jobkeeper_dead_letters
-WHERE (:queue IS NULL OR queue = :queue)
+WHERE (:queue IS NULL OR queue = :queue) AND (:task IS NULL OR task = :task)
+  AND (:before IS NULL OR id < :before)
 ORDER BY id DESC
 LIMIT :limit
 
@@ -314,3 +318,81 @@ DELETE FROM jobkeeper_leader WHERE name = :name AND worker_id = :worker_id
 
 -- name: leader_get
 SELECT worker_id FROM jobkeeper_leader WHERE name = :name AND expires_at >= {now}
+
+-- Reads and actions of the dashboard, /metrics and doctor (see the
+-- PostgreSQL twins): each reads through a partial index or stops at a cap.
+
+-- name: dead_letter_purge
+DELETE FROM jobkeeper_dead_letters
+WHERE (:all_ids OR id IN (SELECT value FROM json_each(:ids)))
+  AND (:older_than IS NULL OR finished_at < {now} - :older_than)
+RETURNING id
+
+-- name: job_throughput
+SELECT CAST(finished_at / :bucket AS INTEGER) * :bucket AS bucket, status, count(*) AS n
+FROM jobkeeper_jobs
+WHERE status IN ('completed', 'cancelled') AND finished_at >= {now} - :since
+GROUP BY 1, 2
+
+-- name: queue_oldest_due
+-- SQLite returns the other columns of the row holding min(): the oldest job.
+SELECT queue, id, {now} - min(scheduled_at) AS age
+FROM (
+    SELECT queue, id, scheduled_at FROM jobkeeper_jobs WHERE status = 'available'
+    UNION ALL
+    SELECT queue, id, scheduled_at FROM jobkeeper_jobs
+    WHERE status IN ('scheduled', 'retryable') AND scheduled_at <= {now}
+)
+GROUP BY queue
+
+-- name: queue_counts_live
+SELECT queue, 'available' AS status, count(*) AS n FROM jobkeeper_jobs WHERE status = 'available'
+GROUP BY queue
+UNION ALL
+SELECT queue, status, count(*) AS n FROM jobkeeper_jobs
+WHERE status IN ('scheduled', 'retryable') GROUP BY queue, status
+UNION ALL
+SELECT queue, 'running' AS status, count(*) AS n FROM jobkeeper_jobs WHERE status = 'running'
+GROUP BY queue
+
+-- name: queue_counts_finished
+-- See the PostgreSQL twin: at most :cap rows, newest first down the finished index.
+SELECT queue, status, count(*) AS n
+FROM (SELECT queue, status FROM jobkeeper_jobs
+      WHERE status IN ('completed', 'cancelled')
+      ORDER BY finished_at DESC
+      LIMIT :cap)
+GROUP BY queue, status
+
+-- name: queue_counts_dead
+SELECT queue, count(*) AS n
+FROM (SELECT queue FROM jobkeeper_dead_letters LIMIT :cap)
+GROUP BY queue
+
+-- name: queue_counts_estimate
+-- SQLite keeps no row estimates. Above the cap, the rate of the newest :cap
+-- finished rows (down the finished index) is extrapolated over the time
+-- since the oldest one: :cap x (whole span / their span).
+SELECT (SELECT min(finished_at) FROM jobkeeper_jobs
+        WHERE status IN ('completed', 'cancelled')) AS oldest,
+       (SELECT min(finished_at) FROM (
+            SELECT finished_at FROM jobkeeper_jobs
+            WHERE status IN ('completed', 'cancelled')
+            ORDER BY finished_at DESC LIMIT :cap)) AS sample_oldest,
+       {now} AS now
+
+-- name: queue_counts_estimate_dead
+-- Dead letters: the id span of the newest :cap against the whole span.
+SELECT (SELECT min(id) FROM jobkeeper_dead_letters) AS oldest,
+       (SELECT min(id) FROM (SELECT id FROM jobkeeper_dead_letters ORDER BY id DESC LIMIT :cap))
+           AS sample_oldest,
+       (SELECT max(id) FROM jobkeeper_dead_letters) AS now
+
+-- name: database_health_claim_plan
+-- doctor: the claim's read must walk jobkeeper_jobs_claim_idx.
+EXPLAIN QUERY PLAN
+SELECT id
+FROM jobkeeper_jobs
+WHERE status = 'available' AND queue = :queue
+ORDER BY priority, scheduled_at, id
+LIMIT 10

@@ -1,0 +1,501 @@
+"""The dashboard's ASGI app: server-rendered pages over one :class:`JobQueue`.
+
+A client of the API like the CLI (riverui and Oban Web read through their
+libraries the same way): it imports ``jobkeeper.api`` and never a backend or
+SQL. Every page is plain HTML that works without JavaScript; every action is
+a POST carrying a CSRF token and is refused (403) in read-only mode.
+
+CSRF: a signed double-submit cookie. The first page sets ``jobkeeper_csrf``
+to ``nonce.HMAC(secret, nonce)`` (HttpOnly, SameSite=Strict); each form
+carries the same value in a hidden field. A POST passes only when the field
+equals the cookie and the signature verifies with this app's secret, so
+another site can neither read the token nor plant a cookie of its own.
+
+Authentication: with a password (``password=`` or
+``$JOBKEEPER_DASHBOARD_PASSWORD``) every route, ``/metrics`` and the static
+files included, needs HTTP basic auth as user ``jobkeeper``.
+
+Extension points: :data:`NAV` lists the pages in the navigation bar; a page
+that depends on an API a later version adds ("queues" with pause/resume,
+"schedules" for periodic jobs) registers a :class:`NavEntry` whose
+``available`` test looks for that API, and its routes in :func:`create_app`.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import hashlib
+import hmac
+import os
+import secrets
+from collections.abc import Callable
+from datetime import UTC, datetime
+from importlib import resources
+from typing import Any
+from urllib.parse import parse_qs, urlencode
+
+import jinja2
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.middleware.base import BaseHTTPMiddleware, RequestResponseEndpoint
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+
+from jobkeeper.api import JobQueue
+from jobkeeper.errors import ConfigError, JobkeeperError, JobNotFound, JobStateError
+from jobkeeper.models import Job, JobStatus, WorkerInfo
+
+#: Environment variable holding the dashboard's basic-auth password.
+PASSWORD_ENV = "JOBKEEPER_DASHBOARD_PASSWORD"
+#: The basic-auth user name.
+USER = "jobkeeper"
+CSRF_COOKIE = "jobkeeper_csrf"
+CSRF_FIELD = "csrf_token"
+#: Rows per page of the job lists.
+PAGE_SIZE = 50
+#: The overview's throughput window and bucket, seconds.
+THROUGHPUT_WINDOW = 3600.0
+THROUGHPUT_BUCKET = 60.0
+#: Largest form body read, bytes (forms carry a token and nothing else).
+MAX_FORM_BYTES = 4096
+
+#: Order of the status columns (the lifecycle, left to right).
+STATUS_ORDER = [
+    "scheduled",
+    "available",
+    "running",
+    "retryable",
+    "completed",
+    "cancelled",
+    "dead",
+]
+
+
+@dataclasses.dataclass(frozen=True)
+class NavEntry:
+    """A page in the navigation bar.
+
+    Attributes:
+        label: what the link says.
+        path: where it goes.
+        available: whether the queue's API offers what the page needs (so a
+            page for an API a later version adds appears once it exists).
+    """
+
+    label: str
+    path: str
+    available: Callable[[JobQueue], bool] = lambda jq: True
+
+
+#: The navigation bar. Later pages (``NavEntry("Queues", "/queues",
+#: lambda jq: hasattr(jq, "queues"))``, ``NavEntry("Schedules", ...)``) go here.
+NAV: list[NavEntry] = [
+    NavEntry("Overview", "/"),
+    NavEntry("Jobs", "/jobs"),
+    NavEntry("Dead letters", "/dead"),
+    NavEntry("Workers", "/workers"),
+]
+
+
+# -- presentation helpers (used by the templates) ------------------------------
+
+
+def ago(then: datetime | None, now: datetime) -> str:
+    """``then`` relative to ``now``: "12 s ago", "in 3 min", "—"."""
+    if then is None:
+        return "—"
+    seconds = (now - then).total_seconds()
+    text = duration(abs(seconds))
+    if abs(seconds) < 1:
+        return "just now"
+    return f"{text} ago" if seconds > 0 else f"in {text}"
+
+
+def duration(seconds: float) -> str:
+    """A short human duration: "850 ms", "42 s", "3 min", "5 h 20 min", "2 d"."""
+    if seconds < 1:
+        return f"{seconds * 1000:.0f} ms"
+    if seconds < 60:
+        return f"{seconds:.0f} s"
+    if seconds < 3600:
+        return f"{seconds // 60:.0f} min"
+    if seconds < 86400:
+        hours, rest = divmod(seconds, 3600)
+        return f"{hours:.0f} h {rest // 60:.0f} min" if rest >= 60 else f"{hours:.0f} h"
+    return f"{seconds / 86400:.0f} d"
+
+
+def stamp(value: datetime | None) -> str:
+    """An absolute UTC time for tooltips and the job page."""
+    return "—" if value is None else value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def number(value: int) -> str:
+    """Thousands separated: 1,234,567."""
+    return f"{value:,}"
+
+
+def why_waiting(job: Job, workers: list[WorkerInfo], now: datetime) -> str | None:
+    """One line on why a job has not run yet, from what is cheap to know
+    (the job and the worker list); ``None`` for jobs that are not waiting.
+    """
+    if job.status == JobStatus.SCHEDULED:
+        return f"Scheduled: it becomes available {ago(job.scheduled_at, now)}."
+    if job.status == JobStatus.RETRYABLE:
+        return (
+            f"Waiting out its backoff after attempt {job.attempt} of {job.max_attempts}: "
+            f"next attempt {ago(job.scheduled_at, now)}."
+        )
+    if job.status == JobStatus.RUNNING:
+        return f"Running on worker {job.worker_id} since {ago(job.attempted_at, now)}."
+    if job.status != JobStatus.AVAILABLE:
+        return None
+    serving = [w for w in workers if job.queue in w.queues]
+    if not serving:
+        return f"No live worker serves queue {job.queue!r}: start one with --queue {job.queue}."
+    return (
+        f"Available for {ago(job.scheduled_at, now).removesuffix(' ago')}; "
+        f"{len(serving)} worker(s) serve queue {job.queue!r} (it waits behind jobs "
+        "of higher priority or older ones, or every slot is busy)."
+    )
+
+
+# -- CSRF and auth ---------------------------------------------------------------
+
+
+class Csrf:
+    """Signed double-submit tokens (see the module docstring)."""
+
+    def __init__(self, secret: bytes) -> None:
+        self._secret = secret
+
+    def new_token(self) -> str:
+        nonce = secrets.token_urlsafe(18)
+        return f"{nonce}.{self._sign(nonce)}"
+
+    def _sign(self, nonce: str) -> str:
+        return hmac.new(self._secret, nonce.encode(), hashlib.sha256).hexdigest()
+
+    def valid(self, cookie: str | None, field: str | None) -> bool:
+        if not cookie or not field or not hmac.compare_digest(cookie, field):
+            return False
+        nonce, _, signature = cookie.partition(".")
+        return bool(nonce) and hmac.compare_digest(signature, self._sign(nonce))
+
+
+class BasicAuth(BaseHTTPMiddleware):
+    """Every request needs ``jobkeeper:<password>`` (constant-time compare)."""
+
+    def __init__(self, app: Any, password: str) -> None:
+        super().__init__(app)
+        self._expected = base64.b64encode(f"{USER}:{password}".encode()).decode()
+
+    async def dispatch(self, request: Request, call_next: RequestResponseEndpoint) -> Response:
+        scheme, _, credentials = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() == "basic" and hmac.compare_digest(
+            credentials.strip().encode(), self._expected.encode()
+        ):
+            return await call_next(request)
+        return PlainTextResponse(
+            "authentication required\n",
+            status_code=401,
+            headers={"WWW-Authenticate": 'Basic realm="jobkeeper", charset="UTF-8"'},
+        )
+
+
+# -- the app ---------------------------------------------------------------------
+
+
+class Dashboard:
+    """The pages and actions of one dashboard (one per :func:`create_app`)."""
+
+    def __init__(self, jq: JobQueue, *, read_only: bool, secret: bytes) -> None:
+        self.jq = jq
+        self.read_only = read_only
+        self.csrf = Csrf(secret)
+        self.env = jinja2.Environment(
+            loader=jinja2.PackageLoader("jobkeeper.dashboard", "templates"),
+            autoescape=True,
+            undefined=jinja2.StrictUndefined,
+            trim_blocks=True,
+            lstrip_blocks=True,
+        )
+        self.env.filters.update(duration=duration, stamp=stamp, number=number)
+
+    # -- rendering -------------------------------------------------------------
+
+    def render(
+        self, request: Request, template: str, status_code: int = 200, **context: Any
+    ) -> HTMLResponse:
+        cookie = request.cookies.get(CSRF_COOKIE)
+        fresh = not cookie or not self.csrf.valid(cookie, cookie)
+        token = self.csrf.new_token() if fresh or cookie is None else cookie
+        now = context.pop("now", None) or self.jq.backend.db_now()
+        root = request.scope.get("root_path", "")
+        html = self.env.get_template(template).render(
+            request=request,
+            root=root,
+            nav=[entry for entry in NAV if entry.available(self.jq)],
+            path=request.url.path.removeprefix(root) or "/",
+            read_only=self.read_only,
+            csrf_field=CSRF_FIELD,
+            csrf_token=token,
+            now=now,
+            ago=lambda then: ago(then, now),
+            database=self.jq.url.redacted(),
+            flash=request.query_params.get("flash"),
+            section=context.pop("section", None),
+            **context,
+        )
+        response = HTMLResponse(html, status_code=status_code)
+        if fresh:
+            response.set_cookie(
+                CSRF_COOKIE, token, httponly=True, samesite="strict", path=root or "/"
+            )
+        return response
+
+    def error(self, request: Request, status_code: int, message: str) -> HTMLResponse:
+        return self.render(request, "error.html", status_code, message=message)
+
+    # -- pages -------------------------------------------------------------------
+
+    def overview(self, request: Request) -> Response:
+        jq = self.jq
+        now = jq.backend.db_now()
+        counts = jq.queue_counts()
+        oldest = jq.oldest_due()
+        workers = jq.workers()
+        series = jq.throughput(THROUGHPUT_WINDOW, THROUGHPUT_BUCKET)
+        finished = [sum(c.values()) for _, c in series]
+        peak = max(finished) if finished else 0
+        totals = {s: sum(q.get(s, 0) for q in counts.counts.values()) for s in STATUS_ORDER}
+        queues = sorted(set(counts.counts) | set(oldest))
+        return self.render(
+            request,
+            "overview.html",
+            now=now,
+            queues=queues,
+            counts=counts.counts,
+            estimated=counts.estimated,
+            statuses=STATUS_ORDER,
+            totals=totals,
+            oldest=oldest,
+            workers=workers,
+            series=series,
+            finished_total=sum(finished),
+            peak=peak,
+            per_minute=sum(finished) / (THROUGHPUT_WINDOW / 60),
+            serving={q: sum(1 for w in workers if q in w.queues) for q in queues},
+        )
+
+    def _job_list(self, request: Request, *, dead: bool) -> Response:
+        params = request.query_params
+        status = "dead" if dead else (params.get("status") or None)
+        queue = params.get("queue") or None
+        task = params.get("task") or None
+        before_text = params.get("before") or None
+        try:
+            before = int(before_text) if before_text is not None else None
+            jobs = self.jq.list_jobs(status, queue, PAGE_SIZE + 1, task=task, before=before)
+        except (ConfigError, ValueError) as exc:
+            return self.error(request, 400, f"Bad filter: {exc}")
+        more = len(jobs) > PAGE_SIZE
+        jobs = jobs[:PAGE_SIZE]
+        filters = {"status": None if dead else status, "queue": queue, "task": task}
+        kept = {k: v for k, v in filters.items() if v}
+        next_url = f"?{urlencode({**kept, 'before': jobs[-1].id})}" if more and jobs else None
+        first_url = f"?{urlencode(kept)}" if before is not None else None
+        return self.render(
+            request,
+            "jobs.html",
+            dead=dead,
+            jobs=jobs,
+            filters=filters,
+            statuses=[s for s in STATUS_ORDER if s != "dead"],
+            next_url=next_url,
+            first_url=first_url,
+            before=before,
+            page_size=PAGE_SIZE,
+        )
+
+    def jobs(self, request: Request) -> Response:
+        return self._job_list(request, dead=False)
+
+    def dead_letters(self, request: Request) -> Response:
+        return self._job_list(request, dead=True)
+
+    def job(self, request: Request) -> Response:
+        try:
+            job = self.jq.get_job(int(request.path_params["job_id"]))
+        except (ConfigError, ValueError):
+            job = None
+        if job is None:
+            return self.error(
+                request, 404, f"No job {request.path_params['job_id']} (it may have been pruned)."
+            )
+        now = self.jq.backend.db_now()
+        waiting = None
+        if job.status in (JobStatus.AVAILABLE, JobStatus.SCHEDULED, JobStatus.RETRYABLE,
+                          JobStatus.RUNNING):  # fmt: skip
+            waiting = why_waiting(job, self.jq.workers(), now)
+        return self.render(
+            request,
+            "job.html",
+            now=now,
+            job=job,
+            waiting=waiting,
+            can_retry=job.status.value in ("dead", "retryable", "cancelled", "completed"),
+            can_cancel=job.status.value in ("scheduled", "available", "running", "retryable")
+            and not (job.status == JobStatus.RUNNING and job.cancel_requested),
+        )
+
+    def workers(self, request: Request) -> Response:
+        now = self.jq.backend.db_now()
+        workers = self.jq.workers()
+        rows = []
+        for worker in workers:
+            age = (now - worker.heartbeat_at).total_seconds()
+            window = worker.rescue_after or self.jq.settings.rescue_after
+            state = "stale" if age > window else ("late" if age > window / 2 else "ok")
+            rows.append((worker, age, window, state))
+        return self.render(request, "workers.html", now=now, rows=rows)
+
+    # -- actions -------------------------------------------------------------------
+
+    async def action(self, request: Request) -> Response:
+        if self.read_only:
+            return PlainTextResponse("read-only dashboard: actions are off\n", status_code=403)
+        body = await request.body()
+        form = parse_qs(body[:MAX_FORM_BYTES].decode("utf-8", "replace"))
+        fields = form.get(CSRF_FIELD) or []
+        field = fields[0] if fields else None
+        if not self.csrf.valid(request.cookies.get(CSRF_COOKIE), field):
+            return PlainTextResponse(
+                "CSRF token missing or invalid: reload the page and try again\n",
+                status_code=403,
+            )
+        return await _run_sync(self._act, request)
+
+    def _act(self, request: Request) -> Response:
+        what = request.path_params["action"]
+        kind = request.path_params["kind"]
+        try:
+            job_id = int(request.path_params["job_id"])
+            if kind == "jobs" and what == "retry":
+                self.jq.retry(job_id)
+                message = f"Job {job_id} is available again."
+            elif kind == "jobs" and what == "cancel":
+                job = self.jq.cancel(job_id)
+                message = (
+                    f"Job {job_id} cancelled."
+                    if job.status == JobStatus.CANCELLED
+                    else f"Job {job_id} is running: its worker was asked to stop it."
+                )
+            elif kind == "dead" and what == "requeue":
+                moved = self.jq.requeue_dead([job_id])
+                if not moved:
+                    raise JobNotFound(f"no dead letter {job_id}")
+                message = f"Dead letter {job_id} requeued."
+            elif kind == "dead" and what == "delete":
+                if not self.jq.purge_dead([job_id]):
+                    raise JobNotFound(f"no dead letter {job_id}")
+                message = f"Dead letter {job_id} deleted."
+                return _see_other(request, "/dead", message)
+            else:
+                return PlainTextResponse("unknown action\n", status_code=404)
+        except JobNotFound as exc:
+            return self.error(request, 404, str(exc))
+        except (JobStateError, ConfigError, ValueError) as exc:
+            return self.error(request, 409, str(exc))
+        except JobkeeperError as exc:
+            return self.error(request, 503, str(exc))
+        return _see_other(request, f"/jobs/{job_id}", message)
+
+    def metrics(self, request: Request) -> Response:
+        from jobkeeper.dashboard.metrics import render_metrics
+
+        body, content_type = render_metrics(self.jq)
+        return Response(body, media_type=content_type)
+
+
+def _see_other(request: Request, path: str, message: str) -> RedirectResponse:
+    """Post/redirect/get: back to a page that shows the outcome."""
+    root = request.scope.get("root_path", "")
+    return RedirectResponse(f"{root}{path}?{urlencode({'flash': message})}", status_code=303)
+
+
+async def _run_sync(function: Callable[[Request], Response], request: Request) -> Response:
+    # Database calls block: off the event loop, as Starlette does for sync routes.
+    from starlette.concurrency import run_in_threadpool
+
+    return await run_in_threadpool(function, request)
+
+
+def create_app(
+    jq: JobQueue,
+    read_only: bool = False,
+    *,
+    password: str | None = None,
+    secret: bytes | None = None,
+) -> Starlette:
+    """The dashboard as an ASGI app, to serve with uvicorn or mount in another
+    app (``Mount("/jobs", app=create_app(jq))``; links follow the mount path).
+
+    Args:
+        jq: the queue to show (any :class:`JobQueue`; its tasks need not be
+            registered).
+        read_only: hide every action button and refuse every POST (403).
+        password: require HTTP basic auth (user ``jobkeeper``) on every route;
+            default ``$JOBKEEPER_DASHBOARD_PASSWORD`` (unset or empty: none).
+        secret: the key that signs CSRF tokens (default: random per app, so
+            forms of a restarted dashboard need a reload).
+
+    Returns:
+        A Starlette application.
+    """
+    if password is None:
+        password = os.environ.get(PASSWORD_ENV) or None
+    dashboard = Dashboard(
+        jq, read_only=read_only, secret=secret if secret is not None else secrets.token_bytes(32)
+    )
+    static = resources.files("jobkeeper.dashboard").joinpath("static")
+    routes = [
+        Route("/", dashboard.overview, name="overview"),
+        Route("/jobs", dashboard.jobs, name="jobs"),
+        Route("/jobs/{job_id}", dashboard.job, name="job"),
+        Route("/dead", dashboard.dead_letters, name="dead"),
+        Route("/workers", dashboard.workers, name="workers"),
+        Route("/metrics", dashboard.metrics, name="metrics"),
+        Route("/{kind:str}/{job_id}/{action:str}", dashboard.action, methods=["POST"]),
+        Mount("/static", app=StaticFiles(directory=str(static)), name="static"),
+    ]
+    middleware = [Middleware(BasicAuth, password=password)] if password else []
+
+    async def server_error(request: Request, exc: Exception) -> Response:
+        return PlainTextResponse(f"dashboard error: {exc}\n", status_code=500)
+
+    app = Starlette(
+        routes=routes,
+        middleware=middleware,
+        exception_handlers={JobkeeperError: server_error},
+    )
+    app.state.dashboard = dashboard
+    return app
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` names only this machine (127.0.0.0/8, ::1, localhost)."""
+    import ipaddress
+
+    if host.lower() in ("localhost", "localhost.localdomain"):
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+__all__ = ["NAV", "NavEntry", "create_app", "is_loopback"]

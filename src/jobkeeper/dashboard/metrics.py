@@ -1,0 +1,82 @@
+"""Queue-level Prometheus metrics for the dashboard's ``/metrics``.
+
+A custom collector reads the database at scrape time through the API, so
+the numbers are the database's, whichever process serves them:
+
+- ``jobkeeper_jobs{queue,status}``: jobs per queue and status (dead letters
+  as ``dead``). Live statuses are exact; ``completed`` and ``cancelled`` are
+  exact while together below 100,000 rows, ``dead`` while the dead letters
+  are, and estimated above (:meth:`jobkeeper.JobQueue.queue_counts`), so a
+  scrape never counts a table that grows with retention.
+  ``jobkeeper_jobs_estimated{status}`` is 1 for the statuses estimated in
+  this scrape.
+- ``jobkeeper_queue_latency_seconds{queue}``: age of the oldest job that
+  could run now (0 for a queue with nothing due).
+- ``jobkeeper_workers``: registered worker processes.
+
+Per-worker counters (processed, durations, rescues) live on the worker's
+own ``--metrics-port``, not here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.registry import Collector
+
+from jobkeeper.api import JobQueue
+
+#: Rows of a finished status counted exactly; above, an estimate.
+EXACT_BELOW = 100_000
+
+
+class QueueCollector(Collector):
+    """Collects the queue-level gauges of one :class:`JobQueue` per scrape."""
+
+    def __init__(self, jq: JobQueue, *, exact_below: int = EXACT_BELOW) -> None:
+        self.jq = jq
+        self.exact_below = exact_below
+
+    def collect(self) -> Iterator[Metric]:
+        counts = self.jq.queue_counts(exact_below=self.exact_below)
+        oldest = self.jq.oldest_due()
+        workers = self.jq.workers()
+        jobs = GaugeMetricFamily(
+            "jobkeeper_jobs",
+            f"Jobs per queue and status (finished statuses estimated above "
+            f"{self.exact_below} rows; see jobkeeper_jobs_estimated).",
+            labels=["queue", "status"],
+        )
+        for queue, per_status in sorted(counts.counts.items()):
+            for status, count in sorted(per_status.items()):
+                jobs.add_metric([queue, status], count)
+        yield jobs
+        estimated = GaugeMetricFamily(
+            "jobkeeper_jobs_estimated",
+            "1 when this scrape's jobkeeper_jobs counts of the status are estimates.",
+            labels=["status"],
+        )
+        for status in ("completed", "cancelled", "dead"):
+            estimated.add_metric([status], 1 if status in counts.estimated else 0)
+        yield estimated
+        latency = GaugeMetricFamily(
+            "jobkeeper_queue_latency_seconds",
+            "Age of the oldest job of the queue that could run now (0: none due).",
+            labels=["queue"],
+        )
+        for queue in sorted(set(counts.counts) | set(oldest)):
+            latency.add_metric([queue], oldest[queue][1] if queue in oldest else 0.0)
+        yield latency
+        yield GaugeMetricFamily(
+            "jobkeeper_workers", "Registered worker processes.", value=len(workers)
+        )
+
+
+def render_metrics(jq: JobQueue, *, exact_below: int = EXACT_BELOW) -> tuple[bytes, str]:
+    """The Prometheus text exposition for ``jq`` and its content type."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(QueueCollector(jq, exact_below=exact_below))
+    return generate_latest(registry), CONTENT_TYPE_LATEST

@@ -1,0 +1,256 @@
+"""``jobkeeper doctor``: checks of a database a queue runs on, each one line
+with what to do about it.
+
+Reads through the API only (:meth:`JobQueue.health`, :meth:`JobQueue.workers`
+and the queue's settings); the backends gather the facts, this module judges
+them. A ``fail`` means jobs will not run (or not safely) until it is fixed;
+a ``warn`` means something degrades or will soon.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Literal
+
+from jobkeeper.api import JobQueue
+from jobkeeper.config import holder_window
+from jobkeeper.errors import JobkeeperError
+
+Level = Literal["ok", "warn", "fail"]
+
+#: Seconds a transaction may hold back the xmin horizon before a warn
+#: (DESIGN: over 60 s is at least a warn), and before a fail.
+XMIN_WARN_AFTER = 60.0
+XMIN_FAIL_AFTER = 3600.0
+#: Dead tuples over live + dead above which the jobs table is bloating.
+DEAD_TUPLE_WARN = 0.2
+#: Tables smaller than this are not judged on their dead-tuple ratio or plan.
+SMALL_TABLE_ROWS = 10_000
+#: NOTIFY queue fractions that warn / fail (PostgreSQL stops NOTIFY when full).
+NOTIFY_WARN, NOTIFY_FAIL = 0.5, 0.9
+#: A WAL file this large means checkpoints cannot keep up (a long reader).
+WAL_WARN_BYTES = 256 << 20
+#: rescue_after below this many heartbeat intervals is one slow beat from a false rescue.
+SAFE_BEATS = 5
+
+
+@dataclasses.dataclass(frozen=True)
+class Check:
+    """One check's verdict: ``name``, ``level`` and a one-line ``message``
+    that says what to do when it is not ``ok``.
+    """
+
+    name: str
+    level: Level
+    message: str
+
+    def to_dict(self) -> dict[str, str]:
+        return {"check": self.name, "level": self.level, "message": self.message}
+
+
+def run_checks(jq: JobQueue, *, xmin_warn_after: float = XMIN_WARN_AFTER) -> list[Check]:
+    """Every check that applies to ``jq``'s database, in a fixed order.
+
+    Never raises for the database's state: an unreachable database is a
+    ``fail`` of the first check (and the others are skipped).
+    """
+    try:
+        facts = jq.health()
+    except JobkeeperError as exc:
+        return [Check("database", "fail", f"cannot reach {jq.url.redacted()}: {exc}")]
+    checks = [Check("database", "ok", f"{facts['backend']} at {jq.url.redacted()} answers")]
+    checks.append(_schema(facts))
+    if facts["schema_version"] == 0:
+        return checks
+    checks.append(_claim_plan(facts))
+    if facts["backend"] == "postgresql":
+        checks += _postgres(facts, xmin_warn_after)
+    else:
+        checks += _sqlite(facts)
+    checks.append(_workers(jq))
+    checks.append(_settings(jq))
+    return checks
+
+
+def _schema(facts: dict[str, Any]) -> Check:
+    have, want = facts["schema_version"], facts["schema_expected"]
+    if have == 0:
+        return Check("schema", "fail", "not migrated: run `jobkeeper migrate`")
+    if have < want:
+        return Check(
+            "schema",
+            "fail",
+            f"version {have} is behind the code's {want}: run `jobkeeper migrate`",
+        )
+    if have > want:
+        return Check(
+            "schema",
+            "warn",
+            f"version {have} is ahead of this jobkeeper's {want}: upgrade jobkeeper here",
+        )
+    return Check("schema", "ok", f"version {have}, as the code expects")
+
+
+def _claim_plan(facts: dict[str, Any]) -> Check:
+    if facts.get("claim_uses_index"):
+        return Check("claim plan", "ok", "the claim walks jobkeeper_jobs_claim_idx")
+    live = (facts.get("table") or {}).get("live") or 0
+    if facts["backend"] == "postgresql" and live < SMALL_TABLE_ROWS:
+        return Check(
+            "claim plan", "ok", f"small table ({live} rows): a scan is as cheap as the index"
+        )
+    return Check(
+        "claim plan",
+        "fail",
+        "the claim does not use jobkeeper_jobs_claim_idx: run ANALYZE jobkeeper_jobs "
+        "and check the index exists (`jobkeeper migrate`)",
+    )
+
+
+def _postgres(facts: dict[str, Any], xmin_warn_after: float) -> list[Check]:
+    checks = []
+    table = facts.get("table") or {}
+    live, dead = int(table.get("live") or 0), int(table.get("dead") or 0)
+    ratio = dead / (live + dead) if live + dead else 0.0
+    vacuumed = table.get("vacuumed_ago")
+    when = "never vacuumed" if vacuumed is None else f"last vacuumed {vacuumed / 60:.0f} min ago"
+    if ratio > DEAD_TUPLE_WARN and live + dead >= SMALL_TABLE_ROWS:
+        checks.append(
+            Check(
+                "dead tuples",
+                "warn",
+                f"{ratio:.0%} of jobkeeper_jobs rows are dead ({dead:,}; {when}): look for "
+                "long transactions below, or run VACUUM jobkeeper_jobs",
+            )
+        )
+    else:
+        checks.append(Check("dead tuples", "ok", f"{ratio:.0%} dead ({dead:,} rows; {when})"))
+    if not table.get("autovacuum", True) or not table.get("table_autovacuum", True):
+        checks.append(
+            Check(
+                "autovacuum",
+                "warn",
+                "autovacuum is off for jobkeeper_jobs: jobkeeper's pruner vacuums it "
+                "itself, but turn autovacuum on for the rest of the database",
+            )
+        )
+    else:
+        checks.append(Check("autovacuum", "ok", "on"))
+    holders = [h for h in facts.get("xmin_holders", []) if (h["open_for"] or 0) > xmin_warn_after]
+    if holders:
+        oldest = holders[0]
+        level: Level = "fail" if oldest["open_for"] > XMIN_FAIL_AFTER else "warn"
+        query = " ".join(str(oldest["query"]).split())[:60]
+        checks.append(
+            Check(
+                "xmin horizon",
+                level,
+                f"{len(holders)} transaction(s) open over {xmin_warn_after:g} s hold back "
+                f"vacuum; oldest: pid {oldest['pid']} ({oldest['state']}, "
+                f"{oldest['open_for']:.0f} s, {query!r}): end it "
+                f"(SELECT pg_terminate_backend({oldest['pid']})) or fix what leaves it open",
+            )
+        )
+    else:
+        checks.append(
+            Check("xmin horizon", "ok", f"no transaction open over {xmin_warn_after:g} s")
+        )
+    usage = float(facts.get("notify_usage") or 0.0)
+    if usage >= NOTIFY_WARN:
+        checks.append(
+            Check(
+                "notify queue",
+                "fail" if usage >= NOTIFY_FAIL else "warn",
+                f"{usage:.0%} of the NOTIFY queue is used: a LISTEN session is stuck in a "
+                "transaction; find it in pg_stat_activity and end it",
+            )
+        )
+    else:
+        checks.append(Check("notify queue", "ok", f"{usage:.1%} used"))
+    return checks
+
+
+def _sqlite(facts: dict[str, Any]) -> list[Check]:
+    checks = []
+    mode = facts.get("journal_mode", "")
+    if mode.lower() == "wal":
+        checks.append(Check("journal mode", "ok", "wal"))
+    else:
+        checks.append(
+            Check(
+                "journal mode",
+                "warn",
+                f"{mode}: readers block writers; keep the database on a local disk, "
+                "where jobkeeper switches it to WAL",
+            )
+        )
+    wal = int(facts.get("wal_bytes") or 0)
+    if wal > WAL_WARN_BYTES:
+        checks.append(
+            Check(
+                "wal size",
+                "warn",
+                f"the WAL file is {wal / (1 << 20):.0f} MiB: a long-lived reader blocks "
+                "checkpoints; close it, then PRAGMA wal_checkpoint(TRUNCATE)",
+            )
+        )
+    else:
+        checks.append(Check("wal size", "ok", f"{wal / (1 << 20):.1f} MiB"))
+    busy = int(facts.get("busy_timeout_ms") or 0)
+    if busy < 1000:
+        checks.append(
+            Check(
+                "busy timeout",
+                "warn",
+                f"{busy} ms: writes fail at once under contention; set busy_timeout >= 5 s",
+            )
+        )
+    else:
+        checks.append(Check("busy timeout", "ok", f"{busy / 1000:g} s"))
+    return checks
+
+
+def _workers(jq: JobQueue) -> Check:
+    workers = jq.workers()
+    if not workers:
+        return Check("workers", "ok", "none registered")
+    now = jq.backend.db_now()
+    stale = [
+        w
+        for w in workers
+        if (now - w.heartbeat_at).total_seconds()
+        > holder_window(w.rescue_after, jq.settings.rescue_after)
+    ]
+    if stale:
+        names = ", ".join(w.id for w in stale[:3])
+        return Check(
+            "workers",
+            "warn",
+            f"{len(stale)} of {len(workers)} worker(s) silent past their rescue window "
+            f"({names}): their jobs are being rescued; check those hosts",
+        )
+    return Check("workers", "ok", f"{len(workers)} alive")
+
+
+def _settings(jq: JobQueue) -> Check:
+    settings = jq.settings
+    beats = settings.rescue_after / settings.heartbeat_interval
+    if beats < SAFE_BEATS:
+        return Check(
+            "settings",
+            "warn",
+            f"rescue_after={settings.rescue_after:g} s is only {beats:.1f} heartbeats "
+            f"(heartbeat_interval={settings.heartbeat_interval:g} s): one slow beat away "
+            f"from running a job twice; make it >= {SAFE_BEATS} x heartbeat_interval",
+        )
+    return Check(
+        "settings",
+        "ok",
+        f"heartbeat every {settings.heartbeat_interval:g} s, rescue after "
+        f"{settings.rescue_after:g} s",
+    )
+
+
+def exit_code(checks: list[Check]) -> int:
+    """1 when any check failed, else 0."""
+    return 1 if any(check.level == "fail" for check in checks) else 0

@@ -1,0 +1,106 @@
+"""A database with jobs in every state, for the dashboard's tests (and its
+screenshots): written through the API and the backend's own operations, as
+a worker would, without running one.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from jobkeeper import JobQueue
+from jobkeeper.models import Claim, Completion, Failure, WorkerInfo
+
+TRACEBACK = """Traceback (most recent call last):
+  File "/srv/app/jobs.py", line 42, in send_invoice
+    response = client.post(url, json=payload, timeout=10)
+  File "/srv/app/http.py", line 17, in post
+    raise ConnectionError(f"{url}: connection refused")
+ConnectionError: https://billing.internal/api/invoices: connection refused
+"""
+
+
+@dataclass
+class Seeded:
+    available: list[int]
+    scheduled: int
+    running: int
+    completed: list[int]
+    retryable: int
+    dead: int
+    cancelled: int
+    worker_id: str
+
+
+REPORT_TRACEBACK = """Traceback (most recent call last):
+  File "/srv/app/reports.py", line 88, in render_report
+    template = TEMPLATES[options["template"]]
+KeyError: 'template'
+"""
+
+
+def _error(attempt: int, message: str, traceback: str = TRACEBACK) -> str:
+    return json.dumps({"attempt": attempt, "error": message, "traceback": traceback})
+
+
+def seed(jq: JobQueue, *, completed: int = 12) -> Seeded:
+    """Jobs of queues ``default``, ``emails`` and ``reports`` in every status,
+    and one live worker serving ``default`` and ``emails``.
+    """
+    backend = jq.backend
+    worker = WorkerInfo(
+        id=f"{socket.gethostname()}-4242-a1b2",
+        hostname=socket.gethostname(),
+        pid=4242,
+        queues=["default", "emails"],
+        started_at=datetime.now(UTC),
+        heartbeat_at=datetime.now(UTC),
+        rescue_after=60.0,
+    )
+    backend.worker_register(worker)
+    done = jq.enqueue_many(
+        [("send_invoice", {"invoice": 1000 + i, "customer": f"c-{i}"}) for i in range(completed)]
+    )
+    claimed = backend.job_claim(worker_id=worker.id, queue="default", limit=completed)
+    backend.job_complete_many(
+        [
+            Completion(Claim(j.id, worker.id, j.attempt), json.dumps({"sent": True, "pages": 2}))
+            for j in claimed
+        ],
+        delete=False,
+    )
+    failing = jq.enqueue("send_invoice", {"invoice": 77, "customer": "acme"}, max_attempts=3)
+    dying = jq.enqueue("render_report", {"report": "q3", "format": "pdf"}, queue="reports",
+                       max_attempts=1)  # fmt: skip
+    (claim,) = backend.job_claim(worker_id=worker.id, queue="default", limit=1)
+    backend.job_fail_many(
+        [Failure(Claim(claim.id, worker.id, 1), "retryable", _error(1, "ConnectionError: "
+                 "https://billing.internal/api/invoices: connection refused"), retry_in=600)]
+    )  # fmt: skip
+    (claim,) = backend.job_claim(worker_id=worker.id, queue="reports", limit=1)
+    backend.job_fail_many(
+        [Failure(Claim(claim.id, worker.id, 1), "dead",
+                 _error(1, "KeyError: 'template'", REPORT_TRACEBACK),
+                 reason="max_attempts exhausted")]
+    )  # fmt: skip
+    running = jq.enqueue("send_email", {"to": "ops@example.com"}, queue="emails")
+    backend.job_claim(worker_id=worker.id, queue="emails", limit=1)
+    cancelled = jq.enqueue("send_email", {"to": "old@example.com"}, queue="emails", delay=3600)
+    jq.cancel(cancelled.id)
+    scheduled = jq.enqueue("render_report", {"report": "q4"}, queue="reports", delay=1800)
+    available = [
+        jq.enqueue("send_email", {"to": f"user{i}@example.com"}, queue="emails").id
+        for i in range(3)
+    ]
+    return Seeded(
+        available=available,
+        scheduled=scheduled.id,
+        running=running.id,
+        completed=[j.id for j in done],
+        retryable=failing.id,
+        dead=dying.id,
+        cancelled=cancelled.id,
+        worker_id=worker.id,
+    )

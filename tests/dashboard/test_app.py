@@ -1,0 +1,241 @@
+"""The dashboard app through Starlette's TestClient, on both backends."""
+
+from __future__ import annotations
+
+import base64
+import re
+
+import pytest
+from starlette.testclient import TestClient
+
+from jobkeeper.dashboard import create_app
+from jobkeeper.dashboard.app import CSRF_COOKIE, PASSWORD_ENV
+from jobkeeper.models import JobStatus
+
+from .seed import seed
+
+
+@pytest.fixture
+def seeded(jq):
+    return seed(jq)
+
+
+@pytest.fixture
+def client(jq, seeded, monkeypatch):
+    monkeypatch.delenv(PASSWORD_ENV, raising=False)
+    with TestClient(create_app(jq)) as client:
+        yield client
+
+
+def _token(client: TestClient, page: str = "/dead") -> str:
+    html = client.get(page).text
+    match = re.search(r'name="csrf_token" value="([^"]+)"', html)
+    assert match, "no CSRF field on the page"
+    return match.group(1)
+
+
+def test_every_page_renders_and_links_from_the_overview(client, seeded):
+    overview = client.get("/")
+    assert overview.status_code == 200
+    html = overview.text
+    for link in ('href="/jobs"', 'href="/dead"', 'href="/workers"', 'href="/jobs?queue=emails"',
+                 'href="/metrics"', "/static/style.css"):  # fmt: skip
+        assert link in html
+    for path in ("/jobs", "/dead", "/workers", f"/jobs/{seeded.retryable}",
+                 f"/jobs/{seeded.dead}", f"/jobs/{seeded.running}", f"/jobs/{seeded.scheduled}",
+                 f"/jobs/{seeded.completed[0]}", f"/jobs/{seeded.cancelled}",
+                 f"/jobs/{seeded.available[0]}", "/static/style.css", "/metrics"):  # fmt: skip
+        response = client.get(path)
+        assert response.status_code == 200, path
+    assert "text/html" in overview.headers["content-type"]
+
+
+def test_overview_counts_queues_and_statuses(client, jq):
+    html = client.get("/").text
+    counts = jq.stats()
+    assert counts["default"]["completed"] == 12
+    assert '<a href="/jobs?status=completed&amp;queue=default">12</a>' in html
+    assert '<a href="/dead?queue=reports">1</a>' in html
+    # The throughput chart counts the 12 completed jobs and the cancelled one.
+    assert "13 in all" in html
+
+
+def test_job_page_shows_args_result_errors_and_why(client, seeded):
+    html = client.get(f"/jobs/{seeded.retryable}").text
+    assert "&#34;invoice&#34;: 77" in html or '"invoice": 77' in html
+    assert "connection refused" in html and "Traceback (most recent call last)" in html
+    assert "next attempt in" in html
+    html = client.get(f"/jobs/{seeded.completed[0]}").text
+    assert "&#34;sent&#34;: true" in html or '"sent": true' in html
+    html = client.get(f"/jobs/{seeded.available[0]}").text
+    assert "worker(s) serve queue" in html
+    html = client.get(f"/jobs/{seeded.running}").text
+    assert f"Running on worker {seeded.worker_id}" in html
+    assert client.get("/jobs/999999").status_code == 404
+    assert client.get("/jobs/nope").status_code == 404
+
+
+def test_available_job_without_a_worker_says_so(client, jq):
+    job = jq.enqueue("lonely", {}, queue="nobody")
+    assert "No live worker serves queue &#39;nobody&#39;" in client.get(f"/jobs/{job.id}").text
+
+
+def _ids(html: str) -> list[int]:
+    return [int(i) for i in re.findall(r'<a class="strong" href="/jobs/(\d+)">', html)]
+
+
+def test_filters(client, seeded):
+    assert _ids(client.get("/jobs?status=available").text) == sorted(seeded.available, reverse=True)
+    emails = _ids(client.get("/jobs?queue=emails").text)
+    assert set(emails) == {*seeded.available, seeded.running, seeded.cancelled}
+    assert _ids(client.get("/jobs?task=render_report").text) == [seeded.scheduled, seeded.dead]
+    assert _ids(client.get("/jobs?status=dead").text) == [seeded.dead]
+    assert _ids(client.get("/dead?task=render_report").text) == [seeded.dead]
+    assert _ids(client.get("/dead?queue=emails").text) == []
+    assert client.get("/jobs?status=bogus").status_code == 400
+    assert client.get("/jobs?before=abc").status_code == 400
+
+
+def test_keyset_paging(jq, client, monkeypatch):
+    monkeypatch.setattr("jobkeeper.dashboard.app.PAGE_SIZE", 5)
+    first = client.get("/jobs?queue=default").text
+    page1 = _ids(first)
+    assert len(page1) == 5
+    match = re.search(r'<a href="\?([^"]+)" rel="next">', first)
+    assert match and f"before={page1[-1]}" in match.group(1)
+    second = client.get("/jobs?" + match.group(1).replace("&amp;", "&")).text
+    page2 = _ids(second)
+    assert len(page2) == 5 and max(page2) < min(page1)
+    everything = [j.id for j in jq.list_jobs(queue="default", limit=100)]
+    seen = page1 + page2
+    while 'rel="next"' in second:
+        match = re.search(r'<a href="\?([^"]+)" rel="next">', second)
+        second = client.get("/jobs?" + match.group(1).replace("&amp;", "&")).text
+        seen += _ids(second)
+    assert seen == everything
+
+
+def test_retry_cancel_requeue_delete_by_post(client, jq, seeded):
+    token = _token(client)
+    response = client.post(
+        f"/jobs/{seeded.retryable}/retry", data={"csrf_token": token}, follow_redirects=False
+    )
+    assert response.status_code == 303
+    assert response.headers["location"].startswith(f"/jobs/{seeded.retryable}?flash=")
+    assert jq.get_job(seeded.retryable).status == JobStatus.AVAILABLE
+
+    client.post(f"/jobs/{seeded.scheduled}/cancel", data={"csrf_token": token})
+    assert jq.get_job(seeded.scheduled).status == JobStatus.CANCELLED
+
+    client.post(f"/dead/{seeded.dead}/requeue", data={"csrf_token": token})
+    assert jq.get_job(seeded.dead).status == JobStatus.AVAILABLE
+
+    doomed = _make_dead(jq, seeded)
+    response = client.post(f"/dead/{doomed}/delete", data={"csrf_token": token})
+    assert response.status_code == 200 and "deleted" in response.text
+    assert jq.get_job(doomed) is None
+
+    # Wrong state and unknown ids: a page saying so, nothing changed.
+    response = client.post(f"/jobs/{seeded.available[0]}/retry", data={"csrf_token": token})
+    assert response.status_code == 409 and "only dead" in response.text
+    assert client.post("/dead/424242/delete", data={"csrf_token": token}).status_code == 404
+    assert (
+        client.post(f"/jobs/{seeded.running}/explode", data={"csrf_token": token}).status_code
+        == 404
+    )
+
+
+def _make_dead(jq, seeded) -> int:
+    from jobkeeper.models import Claim, Failure
+
+    job = jq.enqueue("doomed", {}, queue="doom", max_attempts=1)
+    jq.backend.job_claim(worker_id=seeded.worker_id, queue="doom", limit=1)
+    jq.backend.job_fail_many(
+        [Failure(Claim(job.id, seeded.worker_id, 1), "dead", '{"attempt": 1, "error": "x"}')]
+    )
+    return job.id
+
+
+def test_csrf_refusals(client, jq, seeded):
+    token = _token(client)
+    target = f"/jobs/{seeded.retryable}/retry"
+    assert client.post(target).status_code == 403  # no field
+    assert client.post(target, data={"csrf_token": "forged.abc"}).status_code == 403
+    # A token that is well formed but not the cookie's (another session's).
+    other = TestClient(client.app)
+    other_token = _token(other)
+    assert other_token != token
+    assert client.post(target, data={"csrf_token": other_token}).status_code == 403
+    # No cookie at all (a cross-site form post carries none: SameSite=Strict).
+    bare = TestClient(client.app)
+    assert bare.post(target, data={"csrf_token": token}).status_code == 403
+    # A cookie and field that match but were not signed by this app.
+    forged = TestClient(client.app, cookies={CSRF_COOKIE: "nonce.deadbeef"})
+    assert forged.post(target, data={"csrf_token": "nonce.deadbeef"}).status_code == 403
+    assert jq.get_job(seeded.retryable).status == JobStatus.RETRYABLE
+    assert client.post(target, data={"csrf_token": token}).status_code == 200
+    assert jq.get_job(seeded.retryable).status == JobStatus.AVAILABLE
+
+
+def test_read_only(jq, seeded, monkeypatch):
+    monkeypatch.delenv(PASSWORD_ENV, raising=False)
+    client = TestClient(create_app(jq, read_only=True))
+    for path in (f"/jobs/{seeded.retryable}", f"/jobs/{seeded.dead}", "/dead"):
+        html = client.get(path).text
+        assert 'method="post"' not in html
+        assert not {"Retry", "Cancel", "Requeue", "Delete"} & set(
+            re.findall(r">(\w+)</button>", html)
+        )
+        assert "read-only" in html
+    for action in (f"/jobs/{seeded.retryable}/retry", f"/jobs/{seeded.available[0]}/cancel",
+                   f"/dead/{seeded.dead}/requeue", f"/dead/{seeded.dead}/delete"):  # fmt: skip
+        assert client.post(action, data={"csrf_token": "x"}).status_code == 403
+    assert jq.get_job(seeded.retryable).status == JobStatus.RETRYABLE
+    assert jq.get_job(seeded.dead).status == JobStatus.DEAD
+
+
+def _basic(user: str, password: str) -> dict[str, str]:
+    return {"Authorization": "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()}
+
+
+@pytest.mark.parametrize("from_env", [False, True])
+def test_basic_auth_on_every_route(jq, seeded, monkeypatch, from_env):
+    if from_env:
+        monkeypatch.setenv(PASSWORD_ENV, "s3cret")
+        app = create_app(jq)
+    else:
+        monkeypatch.delenv(PASSWORD_ENV, raising=False)
+        app = create_app(jq, password="s3cret")
+    client = TestClient(app)
+    paths = ["/", "/jobs", "/dead", "/workers", "/metrics", f"/jobs/{seeded.dead}",
+             "/static/style.css", "/nowhere"]  # fmt: skip
+    for path in paths:
+        response = client.get(path)
+        assert response.status_code == 401, path
+        assert response.headers["www-authenticate"].startswith("Basic")
+        assert client.get(path, headers=_basic("jobkeeper", "wrong")).status_code == 401
+        assert client.get(path, headers=_basic("admin", "s3cret")).status_code == 401
+    assert client.post(f"/jobs/{seeded.retryable}/retry").status_code == 401
+    auth = _basic("jobkeeper", "s3cret")
+    for path in paths[:-1]:
+        assert client.get(path, headers=auth).status_code == 200, path
+    assert jq.get_job(seeded.retryable).status == JobStatus.RETRYABLE
+
+
+def test_mounted_under_a_prefix(jq, seeded, monkeypatch):
+    from starlette.applications import Starlette
+    from starlette.routing import Mount
+
+    monkeypatch.delenv(PASSWORD_ENV, raising=False)
+    outer = Starlette(routes=[Mount("/ops/jobs", app=create_app(jq))])
+    client = TestClient(outer)
+    html = client.get("/ops/jobs/").text
+    assert 'href="/ops/jobs/dead"' in html and "/ops/jobs/static/style.css" in html
+    assert client.get("/ops/jobs/static/style.css").status_code == 200
+    token = _token(client, "/ops/jobs/dead")
+    response = client.post(
+        f"/ops/jobs/jobs/{seeded.retryable}/retry",
+        data={"csrf_token": token},
+        follow_redirects=False,
+    )
+    assert response.headers["location"].startswith(f"/ops/jobs/jobs/{seeded.retryable}")

@@ -1,0 +1,198 @@
+"""`jobkeeper dashboard`'s loopback rule, `jobkeeper doctor` and `dead purge`."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import psycopg
+import pytest
+
+from jobkeeper import JobQueue
+from jobkeeper.cli.main import main
+from jobkeeper.dashboard.app import PASSWORD_ENV, is_loopback
+from jobkeeper.doctor import exit_code, run_checks
+
+from .seed import seed
+
+
+def run(capsys, *argv: str) -> tuple[int, str, str]:
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as info:
+        main(list(argv))
+    out, err = capsys.readouterr()
+    code = info.value.code
+    return (code if isinstance(code, int) else 1), out, err
+
+
+@pytest.fixture
+def served(monkeypatch) -> list[dict[str, Any]]:
+    """Replaces uvicorn.run: records what would be served instead of serving."""
+    import uvicorn
+
+    calls: list[dict[str, Any]] = []
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: calls.append({"app": app, **kw}))
+    return calls
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "192.168.1.20", "::", "example.com"])
+def test_dashboard_refuses_non_loopback_without_password(jq, capsys, monkeypatch, served, host):
+    monkeypatch.delenv(PASSWORD_ENV, raising=False)
+    code, _, err = run(capsys, "--database", jq.url.url, "dashboard", "--host", host)
+    assert code == 2
+    assert err.count("\n") == 1 and PASSWORD_ENV in err and host in err
+    assert served == []
+
+
+def test_dashboard_serves_loopback_and_password_protected_hosts(jq, capsys, monkeypatch, served):
+    monkeypatch.delenv(PASSWORD_ENV, raising=False)
+    code, out, _ = run(capsys, "--database", jq.url.url, "dashboard", "--port", "0", "--read-only")
+    assert code == 0 and "read-only" in out
+    assert served[-1]["host"] == "127.0.0.1" and served[-1]["port"] == 0
+    assert served[-1]["app"].state.dashboard.read_only is True
+    monkeypatch.setenv(PASSWORD_ENV, "pw")
+    code, _, _ = run(capsys, "--database", jq.url.url, "dashboard", "--host", "0.0.0.0")
+    assert code == 0 and served[-1]["host"] == "0.0.0.0"
+
+
+def test_is_loopback():
+    assert all(map(is_loopback, ["127.0.0.1", "127.1.2.3", "::1", "[::1]", "localhost"]))
+    assert not any(map(is_loopback, ["0.0.0.0", "::", "10.0.0.1", "host.example"]))
+
+
+def test_doctor_on_a_healthy_database(jq, capsys):
+    seed(jq)
+    checks = run_checks(jq)
+    names = [check.name for check in checks]
+    assert names[:3] == ["database", "schema", "claim plan"]
+    assert not [c for c in checks if c.level == "fail"], checks
+    if jq.backend.name == "sqlite":
+        assert {"journal mode", "wal size", "busy timeout"} <= set(names)
+        assert all(c.level == "ok" for c in checks), checks
+    else:
+        assert {"dead tuples", "autovacuum", "xmin horizon", "notify queue"} <= set(names)
+    code, out, _ = run(capsys, "--database", jq.url.url, "doctor")
+    assert code == 0
+    lines = out.strip().splitlines()
+    assert len(lines) == len(checks)
+    assert all(line.split()[0] in ("ok", "warn") for line in lines)
+    code, out, _ = run(capsys, "--database", jq.url.url, "doctor", "--json")
+    assert code == 0
+    data = json.loads(out)
+    assert [d["check"] for d in data] == names
+    assert set(data[0]) == {"check", "level", "message"}
+
+
+def test_doctor_fails_on_an_unmigrated_database(db_url, capsys):
+    if db_url.startswith("sqlite"):
+        # A file that exists but holds no schema (doctor must not create one).
+        import sqlite3
+
+        sqlite3.connect(db_url.removeprefix("sqlite:///")).close()
+    code, out, _ = run(capsys, "--database", db_url, "doctor")
+    assert code == 1
+    assert "fail schema" in " ".join(out.split())
+    assert "jobkeeper migrate" in out
+    checks = run_checks(JobQueue(db_url))
+    assert exit_code(checks) == 1
+
+
+def test_doctor_fails_when_the_database_is_unreachable(capsys, tmp_path):
+    url = "postgresql://nobody@127.0.0.1:1/nothing"
+    code, out, _ = run(capsys, "--database", url, "doctor")
+    assert code == 1 and out.split()[0] == "fail"
+
+
+def test_doctor_warns_about_a_long_open_transaction(pg_url):
+    jq = JobQueue(pg_url)
+    jq.migrate()
+    try:
+        with psycopg.connect(pg_url) as conn:
+            conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+            conn.execute("SELECT count(*) FROM jobkeeper_jobs").fetchone()
+            time.sleep(1.2)
+            checks = {c.name: c for c in run_checks(jq, xmin_warn_after=1.0)}
+            horizon = checks["xmin horizon"]
+            assert horizon.level == "warn", horizon
+            assert "hold back vacuum" in horizon.message
+            assert "pg_terminate_backend" in horizon.message
+            conn.rollback()
+    finally:
+        jq.close()
+
+
+def test_doctor_warns_about_stale_workers(jq):
+    seeded = seed(jq)
+    del seeded
+    if jq.backend.name == "sqlite":
+        jq.backend._conn().execute("UPDATE jobkeeper_workers SET heartbeat_at = heartbeat_at - 600")
+    else:
+        jq.backend._fetch_raw(
+            "UPDATE jobkeeper_workers SET heartbeat_at = heartbeat_at - interval '10 minutes'"
+        )
+    workers = {c.name: c for c in run_checks(jq)}["workers"]
+    assert workers.level == "warn" and "silent past their rescue window" in workers.message
+
+
+def test_doctor_warns_about_settings_that_barely_work(db_url):
+    jq = JobQueue(db_url, heartbeat_interval=5, rescue_after=16)
+    jq.migrate()
+    try:
+        settings = {c.name: c for c in run_checks(jq)}["settings"]
+        assert settings.level == "warn" and "heartbeats" in settings.message
+    finally:
+        jq.close()
+
+
+def test_dead_purge(jq, capsys):
+    seeded = seed(jq)
+    url = jq.url.url
+    for bad in ([], ["--all", str(seeded.dead)], ["--all", "--older-than", "5"]):
+        code, _, err = run(capsys, "--database", url, "dead", "purge", *bad)
+        assert code == 2 and err.count("\n") == 1
+    code, out, _ = run(capsys, "--database", url, "dead", "purge", "--older-than", "3600")
+    assert code == 0 and "deleted 0 dead letters" in out
+    code, _, err = run(capsys, "--database", url, "dead", "purge", str(seeded.running))
+    assert code == 1 and f"not dead letters: {seeded.running}" in err
+    code, out, _ = run(capsys, "--database", url, "dead", "purge", str(seeded.dead))
+    assert code == 0 and "deleted 1 dead letter" in out
+    assert jq.get_job(seeded.dead) is None
+    assert jq.get_job(seeded.running) is not None
+
+
+def test_purge_dead_api(jq):
+    seeded = seed(jq)
+    assert jq.purge_dead(older_than=60) == []
+    assert jq.purge_dead([seeded.running]) == []
+    assert jq.purge_dead(older_than=0) == [seeded.dead]
+    assert jq.purge_dead() == []
+    from jobkeeper.errors import ConfigError
+
+    with pytest.raises(ConfigError):
+        jq.purge_dead(older_than=-1)
+    with pytest.raises(ConfigError):
+        jq.purge_dead([0])
+
+
+def test_list_jobs_task_and_before(jq):
+    seeded = seed(jq)
+    reports = jq.list_jobs(task="render_report")
+    assert [j.id for j in reports] == [seeded.scheduled, seeded.dead]
+    page = jq.list_jobs(limit=3, before=seeded.completed[5])
+    assert [j.id for j in page] == [seeded.completed[4], seeded.completed[3], seeded.completed[2]]
+    assert jq.list_jobs("dead", before=seeded.dead) == []
+    # Positional callers keep working.
+    assert [j.id for j in jq.list_jobs("available", "emails", 2)] == seeded.available[:0:-1]
+
+
+def test_throughput_and_oldest_due(jq):
+    seeded = seed(jq)
+    series = jq.throughput()
+    assert len(series) == 60
+    assert sum(c.get("completed", 0) for _, c in series) == 12
+    assert sum(c.get("cancelled", 0) for _, c in series) == 1
+    assert series[-1][0] <= jq.backend.db_now()
+    oldest = jq.oldest_due()
+    assert oldest["emails"][0] == seeded.available[0] and oldest["emails"][1] >= 0
+    assert "reports" not in oldest
