@@ -22,6 +22,7 @@ TABLES = {
     "jobkeeper_workers",
     "jobkeeper_schema",
     "jobkeeper_leader",
+    "jobkeeper_periodic",
 }
 #: The newest schema version; both backends number their migrations alike.
 LATEST = PG_MIGRATIONS[-1][0]
@@ -56,6 +57,7 @@ def test_migrate_from_version_1_keeps_jobs_and_workers(db_url):
     with JobQueue(db_url) as jq:
         jq.migrate()
         sql(jq, "DROP TABLE jobkeeper_leader")
+        sql(jq, "DROP TABLE jobkeeper_periodic")
         sql(jq, "ALTER TABLE jobkeeper_workers DROP COLUMN rescue_after")
         sql(jq, "DELETE FROM jobkeeper_schema WHERE version >= 2")
         assert jq.backend.schema_version() == 1

@@ -30,6 +30,7 @@ from jobkeeper.models import (
     Staging,
     WorkerInfo,
 )
+from jobkeeper.periodic import Periodic, PeriodicRow, PeriodicTouch
 
 
 class Backend(Protocol):
@@ -302,4 +303,66 @@ class Backend(Protocol):
         autovacuum switches), ``xmin_holders`` and ``notify_usage``; on SQLite
         ``journal_mode``, ``busy_timeout_ms`` and ``wal_bytes``.
         """
+        ...
+
+    # -- periodic jobs ------------------------------------------------------
+
+    def periodic_upsert(self, *, periodics: Sequence[Periodic]) -> None:
+        """A worker's start: store its definitions, replacing what another
+        definition of the same name stored (code is the source of truth), in
+        one transaction. An unchanged schedule (same ``str(schedule)`` and time
+        zone) keeps ``since_at``, ``last_tick_at`` and ``seen_at``; a new or
+        changed one starts owing ticks from now (database clock).
+        """
+        ...
+
+    def periodic_enqueue_tick(
+        self,
+        *,
+        name: str,
+        schedule: str,
+        timezone: str,
+        tick: datetime,
+        next_tick: datetime | None,
+    ) -> int | None:
+        """Enqueue the job of one tick, atomically with its record: when the
+        stored definition is ``(name, schedule, timezone)`` and ``tick`` is
+        later than both ``since_at`` and ``last_tick_at``, set ``last_tick_at =
+        tick`` and insert the job (``scheduled_at = tick``) in one transaction.
+
+        Returns:
+            The new job's id, or None when the tick was already enqueued (or
+            skipped) by anyone, or the definition is not the caller's.
+        """
+        ...
+
+    def periodic_skip(
+        self,
+        *,
+        name: str,
+        schedule: str,
+        timezone: str,
+        through: datetime,
+        next_tick: datetime | None,
+    ) -> bool:
+        """Give up the ticks up to ``through`` (missed, and older than
+        catch_up): ``since_at = through``, under the same conditions as
+        :meth:`periodic_enqueue_tick`. Returns whether the row changed.
+        """
+        ...
+
+    def periodic_touch(self, *, touches: Sequence[PeriodicTouch]) -> set[str]:
+        """Set ``seen_at`` to now (and ``next_tick_at``) on each row whose stored
+        definition is the toucher's; return the names refreshed.
+        """
+        ...
+
+    def periodic_list(self, *, stale_after: float) -> list[PeriodicRow]:
+        """Every ``jobkeeper_periodic`` row by name, ``stale`` when its
+        ``seen_at`` is more than ``stale_after`` seconds old (database clock).
+        """
+        ...
+
+    def periodic_prune(self, *, stale_after: float) -> list[str]:
+        """Delete the rows stale by ``stale_after`` seconds; return their names."""
         ...

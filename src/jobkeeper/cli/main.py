@@ -108,6 +108,9 @@ def app(database: str | None) -> None:
 
 jobs_app = _Group("jobs", help="Inspect jobs.", no_args_is_help=True)
 dead_app = _Group("dead", help="Inspect and requeue dead letters.", no_args_is_help=True)
+periodic_app = _Group(
+    "periodic", help="Inspect and prune the stored periodic jobs.", no_args_is_help=True
+)
 #: For commands taking job ids: a mistyped ``-1`` reaches the id check (and
 #: its message) instead of failing as "No such option: -1".
 _IDS_MAY_LOOK_LIKE_OPTIONS: dict[str, Any] = {"ignore_unknown_options": True}
@@ -625,6 +628,44 @@ def doctor(ctx: click.Context, as_json: bool) -> None:
     ctx.exit(checks_module.exit_code(checks))
 
 
+_stale_after_option = click.option(
+    "--stale-after",
+    type=click.FLOAT,
+    default=None,
+    show_default=False,
+    help="Seconds without a pass of a worker registering a periodic before it counts "
+    "as stale (default: rescue_after, 60).",
+)
+
+
+@periodic_app.command("list")
+@_stale_after_option
+@_json_option
+@click.pass_context
+def periodic_list(ctx: click.Context, stale_after: float | None, as_json: bool) -> None:
+    """List the stored periodic jobs; stale ones are registered by no running worker."""
+    rows = _queue(ctx).periodic_list(stale_after=stale_after)
+    if as_json:
+        render.print_json(console, [row.to_dict() for row in rows])
+    else:
+        console.print(render.periodic_table(rows))
+
+
+@periodic_app.command("prune")
+@_stale_after_option
+@_json_option
+@click.pass_context
+def periodic_prune(ctx: click.Context, stale_after: float | None, as_json: bool) -> None:
+    """Delete the stale periodic jobs (no running worker registers them)."""
+    names = _queue(ctx).periodic_prune(stale_after=stale_after)
+    if as_json:
+        render.print_json(console, {"pruned": names})
+        return
+    noun = "periodic" if len(names) == 1 else "periodics"
+    shown = f": {' '.join(names)}" if names else ""
+    console.print(f"pruned {len(names)} stale {noun}{shown}", markup=False, highlight=False)
+
+
 @app.command("demo")
 @click.option("--workers", type=click.INT, default=2, help="Worker processes (one is SIGKILLed).")
 @click.option("--concurrency", type=click.INT, default=4, help="Jobs at once per worker.")
@@ -642,6 +683,7 @@ def demo(ctx: click.Context, workers: int, concurrency: int) -> None:
 # After the commands, so that the command list shows them last, as before.
 app.add_command(jobs_app)
 app.add_command(dead_app)
+app.add_command(periodic_app)
 
 
 def _fail(message: str, code: int) -> NoReturn:

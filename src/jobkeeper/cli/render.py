@@ -15,6 +15,7 @@ from rich.table import Table
 
 from jobkeeper.config import holder_window
 from jobkeeper.models import Job, JobStatus, WorkerInfo
+from jobkeeper.periodic import PeriodicRow
 
 STATUS_STYLE = {
     "scheduled": "cyan",
@@ -196,4 +197,24 @@ def job_detail(job: Job) -> Table:
             f"error (attempt {entry.get('attempt')})",
             escape(f"{entry.get('at')}  {entry.get('error')}"),
         )
+    return table
+
+
+def periodic_table(rows: list[PeriodicRow]) -> Table:
+    """``periodic list``: one line per stored periodic, stale ones in red."""
+    table = Table(title="periodic jobs")
+    for column in ("name", "schedule", "time zone", "task", "last tick", "next tick", "state"):
+        table.add_column(column, overflow="fold")
+    for row in rows:
+        table.add_row(
+            escape(row.name),
+            escape(row.schedule),
+            escape(row.timezone),
+            escape(row.task),
+            _when(row.last_tick_at),
+            "" if row.stale else _when(row.next_tick_at),
+            "[red]stale[/]" if row.stale else "[green]live[/]",
+        )
+    if not rows:
+        table.add_row("(none)", "", "", "", "", "", "")
     return table

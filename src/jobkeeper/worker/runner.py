@@ -42,11 +42,13 @@ from jobkeeper.config import Settings
 from jobkeeper.errors import ConfigError, DatabaseError, DatabaseUnavailable
 from jobkeeper.maintenance.heartbeat import Heartbeat
 from jobkeeper.maintenance.leader import Leader
+from jobkeeper.maintenance.periodic import PeriodicEnqueuer
 from jobkeeper.maintenance.pruner import Pruner
 from jobkeeper.maintenance.rescuer import Rescuer
 from jobkeeper.maintenance.service import IntervalService
 from jobkeeper.models import Claim, Completion, Failure, Job, WorkerInfo
 from jobkeeper.outcomes import released_attempt
+from jobkeeper.periodic import Periodic
 from jobkeeper.tasks import Task
 from jobkeeper.worker.completer import Completer, Outcome
 from jobkeeper.worker.executor import Executor
@@ -113,6 +115,7 @@ class Worker:
         burst: exit once nothing is available or due within ``poll_interval``.
         prefetch: jobs claimed beyond the free slots, to start the moment a
             slot frees. Default ``None``: adaptive (see :meth:`prefetch`).
+        periodics: the app's periodic jobs; this worker enqueues their ticks.
     """
 
     def __init__(
@@ -125,6 +128,7 @@ class Worker:
         concurrency: int,
         burst: bool = False,
         prefetch: int | None = None,
+        periodics: Sequence[Periodic] = (),
     ) -> None:
         self._settings = settings
         self.queues = list(dict.fromkeys(queues))
@@ -214,6 +218,13 @@ class Worker:
             self.rescuer,
             self.pruner,
         ]
+        if periodics:
+            # Every worker of the app, not only the leader: the database
+            # decides which insert of a tick wins.
+            self.periodic = PeriodicEnqueuer(
+                self._dedicated(), periodics, refresh=settings.heartbeat_interval
+            )
+            self._services.append(self.periodic)
         self._listener: threading.Thread | None = None
         self._listener_stop = threading.Event()
         self._reconcile_needed = False

@@ -48,6 +48,7 @@ from jobkeeper.errors import (
 )
 from jobkeeper.models import Completion, Failure, Job, JobStatus, NewJob, Staging, WorkerInfo
 from jobkeeper.payload import decode_args
+from jobkeeper.periodic import Periodic, PeriodicRow, PeriodicTouch, periodic_from_row
 
 logger = logging.getLogger("jobkeeper.postgres")
 # The pool logs every failed reconnect during an outage. An application that
@@ -953,3 +954,79 @@ class PostgresBackend(SharedReads, CockpitReads):
         facts["xmin_holders"] = self._fetch("database_health_xmin")
         facts["notify_usage"] = float(self._fetch("database_health_notify")[0]["usage"])
         return facts
+
+    # -- periodic jobs ------------------------------------------------------
+
+    def periodic_upsert(self, *, periodics: Sequence[Periodic]) -> None:
+        if not periodics:
+            return
+        self._fetch(
+            "periodic_upsert",
+            {
+                "names": [p.name for p in periodics],
+                "schedules": [str(p.schedule) for p in periodics],
+                "timezones": [p.schedule.timezone for p in periodics],
+                "tasks": [p.task for p in periodics],
+                "queues": [p.queue for p in periodics],
+                "priorities": [p.priority for p in periodics],
+                "max_attempts": [p.max_attempts for p in periodics],
+                "args": [p.args_json for p in periodics],
+                "catch_ups": [p.catch_up for p in periodics],
+            },
+        )
+
+    def periodic_enqueue_tick(
+        self,
+        *,
+        name: str,
+        schedule: str,
+        timezone: str,
+        tick: datetime,
+        next_tick: datetime | None,
+    ) -> int | None:
+        params = {
+            "name": name,
+            "schedule": schedule,
+            "timezone": timezone,
+            "tick": tick,
+            "next_tick": next_tick,
+        }
+        rows = self._fetch("periodic_enqueue_tick", params)
+        return int(rows[0]["id"]) if rows else None
+
+    def periodic_skip(
+        self,
+        *,
+        name: str,
+        schedule: str,
+        timezone: str,
+        through: datetime,
+        next_tick: datetime | None,
+    ) -> bool:
+        params = {
+            "name": name,
+            "schedule": schedule,
+            "timezone": timezone,
+            "through": through,
+            "next_tick": next_tick,
+        }
+        return bool(self._fetch("periodic_skip", params))
+
+    def periodic_touch(self, *, touches: Sequence[PeriodicTouch]) -> set[str]:
+        if not touches:
+            return set()
+        params = {
+            "names": [t.name for t in touches],
+            "schedules": [t.schedule for t in touches],
+            "timezones": [t.timezone for t in touches],
+            "next_ticks": [t.next_tick_at for t in touches],
+        }
+        return {row["name"] for row in self._fetch("periodic_touch", params)}
+
+    def periodic_list(self, *, stale_after: float) -> list[PeriodicRow]:
+        rows = self._fetch("periodic_list", {"stale_after": stale_after})
+        return [periodic_from_row(row, aware_utc) for row in rows]
+
+    def periodic_prune(self, *, stale_after: float) -> list[str]:
+        rows = self._fetch("periodic_prune", {"stale_after": stale_after})
+        return sorted(row["name"] for row in rows)

@@ -554,3 +554,107 @@ LIMIT 5
 -- listener stops reading inside an open transaction.
 SELECT pg_notification_queue_usage() AS usage
 
+
+-- name: periodic_upsert
+-- A worker's start: its code's definitions replace the stored ones (code is
+-- the source of truth; graphile-worker's _private_known_crontabs upsert is
+-- the model). An unchanged schedule keeps its tick record and its seen_at:
+-- a fleet coming back must still see how long it was away, to tell missed
+-- ticks from ticks a worker was there for. A new or changed schedule starts
+-- from now: no catch-up from before it existed, nor of the old schedule's.
+-- ON CONFLICT's SET reads the old row (p.*) whatever the order of its items.
+-- Rows are written in name order, so two workers starting at once lock
+-- them in the same order (no deadlock).
+INSERT INTO jobkeeper_periodic AS p
+    (name, schedule, timezone, task, queue, priority, max_attempts, args, catch_up,
+     since_at, seen_at, created_at, updated_at)
+SELECT d.name, d.schedule, d.timezone, d.task, d.queue, d.priority, d.max_attempts, d.args,
+       d.catch_up, now(), now(), now(), now()
+FROM unnest(%(names)b::text[], %(schedules)b::text[], %(timezones)b::text[], %(tasks)b::text[],
+            %(queues)b::text[], %(priorities)b::int[], %(max_attempts)b::int[],
+            %(args)b::json[], %(catch_ups)b::float8[])
+     AS d(name, schedule, timezone, task, queue, priority, max_attempts, args, catch_up)
+ORDER BY d.name
+ON CONFLICT (name) DO UPDATE
+SET since_at = CASE WHEN p.schedule = excluded.schedule AND p.timezone = excluded.timezone
+                    THEN p.since_at ELSE now() END,
+    seen_at = CASE WHEN p.schedule = excluded.schedule AND p.timezone = excluded.timezone
+                   THEN p.seen_at ELSE now() END,
+    next_tick_at = CASE WHEN p.schedule = excluded.schedule AND p.timezone = excluded.timezone
+                        THEN p.next_tick_at END,
+    schedule = excluded.schedule,
+    timezone = excluded.timezone,
+    task = excluded.task,
+    queue = excluded.queue,
+    priority = excluded.priority,
+    max_attempts = excluded.max_attempts,
+    args = excluded.args,
+    catch_up = excluded.catch_up,
+    updated_at = now()
+
+-- name: periodic_enqueue_tick
+-- One tick, once across the fleet: the UPDATE records the tick only when it
+-- is newer than what is recorded and the stored definition is the caller's
+-- (name, schedule and time zone: a worker running a replaced definition
+-- changes nothing); the INSERT adds the job only if the UPDATE returned the
+-- row. One statement, so both commit or neither does. A twin statement for
+-- the same tick waits on the row lock, then re-checks the WHERE against the
+-- committed row (READ COMMITTED) and finds nothing to do. The job's insert
+-- fires the NOTIFY trigger like any enqueue.
+WITH tick AS (
+    UPDATE jobkeeper_periodic
+    SET last_tick_at = %(tick)s, next_tick_at = %(next_tick)s
+    WHERE name = %(name)s AND schedule = %(schedule)s AND timezone = %(timezone)s
+      AND since_at < %(tick)s
+      AND (last_tick_at IS NULL OR last_tick_at < %(tick)s)
+    RETURNING task, queue, args, priority, max_attempts
+)
+INSERT INTO jobkeeper_jobs (queue, task, args, status, priority, max_attempts, scheduled_at)
+SELECT queue, task, args,
+       CASE WHEN %(tick)s::timestamptz > now() THEN 'scheduled' ELSE 'available' END,
+       priority, max_attempts, %(tick)s
+FROM tick
+RETURNING id
+
+-- name: periodic_skip
+-- Missed ticks too old for catch_up: not owed any more. Only ever moves
+-- since_at forward, and only past ticks nobody has enqueued.
+UPDATE jobkeeper_periodic
+SET since_at = %(through)s, next_tick_at = %(next_tick)s
+WHERE name = %(name)s AND schedule = %(schedule)s AND timezone = %(timezone)s
+  AND since_at < %(through)s
+  AND (last_tick_at IS NULL OR last_tick_at < %(through)s)
+RETURNING name
+
+-- name: periodic_touch
+-- Each pass: "a worker registering this definition is alive" (seen_at),
+-- only where the stored definition is still the caller's. Rows are locked
+-- in name order first (MATERIALIZED, ORDER BY ... FOR UPDATE), so workers
+-- touching the same rows at once cannot deadlock.
+WITH mine AS MATERIALIZED (
+    SELECT p.name, d.next_tick
+    FROM jobkeeper_periodic AS p
+    JOIN unnest(%(names)b::text[], %(schedules)b::text[], %(timezones)b::text[],
+                %(next_ticks)b::timestamptz[]) AS d(name, schedule, timezone, next_tick)
+      ON p.name = d.name AND p.schedule = d.schedule AND p.timezone = d.timezone
+    ORDER BY p.name
+    FOR UPDATE OF p
+)
+UPDATE jobkeeper_periodic AS p
+SET seen_at = greatest(p.seen_at, now()), next_tick_at = mine.next_tick
+FROM mine
+WHERE p.name = mine.name
+RETURNING p.name
+
+-- name: periodic_list
+SELECT name, schedule, timezone, task, queue, priority, max_attempts, args, catch_up,
+       since_at, last_tick_at, next_tick_at, seen_at,
+       seen_at < now() - make_interval(secs => %(stale_after)s::float8) AS stale
+FROM jobkeeper_periodic
+ORDER BY name
+
+-- name: periodic_prune
+-- The stale test is in the DELETE itself: a row a worker refreshes meanwhile stays.
+DELETE FROM jobkeeper_periodic
+WHERE seen_at < now() - make_interval(secs => %(stale_after)s::float8)
+RETURNING name

@@ -40,6 +40,7 @@ from jobkeeper.backends.sqlfile import load_migrations, load_queries
 from jobkeeper.config import DatabaseURL
 from jobkeeper.errors import DatabaseError, DatabaseUnavailable, DataRejected, UniqueKeyConflict
 from jobkeeper.models import Completion, Failure, Job, JobStatus, NewJob, Staging, WorkerInfo
+from jobkeeper.periodic import Periodic, PeriodicRow, PeriodicTouch, periodic_from_row
 
 #: The database clock as Unix seconds, UTC.
 NOW_SQL = "((julianday('now') - 2440587.5) * 86400.0)"
@@ -660,3 +661,108 @@ class SqliteBackend(SharedReads, CockpitReads):
         wal = self.path + "-wal"
         facts["wal_bytes"] = os.path.getsize(wal) if os.path.exists(wal) else 0
         return facts
+
+    # -- periodic jobs ------------------------------------------------------
+
+    def periodic_upsert(self, *, periodics: Sequence[Periodic]) -> None:
+        if not periodics:
+            return
+        with self._write() as conn:
+            for periodic in sorted(periodics, key=lambda p: p.name):
+                conn.execute(
+                    QUERIES["periodic_upsert"],
+                    {
+                        "name": periodic.name,
+                        "schedule": str(periodic.schedule),
+                        "timezone": periodic.schedule.timezone,
+                        "task": periodic.task,
+                        "queue": periodic.queue,
+                        "priority": periodic.priority,
+                        "max_attempts": periodic.max_attempts,
+                        "args": periodic.args_json,
+                        "catch_up": periodic.catch_up,
+                    },
+                )
+
+    def periodic_enqueue_tick(
+        self,
+        *,
+        name: str,
+        schedule: str,
+        timezone: str,
+        tick: datetime,
+        next_tick: datetime | None,
+    ) -> int | None:
+        params = {
+            "name": name,
+            "schedule": schedule,
+            "timezone": timezone,
+            "tick": tick.timestamp(),
+            "next_tick": None if next_tick is None else next_tick.timestamp(),
+        }
+        # One BEGIN IMMEDIATE: the record and the job commit together, and a
+        # twin waits for the write lock, then finds the tick recorded.
+        with self._write() as conn:
+            template = _rows(conn.execute(QUERIES["periodic_enqueue_tick"], params))
+            if not template:
+                return None
+            row = template[0]
+            inserted = conn.execute(
+                QUERIES["periodic_enqueue_job"],
+                {
+                    "queue": row["queue"],
+                    "task": row["task"],
+                    "args": row["args"],
+                    "priority": row["priority"],
+                    "max_attempts": row["max_attempts"],
+                    "tick": params["tick"],
+                },
+            ).fetchone()
+        self.wake_local()
+        return int(inserted[0])
+
+    def periodic_skip(
+        self,
+        *,
+        name: str,
+        schedule: str,
+        timezone: str,
+        through: datetime,
+        next_tick: datetime | None,
+    ) -> bool:
+        params = {
+            "name": name,
+            "schedule": schedule,
+            "timezone": timezone,
+            "through": through.timestamp(),
+            "next_tick": None if next_tick is None else next_tick.timestamp(),
+        }
+        with self._write() as conn:
+            return bool(conn.execute(QUERIES["periodic_skip"], params).fetchall())
+
+    def periodic_touch(self, *, touches: Sequence[PeriodicTouch]) -> set[str]:
+        if not touches:
+            return set()
+        touched: set[str] = set()
+        with self._write() as conn:
+            for touch in touches:
+                params = {
+                    "name": touch.name,
+                    "schedule": touch.schedule,
+                    "timezone": touch.timezone,
+                    "next_tick": None
+                    if touch.next_tick_at is None
+                    else touch.next_tick_at.timestamp(),
+                }
+                if conn.execute(QUERIES["periodic_touch"], params).fetchall():
+                    touched.add(touch.name)
+        return touched
+
+    def periodic_list(self, *, stale_after: float) -> list[PeriodicRow]:
+        rows = self._fetch("periodic_list", {"stale_after": stale_after})
+        return [periodic_from_row(row, epoch_to_datetime) for row in rows]
+
+    def periodic_prune(self, *, stale_after: float) -> list[str]:
+        with self._write() as conn:
+            rows = conn.execute(QUERIES["periodic_prune"], {"stale_after": stale_after}).fetchall()
+        return sorted(row[0] for row in rows)

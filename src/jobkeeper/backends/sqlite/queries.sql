@@ -396,3 +396,77 @@ FROM jobkeeper_jobs
 WHERE status = 'available' AND queue = :queue
 ORDER BY priority, scheduled_at, id
 LIMIT 10
+
+-- name: periodic_upsert
+-- A worker's start (one row per statement, all in one BEGIN IMMEDIATE):
+-- the code's definition replaces the stored one. An unchanged schedule keeps
+-- its tick record and seen_at; a new or changed one starts from now. In
+-- DO UPDATE, p.* is the old row whatever the order of the SET items.
+INSERT INTO jobkeeper_periodic AS p
+    (name, schedule, timezone, task, queue, priority, max_attempts, args, catch_up,
+     since_at, seen_at, created_at, updated_at)
+VALUES (:name, :schedule, :timezone, :task, :queue, :priority, :max_attempts, :args, :catch_up,
+        {now}, {now}, {now}, {now})
+ON CONFLICT (name) DO UPDATE
+SET since_at = CASE WHEN p.schedule = excluded.schedule AND p.timezone = excluded.timezone
+                    THEN p.since_at ELSE {now} END,
+    seen_at = CASE WHEN p.schedule = excluded.schedule AND p.timezone = excluded.timezone
+                   THEN p.seen_at ELSE {now} END,
+    next_tick_at = CASE WHEN p.schedule = excluded.schedule AND p.timezone = excluded.timezone
+                        THEN p.next_tick_at END,
+    schedule = excluded.schedule,
+    timezone = excluded.timezone,
+    task = excluded.task,
+    queue = excluded.queue,
+    priority = excluded.priority,
+    max_attempts = excluded.max_attempts,
+    args = excluded.args,
+    catch_up = excluded.catch_up,
+    updated_at = {now}
+
+-- name: periodic_enqueue_tick
+-- The tick record half of one tick; the job's insert (periodic_enqueue_job)
+-- follows in the same BEGIN IMMEDIATE transaction, and only when this
+-- returned the row: the write lock makes a twin wait, then find nothing.
+UPDATE jobkeeper_periodic
+SET last_tick_at = :tick, next_tick_at = :next_tick
+WHERE name = :name AND schedule = :schedule AND timezone = :timezone
+  AND since_at < :tick
+  AND (last_tick_at IS NULL OR last_tick_at < :tick)
+RETURNING task, queue, args, priority, max_attempts
+
+-- name: periodic_enqueue_job
+INSERT INTO jobkeeper_jobs
+    (queue, task, args, status, priority, max_attempts, scheduled_at, created_at)
+VALUES (:queue, :task, :args,
+        CASE WHEN :tick > {now} THEN 'scheduled' ELSE 'available' END,
+        :priority, :max_attempts, :tick, {now})
+RETURNING id
+
+-- name: periodic_skip
+-- Missed ticks too old for catch_up: not owed any more (since_at only moves forward).
+UPDATE jobkeeper_periodic
+SET since_at = :through, next_tick_at = :next_tick
+WHERE name = :name AND schedule = :schedule AND timezone = :timezone
+  AND since_at < :through
+  AND (last_tick_at IS NULL OR last_tick_at < :through)
+RETURNING name
+
+-- name: periodic_touch
+-- Each pass, per row: a worker registering this very definition is alive.
+UPDATE jobkeeper_periodic
+SET seen_at = max(seen_at, {now}), next_tick_at = :next_tick
+WHERE name = :name AND schedule = :schedule AND timezone = :timezone
+RETURNING name
+
+-- name: periodic_list
+SELECT name, schedule, timezone, task, queue, priority, max_attempts, args, catch_up,
+       since_at, last_tick_at, next_tick_at, seen_at,
+       seen_at < {now} - :stale_after AS stale
+FROM jobkeeper_periodic
+ORDER BY name
+
+-- name: periodic_prune
+DELETE FROM jobkeeper_periodic
+WHERE seen_at < {now} - :stale_after
+RETURNING name

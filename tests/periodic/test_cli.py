@@ -1,0 +1,126 @@
+"""``jobkeeper periodic list [--json]`` and ``periodic prune``: a periodic
+that no running worker registers any more shows as stale and is pruned;
+exit codes 0 ok, 2 bad input, 1 anything else.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import pytest
+
+from jobkeeper.cli.main import main
+
+from .helpers import app, fabricate, service
+
+KEYS = {
+    "name",
+    "schedule",
+    "timezone",
+    "task",
+    "queue",
+    "priority",
+    "max_attempts",
+    "args",
+    "catch_up",
+    "last_tick_at",
+    "next_tick_at",
+    "seen_at",
+    "stale",
+}
+
+
+class Cli:
+    def __init__(self, url: str, capsys: pytest.CaptureFixture[str]) -> None:
+        self.url, self.capsys = url, capsys
+
+    def __call__(self, *args: str) -> tuple[int, str, str]:
+        self.capsys.readouterr()
+        with pytest.raises(SystemExit) as info:
+            main(["--database", self.url, *args])
+        out, err = self.capsys.readouterr()
+        code = info.value.code
+        return (code if isinstance(code, int) else 1), out, err
+
+    def json(self, *args: str) -> Any:
+        code, out, err = self(*args, "--json")
+        assert code == 0, err
+        return json.loads(out)
+
+
+@pytest.fixture
+def cli(db_url, capsys) -> Cli:
+    runner = Cli(db_url, capsys)
+    assert runner("migrate")[0] == 0
+    return runner
+
+
+def test_a_removed_periodic_shows_stale_and_is_pruned(cli):
+    # Deploy 1 registers two periodics; deploy 2 drops "gone".
+    v1 = app(cli.url, every=60, task="gone")
+    v1.periodic("*/5 * * * *", timezone="Europe/Berlin", task="kept", args={"n": 1})
+    service(v1).run_once()
+    v2 = service(
+        app(cli.url, cron="*/5 * * * *", timezone="Europe/Berlin", task="kept", args={"n": 1})
+    )
+    v2.run_once()
+    assert [row["stale"] for row in cli.json("periodic", "list")] == [False, False]
+
+    time.sleep(0.3)
+    v2.run_once()  # only deploy 2's workers run now
+    listed = cli.json("periodic", "list", "--stale-after", "0.2")
+    assert [(r["name"], r["stale"]) for r in listed] == [("gone", True), ("kept", False)]
+    assert all(set(row) == KEYS for row in listed)
+    kept = listed[1]
+    assert (kept["schedule"], kept["timezone"], kept["task"], kept["args"]) == (
+        "*/5 * * * *",
+        "Europe/Berlin",
+        "kept",
+        {"n": 1},
+    )
+    assert kept["last_tick_at"] is None and kept["next_tick_at"].endswith("+00:00")
+
+    code, out, _ = cli("periodic", "list", "--stale-after", "0.2")
+    assert code == 0 and "gone" in out and "stale" in out and "Europe/Berlin" in out
+
+    assert cli.json("periodic", "prune", "--stale-after", "0.2") == {"pruned": ["gone"]}
+    assert [r["name"] for r in cli.json("periodic", "list")] == ["kept"]
+    code, out, _ = cli("periodic", "prune")
+    assert (code, out.strip()) == (0, "pruned 0 stale periodics")
+
+
+def test_default_stale_after_is_rescue_after(cli):
+    gone = app(cli.url, every=60, task="gone")
+    service(gone).run_once()
+    assert cli.json("periodic", "list")[0]["stale"] is False
+    now = gone.backend.db_now()
+    fabricate(cli.url, "gone", seen_at=now.replace(year=now.year - 1))
+    assert cli.json("periodic", "list")[0]["stale"] is True
+    code, out, _ = cli("periodic", "prune")
+    assert (code, out.strip()) == (0, "pruned 1 stale periodic: gone")
+    assert cli.json("periodic", "list") == []
+
+
+@pytest.mark.parametrize(
+    ("args", "code", "needle"),
+    [
+        (["periodic", "list", "--stale-after", "-1"], 2, "stale_after"),
+        (["periodic", "prune", "--stale-after", "nan"], 2, "stale_after"),
+        (["periodic", "list", "--stale-after", "soon"], 2, "soon"),
+        (["periodic", "bogus"], 2, "bogus"),
+        (["periodic", "list", "--colour"], 2, "--colour"),
+    ],
+)
+def test_bad_input_exits_2_with_one_line(cli, args, code, needle):
+    got, _, err = cli(*args)
+    assert got == code, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], err
+
+
+def test_an_unmigrated_database_exits_1(tmp_path, capsys):
+    runner = Cli(f"sqlite:///{tmp_path / 'none.db'}", capsys)
+    code, _, err = runner("periodic", "list")
+    assert code == 1 and "migrate" in err
