@@ -11,6 +11,7 @@ import contextlib
 import hashlib
 import json
 import logging
+import random
 import secrets
 import select
 import threading
@@ -74,6 +75,11 @@ PREPARE_THRESHOLD = None
 IDLE_CHECK_AFTER = 1.0
 #: Batches at least this large (and without unique keys) are written with COPY.
 COPY_MIN_JOBS = 64
+#: An insert of our own transaction that PostgreSQL aborts asking for a retry
+#: (a deadlock, a serialization failure) is retried this many times, after a
+#: jittered pause of up to ``INSERT_RETRY_PAUSE * 2**n`` seconds.
+INSERT_RETRIES = 5
+INSERT_RETRY_PAUSE = 0.02
 #: Listener canary: seconds between self-notifications, seconds to wait for
 #: the echo, and fresh connections without any echo before giving up on LISTEN.
 CANARY_INTERVAL = 10.0
@@ -161,6 +167,39 @@ def _describe(exc: BaseException) -> str:
     return text[0] if text else type(exc).__name__
 
 
+#: What PostgreSQL aborts a transaction with, asking for it to be run again.
+_RETRY_ASKED = (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure)
+
+
+def _retry_asked(exc: BaseException) -> bool:
+    return isinstance(exc.__cause__, _RETRY_ASKED)
+
+
+def _retrying(run: Callable[[], list[Job]]) -> list[Job]:
+    """``run()``, run again (up to ``INSERT_RETRIES`` times, after a jittered
+    pause) when PostgreSQL aborted its transaction asking for a retry. Only
+    for transactions of our own: nothing of an aborted one was written.
+    """
+    for retry in range(INSERT_RETRIES):
+        try:
+            return run()
+        except DatabaseError as exc:
+            if not _retry_asked(exc):
+                raise
+            logger.debug("insert aborted (%s); running it again", exc)
+        time.sleep(random.uniform(0, INSERT_RETRY_PAUSE * 2**retry))
+    return run()
+
+
+def _unique_lock_key(task: str, unique_key: str) -> int:
+    """The advisory lock key of a (task, unique_key): a stable 64-bit hash
+    (Python's ``hash`` differs between processes). A collision only makes two
+    batches wait for each other; uniqueness itself is the index's.
+    """
+    digest = hashlib.blake2b(f"{task}\0{unique_key}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big", signed=True)
+
+
 class _SingleConnection:
     """One lazily (re)opened connection for one worker thread.
 
@@ -185,6 +224,8 @@ class _SingleConnection:
             )
         try:
             yield self._conn
+        except _RETRY_ASKED:
+            raise  # the transaction failed, not the session
         except psycopg.OperationalError:
             self._drop()
             raise
@@ -301,6 +342,8 @@ class _PooledConnections:
         try:
             with conn:
                 yield conn
+        except _RETRY_ASKED:
+            raise
         except psycopg.OperationalError:
             self._suspect = True
             raise
@@ -349,6 +392,13 @@ class PostgresBackend(SharedReads):
         """Translate driver errors into jobkeeper's, naming the server."""
         try:
             yield
+        except _RETRY_ASKED as exc:
+            # Not the server's health: the transaction lost a race (callers
+            # that own the transaction retry it, see job_insert_many).
+            raise DatabaseError(
+                f"PostgreSQL aborted the transaction ({_describe(exc)}); running it again "
+                "may succeed"
+            ) from exc
         except (
             psycopg.OperationalError,
             PoolTimeout,
@@ -449,27 +499,51 @@ class PostgresBackend(SharedReads):
         if not jobs:
             return []
         if connection is not None:
-            if not isinstance(connection, psycopg.Connection):
-                raise TypeError(
-                    "connection= must be a psycopg 3 Connection to this database, got "
-                    f"{type(connection).__module__}.{type(connection).__name__}"
-                )
+            return self._insert_on(connection, jobs)
+        # Without unique keys or COPY the insert is one statement, atomic on
+        # its own: no BEGIN/COMMIT round trips around it.
+        single_statement = len(jobs) < COPY_MIN_JOBS and all(j.unique_key is None for j in jobs)
+
+        def insert() -> list[Job]:
+            with self._cursor(transaction=not single_statement) as cursor:
+                return self._insert(cursor, jobs)
+
+        return _retrying(insert)
+
+    def _insert_on(self, connection: Any, jobs: Sequence[NewJob]) -> list[Job]:
+        """``job_insert_many`` on the caller's connection (``connection=``)."""
+        if not isinstance(connection, psycopg.Connection):
+            raise TypeError(
+                "connection= must be a psycopg 3 Connection to this database, got "
+                f"{type(connection).__module__}.{type(connection).__name__}"
+            )
+        # On an autocommit connection the block below is a transaction of its
+        # own, which may be run again; otherwise it is a savepoint in the
+        # caller's transaction, which an abort ends whole.
+        own = connection.autocommit
+
+        def insert() -> list[Job]:
             with self._errors():
                 self._check_same_database(connection)
-                if not connection.autocommit:
+                if not own:
                     # Make sure the caller's transaction is open, so that the
                     # block below is a savepoint inside it rather than a
                     # transaction of its own that would commit.
                     connection.execute("SELECT 1")
-                # A savepoint (or, on an autocommit connection, a transaction):
-                # a batch that fails part-way leaves nothing behind.
-                with connection.transaction(), connection.cursor(row_factory=tuple_row) as cur:
-                    return self._insert(cur, jobs)
-        # Without unique keys or COPY the insert is one statement, atomic on
-        # its own: no BEGIN/COMMIT round trips around it.
-        single_statement = len(jobs) < COPY_MIN_JOBS and all(j.unique_key is None for j in jobs)
-        with self._cursor(transaction=not single_statement) as cursor:
-            return self._insert(cursor, jobs)
+                # A savepoint (or a transaction): a batch that fails part-way
+                # leaves nothing behind.
+                try:
+                    with connection.transaction(), connection.cursor(row_factory=tuple_row) as cur:
+                        return self._insert(cur, jobs)
+                except _RETRY_ASKED as exc:
+                    if own:
+                        raise
+                    raise DatabaseError(
+                        f"PostgreSQL aborted the caller's transaction ({_describe(exc)}): "
+                        "roll it back and retry the whole transaction (none of it was committed)"
+                    ) from exc
+
+        return _retrying(insert) if own else insert()
 
     def _check_same_database(self, connection: psycopg.Connection[Any]) -> None:
         """Refuse a caller's connection to another database or schema."""
@@ -490,6 +564,15 @@ class PostgresBackend(SharedReads):
             return self._insert_copy(cursor, jobs)
         if len(jobs) == 1 and jobs[0].unique_key is None:
             return [self._insert_one(cursor, jobs[0])]
+        lock_keys = sorted(
+            {_unique_lock_key(j.task, j.unique_key) for j in jobs if j.unique_key is not None}
+        )
+        if len(lock_keys) > 1:
+            # Rows go in input order (ids ascend with it), so two batches
+            # holding the same keys in different orders would each wait in
+            # the unique index for a key the other took first: a deadlock.
+            # The locks are taken in one order for all batches instead.
+            cursor.execute(QUERIES["job_lock_unique_keys"], {"keys": lock_keys})
         out: list[Job | None] = [None] * len(jobs)
         pending = list(range(len(jobs)))
         # A duplicate can finish between the skipped insert and the lookup;
