@@ -64,6 +64,11 @@ MAX_ADAPTIVE_PREFETCH = 1_000
 PREFETCH_STALL = 1.0
 #: Longest wait, in seconds, between attempts to reach the database at start.
 STARTUP_RETRY_MAX = 10.0
+#: Seconds a stop gives unwritten outcomes beyond what is left of the grace
+#: period. Enough for acks to reach a healthy (or just restarted) server; not
+#: a wait without end on one that refuses writes (read-only, out of disk):
+#: what is still unwritten then is rescued and run again (at-least-once).
+SHUTDOWN_FLUSH = 3.0
 
 
 def make_worker_id() -> str:
@@ -558,7 +563,8 @@ class Worker:
                 else f"worker shutdown: handed back after shutdown_grace={grace:g}s"
             )
             logger.warning("handed back %d running jobs at shutdown", released)
-        flushed = self.completer.stop(timeout=max(grace, 10.0))
+        flush_for = SHUTDOWN_FLUSH if self._force.is_set() else deadline - time.monotonic()
+        flushed = self.completer.stop(timeout=max(flush_for, SHUTDOWN_FLUSH))
         self._listener_stop.set()
         remove = getattr(self._base_backend, "remove_local_listener", None)
         if remove is not None:

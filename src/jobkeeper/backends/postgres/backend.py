@@ -11,6 +11,7 @@ import contextlib
 import hashlib
 import json
 import logging
+import os
 import random
 import secrets
 import select
@@ -23,6 +24,7 @@ from typing import Any
 
 import psycopg
 from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import tuple_row
 from psycopg_pool import ConnectionPool, PoolTimeout
 
@@ -80,6 +82,12 @@ COPY_MIN_JOBS = 64
 #: jittered pause of up to ``INSERT_RETRY_PAUSE * 2**n`` seconds.
 INSERT_RETRIES = 5
 INSERT_RETRY_PAUSE = 0.02
+#: What jobkeeper asks of libpq unless the URL (or ``PGTARGETSESSIONATTRS``)
+#: says otherwise: a session that can write. A demoted primary, a standby, a
+#: server with ``default_transaction_read_only`` is refused at connect (and,
+#: with several hosts in the URL, the writable one is found), instead of
+#: failing every write of a session that looks healthy.
+TARGET_SESSION_ATTRS = "read-write"
 #: Listener canary: seconds between self-notifications, seconds to wait for
 #: the echo, and fresh connections without any echo before giving up on LISTEN.
 CANARY_INTERVAL = 10.0
@@ -167,6 +175,19 @@ def _describe(exc: BaseException) -> str:
     return text[0] if text else type(exc).__name__
 
 
+def _with_session_attrs(conninfo: str) -> str:
+    """``conninfo`` asking for a writable session, unless the user chose."""
+    if "PGTARGETSESSIONATTRS" in os.environ or "target_session_attrs" in conninfo_to_dict(conninfo):
+        return conninfo
+    separator = "&" if "?" in conninfo else "?"
+    return f"{conninfo}{separator}target_session_attrs={TARGET_SESSION_ATTRS}"
+
+
+#: Errors after which a session is given up. A read-only session stays so for
+#: its whole life (PostgreSQL reads default_transaction_read_only at session
+#: start; a server in recovery stays in it): retrying on it wedged workers
+#: after a failover even once the address led to a writable server again.
+_LOST_SESSION = (psycopg.OperationalError, psycopg.errors.ReadOnlySqlTransaction)
 #: What PostgreSQL aborts a transaction with, asking for it to be run again.
 _RETRY_ASKED = (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure)
 
@@ -226,7 +247,7 @@ class _SingleConnection:
             yield self._conn
         except _RETRY_ASKED:
             raise  # the transaction failed, not the session
-        except psycopg.OperationalError:
+        except _LOST_SESSION:
             self._drop()
             raise
 
@@ -344,6 +365,14 @@ class _PooledConnections:
                 yield conn
         except _RETRY_ASKED:
             raise
+        except psycopg.errors.ReadOnlySqlTransaction:
+            # Every session of the pool was opened to the server that now
+            # refuses writes: replace them all, not one per failed call.
+            # The probe on the next checkout reports read-only at once.
+            self._suspect = True
+            conn.close()
+            self._pool.drain()
+            raise
         except psycopg.OperationalError:
             self._suspect = True
             raise
@@ -374,7 +403,7 @@ class PostgresBackend(SharedReads):
 
     def __init__(self, url: DatabaseURL, *, dedicated: bool = False, pool_size: int = 10) -> None:
         self.url = url
-        self._conninfo = url.url.replace("postgres://", "postgresql://", 1)
+        self._conninfo = _with_session_attrs(url.url.replace("postgres://", "postgresql://", 1))
         self._source: _SingleConnection | _PooledConnections = (
             _SingleConnection(self._conninfo)
             if dedicated
@@ -399,12 +428,17 @@ class PostgresBackend(SharedReads):
                 f"PostgreSQL aborted the transaction ({_describe(exc)}); running it again "
                 "may succeed"
             ) from exc
+        except psycopg.errors.ReadOnlySqlTransaction as exc:
+            raise DatabaseUnavailable(
+                f"PostgreSQL at {self.url.redacted()} is read-only (a standby, a demoted "
+                f"primary, or default_transaction_read_only=on): {_describe(exc)}; "
+                "the session was dropped and the next call reconnects"
+            ) from exc
         except (
             psycopg.OperationalError,
             PoolTimeout,
-            # Conditions that pass, not properties of the call: a read-only
-            # standby or maintenance window, a full disk, no memory.
-            psycopg.errors.ReadOnlySqlTransaction,
+            # Conditions that pass, not properties of the call: a full
+            # disk, no memory.
             psycopg.errors.InsufficientResources,
         ) as exc:
             raise DatabaseUnavailable(
