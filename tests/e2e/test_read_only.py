@@ -80,8 +80,10 @@ def read_only(database: str, *, terminate: bool) -> None:
 
 
 def terminate_sessions(conn: psycopg.Connection[tuple[object, ...]], database: str) -> None:
+    # Waiting (up to 5 s) for each session to end: its client then finds it
+    # ended, and the first call after this is not a race with the kill.
     conn.execute(
-        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+        "SELECT pg_terminate_backend(pid, 5000) FROM pg_stat_activity "
         "WHERE datname = %s AND pid <> pg_backend_pid()",
         (database,),
     )
