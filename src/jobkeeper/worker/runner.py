@@ -80,6 +80,11 @@ STARTUP_RETRY_MAX = 10.0
 #: Seconds a stopping worker waits, after interrupting the jobs still running
 #: past the grace period, for their code to return.
 INTERRUPT_WAIT = 2.0
+#: Seconds a stop gives unwritten outcomes beyond what is left of the grace
+#: period. Enough for acks to reach a healthy (or just restarted) server; not
+#: a wait without end on one that refuses writes (read-only, out of disk):
+#: what is still unwritten then is rescued and run again (at-least-once).
+SHUTDOWN_FLUSH = 3.0
 
 
 def make_worker_id() -> str:
@@ -667,7 +672,8 @@ class Worker:
                 break
             self.executor.wait_idle(min(remaining, 0.1))
         stuck = self._interrupt_running(grace) if self.executor.active else []
-        flushed = self.completer.stop(timeout=max(grace, 10.0))
+        flush_for = SHUTDOWN_FLUSH if self._force.is_set() else deadline - time.monotonic()
+        flushed = self.completer.stop(timeout=max(flush_for, SHUTDOWN_FLUSH))
         self._listener_stop.set()
         remove = getattr(self._base_backend, "remove_local_listener", None)
         if remove is not None:

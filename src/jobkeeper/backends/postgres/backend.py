@@ -11,6 +11,8 @@ import contextlib
 import hashlib
 import json
 import logging
+import os
+import random
 import secrets
 import select
 import threading
@@ -22,6 +24,7 @@ from typing import Any
 
 import psycopg
 from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import tuple_row
 from psycopg_pool import ConnectionPool, PoolTimeout
 
@@ -87,6 +90,17 @@ PREPARE_THRESHOLD = None
 IDLE_CHECK_AFTER = 1.0
 #: Batches at least this large (and without unique keys) are written with COPY.
 COPY_MIN_JOBS = 64
+#: An insert of our own transaction that PostgreSQL aborts asking for a retry
+#: (a deadlock, a serialization failure) is retried this many times, after a
+#: jittered pause of up to ``INSERT_RETRY_PAUSE * 2**n`` seconds.
+INSERT_RETRIES = 5
+INSERT_RETRY_PAUSE = 0.02
+#: What jobkeeper asks of libpq unless the URL (or ``PGTARGETSESSIONATTRS``)
+#: says otherwise: a session that can write. A demoted primary, a standby, a
+#: server with ``default_transaction_read_only`` is refused at connect (and,
+#: with several hosts in the URL, the writable one is found), instead of
+#: failing every write of a session that looks healthy.
+TARGET_SESSION_ATTRS = "read-write"
 #: Listener canary: seconds between self-notifications, seconds to wait for
 #: the echo, and fresh connections without any echo before giving up on LISTEN.
 CANARY_INTERVAL = 10.0
@@ -168,6 +182,52 @@ def _describe(exc: BaseException) -> str:
     return text[0] if text else type(exc).__name__
 
 
+def _with_session_attrs(conninfo: str) -> str:
+    """``conninfo`` asking for a writable session, unless the user chose."""
+    if "PGTARGETSESSIONATTRS" in os.environ or "target_session_attrs" in conninfo_to_dict(conninfo):
+        return conninfo
+    separator = "&" if "?" in conninfo else "?"
+    return f"{conninfo}{separator}target_session_attrs={TARGET_SESSION_ATTRS}"
+
+
+#: Errors after which a session is given up. A read-only session stays so for
+#: its whole life (PostgreSQL reads default_transaction_read_only at session
+#: start; a server in recovery stays in it): retrying on it wedged workers
+#: after a failover even once the address led to a writable server again.
+_LOST_SESSION = (psycopg.OperationalError, psycopg.errors.ReadOnlySqlTransaction)
+#: What PostgreSQL aborts a transaction with, asking for it to be run again.
+_RETRY_ASKED = (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure)
+
+
+def _retry_asked(exc: BaseException) -> bool:
+    return isinstance(exc.__cause__, _RETRY_ASKED)
+
+
+def _retrying(run: Callable[[], list[Job]]) -> list[Job]:
+    """``run()``, run again (up to ``INSERT_RETRIES`` times, after a jittered
+    pause) when PostgreSQL aborted its transaction asking for a retry. Only
+    for transactions of our own: nothing of an aborted one was written.
+    """
+    for retry in range(INSERT_RETRIES):
+        try:
+            return run()
+        except DatabaseError as exc:
+            if not _retry_asked(exc):
+                raise
+            logger.debug("insert aborted (%s); running it again", exc)
+        time.sleep(random.uniform(0, INSERT_RETRY_PAUSE * 2**retry))
+    return run()
+
+
+def _unique_lock_key(task: str, unique_key: str) -> int:
+    """The advisory lock key of a (task, unique_key): a stable 64-bit hash
+    (Python's ``hash`` differs between processes). A collision only makes two
+    batches wait for each other; uniqueness itself is the index's.
+    """
+    digest = hashlib.blake2b(f"{task}\0{unique_key}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big", signed=True)
+
+
 class _SingleConnection:
     """One lazily (re)opened connection for one worker thread.
 
@@ -192,7 +252,9 @@ class _SingleConnection:
             )
         try:
             yield self._conn
-        except psycopg.OperationalError:
+        except _RETRY_ASKED:
+            raise  # the transaction failed, not the session
+        except _LOST_SESSION:
             self._drop()
             raise
 
@@ -308,6 +370,16 @@ class _PooledConnections:
         try:
             with conn:
                 yield conn
+        except _RETRY_ASKED:
+            raise
+        except psycopg.errors.ReadOnlySqlTransaction:
+            # Every session of the pool was opened to the server that now
+            # refuses writes: replace them all, not one per failed call.
+            # The probe on the next checkout reports read-only at once.
+            self._suspect = True
+            conn.close()
+            self._pool.drain()
+            raise
         except psycopg.OperationalError:
             self._suspect = True
             raise
@@ -338,7 +410,7 @@ class PostgresBackend(SharedReads, CockpitReads):
 
     def __init__(self, url: DatabaseURL, *, dedicated: bool = False, pool_size: int = 10) -> None:
         self.url = url
-        self._conninfo = url.url.replace("postgres://", "postgresql://", 1)
+        self._conninfo = _with_session_attrs(url.url.replace("postgres://", "postgresql://", 1))
         self._source: _SingleConnection | _PooledConnections = (
             _SingleConnection(self._conninfo)
             if dedicated
@@ -356,12 +428,24 @@ class PostgresBackend(SharedReads, CockpitReads):
         """Translate driver errors into jobkeeper's, naming the server."""
         try:
             yield
+        except _RETRY_ASKED as exc:
+            # Not the server's health: the transaction lost a race (callers
+            # that own the transaction retry it, see job_insert_many).
+            raise DatabaseError(
+                f"PostgreSQL aborted the transaction ({_describe(exc)}); running it again "
+                "may succeed"
+            ) from exc
+        except psycopg.errors.ReadOnlySqlTransaction as exc:
+            raise DatabaseUnavailable(
+                f"PostgreSQL at {self.url.redacted()} is read-only (a standby, a demoted "
+                f"primary, or default_transaction_read_only=on): {_describe(exc)}; "
+                "the session was dropped and the next call reconnects"
+            ) from exc
         except (
             psycopg.OperationalError,
             PoolTimeout,
-            # Conditions that pass, not properties of the call: a read-only
-            # standby or maintenance window, a full disk, no memory.
-            psycopg.errors.ReadOnlySqlTransaction,
+            # Conditions that pass, not properties of the call: a full
+            # disk, no memory.
             psycopg.errors.InsufficientResources,
         ) as exc:
             raise DatabaseUnavailable(
@@ -461,30 +545,54 @@ class PostgresBackend(SharedReads, CockpitReads):
         delayed = any(j.delay is not None or j.run_at is not None for j in jobs)
         channel = self.channel() if delayed else None  # looked up before a cursor is held
         if connection is not None:
-            if not isinstance(connection, psycopg.Connection):
-                raise TypeError(
-                    "connection= must be a psycopg 3 Connection to this database, got "
-                    f"{type(connection).__module__}.{type(connection).__name__}"
-                )
-            with self._errors():
-                self._check_same_database(connection)
-                if not connection.autocommit:
-                    # Make sure the caller's transaction is open, so that the
-                    # block below is a savepoint inside it rather than a
-                    # transaction of its own that would commit.
-                    connection.execute("SELECT 1")
-                # A savepoint (or, on an autocommit connection, a transaction):
-                # a batch that fails part-way leaves nothing behind.
-                with connection.transaction(), connection.cursor(row_factory=tuple_row) as cur:
-                    return self._notify_due(cur, channel, self._insert(cur, jobs))
+            return self._insert_on(connection, jobs, channel)
         # Without unique keys, COPY or delayed jobs (their NOTIFY is a second
         # statement) the insert is one statement, atomic on its own: no
         # BEGIN/COMMIT round trips around it.
         single_statement = (
             len(jobs) < COPY_MIN_JOBS and not delayed and all(j.unique_key is None for j in jobs)
         )
-        with self._cursor(transaction=not single_statement) as cursor:
-            return self._notify_due(cursor, channel, self._insert(cursor, jobs))
+
+        def insert() -> list[Job]:
+            with self._cursor(transaction=not single_statement) as cursor:
+                return self._notify_due(cursor, channel, self._insert(cursor, jobs))
+
+        return _retrying(insert)
+
+    def _insert_on(self, connection: Any, jobs: Sequence[NewJob], channel: str | None) -> list[Job]:
+        """``job_insert_many`` on the caller's connection (``connection=``)."""
+        if not isinstance(connection, psycopg.Connection):
+            raise TypeError(
+                "connection= must be a psycopg 3 Connection to this database, got "
+                f"{type(connection).__module__}.{type(connection).__name__}"
+            )
+        # On an autocommit connection the block below is a transaction of its
+        # own, which may be run again; otherwise it is a savepoint in the
+        # caller's transaction, which an abort ends whole.
+        own = connection.autocommit
+
+        def insert() -> list[Job]:
+            with self._errors():
+                self._check_same_database(connection)
+                if not own:
+                    # Make sure the caller's transaction is open, so that the
+                    # block below is a savepoint inside it rather than a
+                    # transaction of its own that would commit.
+                    connection.execute("SELECT 1")
+                # A savepoint (or a transaction): a batch that fails part-way
+                # leaves nothing behind.
+                try:
+                    with connection.transaction(), connection.cursor(row_factory=tuple_row) as cur:
+                        return self._notify_due(cur, channel, self._insert(cur, jobs))
+                except _RETRY_ASKED as exc:
+                    if own:
+                        raise
+                    raise DatabaseError(
+                        f"PostgreSQL aborted the caller's transaction ({_describe(exc)}): "
+                        "roll it back and retry the whole transaction (none of it was committed)"
+                    ) from exc
+
+        return _retrying(insert) if own else insert()
 
     def _notify_due(
         self, cursor: psycopg.Cursor[Any], channel: str | None, jobs: list[Job]
@@ -523,6 +631,15 @@ class PostgresBackend(SharedReads, CockpitReads):
             return self._insert_copy(cursor, jobs)
         if len(jobs) == 1 and jobs[0].unique_key is None:
             return [self._insert_one(cursor, jobs[0])]
+        lock_keys = sorted(
+            {_unique_lock_key(j.task, j.unique_key) for j in jobs if j.unique_key is not None}
+        )
+        if len(lock_keys) > 1:
+            # Rows go in input order (ids ascend with it), so two batches
+            # holding the same keys in different orders would each wait in
+            # the unique index for a key the other took first: a deadlock.
+            # The locks are taken in one order for all batches instead.
+            cursor.execute(QUERIES["job_lock_unique_keys"], {"keys": lock_keys})
         out: list[Job | None] = [None] * len(jobs)
         pending = list(range(len(jobs)))
         # A duplicate can finish between the skipped insert and the lookup;

@@ -29,6 +29,13 @@ ON CONFLICT (task, unique_key)
     DO NOTHING
 RETURNING *
 
+-- name: job_lock_unique_keys
+-- Batches with unique keys first take a transaction-scoped advisory lock per
+-- (task, key), in the order of the array (sorted by the caller): two batches
+-- sharing keys then never wait for each other in opposite orders. unnest
+-- yields the elements in order and each row's lock is taken as it is read.
+SELECT pg_advisory_xact_lock(key) FROM unnest(%(keys)s::bigint[]) AS key;
+
 -- name: job_insert_one
 -- One job without a unique key (so no conflict is possible): plain
 -- parameters plan and travel faster than eight one-element arrays, and the

@@ -1,0 +1,116 @@
+"""Concurrent bulk enqueues over the same unique keys (issue 13, kind 7).
+
+On PostgreSQL two batches that insert the same keys in different orders each
+wait in the unique index for a key the other inserted first: a deadlock,
+which the server breaks by failing one of them. jobkeeper takes the keys in
+one order and retries what the server asks to retry, so no call fails.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+
+from jobkeeper import JobQueue
+from jobkeeper.errors import DatabaseError, DatabaseUnavailable
+
+THREADS = 4
+CALLS = 40
+KEYS = [f"key-{n}" for n in range(20)]
+
+
+@pytest.fixture
+def pg_queue(pg_url: str) -> Iterator[JobQueue]:
+    jq = JobQueue(pg_url, pool_size=THREADS)
+    jq.migrate()
+    yield jq
+    jq.close()
+
+
+def test_bulk_enqueues_over_shared_unique_keys_never_fail(pg_queue, pg_url):
+    jq = pg_queue
+    errors: list[BaseException] = []
+    mismatches: list[str] = []
+    duplicates: list[list[tuple[str, int]]] = []
+    done = threading.Event()
+
+    def enqueue_shuffled(seed: int) -> None:
+        rng = random.Random(seed)
+        for _ in range(CALLS):
+            keys = KEYS[:]
+            rng.shuffle(keys)
+            try:
+                jobs = jq.enqueue_many([("t", {"k": k}, {"unique_key": k}) for k in keys])
+            except Exception as exc:  # counted, not raised: every failure is reported
+                errors.append(exc)
+                continue
+            if [job.unique_key for job in jobs] != keys:
+                mismatches.append(f"jobs do not follow the input order: {jobs}")
+
+    def watch_pending() -> None:
+        # At any time, at most one pending job per (task, key). And jobs
+        # finish meanwhile (deleted here, as retention=0 does), freeing their
+        # keys: so batches keep inserting the same keys, not only finding them.
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            while not done.is_set():
+                conn.execute("DELETE FROM jobkeeper_jobs WHERE status = 'available'")
+                rows = conn.execute(
+                    "SELECT unique_key, count(*) FROM jobkeeper_jobs "
+                    "WHERE status IN ('scheduled', 'available', 'running', 'retryable') "
+                    "GROUP BY task, unique_key HAVING count(*) > 1"
+                ).fetchall()
+                if rows:
+                    duplicates.append(rows)
+
+    watcher = threading.Thread(target=watch_pending)
+    watcher.start()
+    threads = [threading.Thread(target=enqueue_shuffled, args=(n,)) for n in range(THREADS)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    done.set()
+    watcher.join()
+
+    assert not errors, f"{len(errors)} of {THREADS * CALLS} calls failed; first: {errors[0]!r}"
+    assert not mismatches, mismatches[0]
+    assert not duplicates, duplicates[0]
+    pending = jq.stats().get("default", {}).get("available", 0)
+    assert pending <= len(KEYS)
+
+
+def test_deadlock_in_the_callers_transaction_asks_the_caller_to_retry(pg_queue, pg_url):
+    """With ``connection=`` the caller's transaction is aborted: jobkeeper
+    cannot retry inside it, and says the caller should (never "unavailable")."""
+    jq = pg_queue
+    with psycopg.connect(pg_url) as first, psycopg.connect(pg_url) as second:
+        jq.enqueue("t", {}, unique_key="a", connection=first)
+        jq.enqueue("t", {}, unique_key="b", connection=second)
+        failed: list[BaseException] = []
+
+        def cross() -> None:
+            try:
+                jq.enqueue("t", {}, unique_key="a", connection=second)  # waits for first
+            except Exception as exc:
+                failed.append(exc)
+                second.rollback()  # what the error asks of the caller; frees "b"
+
+        waiter = threading.Thread(target=cross)
+        waiter.start()
+        # Waiting on second's "b" while second waits on our "a": a deadlock.
+        try:
+            jq.enqueue("t", {}, unique_key="b", connection=first)
+        except Exception as exc:
+            failed.append(exc)
+            first.rollback()
+        waiter.join(timeout=30)
+        assert not waiter.is_alive()
+        assert len(failed) == 1, failed
+        error = failed[0]
+        assert isinstance(error, DatabaseError)
+        assert not isinstance(error, DatabaseUnavailable)
+        assert "retry" in str(error) and "transaction" in str(error), error
