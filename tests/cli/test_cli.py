@@ -519,10 +519,10 @@ def test_four_concurrent_migrate_processes(db_url):
     with ThreadPoolExecutor(4) as pool:
         results = list(pool.map(lambda _: run_module("--database", db_url, "migrate"), range(4)))
     assert [r.returncode for r in results] == [0, 0, 0, 0], [r.stderr for r in results]
-    assert all("schema at version 2" in r.stdout for r in results)
+    assert all("schema at version 3" in r.stdout for r in results)
     with JobQueue(db_url) as jq:
-        assert count(jq, "jobkeeper_schema") == 2
-        assert jq.backend.schema_version() == 2
+        assert count(jq, "jobkeeper_schema") == 3
+        assert jq.backend.schema_version() == 3
 
 
 def test_human_output_prints_data_literally_not_as_markup(cli, queue):

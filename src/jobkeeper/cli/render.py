@@ -19,6 +19,7 @@ from jobkeeper.models import Job, JobStatus, WorkerInfo
 STATUS_STYLE = {
     "scheduled": "cyan",
     "available": "blue",
+    "claimed": "bright_yellow",
     "running": "yellow",
     "retryable": "magenta",
     "completed": "green",
@@ -171,6 +172,8 @@ def job_detail(job: Job) -> Table:
         "priority",
         "attempt",
         "max_attempts",
+        "fence",
+        "unstarted_returns",
         "scheduled_at",
         "created_at",
         "attempted_at",

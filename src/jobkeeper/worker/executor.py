@@ -123,6 +123,9 @@ class Executor:
             right after ``may_start`` (SIGSTOP, a VM freeze) would start a job
             whose claim was rescued meanwhile to the few instructions between
             this check and the call.
+        on_start: called (it must not block) right after that last check,
+            just before the task is called: the job's start mark (claimed ->
+            running).
     """
 
     def __init__(
@@ -136,7 +139,9 @@ class Executor:
         on_need_jobs: Callable[[], None],
         may_start: Callable[[Job], bool] | None = None,
         still_held: Callable[[Job], bool] | None = None,
+        on_start: Callable[[Job], None] | None = None,
     ) -> None:
+        self._on_start = on_start
         self._may_start = may_start
         self._still_held = still_held
         self._tasks = tasks
@@ -436,6 +441,8 @@ class Executor:
                 if not held:
                     self._hand_back_unstarted(execution)
                     return
+                if self._on_start is not None:
+                    self._on_start(job)
                 result = task.fn(**job.args)
             finally:
                 with execution.lock:
@@ -472,6 +479,8 @@ class Executor:
         if not held:
             self._hand_back_unstarted(execution)
             return
+        if self._on_start is not None:
+            self._on_start(job)
         set_current_job(job)  # this asyncio task has its own context
         try:
             # The timeout is the watchdog's, as for sync tasks: it decides the

@@ -39,8 +39,8 @@ from jobkeeper.errors import ConfigError, DatabaseError, DatabaseUnavailable
 from jobkeeper.maintenance.heartbeat import Heartbeat
 from jobkeeper.maintenance.pruner import Pruner
 from jobkeeper.maintenance.rescuer import Rescuer
-from jobkeeper.models import Claim, Completion, Job, WorkerInfo
-from jobkeeper.outcomes import released_attempt
+from jobkeeper.models import Claim, Completion, Job, Start, WorkerInfo
+from jobkeeper.outcomes import claim_of, released_attempt
 from jobkeeper.tasks import Task
 from jobkeeper.worker.completer import Completer, Outcome
 from jobkeeper.worker.executor import Executor
@@ -159,6 +159,7 @@ class Worker:
             on_need_jobs=self._wake.set,
             may_start=self._may_start,
             still_held=self._still_held,
+            on_start=self._on_start,
         )
         #: A heartbeat younger than this (seconds) means no rescuer can have
         #: taken our claims; older, and we stop claiming and starting jobs
@@ -234,7 +235,7 @@ class Worker:
                 except DatabaseError:
                     self._stopping.wait(0.1)
                     continue
-                if any(h.id == job.id and h.attempt == job.attempt for h in held):
+                if any(h.id == job.id and h.fence == job.fence for h in held):
                     # Confirmed as of a fresh heartbeat: the executor's last
                     # check before the call (_still_held) now counts from here.
                     self._claim_spells[job.id] = spell
@@ -253,6 +254,12 @@ class Worker:
             self.heartbeat.beat_age() <= self._fresh_for
             and self.heartbeat.stale_spells == self._claim_spells.get(job.id)
         )
+
+    def _on_start(self, job: Job) -> None:
+        """The task of a claimed job is being called: record its start mark
+        (claimed -> running), batched with the outcomes.
+        """
+        self.completer.add(Start(claim_of(job)))
 
     def _on_outcome(self, outcome: Outcome) -> None:
         self._claim_spells.pop(outcome.claim.job_id, None)

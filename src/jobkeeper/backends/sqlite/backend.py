@@ -23,6 +23,7 @@ from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 from jobkeeper.backends.rows import (
+    claim_arrays,
     completion_arrays,
     epoch_to_datetime,
     insert_params,
@@ -36,7 +37,7 @@ from jobkeeper.backends.shared import SharedReads
 from jobkeeper.backends.sqlfile import load_migrations, load_queries
 from jobkeeper.config import DatabaseURL
 from jobkeeper.errors import DatabaseError, DatabaseUnavailable, DataRejected, JobStateError
-from jobkeeper.models import Completion, Failure, Job, JobStatus, NewJob, WorkerInfo
+from jobkeeper.models import Claim, Completion, Failure, Job, JobStatus, NewJob, WorkerInfo
 
 #: The database clock as Unix seconds, UTC.
 NOW_SQL = "((julianday('now') - 2440587.5) * 86400.0)"
@@ -412,6 +413,24 @@ class SqliteBackend(SharedReads):
             )
         return sorted(self._jobs(rows), key=lambda j: (j.priority, j.scheduled_at, j.id))
 
+    def job_start_many(self, claims: Sequence[Claim]) -> set[int]:
+        if not claims:
+            return set()
+        arrays = claim_arrays(claims)
+        written: set[int] = set()
+        with self._write() as conn:
+            for job_id, worker_id, attempt, fence in zip(
+                arrays["ids"],
+                arrays["worker_ids"],
+                arrays["attempts"],
+                arrays["fences"],
+                strict=True,
+            ):
+                params = {"id": job_id, "worker_id": worker_id, "attempt": attempt, "fence": fence}
+                if conn.execute(QUERIES["job_start"], params).rowcount == 1:
+                    written.add(job_id)
+        return written
+
     def job_complete_many(self, completions: Sequence[Completion], *, delete: bool) -> set[int]:
         if not completions:
             return set()
@@ -419,14 +438,15 @@ class SqliteBackend(SharedReads):
         query = QUERIES["job_complete_delete" if delete else "job_complete"]
         written: set[int] = set()
         with self._write() as conn:
-            for job_id, worker_id, attempt, result in zip(
+            for job_id, worker_id, attempt, fence, result in zip(
                 arrays["ids"],
                 arrays["worker_ids"],
                 arrays["attempts"],
+                arrays["fences"],
                 arrays["results"],
                 strict=True,
             ):
-                params = {"id": job_id, "worker_id": worker_id, "attempt": attempt}
+                params = {"id": job_id, "worker_id": worker_id, "attempt": attempt, "fence": fence}
                 if not delete:
                     params["result"] = result
                 if conn.execute(query, params).rowcount == 1:
@@ -446,6 +466,7 @@ class SqliteBackend(SharedReads):
                     "id": failure.claim.job_id,
                     "worker_id": failure.claim.worker_id,
                     "attempt": failure.claim.attempt,
+                    "fence": failure.claim.fence,
                     "outcome": failure.outcome,
                     "error": failure.error_json,
                     "retry_in": failure.retry_in,
@@ -458,14 +479,21 @@ class SqliteBackend(SharedReads):
                     "id": failure.claim.job_id,
                     "worker_id": failure.claim.worker_id,
                     "attempt": failure.claim.attempt,
+                    "fence": failure.claim.fence,
                     "error": failure.error_json,
                     "reason": failure.reason or "max_attempts exhausted",
                     "stale_after": stale_after,
                 }
-                if conn.execute(QUERIES["job_fail_dead_copy"], params).rowcount == 1:
+                cancelled = dict(params)
+                del cancelled["reason"]
+                if conn.execute(QUERIES["job_fail_dead_cancelled"], cancelled).rowcount == 1:
+                    written.add(failure.claim.job_id)
+                elif conn.execute(QUERIES["job_fail_dead_copy"], params).rowcount == 1:
                     conn.execute(QUERIES["job_fail_dead_delete"], {"id": failure.claim.job_id})
                     written.add(failure.claim.job_id)
-        if any(f.outcome == "released" and f.claim.job_id in written for f in updates):
+        if any(
+            f.outcome in ("released", "returned") and f.claim.job_id in written for f in updates
+        ):
             self.wake_local()
         return written
 
