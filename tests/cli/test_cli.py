@@ -31,6 +31,8 @@ JOB_KEYS = {
     "priority",
     "attempt",
     "max_attempts",
+    "fence",
+    "unstarted_returns",
     "scheduled_at",
     "created_at",
     "attempted_at",
@@ -282,7 +284,7 @@ def test_cancel_running_job_reports_the_request(cli, queue):
     job = queue.enqueue("t", {})
     claim(queue)
     out = cli.ok("cancel", str(job.id))
-    assert "running" in out and "cancel requested" in out
+    assert "claimed" in out and "cancel requested" in out
 
 
 # -- bad input: exit 2, one line, nothing written -----------------------------------------------

@@ -35,7 +35,9 @@ FAST = {
 
 
 def _held_by(url: str, pid: int) -> set[int]:
-    rows = sql(url, "SELECT id, worker_id FROM jobkeeper_jobs WHERE status = 'running'")
+    rows = sql(
+        url, "SELECT id, worker_id FROM jobkeeper_jobs WHERE status IN ('claimed', 'running')"
+    )
     return {int(job_id) for job_id, wid in rows if int(str(wid).split(":")[-2]) == pid}
 
 
@@ -49,6 +51,12 @@ def test_sigkill_mid_job_is_rescued_counted_and_completed(make_queue, tmp_path):
         wait_for(
             lambda: len([r for r in read_records(record) if r[2] == a.pid]) == 3,
             what="worker A to be running 3 jobs",
+        )
+        started = {r[0] for r in read_records(record) if r[2] == a.pid}
+        # ...and their start marks recorded (claimed -> running).
+        wait_for(
+            lambda: all(jq.get_job(i).status == JobStatus.RUNNING for i in started),
+            what="A's start marks",
         )
         a.send_signal(signal.SIGKILL)
         assert wait_exit(a) == -signal.SIGKILL
@@ -65,11 +73,15 @@ def test_sigkill_mid_job_is_rescued_counted_and_completed(make_queue, tmp_path):
     for job_id in ids:
         done = jq.get_job(job_id)
         assert done.result["pid"] == b.pid
-        if job_id in lost:
+        if job_id in started_by_a:
             assert done.attempt == 2, done
             assert len(done.errors) == 1
             assert done.errors[0]["attempt"] == 1
             assert "worker lost" in done.errors[0]["error"]
+        elif job_id in lost:
+            # Prefetched by A, never started: returned without spending.
+            assert done.attempt == 1, done
+            assert len(done.errors) == 1 and "not spent" in done.errors[0]["error"]
         else:
             assert done.attempt == 1 and done.errors == []
     # A's interrupted runs never finished; B ran every job to its end once.
@@ -109,10 +121,17 @@ def test_c05_poison_job_that_kills_its_worker_ends_dead_after_max_attempts(make_
     dead = jq.get_job(poison.id)
     assert dead.status == JobStatus.DEAD
     assert dead.attempt == 3
-    assert [e["attempt"] for e in dead.errors] == [1, 2, 3]
     assert all("worker lost" in e["error"] for e in dead.errors)
-    assert deaths == 3
-    assert [r[1] for r in read_records(record)] == [1, 2, 3]
+    # The first crash usually comes before the job's start mark is flushed:
+    # the job looks prefetched and goes back with its attempt (noted in
+    # errors). Its next claims write the start mark before the task runs,
+    # so from then on every crash spends an attempt: one crash more at most.
+    returned = [e for e in dead.errors if "not spent" in e["error"]]
+    spent = [e for e in dead.errors if "not spent" not in e["error"]]
+    assert [e["attempt"] for e in spent] == [1, 2, 3]
+    assert [e["attempt"] for e in returned] in ([], [1])
+    assert deaths == 3 + len(returned)
+    assert [r[1] for r in read_records(record)] == [1] * len(returned) + [1, 2, 3]
 
 
 def _sqlite_write_lock_free(url: str) -> bool:
@@ -134,7 +153,14 @@ def test_sigstop_zombie_late_completion_is_fenced(make_queue, tmp_path):
     j = jq.enqueue("sleep", {"seconds": 2.0, "record": str(record)})
     with processes(tmp_path) as procs:
         a = procs.worker(url, FAST, concurrency=1)
-        wait_for(lambda: holder_pid(url, j.id) == a.pid and read_records(record), what="A runs")
+        wait_for(
+            lambda: (
+                holder_pid(url, j.id) == a.pid
+                and read_records(record)
+                and jq.get_job(j.id).status == JobStatus.RUNNING
+            ),  # its start recorded
+            what="A runs",
+        )
         for _ in range(50):
             a.send_signal(signal.SIGSTOP)
             # A frozen inside a SQLite write transaction would block every

@@ -11,9 +11,11 @@ A held job whose holder has not heartbeaten for ``rescue_after`` seconds
   crash, so it goes back to ``available`` without spending the attempt
   (``unstarted_returns`` counts it; ``errors`` notes the lost holder). A
   start mark waits up to a flush interval in its worker, so a job that kills
-  its worker as it starts can look unstarted: after
-  ``MAX_UNSTARTED_RETURNS`` free returns its claims are rescued like running
-  ones and spend attempts, and it still reaches the dead letters (C-05).
+  its worker as it starts can look unstarted. Such a job is returned once;
+  its next claim writes the start mark before the task is called (see the
+  worker's ``_on_start``), so its next crashes spend attempts. Should those
+  marks fail too, after ``MAX_UNSTARTED_RETURNS`` free returns its claims
+  are rescued like running ones: it still reaches the dead letters (C-05).
 
 Every rescue write is fenced on the ``(id, worker_id, attempt, fence)`` the
 rescuer read and re-checks that the holder is still silent, so a job that
