@@ -12,6 +12,7 @@ import time
 import pytest
 
 from jobkeeper import JobStatus
+from jobkeeper.maintenance.rescuer import Rescuer
 
 from .helpers import (
     holder_pid,
@@ -200,3 +201,59 @@ def test_sigstop_zombie_late_completion_is_fenced(make_queue, tmp_path):
         (2, b.pid, "end"),
     }
     assert os.getpid() not in {r[2] for r in runs}
+
+
+def test_prefetched_jobs_of_a_killed_worker_come_back_unspent(make_queue, tmp_path):
+    # Issue 13, kind 2: a worker at concurrency 1 with a deep prefetch holds
+    # one started job and many it never started. They show claimed, not
+    # running; when it is SIGKILLed only the started one spends an attempt:
+    # the others (max_attempts=1) go back available at attempt 0 and then
+    # complete, none dead.
+    jq = make_queue()
+    url = jq.url.url
+    record = tmp_path / "runs.log"
+    slow = jq.enqueue("sleep", {"seconds": 60.0, "record": str(record)})
+    quick = [
+        j.id
+        for j in jq.enqueue_many(
+            [("sleep", {"seconds": 0.01, "record": str(record)}, {"max_attempts": 1})] * 10
+        )
+    ]
+    with processes(tmp_path) as procs:
+        a = procs.worker(url, FAST, concurrency=1, prefetch=20)
+        wait_for(lambda: jq.get_job(slow.id).status == JobStatus.RUNNING, what="A's slow job")
+        wait_for(
+            lambda: all(jq.get_job(i).status == JobStatus.CLAIMED for i in quick),
+            what="A to prefetch the quick jobs",
+        )
+        counts = jq.stats()["default"]
+        assert (counts["running"], counts["claimed"], counts["available"]) == (1, 10, 0)
+        a.send_signal(signal.SIGKILL)
+        assert wait_exit(a) == -signal.SIGKILL
+        assert {r[0] for r in read_records(record)} == {slow.id}  # nothing else started
+
+        # A rescuer (here in-process) returns them once A is silent long enough.
+        rescuer = Rescuer(jq.backend, jq.settings, 0.1)
+
+        def rescued() -> bool:
+            rescuer.run_once()
+            return all(jq.get_job(i).status == JobStatus.AVAILABLE for i in quick)
+
+        wait_for(rescued, what="the prefetched jobs to be returned")
+        for job_id in quick:
+            back = jq.get_job(job_id)
+            assert (back.attempt, back.unstarted_returns, back.worker_id) == (0, 1, None)
+        lost = jq.get_job(slow.id)
+        assert lost.status == JobStatus.RETRYABLE and lost.attempt == 1
+        assert "while running attempt 1" in lost.errors[0]["error"]
+
+        b = procs.worker(url, FAST, concurrency=4)
+        wait_for(
+            lambda: all(jq.get_job(i).status == JobStatus.COMPLETED for i in quick),
+            what="B to complete the returned jobs",
+        )
+        assert b.poll() is None
+    for job_id in quick:
+        done = jq.get_job(job_id)
+        assert done.attempt == 1 and done.result["pid"] == b.pid
+    assert jq.stats()["default"].get("dead", 0) == 0

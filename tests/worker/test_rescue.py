@@ -545,3 +545,48 @@ def test_workers_with_different_rescue_after_share_a_database(make_queue):
     assert done.errors == [] and done.attempt == 1
     assert runs == [1]
     assert other.rescuer.rescued == 0
+
+
+def test_a_job_lost_unstarted_again_and_again_still_reaches_the_dead_letters(jq):
+    # Issue 13, kind 2, and C-05: each holder dies before the job's start mark
+    # is written (it was still in the completer's buffer). The first losses
+    # give the attempt back; after MAX_UNSTARTED_RETURNS of them, lost claims
+    # spend attempts like lost running ones, so the job reaches the dead
+    # letters after a bounded number of crashes.
+    from jobkeeper.maintenance.rescuer import MAX_UNSTARTED_RETURNS
+
+    j = jq.enqueue("some_task", {}, max_attempts=2)
+    rescuer = Rescuer(jq.backend, jq.settings, 0.1)
+    crashes = 0
+    while job(jq, j.id).status != JobStatus.DEAD:
+        assert crashes < 10, job(jq, j.id)
+        wait_for(
+            lambda: jq.backend.job_stage_due() >= 0 and job(jq, j.id).status == JobStatus.AVAILABLE,
+            what="the job to be due again",
+        )
+        holder = f"crash:{crashes}:dead"  # no worker row: silent from the start
+        (claimed,) = jq.backend.job_claim(worker_id=holder, queue="default", limit=1)
+        assert claimed.status == JobStatus.CLAIMED
+        crashes += 1
+        rescuer.run_once()
+    assert crashes == MAX_UNSTARTED_RETURNS + 2
+    dead = job(jq, j.id)
+    assert dead.attempt == 2
+    assert [e["attempt"] for e in dead.errors] == [1] * MAX_UNSTARTED_RETURNS + [1, 2]
+    assert all("worker lost" in e["error"] for e in dead.errors)
+    assert all("not spent" in e["error"] for e in dead.errors[:MAX_UNSTARTED_RETURNS])
+    assert all("start" in e["error"] for e in dead.errors[MAX_UNSTARTED_RETURNS:])
+
+
+def test_a_claimed_job_of_a_lost_holder_goes_back_without_spending_its_attempt(jq):
+    jobs = jq.enqueue_many([("some_task", {"i": i}, {"max_attempts": 1}) for i in range(3)])
+    held = jq.backend.job_claim(worker_id="lost:1:aaaa", queue="default", limit=3)
+    jq.backend.job_start_many([claim_of(held[0])])  # only the first had started
+    Rescuer(jq.backend, jq.settings, 0.1).run_once()
+    started, *prefetched = (job(jq, j.id) for j in jobs)
+    assert started.status == JobStatus.DEAD  # its one attempt was spent
+    for p in prefetched:
+        assert (p.status, p.attempt, p.unstarted_returns, p.worker_id) == (
+            JobStatus.AVAILABLE, 0, 1, None
+        )  # fmt: skip
+        assert len(p.errors) == 1 and "not spent" in p.errors[0]["error"]
