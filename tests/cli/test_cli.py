@@ -109,8 +109,8 @@ def assert_one_line_error(err: str, *needles: str) -> None:
 
 
 def test_migrate_is_idempotent(cli):
-    assert "schema at version 2" in cli.ok("migrate")
-    assert "schema at version 2" in cli.ok("migrate")
+    assert "schema at version 3" in cli.ok("migrate")
+    assert "schema at version 3" in cli.ok("migrate")
 
 
 def test_enqueue_prints_the_new_id(cli, queue):
