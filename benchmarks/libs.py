@@ -203,7 +203,8 @@ class Jobkeeper(Library):
     def probe(self, url: str) -> Probe:
         return Probe(
             url,
-            "SELECT count(*) FROM jobkeeper_jobs WHERE status IN ('available', 'running')",
+            "SELECT count(*) FROM jobkeeper_jobs "
+            "WHERE status IN ('available', 'claimed', 'running')",
             "SELECT count(*) FROM jobkeeper_jobs WHERE status = 'completed'",
         )
 

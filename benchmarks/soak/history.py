@@ -167,7 +167,7 @@ class Row:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Ack:
-    """An audited write that took a job out of ``running`` (completion,
+    """An audited write that took a job out of ``claimed``/``running`` (completion,
     failure, rescue, hand-back or dead-letter move), with the holder it was
     fenced on (the row's values before the write).
     """

@@ -42,11 +42,13 @@ CREATE TRIGGER soak_heartbeats AFTER INSERT OR UPDATE OF heartbeat_at ON jobkeep
     FOR EACH ROW EXECUTE FUNCTION soak_record_heartbeat();
 DROP TRIGGER IF EXISTS soak_acks_update ON jobkeeper_jobs;
 CREATE TRIGGER soak_acks_update AFTER UPDATE ON jobkeeper_jobs
-    FOR EACH ROW WHEN (OLD.status = 'running' AND NEW.status <> 'running')
+    FOR EACH ROW WHEN (OLD.status IN ('claimed', 'running')
+                       AND NEW.status NOT IN ('claimed', 'running'))
     EXECUTE FUNCTION soak_record_ack();
 DROP TRIGGER IF EXISTS soak_acks_delete ON jobkeeper_jobs;
 CREATE TRIGGER soak_acks_delete AFTER DELETE ON jobkeeper_jobs
-    FOR EACH ROW WHEN (OLD.status = 'running') EXECUTE FUNCTION soak_record_ack();
+    FOR EACH ROW WHEN (OLD.status IN ('claimed', 'running'))
+    EXECUTE FUNCTION soak_record_ack();
 """
 
 _SQLITE_NOW = "((julianday('now') - 2440587.5) * 86400.0)"
@@ -61,11 +63,11 @@ CREATE TRIGGER IF NOT EXISTS soak_heartbeats_update AFTER UPDATE OF heartbeat_at
     ON jobkeeper_workers
 BEGIN INSERT INTO soak_heartbeats VALUES (NEW.id, NEW.heartbeat_at); END;
 CREATE TRIGGER IF NOT EXISTS soak_acks_update AFTER UPDATE ON jobkeeper_jobs
-    WHEN OLD.status = 'running' AND NEW.status <> 'running'
+    WHEN OLD.status IN ('claimed', 'running') AND NEW.status NOT IN ('claimed', 'running')
 BEGIN INSERT INTO soak_acks VALUES (NEW.id, NEW.status, OLD.worker_id, OLD.attempt, {_SQLITE_NOW});
 END;
 CREATE TRIGGER IF NOT EXISTS soak_acks_delete AFTER DELETE ON jobkeeper_jobs
-    WHEN OLD.status = 'running'
+    WHEN OLD.status IN ('claimed', 'running')
 BEGIN INSERT INTO soak_acks VALUES (OLD.id, 'removed', OLD.worker_id, OLD.attempt, {_SQLITE_NOW});
 END;
 """

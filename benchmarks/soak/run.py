@@ -216,7 +216,9 @@ def _pending(jq: JobQueue, queues: list[str]) -> int:
     """Jobs not yet finished (the deliberately pending ones are scheduled: not counted)."""
     stats = jq.stats()
     return sum(
-        stats.get(q, {}).get(s, 0) for q in queues for s in ("available", "running", "retryable")
+        stats.get(q, {}).get(s, 0)
+        for q in queues
+        for s in ("available", "claimed", "running", "retryable")
     )
 
 

@@ -527,7 +527,7 @@ class JobQueue:
             priority: 32-bit int, lower runs first (default: the task's, else 0).
             max_attempts: 1..1,000,000 (default: the task's, else 20).
             unique_key: while a job of the same task with this key is pending
-                (scheduled/available/running/retryable), return that job
+                (scheduled/available/claimed/running/retryable), return that job
                 instead of inserting a new one.
             connection: a psycopg 3 ``Connection`` (PostgreSQL) or
                 ``sqlite3.Connection`` to the same file; the job commits or
@@ -643,10 +643,13 @@ class JobQueue:
         )
 
     def cancel(self, job_id: int) -> Job:
-        """Cancel a job. Pending jobs become ``cancelled`` at once; a running
-        job's worker is asked to stop it (it ends ``cancelled`` within about
-        one ``heartbeat_interval``, or, if its code cannot be interrupted,
-        once that code returns: the job stays running until then).
+        """Cancel a job. Pending jobs become ``cancelled`` at once; a held
+        (claimed or running) job's worker is asked to stop it (it ends
+        ``cancelled`` within about one ``heartbeat_interval``, or, if its code
+        cannot be interrupted, once that code returns: the job stays held until
+        then). From then on the job ends ``cancelled`` whatever its attempt
+        does next (fails, retries, times out, is handed back or rescued),
+        unless the attempt succeeds first: then it stays ``completed``.
 
         Returns:
             The job after the request.

@@ -19,8 +19,10 @@ class JobStatus(enum.StrEnum):
     The words are River's (British "cancelled"), plus ``dead`` for jobs that
     live in ``jobkeeper_dead_letters``::
 
-        scheduled --(scheduled_at reached)--> available --(claimed)--> running
-        running --> completed | retryable | dead | cancelled
+        scheduled --(scheduled_at reached)--> available --(claim)--> claimed
+        claimed --(start mark)--> running
+        claimed | running --> completed | retryable | dead | cancelled
+        claimed | running --(hand-back, free return)--> available
         retryable --(backoff elapsed)--> available
     """
 
@@ -30,8 +32,18 @@ class JobStatus(enum.StrEnum):
     #: Ready to be claimed. In: enqueue, stager, retry, requeue, graceful release.
     #: Out: a worker's claim.
     AVAILABLE = "available"
-    #: Held by exactly one worker (``worker_id``). In: claim. Out: that worker's
-    #: fenced completion/failure, or the rescuer once the holder stops heartbeating.
+    #: Held by exactly one worker (``worker_id``) that has not started it yet
+    #: (prefetched). In: a worker's claim (which counts the attempt and bumps
+    #: ``fence``). Out: the holder's start mark (to ``running``), its fenced
+    #: outcome or unstarted hand-back, or the rescuer once the holder stops
+    #: heartbeating: back to ``available`` without spending the attempt, up
+    #: to a bound (see the rescuer), then as a lost ``running`` job.
+    CLAIMED = "claimed"
+    #: Started: held by exactly one worker (``worker_id``) whose task was
+    #: called. In: the holder's start mark (fenced). Out: that worker's fenced
+    #: completion/failure, or the rescuer once the holder stops heartbeating
+    #: (the attempt is spent). A job whose outcome is written before its
+    #: start mark goes from ``claimed`` to its outcome directly.
     RUNNING = "running"
     #: A failed attempt waiting out its backoff. In: failure, rescue. Out: stager.
     RETRYABLE = "retryable"
@@ -49,8 +61,16 @@ TERMINAL_STATUSES: frozenset[JobStatus] = frozenset(
 )
 #: States of a job that will still run (or is running).
 PENDING_STATUSES: frozenset[JobStatus] = frozenset(
-    {JobStatus.SCHEDULED, JobStatus.AVAILABLE, JobStatus.RUNNING, JobStatus.RETRYABLE}
+    {
+        JobStatus.SCHEDULED,
+        JobStatus.AVAILABLE,
+        JobStatus.CLAIMED,
+        JobStatus.RUNNING,
+        JobStatus.RETRYABLE,
+    }
 )
+#: States of a job a worker holds (``worker_id`` set).
+HELD_STATUSES: frozenset[JobStatus] = frozenset({JobStatus.CLAIMED, JobStatus.RUNNING})
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -66,18 +86,27 @@ class Job:
         queue: the queue name.
         status: see :class:`JobStatus`.
         priority: lower runs first.
-        attempt: attempts started so far (counted at claim time).
+        attempt: attempts started so far (counted at claim time; a claim
+            that ends without starting gives it back).
         max_attempts: the attempt at which a failure sends the job to the dead letters.
         scheduled_at: not to run before this (UTC).
         created_at: when it was enqueued (UTC).
         attempted_at: when the current/last attempt started (UTC), or ``None``.
         finished_at: when it completed, was cancelled or died (UTC), or when
             the last attempt failed; ``None`` while pending.
-        worker_id: the holder while running, else ``None``.
+        worker_id: the holder while claimed or running, else ``None``.
         unique_key: deduplication key, or ``None``.
         errors: one ``{"attempt", "at", "error", "traceback"}`` dict per failed attempt.
         result: the task's JSON return value once completed.
-        cancel_requested: ``True`` when ``cancel`` was asked while it ran.
+        cancel_requested: ``True`` when ``cancel`` was asked while it was
+            held; whatever its attempt does next (unless it succeeds), the
+            job then ends ``cancelled``.
+        fence: grows by one with every claim of the job: every write of a
+            holder is fenced on it, so a stale holder (whose claim was handed
+            back, rescued, and perhaps re-claimed at the same attempt) writes
+            nothing.
+        unstarted_returns: how often a claim of the job was lost before it
+            started and the attempt given back (bounded by the rescuer).
         dead_reason: why it was dead-lettered (only for ``status == "dead"``).
         args_error: why ``args`` could not be decoded, else ``None``.
     """
@@ -101,6 +130,8 @@ class Job:
     cancel_requested: bool = False
     dead_reason: str | None = None
     args_error: str | None = None
+    fence: int = 0
+    unstarted_returns: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         """Return a JSON-ready dict (timestamps as ISO 8601 UTC strings).
@@ -157,11 +188,25 @@ class NewJob:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Claim:
-    """What fences a running job: it belongs to ``worker_id`` at ``attempt``."""
+    """What fences a held job: it belongs to ``worker_id`` at ``attempt``,
+    by the claim numbered ``fence``. The attempt alone no longer names a
+    claim (a claim may end without spending it); it is kept for the error
+    entries.
+    """
 
     job_id: int
     worker_id: str
     attempt: int
+    fence: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Start:
+    """A start mark to record (internal): the claimed job's task is being
+    called, so the job becomes ``running`` (fenced on ``claim``).
+    """
+
+    claim: Claim
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -176,8 +221,12 @@ class Completion:
 class Failure:
     """A failed attempt to record (internal).
 
-    ``outcome`` is ``"retryable"``, ``"dead"``, ``"cancelled"`` or
-    ``"released"`` (handed back at shutdown without spending the attempt).
+    ``outcome`` is ``"retryable"``, ``"dead"``, ``"cancelled"``,
+    ``"released"`` (handed back by its worker without spending the attempt)
+    or ``"returned"`` (rescued before it started: available again, the
+    attempt not spent, ``unstarted_returns`` counted; only while the job is
+    still ``claimed``). Whatever the outcome, a job with a cancel request
+    ends ``cancelled`` (the database decides, see the backends).
     ``retry_in`` is the backoff in seconds for ``"retryable"``. ``error_json``
     is the entry appended to ``errors``; None (releases only) appends none.
     """

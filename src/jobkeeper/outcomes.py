@@ -18,10 +18,10 @@ MAX_TRACEBACK_CHARS = 16_000
 
 
 def claim_of(job: Job) -> Claim:
-    """The fence of a running job."""
+    """The fence of a held (claimed or running) job."""
     if job.worker_id is None:
-        raise ValueError(f"job {job.id} is not running (no holder)")
-    return Claim(job.id, job.worker_id, job.attempt)
+        raise ValueError(f"job {job.id} is not running nor claimed (no holder)")
+    return Claim(job.id, job.worker_id, job.attempt, job.fence)
 
 
 def error_entry(job: Job, error: str, traceback: str | None) -> str:
@@ -94,3 +94,13 @@ def released_attempt(job: Job, reason: str | None) -> Failure:
     """
     error = None if reason is None else error_entry(job, reason, None)
     return Failure(claim_of(job), "released", error)
+
+
+def returned_attempt(job: Job, reason: str) -> Failure:
+    """A claimed job whose holder was lost before its start was recorded
+    goes back to available, the attempt not spent and the return counted in
+    ``unstarted_returns`` (the rescuer bounds them). Written only while the
+    job is still claimed. ``reason`` is noted in ``errors``: the lost holder
+    is worth knowing about even though the attempt was not spent.
+    """
+    return Failure(claim_of(job), "returned", error_entry(job, reason, None))

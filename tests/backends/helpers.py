@@ -62,7 +62,7 @@ def claim(
 
 def claim_of(job: Job) -> Claim:
     assert job.worker_id is not None
-    return Claim(job.id, job.worker_id, job.attempt)
+    return Claim(job.id, job.worker_id, job.attempt, job.fence)
 
 
 def complete(

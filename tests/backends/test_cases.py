@@ -93,7 +93,7 @@ def test_c07_hand_inserted_unparseable_args_never_crash_a_claim(jq):
     for job in claimed[:-1]:
         assert job.args is None
         assert job.args_error
-        assert job.status == JobStatus.RUNNING
+        assert job.status == JobStatus.CLAIMED
     assert claimed[-1].args == {"fine": True} and claimed[-1].args_error is None
 
 

@@ -45,10 +45,10 @@ def test_claim_batch_is_ordered_and_limited(jq):
     jobs = jq.enqueue_many([("t", {"i": i}, {"priority": 5 - i}) for i in range(6)])
     batch = claim(jq, limit=4)
     assert [j.id for j in batch] == [jobs[i].id for i in (5, 4, 3, 2)]
-    assert all(j.status == JobStatus.RUNNING for j in batch)
+    assert all(j.status == JobStatus.CLAIMED and j.fence == 1 for j in batch)
     assert all(j.worker_id == WORKER and j.attempt == 1 for j in batch)
     assert all(j.attempted_at is not None for j in batch)
-    assert count(jq, where="status = 'running'") == 4
+    assert count(jq, where="status = 'claimed'") == 4
     assert len(claim(jq, limit=100)) == 2
     assert claim(jq) == []
 
@@ -86,15 +86,16 @@ def test_concurrent_claims_never_share_a_job(jq):
 def test_complete_is_fenced_on_worker_and_attempt(jq):
     job = jq.enqueue("t", {})
     (running,) = claim(jq)
-    wrong_worker = Claim(job.id, "someone-else", running.attempt)
-    wrong_attempt = Claim(job.id, WORKER, running.attempt + 1)
-    old_attempt = Claim(job.id, WORKER, running.attempt - 1)
-    for fence in (wrong_worker, wrong_attempt, old_attempt):
+    wrong_worker = Claim(job.id, "someone-else", running.attempt, running.fence)
+    wrong_attempt = Claim(job.id, WORKER, running.attempt + 1, running.fence)
+    old_attempt = Claim(job.id, WORKER, running.attempt - 1, running.fence)
+    old_fence = Claim(job.id, WORKER, running.attempt, running.fence - 1)
+    for fence in (wrong_worker, wrong_attempt, old_attempt, old_fence):
         assert complete(jq, running, '{"x":1}', claim_=fence) == set()
         assert jq.backend.job_complete_many([Completion(fence, None)], delete=True) == set()
     still = jq.get_job(job.id)
     assert still is not None
-    assert (still.status, still.worker_id, still.result) == (JobStatus.RUNNING, WORKER, None)
+    assert (still.status, still.worker_id, still.result) == (JobStatus.CLAIMED, WORKER, None)
     assert complete(jq, running, '{"x":1}') == {job.id}
     done = jq.get_job(job.id)
     assert done is not None and done.status == JobStatus.COMPLETED and done.result == {"x": 1}
@@ -108,11 +109,16 @@ def test_complete_is_fenced_on_worker_and_attempt(jq):
 def test_fail_is_fenced_on_worker_and_attempt(jq, outcome):
     job = jq.enqueue("t", {})
     (running,) = claim(jq)
-    for fence in (Claim(job.id, "intruder", 1), Claim(job.id, WORKER, 2), Claim(job.id, WORKER, 0)):
+    for fence in (
+        Claim(job.id, "intruder", 1, 1),
+        Claim(job.id, WORKER, 2, 1),
+        Claim(job.id, WORKER, 0, 1),
+        Claim(job.id, WORKER, 1, 0),
+    ):
         assert fail(jq, running, outcome, claim_=fence) == set()
     still = jq.get_job(job.id)
     assert still is not None
-    assert (still.status, still.errors, still.attempt) == (JobStatus.RUNNING, [], 1)
+    assert (still.status, still.errors, still.attempt) == (JobStatus.CLAIMED, [], 1)
     assert count(jq, "jobkeeper_dead_letters") == 0
     assert fail(jq, running, outcome) == {job.id}
     assert fail(jq, running, outcome) == set()
@@ -134,22 +140,22 @@ def test_batched_acks_write_only_their_own_claims(jq):
     jobs = jq.enqueue_many([("t", {"i": i}) for i in range(4)])
     running = claim(jq)
     fences = [claim_of(j) for j in running]
-    fences[1] = Claim(fences[1].job_id, "stale-worker", fences[1].attempt)
+    fences[1] = Claim(fences[1].job_id, "stale-worker", fences[1].attempt, fences[1].fence)
     written = jq.backend.job_complete_many([Completion(f, None) for f in fences[:2]], delete=False)
     assert written == {jobs[0].id}
     entry = error_entry(running[2], "x", None)
     failures = [
         Failure(fences[2], "retryable", entry, retry_in=0),
-        Failure(Claim(jobs[3].id, WORKER, 99), "dead", entry, reason="x"),
+        Failure(Claim(jobs[3].id, WORKER, 99, 1), "dead", entry, reason="x"),
         Failure(fences[1], "dead", entry, reason="x"),
     ]
     assert jq.backend.job_fail_many(failures) == {jobs[2].id}
     statuses = [jq.get_job(j.id).status for j in jobs]  # type: ignore[union-attr]
     assert statuses == [
         JobStatus.COMPLETED,
-        JobStatus.RUNNING,
+        JobStatus.CLAIMED,
         JobStatus.RETRYABLE,
-        JobStatus.RUNNING,
+        JobStatus.CLAIMED,
     ]
     assert count(jq, "jobkeeper_dead_letters") == 0
 

@@ -212,11 +212,11 @@ def test_unique_key_returns_the_pending_job(jq):
     assert second.id == first.id
     assert second.args == {"v": 1}
     assert count(jq) == 1
-    # Running still counts as pending.
+    # Held (claimed, then running) still counts as pending.
     (running,) = claim(jq)
     third = jq.enqueue("resize", {"v": 3}, unique_key="a.png")
     assert third.id == first.id
-    assert third.status == JobStatus.RUNNING
+    assert third.status == JobStatus.CLAIMED
     # Once completed, the key is free again.
     assert complete(jq, running) == {first.id}
     fourth = jq.enqueue("resize", {"v": 4}, unique_key="a.png")

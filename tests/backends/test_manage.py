@@ -138,7 +138,7 @@ def test_cancel_running_job_asks_its_worker(jq):
     job = jq.enqueue("t", {})
     (running,) = claim(jq)
     after = jq.cancel(job.id)
-    assert after.status == JobStatus.RUNNING
+    assert after.status == JobStatus.CLAIMED
     assert after.cancel_requested is True
     assert after.worker_id == running.worker_id
     requested = jq.backend.job_cancel_requested(worker_id=running.worker_id or "")
@@ -216,10 +216,10 @@ def test_retry_pending_job_is_refused(jq, delay):
         jq.retry(job.id)
     (running,) = claim(jq) or [None]
     if running is not None:
-        with pytest.raises(JobStateError, match="running"):
+        with pytest.raises(JobStateError, match="claimed"):
             jq.retry(job.id)
         after = jq.get_job(job.id)
-        assert after is not None and after.status == JobStatus.RUNNING and after.attempt == 1
+        assert after is not None and after.status == JobStatus.CLAIMED and after.attempt == 1
 
 
 def test_retry_unknown_job(jq):

@@ -4,17 +4,20 @@ query stays on its partial index however much history piles up.
 
 from __future__ import annotations
 
+import secrets
+import sys
 import threading
+from urllib.parse import quote
 
 import psycopg
 import pytest
 
-from jobkeeper import DatabaseError, JobQueue
+from jobkeeper import DatabaseError, JobQueue, JobStatus
 from jobkeeper.backends.postgres.backend import MIGRATIONS as PG_MIGRATIONS
 from jobkeeper.backends.postgres.backend import QUERIES as PG_QUERIES
 from jobkeeper.backends.sqlite.backend import MIGRATIONS as SQLITE_MIGRATIONS
 
-from .helpers import claim, count, sql
+from .helpers import PG_URL, claim, count, sql
 
 TABLES = {
     "jobkeeper_jobs",
@@ -51,16 +54,19 @@ def test_migrate_is_idempotent(db_url):
         assert kept is not None and kept.args == {"keep": True}
 
 
-def test_migrate_from_version_1_keeps_jobs_and_workers(db_url):
+def migrate_to(jq: JobQueue, version: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Apply the backend's migrations up to ``version`` only (an older database)."""
+    module = sys.modules[type(jq.backend).__module__]
+    with monkeypatch.context() as patch:
+        patch.setattr(module, "MIGRATIONS", module.MIGRATIONS[:version])
+        assert jq.migrate() == version
+
+
+def test_migrate_from_version_1_keeps_jobs_and_workers(db_url, monkeypatch):
     # A database at version 1 with a registered worker holding a job: version
     # 2 adds the workers' declared rescue_after, NULL for existing rows.
     with JobQueue(db_url) as jq:
-        jq.migrate()
-        sql(jq, "DROP TABLE jobkeeper_leader")
-        sql(jq, "DROP TABLE jobkeeper_periodic")
-        sql(jq, "ALTER TABLE jobkeeper_workers DROP COLUMN rescue_after")
-        sql(jq, "DELETE FROM jobkeeper_schema WHERE version >= 2")
-        assert jq.backend.schema_version() == 1
+        migrate_to(jq, 1, monkeypatch)
         now = "now()" if jq.url.scheme == "postgresql" else "0"
         queues = "'[\"default\"]'" + ("::jsonb" if jq.url.scheme == "postgresql" else "")
         sql(
@@ -68,16 +74,110 @@ def test_migrate_from_version_1_keeps_jobs_and_workers(db_url):
             "INSERT INTO jobkeeper_workers (id, hostname, pid, queues, started_at, heartbeat_at) "
             f"VALUES ('old:1:aaaa', 'h', 1, {queues}, {now}, {now})",
         )
-        job = jq.enqueue("t", {"keep": True})
-        (held,) = jq.backend.job_claim(worker_id="old:1:aaaa", queue="default", limit=1)
+        # Claimed by a version-1 worker: running, attempt counted. (Written
+        # by hand: this code's enqueue names the version 3 unique index.)
+        sql(
+            jq,
+            "INSERT INTO jobkeeper_jobs (queue, task, args, status, attempt, worker_id) "
+            "VALUES ('default', 't', '{\"keep\": true}', 'running', 1, 'old:1:aaaa')",
+        )
+        (job_id,) = sql(jq, "SELECT id FROM jobkeeper_jobs")[0]
         # A new worker (or `status`) before the upgrade says what to do.
         with pytest.raises(DatabaseError, match="run `jobkeeper migrate`"):
             jq.workers()
         assert jq.migrate() == LATEST
         (worker,) = jq.workers()
         assert (worker.id, worker.rescue_after) == ("old:1:aaaa", None)
-        kept = jq.get_job(job.id)
-        assert kept is not None and kept.worker_id == held.worker_id == "old:1:aaaa"
+        kept = jq.get_job(job_id)
+        assert kept is not None and kept.worker_id == "old:1:aaaa" and kept.args == {"keep": True}
+        assert (kept.status, kept.attempt, kept.fence) == (JobStatus.RUNNING, 1, 0)
+
+
+def schema_of(jq: JobQueue) -> list[tuple[object, ...]]:
+    """Tables, columns, constraints and indexes of the jobkeeper tables."""
+    if jq.url.scheme == "postgresql":
+        columns = sql(
+            jq,
+            "SELECT table_name, column_name, ordinal_position, data_type, is_nullable, "
+            "column_default FROM information_schema.columns "
+            "WHERE table_schema = current_schema() ORDER BY 1, 3",
+        )
+        constraints = sql(
+            jq,
+            "SELECT conrelid::regclass::text, conname, pg_get_constraintdef(oid) "
+            "FROM pg_constraint WHERE connamespace = current_schema()::regnamespace "
+            "ORDER BY 1, 2",
+        )
+        indexes = sql(
+            jq,
+            "SELECT indexname, replace(indexdef, current_schema() || '.', '') FROM pg_indexes "
+            "WHERE schemaname = current_schema() ORDER BY 1",
+        )
+        return [*columns, *constraints, *indexes]
+    rows = sql(
+        jq,
+        "SELECT type, name, tbl_name, sql FROM sqlite_master "
+        "WHERE name LIKE 'jobkeeper%' ORDER BY name",
+    )
+    # A renamed table's statement names it quoted; the text is otherwise the same.
+    return [
+        (t, n, tbl, str(q).replace('"jobkeeper_jobs"', "jobkeeper_jobs")) for t, n, tbl, q in rows
+    ]
+
+
+def test_migrate_from_version_2_keeps_jobs_ids_and_equals_a_fresh_schema(
+    db_url, tmp_path, monkeypatch
+):
+    # Version 3 adds the claimed status, fence and unstarted_returns; SQLite
+    # rebuilds the jobs table for the new CHECKs. Rows, the unique key and
+    # the id sequence (past the largest id left: pruned jobs) must survive.
+    with JobQueue(db_url) as jq:
+        migrate_to(jq, 2, monkeypatch)
+        # Rows as a version-2 worker leaves them (written by hand: this
+        # code's enqueue names the version 3 unique index): one running, two
+        # available, and the id sequence past the largest id left (pruned).
+        insert = (
+            "INSERT INTO jobkeeper_jobs (id, queue, task, args, status, attempt, worker_id, "
+            "unique_key) VALUES "
+        )
+        sql(jq, insert + "(1, 'default', 't', '{}', 'running', 1, 'w', NULL)")
+        sql(jq, insert + "(2, 'default', 't', '{}', 'available', 0, NULL, NULL)")
+        sql(jq, insert + "(3, 'default', 't', '{}', 'available', 0, NULL, 'k')")
+        sql(jq, insert + "(9, 'default', 't', '{}', 'available', 0, NULL, NULL)")
+        sql(jq, "DELETE FROM jobkeeper_jobs WHERE id = 9")
+        if jq.url.scheme == "postgresql":
+            sql(jq, "SELECT setval(pg_get_serial_sequence('jobkeeper_jobs', 'id'), 9)")
+        assert jq.migrate() == 3
+        held = jq.get_job(1)
+        assert held is not None
+        assert (held.status, held.worker_id, held.attempt, held.fence) == (
+            JobStatus.RUNNING, "w", 1, 0
+        )  # fmt: skip
+        available = [jq.get_job(i) for i in (2, 3)]
+        assert [j.status for j in available if j] == [JobStatus.AVAILABLE] * 2
+        assert jq.enqueue("t", {}).id > 9  # ids are never reused
+        assert jq.enqueue("t", {}, unique_key="k").id == 3
+        (claimed,) = claim(jq, limit=1)
+        assert (claimed.id, claimed.status, claimed.fence) == (2, JobStatus.CLAIMED, 1)
+        migrated = schema_of(jq)
+    if db_url.startswith("sqlite"):
+        with JobQueue(f"sqlite:///{tmp_path / 'fresh.db'}") as fresh:
+            fresh.migrate()
+            assert schema_of(fresh) == migrated
+        return
+    # A second, fresh schema on the same server.
+    schema = f"jk_test_{secrets.token_hex(6)}"
+    with psycopg.connect(PG_URL, autocommit=True) as conn:
+        conn.execute(f'CREATE SCHEMA "{schema}"')
+    try:
+        options = quote(f"-csearch_path={schema}")
+        separator = "&" if "?" in PG_URL else "?"
+        with JobQueue(f"{PG_URL}{separator}options={options}") as fresh:
+            fresh.migrate()
+            assert schema_of(fresh) == migrated
+    finally:
+        with psycopg.connect(PG_URL, autocommit=True) as conn:
+            conn.execute(f'DROP SCHEMA "{schema}" CASCADE')
 
 
 def test_migrate_from_four_threads_at_once(db_url):

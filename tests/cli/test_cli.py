@@ -35,6 +35,8 @@ JOB_KEYS = {
     "priority",
     "attempt",
     "max_attempts",
+    "fence",
+    "unstarted_returns",
     "scheduled_at",
     "created_at",
     "attempted_at",
@@ -282,11 +284,24 @@ def test_dead_list_retry_cancel_and_requeue(cli, queue):
     assert queue.get_job(d3.id).status == JobStatus.CANCELLED  # type: ignore[union-attr]
 
 
+def test_claimed_jobs_are_a_status_of_their_own(cli, queue):
+    # Issue 13, kind 2: prefetched (claimed, not started) jobs are not running.
+    job = queue.enqueue("t", {})
+    claim(queue)
+    assert [j["id"] for j in cli.json("jobs", "list", "--status", "claimed")] == [job.id]
+    assert cli.json("jobs", "list", "--status", "running") == []
+    status = cli.json("status")
+    assert status["totals"]["claimed"] == 1 and status["totals"]["running"] == 0
+    assert "claimed" in cli.ok("status")
+    shown = cli.json("jobs", "show", str(job.id))
+    assert (shown["status"], shown["fence"]) == ("claimed", 1)
+
+
 def test_cancel_running_job_reports_the_request(cli, queue):
     job = queue.enqueue("t", {})
     claim(queue)
     out = cli.ok("cancel", str(job.id))
-    assert "running" in out and "cancel requested" in out
+    assert "claimed" in out and "cancel requested" in out
 
 
 # -- bad input: exit 2, one line, nothing written -----------------------------------------------

@@ -94,9 +94,12 @@ class Procs:
         concurrency: int = 4,
         burst: bool = False,
         queues: Sequence[str] = (),
+        prefetch: int | None = None,
     ) -> subprocess.Popen[bytes]:
         argv = [sys.executable, "-m", "jobkeeper", "--database", url, "worker", "--app", APP]
         argv += ["--concurrency", str(concurrency)]
+        if prefetch is not None:
+            argv += ["--prefetch", str(prefetch)]
         for queue in queues:
             argv += ["--queue", queue]
         if burst:
@@ -160,9 +163,11 @@ def workers_by_pid(url: str) -> dict[int, str]:
 
 
 def holder_pid(url: str, job_id: int) -> int | None:
-    """The pid of the worker holding ``job_id`` (from the host:pid:random id)."""
+    """The pid of the worker holding ``job_id`` (claimed or running; from the
+    host:pid:random id).
+    """
     rows = sql(url, "SELECT status, worker_id FROM jobkeeper_jobs WHERE id = ?", [job_id])
-    if not rows or rows[0][0] != "running":
+    if not rows or rows[0][0] not in ("claimed", "running"):
         return None
     return int(str(rows[0][1]).split(":")[-2])
 

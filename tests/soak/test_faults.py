@@ -158,7 +158,7 @@ def test_a_resumed_worker_does_not_start_jobs_whose_claims_it_lost(tmp_path):
     try:
         workers.start(0)
         wait_until(
-            lambda: statuses(jq, [first.id, second.id]) == ["running", "running"],
+            lambda: statuses(jq, [first.id, second.id]) == ["running", "claimed"],
             30,
             "worker A to claim both jobs",
         )
@@ -180,5 +180,6 @@ def test_a_resumed_worker_does_not_start_jobs_whose_claims_it_lost(tmp_path):
     assert starts[second.id] == 1, (events, logs(tmp_path))
     done = jq.get_job(second.id)
     assert done is not None
-    assert done.status.value == "completed" and done.attempt == 2
+    # B ran it at the attempt A never started: the free return gave it back.
+    assert done.status.value == "completed" and done.attempt == 1 and done.fence == 2
     jq.close()

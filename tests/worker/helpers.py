@@ -77,7 +77,9 @@ def wait_status(
 
 
 def running_count(jq: JobQueue) -> int:
-    return int(sql(jq, "SELECT count(*) FROM jobkeeper_jobs WHERE status = 'running'")[0][0])
+    """Jobs held by a worker: claimed (prefetched) or running."""
+    query = "SELECT count(*) FROM jobkeeper_jobs WHERE status IN ('claimed', 'running')"
+    return int(sql(jq, query)[0][0])
 
 
 class Running:

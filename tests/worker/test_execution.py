@@ -320,7 +320,8 @@ def test_a_stop_hands_back_prefetched_jobs_with_no_errors_entry(make_queue):
     worker = jq.worker(concurrency=1, prefetch=1)
     try:
         with running(worker) as handle:
-            wait_status(jq, [a.id, b.id], {JobStatus.RUNNING})  # b claimed ahead
+            wait_status(jq, [a.id], {JobStatus.RUNNING})
+            wait_status(jq, [b.id], {JobStatus.CLAIMED})  # claimed ahead, not started
             worker.stop()
             assert handle.join().exit_code == 0
     finally:
@@ -533,9 +534,9 @@ def test_cancel_of_a_claimed_job_that_has_not_started_never_runs_it(make_queue):
     a, b = first.enqueue(), second.enqueue()
     with running(jq.worker(concurrency=1, prefetch=1)):
         wait_status(jq, [a.id], {JobStatus.RUNNING})
-        wait_status(jq, [b.id], {JobStatus.RUNNING})  # claimed ahead, not started
+        wait_status(jq, [b.id], {JobStatus.CLAIMED})  # claimed ahead, not started
         cancelled = jq.cancel(b.id)
-        assert cancelled.status in (JobStatus.CANCELLED, JobStatus.RUNNING)
+        assert cancelled.status in (JobStatus.CANCELLED, JobStatus.CLAIMED)
         time.sleep(0.3)  # a few heartbeats: any cancel poll has happened
         gate.set()
         wait_status(jq, [a.id], {JobStatus.COMPLETED})

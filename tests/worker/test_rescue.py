@@ -13,7 +13,7 @@ from datetime import UTC, datetime
 from jobkeeper import JobStatus, current_job
 from jobkeeper.maintenance.rescuer import Rescuer
 from jobkeeper.models import Claim, Completion, WorkerInfo
-from jobkeeper.outcomes import failed_attempt
+from jobkeeper.outcomes import claim_of, failed_attempt
 from jobkeeper.worker.runner import make_worker_id
 
 from .helpers import (
@@ -35,9 +35,13 @@ def _info(worker_id: str) -> WorkerInfo:
 
 
 def _claim_one(jq, worker_id: str):
+    """Claim one job and record its start: a running job, as a holder that
+    started it leaves it (rescuing it spends the attempt).
+    """
     claimed = jq.backend.job_claim(worker_id=worker_id, queue="default", limit=1)
     assert len(claimed) == 1
-    return claimed[0]
+    assert jq.backend.job_start_many([claim_of(claimed[0])]) == {claimed[0].id}
+    return jq.get_job(claimed[0].id)
 
 
 def test_c02_stale_rescue_after_completion_changes_nothing(jq):
@@ -50,7 +54,7 @@ def test_c02_stale_rescue_after_completion_changes_nothing(jq):
     candidates = jq.backend.job_rescue_candidates(rescue_after=jq.settings.rescue_after, limit=10)
     assert [c.id for c in candidates] == [j.id]
     # ...but before the rescuer writes, the holder's completion lands.
-    claim = Claim(j.id, holder, running_job.attempt)
+    claim = Claim(j.id, holder, running_job.attempt, running_job.fence)
     assert jq.backend.job_complete_many([Completion(claim, '{"by": "holder"}')], delete=False) == {
         j.id
     }
@@ -95,7 +99,7 @@ def test_c02_stale_rescue_after_reclaim_does_not_clobber_the_new_attempt(jq):
     assert now.status == JobStatus.RUNNING and now.worker_id == second and now.attempt == 2
     assert len(now.errors) == 1
     # Nor can the first holder complete it any more.
-    claim = Claim(j.id, first, 1)
+    claim = Claim(j.id, first, 1, 1)
     assert jq.backend.job_complete_many([Completion(claim, "1")], delete=False) == set()
     assert jq.backend.job_fail_many([failed_attempt(stale[0], jq.settings, error="x")]) == set()
 
@@ -121,11 +125,12 @@ def test_c02_real_rescuer_paused_between_select_and_update(jq):
     jobs = jq.enqueue_many([("some_task", {"i": i}) for i in range(5)])
     claimed = jq.backend.job_claim(worker_id=holder, queue="default", limit=5)
     assert len(claimed) == 5
+    jq.backend.job_start_many([claim_of(c) for c in claimed])
     done_id = claimed[0].id
 
     def complete_first(found) -> None:
         assert done_id in {f.id for f in found}
-        claim = Claim(done_id, holder, 1)
+        claim = Claim(done_id, holder, 1, 1)
         jq.backend.job_complete_many([Completion(claim, '"done"')], delete=False)
 
     rescuer = Rescuer(_PausingBackend(jq.backend, complete_first), jq.settings, 0.1)
@@ -540,3 +545,48 @@ def test_workers_with_different_rescue_after_share_a_database(make_queue):
     assert done.errors == [] and done.attempt == 1
     assert runs == [1]
     assert other.rescuer.rescued == 0
+
+
+def test_a_job_lost_unstarted_again_and_again_still_reaches_the_dead_letters(jq):
+    # Issue 13, kind 2, and C-05: each holder dies before the job's start mark
+    # is written (it was still in the completer's buffer). The first losses
+    # give the attempt back; after MAX_UNSTARTED_RETURNS of them, lost claims
+    # spend attempts like lost running ones, so the job reaches the dead
+    # letters after a bounded number of crashes.
+    from jobkeeper.maintenance.rescuer import MAX_UNSTARTED_RETURNS
+
+    j = jq.enqueue("some_task", {}, max_attempts=2)
+    rescuer = Rescuer(jq.backend, jq.settings, 0.1)
+    crashes = 0
+    while job(jq, j.id).status != JobStatus.DEAD:
+        assert crashes < 10, job(jq, j.id)
+        wait_for(
+            lambda: jq.backend.job_stage_due() >= 0 and job(jq, j.id).status == JobStatus.AVAILABLE,
+            what="the job to be due again",
+        )
+        holder = f"crash:{crashes}:dead"  # no worker row: silent from the start
+        (claimed,) = jq.backend.job_claim(worker_id=holder, queue="default", limit=1)
+        assert claimed.status == JobStatus.CLAIMED
+        crashes += 1
+        rescuer.run_once()
+    assert crashes == MAX_UNSTARTED_RETURNS + 2
+    dead = job(jq, j.id)
+    assert dead.attempt == 2
+    assert [e["attempt"] for e in dead.errors] == [1] * MAX_UNSTARTED_RETURNS + [1, 2]
+    assert all("worker lost" in e["error"] for e in dead.errors)
+    assert all("not spent" in e["error"] for e in dead.errors[:MAX_UNSTARTED_RETURNS])
+    assert all("start" in e["error"] for e in dead.errors[MAX_UNSTARTED_RETURNS:])
+
+
+def test_a_claimed_job_of_a_lost_holder_goes_back_without_spending_its_attempt(jq):
+    jobs = jq.enqueue_many([("some_task", {"i": i}, {"max_attempts": 1}) for i in range(3)])
+    held = jq.backend.job_claim(worker_id="lost:1:aaaa", queue="default", limit=3)
+    jq.backend.job_start_many([claim_of(held[0])])  # only the first had started
+    Rescuer(jq.backend, jq.settings, 0.1).run_once()
+    started, *prefetched = (job(jq, j.id) for j in jobs)
+    assert started.status == JobStatus.DEAD  # its one attempt was spent
+    for p in prefetched:
+        assert (p.status, p.attempt, p.unstarted_returns, p.worker_id) == (
+            JobStatus.AVAILABLE, 0, 1, None
+        )  # fmt: skip
+        assert len(p.errors) == 1 and "not spent" in p.errors[0]["error"]

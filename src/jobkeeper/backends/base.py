@@ -2,8 +2,8 @@
 
 Method names are ``noun_verb`` and equal the names of the queries in each
 backend's ``queries.sql`` (River's driver interface and ``-- name:`` queries).
-Every state-changing write on a claimed job is fenced on ``(id, worker_id,
-attempt)`` and returns the ids it changed, so a worker that lost its claim
+Every state-changing write on a held job is fenced on ``(id, worker_id,
+attempt, fence)`` and returns the ids it changed, so a worker that lost its claim
 changes nothing.
 
 Time is the database's: every timestamp written and every due-time or
@@ -74,14 +74,20 @@ class Backend(Protocol):
         ...
 
     def job_claim(self, *, worker_id: str, queue: str, limit: int) -> list[Job]:
-        """Atomically move up to ``limit`` available jobs of ``queue`` to running
-        under ``worker_id``, counting the attempt. Ordered by priority,
-        scheduled_at, id.
+        """Atomically move up to ``limit`` available jobs of ``queue`` to
+        claimed under ``worker_id``, counting the attempt and bumping the
+        fence. Ordered by priority, scheduled_at, id.
+        """
+        ...
+
+    def job_start_many(self, claims: Sequence[Claim]) -> set[int]:
+        """Record start marks: fenced claimed jobs become running (their task
+        is being called). Returns the ids written.
         """
         ...
 
     def job_complete_many(self, completions: Sequence[Completion], *, delete: bool) -> set[int]:
-        """Mark fenced running jobs completed (or delete them when ``delete``);
+        """Mark fenced held (claimed or running) jobs completed (or delete them when ``delete``);
         return the ids written.
         """
         ...
@@ -90,8 +96,10 @@ class Backend(Protocol):
         self, failures: Sequence[Failure], *, stale_after: float | None = None
     ) -> set[int]:
         """Record failed attempts, fenced; per ``outcome``: retryable (after
-        ``retry_in`` s), dead (moved to the dead letters), cancelled, or
-        released (available again, attempt not spent). With ``stale_after``
+        ``retry_in`` s), dead (moved to the dead letters), cancelled,
+        released (available again, attempt not spent) or returned (the same,
+        for a job still claimed, counted in ``unstarted_returns``). A job
+        with a cancel request ends cancelled whatever the outcome. With ``stale_after``
         (seconds) a write also requires the holder's heartbeat to be older
         than that (the rescuer's re-check). Returns the ids written.
         """
@@ -117,7 +125,7 @@ class Backend(Protocol):
         ...
 
     def job_rescue_candidates(self, *, rescue_after: float, limit: int) -> list[Job]:
-        """Running jobs whose holder has not heartbeaten for ``rescue_after``
+        """Held (claimed or running) jobs whose holder has not heartbeaten for ``rescue_after``
         seconds (or has no worker row at all).
         """
         ...
@@ -127,7 +135,7 @@ class Backend(Protocol):
         ...
 
     def job_held_by(self, *, worker_id: str) -> list[Job]:
-        """The running jobs held by ``worker_id``."""
+        """The jobs held (claimed or running) by ``worker_id``."""
         ...
 
     def job_prune_finished(self, *, older_than: float, limit: int) -> int:
@@ -162,7 +170,7 @@ class Backend(Protocol):
         ...
 
     def job_cancel(self, job_id: int) -> Job | None:
-        """Cancel a pending job, or flag a running one for its worker to stop.
+        """Cancel a pending job, or flag a held one for its worker to stop.
         Returns the job after the change (unchanged when finished), or None.
         """
         ...

@@ -7,11 +7,11 @@ from collections.abc import Iterable, Iterator, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from jobkeeper.models import Completion, Failure, Job, JobStatus, NewJob
+from jobkeeper.models import Claim, Completion, Failure, Job, JobStatus, NewJob
 from jobkeeper.payload import decode_args
 
 #: Outcomes of job_fail_many (dead goes through job_fail_dead_many).
-UPDATE_OUTCOMES = frozenset({"retryable", "cancelled", "released"})
+UPDATE_OUTCOMES = frozenset({"retryable", "cancelled", "released", "returned"})
 #: Most jobs one job_stage_due moves; a full pass reports the next due time
 #: as 0, so the producer stages the rest at once.
 STAGE_LIMIT = 10_000
@@ -69,6 +69,9 @@ def job_from_row(
         cancel_requested=False if dead else bool(row["cancel_requested"]),
         dead_reason=row["reason"] if dead else None,
         args_error=args_error,
+        # Dead letters keep no claim: their fence is history.
+        fence=0 if dead else int(row["fence"]),
+        unstarted_returns=0 if dead else int(row["unstarted_returns"]),
     )
 
 
@@ -172,7 +175,18 @@ def completion_arrays(completions: Sequence[Completion]) -> dict[str, list[Any]]
         "ids": [c.claim.job_id for c in completions],
         "worker_ids": [c.claim.worker_id for c in completions],
         "attempts": [c.claim.attempt for c in completions],
+        "fences": [c.claim.fence for c in completions],
         "results": [c.result_json for c in completions],
+    }
+
+
+def claim_arrays(claims: Sequence[Claim]) -> dict[str, list[Any]]:
+    """Parallel arrays of the claims' fences (start marks, row locks)."""
+    return {
+        "ids": [c.job_id for c in claims],
+        "worker_ids": [c.worker_id for c in claims],
+        "attempts": [c.attempt for c in claims],
+        "fences": [c.fence for c in claims],
     }
 
 

@@ -52,7 +52,7 @@ class SharedReads:
 
     def job_cancel_requested(self, *, worker_id: str) -> list[Claim]:
         rows = self._fetch("job_cancel_requested", {"worker_id": worker_id})
-        return [Claim(row["id"], row["worker_id"], row["attempt"]) for row in rows]
+        return [Claim(row["id"], row["worker_id"], row["attempt"], row["fence"]) for row in rows]
 
     def job_held_by(self, *, worker_id: str) -> list[Job]:
         return self._jobs(self._fetch("job_held_by", {"worker_id": worker_id}))

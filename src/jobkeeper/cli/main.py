@@ -29,7 +29,7 @@ from jobkeeper.errors import (
     JobkeeperError,
     PayloadError,
 )
-from jobkeeper.models import JobStatus
+from jobkeeper.models import HELD_STATUSES, JobStatus
 from jobkeeper.payload import child_path
 
 
@@ -369,8 +369,8 @@ def _check_task_known(jq: JobQueue, task: str, app_spec: str) -> None:
 @click.option(
     "--unique-key",
     default=None,
-    help="Skip if a job of this task with this key is scheduled, available, running "
-    "or retryable (print that job's id).",
+    help="Skip if a job of this task with this key is scheduled, available, claimed, "
+    "running or retryable (print that job's id).",
 )
 @click.pass_context
 def enqueue(
@@ -492,7 +492,8 @@ def retry(ctx: click.Context, job_id: int) -> None:
 def cancel(ctx: click.Context, job_id: int) -> None:
     """Cancel a pending job, or ask the worker running it to stop."""
     job = _queue(ctx).cancel(job_id)
-    note = " (cancel requested; its worker will stop it)" if job.status == JobStatus.RUNNING else ""
+    held = job.status in HELD_STATUSES
+    note = " (cancel requested; its worker will stop it)" if held else ""
     console.print(f"job {job.id} is {job.status.value}{note}", highlight=False)
 
 

@@ -20,6 +20,7 @@ from jobkeeper.periodic import PeriodicRow
 STATUS_STYLE = {
     "scheduled": "cyan",
     "available": "blue",
+    "claimed": "bright_yellow",
     "running": "yellow",
     "retryable": "magenta",
     "completed": "green",
@@ -172,6 +173,8 @@ def job_detail(job: Job) -> Table:
         "priority",
         "attempt",
         "max_attempts",
+        "fence",
+        "unstarted_returns",
         "scheduled_at",
         "created_at",
         "attempted_at",

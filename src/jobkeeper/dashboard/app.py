@@ -62,10 +62,12 @@ THROUGHPUT_BUCKET = 60.0
 #: Largest form body read, bytes (forms carry a token and nothing else).
 MAX_FORM_BYTES = 4096
 
+HELD = frozenset({JobStatus.CLAIMED, JobStatus.RUNNING})
 #: Order of the status columns (the lifecycle, left to right).
 STATUS_ORDER = [
     "scheduled",
     "available",
+    "claimed",
     "running",
     "retryable",
     "completed",
@@ -151,6 +153,11 @@ def why_waiting(job: Job, workers: list[WorkerInfo], now: datetime) -> str | Non
         )
     if job.status == JobStatus.RUNNING:
         return f"Running on worker {job.worker_id} since {ago(job.attempted_at, now)}."
+    if job.status == JobStatus.CLAIMED:
+        return (
+            f"Claimed by worker {job.worker_id} {ago(job.attempted_at, now)}, waiting for one "
+            "of its slots (prefetched); it starts there or is handed back unstarted."
+        )
     if job.status != JobStatus.AVAILABLE:
         return None
     serving = [w for w in workers if job.queue in w.queues]
@@ -339,7 +346,7 @@ class Dashboard:
         now = self.jq.backend.db_now()
         waiting = None
         if job.status in (JobStatus.AVAILABLE, JobStatus.SCHEDULED, JobStatus.RETRYABLE,
-                          JobStatus.RUNNING):  # fmt: skip
+                          JobStatus.CLAIMED, JobStatus.RUNNING):  # fmt: skip
             waiting = why_waiting(job, self.jq.workers(), now)
         return self.render(
             request,
@@ -348,8 +355,9 @@ class Dashboard:
             job=job,
             waiting=waiting,
             can_retry=job.status.value in ("dead", "retryable", "cancelled", "completed"),
-            can_cancel=job.status.value in ("scheduled", "available", "running", "retryable")
-            and not (job.status == JobStatus.RUNNING and job.cancel_requested),
+            can_cancel=job.status.value
+            in ("scheduled", "available", "claimed", "running", "retryable")
+            and not (job.status in HELD and job.cancel_requested),
         )
 
     def workers(self, request: Request) -> Response:

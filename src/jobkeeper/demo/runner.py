@@ -97,8 +97,12 @@ def _start_worker(url: str, queue: str, concurrency: int, log: Any) -> subproces
 
 
 def _held_by_pid(jq: JobQueue, queue: str, pid: int) -> int:
-    running = jq.list_jobs(status=JobStatus.RUNNING, queue=queue, limit=10_000)
-    return sum(1 for job in running if job.worker_id and job.worker_id.split(":")[1] == str(pid))
+    held = [
+        job
+        for status in (JobStatus.CLAIMED, JobStatus.RUNNING)
+        for job in jq.list_jobs(status=status, queue=queue, limit=10_000)
+    ]
+    return sum(1 for job in held if job.worker_id and job.worker_id.split(":")[1] == str(pid))
 
 
 def run_demo(console: Console, *, database_url: str | None, workers: int, concurrency: int) -> int:

@@ -1,14 +1,26 @@
-"""The rescuer: gives running jobs of dead workers back to the queue.
+"""The rescuer: gives held jobs of dead workers back to the queue.
 
-A running job whose holder has not heartbeaten for ``rescue_after`` seconds
-(or whose holder's row is gone) is rescued: the lost attempt is counted and
-recorded in ``errors`` as a lost worker, and the job becomes ``retryable``
-after the usual backoff, ``dead`` if its attempts are used up, or
-``cancelled`` if a cancel was asked for (Oban's Lifeline, River's JobRescuer).
+A held job whose holder has not heartbeaten for ``rescue_after`` seconds
+(or whose holder's row is gone) is rescued:
 
-Every rescue write is fenced on the ``(id, worker_id, attempt)`` the rescuer
-read and re-checks that the holder is still silent, so a job that completed
-or was re-claimed in between is left alone (river#1302).
+- ``running`` (started): the lost attempt is counted and recorded in
+  ``errors`` as a lost worker, and the job becomes ``retryable`` after the
+  usual backoff, ``dead`` if its attempts are used up, or ``cancelled`` if a
+  cancel was asked for (Oban's Lifeline, River's JobRescuer).
+- ``claimed`` (prefetched, its start not recorded): it took no part in the
+  crash, so it goes back to ``available`` without spending the attempt
+  (``unstarted_returns`` counts it; ``errors`` notes the lost holder). A
+  start mark waits up to a flush interval in its worker, so a job that kills
+  its worker as it starts can look unstarted. Such a job is returned once;
+  its next claim writes the start mark before the task is called (see the
+  worker's ``_on_start``), so its next crashes spend attempts. Should those
+  marks fail too, after ``MAX_UNSTARTED_RETURNS`` free returns its claims
+  are rescued like running ones: it still reaches the dead letters (C-05).
+
+Every rescue write is fenced on the ``(id, worker_id, attempt, fence)`` the
+rescuer read and re-checks that the holder is still silent, so a job that
+completed or was re-claimed in between is left alone (river#1302); a free
+return also needs the job still ``claimed``.
 
 Every worker runs a rescuer; the fenced writes make concurrent passes safe.
 """
@@ -24,13 +36,18 @@ from jobkeeper.backends.base import Backend
 from jobkeeper.config import Settings, holder_window
 from jobkeeper.errors import DatabaseUnavailable
 from jobkeeper.maintenance.service import IntervalService
-from jobkeeper.models import Failure
-from jobkeeper.outcomes import cancelled_attempt, failed_attempt
+from jobkeeper.models import Failure, JobStatus
+from jobkeeper.outcomes import cancelled_attempt, failed_attempt, returned_attempt
 
 logger = logging.getLogger("jobkeeper.maintenance")
 
 #: Most jobs rescued per pass.
 BATCH = 500
+#: Free returns of a claimed (unstarted) job before a lost claim of it spends
+#: the attempt like a lost running one. Bounds the crash loop of a job that
+#: kills its worker before its start mark is flushed: with ``max_attempts``
+#: n it dies after at most n + 3 crashes.
+MAX_UNSTARTED_RETURNS = 3
 
 
 class Rescuer(IntervalService):
@@ -95,6 +112,7 @@ class Rescuer(IntervalService):
         since_back = time.monotonic() - self._back_at
         candidates = self._backend.job_rescue_candidates(rescue_after=unknown, limit=BATCH)
         failures: list[Failure] = []
+        returns: list[int] = []
         for job in candidates:
             # A holder without a row (deregistered, pruned) gets our window.
             window = windows.get(job.worker_id or "", rescue_after)
@@ -105,10 +123,25 @@ class Rescuer(IntervalService):
                     cancelled_attempt(job, f"cancelled; its worker {job.worker_id} was lost")
                 )
                 continue
-            error = (
-                f"worker lost: {job.worker_id} sent no heartbeat for more than "
-                f"{window:g}s while running attempt {job.attempt}"
-            )
+            lost = f"worker lost: {job.worker_id} sent no heartbeat for more than {window:g}s"
+            if job.status == JobStatus.CLAIMED:
+                if job.unstarted_returns < MAX_UNSTARTED_RETURNS:
+                    returns.append(job.id)
+                    failures.append(
+                        returned_attempt(
+                            job,
+                            f"{lost} before attempt {job.attempt} started; "
+                            "returned, the attempt not spent",
+                        )
+                    )
+                    continue
+                error = (
+                    f"{lost} before the start of attempt {job.attempt} was recorded "
+                    f"(claims of this job lost unstarted {job.unstarted_returns + 1} times: "
+                    "counted as an attempt)"
+                )
+            else:
+                error = f"{lost} while running attempt {job.attempt}"
             failures.append(failed_attempt(job, self._settings, error=error))
         self.passes += 1
         if failures:
@@ -117,6 +150,13 @@ class Rescuer(IntervalService):
             if written:
                 logger.warning(
                     "rescued %d jobs of lost workers: %s", len(written), sorted(written)[:20]
+                )
+            returned = sorted(written.intersection(returns))
+            if returned:
+                logger.warning(
+                    "%d of them had not started: returned without spending the attempt: %s",
+                    len(returned),
+                    returned[:20],
                 )
         # Rescue never depends on worker rows, so pruning them is only tidying.
         self._backend.worker_prune_stale(older_than=max(2 * rescue_after, 60.0))

@@ -1,4 +1,5 @@
-"""Writes outcomes (acks) in batches, fenced on ``(id, worker_id, attempt)``.
+"""Writes outcomes (acks) and start marks in batches, fenced on
+``(id, worker_id, attempt, fence)``.
 
 Outcomes are buffered and flushed in one statement per kind, at most
 ``flush_interval`` seconds after the first one arrives or as soon as
@@ -7,6 +8,13 @@ error it is retried with backoff until it is written or the worker stops.
 If the worker dies with acks unwritten, those jobs are rescued and run again
 (at-least-once). A write that the fence refuses means the claim was lost
 (rescued after a heartbeat gap); it is logged, never forced.
+
+Start marks (claimed -> running) ride in the same flushes, written before the
+batch's outcomes in one more statement; a start whose claim's outcome is in
+the same batch is skipped (the outcome makes the job final anyway), so jobs
+faster than a flush cost no extra write. A start mark lost with its worker
+leaves the job claimed: the rescuer then returns it without spending the
+attempt, a bounded number of times (see the rescuer).
 """
 
 from __future__ import annotations
@@ -18,12 +26,14 @@ from collections.abc import Callable
 
 from jobkeeper.backends.base import Backend
 from jobkeeper.errors import DatabaseError, DataRejected
-from jobkeeper.models import Completion, Failure
+from jobkeeper.models import Completion, Failure, Start
 from jobkeeper.payload import dumps
 
 logger = logging.getLogger("jobkeeper.worker")
 
 Outcome = Completion | Failure
+#: What the buffer holds: outcomes and start marks, in arrival order.
+Entry = Completion | Failure | Start
 
 
 class Completer:
@@ -51,7 +61,7 @@ class Completer:
         self._flush_interval = flush_interval
         self._max_batch = max_batch
         self._on_written = on_written
-        self._buffer: list[Outcome] = []
+        self._buffer: list[Entry] = []
         self._cond = threading.Condition()
         self._stopping = False
         self._abandoned = False
@@ -60,8 +70,10 @@ class Completer:
         self._thread = threading.Thread(target=self._run, name="jobkeeper-completer", daemon=True)
         self._thread.start()
 
-    def add(self, outcome: Outcome) -> None:
-        """Queue an outcome for writing (thread-safe, never blocks on I/O)."""
+    def add(self, outcome: Entry) -> None:
+        """Queue an outcome or start mark for writing (thread-safe, never
+        blocks on I/O).
+        """
         with self._cond:
             self._buffer.append(outcome)
             # Wake the writer only to start a linger or to flush a full batch;
@@ -100,7 +112,7 @@ class Completer:
                 del self._buffer[: self._max_batch]
                 self._in_flight = len(batch)
                 self._in_flight_ids = [o.claim.job_id for o in batch]
-            unwritten: list[Outcome] = []
+            unwritten: list[Entry] = []
             try:
                 unwritten = self._write(batch)
             except Exception:  # the writer thread must never die (outcomes would sit forever)
@@ -125,19 +137,35 @@ class Completer:
                 self._cond.wait(retry_pause)
             retry_pause = min(retry_pause * 2, 5.0)
 
-    def _write(self, batch: list[Outcome]) -> list[Outcome]:
-        """Write a batch; return the outcomes to try again later (nothing
-        written for them). Completions go first, each kind in one statement.
+    def _write(self, batch: list[Entry]) -> list[Entry]:
+        """Write a batch; return the entries to try again later (nothing
+        written for them). Start marks go first, then completions, each kind
+        in one statement.
         """
         completions = [o for o in batch if isinstance(o, Completion)]
         failures = [o for o in batch if isinstance(o, Failure)]
+        outcomes: list[Outcome] = [o for o in batch if not isinstance(o, Start)]
+        final = {(o.claim.job_id, o.claim.fence) for o in outcomes}
+        starts = [
+            o.claim
+            for o in batch
+            if isinstance(o, Start) and (o.claim.job_id, o.claim.fence) not in final
+        ]
+        if starts:
+            try:
+                # Refused marks (the claim was lost, or the outcome came
+                # first) change nothing and need no report.
+                self._backend.job_start_many(starts)
+            except DatabaseError as exc:
+                logger.warning("could not write %d start marks (%s); retrying", len(starts), exc)
+                return batch
         written: set[int] = set()
         if completions:
             try:
                 written |= self._complete(completions, failures)
             except DatabaseError as exc:
-                logger.warning("could not write %d outcomes (%s); retrying", len(batch), exc)
-                return batch
+                logger.warning("could not write %d outcomes (%s); retrying", len(outcomes), exc)
+                return list(outcomes)
         if failures:
             try:
                 written |= self._fail(failures)
@@ -145,7 +173,7 @@ class Completer:
                 logger.warning("could not write %d failures (%s); retrying", len(failures), exc)
                 self._report(completions, written)
                 return list(failures)
-        self._report(batch, written)
+        self._report(outcomes, written)
         return []
 
     def _report(self, outcomes: list[Completion] | list[Outcome], written: set[int]) -> None:

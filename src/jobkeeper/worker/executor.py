@@ -146,6 +146,9 @@ class Executor:
             right after ``may_start`` (SIGSTOP, a VM freeze) would start a job
             whose claim was rescued meanwhile to the few instructions between
             this check and the call.
+        on_start: called (it must not block) right after that last check,
+            just before the task is called: the job's start mark (claimed ->
+            running).
     """
 
     def __init__(
@@ -159,7 +162,9 @@ class Executor:
         on_need_jobs: Callable[[], None],
         may_start: Callable[[Job], bool] | None = None,
         still_held: Callable[[Job], bool] | None = None,
+        on_start: Callable[[Job], None] | None = None,
     ) -> None:
+        self._on_start = on_start
         self._may_start = may_start
         self._still_held = still_held
         self._tasks = tasks
@@ -541,6 +546,8 @@ class Executor:
             try:
                 if not self._start_user_code(execution, thread_id=threading.get_ident()):
                     return
+                if self._on_start is not None:
+                    self._on_start(job)
                 result = task.fn(**job.args)
             finally:
                 with execution.lock:
@@ -569,6 +576,8 @@ class Executor:
         assert job.args is not None
         if not self._start_user_code(execution, async_task=asyncio.current_task()):
             return
+        if self._on_start is not None:
+            self._on_start(job)
         set_current_job(job)  # this asyncio task has its own context
         try:
             try:

@@ -46,8 +46,8 @@ from jobkeeper.maintenance.periodic import PeriodicEnqueuer
 from jobkeeper.maintenance.pruner import Pruner
 from jobkeeper.maintenance.rescuer import Rescuer
 from jobkeeper.maintenance.service import IntervalService
-from jobkeeper.models import Claim, Completion, Failure, Job, WorkerInfo
-from jobkeeper.outcomes import released_attempt
+from jobkeeper.models import Claim, Completion, Failure, Job, Start, WorkerInfo
+from jobkeeper.outcomes import claim_of, released_attempt
 from jobkeeper.periodic import Periodic
 from jobkeeper.tasks import Task
 from jobkeeper.worker.completer import Completer, Outcome
@@ -189,6 +189,7 @@ class Worker:
             on_need_jobs=self._wake.set,
             may_start=self._may_start,
             still_held=self._still_held,
+            on_start=self._on_start,
         )
         #: A heartbeat younger than this (seconds) means no rescuer can have
         #: taken our claims; older, and we stop claiming and starting jobs
@@ -286,7 +287,7 @@ class Worker:
                 except DatabaseError:
                     self._stopping.wait(0.1)
                     continue
-                if any(h.id == job.id and h.attempt == job.attempt for h in held):
+                if any(h.id == job.id and h.fence == job.fence for h in held):
                     # Confirmed as of a fresh heartbeat: the executor's last
                     # check before the call (_still_held) now counts from here.
                     self._claim_spells[job.id] = spell
@@ -305,6 +306,24 @@ class Worker:
             self.heartbeat.beat_age() <= self._fresh_for
             and self.heartbeat.stale_spells == self._claim_spells.get(job.id)
         )
+
+    def _on_start(self, job: Job) -> None:
+        """The task of a claimed job is being called: record its start mark
+        (claimed -> running), batched with the outcomes.
+
+        A job whose earlier claim was lost before its start was recorded may
+        be one that kills its worker as it starts (C-05): its mark is written
+        before the task is called, so such a crash spends an attempt from the
+        second one on. One round trip, only for those jobs.
+        """
+        claim = claim_of(job)
+        if job.unstarted_returns:
+            try:
+                self._base_backend.job_start_many([claim])
+                return
+            except DatabaseError as exc:
+                logger.warning("job %s: start mark not written now (%s)", job.id, exc)
+        self.completer.add(Start(claim))
 
     def _on_outcome(self, outcome: Outcome) -> None:
         self._claim_spells.pop(outcome.claim.job_id, None)

@@ -33,6 +33,7 @@ from jobkeeper.backends.migrate import apply_migrations
 from jobkeeper.backends.rows import (
     STAGE_LIMIT,
     aware_utc,
+    claim_arrays,
     completion_arrays,
     insert_params,
     job_from_new,
@@ -49,7 +50,7 @@ from jobkeeper.errors import (
     DataRejected,
     UniqueKeyConflict,
 )
-from jobkeeper.models import Completion, Failure, Job, JobStatus, NewJob, Staging, WorkerInfo
+from jobkeeper.models import Claim, Completion, Failure, Job, JobStatus, NewJob, Staging, WorkerInfo
 from jobkeeper.payload import decode_args
 from jobkeeper.periodic import Periodic, PeriodicRow, PeriodicTouch, periodic_from_row
 
@@ -125,8 +126,9 @@ _JSON = json.JSONDecoder()
 def claimed_job(row: tuple[Any, ...], worker_id: str, utc: dict[datetime, datetime]) -> Job:
     """A Job from one row of ``job_claim``'s RETURNING list (positional).
 
-    The rest is known: the job is running, held by ``worker_id``, has no
-    result, and no cancel was asked (a cancel flags only running jobs).
+    The rest is known: the job is claimed, held by ``worker_id``, has no
+    result, and no cancel was asked (a cancel flags only held jobs, and
+    cancels an available one outright).
     Args are checked by :func:`decode_args` (PostgreSQL's json type accepts
     a ``\\u0000`` escape that enqueue would refuse).
 
@@ -136,7 +138,8 @@ def claimed_job(row: tuple[Any, ...], worker_id: str, utc: dict[datetime, dateti
     ``replace`` calls (a third of this function's time) become dict hits.
     """
     (job_id, queue, task, args_text, priority, attempt, max_attempts,
-     scheduled_at, created_at, attempted_at, unique_key, errors_text) = row  # fmt: skip
+     scheduled_at, created_at, attempted_at, unique_key, errors_text, fence,
+     unstarted_returns) = row  # fmt: skip
     args, args_error = decode_args(args_text)
     errors = [] if errors_text is None else _JSON.decode(errors_text)
     aware = []
@@ -150,7 +153,7 @@ def claimed_job(row: tuple[Any, ...], worker_id: str, utc: dict[datetime, dateti
         task=task,
         args=args,
         queue=queue,
-        status=JobStatus.RUNNING,
+        status=JobStatus.CLAIMED,
         priority=priority,
         attempt=attempt,
         max_attempts=max_attempts,
@@ -161,6 +164,8 @@ def claimed_job(row: tuple[Any, ...], worker_id: str, utc: dict[datetime, dateti
         unique_key=unique_key,
         errors=errors if isinstance(errors, list) else [],
         args_error=args_error,
+        fence=fence,
+        unstarted_returns=unstarted_returns,
     )
 
 
@@ -732,6 +737,11 @@ class PostgresBackend(SharedReads, CockpitReads):
             jobs = [claimed_job(row, worker_id, utc) for row in cursor.fetchall()]
         return sorted(jobs, key=lambda j: (j.priority, j.scheduled_at, j.id))
 
+    def job_start_many(self, claims: Sequence[Claim]) -> set[int]:
+        if not claims:
+            return set()
+        return {row["id"] for row in self._fetch("job_start_many", claim_arrays(claims))}
+
     def job_complete_many(self, completions: Sequence[Completion], *, delete: bool) -> set[int]:
         if not completions:
             return set()
@@ -756,6 +766,7 @@ class PostgresBackend(SharedReads, CockpitReads):
                         "ids": [f.claim.job_id for f in updates],
                         "worker_ids": [f.claim.worker_id for f in updates],
                         "attempts": [f.claim.attempt for f in updates],
+                        "fences": [f.claim.fence for f in updates],
                         "outcomes": [f.outcome for f in updates],
                         "errors": [f.error_json for f in updates],
                         "retry_ins": [f.retry_in for f in updates],
@@ -764,19 +775,23 @@ class PostgresBackend(SharedReads, CockpitReads):
                 )
                 written.update(row[0] for row in cursor.fetchall())
             if dead:
+                cursor.execute(QUERIES["job_lock_many"], {"ids": [f.claim.job_id for f in dead]})
                 cursor.execute(
                     QUERIES["job_fail_dead_many"],
                     {
                         "ids": [f.claim.job_id for f in dead],
                         "worker_ids": [f.claim.worker_id for f in dead],
                         "attempts": [f.claim.attempt for f in dead],
+                        "fences": [f.claim.fence for f in dead],
                         "errors": [f.error_json for f in dead],
                         "reasons": [f.reason or "max_attempts exhausted" for f in dead],
                         "stale_after": stale_after,
                     },
                 )
                 written.update(row[0] for row in cursor.fetchall())
-            released = {f.claim.job_id for f in updates if f.outcome == "released"} & written
+            released = {
+                f.claim.job_id for f in updates if f.outcome in ("released", "returned")
+            } & written
             if released:
                 queues = {row["queue"] for row in self._released_queues(cursor, released)}
                 cursor.execute(

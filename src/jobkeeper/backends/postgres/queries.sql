@@ -25,7 +25,7 @@ FROM unnest(%(queues)b::text[], %(tasks)b::text[], %(args)b::json[], %(prioritie
      WITH ORDINALITY AS new(queue, task, args, priority, max_attempts, delay, run_at, unique_key, ord)
 ORDER BY new.ord
 ON CONFLICT (task, unique_key)
-    WHERE unique_key IS NOT NULL AND status IN ('scheduled', 'available', 'running', 'retryable')
+    WHERE unique_key IS NOT NULL AND status IN ('scheduled', 'available', 'claimed', 'running', 'retryable')
     DO NOTHING
 RETURNING *
 
@@ -78,7 +78,7 @@ SELECT job.*
 FROM jobkeeper_jobs AS job
 JOIN unnest(%(tasks)b::text[], %(unique_keys)b::text[]) AS wanted(task, unique_key)
   ON job.task = wanted.task AND job.unique_key = wanted.unique_key
-WHERE job.status IN ('scheduled', 'available', 'running', 'retryable')
+WHERE job.status IN ('scheduled', 'available', 'claimed', 'running', 'retryable')
 
 -- name: job_claim
 -- The candidate ids are MATERIALIZED before the UPDATE uses them: as a plain
@@ -93,9 +93,13 @@ WITH candidates AS MATERIALIZED (
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
 )
+-- The job is 'claimed', not yet 'running': its start mark (job_start_many)
+-- says when the task is called. The attempt is counted here (a claim that
+-- ends unstarted gives it back) and fence numbers the claim.
 UPDATE jobkeeper_jobs AS job
-SET status = 'running',
+SET status = 'claimed',
     attempt = job.attempt + 1,
+    fence = job.fence + 1,
     attempted_at = now(),
     finished_at = NULL,
     worker_id = %(worker_id)s
@@ -107,52 +111,86 @@ WHERE job.id = candidates.id
 RETURNING job.id, job.queue, job.task, job.args::text, job.priority, job.attempt,
           job.max_attempts, job.scheduled_at AT TIME ZONE 'UTC',
           job.created_at AT TIME ZONE 'UTC', job.attempted_at AT TIME ZONE 'UTC',
-          job.unique_key, nullif(job.errors, '[]'::jsonb)::text
+          job.unique_key, nullif(job.errors, '[]'::jsonb)::text, job.fence,
+          job.unstarted_returns
+
+-- name: job_start_many
+-- Start marks: claimed -> running when the task is really called, fenced on
+-- the claim. A job whose outcome was written first is left alone.
+UPDATE jobkeeper_jobs AS job
+SET status = 'running', attempted_at = now()
+FROM unnest(%(ids)b::bigint[], %(worker_ids)b::text[], %(attempts)b::int[], %(fences)b::int8[])
+     AS started(id, worker_id, attempt, fence)
+WHERE job.id = started.id AND job.worker_id = started.worker_id
+  AND job.attempt = started.attempt AND job.fence = started.fence AND job.status = 'claimed'
+RETURNING job.id
 
 -- name: job_complete_many
--- Fenced on (id, worker_id, attempt): a worker whose claim was rescued (and
--- perhaps re-claimed by another) writes nothing.
+-- Fenced on (id, worker_id, attempt, fence): a worker whose claim was
+-- rescued or handed back (and perhaps re-claimed, even at the same attempt)
+-- writes nothing. A claimed job may complete before its start mark is
+-- written (the mark is then skipped). A success stays completed even with a
+-- cancel request: the work was done.
 UPDATE jobkeeper_jobs AS job
 SET status = 'completed', finished_at = now(), worker_id = NULL, result = done.result
-FROM unnest(%(ids)b::bigint[], %(worker_ids)b::text[], %(attempts)b::int[], %(results)b::json[])
-     AS done(id, worker_id, attempt, result)
+FROM unnest(%(ids)b::bigint[], %(worker_ids)b::text[], %(attempts)b::int[],
+            %(fences)b::int8[], %(results)b::json[])
+     AS done(id, worker_id, attempt, fence, result)
 WHERE job.id = done.id AND job.worker_id = done.worker_id AND job.attempt = done.attempt
-  AND job.status = 'running'
+  AND job.fence = done.fence AND job.status IN ('claimed', 'running')
 RETURNING job.id
 
 -- name: job_complete_delete_many
 -- retention = 0: completed jobs are deleted at once, with the same fence.
 DELETE FROM jobkeeper_jobs AS job
-USING unnest(%(ids)b::bigint[], %(worker_ids)b::text[], %(attempts)b::int[])
-     AS done(id, worker_id, attempt)
+USING unnest(%(ids)b::bigint[], %(worker_ids)b::text[], %(attempts)b::int[],
+             %(fences)b::int8[])
+     AS done(id, worker_id, attempt, fence)
 WHERE job.id = done.id AND job.worker_id = done.worker_id AND job.attempt = done.attempt
-  AND job.status = 'running'
+  AND job.fence = done.fence AND job.status IN ('claimed', 'running')
 RETURNING job.id
 
 -- name: job_fail_many
--- Retryable, cancelled and released outcomes (dead ones move: job_fail_dead_many).
--- "released" hands a job back at shutdown: available at once, and the
--- interrupted attempt is not spent (the error entry records it; a NULL
--- error, for a prefetched job handed back unstarted, adds none).
+-- Retryable, cancelled, released and returned outcomes (dead ones move:
+-- job_fail_dead_many). "released" hands a job back (shutdown, a stalled
+-- prefetch): available at once, and the interrupted attempt is not spent
+-- (the error entry records it; a NULL error, for a job handed back
+-- unstarted, adds none). "returned" is the rescuer's free return of a job
+-- still claimed (never started) by a lost holder: available, attempt given
+-- back, counted in unstarted_returns; only while the job is still claimed.
+-- A cancel request wins over every outcome here: the job ends cancelled
+-- (the error entry kept), however the request reached the worker, or
+-- whether it did at all (river#141, procrastinate#1133). cancel_requested is
+-- read from the row being updated, so a cancel committed while this waits
+-- on the row lock is seen.
 -- %(stale_after)s is the rescuer's re-check that the holder is still silent,
 -- so a holder that heartbeats again in the meantime keeps its job. Silent
 -- means for longer than the holder's own rescue_after when it declared one.
 UPDATE jobkeeper_jobs AS job
-SET status = CASE failed.outcome WHEN 'released' THEN 'available' ELSE failed.outcome END,
-    attempt = CASE failed.outcome WHEN 'released' THEN job.attempt - 1 ELSE job.attempt END,
-    finished_at = CASE failed.outcome WHEN 'released' THEN NULL ELSE now() END,
-    scheduled_at = CASE failed.outcome
-                       WHEN 'retryable' THEN now() + make_interval(secs => failed.retry_in)
-                       ELSE job.scheduled_at END,
+SET status = CASE WHEN job.cancel_requested THEN 'cancelled'
+                  WHEN failed.outcome IN ('released', 'returned') THEN 'available'
+                  ELSE failed.outcome END,
+    attempt = CASE WHEN failed.outcome IN ('released', 'returned') THEN job.attempt - 1
+                   ELSE job.attempt END,
+    unstarted_returns = job.unstarted_returns
+                        + CASE failed.outcome WHEN 'returned' THEN 1 ELSE 0 END,
+    finished_at = CASE WHEN job.cancel_requested THEN now()
+                       WHEN failed.outcome IN ('released', 'returned') THEN NULL
+                       ELSE now() END,
+    scheduled_at = CASE WHEN failed.outcome = 'retryable' AND NOT job.cancel_requested
+                        THEN now() + make_interval(secs => failed.retry_in)
+                        ELSE job.scheduled_at END,
     worker_id = NULL,
     errors = CASE WHEN failed.error IS NULL THEN job.errors
                   ELSE job.errors || jsonb_build_array(
                            failed.error || jsonb_build_object('at', {utc_now_text})) END
 FROM unnest(%(ids)b::bigint[], %(worker_ids)b::text[], %(attempts)b::int[],
-            %(outcomes)b::text[], %(errors)b::jsonb[], %(retry_ins)b::float8[])
-     AS failed(id, worker_id, attempt, outcome, error, retry_in)
+            %(fences)b::int8[], %(outcomes)b::text[], %(errors)b::jsonb[],
+            %(retry_ins)b::float8[])
+     AS failed(id, worker_id, attempt, fence, outcome, error, retry_in)
 WHERE job.id = failed.id AND job.worker_id = failed.worker_id AND job.attempt = failed.attempt
-  AND job.status = 'running'
+  AND job.fence = failed.fence
+  AND (job.status = 'claimed' OR (job.status = 'running' AND failed.outcome <> 'returned'))
   AND (%(stale_after)s::float8 IS NULL OR NOT EXISTS (
         SELECT 1 FROM jobkeeper_workers AS worker
         WHERE worker.id = job.worker_id
@@ -160,34 +198,63 @@ WHERE job.id = failed.id AND job.worker_id = failed.worker_id AND job.attempt = 
                 secs => coalesce(worker.rescue_after, %(stale_after)s::float8))))
 RETURNING job.id
 
+-- name: job_lock_many
+-- Row locks taken before job_fail_dead_many, in id order, in the same
+-- transaction: its two branches split on cancel_requested, and a cancel
+-- committed between its snapshot and its row locks would otherwise match
+-- neither branch. Holding the locks first, its snapshot sees every cancel.
+SELECT id FROM jobkeeper_jobs WHERE id = ANY(%(ids)b::bigint[]) ORDER BY id FOR UPDATE
+
 -- name: job_fail_dead_many
 -- Moves the job to the dead letters in one statement: the DELETE and the
 -- INSERT commit together, so a job is always in exactly one of the tables.
+-- A job with a cancel request is not moved: it ends cancelled (the error
+-- entry kept), as in job_fail_many.
 WITH failed AS (
     SELECT * FROM unnest(%(ids)b::bigint[], %(worker_ids)b::text[], %(attempts)b::int[],
-                         %(errors)b::jsonb[], %(reasons)b::text[])
-                  AS failed(id, worker_id, attempt, error, reason)
+                         %(fences)b::int8[], %(errors)b::jsonb[], %(reasons)b::text[])
+                  AS failed(id, worker_id, attempt, fence, error, reason)
+), cancelled AS (
+    UPDATE jobkeeper_jobs AS job
+    SET status = 'cancelled', finished_at = now(), worker_id = NULL,
+        errors = job.errors || jsonb_build_array(
+                     failed.error || jsonb_build_object('at', {utc_now_text}))
+    FROM failed
+    WHERE job.id = failed.id AND job.worker_id = failed.worker_id
+      AND job.attempt = failed.attempt AND job.fence = failed.fence
+      AND job.status IN ('claimed', 'running') AND job.cancel_requested
+      AND (%(stale_after)s::float8 IS NULL OR NOT EXISTS (
+            SELECT 1 FROM jobkeeper_workers AS worker
+            WHERE worker.id = job.worker_id
+              AND worker.heartbeat_at > now() - make_interval(
+                    secs => coalesce(worker.rescue_after, %(stale_after)s::float8))))
+    RETURNING job.id
 ), moved AS (
     DELETE FROM jobkeeper_jobs AS job
     USING failed
     WHERE job.id = failed.id AND job.worker_id = failed.worker_id
-      AND job.attempt = failed.attempt AND job.status = 'running'
+      AND job.attempt = failed.attempt AND job.fence = failed.fence
+      AND job.status IN ('claimed', 'running') AND NOT job.cancel_requested
       AND (%(stale_after)s::float8 IS NULL OR NOT EXISTS (
             SELECT 1 FROM jobkeeper_workers AS worker
             WHERE worker.id = job.worker_id
               AND worker.heartbeat_at > now() - make_interval(
                     secs => coalesce(worker.rescue_after, %(stale_after)s::float8))))
     RETURNING job.*, failed.error AS new_error, failed.reason AS new_reason
+), dead AS (
+    INSERT INTO jobkeeper_dead_letters
+        (id, queue, task, args, priority, attempt, max_attempts, scheduled_at, created_at,
+         attempted_at, finished_at, unique_key, errors, result, reason)
+    SELECT id, queue, task, args, priority, attempt, max_attempts, scheduled_at, created_at,
+           attempted_at, now(), unique_key,
+           errors || jsonb_build_array(new_error || jsonb_build_object('at', {utc_now_text})),
+           result, new_reason
+    FROM moved
+    RETURNING id
 )
-INSERT INTO jobkeeper_dead_letters
-    (id, queue, task, args, priority, attempt, max_attempts, scheduled_at, created_at,
-     attempted_at, finished_at, unique_key, errors, result, reason)
-SELECT id, queue, task, args, priority, attempt, max_attempts, scheduled_at, created_at,
-       attempted_at, now(), unique_key,
-       errors || jsonb_build_array(new_error || jsonb_build_object('at', {utc_now_text})),
-       result, new_reason
-FROM moved
-RETURNING id
+SELECT id FROM dead
+UNION ALL
+SELECT id FROM cancelled
 
 -- name: job_stage_due
 -- Due scheduled/retryable jobs become available; one NOTIFY per queue
@@ -235,7 +302,7 @@ SELECT CASE
 END
 
 -- name: job_rescue_candidates
--- Rescue does not depend on the holder's worker row existing: a job whose
+-- Held jobs (claimed or running) of silent holders. Rescue does not depend on the holder's worker row existing: a job whose
 -- holder was pruned is as orphaned as one whose holder went silent
 -- (procrastinate#1518). A holder is silent once its heartbeat is older than
 -- its own declared rescue_after (else %(rescue_after)s, the rescuer's window
@@ -243,7 +310,7 @@ END
 -- live holder's must not take its jobs.
 SELECT job.*
 FROM jobkeeper_jobs AS job
-WHERE job.status = 'running'
+WHERE job.status IN ('claimed', 'running')
   AND NOT EXISTS (
         SELECT 1 FROM jobkeeper_workers AS worker
         WHERE worker.id = job.worker_id
@@ -253,14 +320,14 @@ ORDER BY job.id
 LIMIT %(limit)s
 
 -- name: job_cancel_requested
-SELECT id, worker_id, attempt
+SELECT id, worker_id, attempt, fence
 FROM jobkeeper_jobs
-WHERE worker_id = %(worker_id)s AND status = 'running' AND cancel_requested
+WHERE worker_id = %(worker_id)s AND status IN ('claimed', 'running') AND cancel_requested
 
 -- name: job_held_by
 SELECT *
 FROM jobkeeper_jobs
-WHERE worker_id = %(worker_id)s AND status = 'running'
+WHERE worker_id = %(worker_id)s AND status IN ('claimed', 'running')
 
 -- name: job_prune_finished
 WITH expired AS (
@@ -320,19 +387,21 @@ ORDER BY id DESC
 LIMIT %(limit)s
 
 -- name: job_cancel
--- Pending jobs are cancelled at once; a running job is flagged and its
--- worker (or the rescuer, if the worker is gone) finishes the cancellation.
+-- Pending jobs are cancelled at once; a held (claimed or running) job is
+-- flagged and its worker (or the rescuer, if the worker is gone) finishes
+-- the cancellation: whatever outcome it writes next but a success becomes
+-- cancelled (see job_fail_many).
 UPDATE jobkeeper_jobs
-SET status = CASE WHEN status = 'running' THEN 'running' ELSE 'cancelled' END,
-    finished_at = CASE WHEN status = 'running' THEN finished_at ELSE now() END,
+SET status = CASE WHEN status IN ('claimed', 'running') THEN status ELSE 'cancelled' END,
+    finished_at = CASE WHEN status IN ('claimed', 'running') THEN finished_at ELSE now() END,
     cancel_requested = true
-WHERE id = %(id)s AND status IN ('scheduled', 'available', 'running', 'retryable')
+WHERE id = %(id)s AND status IN ('scheduled', 'available', 'claimed', 'running', 'retryable')
 RETURNING *
 
 -- name: job_retry
 UPDATE jobkeeper_jobs
-SET status = 'available', attempt = 0, scheduled_at = now(), finished_at = NULL,
-    cancel_requested = false
+SET status = 'available', attempt = 0, unstarted_returns = 0, scheduled_at = now(),
+    finished_at = NULL, cancel_requested = false
 WHERE id = %(id)s AND status IN ('retryable', 'cancelled', 'completed')
 RETURNING *
 
@@ -358,7 +427,7 @@ RETURNING id
 SELECT dead.id, dead.task, dead.unique_key,
        (SELECT job.id FROM jobkeeper_jobs AS job
         WHERE job.task = dead.task AND job.unique_key = dead.unique_key
-          AND job.status IN ('scheduled', 'available', 'running', 'retryable')
+          AND job.status IN ('scheduled', 'available', 'claimed', 'running', 'retryable')
         LIMIT 1) AS holder
 FROM jobkeeper_dead_letters AS dead
 WHERE dead.unique_key IS NOT NULL AND (%(all)s OR dead.id = ANY(%(ids)b::bigint[]))
@@ -483,15 +552,15 @@ ORDER BY queue, scheduled_at, id
 
 -- name: queue_counts_live
 -- Exact counts of the live statuses, each arm from its partial index
--- (claim, due, running): their size follows the backlog.
+-- (claim, due, held): their size follows the backlog.
 SELECT queue, 'available' AS status, count(*) AS n FROM jobkeeper_jobs WHERE status = 'available'
 GROUP BY queue
 UNION ALL
 SELECT queue, status, count(*) AS n FROM jobkeeper_jobs
 WHERE status IN ('scheduled', 'retryable') GROUP BY queue, status
 UNION ALL
-SELECT queue, 'running' AS status, count(*) AS n FROM jobkeeper_jobs WHERE status = 'running'
-GROUP BY queue
+SELECT queue, status, count(*) AS n FROM jobkeeper_jobs
+WHERE status IN ('claimed', 'running') GROUP BY queue, status
 
 -- name: queue_counts_finished
 -- Completed and cancelled jobs per queue, reading at most %(cap)s rows (the

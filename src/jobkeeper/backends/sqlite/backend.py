@@ -26,6 +26,7 @@ from jobkeeper.backends.cockpit import CockpitReads, json_ids
 from jobkeeper.backends.migrate import apply_migrations
 from jobkeeper.backends.rows import (
     STAGE_LIMIT,
+    claim_arrays,
     completion_arrays,
     epoch_to_datetime,
     insert_params,
@@ -39,7 +40,7 @@ from jobkeeper.backends.shared import SharedReads
 from jobkeeper.backends.sqlfile import load_migrations, load_queries
 from jobkeeper.config import DatabaseURL
 from jobkeeper.errors import DatabaseError, DatabaseUnavailable, DataRejected, UniqueKeyConflict
-from jobkeeper.models import Completion, Failure, Job, JobStatus, NewJob, Staging, WorkerInfo
+from jobkeeper.models import Claim, Completion, Failure, Job, JobStatus, NewJob, Staging, WorkerInfo
 from jobkeeper.periodic import Periodic, PeriodicRow, PeriodicTouch, periodic_from_row
 
 #: The database clock as Unix seconds, UTC.
@@ -407,6 +408,24 @@ class SqliteBackend(SharedReads, CockpitReads):
             )
         return sorted(self._jobs(rows), key=lambda j: (j.priority, j.scheduled_at, j.id))
 
+    def job_start_many(self, claims: Sequence[Claim]) -> set[int]:
+        if not claims:
+            return set()
+        arrays = claim_arrays(claims)
+        written: set[int] = set()
+        with self._write() as conn:
+            for job_id, worker_id, attempt, fence in zip(
+                arrays["ids"],
+                arrays["worker_ids"],
+                arrays["attempts"],
+                arrays["fences"],
+                strict=True,
+            ):
+                params = {"id": job_id, "worker_id": worker_id, "attempt": attempt, "fence": fence}
+                if conn.execute(QUERIES["job_start"], params).rowcount == 1:
+                    written.add(job_id)
+        return written
+
     def job_complete_many(self, completions: Sequence[Completion], *, delete: bool) -> set[int]:
         if not completions:
             return set()
@@ -414,14 +433,15 @@ class SqliteBackend(SharedReads, CockpitReads):
         query = QUERIES["job_complete_delete" if delete else "job_complete"]
         written: set[int] = set()
         with self._write() as conn:
-            for job_id, worker_id, attempt, result in zip(
+            for job_id, worker_id, attempt, fence, result in zip(
                 arrays["ids"],
                 arrays["worker_ids"],
                 arrays["attempts"],
+                arrays["fences"],
                 arrays["results"],
                 strict=True,
             ):
-                params = {"id": job_id, "worker_id": worker_id, "attempt": attempt}
+                params = {"id": job_id, "worker_id": worker_id, "attempt": attempt, "fence": fence}
                 if not delete:
                     params["result"] = result
                 if conn.execute(query, params).rowcount == 1:
@@ -441,6 +461,7 @@ class SqliteBackend(SharedReads, CockpitReads):
                     "id": failure.claim.job_id,
                     "worker_id": failure.claim.worker_id,
                     "attempt": failure.claim.attempt,
+                    "fence": failure.claim.fence,
                     "outcome": failure.outcome,
                     "error": failure.error_json,
                     "retry_in": failure.retry_in,
@@ -453,14 +474,21 @@ class SqliteBackend(SharedReads, CockpitReads):
                     "id": failure.claim.job_id,
                     "worker_id": failure.claim.worker_id,
                     "attempt": failure.claim.attempt,
+                    "fence": failure.claim.fence,
                     "error": failure.error_json,
                     "reason": failure.reason or "max_attempts exhausted",
                     "stale_after": stale_after,
                 }
-                if conn.execute(QUERIES["job_fail_dead_copy"], params).rowcount == 1:
+                cancelled = dict(params)
+                del cancelled["reason"]
+                if conn.execute(QUERIES["job_fail_dead_cancelled"], cancelled).rowcount == 1:
+                    written.add(failure.claim.job_id)
+                elif conn.execute(QUERIES["job_fail_dead_copy"], params).rowcount == 1:
                     conn.execute(QUERIES["job_fail_dead_delete"], {"id": failure.claim.job_id})
                     written.add(failure.claim.job_id)
-        if any(f.outcome == "released" and f.claim.job_id in written for f in updates):
+        if any(
+            f.outcome in ("released", "returned") and f.claim.job_id in written for f in updates
+        ):
             self.wake_local()
         return written
 

@@ -15,7 +15,7 @@ VALUES (
     CASE WHEN :delay IS NOT NULL THEN {now} + :delay ELSE coalesce(:run_at, {now}) END,
     {now}, :unique_key)
 ON CONFLICT (task, unique_key)
-    WHERE unique_key IS NOT NULL AND status IN ('scheduled', 'available', 'running', 'retryable')
+    WHERE unique_key IS NOT NULL AND status IN ('scheduled', 'available', 'claimed', 'running', 'retryable')
     DO NOTHING
 RETURNING *
 
@@ -30,14 +30,16 @@ VALUES (?, ?, ?, ?, ?, ?, ?, ?)
 SELECT *
 FROM jobkeeper_jobs
 WHERE task = :task AND unique_key = :unique_key
-  AND status IN ('scheduled', 'available', 'running', 'retryable')
+  AND status IN ('scheduled', 'available', 'claimed', 'running', 'retryable')
 
 -- name: job_claim
 -- Runs inside BEGIN IMMEDIATE: the write lock is taken before the read, so
--- two workers can never pick the same rows.
+-- two workers can never pick the same rows. The job is 'claimed', not yet
+-- 'running' (its start mark, job_start, says when the task is called); the
+-- attempt is counted here and fence numbers the claim.
 UPDATE jobkeeper_jobs
-SET status = 'running', attempt = attempt + 1, attempted_at = {now}, finished_at = NULL,
-    worker_id = :worker_id
+SET status = 'claimed', attempt = attempt + 1, fence = fence + 1, attempted_at = {now},
+    finished_at = NULL, worker_id = :worker_id
 WHERE id IN (
     SELECT id
     FROM jobkeeper_jobs
@@ -60,30 +62,63 @@ WHERE status = 'available' AND queue = :queue
 ORDER BY priority, scheduled_at, id
 LIMIT 1
 
+-- name: job_start
+-- A start mark: claimed -> running when the task is really called, fenced.
+UPDATE jobkeeper_jobs
+SET status = 'running', attempted_at = {now}
+WHERE id = :id AND worker_id = :worker_id AND attempt = :attempt AND fence = :fence
+  AND status = 'claimed'
+
 -- name: job_complete
--- Fenced on (id, worker_id, attempt): a worker that lost its claim writes nothing.
+-- Fenced on (id, worker_id, attempt, fence): a worker that lost its claim
+-- (rescued, handed back, perhaps re-claimed at the same attempt) writes
+-- nothing. A success stays completed even with a cancel request.
 UPDATE jobkeeper_jobs
 SET status = 'completed', finished_at = {now}, worker_id = NULL, result = :result
-WHERE id = :id AND worker_id = :worker_id AND attempt = :attempt AND status = 'running'
+WHERE id = :id AND worker_id = :worker_id AND attempt = :attempt AND fence = :fence
+  AND status IN ('claimed', 'running')
 
 -- name: job_complete_delete
 DELETE FROM jobkeeper_jobs
-WHERE id = :id AND worker_id = :worker_id AND attempt = :attempt AND status = 'running'
+WHERE id = :id AND worker_id = :worker_id AND attempt = :attempt AND fence = :fence
+  AND status IN ('claimed', 'running')
 
 -- name: job_fail
--- Retryable, cancelled or released ("released": handed back at shutdown,
--- available at once, the interrupted attempt not spent; a NULL :error, for a
--- prefetched job handed back unstarted, adds no entry to errors).
+-- Retryable, cancelled, released or returned (see the PostgreSQL twin:
+-- "released" is a hand-back by the holder, "returned" the rescuer's free
+-- return of a job still claimed; both give the attempt back, and a NULL
+-- :error adds no entry to errors). A cancel request wins over every outcome
+-- here: the job ends cancelled, the error entry kept.
 -- :stale_after is the rescuer's re-check that the holder is still silent
 -- (for longer than the holder's own rescue_after when it declared one).
 UPDATE jobkeeper_jobs
-SET status = CASE :outcome WHEN 'released' THEN 'available' ELSE :outcome END,
-    attempt = CASE :outcome WHEN 'released' THEN attempt - 1 ELSE attempt END,
-    finished_at = CASE :outcome WHEN 'released' THEN NULL ELSE {now} END,
-    scheduled_at = CASE :outcome WHEN 'retryable' THEN {now} + :retry_in ELSE scheduled_at END,
+SET status = CASE WHEN cancel_requested THEN 'cancelled'
+                  WHEN :outcome IN ('released', 'returned') THEN 'available'
+                  ELSE :outcome END,
+    attempt = CASE WHEN :outcome IN ('released', 'returned') THEN attempt - 1 ELSE attempt END,
+    unstarted_returns = unstarted_returns + CASE :outcome WHEN 'returned' THEN 1 ELSE 0 END,
+    finished_at = CASE WHEN cancel_requested THEN {now}
+                       WHEN :outcome IN ('released', 'returned') THEN NULL
+                       ELSE {now} END,
+    scheduled_at = CASE WHEN :outcome = 'retryable' AND NOT cancel_requested
+                        THEN {now} + :retry_in ELSE scheduled_at END,
     worker_id = NULL,
     errors = CASE WHEN :error IS NULL THEN errors ELSE {errors_plus_new} END
-WHERE id = :id AND worker_id = :worker_id AND attempt = :attempt AND status = 'running'
+WHERE id = :id AND worker_id = :worker_id AND attempt = :attempt AND fence = :fence
+  AND (status = 'claimed' OR (status = 'running' AND :outcome <> 'returned'))
+  AND (:stale_after IS NULL OR NOT EXISTS (
+        SELECT 1 FROM jobkeeper_workers AS worker
+        WHERE worker.id = jobkeeper_jobs.worker_id
+          AND worker.heartbeat_at > {now} - coalesce(worker.rescue_after, :stale_after)))
+
+-- name: job_fail_dead_cancelled
+-- A job bound for the dead letters that has a cancel request ends cancelled
+-- instead (the error entry kept); tried first, in the same transaction as
+-- the move (job_fail_dead_copy, job_fail_dead_delete) when it changes nothing.
+UPDATE jobkeeper_jobs
+SET status = 'cancelled', finished_at = {now}, worker_id = NULL, errors = {errors_plus_new}
+WHERE id = :id AND worker_id = :worker_id AND attempt = :attempt AND fence = :fence
+  AND status IN ('claimed', 'running') AND cancel_requested
   AND (:stale_after IS NULL OR NOT EXISTS (
         SELECT 1 FROM jobkeeper_workers AS worker
         WHERE worker.id = jobkeeper_jobs.worker_id
@@ -98,7 +133,8 @@ INSERT INTO jobkeeper_dead_letters
 SELECT id, queue, task, args, priority, attempt, max_attempts, scheduled_at, created_at,
        attempted_at, {now}, unique_key, {errors_plus_new}, result, :reason
 FROM jobkeeper_jobs
-WHERE id = :id AND worker_id = :worker_id AND attempt = :attempt AND status = 'running'
+WHERE id = :id AND worker_id = :worker_id AND attempt = :attempt AND fence = :fence
+  AND status IN ('claimed', 'running') AND NOT cancel_requested
   AND (:stale_after IS NULL OR NOT EXISTS (
         SELECT 1 FROM jobkeeper_workers AS worker
         WHERE worker.id = jobkeeper_jobs.worker_id
@@ -145,13 +181,13 @@ SELECT CASE
 END
 
 -- name: job_rescue_candidates
--- Rescue does not depend on the holder's worker row existing (procrastinate#1518).
+-- Held jobs (claimed or running) of silent holders. Rescue does not depend on the holder's worker row existing (procrastinate#1518).
 -- A holder is silent once its heartbeat is older than its own declared
 -- rescue_after (else :rescue_after, the rescuer's window for holders that
 -- declared none).
 SELECT job.*
 FROM jobkeeper_jobs AS job
-WHERE job.status = 'running'
+WHERE job.status IN ('claimed', 'running')
   AND NOT EXISTS (
         SELECT 1 FROM jobkeeper_workers AS worker
         WHERE worker.id = job.worker_id
@@ -160,14 +196,14 @@ ORDER BY job.id
 LIMIT :limit
 
 -- name: job_cancel_requested
-SELECT id, worker_id, attempt
+SELECT id, worker_id, attempt, fence
 FROM jobkeeper_jobs
-WHERE worker_id = :worker_id AND status = 'running' AND cancel_requested
+WHERE worker_id = :worker_id AND status IN ('claimed', 'running') AND cancel_requested
 
 -- name: job_held_by
 SELECT *
 FROM jobkeeper_jobs
-WHERE worker_id = :worker_id AND status = 'running'
+WHERE worker_id = :worker_id AND status IN ('claimed', 'running')
 
 -- name: job_prune_finished
 DELETE FROM jobkeeper_jobs
@@ -208,19 +244,20 @@ ORDER BY id DESC
 LIMIT :limit
 
 -- name: job_cancel
--- Pending jobs are cancelled at once; a running job is flagged and its
--- worker (or the rescuer, if the worker is gone) finishes the cancellation.
+-- Pending jobs are cancelled at once; a held (claimed or running) job is
+-- flagged and its worker (or the rescuer, if the worker is gone) finishes
+-- the cancellation (see job_fail).
 UPDATE jobkeeper_jobs
-SET status = CASE WHEN status = 'running' THEN 'running' ELSE 'cancelled' END,
-    finished_at = CASE WHEN status = 'running' THEN finished_at ELSE {now} END,
+SET status = CASE WHEN status IN ('claimed', 'running') THEN status ELSE 'cancelled' END,
+    finished_at = CASE WHEN status IN ('claimed', 'running') THEN finished_at ELSE {now} END,
     cancel_requested = 1
-WHERE id = :id AND status IN ('scheduled', 'available', 'running', 'retryable')
+WHERE id = :id AND status IN ('scheduled', 'available', 'claimed', 'running', 'retryable')
 RETURNING *
 
 -- name: job_retry
 UPDATE jobkeeper_jobs
-SET status = 'available', attempt = 0, scheduled_at = {now}, finished_at = NULL,
-    cancel_requested = 0
+SET status = 'available', attempt = 0, unstarted_returns = 0, scheduled_at = {now},
+    finished_at = NULL, cancel_requested = 0
 WHERE id = :id AND status IN ('retryable', 'cancelled', 'completed')
 RETURNING *
 
@@ -246,7 +283,7 @@ DELETE FROM jobkeeper_dead_letters WHERE id IN (SELECT value FROM json_each(:ids
 SELECT dead.id, dead.task, dead.unique_key,
        (SELECT job.id FROM jobkeeper_jobs AS job
         WHERE job.task = dead.task AND job.unique_key = dead.unique_key
-          AND job.status IN ('scheduled', 'available', 'running', 'retryable')
+          AND job.status IN ('scheduled', 'available', 'claimed', 'running', 'retryable')
         LIMIT 1) AS holder
 FROM jobkeeper_dead_letters AS dead
 WHERE dead.unique_key IS NOT NULL AND (:all OR dead.id IN (SELECT value FROM json_each(:ids)))
@@ -352,8 +389,8 @@ UNION ALL
 SELECT queue, status, count(*) AS n FROM jobkeeper_jobs
 WHERE status IN ('scheduled', 'retryable') GROUP BY queue, status
 UNION ALL
-SELECT queue, 'running' AS status, count(*) AS n FROM jobkeeper_jobs WHERE status = 'running'
-GROUP BY queue
+SELECT queue, status, count(*) AS n FROM jobkeeper_jobs
+WHERE status IN ('claimed', 'running') GROUP BY queue, status
 
 -- name: queue_counts_finished
 -- See the PostgreSQL twin: at most :cap rows, newest first down the finished index.
