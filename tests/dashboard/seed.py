@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from jobkeeper import JobQueue
-from jobkeeper.models import Claim, Completion, Failure, WorkerInfo
+from jobkeeper.models import Completion, Failure, WorkerInfo
+from jobkeeper.outcomes import claim_of
 
 TRACEBACK = """Traceback (most recent call last):
   File "/srv/app/jobs.py", line 42, in send_invoice
@@ -65,10 +66,7 @@ def seed(jq: JobQueue, *, completed: int = 12) -> Seeded:
     )
     claimed = backend.job_claim(worker_id=worker.id, queue="default", limit=completed)
     backend.job_complete_many(
-        [
-            Completion(Claim(j.id, worker.id, j.attempt), json.dumps({"sent": True, "pages": 2}))
-            for j in claimed
-        ],
+        [Completion(claim_of(j), json.dumps({"sent": True, "pages": 2})) for j in claimed],
         delete=False,
     )
     failing = jq.enqueue("send_invoice", {"invoice": 77, "customer": "acme"}, max_attempts=3)
@@ -76,17 +74,18 @@ def seed(jq: JobQueue, *, completed: int = 12) -> Seeded:
                        max_attempts=1)  # fmt: skip
     (claim,) = backend.job_claim(worker_id=worker.id, queue="default", limit=1)
     backend.job_fail_many(
-        [Failure(Claim(claim.id, worker.id, 1), "retryable", _error(1, "ConnectionError: "
+        [Failure(claim_of(claim), "retryable", _error(1, "ConnectionError: "
                  "https://billing.internal/api/invoices: connection refused"), retry_in=600)]
     )  # fmt: skip
     (claim,) = backend.job_claim(worker_id=worker.id, queue="reports", limit=1)
     backend.job_fail_many(
-        [Failure(Claim(claim.id, worker.id, 1), "dead",
+        [Failure(claim_of(claim), "dead",
                  _error(1, "KeyError: 'template'", REPORT_TRACEBACK),
                  reason="max_attempts exhausted")]
     )  # fmt: skip
     running = jq.enqueue("send_email", {"to": "ops@example.com"}, queue="emails")
-    backend.job_claim(worker_id=worker.id, queue="emails", limit=1)
+    (started,) = backend.job_claim(worker_id=worker.id, queue="emails", limit=1)
+    backend.job_start_many([claim_of(started)])
     cancelled = jq.enqueue("send_email", {"to": "old@example.com"}, queue="emails", delay=3600)
     jq.cancel(cancelled.id)
     scheduled = jq.enqueue("render_report", {"report": "q4"}, queue="reports", delay=1800)

@@ -146,13 +146,13 @@ def test_retry_cancel_requeue_delete_by_post(client, jq, seeded):
 
 
 def _make_dead(jq, seeded) -> int:
-    from jobkeeper.models import Claim, Failure
+    from jobkeeper.models import Failure
+    from jobkeeper.outcomes import claim_of
 
     job = jq.enqueue("doomed", {}, queue="doom", max_attempts=1)
-    jq.backend.job_claim(worker_id=seeded.worker_id, queue="doom", limit=1)
-    jq.backend.job_fail_many(
-        [Failure(Claim(job.id, seeded.worker_id, 1), "dead", '{"attempt": 1, "error": "x"}')]
-    )
+    (claimed,) = jq.backend.job_claim(worker_id=seeded.worker_id, queue="doom", limit=1)
+    assert claimed.id == job.id
+    jq.backend.job_fail_many([Failure(claim_of(claimed), "dead", '{"attempt": 1, "error": "x"}')])
     return job.id
 
 

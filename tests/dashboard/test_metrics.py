@@ -85,11 +85,10 @@ def test_estimates_scale_to_the_whole(jq):
     # cap of 100: the estimate comes near 300 on both backends.
     jobs = jq.enqueue_many([("t", {"i": i}) for i in range(300)])
     claimed = jq.backend.job_claim(worker_id="w", queue="default", limit=300)
-    from jobkeeper.models import Claim, Completion
+    from jobkeeper.models import Completion
+    from jobkeeper.outcomes import claim_of
 
-    jq.backend.job_complete_many(
-        [Completion(Claim(j.id, "w", 1), None) for j in claimed], delete=False
-    )
+    jq.backend.job_complete_many([Completion(claim_of(j), None) for j in claimed], delete=False)
     first = jobs[0].id
     if jq.backend.name == "postgresql":
         jq.backend._fetch_raw(

@@ -561,7 +561,10 @@ def test_a_job_lost_unstarted_again_and_again_still_reaches_the_dead_letters(jq)
     while job(jq, j.id).status != JobStatus.DEAD:
         assert crashes < 10, job(jq, j.id)
         wait_for(
-            lambda: jq.backend.job_stage_due() >= 0 and job(jq, j.id).status == JobStatus.AVAILABLE,
+            lambda: (
+                jq.backend.job_stage_due().staged >= 0
+                and job(jq, j.id).status == JobStatus.AVAILABLE
+            ),
             what="the job to be due again",
         )
         holder = f"crash:{crashes}:dead"  # no worker row: silent from the start
