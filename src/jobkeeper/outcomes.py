@@ -1,7 +1,8 @@
 """Deciding what a failed attempt leads to: retry (with backoff), dead letter,
 cancellation or release. Shared by the worker's executor and the rescuer so a
-crash and an exception follow the same policy (C-05: a crash spends an attempt
-and backs off like any failure).
+crash and an exception follow the same policy: a crash spends an attempt and
+backs off like any failure, so a job that kills its worker still reaches the
+dead letters.
 """
 
 from __future__ import annotations
@@ -11,8 +12,8 @@ from jobkeeper.config import Settings
 from jobkeeper.models import Claim, Failure, Job
 from jobkeeper.payload import clean_text, dumps
 
-#: Longest stored error message / traceback, in characters (C-09: a 5 MB
-#: message must not make the failure unrecordable).
+#: Longest stored error message / traceback, in characters: a failure with a
+#: message of megabytes must still be recordable.
 MAX_ERROR_CHARS = 4_000
 MAX_TRACEBACK_CHARS = 16_000
 

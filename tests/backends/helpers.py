@@ -1,47 +1,19 @@
-"""Helpers of the backend tests: raw SQL on either backend, claiming as a
-fake worker, building fenced completions and failures.
+"""Helpers of the backend tests: claiming as a fake worker, building fenced
+completions and failures. Raw SQL is in ``support.db``.
 """
 
 from __future__ import annotations
 
-import os
-import sqlite3
 from collections.abc import Sequence
 from datetime import UTC, datetime
-from typing import Any
 from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
-
-import psycopg
 
 from jobkeeper import Job, JobQueue
 from jobkeeper.models import Claim, Completion, Failure, WorkerInfo
 from jobkeeper.outcomes import error_entry
+from support.db import count, sql
 
 WORKER = "test-worker-1"
-#: The test server (see tests/conftest.py).
-PG_URL = os.environ.get("JOBKEEPER_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/test")
-
-
-def is_pg(jq: JobQueue) -> bool:
-    return jq.url.scheme == "postgresql"
-
-
-def sql(jq: JobQueue, query: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
-    """One statement on a fresh autocommit connection; ``?`` placeholders on both."""
-    if is_pg(jq):
-        with psycopg.connect(jq.url.url, autocommit=True) as conn:
-            cursor = conn.execute(query.replace("?", "%s"), tuple(params))
-            return cursor.fetchall() if cursor.description else []
-    conn = sqlite3.connect(jq.url.path, timeout=30, isolation_level=None)
-    try:
-        return conn.execute(query, tuple(params)).fetchall()
-    finally:
-        conn.close()
-
-
-def count(jq: JobQueue, table: str = "jobkeeper_jobs", where: str = "TRUE") -> int:
-    where = where if is_pg(jq) else where.replace("TRUE", "1")
-    return int(sql(jq, f"SELECT count(*) FROM {table} WHERE {where}")[0][0])
 
 
 def total_rows(jq: JobQueue) -> int:

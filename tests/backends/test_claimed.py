@@ -1,4 +1,4 @@
-"""Issue 13, kinds 2 and 3, at the backend seam (rows fabricated, as River's
+"""Claimed jobs and cancel requests at the backend seam (rows fabricated, as River's
 testfactory does): the claim counter (fence) refuses a stale holder's writes
 even at the same attempt; start marks; a held job with a cancel request ends
 cancelled whatever its attempt does next, unless it succeeds.
@@ -11,8 +11,9 @@ import pytest
 from jobkeeper import JobStatus
 from jobkeeper.models import Failure
 from jobkeeper.outcomes import error_entry
+from support.db import count
 
-from .helpers import WORKER, claim, claim_of, complete, count, fail
+from .helpers import WORKER, claim, claim_of, complete, fail
 
 
 def nonzero(counts: dict[str, int]) -> dict[str, int]:
@@ -112,7 +113,7 @@ HAND_OUTS = [
 def test_a_held_job_with_a_cancel_request_ends_cancelled_whatever_its_attempt_does(
     jq, outcome, started
 ):
-    # Issue 13, kind 3 (river#141, procrastinate#1133): the database decides,
+    # As in river#141 and procrastinate#1133, the database decides,
     # so it holds however (or whether) the request reached the worker.
     job = jq.enqueue("t", {}, max_attempts=1 if outcome == "dead" else 5)
     (held,) = claim(jq)

@@ -1,5 +1,5 @@
 """Claiming, fenced acknowledgements and the dead-letter move on both backends
-(guarantees 2, 3, 4; C-06 on the database side).
+(guarantees 2, 3, 4; the longest backoff is storable).
 """
 
 from __future__ import annotations
@@ -13,8 +13,9 @@ from jobkeeper import JobStatus
 from jobkeeper.backoff import ABSOLUTE_MAX_BACKOFF, backoff_delay
 from jobkeeper.models import Claim, Completion, Failure
 from jobkeeper.outcomes import error_entry
+from support.db import count, sql
 
-from .helpers import WORKER, claim, claim_of, complete, count, fail, register, sql, total_rows
+from .helpers import WORKER, claim, claim_of, complete, fail, register, total_rows
 
 
 def claim_one_by_one(jq, queue="default"):
@@ -254,10 +255,10 @@ def test_every_job_is_in_exactly_one_table_through_requeue_cycles(jq):
     assert final is not None and len(final.errors) == 3
 
 
-# -- C-06: the longest backoff is storable -----------------------------------------------------
+# -- the longest backoff is storable -------------------------------------------------------
 
 
-def test_c06_huge_backoff_is_stored_and_the_job_is_never_lost(jq):
+def test_huge_backoff_is_stored_and_the_job_is_never_lost(jq):
     job = jq.enqueue("t", {}, max_attempts=1_000_000)
     sql(jq, "UPDATE jobkeeper_jobs SET attempt = 999998 WHERE id = ?", (job.id,))
     (running,) = claim(jq)

@@ -1,5 +1,5 @@
 """What a failed attempt leads to, and that its bookkeeping is always storable
-(C-09's kind: a failure that cannot be written leaves the job stuck).
+(a failure that cannot be written would leave the job stuck).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""An attempt whose code has not returned keeps its job held (issue 13, kind 1).
+"""An attempt whose code has not returned keeps its job held.
 
 A timeout, a cancel request or a stop past the grace period asks the code to
 stop; the outcome is recorded only once it has returned. Code stuck where the
@@ -16,8 +16,10 @@ from typing import Any
 import pytest
 
 from jobkeeper import JobQueue, JobStateError, JobStatus, current_job
+from support.db import job
+from support.waiting import DEADLINE, wait_for, wait_status
 
-from .helpers import error_texts, job, running, wait_for, wait_status
+from .helpers import error_texts, running
 
 #: Seconds the stuck code sleeps in C, well past its timeout.
 STUCK = 2.0
@@ -117,10 +119,13 @@ def test_cancel_of_code_stuck_in_c_keeps_the_job_held_until_it_returns(make_queu
         return "done"
 
     j = sleeps_in_c.enqueue()
-    with running(jq.worker(concurrency=1)), running(jq.worker(concurrency=1)):
+    with running(jq.worker(concurrency=1)) as one, running(jq.worker(concurrency=1)) as two:
         span = wait_for(lambda: attempts.spans and attempts.spans[0], what="the attempt")
         assert jq.cancel(j.id).status == JobStatus.RUNNING
-        time.sleep(0.5)  # several heartbeats: the worker has seen the request
+        # Two heartbeat passes of each worker after the request: the holder's
+        # cancel poll has seen it.
+        for heartbeat in (one.worker.heartbeat, two.worker.heartbeat):
+            assert heartbeat.wait_passes(heartbeat.loop_passes + 2, timeout=DEADLINE)
         refused = 0
         while "end" not in span:
             assert job(jq, j.id).status == JobStatus.RUNNING

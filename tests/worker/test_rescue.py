@@ -1,5 +1,6 @@
-"""Rescue of orphaned jobs and the fences that keep it safe (C-02, C-03,
-C-14), in-process.
+"""Rescue of orphaned jobs and the fences that keep it safe, in-process: a
+stale rescue never moves a finished or re-claimed job, a dead worker's jobs run
+again, and a busy pool starves neither heartbeats nor acknowledgements.
 """
 
 from __future__ import annotations
@@ -15,18 +16,11 @@ from jobkeeper.maintenance.rescuer import Rescuer
 from jobkeeper.models import Claim, Completion, WorkerInfo
 from jobkeeper.outcomes import claim_of, failed_attempt
 from jobkeeper.worker.runner import make_worker_id
+from support.db import count, is_pg, job, sql
+from support.heartbeats import heartbeat_log, install_heartbeat_log
+from support.waiting import DEADLINE, wait_for, wait_status
 
-from .helpers import (
-    heartbeat_log,
-    install_heartbeat_log,
-    is_pg,
-    job,
-    running,
-    running_count,
-    sql,
-    wait_for,
-    wait_status,
-)
+from .helpers import running, running_count
 
 
 def _info(worker_id: str) -> WorkerInfo:
@@ -44,7 +38,7 @@ def _claim_one(jq, worker_id: str):
     return jq.get_job(claimed[0].id)
 
 
-def test_c02_stale_rescue_after_completion_changes_nothing(jq):
+def test_stale_rescue_after_completion_changes_nothing(jq):
     holder = "holder:1:aaaa"
     jq.backend.worker_register(_info(holder))
     j = jq.enqueue("some_task", {"n": 1})
@@ -77,7 +71,7 @@ def test_c02_stale_rescue_after_completion_changes_nothing(jq):
     assert jq.list_jobs(status="dead") == []
 
 
-def test_c02_stale_rescue_after_reclaim_does_not_clobber_the_new_attempt(jq):
+def test_stale_rescue_after_reclaim_does_not_clobber_the_new_attempt(jq):
     first, second = "first:1:aaaa", "second:2:bbbb"
     j = jq.enqueue("some_task", {})
     _claim_one(jq, first)  # no worker row: immediately a candidate
@@ -120,7 +114,7 @@ class _PausingBackend:
         return getattr(self._inner, name)
 
 
-def test_c02_real_rescuer_paused_between_select_and_update(jq):
+def test_real_rescuer_paused_between_select_and_update(jq):
     holder = "holder:1:cccc"
     jobs = jq.enqueue_many([("some_task", {"i": i}) for i in range(5)])
     claimed = jq.backend.job_claim(worker_id=holder, queue="default", limit=5)
@@ -148,7 +142,7 @@ def test_c02_real_rescuer_paused_between_select_and_update(jq):
     assert job(jq, done_id).status == JobStatus.COMPLETED
 
 
-def test_c02_rescuer_spares_a_holder_that_heartbeats_again(jq):
+def test_rescuer_spares_a_holder_that_heartbeats_again(jq):
     holder = "holder:1:dddd"
     jq.backend.worker_register(_info(holder))
     j = jq.enqueue("some_task", {})
@@ -172,7 +166,7 @@ def test_c02_rescuer_spares_a_holder_that_heartbeats_again(jq):
     assert now.status == JobStatus.RUNNING and now.worker_id == holder and now.errors == []
 
 
-def test_c03_job_of_a_deleted_worker_row_is_rescued_and_runs_again(make_queue):
+def test_job_of_a_deleted_worker_row_is_rescued_and_runs_again(make_queue):
     jq = make_queue()
     ran: list[int] = []
 
@@ -202,7 +196,7 @@ def test_c03_job_of_a_deleted_worker_row_is_rescued_and_runs_again(make_queue):
     assert done.errors[0]["attempt"] == 1
 
 
-def test_c03_worker_ids_carry_a_random_part(make_queue):
+def test_worker_ids_carry_a_random_part(make_queue):
     jq = make_queue()
     a, b = jq.worker(), jq.worker()
     try:
@@ -215,7 +209,7 @@ def test_c03_worker_ids_carry_a_random_part(make_queue):
     assert len(ids) == 100
 
 
-def test_c03_restarted_worker_with_same_host_and_pid_does_not_keep_dead_jobs_alive(make_queue):
+def test_restarted_worker_with_same_host_and_pid_does_not_keep_dead_jobs_alive(make_queue):
     # A "restarted" worker in the same process (same host and pid) registers
     # and heartbeats under a new id; the dead run's job is still rescued.
     jq = make_queue()
@@ -237,7 +231,7 @@ def test_c03_restarted_worker_with_same_host_and_pid_does_not_keep_dead_jobs_ali
     assert dead_id in done.errors[0]["error"]
 
 
-def test_c14_busy_pool_does_not_starve_heartbeats_or_acks(make_queue):
+def test_busy_pool_does_not_starve_heartbeats_or_acks(make_queue):
     # Concurrency 10 with slow tasks that themselves enqueue through the
     # queue's pool: heartbeats keep flowing, no job is rescued or re-run.
     jq = make_queue(heartbeat_interval=0.1, rescue_after=1.0)
@@ -279,7 +273,7 @@ def test_c14_busy_pool_does_not_starve_heartbeats_or_acks(make_queue):
         assert d.attempt == 1 and d.errors == []
     # Heartbeats (database clock, every one logged by a trigger) never paused
     # for anything near rescue_after.
-    beats = heartbeat_log(jq, worker_id)
+    beats = heartbeat_log(jq).get(worker_id, [])
     assert len(beats) > 10
     gaps = [b - a for a, b in itertools.pairwise(beats)]
     assert max(gaps) < jq.settings.rescue_after / 2, max(gaps)
@@ -368,9 +362,9 @@ def _install_audit(jq) -> None:
     )
 
 
-def test_c02_rescues_racing_completions_never_move_a_completed_job(make_queue):
-    # Scaled-down C-02 race: 4 workers whose heartbeats are suspended (test
-    # hook) after 0.2 s for longer than rescue_after, so their running jobs
+def test_rescues_racing_completions_never_move_a_completed_job(make_queue):
+    # Rescues racing completions: 4 workers whose heartbeats are suspended (test
+    # hook) once jobs run, for longer than rescue_after, so their running jobs
     # become rescue candidates just as many of them complete. Heartbeats then
     # resume: a worker whose heartbeat is stale stops claiming, so without
     # that nothing would finish. Every transition is audited by a trigger.
@@ -387,13 +381,13 @@ def test_c02_rescues_racing_completions_never_move_a_completed_job(make_queue):
     ids = [j.id for j in jq.enqueue_many([("nap", {"ms": ms}) for ms in sleeps])]
     workers = [jq.worker(concurrency=10) for _ in range(4)]
     with running(workers[0]), running(workers[1]), running(workers[2]), running(workers[3]):
-        time.sleep(0.2)
+        wait_for(lambda: count(jq, where="status = 'running'") > 0, what="jobs to run")
         for w in workers:
             w.heartbeat.paused = True
-        deadline = time.monotonic() + 10
-        while sum(w.rescuer.rescued for w in workers) == 0 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        time.sleep(0.5)  # let more rescues race more completions
+        wait_for(lambda: sum(w.rescuer.rescued for w in workers) > 0, timeout=10, what="a rescue")
+        # Two more rescue passes on every worker: more rescues race more completions.
+        for w in workers:
+            assert w.rescuer.wait_passes(w.rescuer.loop_passes + 2, timeout=DEADLINE)
         for w in workers:
             w.heartbeat.paused = False
         final = wait_status(jq, ids, {JobStatus.COMPLETED, JobStatus.DEAD}, timeout=90)
@@ -493,6 +487,8 @@ def test_after_an_outage_each_holder_gets_its_own_window_again(jq):
     back = time.monotonic()
     rescuer.run_once()
     assert rescuer.rescued == 0
+    # The windows are measured on the rescuer's own clock from its return:
+    # the time has to pass.
     time.sleep(max(0.0, back + 1.2 - time.monotonic()))
     rescuer.run_once()  # past the rescuer's own 1 s, not past the holder's 2 s
     assert rescuer.rescued == 0
@@ -548,8 +544,9 @@ def test_workers_with_different_rescue_after_share_a_database(make_queue):
 
 
 def test_a_job_lost_unstarted_again_and_again_still_reaches_the_dead_letters(jq):
-    # Issue 13, kind 2, and C-05: each holder dies before the job's start mark
-    # is written (it was still in the completer's buffer). The first losses
+    # A crash spends an attempt, in the end even an unstarted one: each holder
+    # dies before the job's start mark is written (it was still in the
+    # completer's buffer). The first losses
     # give the attempt back; after MAX_UNSTARTED_RETURNS of them, lost claims
     # spend attempts like lost running ones, so the job reaches the dead
     # letters after a bounded number of crashes.
