@@ -97,11 +97,12 @@ def released_attempt(job: Job, reason: str | None) -> Failure:
     return Failure(claim_of(job), "released", error)
 
 
-def returned_attempt(job: Job, reason: str) -> Failure:
+def returned_attempt(job: Job) -> Failure:
     """A claimed job whose holder was lost before its start was recorded
     goes back to available, the attempt not spent and the return counted in
     ``unstarted_returns`` (the rescuer bounds them). Written only while the
-    job is still claimed. ``reason`` is noted in ``errors``: the lost holder
-    is worth knowing about even though the attempt was not spent.
+    job is still claimed. Nothing is added to ``errors``, which holds one
+    entry per failed attempt: this attempt never ran here (the rescuer logs
+    the lost holder instead).
     """
-    return Failure(claim_of(job), "returned", error_entry(job, reason, None))
+    return Failure(claim_of(job), "returned", None)

@@ -111,15 +111,14 @@ def test_poison_job_that_kills_its_worker_ends_dead_after_max_attempts(make_queu
     assert dead.attempt == 3
     assert all("worker lost" in e["error"] for e in dead.errors)
     # The first crash usually comes before the job's start mark is flushed:
-    # the job looks prefetched and goes back with its attempt (noted in
-    # errors). Its next claims write the start mark before the task runs,
-    # so from then on every crash spends an attempt: one crash more at most.
-    returned = [e for e in dead.errors if "not spent" in e["error"]]
-    spent = [e for e in dead.errors if "not spent" not in e["error"]]
-    assert [e["attempt"] for e in spent] == [1, 2, 3]
-    assert [e["attempt"] for e in returned] in ([], [1])
-    assert deaths == 3 + len(returned)
-    assert [r[1] for r in read_records(record)] == [1] * len(returned) + [1, 2, 3]
+    # the job looks prefetched and goes back with its attempt (no errors
+    # entry: nothing failed that counts). Its next claims write the start
+    # mark before the task runs, so from then on every crash spends an
+    # attempt: one crash more at most.
+    assert [e["attempt"] for e in dead.errors] == [1, 2, 3]
+    returned = deaths - 3
+    assert returned in (0, 1)
+    assert [r[1] for r in read_records(record)] == [1] * returned + [1, 2, 3]
 
 
 def _sqlite_write_lock_free(url: str) -> bool:

@@ -62,6 +62,8 @@ def _run_past_timeout(jq: JobQueue, task_name: str, attempts: Attempts) -> None:
     # would take its retry at once if the timeout freed it early.
     with running(jq.worker(concurrency=1)), running(jq.worker(concurrency=1)):
         span = wait_for(lambda: attempts.spans and attempts.spans[0], what="the first attempt")
+        # The start mark is written with the next batch of acks (within ~10 ms).
+        wait_status(jq, [j.id], {JobStatus.RUNNING})
         seen = _watch_held(jq, j.id, span)
         done = wait_status(jq, [j.id], {JobStatus.COMPLETED})[0]
     assert seen and set(seen) == {JobStatus.RUNNING}, seen
@@ -121,6 +123,7 @@ def test_cancel_of_code_stuck_in_c_keeps_the_job_held_until_it_returns(make_queu
     j = sleeps_in_c.enqueue()
     with running(jq.worker(concurrency=1)) as one, running(jq.worker(concurrency=1)) as two:
         span = wait_for(lambda: attempts.spans and attempts.spans[0], what="the attempt")
+        wait_status(jq, [j.id], {JobStatus.RUNNING})  # its start mark is written
         assert jq.cancel(j.id).status == JobStatus.RUNNING
         # Two heartbeat passes of each worker after the request: the holder's
         # cancel poll has seen it.
@@ -162,6 +165,7 @@ def test_a_stop_leaves_code_that_does_not_return_held_not_released(make_queue):
     worker = jq.worker(concurrency=1)
     with running(worker) as handle:
         assert started.wait(30)
+        wait_status(jq, [j.id], {JobStatus.RUNNING})  # its start mark is written
         worker.stop()
         stats = handle.join()
     assert not returned.is_set(), "the test needs the code still running here"
