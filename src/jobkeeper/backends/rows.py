@@ -10,7 +10,7 @@ from typing import Any
 from jobkeeper.models import Claim, Completion, Failure, Job, JobStatus, NewJob
 from jobkeeper.payload import decode_args
 
-#: Outcomes of job_fail_many (dead goes through job_fail_dead_many).
+#: Outcomes of job_fail_many (dead goes through job_fail_many_dead).
 UPDATE_OUTCOMES = frozenset({"retryable", "cancelled", "released", "returned"})
 #: Most jobs one job_stage_due moves; a full pass reports the next due time
 #: as 0, so the producer stages the rest at once.
@@ -112,7 +112,7 @@ def job_from_new(
 
     ``now`` is the database clock of the inserting transaction; the status
     and ``scheduled_at`` are ``stored`` (as the insert returned them) or else
-    follow the same rules as the ``job_insert`` queries.
+    follow the same rules as the ``job_insert_many`` queries.
     """
     status, scheduled_at = stored if stored is not None else schedule_of(new, now)
     return Job(

@@ -61,7 +61,7 @@ class SharedReads:
         rows = self._fetch("job_get", {"id": job_id})
         if rows:
             return self._jobs(rows)[0]
-        dead = self._fetch("dead_letter_get", {"id": job_id})
+        dead = self._fetch("job_get_dead_letter", {"id": job_id})
         return self._jobs(dead, dead=True)[0] if dead else None
 
     def job_list(
@@ -85,6 +85,6 @@ class SharedReads:
             jobs += self._jobs(self._fetch("job_list", params))
         if status in (None, JobStatus.DEAD):
             params = {"queue": queue, "task": task, "before": before, "limit": limit}
-            rows = self._fetch("dead_letter_list", params)
+            rows = self._fetch("job_list_dead_letters", params)
             jobs += self._jobs(rows, dead=True)
         return sorted(jobs, key=lambda j: j.id, reverse=True)[:limit]

@@ -173,7 +173,7 @@ class PostgresBackend(PostgresInserts, PostgresListener, SharedReads, CockpitRea
         params = completion_arrays(completions)
         if delete:
             del params["results"]
-        name = "job_complete_delete_many" if delete else "job_complete_many"
+        name = "job_complete_many_delete" if delete else "job_complete_many"
         return {row["id"] for row in self._fetch(name, params)}
 
     def job_fail_many(
@@ -200,9 +200,11 @@ class PostgresBackend(PostgresInserts, PostgresListener, SharedReads, CockpitRea
                 )
                 written.update(row[0] for row in cursor.fetchall())
             if dead:
-                cursor.execute(QUERIES["job_lock_many"], {"ids": [f.claim.job_id for f in dead]})
                 cursor.execute(
-                    QUERIES["job_fail_dead_many"],
+                    QUERIES["job_fail_many_dead_lock"], {"ids": [f.claim.job_id for f in dead]}
+                )
+                cursor.execute(
+                    QUERIES["job_fail_many_dead"],
                     {
                         "ids": [f.claim.job_id for f in dead],
                         "worker_ids": [f.claim.worker_id for f in dead],
@@ -225,9 +227,7 @@ class PostgresBackend(PostgresInserts, PostgresListener, SharedReads, CockpitRea
         return written
 
     def _released_queues(self, cursor: psycopg.Cursor[Any], ids: set[int]) -> list[dict[str, Any]]:
-        cursor.execute(
-            "SELECT DISTINCT queue FROM jobkeeper_jobs WHERE id = ANY(%s)", (sorted(ids),)
-        )
+        cursor.execute(QUERIES["job_fail_many_released_queues"], {"ids": sorted(ids)})
         return _rows(cursor)
 
     def job_stage_due(self, *, queues: Sequence[str] = ()) -> Staging:
@@ -261,7 +261,7 @@ class PostgresBackend(PostgresInserts, PostgresListener, SharedReads, CockpitRea
         autovacuum is off, the table is analyzed after 10% of it changed and
         (with ``vacuum``) vacuumed too.
         """
-        rows = self._fetch_raw(QUERIES["job_table_stats"])
+        rows = self._fetch_raw(QUERIES["job_table_maintain_stats"])
         if not rows:
             return []
         changed, live, analyzed, autovacuum = rows[0]
@@ -274,10 +274,10 @@ class PostgresBackend(PostgresInserts, PostgresListener, SharedReads, CockpitRea
         # VACUUM and ANALYZE cannot run in a transaction: these connections
         # are in autocommit mode.
         if not autovacuum and vacuum:
-            self._fetch_raw(QUERIES["job_table_vacuum"])
+            self._fetch_raw(QUERIES["job_table_maintain_vacuum"])
             return ["vacuum", "analyze"]
         if not analyzed or (not autovacuum and changed > max(1000, live // 10)):
-            self._fetch_raw(QUERIES["job_table_analyze"])
+            self._fetch_raw(QUERIES["job_table_maintain_analyze"])
             return ["analyze"]
         return []
 

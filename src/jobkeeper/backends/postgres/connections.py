@@ -392,7 +392,7 @@ class PostgresConnections:
         same rule as the insert trigger's).
         """
         if self._channel is None:
-            rows = self._fetch_raw("SELECT current_schema()")
+            rows = self._fetch_raw(QUERIES["notify_channel"])
             schema = rows[0][0] if rows else None
             if schema is None:
                 raise DatabaseError(

@@ -60,7 +60,7 @@ class PostgresInserts(PostgresConnections):
                     # Make sure the caller's transaction is open, so that the
                     # block below is a savepoint inside it rather than a
                     # transaction of its own that would commit.
-                    connection.execute("SELECT 1")
+                    connection.execute(QUERIES["job_insert_many_open_transaction"])
                 # A savepoint (or a transaction): a batch that fails part-way
                 # leaves nothing behind.
                 try:
@@ -98,7 +98,7 @@ class PostgresInserts(PostgresConnections):
         """Refuse a caller's connection to another database or schema."""
         if connection in self._checked_connections:
             return
-        query = "SELECT current_database(), current_schema()"
+        query = QUERIES["job_insert_many_same_database"]
         theirs = connection.execute(query).fetchone()
         ours = self._fetch_raw(query)[0]
         if theirs is None or tuple(theirs) != tuple(ours):
@@ -121,7 +121,7 @@ class PostgresInserts(PostgresConnections):
             # holding the same keys in different orders would each wait in
             # the unique index for a key the other took first: a deadlock.
             # The locks are taken in one order for all batches instead.
-            cursor.execute(QUERIES["job_lock_unique_keys"], {"keys": lock_keys})
+            cursor.execute(QUERIES["job_insert_many_lock_keys"], {"keys": lock_keys})
         out: list[Job | None] = [None] * len(jobs)
         pending = list(range(len(jobs)))
         # A duplicate can finish between the skipped insert and the lookup;
@@ -146,7 +146,7 @@ class PostgresInserts(PostgresConnections):
             if len(inserted) < len(batch):
                 keyed = [j for j in batch if j.unique_key is not None]
                 cursor.execute(
-                    QUERIES["job_get_pending_by_unique_key"],
+                    QUERIES["job_insert_many_pending"],
                     {
                         "tasks": [j.task for j in keyed],
                         "unique_keys": [j.unique_key for j in keyed],
@@ -167,7 +167,7 @@ class PostgresInserts(PostgresConnections):
         """The single enqueue: one statement, and no row to decode (the args
         go back as the caller gave them, like the COPY path's).
         """
-        cursor.execute(QUERIES["job_insert_one"], insert_params(new, new.run_at))
+        cursor.execute(QUERIES["job_insert_many_one"], insert_params(new, new.run_at))
         row = cursor.fetchone()
         assert row is not None
         job_id, status, scheduled_at, created_at = row
@@ -182,7 +182,7 @@ class PostgresInserts(PostgresConnections):
         """Bulk insert with COPY (no unique keys to resolve): three round trips
         whatever the count. The insert trigger still sends one NOTIFY per queue.
         """
-        cursor.execute(QUERIES["job_reserve_ids"], {"count": len(jobs)})
+        cursor.execute(QUERIES["job_insert_many_reserve_ids"], {"count": len(jobs)})
         row = cursor.fetchone()
         assert row is not None
         now, ids = row[0].astimezone(UTC), row[1]
@@ -190,13 +190,13 @@ class PostgresInserts(PostgresConnections):
         pairs = list(zip(jobs, built, strict=True))
         immediate = [(new, job) for new, job in pairs if new.delay is None and new.run_at is None]
         if immediate:
-            with cursor.copy(QUERIES["job_copy_in"]) as copy:
+            with cursor.copy(QUERIES["job_insert_many_copy"]) as copy:
                 for new, job in immediate:
                     copy.write_row(
                         (job.id, new.queue, new.task, new.args_json, new.priority, new.max_attempts)
                     )
         if len(immediate) < len(pairs):
-            with cursor.copy(QUERIES["job_copy_in_scheduled"]) as copy:
+            with cursor.copy(QUERIES["job_insert_many_copy_scheduled"]) as copy:
                 for new, job in pairs:
                     if new.delay is not None or new.run_at is not None:
                         copy.write_row(

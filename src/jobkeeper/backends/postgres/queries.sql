@@ -9,7 +9,7 @@
 -- name: job_insert_many
 -- Rows are inserted in input order (ORDER BY ord), so ids ascend with it.
 -- A (task, unique_key) that matches a pending job is skipped here and
--- resolved to that job by job_get_pending_by_unique_key.
+-- resolved to that job by job_insert_many_pending.
 INSERT INTO jobkeeper_jobs
     (queue, task, args, status, priority, max_attempts, scheduled_at, unique_key)
 SELECT new.queue, new.task, new.args,
@@ -29,14 +29,14 @@ ON CONFLICT (task, unique_key)
     DO NOTHING
 RETURNING *
 
--- name: job_lock_unique_keys
+-- name: job_insert_many_lock_keys
 -- Batches with unique keys first take a transaction-scoped advisory lock per
 -- (task, key), in the order of the array (sorted by the caller): two batches
 -- sharing keys then never wait for each other in opposite orders. unnest
 -- yields the elements in order and each row's lock is taken as it is read.
 SELECT pg_advisory_xact_lock(key) FROM unnest(%(keys)s::bigint[]) AS key;
 
--- name: job_insert_one
+-- name: job_insert_many_one
 -- One job without a unique key (so no conflict is possible): plain
 -- parameters plan and travel faster than eight one-element arrays, and the
 -- caller builds the Job from its input plus what the server decided.
@@ -51,7 +51,7 @@ VALUES (
          ELSE coalesce(%(run_at)s::timestamptz, now()) END)
 RETURNING id, status, scheduled_at, created_at
 
--- name: job_reserve_ids
+-- name: job_insert_many_reserve_ids
 -- The bulk path (COPY) takes its ids up front, ascending, and the
 -- transaction's clock, to build the Jobs it returns without a RETURNING.
 -- The sequence is looked up once (MATERIALIZED): called per row,
@@ -62,23 +62,33 @@ WITH sequence AS MATERIALIZED (
 SELECT now(), array_agg(nextval(sequence.id) ORDER BY n)
 FROM sequence, generate_series(1, %(count)s) AS n
 
--- name: job_copy_in
+-- name: job_insert_many_copy
 -- Jobs to run now: status, scheduled_at and created_at take their defaults
--- ('available', and now(): the same transaction clock job_reserve_ids read).
+-- ('available', and now(): the same transaction clock job_insert_many_reserve_ids read).
 COPY jobkeeper_jobs (id, queue, task, args, priority, max_attempts)
 FROM STDIN
 
--- name: job_copy_in_scheduled
+-- name: job_insert_many_copy_scheduled
 COPY jobkeeper_jobs
     (id, queue, task, args, status, priority, max_attempts, scheduled_at, created_at)
 FROM STDIN
 
--- name: job_get_pending_by_unique_key
+-- name: job_insert_many_pending
 SELECT job.*
 FROM jobkeeper_jobs AS job
 JOIN unnest(%(tasks)b::text[], %(unique_keys)b::text[]) AS wanted(task, unique_key)
   ON job.task = wanted.task AND job.unique_key = wanted.unique_key
 WHERE job.status IN ('scheduled', 'available', 'claimed', 'running', 'retryable')
+
+-- name: job_insert_many_same_database
+-- Where a connection is (the caller's connection= and ours), so that jobs are
+-- never inserted into another database or schema than the queue's.
+SELECT current_database(), current_schema()
+
+-- name: job_insert_many_open_transaction
+-- Any statement opens the caller's (non-autocommit) transaction, so that the
+-- insert that follows is a savepoint inside it, not a transaction of its own.
+SELECT 1
 
 -- name: job_claim
 -- The candidate ids are MATERIALIZED before the UPDATE uses them: as a plain
@@ -140,7 +150,7 @@ WHERE job.id = done.id AND job.worker_id = done.worker_id AND job.attempt = done
   AND job.fence = done.fence AND job.status IN ('claimed', 'running')
 RETURNING job.id
 
--- name: job_complete_delete_many
+-- name: job_complete_many_delete
 -- retention = 0: completed jobs are deleted at once, with the same fence.
 DELETE FROM jobkeeper_jobs AS job
 USING unnest(%(ids)b::bigint[], %(worker_ids)b::text[], %(attempts)b::int[],
@@ -152,7 +162,7 @@ RETURNING job.id
 
 -- name: job_fail_many
 -- Retryable, cancelled, released and returned outcomes (dead ones move:
--- job_fail_dead_many). "released" hands a job back (shutdown, a stalled
+-- job_fail_many_dead). "released" hands a job back (shutdown, a stalled
 -- prefetch): available at once, and the interrupted attempt is not spent
 -- (the error entry records it; a NULL error, for a job handed back
 -- unstarted, adds none). "returned" is the rescuer's free return of a job
@@ -198,14 +208,18 @@ WHERE job.id = failed.id AND job.worker_id = failed.worker_id AND job.attempt = 
                 secs => coalesce(worker.rescue_after, %(stale_after)s::float8))))
 RETURNING job.id
 
--- name: job_lock_many
--- Row locks taken before job_fail_dead_many, in id order, in the same
+-- name: job_fail_many_released_queues
+-- The queues of jobs handed back by job_fail_many, to wake their workers.
+SELECT DISTINCT queue FROM jobkeeper_jobs WHERE id = ANY(%(ids)s::bigint[])
+
+-- name: job_fail_many_dead_lock
+-- Row locks taken before job_fail_many_dead, in id order, in the same
 -- transaction: its two branches split on cancel_requested, and a cancel
 -- committed between its snapshot and its row locks would otherwise match
 -- neither branch. Holding the locks first, its snapshot sees every cancel.
 SELECT id FROM jobkeeper_jobs WHERE id = ANY(%(ids)b::bigint[]) ORDER BY id FOR UPDATE
 
--- name: job_fail_dead_many
+-- name: job_fail_many_dead
 -- Moves the job to the dead letters in one statement: the DELETE and the
 -- INSERT commit together, so a job is always in exactly one of the tables.
 -- A job with a cancel request is not moved: it ends cancelled (the error
@@ -342,15 +356,15 @@ DELETE FROM jobkeeper_jobs AS job
 USING expired
 WHERE job.id = expired.id
 
--- name: job_table_vacuum
+-- name: job_table_maintain_vacuum
 -- Only when the server has autovacuum off (see the pruner). SKIP_LOCKED: if
 -- another worker's pruner is already vacuuming, this one moves on.
 VACUUM (SKIP_LOCKED, ANALYZE) jobkeeper_jobs
 
--- name: job_table_analyze
+-- name: job_table_maintain_analyze
 ANALYZE (SKIP_LOCKED) jobkeeper_jobs
 
--- name: job_table_stats
+-- name: job_table_maintain_stats
 -- Rows changed since the last ANALYZE, live rows, and whether the table was
 -- ever analyzed (by anyone).
 SELECT coalesce(n_mod_since_analyze, 0), coalesce(n_live_tup, 0),
@@ -362,7 +376,7 @@ WHERE relid = 'jobkeeper_jobs'::regclass
 -- name: job_get
 SELECT * FROM jobkeeper_jobs WHERE id = %(id)s
 
--- name: dead_letter_get
+-- name: job_get_dead_letter
 SELECT * FROM jobkeeper_dead_letters WHERE id = %(id)s
 
 -- name: job_list
@@ -377,7 +391,7 @@ WHERE (%(status)s::text IS NULL OR status = %(status)s::text)
 ORDER BY id DESC
 LIMIT %(limit)s
 
--- name: dead_letter_list
+-- name: job_list_dead_letters
 SELECT *
 FROM jobkeeper_dead_letters
 WHERE (%(queue)s::text IS NULL OR queue = %(queue)s::text)
@@ -471,6 +485,10 @@ SELECT pg_notify(%(channel)s, queue) FROM unnest(%(queues)b::text[]) AS queue
 -- available jobs; a payload with a space is one older workers ignore.
 SELECT pg_notify(%(channel)s, queue || ' ' || greatest(extract(epoch FROM due_at - now()), 0))
 FROM unnest(%(queues)b::text[], %(due_ats)b::timestamptz[]) AS due(queue, due_at)
+
+-- name: notify_channel
+-- The schema that names the NOTIFY channel (as the insert trigger names it).
+SELECT current_schema()
 
 -- name: db_now
 SELECT now()

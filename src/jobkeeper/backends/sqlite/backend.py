@@ -138,7 +138,7 @@ class SqliteBackend(SqliteInserts, SharedReads, CockpitReads):
                 strict=True,
             ):
                 params = {"id": job_id, "worker_id": worker_id, "attempt": attempt, "fence": fence}
-                if conn.execute(QUERIES["job_start"], params).rowcount == 1:
+                if conn.execute(QUERIES["job_start_many"], params).rowcount == 1:
                     written.add(job_id)
         return written
 
@@ -146,7 +146,7 @@ class SqliteBackend(SqliteInserts, SharedReads, CockpitReads):
         if not completions:
             return set()
         arrays = completion_arrays(completions)
-        query = QUERIES["job_complete_delete" if delete else "job_complete"]
+        query = QUERIES["job_complete_many_delete" if delete else "job_complete_many"]
         written: set[int] = set()
         with self._write() as conn:
             for job_id, worker_id, attempt, fence, result in zip(
@@ -183,7 +183,7 @@ class SqliteBackend(SqliteInserts, SharedReads, CockpitReads):
                     "retry_in": failure.retry_in,
                     "stale_after": stale_after,
                 }
-                if conn.execute(QUERIES["job_fail"], params).rowcount == 1:
+                if conn.execute(QUERIES["job_fail_many"], params).rowcount == 1:
                     written.add(failure.claim.job_id)
             for failure in dead:
                 params = {
@@ -197,10 +197,10 @@ class SqliteBackend(SqliteInserts, SharedReads, CockpitReads):
                 }
                 cancelled = dict(params)
                 del cancelled["reason"]
-                if conn.execute(QUERIES["job_fail_dead_cancelled"], cancelled).rowcount == 1:
+                if conn.execute(QUERIES["job_fail_many_dead_cancelled"], cancelled).rowcount == 1:
                     written.add(failure.claim.job_id)
-                elif conn.execute(QUERIES["job_fail_dead_copy"], params).rowcount == 1:
-                    conn.execute(QUERIES["job_fail_dead_delete"], {"id": failure.claim.job_id})
+                elif conn.execute(QUERIES["job_fail_many_dead"], params).rowcount == 1:
+                    conn.execute(QUERIES["job_fail_many_dead_delete"], {"id": failure.claim.job_id})
                     written.add(failure.claim.job_id)
         if any(
             f.outcome in ("released", "returned") and f.claim.job_id in written for f in updates
@@ -264,9 +264,7 @@ class SqliteBackend(SqliteInserts, SharedReads, CockpitReads):
 
     def _requeue(self, conn: sqlite3.Connection, job_ids: Sequence[int] | None) -> list[int]:
         params = self._requeue_params(job_ids)
-        revived = [
-            row["id"] for row in _rows(conn.execute(QUERIES["dead_letter_requeue_copy"], params))
-        ]
+        revived = [row["id"] for row in _rows(conn.execute(QUERIES["dead_letter_requeue"], params))]
         conn.execute(QUERIES["dead_letter_requeue_delete"], {"ids": json.dumps(revived)})
         return sorted(revived)
 
@@ -395,8 +393,12 @@ class SqliteBackend(SqliteInserts, SharedReads, CockpitReads):
             return facts
         with self._errors():
             conn = self._conn()
-            facts["journal_mode"] = str(conn.execute("PRAGMA journal_mode").fetchone()[0])
-            facts["busy_timeout_ms"] = int(conn.execute("PRAGMA busy_timeout").fetchone()[0])
+            facts["journal_mode"] = str(
+                conn.execute(QUERIES["database_health_journal_mode"]).fetchone()[0]
+            )
+            facts["busy_timeout_ms"] = int(
+                conn.execute(QUERIES["database_health_busy_timeout"]).fetchone()[0]
+            )
             plan = conn.execute(
                 QUERIES["database_health_claim_plan"], {"queue": "default"}
             ).fetchall()
@@ -452,7 +454,7 @@ class SqliteBackend(SqliteInserts, SharedReads, CockpitReads):
                 return None
             row = template[0]
             inserted = conn.execute(
-                QUERIES["periodic_enqueue_job"],
+                QUERIES["periodic_enqueue_tick_insert"],
                 {
                     "queue": row["queue"],
                     "task": row["task"],

@@ -105,9 +105,9 @@ class SqliteConnection:
                     check_same_thread=False,
                 )
                 _retry_while_locked(
-                    lambda: conn.execute("PRAGMA journal_mode = WAL"), self.busy_timeout
+                    lambda: conn.execute(QUERIES["connection_journal_wal"]), self.busy_timeout
                 )
-                conn.execute("PRAGMA synchronous = FULL")
+                conn.execute(QUERIES["connection_synchronous_full"])
             except sqlite3.Error as exc:
                 raise DatabaseUnavailable(f"SQLite database {self.path!r}: {exc}") from exc
             self._local.conn = conn

@@ -28,7 +28,7 @@ class SqliteInserts(SqliteConnection):
                 f"{type(connection).__module__}.{type(connection).__name__}"
             )
         with self._errors():
-            rows = connection.execute("PRAGMA database_list").fetchall()
+            rows = connection.execute(QUERIES["job_insert_many_same_database"]).fetchall()
         main = next((row[2] for row in rows if row[1] == "main"), "")
         if not main or os.path.realpath(main) != os.path.realpath(self.path):
             raise TypeError(
@@ -64,7 +64,7 @@ class SqliteInserts(SqliteConnection):
         if len(jobs) > 1 and all(new.unique_key is None for new in jobs):
             return self._insert_bulk(conn, jobs)
         out: list[Job] = []
-        insert = QUERIES["job_insert"]
+        insert = QUERIES["job_insert_many"]
         for new in jobs:
             params = insert_params(new, new.run_at.timestamp() if new.run_at else None)
             inserted = self._jobs(_rows(conn.execute(insert, params)))
@@ -73,7 +73,7 @@ class SqliteInserts(SqliteConnection):
                 # The write lock is ours, so the duplicate cannot finish meanwhile.
                 found = _rows(
                     conn.execute(
-                        QUERIES["job_get_pending_by_unique_key"],
+                        QUERIES["job_insert_many_pending"],
                         {"task": new.task, "unique_key": new.unique_key},
                     )
                 )
@@ -104,7 +104,7 @@ class SqliteInserts(SqliteConnection):
                 (new.queue, new.task, new.args_json, status.value, new.priority,
                  new.max_attempts, scheduled_epoch, now_epoch)
             )  # fmt: skip
-        conn.executemany(QUERIES["job_insert_bulk"], rows)
-        last = int(conn.execute("SELECT last_insert_rowid()").fetchone()[0])
+        conn.executemany(QUERIES["job_insert_many_bulk"], rows)
+        last = int(conn.execute(QUERIES["job_insert_many_last_id"]).fetchone()[0])
         first = last - len(jobs) + 1
         return [job_from_new(new, first + i, now) for i, new in enumerate(jobs)]

@@ -5,7 +5,7 @@
 -- {errors_plus_new} appends :error to the errors array, tolerating a
 -- corrupted errors column (a failure must always be recordable).
 
--- name: job_insert
+-- name: job_insert_many
 INSERT INTO jobkeeper_jobs
     (queue, task, args, status, priority, max_attempts, scheduled_at, created_at, unique_key)
 VALUES (
@@ -19,23 +19,41 @@ ON CONFLICT (task, unique_key)
     DO NOTHING
 RETURNING *
 
--- name: job_insert_bulk
+-- name: job_insert_many_bulk
 -- enqueue_many without unique keys: status and times computed by the caller
 -- from one {now} read in the same transaction.
 INSERT INTO jobkeeper_jobs
     (queue, task, args, status, priority, max_attempts, scheduled_at, created_at)
 VALUES (?, ?, ?, ?, ?, ?, ?, ?)
 
--- name: job_get_pending_by_unique_key
+-- name: job_insert_many_pending
 SELECT *
 FROM jobkeeper_jobs
 WHERE task = :task AND unique_key = :unique_key
   AND status IN ('scheduled', 'available', 'claimed', 'running', 'retryable')
 
+-- name: job_insert_many_last_id
+-- The id of the bulk path's last row: its ids are consecutive (the write lock
+-- is held from the first insert, and AUTOINCREMENT takes max + 1).
+SELECT last_insert_rowid()
+
+-- name: job_insert_many_same_database
+-- The files a caller's connection= has attached ("main" is its database),
+-- so that jobs are never inserted into another file than the queue's.
+PRAGMA database_list
+
+-- name: connection_journal_wal
+-- Each new connection: write-ahead logging, so readers never block the writer.
+PRAGMA journal_mode = WAL
+
+-- name: connection_synchronous_full
+-- Each new connection: every commit is on disk before it returns.
+PRAGMA synchronous = FULL
+
 -- name: job_claim
 -- Runs inside BEGIN IMMEDIATE: the write lock is taken before the read, so
 -- two workers can never pick the same rows. The job is 'claimed', not yet
--- 'running' (its start mark, job_start, says when the task is called); the
+-- 'running' (its start mark, job_start_many, says when the task is called); the
 -- attempt is counted here and fence numbers the claim.
 UPDATE jobkeeper_jobs
 SET status = 'claimed', attempt = attempt + 1, fence = fence + 1, attempted_at = {now},
@@ -62,14 +80,14 @@ WHERE status = 'available' AND queue = :queue
 ORDER BY priority, scheduled_at, id
 LIMIT 1
 
--- name: job_start
+-- name: job_start_many
 -- A start mark: claimed -> running when the task is really called, fenced.
 UPDATE jobkeeper_jobs
 SET status = 'running', attempted_at = {now}
 WHERE id = :id AND worker_id = :worker_id AND attempt = :attempt AND fence = :fence
   AND status = 'claimed'
 
--- name: job_complete
+-- name: job_complete_many
 -- Fenced on (id, worker_id, attempt, fence): a worker that lost its claim
 -- (rescued, handed back, perhaps re-claimed at the same attempt) writes
 -- nothing. A success stays completed even with a cancel request.
@@ -78,12 +96,12 @@ SET status = 'completed', finished_at = {now}, worker_id = NULL, result = :resul
 WHERE id = :id AND worker_id = :worker_id AND attempt = :attempt AND fence = :fence
   AND status IN ('claimed', 'running')
 
--- name: job_complete_delete
+-- name: job_complete_many_delete
 DELETE FROM jobkeeper_jobs
 WHERE id = :id AND worker_id = :worker_id AND attempt = :attempt AND fence = :fence
   AND status IN ('claimed', 'running')
 
--- name: job_fail
+-- name: job_fail_many
 -- Retryable, cancelled, released or returned (see the PostgreSQL twin:
 -- "released" is a hand-back by the holder, "returned" the rescuer's free
 -- return of a job still claimed; both give the attempt back, and a NULL
@@ -111,10 +129,10 @@ WHERE id = :id AND worker_id = :worker_id AND attempt = :attempt AND fence = :fe
         WHERE worker.id = jobkeeper_jobs.worker_id
           AND worker.heartbeat_at > {now} - coalesce(worker.rescue_after, :stale_after)))
 
--- name: job_fail_dead_cancelled
+-- name: job_fail_many_dead_cancelled
 -- A job bound for the dead letters that has a cancel request ends cancelled
 -- instead (the error entry kept); tried first, in the same transaction as
--- the move (job_fail_dead_copy, job_fail_dead_delete) when it changes nothing.
+-- the move (job_fail_many_dead, job_fail_many_dead_delete) when it changes nothing.
 UPDATE jobkeeper_jobs
 SET status = 'cancelled', finished_at = {now}, worker_id = NULL, errors = {errors_plus_new}
 WHERE id = :id AND worker_id = :worker_id AND attempt = :attempt AND fence = :fence
@@ -124,8 +142,8 @@ WHERE id = :id AND worker_id = :worker_id AND attempt = :attempt AND fence = :fe
         WHERE worker.id = jobkeeper_jobs.worker_id
           AND worker.heartbeat_at > {now} - coalesce(worker.rescue_after, :stale_after)))
 
--- name: job_fail_dead_copy
--- First half of the move to the dead letters; job_fail_dead_delete is the
+-- name: job_fail_many_dead
+-- First half of the move to the dead letters; job_fail_many_dead_delete is the
 -- second, in the same transaction.
 INSERT INTO jobkeeper_dead_letters
     (id, queue, task, args, priority, attempt, max_attempts, scheduled_at, created_at,
@@ -140,7 +158,7 @@ WHERE id = :id AND worker_id = :worker_id AND attempt = :attempt AND fence = :fe
         WHERE worker.id = jobkeeper_jobs.worker_id
           AND worker.heartbeat_at > {now} - coalesce(worker.rescue_after, :stale_after)))
 
--- name: job_fail_dead_delete
+-- name: job_fail_many_dead_delete
 DELETE FROM jobkeeper_jobs WHERE id = :id
 
 -- name: job_stage_due
@@ -222,7 +240,7 @@ LIMIT 1
 -- name: job_get
 SELECT * FROM jobkeeper_jobs WHERE id = :id
 
--- name: dead_letter_get
+-- name: job_get_dead_letter
 SELECT * FROM jobkeeper_dead_letters WHERE id = :id
 
 -- name: job_list
@@ -235,7 +253,7 @@ WHERE (:status IS NULL OR status = :status) AND (:queue IS NULL OR queue = :queu
 ORDER BY id DESC
 LIMIT :limit
 
--- name: dead_letter_list
+-- name: job_list_dead_letters
 SELECT *
 FROM jobkeeper_dead_letters
 WHERE (:queue IS NULL OR queue = :queue) AND (:task IS NULL OR task = :task)
@@ -246,7 +264,7 @@ LIMIT :limit
 -- name: job_cancel
 -- Pending jobs are cancelled at once; a held (claimed or running) job is
 -- flagged and its worker (or the rescuer, if the worker is gone) finishes
--- the cancellation (see job_fail).
+-- the cancellation (see job_fail_many).
 UPDATE jobkeeper_jobs
 SET status = CASE WHEN status IN ('claimed', 'running') THEN status ELSE 'cancelled' END,
     finished_at = CASE WHEN status IN ('claimed', 'running') THEN finished_at ELSE {now} END,
@@ -261,7 +279,7 @@ SET status = 'available', attempt = 0, unstarted_returns = 0, scheduled_at = {no
 WHERE id = :id AND status IN ('retryable', 'cancelled', 'completed')
 RETURNING *
 
--- name: dead_letter_requeue_copy
+-- name: dead_letter_requeue
 -- Back to the jobs table with the same id, attempts reset, history kept;
 -- dead_letter_requeue_delete follows in the same transaction.
 INSERT INTO jobkeeper_jobs
@@ -425,6 +443,12 @@ SELECT (SELECT min(id) FROM jobkeeper_dead_letters) AS oldest,
            AS sample_oldest,
        (SELECT max(id) FROM jobkeeper_dead_letters) AS now
 
+-- name: database_health_journal_mode
+PRAGMA journal_mode
+
+-- name: database_health_busy_timeout
+PRAGMA busy_timeout
+
 -- name: database_health_claim_plan
 -- doctor: the claim's read must walk jobkeeper_jobs_claim_idx.
 EXPLAIN QUERY PLAN
@@ -462,7 +486,7 @@ SET since_at = CASE WHEN p.schedule = excluded.schedule AND p.timezone = exclude
     updated_at = {now}
 
 -- name: periodic_enqueue_tick
--- The tick record half of one tick; the job's insert (periodic_enqueue_job)
+-- The tick record half of one tick; the job's insert (periodic_enqueue_tick_insert)
 -- follows in the same BEGIN IMMEDIATE transaction, and only when this
 -- returned the row: the write lock makes a twin wait, then find nothing.
 UPDATE jobkeeper_periodic
@@ -472,7 +496,7 @@ WHERE name = :name AND schedule = :schedule AND timezone = :timezone
   AND (last_tick_at IS NULL OR last_tick_at < :tick)
 RETURNING task, queue, args, priority, max_attempts
 
--- name: periodic_enqueue_job
+-- name: periodic_enqueue_tick_insert
 INSERT INTO jobkeeper_jobs
     (queue, task, args, status, priority, max_attempts, scheduled_at, created_at)
 VALUES (:queue, :task, :args,
