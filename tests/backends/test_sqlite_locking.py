@@ -187,7 +187,7 @@ def test_probes_search_their_index_instead_of_scanning_the_table(locked_queue, p
     )
     conn = sqlite3.connect(jq.backend.path)  # a new connection reads the statistics
     try:
-        params = {"queue": "default", "older_than": 3600, "queues": '["default"]'}
+        params = {"queue": "default", "older_than": 3600, "queues": '["default"]', "now": None}
         rows = conn.execute("EXPLAIN QUERY PLAN " + QUERIES[probe], params).fetchall()
     finally:
         conn.close()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from datetime import datetime
 from typing import Any
 
 from jobkeeper.models import Claim, Job, JobStatus, RequeueConflict, WorkerInfo
@@ -24,6 +25,12 @@ class SharedReads:
         raise NotImplementedError
 
     def _requeue_params(self, job_ids: Sequence[int] | None) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def _now_param(self, now: datetime | None) -> Any:
+        """``now`` as the ``now`` parameter of a time-dependent query (None:
+        the database clock).
+        """
         raise NotImplementedError
 
     def dead_letter_requeue_conflicts(
@@ -46,9 +53,11 @@ class SharedReads:
             "rescue_after": worker.rescue_after,
         }
 
-    def job_rescue_candidates(self, *, rescue_after: float, limit: int) -> list[Job]:
-        rows = self._fetch("job_rescue_candidates", {"rescue_after": rescue_after, "limit": limit})
-        return self._jobs(rows)
+    def job_rescue_candidates(
+        self, *, rescue_after: float, limit: int, now: datetime | None = None
+    ) -> list[Job]:
+        params = {"rescue_after": rescue_after, "limit": limit, "now": self._now_param(now)}
+        return self._jobs(self._fetch("job_rescue_candidates", params))
 
     def job_cancel_requested(self, *, worker_id: str) -> list[Claim]:
         rows = self._fetch("job_cancel_requested", {"worker_id": worker_id})

@@ -230,23 +230,33 @@ class PostgresBackend(PostgresInserts, PostgresListener, SharedReads, CockpitRea
         cursor.execute(QUERIES["job_fail_many_released_queues"], {"ids": sorted(ids)})
         return _rows(cursor)
 
-    def job_stage_due(self, *, queues: Sequence[str] = ()) -> Staging:
-        params = {"channel": self.channel(), "limit": STAGE_LIMIT, "queues": list(queues)}
+    def job_stage_due(self, *, queues: Sequence[str] = (), now: datetime | None = None) -> Staging:
+        params = {
+            "channel": self.channel(),
+            "limit": STAGE_LIMIT,
+            "queues": list(queues),
+            "now": now,
+        }
         (row,) = self._fetch("job_stage_due", params)
         staged, next_due_in = int(row["staged"]), row["next_due_in"]
         if staged >= STAGE_LIMIT:
             return Staging(staged, 0.0)  # more may be due: stage again at once
         return Staging(staged, None if next_due_in is None else float(next_due_in))
 
-    def job_next_due_in(self, *, queues: Sequence[str]) -> float | None:
-        result = self._fetch("job_next_due_in", {"queues": list(queues)})
+    def job_next_due_in(
+        self, *, queues: Sequence[str], now: datetime | None = None
+    ) -> float | None:
+        result = self._fetch("job_next_due_in", {"queues": list(queues), "now": now})
         value = next(iter(result[0].values())) if result else None
         return None if value is None else float(value)
 
-    def job_prune_finished(self, *, older_than: float, limit: int) -> int:
+    def job_prune_finished(
+        self, *, older_than: float, limit: int, now: datetime | None = None
+    ) -> int:
         with self._cursor() as cursor:
             cursor.execute(
-                QUERIES["job_prune_finished"], {"older_than": older_than, "limit": limit}
+                QUERIES["job_prune_finished"],
+                {"older_than": older_than, "limit": limit, "now": now},
             )
             return cursor.rowcount
 
@@ -326,9 +336,9 @@ class PostgresBackend(PostgresInserts, PostgresListener, SharedReads, CockpitRea
     def worker_deregister(self, worker_id: str) -> None:
         self._fetch("worker_deregister", {"id": worker_id})
 
-    def worker_prune_stale(self, *, older_than: float) -> int:
+    def worker_prune_stale(self, *, older_than: float, now: datetime | None = None) -> int:
         with self._cursor() as cursor:
-            cursor.execute(QUERIES["worker_prune_stale"], {"older_than": older_than})
+            cursor.execute(QUERIES["worker_prune_stale"], {"older_than": older_than, "now": now})
             return cursor.rowcount
 
     def worker_list(self) -> list[WorkerInfo]:
@@ -347,10 +357,11 @@ class PostgresBackend(PostgresInserts, PostgresListener, SharedReads, CockpitRea
 
     # -- leadership -----------------------------------------------------------
 
-    def leader_try_acquire(self, *, name: str, worker_id: str, ttl: float) -> bool:
-        return bool(
-            self._fetch("leader_try_acquire", {"name": name, "worker_id": worker_id, "ttl": ttl})
-        )
+    def leader_try_acquire(
+        self, *, name: str, worker_id: str, ttl: float, now: datetime | None = None
+    ) -> bool:
+        params = {"name": name, "worker_id": worker_id, "ttl": ttl, "now": now}
+        return bool(self._fetch("leader_try_acquire", params))
 
     def leader_resign(self, *, name: str, worker_id: str) -> None:
         self._fetch("leader_resign", {"name": name, "worker_id": worker_id})

@@ -15,6 +15,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Iterator, Sequence
+from datetime import datetime
 from typing import Any
 
 import psycopg
@@ -382,6 +383,9 @@ class PostgresConnections:
         with self._cursor() as cursor:
             cursor.execute(QUERIES[name], params or {}, binary=binary)
             return _rows(cursor)
+
+    def _now_param(self, now: datetime | None) -> datetime | None:
+        return now
 
     def _jobs(self, rows: list[dict[str, Any]], *, dead: bool = False) -> list[Job]:
         return [job_from_row(row, aware_utc, dead=dead, json_decoded=True) for row in rows]

@@ -4,7 +4,8 @@
 -- carries any number of rows. Arrays travel in binary (%(name)b): psycopg's
 -- text-format array quoting cost more than the statement itself in profiles.
 -- {utc_now_text} is now() as ISO 8601 text in UTC, the "at" of error entries,
--- whatever the session's TimeZone.
+-- whatever the session's TimeZone. {clock} is now(), or the caller's
+-- %(now)s when it pinned the time (the time-dependent operations' now=).
 
 -- name: job_insert_many
 -- Rows are inserted in input order (ORDER BY ord), so ids ascend with it.
@@ -281,7 +282,7 @@ SELECT id FROM cancelled
 WITH due AS (
     SELECT id
     FROM jobkeeper_jobs
-    WHERE status IN ('scheduled', 'retryable') AND scheduled_at <= now()
+    WHERE status IN ('scheduled', 'retryable') AND scheduled_at <= {clock}
     ORDER BY scheduled_at
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
@@ -299,9 +300,9 @@ WITH due AS (
 SELECT (SELECT coalesce(sum(staged), 0) FROM per_queue)::bigint AS staged,
        -- The stager's index (scheduled_at), walked from now: the first row of
        -- these queues ends the scan.
-       (SELECT extract(epoch FROM min(scheduled_at) - now())::float8
+       (SELECT extract(epoch FROM min(scheduled_at) - {clock})::float8
         FROM jobkeeper_jobs
-        WHERE status IN ('scheduled', 'retryable') AND scheduled_at > now()
+        WHERE status IN ('scheduled', 'retryable') AND scheduled_at > {clock}
           AND queue = ANY(%(queues)b::text[])) AS next_due_in
 
 -- name: job_next_due_in
@@ -310,7 +311,7 @@ SELECT (SELECT coalesce(sum(staged), 0) FROM per_queue)::bigint AS staged,
 SELECT CASE
     WHEN EXISTS (SELECT 1 FROM jobkeeper_jobs
                  WHERE status = 'available' AND queue = ANY(%(queues)b::text[])) THEN 0
-    ELSE (SELECT extract(epoch FROM min(scheduled_at) - now())::float8
+    ELSE (SELECT extract(epoch FROM min(scheduled_at) - {clock})::float8
           FROM jobkeeper_jobs
           WHERE status IN ('scheduled', 'retryable') AND queue = ANY(%(queues)b::text[]))
 END
@@ -328,7 +329,7 @@ WHERE job.status IN ('claimed', 'running')
   AND NOT EXISTS (
         SELECT 1 FROM jobkeeper_workers AS worker
         WHERE worker.id = job.worker_id
-          AND worker.heartbeat_at > now() - make_interval(
+          AND worker.heartbeat_at > {clock} - make_interval(
                 secs => coalesce(worker.rescue_after, %(rescue_after)s::float8)))
 ORDER BY job.id
 LIMIT %(limit)s
@@ -348,7 +349,7 @@ WITH expired AS (
     SELECT id
     FROM jobkeeper_jobs
     WHERE status IN ('completed', 'cancelled')
-      AND finished_at < now() - make_interval(secs => %(older_than)s::float8)
+      AND finished_at < {clock} - make_interval(secs => %(older_than)s::float8)
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
 )
@@ -467,7 +468,7 @@ DELETE FROM jobkeeper_workers WHERE id = %(id)s
 -- Never a row whose worker may still be alive by its own rescue_after: its
 -- jobs would become rescuable with it.
 DELETE FROM jobkeeper_workers
-WHERE heartbeat_at < now() - make_interval(
+WHERE heartbeat_at < {clock} - make_interval(
           secs => greatest(%(older_than)s::float8, 2 * coalesce(rescue_after, 0)))
 
 -- name: worker_list
@@ -517,13 +518,13 @@ INSERT INTO jobkeeper_schema (version) VALUES (%s)
 -- a row comes back only then. The database clock judges expiry, so skewed
 -- worker clocks cannot elect two leaders.
 INSERT INTO jobkeeper_leader AS leader (name, worker_id, elected_at, expires_at)
-VALUES (%(name)s, %(worker_id)s, now(), now() + make_interval(secs => %(ttl)s::float8))
+VALUES (%(name)s, %(worker_id)s, {clock}, {clock} + make_interval(secs => %(ttl)s::float8))
 ON CONFLICT (name) DO UPDATE
 SET worker_id = excluded.worker_id,
     elected_at = CASE WHEN leader.worker_id = excluded.worker_id THEN leader.elected_at
-                      ELSE now() END,
+                      ELSE {clock} END,
     expires_at = excluded.expires_at
-WHERE leader.worker_id = excluded.worker_id OR leader.expires_at < now()
+WHERE leader.worker_id = excluded.worker_id OR leader.expires_at < {clock}
 RETURNING worker_id
 
 -- name: leader_resign

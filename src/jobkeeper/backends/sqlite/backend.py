@@ -208,37 +208,40 @@ class SqliteBackend(SqliteInserts, SharedReads, CockpitReads):
             self.wake_local()
         return written
 
-    def job_stage_due(self, *, queues: Sequence[str] = ()) -> Staging:
-        (probe,) = self._fetch("job_stage_due_probe", {"queues": json.dumps(list(queues))})
+    def job_stage_due(self, *, queues: Sequence[str] = (), now: datetime | None = None) -> Staging:
+        pinned = self._now_param(now)
+        params = {"queues": json.dumps(list(queues)), "now": pinned}
+        (probe,) = self._fetch("job_stage_due_probe", params)
         next_due_in = None if probe["next_due_in"] is None else float(probe["next_due_in"])
         if probe["due"] is None:
             return Staging(0, next_due_in)
         # A job coming due between the probe and the write is staged by the
         # write or comes due at next_due_in: no wake-up is missed either way.
         with self._write() as conn:
-            staged = conn.execute(QUERIES["job_stage_due"], {"limit": STAGE_LIMIT}).rowcount
+            params = {"limit": STAGE_LIMIT, "now": pinned}
+            staged = conn.execute(QUERIES["job_stage_due"], params).rowcount
         if staged:
             self.wake_local()
         if staged >= STAGE_LIMIT:
             return Staging(staged, 0.0)  # more may be due: stage again at once
         return Staging(staged, next_due_in)
 
-    def job_next_due_in(self, *, queues: Sequence[str]) -> float | None:
+    def job_next_due_in(
+        self, *, queues: Sequence[str], now: datetime | None = None
+    ) -> float | None:
+        params = {"queues": json.dumps(list(queues)), "now": self._now_param(now)}
         with self._errors():
-            value = (
-                self._conn()
-                .execute(QUERIES["job_next_due_in"], {"queues": json.dumps(list(queues))})
-                .fetchone()[0]
-            )
+            value = self._conn().execute(QUERIES["job_next_due_in"], params).fetchone()[0]
         return None if value is None else float(value)
 
-    def job_prune_finished(self, *, older_than: float, limit: int) -> int:
-        if not self._probe("job_prune_finished_probe", {"older_than": older_than}):
+    def job_prune_finished(
+        self, *, older_than: float, limit: int, now: datetime | None = None
+    ) -> int:
+        params = {"older_than": older_than, "now": self._now_param(now)}
+        if not self._probe("job_prune_finished_probe", params):
             return 0
         with self._write() as conn:
-            return conn.execute(
-                QUERIES["job_prune_finished"], {"older_than": older_than, "limit": limit}
-            ).rowcount
+            return conn.execute(QUERIES["job_prune_finished"], {**params, "limit": limit}).rowcount
 
     def job_table_maintain(self, *, vacuum: bool) -> list[str]:
         # SQLite rewrites rows in place (no dead versions pile up in indexes),
@@ -311,11 +314,12 @@ class SqliteBackend(SqliteInserts, SharedReads, CockpitReads):
         with self._write() as conn:
             conn.execute(QUERIES["worker_deregister"], {"id": worker_id})
 
-    def worker_prune_stale(self, *, older_than: float) -> int:
-        if not self._probe("worker_prune_stale_probe", {"older_than": older_than}):
+    def worker_prune_stale(self, *, older_than: float, now: datetime | None = None) -> int:
+        params = {"older_than": older_than, "now": self._now_param(now)}
+        if not self._probe("worker_prune_stale_probe", params):
             return 0
         with self._write() as conn:
-            return conn.execute(QUERIES["worker_prune_stale"], {"older_than": older_than}).rowcount
+            return conn.execute(QUERIES["worker_prune_stale"], params).rowcount
 
     def worker_list(self) -> list[WorkerInfo]:
         return [
@@ -333,8 +337,10 @@ class SqliteBackend(SqliteInserts, SharedReads, CockpitReads):
 
     # -- leadership -----------------------------------------------------------
 
-    def leader_try_acquire(self, *, name: str, worker_id: str, ttl: float) -> bool:
-        params = {"name": name, "worker_id": worker_id, "ttl": ttl}
+    def leader_try_acquire(
+        self, *, name: str, worker_id: str, ttl: float, now: datetime | None = None
+    ) -> bool:
+        params = {"name": name, "worker_id": worker_id, "ttl": ttl, "now": self._now_param(now)}
         with self._write() as conn:
             return bool(conn.execute(QUERIES["leader_try_acquire"], params).fetchall())
 

@@ -12,6 +12,7 @@ import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterator
+from datetime import datetime
 from typing import Any, TypeVar
 
 from jobkeeper.backends.rows import epoch_to_datetime, job_from_row
@@ -164,6 +165,9 @@ class SqliteConnection:
     def _fetch(self, name: str, params: dict[str, Any] | None = None) -> list[dict[str, Any]]:
         with self._errors():
             return _rows(self._conn().execute(QUERIES[name], params or {}))
+
+    def _now_param(self, now: datetime | None) -> float | None:
+        return None if now is None else now.timestamp()
 
     def _jobs(self, rows: list[dict[str, Any]], *, dead: bool = False) -> list[Job]:
         return [job_from_row(row, epoch_to_datetime, dead=dead) for row in rows]

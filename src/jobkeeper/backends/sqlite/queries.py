@@ -17,8 +17,17 @@ ERRORS_PLUS_NEW_SQL = (
 )
 
 
+#: The clock of a time-dependent operation: the database's (guarantee 7),
+#: unless the caller pinned ``:now`` (Unix seconds; tests do).
+CLOCK_SQL = f"coalesce(:now, {NOW_SQL})"
+
+
 def _expand(sql: str) -> str:
-    return sql.replace("{now}", NOW_SQL).replace("{errors_plus_new}", ERRORS_PLUS_NEW_SQL)
+    return (
+        sql.replace("{now}", NOW_SQL)
+        .replace("{clock}", CLOCK_SQL)
+        .replace("{errors_plus_new}", ERRORS_PLUS_NEW_SQL)
+    )
 
 
 QUERIES = {name: _expand(sql) for name, sql in load_queries("jobkeeper.backends.sqlite").items()}

@@ -1,7 +1,9 @@
 -- Every runtime statement of the SQLite backend. A block runs from its
 -- "-- name:" line to the next; names equal the SqliteBackend methods.
 -- {now} is the database clock: julianday('now') as Unix seconds (UTC), the
--- same value for every row of one statement.
+-- same value for every row of one statement. {clock} is {now}, or the
+-- caller's :now (Unix seconds) when it pinned the time (the time-dependent
+-- operations' now=).
 -- {errors_plus_new} appends :error to the errors array, tolerating a
 -- corrupted errors column (a failure must always be recordable).
 
@@ -167,7 +169,7 @@ SET status = 'available'
 WHERE id IN (
     SELECT id
     FROM jobkeeper_jobs
-    WHERE status IN ('scheduled', 'retryable') AND scheduled_at <= {now}
+    WHERE status IN ('scheduled', 'retryable') AND scheduled_at <= {clock}
     ORDER BY scheduled_at
     LIMIT :limit)
 
@@ -179,11 +181,11 @@ WHERE id IN (
 -- (scheduled_at) from now; SQLite's 'now' is one instant per statement.
 SELECT (SELECT 1
         FROM jobkeeper_jobs
-        WHERE status IN ('scheduled', 'retryable') AND scheduled_at <= {now}
+        WHERE status IN ('scheduled', 'retryable') AND scheduled_at <= {clock}
         LIMIT 1) AS due,
-       (SELECT min(scheduled_at) - {now}
+       (SELECT min(scheduled_at) - {clock}
         FROM jobkeeper_jobs
-        WHERE status IN ('scheduled', 'retryable') AND scheduled_at > {now}
+        WHERE status IN ('scheduled', 'retryable') AND scheduled_at > {clock}
           AND queue IN (SELECT value FROM json_each(:queues))) AS next_due_in
 
 -- name: job_next_due_in
@@ -192,7 +194,7 @@ SELECT CASE
     WHEN EXISTS (SELECT 1 FROM jobkeeper_jobs
                  WHERE status = 'available' AND queue IN (SELECT value FROM json_each(:queues)))
     THEN 0
-    ELSE (SELECT min(scheduled_at) - {now}
+    ELSE (SELECT min(scheduled_at) - {clock}
           FROM jobkeeper_jobs
           WHERE status IN ('scheduled', 'retryable')
             AND queue IN (SELECT value FROM json_each(:queues)))
@@ -209,7 +211,7 @@ WHERE job.status IN ('claimed', 'running')
   AND NOT EXISTS (
         SELECT 1 FROM jobkeeper_workers AS worker
         WHERE worker.id = job.worker_id
-          AND worker.heartbeat_at > {now} - coalesce(worker.rescue_after, :rescue_after))
+          AND worker.heartbeat_at > {clock} - coalesce(worker.rescue_after, :rescue_after))
 ORDER BY job.id
 LIMIT :limit
 
@@ -228,13 +230,13 @@ DELETE FROM jobkeeper_jobs
 WHERE id IN (
     SELECT id
     FROM jobkeeper_jobs
-    WHERE status IN ('completed', 'cancelled') AND finished_at < {now} - :older_than
+    WHERE status IN ('completed', 'cancelled') AND finished_at < {clock} - :older_than
     LIMIT :limit)
 
 -- name: job_prune_finished_probe
 SELECT 1
 FROM jobkeeper_jobs
-WHERE status IN ('completed', 'cancelled') AND finished_at < {now} - :older_than
+WHERE status IN ('completed', 'cancelled') AND finished_at < {clock} - :older_than
 LIMIT 1
 
 -- name: job_get
@@ -326,11 +328,11 @@ DELETE FROM jobkeeper_workers WHERE id = :id
 -- name: worker_prune_stale
 -- Never a row whose worker may still be alive by its own rescue_after.
 DELETE FROM jobkeeper_workers
-WHERE heartbeat_at < {now} - max(:older_than, 2 * coalesce(rescue_after, 0))
+WHERE heartbeat_at < {clock} - max(:older_than, 2 * coalesce(rescue_after, 0))
 
 -- name: worker_prune_stale_probe
 SELECT 1 FROM jobkeeper_workers
-WHERE heartbeat_at < {now} - max(:older_than, 2 * coalesce(rescue_after, 0)) LIMIT 1
+WHERE heartbeat_at < {clock} - max(:older_than, 2 * coalesce(rescue_after, 0)) LIMIT 1
 
 -- name: worker_list
 SELECT id, hostname, pid, queues, started_at, heartbeat_at, rescue_after
@@ -359,13 +361,13 @@ INSERT INTO jobkeeper_schema (version, applied_at) VALUES (?, {now})
 -- Take the lease when it is free or expired, or extend it when it is ours;
 -- a row comes back only then (the database clock judges expiry).
 INSERT INTO jobkeeper_leader AS leader (name, worker_id, elected_at, expires_at)
-VALUES (:name, :worker_id, {now}, {now} + :ttl)
+VALUES (:name, :worker_id, {clock}, {clock} + :ttl)
 ON CONFLICT (name) DO UPDATE
 SET worker_id = excluded.worker_id,
     elected_at = CASE WHEN leader.worker_id = excluded.worker_id THEN leader.elected_at
-                      ELSE {now} END,
+                      ELSE {clock} END,
     expires_at = excluded.expires_at
-WHERE leader.worker_id = excluded.worker_id OR leader.expires_at < {now}
+WHERE leader.worker_id = excluded.worker_id OR leader.expires_at < {clock}
 RETURNING worker_id
 
 -- name: leader_resign
