@@ -29,7 +29,17 @@ from jobkeeper.backends.rows import (
     split_failures,
 )
 from jobkeeper.backends.shared import SharedReads
-from jobkeeper.models import Claim, Completion, Failure, Job, JobStatus, NewJob, Staging, WorkerInfo
+from jobkeeper.models import (
+    HANDED_BACK,
+    Claim,
+    Completion,
+    Failure,
+    Job,
+    JobStatus,
+    NewJob,
+    Staging,
+    WorkerInfo,
+)
 from jobkeeper.payload import decode_args
 from jobkeeper.periodic import Periodic, PeriodicRow, PeriodicTouch, periodic_from_row
 
@@ -192,7 +202,7 @@ class PostgresBackend(PostgresInserts, PostgresListener, SharedReads, CockpitRea
                         "worker_ids": [f.claim.worker_id for f in updates],
                         "attempts": [f.claim.attempt for f in updates],
                         "fences": [f.claim.fence for f in updates],
-                        "outcomes": [f.outcome for f in updates],
+                        "outcomes": [str(f.outcome) for f in updates],
                         "errors": [f.error_json for f in updates],
                         "retry_ins": [f.retry_in for f in updates],
                         "stale_after": stale_after,
@@ -216,9 +226,7 @@ class PostgresBackend(PostgresInserts, PostgresListener, SharedReads, CockpitRea
                     },
                 )
                 written.update(row[0] for row in cursor.fetchall())
-            released = {
-                f.claim.job_id for f in updates if f.outcome in ("released", "returned")
-            } & written
+            released = {f.claim.job_id for f in updates if f.outcome in HANDED_BACK} & written
             if released:
                 queues = {row["queue"] for row in self._released_queues(cursor, released)}
                 cursor.execute(

@@ -32,7 +32,17 @@ from jobkeeper.backends.shared import SharedReads
 from jobkeeper.backends.sqlite.connection import _retry_while_locked, _rows
 from jobkeeper.backends.sqlite.inserts import SqliteInserts
 from jobkeeper.backends.sqlite.queries import MIGRATIONS, QUERIES
-from jobkeeper.models import Claim, Completion, Failure, Job, JobStatus, NewJob, Staging, WorkerInfo
+from jobkeeper.models import (
+    HANDED_BACK,
+    Claim,
+    Completion,
+    Failure,
+    Job,
+    JobStatus,
+    NewJob,
+    Staging,
+    WorkerInfo,
+)
 from jobkeeper.periodic import Periodic, PeriodicRow, PeriodicTouch, periodic_from_row
 
 __all__ = ["MIGRATIONS", "QUERIES", "SqliteBackend"]
@@ -178,7 +188,7 @@ class SqliteBackend(SqliteInserts, SharedReads, CockpitReads):
                     "worker_id": failure.claim.worker_id,
                     "attempt": failure.claim.attempt,
                     "fence": failure.claim.fence,
-                    "outcome": failure.outcome,
+                    "outcome": str(failure.outcome),
                     "error": failure.error_json,
                     "retry_in": failure.retry_in,
                     "stale_after": stale_after,
@@ -202,9 +212,7 @@ class SqliteBackend(SqliteInserts, SharedReads, CockpitReads):
                 elif conn.execute(QUERIES["job_fail_many_dead"], params).rowcount == 1:
                     conn.execute(QUERIES["job_fail_many_dead_delete"], {"id": failure.claim.job_id})
                     written.add(failure.claim.job_id)
-        if any(
-            f.outcome in ("released", "returned") and f.claim.job_id in written for f in updates
-        ):
+        if any(f.outcome in HANDED_BACK and f.claim.job_id in written for f in updates):
             self.wake_local()
         return written
 
