@@ -301,13 +301,13 @@ class PostgresBackend(PostgresInserts, PostgresListener, SharedReads, CockpitRea
 
     def job_cancel(self, job_id: int) -> Job | None:
         rows = self._fetch("job_cancel", {"id": job_id})
-        return self._jobs(rows)[0] if rows else self.job_get(job_id)
+        return self._jobs(rows)[0] if rows else self.job_get(job_id=job_id)
 
     def job_retry(self, job_id: int) -> Job | None:
         rows = self._fetch("job_retry", {"id": job_id})
-        if not rows and self.dead_letter_requeue([job_id]) == []:
-            return self.job_get(job_id)
-        job = self.job_get(job_id)
+        if not rows and self.dead_letter_requeue(job_ids=[job_id]) == []:
+            return self.job_get(job_id=job_id)
+        job = self.job_get(job_id=job_id)
         if job is not None:
             self._notify([job.queue])
         return job

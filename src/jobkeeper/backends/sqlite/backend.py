@@ -259,7 +259,7 @@ class SqliteBackend(SqliteInserts, SharedReads, CockpitReads):
     def job_cancel(self, job_id: int) -> Job | None:
         with self._write() as conn:
             rows = _rows(conn.execute(QUERIES["job_cancel"], {"id": job_id}))
-        return self._jobs(rows)[0] if rows else self.job_get(job_id)
+        return self._jobs(rows)[0] if rows else self.job_get(job_id=job_id)
 
     def job_retry(self, job_id: int) -> Job | None:
         with self._write() as conn:
@@ -267,7 +267,7 @@ class SqliteBackend(SqliteInserts, SharedReads, CockpitReads):
             if not rows:
                 self._requeue(conn, [job_id])
         self.wake_local()
-        return self.job_get(job_id)
+        return self.job_get(job_id=job_id)
 
     def _requeue_params(self, job_ids: Sequence[int] | None) -> dict[str, Any]:
         """Which dead letters a requeue takes (``None``: all of them)."""
