@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from jobkeeper.backoff import ABSOLUTE_MAX_BACKOFF, backoff_delay
 from jobkeeper.config import Settings
-from jobkeeper.models import Claim, Failure, Job
+from jobkeeper.models import Claim, Failure, FailureKind, Job
 from jobkeeper.payload import clean_text, dumps
 
 #: Longest stored error message / traceback, in characters: a failure with a
@@ -69,22 +69,24 @@ def failed_attempt(
         # Cleaned like the error text: a NUL or lone surrogate in the reason
         # would make the dead-letter write fail and leave the job running.
         reason = clean_text(f"discarded: {discard_reason}", max_chars=1000)
-        return Failure(claim, "dead", entry, reason=reason)
+        return Failure(claim, FailureKind.DEAD, entry, reason=reason)
     if job.attempt >= job.max_attempts:
         reason = f"max_attempts={job.max_attempts} exhausted; last error: {error}"
-        return Failure(claim, "dead", entry, reason=clean_text(reason, max_chars=1000))
+        return Failure(claim, FailureKind.DEAD, entry, reason=clean_text(reason, max_chars=1000))
     if retry_in is None:
         retry_in = backoff_delay(
             job.attempt, base=settings.backoff_base, max_backoff=settings.max_backoff
         )
     # Retry(delay=1e12) would put scheduled_at past what PostgreSQL can store,
     # and the failure could then never be written: cap it like the backoff.
-    return Failure(claim, "retryable", entry, retry_in=min(retry_in, ABSOLUTE_MAX_BACKOFF))
+    return Failure(
+        claim, FailureKind.RETRYABLE, entry, retry_in=min(retry_in, ABSOLUTE_MAX_BACKOFF)
+    )
 
 
 def cancelled_attempt(job: Job, reason: str) -> Failure:
     """The running job stops as ``cancelled`` (asked for with ``cancel``)."""
-    return Failure(claim_of(job), "cancelled", error_entry(job, reason, None))
+    return Failure(claim_of(job), FailureKind.CANCELLED, error_entry(job, reason, None))
 
 
 def released_attempt(job: Job, reason: str | None) -> Failure:
@@ -94,7 +96,7 @@ def released_attempt(job: Job, reason: str | None) -> Failure:
     happened to it worth recording).
     """
     error = None if reason is None else error_entry(job, reason, None)
-    return Failure(claim_of(job), "released", error)
+    return Failure(claim_of(job), FailureKind.RELEASED, error)
 
 
 def returned_attempt(job: Job) -> Failure:
@@ -105,4 +107,4 @@ def returned_attempt(job: Job) -> Failure:
     entry per failed attempt: this attempt never ran here (the rescuer logs
     the lost holder instead).
     """
-    return Failure(claim_of(job), "returned", None)
+    return Failure(claim_of(job), FailureKind.RETURNED, None)

@@ -22,7 +22,7 @@ def total_rows(jq: JobQueue) -> int:
 
 def register(jq: JobQueue, worker_id: str = WORKER, queues: Sequence[str] = ("default",)) -> None:
     now = datetime.now(UTC)
-    jq.backend.worker_register(WorkerInfo(worker_id, "test-host", 1, list(queues), now, now))
+    jq.backend.worker_register(worker=WorkerInfo(worker_id, "test-host", 1, list(queues), now, now))
 
 
 def claim(
@@ -40,7 +40,9 @@ def claim_of(job: Job) -> Claim:
 def complete(
     jq: JobQueue, job: Job, result: str | None = None, claim_: Claim | None = None
 ) -> set[int]:
-    return jq.backend.job_complete_many([Completion(claim_ or claim_of(job), result)], delete=False)
+    return jq.backend.job_complete_many(
+        completions=[Completion(claim_ or claim_of(job), result)], delete=False
+    )
 
 
 def fail(
@@ -54,7 +56,7 @@ def fail(
 ) -> set[int]:
     entry = error_entry(job, error, None)
     failure = Failure(claim_ or claim_of(job), outcome, entry, retry_in=retry_in, reason=error)
-    return jq.backend.job_fail_many([failure])
+    return jq.backend.job_fail_many(failures=[failure])
 
 
 def kill(jq: JobQueue, job: Job) -> Job:

@@ -34,28 +34,28 @@ def _claim_one(jq, worker_id: str):
     """
     claimed = jq.backend.job_claim(worker_id=worker_id, queue="default", limit=1)
     assert len(claimed) == 1
-    assert jq.backend.job_start_many([claim_of(claimed[0])]) == {claimed[0].id}
+    assert jq.backend.job_start_many(claims=[claim_of(claimed[0])]) == {claimed[0].id}
     return jq.get_job(claimed[0].id)
 
 
 def test_stale_rescue_after_completion_changes_nothing(jq):
     holder = "holder:1:aaaa"
-    jq.backend.worker_register(_info(holder))
+    jq.backend.worker_register(worker=_info(holder))
     j = jq.enqueue("some_task", {"n": 1})
     running_job = _claim_one(jq, holder)
     # The holder goes silent: it is a rescue candidate once rescue_after passes.
-    jq.backend.worker_deregister(holder)
+    jq.backend.worker_deregister(worker_id=holder)
     candidates = jq.backend.job_rescue_candidates(rescue_after=jq.settings.rescue_after, limit=10)
     assert [c.id for c in candidates] == [j.id]
     # ...but before the rescuer writes, the holder's completion lands.
     claim = Claim(j.id, holder, running_job.attempt, running_job.fence)
-    assert jq.backend.job_complete_many([Completion(claim, '{"by": "holder"}')], delete=False) == {
-        j.id
-    }
+    assert jq.backend.job_complete_many(
+        completions=[Completion(claim, '{"by": "holder"}')], delete=False
+    ) == {j.id}
     failures = [
         failed_attempt(c, jq.settings, error=f"worker lost: {c.worker_id}") for c in candidates
     ]
-    written = jq.backend.job_fail_many(failures, stale_after=jq.settings.rescue_after)
+    written = jq.backend.job_fail_many(failures=failures, stale_after=jq.settings.rescue_after)
     assert written == set()
     done = job(jq, j.id)
     assert done.status == JobStatus.COMPLETED
@@ -66,7 +66,7 @@ def test_stale_rescue_after_completion_changes_nothing(jq):
     dead_failures = [
         failed_attempt(c, jq.settings, error="lost", discard_reason="x") for c in candidates
     ]
-    assert jq.backend.job_fail_many(dead_failures, stale_after=1.0) == set()
+    assert jq.backend.job_fail_many(failures=dead_failures, stale_after=1.0) == set()
     assert job(jq, j.id).status == JobStatus.COMPLETED
     assert jq.list_jobs(status="dead") == []
 
@@ -79,23 +79,26 @@ def test_stale_rescue_after_reclaim_does_not_clobber_the_new_attempt(jq):
     assert [c.id for c in stale] == [j.id]
     # Another rescuer got there first; the job was re-claimed by a live worker.
     assert jq.backend.job_fail_many(
-        [failed_attempt(c, jq.settings, error="lost", retry_in=0) for c in stale],
+        failures=[failed_attempt(c, jq.settings, error="lost", retry_in=0) for c in stale],
         stale_after=1.0,
     ) == {j.id}
     jq.backend.job_stage_due()
-    jq.backend.worker_register(_info(second))
+    jq.backend.worker_register(worker=_info(second))
     reclaimed = _claim_one(jq, second)
     assert reclaimed.attempt == 2
     # The first rescuer's stale write now affects nothing.
     late = [failed_attempt(c, jq.settings, error="lost again") for c in stale]
-    assert jq.backend.job_fail_many(late, stale_after=1.0) == set()
+    assert jq.backend.job_fail_many(failures=late, stale_after=1.0) == set()
     now = job(jq, j.id)
     assert now.status == JobStatus.RUNNING and now.worker_id == second and now.attempt == 2
     assert len(now.errors) == 1
     # Nor can the first holder complete it any more.
     claim = Claim(j.id, first, 1, 1)
-    assert jq.backend.job_complete_many([Completion(claim, "1")], delete=False) == set()
-    assert jq.backend.job_fail_many([failed_attempt(stale[0], jq.settings, error="x")]) == set()
+    assert jq.backend.job_complete_many(completions=[Completion(claim, "1")], delete=False) == set()
+    assert (
+        jq.backend.job_fail_many(failures=[failed_attempt(stale[0], jq.settings, error="x")])
+        == set()
+    )
 
 
 class _PausingBackend:
@@ -119,13 +122,13 @@ def test_real_rescuer_paused_between_select_and_update(jq):
     jobs = jq.enqueue_many([("some_task", {"i": i}) for i in range(5)])
     claimed = jq.backend.job_claim(worker_id=holder, queue="default", limit=5)
     assert len(claimed) == 5
-    jq.backend.job_start_many([claim_of(c) for c in claimed])
+    jq.backend.job_start_many(claims=[claim_of(c) for c in claimed])
     done_id = claimed[0].id
 
     def complete_first(found) -> None:
         assert done_id in {f.id for f in found}
         claim = Claim(done_id, holder, 1, 1)
-        jq.backend.job_complete_many([Completion(claim, '"done"')], delete=False)
+        jq.backend.job_complete_many(completions=[Completion(claim, '"done"')], delete=False)
 
     rescuer = Rescuer(_PausingBackend(jq.backend, complete_first), jq.settings, 0.1)
     rescuer.run_once()
@@ -144,14 +147,14 @@ def test_real_rescuer_paused_between_select_and_update(jq):
 
 def test_rescuer_spares_a_holder_that_heartbeats_again(jq):
     holder = "holder:1:dddd"
-    jq.backend.worker_register(_info(holder))
+    jq.backend.worker_register(worker=_info(holder))
     j = jq.enqueue("some_task", {})
     _claim_one(jq, holder)
     seen: list[int] = []
 
     def heartbeat_meanwhile(found) -> None:
         seen.extend(f.id for f in found)
-        jq.backend.worker_heartbeat(_info(holder))
+        jq.backend.worker_heartbeat(worker=_info(holder))
 
     # Make the holder look silent to the select, then let it beat again.
     if is_pg(jq):
@@ -177,13 +180,13 @@ def test_job_of_a_deleted_worker_row_is_rescued_and_runs_again(make_queue):
         return attempt
 
     ghost = "ghost:1:eeee"
-    jq.backend.worker_register(_info(ghost))
+    jq.backend.worker_register(worker=_info(ghost))
     j = work.enqueue()
     ran_for = [j.id]
     _claim_one(jq, ghost)
     # Dead-worker pruning ran first: the worker row is gone, its job still
     # says running. Rescue must not depend on the row.
-    jq.backend.worker_deregister(ghost)
+    jq.backend.worker_deregister(worker_id=ghost)
     assert jq.workers() == []
     with running(jq.worker()) as handle:
         done = wait_status(jq, [j.id], {JobStatus.COMPLETED})[0]
@@ -222,7 +225,7 @@ def test_restarted_worker_with_same_host_and_pid_does_not_keep_dead_jobs_alive(m
     dead_run = jq.worker()
     dead_id = dead_run.info.id
     dead_run.completer.stop(timeout=5)
-    jq.backend.worker_register(dead_run.info)
+    jq.backend.worker_register(worker=dead_run.info)
     _claim_one(jq, dead_id)  # the dead run held the job, then died (no more beats)
     with running(jq.worker()) as handle:
         assert handle.worker.info.id != dead_id
@@ -428,7 +431,7 @@ def _silent_holder_of_a_job(jq, holder: str, window: float | None, silent_for: f
     age its heartbeat by ``silent_for`` seconds; returns the job's id.
     """
     now = datetime.now(UTC)
-    jq.backend.worker_register(WorkerInfo(holder, "h", 1, ["default"], now, now, window))
+    jq.backend.worker_register(worker=WorkerInfo(holder, "h", 1, ["default"], now, now, window))
     j = jq.enqueue("some_task", {})
     _claim_one(jq, holder)
     _age_heartbeat(jq, holder, silent_for)
@@ -443,13 +446,13 @@ def test_a_rescuer_with_a_shorter_window_leaves_a_live_holders_jobs_alone(jq):
     # it declared when it registered.
     holder = "patient:1:aaaa"
     now = datetime.now(UTC)
-    jq.backend.worker_register(WorkerInfo(holder, "h", 1, ["default"], now, now, 30.0))
+    jq.backend.worker_register(worker=WorkerInfo(holder, "h", 1, ["default"], now, now, 30.0))
     j = jq.enqueue("some_task", {})
     held = _claim_one(jq, holder)
     _age_heartbeat(jq, holder, 5)  # silent for 5 s: alive by its own 30 s
     assert jq.backend.job_rescue_candidates(rescue_after=1.0, limit=10) == []
     lost = failed_attempt(held, jq.settings, error="worker lost")
-    assert jq.backend.job_fail_many([lost], stale_after=1.0) == set()
+    assert jq.backend.job_fail_many(failures=[lost], stale_after=1.0) == set()
     assert jq.backend.worker_prune_stale(older_than=1.0) == 0
     assert job(jq, j.id).status == JobStatus.RUNNING
     assert [w.rescue_after for w in jq.workers()] == [30.0]
@@ -459,7 +462,7 @@ def test_a_rescuer_with_a_shorter_window_leaves_a_live_holders_jobs_alone(jq):
     assert candidate.id == j.id
     # The row stays while the worker may still be alive (2 x its window)...
     assert jq.backend.worker_prune_stale(older_than=1.0) == 0
-    assert jq.backend.job_fail_many([lost], stale_after=1.0) == {j.id}
+    assert jq.backend.job_fail_many(failures=[lost], stale_after=1.0) == {j.id}
     assert job(jq, j.id).status == JobStatus.RETRYABLE
     _age_heartbeat(jq, holder, 70)
     assert jq.backend.worker_prune_stale(older_than=1.0) == 1  # ...and then goes
@@ -480,7 +483,7 @@ def test_after_an_outage_each_holder_gets_its_own_window_again(jq):
     # nothing (it did, when the rescuer waited for the longest window).
     holder = "quick:1:bbbb"
     now = datetime.now(UTC)
-    jq.backend.worker_register(WorkerInfo("patient:1:cccc", "h", 1, ["x"], now, now, 300.0))
+    jq.backend.worker_register(worker=WorkerInfo("patient:1:cccc", "h", 1, ["x"], now, now, 300.0))
     job_id = _silent_holder_of_a_job(jq, holder, 2.0, 5)
     rescuer = Rescuer(jq.backend, jq.settings, 0.1)
     rescuer._unreachable = True  # as after a DatabaseUnavailable in a pass
@@ -581,7 +584,7 @@ def test_a_job_lost_unstarted_again_and_again_still_reaches_the_dead_letters(jq)
 def test_a_claimed_job_of_a_lost_holder_goes_back_without_spending_its_attempt(jq):
     jobs = jq.enqueue_many([("some_task", {"i": i}, {"max_attempts": 1}) for i in range(3)])
     held = jq.backend.job_claim(worker_id="lost:1:aaaa", queue="default", limit=3)
-    jq.backend.job_start_many([claim_of(held[0])])  # only the first had started
+    jq.backend.job_start_many(claims=[claim_of(held[0])])  # only the first had started
     Rescuer(jq.backend, jq.settings, 0.1).run_once()
     started, *prefetched = (job(jq, j.id) for j in jobs)
     assert started.status == JobStatus.DEAD  # its one attempt was spent
