@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from jobkeeper.models import Claim, Job, JobStatus, RequeueConflict, WorkerInfo
+from jobkeeper.version import __version__
 
 
 class SharedReads:
@@ -44,6 +45,9 @@ class SharedReads:
             "pid": worker.pid,
             "queues": json.dumps(worker.queues),
             "rescue_after": worker.rescue_after,
+            # The code registering the worker is this package: its version
+            # is the worker's (a WorkerInfo built elsewhere may name one).
+            "version": worker.version or __version__,
         }
 
     def job_rescue_candidates(self, *, rescue_after: float, limit: int) -> list[Job]:

@@ -30,6 +30,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 
 from jobkeeper.backends.cockpit import CockpitReads
 from jobkeeper.backends.migrate import apply_migrations
+from jobkeeper.backends.postgres.flow import FlowNeeded, PostgresFlow
 from jobkeeper.backends.rows import (
     STAGE_LIMIT,
     aware_utc,
@@ -48,6 +49,7 @@ from jobkeeper.errors import (
     DatabaseError,
     DatabaseUnavailable,
     DataRejected,
+    QueueFull,
     UniqueKeyConflict,
 )
 from jobkeeper.models import Claim, Completion, Failure, Job, JobStatus, NewJob, Staging, WorkerInfo
@@ -401,7 +403,7 @@ class _PooledConnections:
             self._opened = False
 
 
-class PostgresBackend(SharedReads, CockpitReads):
+class PostgresBackend(SharedReads, CockpitReads, PostgresFlow):
     """The PostgreSQL implementation of :class:`~jobkeeper.backends.base.Backend`.
 
     Args:
@@ -412,6 +414,7 @@ class PostgresBackend(SharedReads, CockpitReads):
 
     name = "postgresql"
     supports_listen = True
+    _queries = QUERIES
 
     def __init__(self, url: DatabaseURL, *, dedicated: bool = False, pool_size: int = 10) -> None:
         self.url = url
@@ -554,15 +557,26 @@ class PostgresBackend(SharedReads, CockpitReads):
         # Without unique keys, COPY or delayed jobs (their NOTIFY is a second
         # statement) the insert is one statement, atomic on its own: no
         # BEGIN/COMMIT round trips around it.
+        # Serial keys and max_pending are checked in a transaction (see
+        # _flow_check); a single statement finds out whether it must be.
         single_statement = (
-            len(jobs) < COPY_MIN_JOBS and not delayed and all(j.unique_key is None for j in jobs)
+            len(jobs) < COPY_MIN_JOBS
+            and not delayed
+            and all(j.unique_key is None and j.serial_key is None for j in jobs)
         )
 
-        def insert() -> list[Job]:
-            with self._cursor(transaction=not single_statement) as cursor:
-                return self._notify_due(cursor, channel, self._insert(cursor, jobs))
+        def insert(in_transaction: bool) -> list[Job]:
+            with self._cursor(transaction=in_transaction) as cursor:
+                return self._notify_due(
+                    cursor, channel, self._insert(cursor, jobs, in_transaction=in_transaction)
+                )
 
-        return _retrying(insert)
+        if single_statement:
+            try:
+                return _retrying(lambda: insert(False))
+            except FlowNeeded:
+                pass
+        return _retrying(lambda: insert(True))
 
     def _insert_on(self, connection: Any, jobs: Sequence[NewJob], channel: str | None) -> list[Job]:
         """``job_insert_many`` on the caller's connection (``connection=``)."""
@@ -588,7 +602,8 @@ class PostgresBackend(SharedReads, CockpitReads):
                 # leaves nothing behind.
                 try:
                     with connection.transaction(), connection.cursor(row_factory=tuple_row) as cur:
-                        return self._notify_due(cur, channel, self._insert(cur, jobs))
+                        inserted = self._insert(cur, jobs, in_transaction=True)
+                        return self._notify_due(cur, channel, inserted)
                 except _RETRY_ASKED as exc:
                     if own:
                         raise
@@ -631,11 +646,21 @@ class PostgresBackend(SharedReads, CockpitReads):
             )
         self._checked_connections.add(connection)
 
-    def _insert(self, cursor: psycopg.Cursor[Any], jobs: Sequence[NewJob]) -> list[Job]:
-        if len(jobs) >= COPY_MIN_JOBS and all(job.unique_key is None for job in jobs):
+    def _insert(
+        self, cursor: psycopg.Cursor[Any], jobs: Sequence[NewJob], *, in_transaction: bool
+    ) -> list[Job]:
+        """Insert ``jobs``; in a transaction, after the flow checks (serial
+        keys, ``max_pending``). Outside one, the statement itself refuses a
+        queue with ``max_pending`` and :class:`FlowNeeded` is raised.
+        """
+        if in_transaction:
+            self._flow_check(cursor, jobs)
+        if len(jobs) >= COPY_MIN_JOBS and all(
+            job.unique_key is None and job.serial_key is None for job in jobs
+        ):
             return self._insert_copy(cursor, jobs)
         if len(jobs) == 1 and jobs[0].unique_key is None:
-            return [self._insert_one(cursor, jobs[0])]
+            return [self._insert_one(cursor, jobs[0], checked=in_transaction)]
         lock_keys = sorted(
             {_unique_lock_key(j.task, j.unique_key) for j in jobs if j.unique_key is not None}
         )
@@ -662,9 +687,13 @@ class PostgresBackend(SharedReads, CockpitReads):
                     "delays": [j.delay for j in batch],
                     "run_ats": [j.run_at for j in batch],
                     "unique_keys": [j.unique_key for j in batch],
+                    "serial_keys": [j.serial_key for j in batch],
+                    "checked": in_transaction,
                 },
             )
             inserted = self._jobs(_rows(cursor))
+            if not inserted and not in_transaction:
+                raise FlowNeeded
             existing: dict[tuple[str, str], Job] = {}
             if len(inserted) < len(batch):
                 keyed = [j for j in batch if j.unique_key is not None]
@@ -686,13 +715,16 @@ class PostgresBackend(SharedReads, CockpitReads):
                 return [job for job in out if job is not None]
         raise DatabaseError("could not resolve unique_key conflicts after 5 rounds")
 
-    def _insert_one(self, cursor: psycopg.Cursor[Any], new: NewJob) -> Job:
+    def _insert_one(self, cursor: psycopg.Cursor[Any], new: NewJob, *, checked: bool) -> Job:
         """The single enqueue: one statement, and no row to decode (the args
         go back as the caller gave them, like the COPY path's).
         """
-        cursor.execute(QUERIES["job_insert_one"], insert_params(new, new.run_at))
+        cursor.execute(
+            QUERIES["job_insert_one"], {**insert_params(new, new.run_at), "checked": checked}
+        )
         row = cursor.fetchone()
-        assert row is not None
+        if row is None:
+            raise FlowNeeded
         job_id, status, scheduled_at, created_at = row
         return job_from_new(
             new,
@@ -729,12 +761,18 @@ class PostgresBackend(SharedReads, CockpitReads):
         return built
 
     def job_claim(self, *, worker_id: str, queue: str, limit: int) -> list[Job]:
+        if self._claim_is_limited(queue):
+            return self._claim_limited(worker_id=worker_id, queue=queue, limit=limit)
         # Binary results: timestamps and integers decode without text parsing.
         params = {"worker_id": worker_id, "queue": queue, "limit": limit}
         with self._cursor() as cursor:
             cursor.execute(QUERIES["job_claim"], params, binary=True)
-            utc: dict[datetime, datetime] = {}
-            jobs = [claimed_job(row, worker_id, utc) for row in cursor.fetchall()]
+            rows = cursor.fetchall()
+        if rows and rows[-1][0] is None:
+            # The queue has claim settings: nothing was claimed here.
+            return self._claim_limited(worker_id=worker_id, queue=queue, limit=limit)
+        utc: dict[datetime, datetime] = {}
+        jobs = [claimed_job(row, worker_id, utc) for row in rows]
         return sorted(jobs, key=lambda j: (j.priority, j.scheduled_at, j.id))
 
     def job_start_many(self, claims: Sequence[Claim]) -> set[int]:
@@ -916,6 +954,7 @@ class PostgresBackend(SharedReads, CockpitReads):
                 started_at=row["started_at"].astimezone(UTC),
                 heartbeat_at=row["heartbeat_at"].astimezone(UTC),
                 rescue_after=row["rescue_after"],
+                version=row["version"],
             )
             for row in self._fetch("worker_list")
         ]
@@ -1123,8 +1162,26 @@ class PostgresBackend(SharedReads, CockpitReads):
             "tick": tick,
             "next_tick": next_tick,
         }
-        rows = self._fetch("periodic_enqueue_tick", params)
-        return int(rows[0]["id"]) if rows else None
+        # A tick into a queue at its max_pending is skipped (recorded as
+        # given up, so no other worker enqueues it either) and QueueFull
+        # raised for the enqueuer to log; the queue's row lock, taken by
+        # the check, is held to the commit.
+        full: QueueFull | None = None
+        with self._cursor(transaction=True) as cursor:
+            cursor.execute(QUERIES["periodic_queue"], {"name": name})
+            found = cursor.fetchone()
+            if found is not None:
+                full = self._pending_full(cursor, found[0])
+            if full is None:
+                cursor.execute(QUERIES["periodic_enqueue_tick"], params)
+                rows = cursor.fetchall()
+                return int(rows[0][0]) if rows else None
+            skip = {k: v for k, v in params.items() if k != "tick"} | {"through": tick}
+            cursor.execute(QUERIES["periodic_skip"], skip)
+            skipped = bool(cursor.fetchall())
+        if skipped:
+            raise full
+        return None
 
     def periodic_skip(
         self,

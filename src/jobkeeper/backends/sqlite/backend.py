@@ -38,8 +38,15 @@ from jobkeeper.backends.rows import (
 )
 from jobkeeper.backends.shared import SharedReads
 from jobkeeper.backends.sqlfile import load_migrations, load_queries
+from jobkeeper.backends.sqlite.flow import SqliteFlow
 from jobkeeper.config import DatabaseURL
-from jobkeeper.errors import DatabaseError, DatabaseUnavailable, DataRejected, UniqueKeyConflict
+from jobkeeper.errors import (
+    DatabaseError,
+    DatabaseUnavailable,
+    DataRejected,
+    QueueFull,
+    UniqueKeyConflict,
+)
 from jobkeeper.models import Claim, Completion, Failure, Job, JobStatus, NewJob, Staging, WorkerInfo
 from jobkeeper.periodic import Periodic, PeriodicRow, PeriodicTouch, periodic_from_row
 
@@ -126,7 +133,7 @@ def _retry_while_locked(action: Callable[[], T], timeout: float) -> T:
             pause = min(pause * 2, 0.25)
 
 
-class SqliteBackend(SharedReads, CockpitReads):
+class SqliteBackend(SharedReads, CockpitReads, SqliteFlow):
     """The SQLite implementation of :class:`~jobkeeper.backends.base.Backend`.
 
     Args:
@@ -137,6 +144,7 @@ class SqliteBackend(SharedReads, CockpitReads):
 
     name = "sqlite"
     supports_listen = False
+    _queries = QUERIES
 
     def __init__(self, url: DatabaseURL, *, busy_timeout: float = 30.0) -> None:
         self.url = url
@@ -349,7 +357,16 @@ class SqliteBackend(SharedReads, CockpitReads):
         return out
 
     def _insert(self, conn: sqlite3.Connection, jobs: Sequence[NewJob]) -> list[Job]:
-        if len(jobs) > 1 and all(new.unique_key is None for new in jobs):
+        out = self._insert_rows(conn, jobs)
+        # Serial-key marks and max_pending after the rows are in, so the
+        # first statement is a write: on a caller's deferred transaction a
+        # read first would let another writer in before our write lock (and
+        # our write then fail on a stale snapshot). A refusal rolls it all back.
+        self._flow_check(conn, jobs)
+        return out
+
+    def _insert_rows(self, conn: sqlite3.Connection, jobs: Sequence[NewJob]) -> list[Job]:
+        if len(jobs) > 1 and all(new.unique_key is None and new.serial_key is None for new in jobs):
             return self._insert_bulk(conn, jobs)
         out: list[Job] = []
         insert = QUERIES["job_insert"]
@@ -401,11 +418,18 @@ class SqliteBackend(SharedReads, CockpitReads):
         if not self._probe("job_claim_probe", {"queue": queue}):
             return []
         with self._write() as conn:
-            rows = _rows(
-                conn.execute(
-                    QUERIES["job_claim"], {"worker_id": worker_id, "queue": queue, "limit": limit}
+            # A queue with claim settings (a primary-key read) is claimed
+            # under its limits, inside the same write lock.
+            settings = self._claim_settings(conn, queue)
+            if settings is not None:
+                rows = self._claim_limited(conn, settings, worker_id=worker_id, limit=limit)
+            else:
+                rows = _rows(
+                    conn.execute(
+                        QUERIES["job_claim"],
+                        {"worker_id": worker_id, "queue": queue, "limit": limit},
+                    )
                 )
-            )
         return sorted(self._jobs(rows), key=lambda j: (j.priority, j.scheduled_at, j.id))
 
     def job_start_many(self, claims: Sequence[Claim]) -> set[int]:
@@ -613,6 +637,7 @@ class SqliteBackend(SharedReads, CockpitReads):
                 started_at=datetime.fromtimestamp(row["started_at"], UTC),
                 heartbeat_at=datetime.fromtimestamp(row["heartbeat_at"], UTC),
                 rescue_after=row["rescue_after"],
+                version=row["version"],
             )
             for row in self._fetch("worker_list")
         ]
@@ -729,23 +754,40 @@ class SqliteBackend(SharedReads, CockpitReads):
             "next_tick": None if next_tick is None else next_tick.timestamp(),
         }
         # One BEGIN IMMEDIATE: the record and the job commit together, and a
-        # twin waits for the write lock, then finds the tick recorded.
+        # twin waits for the write lock, then finds the tick recorded. A tick
+        # into a queue at its max_pending is given up instead (so no other
+        # worker enqueues it) and QueueFull raised for the enqueuer to log.
+        full: QueueFull | None = None
+        skipped = False
         with self._write() as conn:
-            template = _rows(conn.execute(QUERIES["periodic_enqueue_tick"], params))
-            if not template:
-                return None
-            row = template[0]
-            inserted = conn.execute(
-                QUERIES["periodic_enqueue_job"],
-                {
-                    "queue": row["queue"],
-                    "task": row["task"],
-                    "args": row["args"],
-                    "priority": row["priority"],
-                    "max_attempts": row["max_attempts"],
-                    "tick": params["tick"],
-                },
-            ).fetchone()
+            found = conn.execute(QUERIES["periodic_queue"], {"name": name}).fetchone()
+            if found is not None:
+                full = self._pending_full(conn, found[0])
+            if full is not None:
+                skip = {k: v for k, v in params.items() if k != "tick"}
+                skip["through"] = params["tick"]
+                skipped = bool(conn.execute(QUERIES["periodic_skip"], skip).fetchall())
+                template = []
+            else:
+                template = _rows(conn.execute(QUERIES["periodic_enqueue_tick"], params))
+            inserted = None
+            if template:
+                row = template[0]
+                inserted = conn.execute(
+                    QUERIES["periodic_enqueue_job"],
+                    {
+                        "queue": row["queue"],
+                        "task": row["task"],
+                        "args": row["args"],
+                        "priority": row["priority"],
+                        "max_attempts": row["max_attempts"],
+                        "tick": params["tick"],
+                    },
+                ).fetchone()
+        if inserted is None:
+            if full is not None and skipped:
+                raise full  # after the commit: the tick stays given up
+            return None
         self.wake_local()
         return int(inserted[0])
 
