@@ -190,6 +190,7 @@ def test_status_json_is_stable(cli, queue):
         "heartbeat_age",
         "stale",
         "rescue_after",
+        "version",
     }
     assert worker["stale"] is False
     assert "jobs by queue and status" in cli.ok("status")  # the human tables render
