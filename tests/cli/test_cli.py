@@ -37,6 +37,7 @@ JOB_KEYS = {
     "max_attempts",
     "fence",
     "unstarted_returns",
+    "serial_key",
     "scheduled_at",
     "created_at",
     "attempted_at",

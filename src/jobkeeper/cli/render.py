@@ -130,18 +130,18 @@ def status_table(stats: dict[str, dict[str, int]]) -> Table:
 
 def workers_table(workers: list[WorkerInfo], *, now: datetime, rescue_after: float) -> Table:
     table = Table(title="workers")
-    for column in ("id", "version", "queues", "started", "last heartbeat", "state"):
+    for column in ("id", "queues", "started", "last heartbeat", "state", "version"):
         table.add_column(column, overflow="fold")
     for w in workers:
         table.add_row(
             escape(w.id),
-            # No version: a worker from before versions were recorded, which
-            # ignores queue settings (pause, limits).
-            escape(w.version or "(old)"),
             escape(",".join(w.queues)),
             _when(w.started_at),
             _when(w.heartbeat_at),
             _state_cell(w, now, rescue_after),
+            # No version: a worker from before versions were recorded, which
+            # ignores queue settings (pause, limits).
+            escape(w.version or "(old)"),
         )
     return table
 
