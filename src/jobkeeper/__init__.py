@@ -30,14 +30,15 @@ from jobkeeper.errors import (
     JobStateError,
     JobTimeout,
     PayloadError,
+    QueueFull,
     Retry,
 )
 from jobkeeper.events import EventKind, JobEvent, OutcomeKind
 from jobkeeper.models import Job, JobStatus
+from jobkeeper.queues import QueueInfo
 from jobkeeper.schedule import Schedule
 from jobkeeper.tasks import Task, TaskOptions
-
-__version__ = "0.1.0"
+from jobkeeper.version import __version__
 
 __all__ = [
     "ConfigError",
@@ -56,6 +57,8 @@ __all__ = [
     "JobkeeperError",
     "OutcomeKind",
     "PayloadError",
+    "QueueFull",
+    "QueueInfo",
     "Retry",
     "Schedule",
     "Task",

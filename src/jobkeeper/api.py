@@ -4,10 +4,12 @@ is written, then delegates to a backend (River's ``Client``, Oban's ``Oban``).
 
 from __future__ import annotations
 
+import inspect
 import logging
 import math
 import threading
-from collections.abc import Callable, Iterable, Sequence
+import warnings
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, ParamSpec, Protocol, TypeVar, overload
 
@@ -47,6 +49,18 @@ from jobkeeper.periodic import (
     PeriodicRegistry,
     PeriodicRow,
     unknown_option,
+)
+from jobkeeper.queues import (
+    UNSET,
+    QueueInfo,
+    QueueSettings,
+    Unset,
+    check_concurrency,
+    check_max_pending,
+    check_serial_key,
+    enforces_queue_settings,
+    parse_queue_share,
+    parse_rate_limit,
 )
 from jobkeeper.tasks import ENQUEUE_OPTIONS, Task
 
@@ -499,6 +513,7 @@ class JobQueue:
             delay=delay,
             run_at=run_at,
             unique_key=check_unique_key(options.get("unique_key")),
+            serial_key=check_serial_key(options.get("serial_key")),
         )
 
     def enqueue(
@@ -512,6 +527,7 @@ class JobQueue:
         priority: int | None = None,
         max_attempts: int | None = None,
         unique_key: str | None = None,
+        serial_key: str | None = None,
         connection: Any = None,
     ) -> Job:
         """Store one job; returns once it is durable (committed), or, with
@@ -529,6 +545,10 @@ class JobQueue:
             unique_key: while a job of the same task with this key is pending
                 (scheduled/available/claimed/running/retryable), return that job
                 instead of inserting a new one.
+            serial_key: jobs with the same serial_key are never held
+                (claimed or running) at once, on any worker; among a key's
+                due jobs, priority/scheduled_at/id order. A job waiting out a
+                retry does not hold its key.
             connection: a psycopg 3 ``Connection`` (PostgreSQL) or
                 ``sqlite3.Connection`` to the same file; the job commits or
                 rolls back with that connection's transaction.
@@ -542,6 +562,7 @@ class JobQueue:
                 not matching a registered task's parameters. Names the field.
             ConfigError: an invalid name, option, delay, run_at or priority.
             TypeError: ``connection`` of the wrong kind or database.
+            QueueFull: the queue is at its ``max_pending``; nothing written.
             DatabaseUnavailable: the database cannot be reached; nothing written.
         """
         options = {
@@ -551,6 +572,7 @@ class JobQueue:
             "priority": priority,
             "max_attempts": max_attempts,
             "unique_key": unique_key,
+            "serial_key": serial_key,
         }
         new = self._new_job(task, args, {k: v for k, v in options.items() if v is not None})
         return self.backend.job_insert_many(jobs=[new], connection=connection)[0]
@@ -577,6 +599,8 @@ class JobQueue:
         Raises:
             PayloadError, ConfigError: naming the item (``jobs[3]: args.x: ...``);
                 every item is validated before anything is written.
+            QueueFull: the batch would take a queue past its ``max_pending``;
+                nothing was written.
             DatabaseUnavailable: nothing was written.
         """
         new_jobs: list[NewJob] = []
@@ -823,11 +847,107 @@ class JobQueue:
         """
         return self.backend.database_health()
 
+    # -- flow control -------------------------------------------------------------
+
+    def pause(self, queue: str) -> QueueInfo:
+        """Stop every worker from starting jobs of ``queue`` (running jobs
+        finish). Persistent: it holds through restarts until :meth:`resume`.
+        Warns (``UserWarning``) while a registered worker runs a jobkeeper too
+        old to obey it.
+
+        Raises:
+            ConfigError: a bad queue name.
+        """
+        return self._configure(queue, {"paused": True})
+
+    def resume(self, queue: str) -> QueueInfo:
+        """Let workers start jobs of ``queue`` again (see :meth:`pause`).
+
+        Raises:
+            ConfigError: a bad queue name.
+        """
+        return self._configure(queue, {"paused": False})
+
+    def configure_queue(
+        self,
+        queue: str,
+        *,
+        concurrency: int | Unset | None = UNSET,
+        rate_limit: str | Unset | None = UNSET,
+        max_pending: int | Unset | None = UNSET,
+    ) -> QueueInfo:
+        """Set flow-control limits of ``queue``, held by the database for all
+        workers together; only the settings given change, and ``None`` lifts
+        one. Warns (``UserWarning``) while a registered worker runs a
+        jobkeeper too old to obey them.
+
+        Args:
+            queue: the queue's name.
+            concurrency: most jobs of the queue held (claimed or running) at
+                once across all workers (>= 1; pause to stop a queue).
+            rate_limit: most starts per period across all workers, as
+                ``"N/s"``, ``"N/m"`` or ``"N/h"``, in every sliding window.
+            max_pending: most scheduled, available, claimed and retryable
+                jobs; an enqueue past it raises :class:`~jobkeeper.QueueFull`.
+
+        Returns:
+            The queue as :meth:`queues` reports it.
+
+        Raises:
+            ConfigError: a bad name or value (nothing is changed).
+        """
+        changes: dict[str, Any] = {}
+        if not isinstance(concurrency, Unset):
+            changes["concurrency"] = None if concurrency is None else check_concurrency(concurrency)
+        if not isinstance(rate_limit, Unset):
+            changes["rate_limit"] = None if rate_limit is None else parse_rate_limit(rate_limit)
+        if not isinstance(max_pending, Unset):
+            changes["max_pending"] = None if max_pending is None else check_max_pending(max_pending)
+        return self._configure(queue, changes)
+
+    def _configure(self, queue: str, changes: dict[str, Any]) -> QueueInfo:
+        check_name("queue", queue)
+        if changes:
+            settings = self.backend.queue_configure(name=queue, changes=changes)
+            if settings.limits_claims or settings.max_pending is not None:
+                self._warn_old_workers(queue)
+        else:
+            found = self.backend.queue_settings_list(names=[queue])
+            settings = found[0] if found else QueueSettings(queue)
+        counts = self.stats().get(queue) or {status.value: 0 for status in JobStatus}
+        return _queue_info(settings, counts)
+
+    def _warn_old_workers(self, queue: str) -> None:
+        """Warn when a registered worker cannot obey queue settings."""
+        old = [w for w in self.backend.worker_list() if not enforces_queue_settings(w.version)]
+        if not old:
+            return
+        shown = ", ".join(f"{w.id} ({w.version or 'no version'})" for w in old[:3])
+        more = f" and {len(old) - 3} more" if len(old) > 3 else ""
+        message = (
+            f"queue {queue!r}: {len(old)} registered worker(s) run a jobkeeper older than "
+            f"flow control and will ignore its settings: {shown}{more}"
+        )
+        logger.warning("%s", message)
+        warnings.warn(message, UserWarning, stacklevel=3)
+
+    def queues(self) -> list[QueueInfo]:
+        """Every queue that has jobs (live or dead) or settings, by name, with
+        its settings and its jobs per status.
+        """
+        stored = {s.name: s for s in self.backend.queue_settings_list()}
+        counts = self.stats()
+        zero = {status.value: 0 for status in JobStatus}
+        return [
+            _queue_info(stored.get(name, QueueSettings(name)), counts.get(name, zero))
+            for name in sorted(stored.keys() | counts.keys())
+        ]
+
     # -- run -----------------------------------------------------------------
 
     def worker(
         self,
-        queues: Sequence[str] | None = None,
+        queues: Sequence[str] | Mapping[str, int | None] | None = None,
         concurrency: int = 10,
         burst: bool = False,
         prefetch: int | None = None,
@@ -837,15 +957,30 @@ class JobQueue:
         """
         from jobkeeper.worker.runner import Worker
 
-        queue_names = list(queues) if queues else self.default_queues()
-        for name in queue_names:
-            check_name("queue", name)
+        queue_names, shares = _queue_shares(queues)
+        if not queue_names:
+            queue_names = self.default_queues()
         if isinstance(concurrency, bool) or not isinstance(concurrency, int):
             raise ConfigError(f"concurrency must be an int, got {concurrency!r}")
         if not 1 <= concurrency <= MAX_CONCURRENCY:
             raise ConfigError(
                 f"concurrency must be between 1 and {MAX_CONCURRENCY}, got {concurrency}"
             )
+        extra: dict[str, Any] = {}
+        if shares:
+            for name, share in shares.items():
+                if share > concurrency:
+                    raise ConfigError(
+                        f"queue {name!r}: its share {share} is more than the worker's "
+                        f"concurrency {concurrency}"
+                    )
+            # The producer's hook: Worker(queue_shares={queue: most running}).
+            if "queue_shares" not in inspect.signature(Worker).parameters:
+                raise ConfigError(
+                    "per-queue shares (queue=N) are not supported by this worker yet; "
+                    "name the queues without =N"
+                )
+            extra["queue_shares"] = shares
         return Worker(
             self.backend,
             self.tasks,
@@ -855,6 +990,7 @@ class JobQueue:
             burst=burst,
             prefetch=prefetch,
             periodics=list(self.periodics.values()),
+            **extra,
         )
 
     def default_queues(self) -> list[str]:
@@ -865,7 +1001,7 @@ class JobQueue:
 
     def run_worker(
         self,
-        queues: Sequence[str] | None = None,
+        queues: Sequence[str] | Mapping[str, int | None] | None = None,
         concurrency: int = 10,
         burst: bool = False,
         prefetch: int | None = None,
@@ -874,7 +1010,11 @@ class JobQueue:
         until nothing is available or due within ``poll_interval``).
 
         Args:
-            queues: queue names to work (default: :meth:`default_queues`).
+            queues: queue names to work (default: :meth:`default_queues`), or
+                ``{queue: share}``: this worker runs at most ``share`` jobs of
+                that queue at once, within ``concurrency`` (``None``: no
+                share), so one slow queue cannot take every slot. A name may
+                also be written ``"emails=5"``.
             concurrency: most jobs running at once (1..10,000).
             burst: drain and return.
             prefetch: jobs to claim beyond the free slots (0..10,000); ``None`` (default)
@@ -897,3 +1037,48 @@ def _job_id(job_id: Any) -> int:
     if isinstance(job_id, bool) or not isinstance(job_id, int) or not 0 < job_id < 2**63:
         raise ConfigError(f"job id must be a positive 64-bit int, got {job_id!r}")
     return job_id
+
+
+def _queue_shares(
+    queues: Sequence[str] | Mapping[str, int | None] | None,
+) -> tuple[list[str], dict[str, int]]:
+    """Queue names in order and the per-queue shares among them, from a list
+    (``"emails=5"`` allowed) or a ``{queue: share}`` mapping.
+
+    Raises:
+        ConfigError: a bad name or share, or a queue named twice with shares.
+    """
+    if not queues:
+        return [], {}
+    if isinstance(queues, str):
+        raise ConfigError(f"queues must be a list of names or a mapping, got the string {queues!r}")
+    items: list[tuple[str, int | None]] = []
+    if isinstance(queues, Mapping):
+        for name, share in queues.items():
+            check_name("queue", name)
+            if share is not None:
+                if isinstance(share, bool) or not isinstance(share, int):
+                    raise ConfigError(f"queue {name!r}: share must be an int >= 1, got {share!r}")
+                parse_queue_share(f"{name}={share}")
+            items.append((name, share))
+    else:
+        items = [parse_queue_share(text) for text in queues]
+    names = list(dict.fromkeys(name for name, _ in items))
+    shares: dict[str, int] = {}
+    for name, share in items:
+        if share is not None:
+            if name in shares and shares[name] != share:
+                raise ConfigError(f"queue {name!r} is given two shares: {shares[name]} and {share}")
+            shares[name] = share
+    return names, shares
+
+
+def _queue_info(settings: QueueSettings, counts: dict[str, int]) -> QueueInfo:
+    return QueueInfo(
+        name=settings.name,
+        paused=settings.paused,
+        concurrency=settings.concurrency,
+        rate_limit=settings.rate_text,
+        max_pending=settings.max_pending,
+        counts=dict(counts),
+    )

@@ -104,3 +104,26 @@ class JobCancelled(BaseException):
     shuts down past the grace period. A BaseException so that a task's own
     ``except Exception`` does not swallow it.
     """
+
+
+class QueueFull(JobkeeperError):  # noqa: N818 - the contract's name
+    """An enqueue would take a queue past its ``max_pending`` (see
+    ``JobQueue.configure_queue``); nothing was written. For ``enqueue_many``
+    the whole batch was refused.
+
+    Attributes:
+        queue: the queue's name.
+        limit: its ``max_pending``.
+        count: its pending jobs (scheduled, available, claimed, retryable)
+            when the enqueue was refused.
+    """
+
+    def __init__(self, queue: str, limit: int, count: int, adding: int = 1) -> None:
+        super().__init__(
+            f"queue {queue!r} is full: {count} pending jobs, max_pending={limit}"
+            + (f" (refused a batch of {adding} for it)" if adding != 1 else "")
+            + "; nothing was written"
+        )
+        self.queue = queue
+        self.limit = limit
+        self.count = count

@@ -132,6 +132,8 @@ class Job:
     args_error: str | None = None
     fence: int = 0
     unstarted_returns: int = 0
+    #: Jobs with the same serial_key are never held at once (flow control).
+    serial_key: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """Return a JSON-ready dict (timestamps as ISO 8601 UTC strings).
@@ -162,6 +164,9 @@ class WorkerInfo:
     #: Seconds of silence after which this worker's jobs may be rescued (its
     #: own setting); ``None`` for rows written by older versions.
     rescue_after: float | None = None
+    #: The jobkeeper version the worker runs (written at registration);
+    #: ``None`` for workers from before versions were recorded.
+    version: str | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -181,6 +186,7 @@ class NewJob:
     delay: float | None = None
     run_at: datetime | None = None
     unique_key: str | None = None
+    serial_key: str | None = None
     #: The validated args themselves, so a bulk insert can build its Jobs
     #: without decoding ``args_json`` again.
     args: dict[str, Any] | None = None

@@ -28,6 +28,7 @@ ENQUEUE_OPTIONS = (
     "priority",
     "max_attempts",
     "unique_key",
+    "serial_key",
     "connection",
 )
 
@@ -161,6 +162,7 @@ class Task(Generic[P, R]):
         priority: int | None = None,
         max_attempts: int | None = None,
         unique_key: str | None = None,
+        serial_key: str | None = None,
         connection: Any = None,
     ) -> TaskOptions:
         """Options for the next enqueue, e.g.
@@ -176,6 +178,7 @@ class Task(Generic[P, R]):
             "priority": priority,
             "max_attempts": max_attempts,
             "unique_key": unique_key,
+            "serial_key": serial_key,
             "connection": connection,
         }
         return TaskOptions(self, {k: v for k, v in given.items() if v is not None})

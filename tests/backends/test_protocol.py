@@ -126,7 +126,7 @@ def backend_sources(module: ModuleType) -> str:
     """The Python of a backend's package and of the shared backend modules."""
     package = Path(module.__file__).parent
     shared = package.parent
-    files = [*package.glob("*.py"), shared / "shared.py", shared / "cockpit.py"]
+    files = [*package.glob("*.py"), *(shared / n for n in ("shared.py", "cockpit.py", "flow.py"))]
     return "\n".join(f.read_text() for f in files)
 
 

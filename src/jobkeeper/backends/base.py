@@ -17,7 +17,7 @@ that replaces it for that call: production passes nothing, tests pin time
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from typing import Any, Protocol
 
@@ -34,6 +34,7 @@ from jobkeeper.models import (
     WorkerInfo,
 )
 from jobkeeper.periodic import Periodic, PeriodicRow, PeriodicTouch
+from jobkeeper.queues import QueueSettings
 
 
 class Backend(Protocol):
@@ -384,4 +385,18 @@ class Backend(Protocol):
 
     def periodic_prune(self, *, stale_after: float) -> list[str]:
         """Delete the rows stale by ``stale_after`` seconds; return their names."""
+        ...
+
+    # -- flow control ---------------------------------------------------------
+
+    def queue_settings_list(self, *, names: Sequence[str] | None = None) -> list[QueueSettings]:
+        """The ``jobkeeper_queues`` rows (of ``names``; all when None), by name."""
+        ...
+
+    def queue_configure(self, *, name: str, changes: Mapping[str, Any]) -> QueueSettings:
+        """Write the settings in ``changes`` (keys ``paused``, ``concurrency``,
+        ``rate_limit`` as ``(count, period seconds)``, ``max_pending``; a
+        value None lifts one) and keep the others; a row left with nothing
+        set is deleted. Returns the settings now stored.
+        """
         ...

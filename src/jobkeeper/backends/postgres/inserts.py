@@ -8,7 +8,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 from psycopg.rows import tuple_row
@@ -20,6 +20,7 @@ from jobkeeper.backends.postgres.connections import (
     _retrying,
     _rows,
 )
+from jobkeeper.backends.postgres.flow import FlowNeeded
 from jobkeeper.backends.postgres.queries import QUERIES
 from jobkeeper.backends.rows import insert_params, job_from_new, match_inserted
 from jobkeeper.errors import DatabaseError
@@ -65,7 +66,8 @@ class PostgresInserts(PostgresConnections):
                 # leaves nothing behind.
                 try:
                     with connection.transaction(), connection.cursor(row_factory=tuple_row) as cur:
-                        return self._notify_due(cur, channel, self._insert(cur, jobs))
+                        inserted = self._insert(cur, jobs, in_transaction=True)
+                        return self._notify_due(cur, channel, inserted)
                 except _RETRY_ASKED as exc:
                     if own:
                         raise
@@ -108,11 +110,25 @@ class PostgresInserts(PostgresConnections):
             )
         self._checked_connections.add(connection)
 
-    def _insert(self, cursor: psycopg.Cursor[Any], jobs: Sequence[NewJob]) -> list[Job]:
-        if len(jobs) >= COPY_MIN_JOBS and all(job.unique_key is None for job in jobs):
+    if TYPE_CHECKING:  # the backend's flow mixin supplies it
+
+        def _flow_check(self, cursor: psycopg.Cursor[Any], jobs: Sequence[NewJob]) -> None: ...
+
+    def _insert(
+        self, cursor: psycopg.Cursor[Any], jobs: Sequence[NewJob], *, in_transaction: bool
+    ) -> list[Job]:
+        """Insert ``jobs``; in a transaction, after the flow checks (serial
+        keys, ``max_pending``). Outside one, the statement itself refuses a
+        queue with ``max_pending`` and :class:`FlowNeeded` is raised.
+        """
+        if in_transaction:
+            self._flow_check(cursor, jobs)
+        if len(jobs) >= COPY_MIN_JOBS and all(
+            job.unique_key is None and job.serial_key is None for job in jobs
+        ):
             return self._insert_copy(cursor, jobs)
         if len(jobs) == 1 and jobs[0].unique_key is None:
-            return [self._insert_one(cursor, jobs[0])]
+            return [self._insert_one(cursor, jobs[0], checked=in_transaction)]
         lock_keys = sorted(
             {_unique_lock_key(j.task, j.unique_key) for j in jobs if j.unique_key is not None}
         )
@@ -139,9 +155,13 @@ class PostgresInserts(PostgresConnections):
                     "delays": [j.delay for j in batch],
                     "run_ats": [j.run_at for j in batch],
                     "unique_keys": [j.unique_key for j in batch],
+                    "serial_keys": [j.serial_key for j in batch],
+                    "checked": in_transaction,
                 },
             )
             inserted = self._jobs(_rows(cursor))
+            if not inserted and not in_transaction:
+                raise FlowNeeded
             existing: dict[tuple[str, str], Job] = {}
             if len(inserted) < len(batch):
                 keyed = [j for j in batch if j.unique_key is not None]
@@ -163,13 +183,16 @@ class PostgresInserts(PostgresConnections):
                 return [job for job in out if job is not None]
         raise DatabaseError("could not resolve unique_key conflicts after 5 rounds")
 
-    def _insert_one(self, cursor: psycopg.Cursor[Any], new: NewJob) -> Job:
+    def _insert_one(self, cursor: psycopg.Cursor[Any], new: NewJob, *, checked: bool) -> Job:
         """The single enqueue: one statement, and no row to decode (the args
         go back as the caller gave them, like the COPY path's).
         """
-        cursor.execute(QUERIES["job_insert_many_one"], insert_params(new, new.run_at))
+        cursor.execute(
+            QUERIES["job_insert_many_one"], {**insert_params(new, new.run_at), "checked": checked}
+        )
         row = cursor.fetchone()
-        assert row is not None
+        if row is None:
+            raise FlowNeeded
         job_id, status, scheduled_at, created_at = row
         return job_from_new(
             new,
