@@ -25,12 +25,15 @@ from jobkeeper.errors import (
     DatabaseUnavailable,
     DataRejected,
     Discard,
+    JobCancelled,
+    JobFailed,
     JobkeeperError,
     JobNotFound,
     JobStateError,
     JobTimeout,
     PayloadError,
     Retry,
+    Snooze,
 )
 from jobkeeper.events import EventKind, JobEvent, OutcomeKind
 from jobkeeper.models import Job, JobStatus
@@ -47,7 +50,9 @@ __all__ = [
     "Discard",
     "EventKind",
     "Job",
+    "JobCancelled",
     "JobEvent",
+    "JobFailed",
     "JobNotFound",
     "JobQueue",
     "JobStateError",
@@ -58,6 +63,7 @@ __all__ = [
     "PayloadError",
     "Retry",
     "Schedule",
+    "Snooze",
     "Task",
     "TaskOptions",
     "__version__",

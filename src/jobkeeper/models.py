@@ -225,9 +225,11 @@ class Failure:
     ``"released"`` (handed back by its worker without spending the attempt)
     or ``"returned"`` (rescued before it started: available again, the
     attempt not spent, ``unstarted_returns`` counted; only while the job is
-    still ``claimed``). Whatever the outcome, a job with a cancel request
-    ends ``cancelled`` (the database decides, see the backends).
-    ``retry_in`` is the backoff in seconds for ``"retryable"``. ``error_json``
+    still ``claimed``) or ``"snoozed"`` (``Snooze``: scheduled ``retry_in``
+    seconds from now, the attempt given back, no ``errors`` entry). Whatever
+    the outcome, a job with a cancel request ends ``cancelled`` (the
+    database decides, see the backends). ``retry_in`` is the delay in
+    seconds for ``"retryable"`` and ``"snoozed"``. ``error_json``
     is the entry appended to ``errors``; None (releases only) appends none.
     """
 

@@ -11,7 +11,7 @@ from jobkeeper.models import Claim, Completion, Failure, Job, JobStatus, NewJob
 from jobkeeper.payload import decode_args
 
 #: Outcomes of job_fail_many (dead goes through job_fail_dead_many).
-UPDATE_OUTCOMES = frozenset({"retryable", "cancelled", "released", "returned"})
+UPDATE_OUTCOMES = frozenset({"retryable", "cancelled", "released", "returned", "snoozed"})
 #: Most jobs one job_stage_due moves; a full pass reports the next due time
 #: as 0, so the producer stages the rest at once.
 STAGE_LIMIT = 10_000
