@@ -30,15 +30,15 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 
 from jobkeeper.backends.cockpit import CockpitReads
 from jobkeeper.backends.migrate import apply_migrations
+from jobkeeper.backends.postgres.aio import PostgresAsync
+from jobkeeper.backends.postgres.plans import insert_plan, is_single_statement, run_plan
+from jobkeeper.backends.postgres.waiters import PostgresWaiting
 from jobkeeper.backends.rows import (
     STAGE_LIMIT,
     aware_utc,
     claim_arrays,
     completion_arrays,
-    insert_params,
-    job_from_new,
     job_from_row,
-    match_inserted,
     split_failures,
 )
 from jobkeeper.backends.shared import SharedReads
@@ -89,8 +89,6 @@ CONNECT_TIMEOUT = 5
 PREPARE_THRESHOLD = None
 #: Seconds a pooled connection may sit idle before it is pinged on checkout.
 IDLE_CHECK_AFTER = 1.0
-#: Batches at least this large (and without unique keys) are written with COPY.
-COPY_MIN_JOBS = 64
 #: An insert of our own transaction that PostgreSQL aborts asking for a retry
 #: (a deadlock, a serialization failure) is retried this many times, after a
 #: jittered pause of up to ``INSERT_RETRY_PAUSE * 2**n`` seconds.
@@ -222,15 +220,6 @@ def _retrying(run: Callable[[], list[Job]]) -> list[Job]:
             logger.debug("insert aborted (%s); running it again", exc)
         time.sleep(random.uniform(0, INSERT_RETRY_PAUSE * 2**retry))
     return run()
-
-
-def _unique_lock_key(task: str, unique_key: str) -> int:
-    """The advisory lock key of a (task, unique_key): a stable 64-bit hash
-    (Python's ``hash`` differs between processes). A collision only makes two
-    batches wait for each other; uniqueness itself is the index's.
-    """
-    digest = hashlib.blake2b(f"{task}\0{unique_key}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "big", signed=True)
 
 
 class _SingleConnection:
@@ -401,7 +390,7 @@ class _PooledConnections:
             self._opened = False
 
 
-class PostgresBackend(SharedReads, CockpitReads):
+class PostgresBackend(SharedReads, CockpitReads, PostgresWaiting, PostgresAsync):
     """The PostgreSQL implementation of :class:`~jobkeeper.backends.base.Backend`.
 
     Args:
@@ -422,6 +411,9 @@ class PostgresBackend(SharedReads, CockpitReads):
             else _PooledConnections(self._conninfo, pool_size)
         )
         self._channel: str | None = None
+        self._pool_size = pool_size
+        self._async_pools: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+        self._async_checked: weakref.WeakSet[Any] = weakref.WeakSet()
         self._warned_autovacuum_off = False
         # Caller connections already checked (weak: closing them forgets them).
         self._checked_connections: weakref.WeakSet[psycopg.Connection[Any]] = weakref.WeakSet()
@@ -516,6 +508,14 @@ class PostgresBackend(SharedReads, CockpitReads):
 
     def close(self) -> None:
         self._source.close()
+        self._close_async_pools()
+
+    def _pool_kwargs(self) -> dict[str, Any]:
+        return {
+            "autocommit": True,
+            "connect_timeout": CONNECT_TIMEOUT,
+            "prepare_threshold": PREPARE_THRESHOLD,
+        }
 
     # -- schema -------------------------------------------------------------
 
@@ -551,16 +551,12 @@ class PostgresBackend(SharedReads, CockpitReads):
         channel = self.channel() if delayed else None  # looked up before a cursor is held
         if connection is not None:
             return self._insert_on(connection, jobs, channel)
-        # Without unique keys, COPY or delayed jobs (their NOTIFY is a second
-        # statement) the insert is one statement, atomic on its own: no
-        # BEGIN/COMMIT round trips around it.
-        single_statement = (
-            len(jobs) < COPY_MIN_JOBS and not delayed and all(j.unique_key is None for j in jobs)
-        )
+        # The statements are planned in plans.py, shared with the async API.
+        single_statement = is_single_statement(jobs)
 
         def insert() -> list[Job]:
             with self._cursor(transaction=not single_statement) as cursor:
-                return self._notify_due(cursor, channel, self._insert(cursor, jobs))
+                return run_plan(cursor, insert_plan(jobs, channel), QUERIES)  # type: ignore[no-any-return]
 
         return _retrying(insert)
 
@@ -588,7 +584,7 @@ class PostgresBackend(SharedReads, CockpitReads):
                 # leaves nothing behind.
                 try:
                     with connection.transaction(), connection.cursor(row_factory=tuple_row) as cur:
-                        return self._notify_due(cur, channel, self._insert(cur, jobs))
+                        return run_plan(cur, insert_plan(jobs, channel), QUERIES)  # type: ignore[no-any-return]
                 except _RETRY_ASKED as exc:
                     if own:
                         raise
@@ -598,24 +594,6 @@ class PostgresBackend(SharedReads, CockpitReads):
                     ) from exc
 
         return _retrying(insert) if own else insert()
-
-    def _notify_due(
-        self, cursor: psycopg.Cursor[Any], channel: str | None, jobs: list[Job]
-    ) -> list[Job]:
-        """Tell listening workers when the scheduled jobs among ``jobs`` come
-        due (one NOTIFY per queue, in the insert's transaction), so that they
-        stage them then rather than at their next poll. Returns ``jobs``.
-        """
-        due: dict[str, datetime] = {}
-        for job in jobs:
-            if job.status == JobStatus.SCHEDULED:
-                due[job.queue] = min(due.get(job.queue, job.scheduled_at), job.scheduled_at)
-        if channel is not None and due:
-            cursor.execute(
-                QUERIES["notify_due"],
-                {"channel": channel, "queues": list(due), "due_ats": list(due.values())},
-            )
-        return jobs
 
     def _check_same_database(self, connection: psycopg.Connection[Any]) -> None:
         """Refuse a caller's connection to another database or schema."""
@@ -630,103 +608,6 @@ class PostgresBackend(SharedReads, CockpitReads):
                 f"this queue's {tuple(ours)!r}"
             )
         self._checked_connections.add(connection)
-
-    def _insert(self, cursor: psycopg.Cursor[Any], jobs: Sequence[NewJob]) -> list[Job]:
-        if len(jobs) >= COPY_MIN_JOBS and all(job.unique_key is None for job in jobs):
-            return self._insert_copy(cursor, jobs)
-        if len(jobs) == 1 and jobs[0].unique_key is None:
-            return [self._insert_one(cursor, jobs[0])]
-        lock_keys = sorted(
-            {_unique_lock_key(j.task, j.unique_key) for j in jobs if j.unique_key is not None}
-        )
-        if len(lock_keys) > 1:
-            # Rows go in input order (ids ascend with it), so two batches
-            # holding the same keys in different orders would each wait in
-            # the unique index for a key the other took first: a deadlock.
-            # The locks are taken in one order for all batches instead.
-            cursor.execute(QUERIES["job_lock_unique_keys"], {"keys": lock_keys})
-        out: list[Job | None] = [None] * len(jobs)
-        pending = list(range(len(jobs)))
-        # A duplicate can finish between the skipped insert and the lookup;
-        # then the key is free again and the next round inserts it.
-        for _ in range(5):
-            batch = [jobs[i] for i in pending]
-            cursor.execute(
-                QUERIES["job_insert_many"],
-                {
-                    "queues": [j.queue for j in batch],
-                    "tasks": [j.task for j in batch],
-                    "args": [j.args_json for j in batch],
-                    "priorities": [j.priority for j in batch],
-                    "max_attempts": [j.max_attempts for j in batch],
-                    "delays": [j.delay for j in batch],
-                    "run_ats": [j.run_at for j in batch],
-                    "unique_keys": [j.unique_key for j in batch],
-                },
-            )
-            inserted = self._jobs(_rows(cursor))
-            existing: dict[tuple[str, str], Job] = {}
-            if len(inserted) < len(batch):
-                keyed = [j for j in batch if j.unique_key is not None]
-                cursor.execute(
-                    QUERIES["job_get_pending_by_unique_key"],
-                    {
-                        "tasks": [j.task for j in keyed],
-                        "unique_keys": [j.unique_key for j in keyed],
-                    },
-                )
-                for job in self._jobs(_rows(cursor)):
-                    assert job.unique_key is not None
-                    existing[(job.task, job.unique_key)] = job
-            matched, unresolved = match_inserted(batch, inserted, existing)
-            for position, matched_job in zip(pending, matched, strict=True):
-                out[position] = matched_job
-            pending = [pending[i] for i in unresolved]
-            if not pending:
-                return [job for job in out if job is not None]
-        raise DatabaseError("could not resolve unique_key conflicts after 5 rounds")
-
-    def _insert_one(self, cursor: psycopg.Cursor[Any], new: NewJob) -> Job:
-        """The single enqueue: one statement, and no row to decode (the args
-        go back as the caller gave them, like the COPY path's).
-        """
-        cursor.execute(QUERIES["job_insert_one"], insert_params(new, new.run_at))
-        row = cursor.fetchone()
-        assert row is not None
-        job_id, status, scheduled_at, created_at = row
-        return job_from_new(
-            new,
-            job_id,
-            created_at.astimezone(UTC),
-            (JobStatus(status), scheduled_at.astimezone(UTC)),
-        )
-
-    def _insert_copy(self, cursor: psycopg.Cursor[Any], jobs: Sequence[NewJob]) -> list[Job]:
-        """Bulk insert with COPY (no unique keys to resolve): three round trips
-        whatever the count. The insert trigger still sends one NOTIFY per queue.
-        """
-        cursor.execute(QUERIES["job_reserve_ids"], {"count": len(jobs)})
-        row = cursor.fetchone()
-        assert row is not None
-        now, ids = row[0].astimezone(UTC), row[1]
-        built = [job_from_new(new, job_id, now) for new, job_id in zip(jobs, ids, strict=True)]
-        pairs = list(zip(jobs, built, strict=True))
-        immediate = [(new, job) for new, job in pairs if new.delay is None and new.run_at is None]
-        if immediate:
-            with cursor.copy(QUERIES["job_copy_in"]) as copy:
-                for new, job in immediate:
-                    copy.write_row(
-                        (job.id, new.queue, new.task, new.args_json, new.priority, new.max_attempts)
-                    )
-        if len(immediate) < len(pairs):
-            with cursor.copy(QUERIES["job_copy_in_scheduled"]) as copy:
-                for new, job in pairs:
-                    if new.delay is not None or new.run_at is not None:
-                        copy.write_row(
-                            (job.id, new.queue, new.task, new.args_json, job.status.value,
-                             new.priority, new.max_attempts, job.scheduled_at, now)
-                        )  # fmt: skip
-        return built
 
     def job_claim(self, *, worker_id: str, queue: str, limit: int) -> list[Job]:
         # Binary results: timestamps and integers decode without text parsing.

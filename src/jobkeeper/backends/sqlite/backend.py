@@ -38,6 +38,8 @@ from jobkeeper.backends.rows import (
 )
 from jobkeeper.backends.shared import SharedReads
 from jobkeeper.backends.sqlfile import load_migrations, load_queries
+from jobkeeper.backends.sqlite.waiters import SqliteWaiting
+from jobkeeper.backends.threaded import ThreadedAsync
 from jobkeeper.config import DatabaseURL
 from jobkeeper.errors import DatabaseError, DatabaseUnavailable, DataRejected, UniqueKeyConflict
 from jobkeeper.models import Claim, Completion, Failure, Job, JobStatus, NewJob, Staging, WorkerInfo
@@ -126,7 +128,7 @@ def _retry_while_locked(action: Callable[[], T], timeout: float) -> T:
             pause = min(pause * 2, 0.25)
 
 
-class SqliteBackend(SharedReads, CockpitReads):
+class SqliteBackend(SharedReads, CockpitReads, SqliteWaiting, ThreadedAsync):
     """The SQLite implementation of :class:`~jobkeeper.backends.base.Backend`.
 
     Args:
