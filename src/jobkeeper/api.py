@@ -593,7 +593,8 @@ class JobQueue:
                 every item is validated before anything is written.
             DatabaseUnavailable: nothing was written.
         """
-        return self.backend.job_insert_many(self._new_jobs(jobs), connection=connection)
+        new_jobs = self._new_jobs(jobs)  # validated before the backend is opened
+        return self.backend.job_insert_many(new_jobs, connection=connection)
 
     def _new_jobs(self, jobs: Iterable[Any]) -> list[NewJob]:
         """Validate every item of an ``enqueue_many``, writing nothing."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import threading
 import time
@@ -13,6 +14,14 @@ import pytest
 
 from jobkeeper import ConfigError, JobQueue, JobStatus, Snooze, current_job
 from worker.helpers import running, sql, wait_status
+
+
+def run_async(coro: Any) -> Any:
+    """asyncio.run on a thread of its own: the caller's thread may already
+    have an event loop running (left by another test in the same session).
+    """
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, coro).result()
 
 
 def test_snooze_reschedules_without_error_or_attempt(jq: JobQueue) -> None:
@@ -135,7 +144,7 @@ def test_async_enqueue_never_stalls_the_loop(jq: JobQueue) -> None:
         assert got is not None and got.id == jobs[0].id
         return max(gaps), [*jobs, *many]
 
-    stall, jobs = asyncio.run(main())
+    stall, jobs = run_async(main())
     assert len({j.id for j in jobs}) == 600
     # A blocking enqueue would stall the loop for its whole round trip, 500
     # times over (seconds in all); here the loop only waits on sockets/threads.
@@ -156,7 +165,7 @@ def test_async_enqueue_with_unique_key_and_options(jq: JobQueue) -> None:
         finally:
             await jq.aclose()
 
-    asyncio.run(main())
+    run_async(main())
 
 
 def test_async_connection_commits_and_rolls_back(pg_url: str) -> None:
@@ -173,10 +182,10 @@ def test_async_connection_commits_and_rolls_back(pg_url: str) -> None:
         return kept.id, dropped[0].id
 
     try:
-        kept, dropped = asyncio.run(main())
+        kept, dropped = run_async(main())
         assert jq.get_job(kept) is not None
         assert jq.get_job(dropped) is None
         with pytest.raises(TypeError, match="AsyncConnection"):
-            asyncio.run(jq.enqueue_async("t", {}, connection=object()))
+            run_async(jq.enqueue_async("t", {}, connection=object()))
     finally:
         jq.close()

@@ -16,6 +16,7 @@ from jobkeeper import JobCancelled, JobFailed, JobNotFound, JobQueue, JobStatus
 from jobkeeper.backends.postgres.waiters import done_channel
 from jobkeeper.errors import ConfigError
 from jobkeeper.waiting import RECHECK
+from results.test_snooze_backoff_async import run_async
 from worker.helpers import running, sql, wait_for, wait_status
 
 
@@ -209,7 +210,7 @@ def test_wait_async_outcomes(jq: JobQueue) -> None:
             await jq.aclose()
 
     with running(jq.worker(concurrency=2)):
-        asyncio.run(main())
+        run_async(main())
 
 
 def test_wait_is_woken_by_a_worker_in_another_process(db_url: str, tmp_path: Path) -> None:
