@@ -25,6 +25,8 @@ from jobkeeper.errors import (
     DatabaseUnavailable,
     DataRejected,
     Discard,
+    JobCancelled,
+    JobFailed,
     JobkeeperError,
     JobNotFound,
     JobStateError,
@@ -32,6 +34,7 @@ from jobkeeper.errors import (
     PayloadError,
     QueueFull,
     Retry,
+    Snooze,
 )
 from jobkeeper.events import EventKind, JobEvent, OutcomeKind
 from jobkeeper.models import Job, JobStatus
@@ -48,7 +51,9 @@ __all__ = [
     "Discard",
     "EventKind",
     "Job",
+    "JobCancelled",
     "JobEvent",
+    "JobFailed",
     "JobNotFound",
     "JobQueue",
     "JobStateError",
@@ -61,6 +66,7 @@ __all__ = [
     "QueueInfo",
     "Retry",
     "Schedule",
+    "Snooze",
     "Task",
     "TaskOptions",
     "__version__",

@@ -4,6 +4,8 @@ is written, then delegates to a backend (River's ``Client``, Oban's ``Oban``).
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import inspect
 import logging
 import math
@@ -63,6 +65,7 @@ from jobkeeper.queues import (
     parse_rate_limit,
 )
 from jobkeeper.tasks import ENQUEUE_OPTIONS, Task
+from jobkeeper.waiting import Get, Mark, Ready, check_timeout, wait_plan
 
 logger = logging.getLogger("jobkeeper")
 
@@ -260,6 +263,7 @@ class JobQueue:
         max_attempts: int = DEFAULT_MAX_ATTEMPTS,
         priority: int = 0,
         timeout: float | None = None,
+        backoff: Callable[[int, BaseException], float] | None = None,
     ) -> _TaskDecorator: ...
 
     def task(
@@ -271,6 +275,7 @@ class JobQueue:
         max_attempts: int = DEFAULT_MAX_ATTEMPTS,
         priority: int = 0,
         timeout: float | None = None,
+        backoff: Callable[[int, BaseException], float] | None = None,
     ) -> Any:
         """Register a function as a task: ``@jq.task`` or ``@jq.task(queue="emails", ...)``.
 
@@ -283,9 +288,17 @@ class JobQueue:
                 and fails with a timeout error under the retry policy, once
                 its code has returned (the job stays held until then);
                 ``None`` = no limit.
+            backoff: the task's retry policy: a function ``(attempt, error)
+                -> seconds`` called after a failed attempt (``attempt`` is
+                the one that failed, from 1; ``error`` the exception it
+                raised). Its result is capped at about 100 years; one that
+                raises or returns no finite number >= 0 is logged and the
+                exponential default used. ``Retry(delay=...)`` still wins.
+                ``None`` (default): exponential with full jitter.
 
         Raises:
-            ConfigError: an invalid option, or a name already registered.
+            ConfigError: an invalid option (a ``backoff`` that is not a
+                function of two arguments), or a name already registered.
         """
 
         def register(function: Callable[..., Any]) -> Task[Any, Any]:
@@ -302,6 +315,7 @@ class JobQueue:
                 max_attempts=max_attempts,
                 priority=priority,
                 timeout=timeout,
+                backoff=backoff,
             )
             self.tasks[task.name] = task
             return task
@@ -603,6 +617,11 @@ class JobQueue:
                 nothing was written.
             DatabaseUnavailable: nothing was written.
         """
+        new_jobs = self._new_jobs(jobs)  # validated before the backend is opened
+        return self.backend.job_insert_many(jobs=new_jobs, connection=connection)
+
+    def _new_jobs(self, jobs: Iterable[Any]) -> list[NewJob]:
+        """Validate every item of an ``enqueue_many``, writing nothing."""
         new_jobs: list[NewJob] = []
         for index, item in enumerate(jobs):
             try:
@@ -619,7 +638,106 @@ class JobQueue:
                 new_jobs.append(self._new_job(item[0], item[1], options))
             except (PayloadError, ConfigError) as exc:
                 raise type(exc)(f"jobs[{index}]: {exc}") from None
-        return self.backend.job_insert_many(jobs=new_jobs, connection=connection)
+        return new_jobs
+
+    # -- async producers -------------------------------------------------------------
+
+    async def enqueue_async(
+        self,
+        task: str | Task[Any, Any],
+        args: dict[str, Any] | None = None,
+        *,
+        queue: str | None = None,
+        run_at: datetime | None = None,
+        delay: float | None = None,
+        priority: int | None = None,
+        max_attempts: int | None = None,
+        unique_key: str | None = None,
+        connection: Any = None,
+    ) -> Job:
+        """:meth:`enqueue` for async code: the event loop never waits on the
+        database (PostgreSQL: a psycopg async pool; SQLite: a small thread
+        pool). Validated as :meth:`enqueue` validates, before any I/O.
+
+        Args:
+            connection: a psycopg 3 ``AsyncConnection`` to this database: the
+                job commits or rolls back with its transaction. (SQLite: a
+                ``sqlite3.Connection``, written on the calling thread.)
+
+        Raises:
+            As :meth:`enqueue`.
+        """
+        options = {
+            "queue": queue,
+            "run_at": run_at,
+            "delay": delay,
+            "priority": priority,
+            "max_attempts": max_attempts,
+            "unique_key": unique_key,
+        }
+        new = self._new_job(task, args, {k: v for k, v in options.items() if v is not None})
+        jobs = await self.backend.job_insert_many_async(jobs=[new], connection=connection)
+        return jobs[0]
+
+    async def enqueue_many_async(
+        self,
+        jobs: Iterable[
+            tuple[str | Task[Any, Any], dict[str, Any]]
+            | tuple[str | Task[Any, Any], dict[str, Any], dict[str, Any]]
+        ],
+        *,
+        connection: Any = None,
+    ) -> list[Job]:
+        """:meth:`enqueue_many` for async code (see :meth:`enqueue_async`)."""
+        new_jobs = self._new_jobs(jobs)
+        return await self.backend.job_insert_many_async(jobs=new_jobs, connection=connection)
+
+    async def get_job_async(self, job_id: int) -> Job | None:
+        """:meth:`get_job` for async code."""
+        return await self.backend.job_get_async(job_id=_job_id(job_id))
+
+    # -- waiting for results ------------------------------------------------------------
+
+    def wait(self, job_id: int, timeout: float | None = None) -> Any:
+        """Block until the job ends; return its result if it completed.
+
+        Woken by the end itself: on PostgreSQL by a NOTIFY that only awaited
+        jobs send, heard on one connection per process however many waiters;
+        on SQLite by one connection per process watching ``PRAGMA
+        data_version``. A retrying job is still waited for. A completed job's
+        result stays readable for ``retention`` seconds.
+
+        Args:
+            job_id: the job's id.
+            timeout: seconds to wait at most; ``None`` waits for ever.
+
+        Returns:
+            The completed job's result (decoded JSON; ``None`` if it returned nothing).
+
+        Raises:
+            JobFailed: the job is dead (``.job.errors`` has every failed attempt).
+            JobCancelled: the job was cancelled (``.job``).
+            JobNotFound: no such job, or it finished and was pruned (``retention``).
+            TimeoutError: it did not end within ``timeout``.
+            ConfigError: a bad id or timeout.
+        """
+        job_id = _job_id(job_id)
+        seconds = check_timeout(timeout)
+        return _drive_wait(self.backend, job_id, seconds, self.settings.poll_interval)
+
+    async def wait_async(self, job_id: int, timeout: float | None = None) -> Any:
+        """:meth:`wait` for async code; many may wait at once on one loop."""
+        job_id = _job_id(job_id)
+        seconds = check_timeout(timeout)
+        return await _drive_wait_async(self.backend, job_id, seconds, self.settings.poll_interval)
+
+    async def aclose(self) -> None:
+        """Close what async calls hold on the running loop, then the rest
+        (:meth:`close`).
+        """
+        if self._backend is not None:
+            await self._backend.aclose()
+        self.close()
 
     # -- inspect and act -------------------------------------------------------------
 
@@ -1082,3 +1200,67 @@ def _queue_info(settings: QueueSettings, counts: dict[str, int]) -> QueueInfo:
         max_pending=settings.max_pending,
         counts=dict(counts),
     )
+
+
+def _drive_wait(backend: Backend, job_id: int, timeout: float | None, poll: float) -> Any:
+    """Run the wait plan on this thread (see :mod:`jobkeeper.waiting`)."""
+    watch = backend.completion_watch()
+    woken = threading.Event()
+    unregister = watch.register(job_id, woken.set)
+    plan = wait_plan(job_id, timeout, poll)
+    try:
+        reply: Any = None
+        while True:
+            try:
+                step = plan.send(reply)
+            except StopIteration as stop:
+                return stop.value
+            reply = None
+            if isinstance(step, Ready):
+                reply = watch.wait_ready(step.seconds)
+            elif isinstance(step, Mark):
+                backend.job_mark_awaited(job_id=job_id)
+            elif isinstance(step, Get):
+                woken.clear()
+                reply = backend.job_get(job_id)
+            else:
+                woken.wait(step.seconds)
+    finally:
+        unregister()
+        plan.close()
+
+
+async def _drive_wait_async(
+    backend: Backend, job_id: int, timeout: float | None, poll: float
+) -> Any:
+    """Run the wait plan on the event loop (see :mod:`jobkeeper.waiting`)."""
+    loop = asyncio.get_running_loop()
+    watch = backend.completion_watch()
+    woken = asyncio.Event()
+
+    def wake() -> None:
+        loop.call_soon_threadsafe(woken.set)
+
+    unregister = watch.register(job_id, wake)
+    plan = wait_plan(job_id, timeout, poll)
+    try:
+        reply: Any = None
+        while True:
+            try:
+                step = plan.send(reply)
+            except StopIteration as stop:
+                return stop.value
+            reply = None
+            if isinstance(step, Ready):
+                reply = watch.ready or await asyncio.to_thread(watch.wait_ready, step.seconds)
+            elif isinstance(step, Mark):
+                await backend.job_mark_awaited_async(job_id=job_id)
+            elif isinstance(step, Get):
+                woken.clear()
+                reply = await backend.job_get_async(job_id=job_id)
+            else:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(woken.wait(), step.seconds)
+    finally:
+        unregister()
+        plan.close()

@@ -241,6 +241,9 @@ class FailureKind(enum.StrEnum):
     #: Rescued before it started: available again, the attempt not spent,
     #: ``unstarted_returns`` counted; only while the job is still claimed.
     RETURNED = "returned"
+    #: ``Snooze``: scheduled ``retry_in`` seconds from now, the attempt given
+    #: back, no ``errors`` entry.
+    SNOOZED = "snoozed"
 
 
 #: The kinds that make a job available again at once without spending its attempt.
@@ -251,10 +254,12 @@ HANDED_BACK: frozenset[FailureKind] = frozenset({FailureKind.RELEASED, FailureKi
 class Failure:
     """A failed attempt to record (internal).
 
-    ``outcome`` is a :class:`FailureKind` (or its string value). Whatever
-    the outcome, a job with a cancel request ends ``cancelled`` (the
-    database decides, see the backends). ``retry_in`` is the backoff in
-    seconds for ``RETRYABLE``. ``error_json``
+    ``outcome`` is a :class:`FailureKind` (or its string value): ``"snoozed"``
+    (``Snooze``) schedules the job ``retry_in`` seconds from now, gives the
+    attempt back and adds no ``errors`` entry. Whatever the outcome, a job
+    with a cancel request ends ``cancelled`` (the database decides, see the
+    backends). ``retry_in`` is the delay in seconds for ``RETRYABLE`` and
+    ``SNOOZED``. ``error_json``
     is the entry appended to ``errors``; None (releases only) appends none.
     """
 

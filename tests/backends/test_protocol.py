@@ -39,6 +39,9 @@ ONLY_IN = {
         "notify_queues",
         # migrate()'s advisory lock; SQLite's BEGIN IMMEDIATE serialises it.
         "schema_lock",
+        # Flags a job so that its end NOTIFYs its waiters (a trigger); SQLite's
+        # waiters watch data_version instead and need no flag.
+        "job_mark_awaited",
         # Facts doctor judges only on a server: table bloat, old snapshots,
         # the NOTIFY queue.
         "database_health_notify",
@@ -49,6 +52,9 @@ ONLY_IN = {
         # Settings of each new connection; PostgreSQL's are the server's.
         "connection_journal_wal",
         "connection_synchronous_full",
+        # What the completion watch reads after a commit; PostgreSQL's waiters
+        # are woken by a NOTIFY that names the job.
+        "completion_watch_pending",
         # Facts doctor judges only on SQLite.
         "database_health_busy_timeout",
         "database_health_journal_mode",

@@ -17,11 +17,14 @@ import psycopg
 
 from jobkeeper.backends.cockpit import CockpitReads
 from jobkeeper.backends.migrate import apply_migrations
+from jobkeeper.backends.postgres.aio import PostgresAsync
 from jobkeeper.backends.postgres.connections import _retrying, _rows
 from jobkeeper.backends.postgres.flow import FlowNeeded, PostgresFlow
-from jobkeeper.backends.postgres.inserts import COPY_MIN_JOBS, PostgresInserts
+from jobkeeper.backends.postgres.inserts import PostgresInserts
 from jobkeeper.backends.postgres.listener import PostgresListener
+from jobkeeper.backends.postgres.plans import insert_plan, is_single_statement, run_plan
 from jobkeeper.backends.postgres.queries import MIGRATIONS, QUERIES
+from jobkeeper.backends.postgres.waiters import PostgresWaiting
 from jobkeeper.backends.rows import (
     STAGE_LIMIT,
     aware_utc,
@@ -103,7 +106,15 @@ def claimed_job(row: tuple[Any, ...], worker_id: str, utc: dict[datetime, dateti
     )
 
 
-class PostgresBackend(PostgresInserts, PostgresListener, SharedReads, CockpitReads, PostgresFlow):
+class PostgresBackend(
+    PostgresInserts,
+    PostgresListener,
+    SharedReads,
+    CockpitReads,
+    PostgresFlow,
+    PostgresWaiting,
+    PostgresAsync,
+):
     """The PostgreSQL implementation of :class:`~jobkeeper.backends.base.Backend`.
 
     Args:
@@ -153,24 +164,17 @@ class PostgresBackend(PostgresInserts, PostgresListener, SharedReads, CockpitRea
         channel = self.channel() if delayed else None  # looked up before a cursor is held
         if connection is not None:
             return self._insert_on(connection, jobs, channel)
-        # Without unique keys, COPY or delayed jobs (their NOTIFY is a second
-        # statement) the insert is one statement, atomic on its own: no
-        # BEGIN/COMMIT round trips around it. Serial keys and max_pending are
-        # checked in a transaction (see _flow_check); a single statement
-        # finds out whether it must be.
-        single_statement = (
-            len(jobs) < COPY_MIN_JOBS
-            and not delayed
-            and all(j.unique_key is None and j.serial_key is None for j in jobs)
-        )
 
+        # One statement (atomic on its own, no BEGIN/COMMIT round trips) when
+        # it can be; a limited queue it meets makes it run again in a
+        # transaction, with the flow checks (see plans.insert_plan).
         def insert(in_transaction: bool) -> list[Job]:
             with self._cursor(transaction=in_transaction) as cursor:
-                return self._notify_due(
-                    cursor, channel, self._insert(cursor, jobs, in_transaction=in_transaction)
-                )
+                plan = insert_plan(jobs, channel, in_transaction=in_transaction)
+                stored: list[Job] = run_plan(cursor, plan, QUERIES)
+                return stored
 
-        if single_statement:
+        if is_single_statement(jobs):
             try:
                 return _retrying(lambda: insert(False))
             except FlowNeeded:

@@ -195,6 +195,8 @@ RETURNING job.id
 -- unstarted, adds none). "returned" is the rescuer's free return of a job
 -- still claimed (never started) by a lost holder: available, attempt given
 -- back, counted in unstarted_returns; only while the job is still claimed.
+-- "snoozed" (Snooze) puts the job back to scheduled at now() + retry_in,
+-- the attempt given back and no error entry (the attempt was not a failure).
 -- A cancel request wins over every outcome here: the job ends cancelled
 -- (the error entry kept), however the request reached the worker, or
 -- whether it did at all (river#141, procrastinate#1133). cancel_requested is
@@ -206,15 +208,17 @@ RETURNING job.id
 UPDATE jobkeeper_jobs AS job
 SET status = CASE WHEN job.cancel_requested THEN 'cancelled'
                   WHEN failed.outcome IN ('released', 'returned') THEN 'available'
+                  WHEN failed.outcome = 'snoozed' THEN 'scheduled'
                   ELSE failed.outcome END,
-    attempt = CASE WHEN failed.outcome IN ('released', 'returned') THEN job.attempt - 1
-                   ELSE job.attempt END,
+    attempt = CASE WHEN failed.outcome IN ('released', 'returned', 'snoozed')
+                   THEN job.attempt - 1 ELSE job.attempt END,
     unstarted_returns = job.unstarted_returns
                         + CASE failed.outcome WHEN 'returned' THEN 1 ELSE 0 END,
     finished_at = CASE WHEN job.cancel_requested THEN now()
-                       WHEN failed.outcome IN ('released', 'returned') THEN NULL
+                       WHEN failed.outcome IN ('released', 'returned', 'snoozed') THEN NULL
                        ELSE now() END,
-    scheduled_at = CASE WHEN failed.outcome = 'retryable' AND NOT job.cancel_requested
+    scheduled_at = CASE WHEN failed.outcome IN ('retryable', 'snoozed')
+                             AND NOT job.cancel_requested
                         THEN now() + make_interval(secs => failed.retry_in)
                         ELSE job.scheduled_at END,
     worker_id = NULL,
@@ -856,3 +860,10 @@ GROUP BY queue
 -- name: periodic_enqueue_tick_queue
 -- The queue a periodic's tick would go to (its max_pending is checked first).
 SELECT queue FROM jobkeeper_periodic WHERE name = %(name)s
+
+-- name: job_mark_awaited
+-- A waiter marks the job so that its end is announced (see migration 0006);
+-- it then reads the job again, so an end committed before the mark is seen
+-- by that read and one committed after it fires the NOTIFY. Writes nothing
+-- when already marked.
+UPDATE jobkeeper_jobs SET awaited = true WHERE id = %(id)s AND NOT awaited

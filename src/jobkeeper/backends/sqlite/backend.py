@@ -33,7 +33,9 @@ from jobkeeper.backends.sqlite.connection import _rows
 from jobkeeper.backends.sqlite.flow import SqliteFlow
 from jobkeeper.backends.sqlite.inserts import SqliteInserts
 from jobkeeper.backends.sqlite.queries import MIGRATIONS, QUERIES
+from jobkeeper.backends.sqlite.waiters import SqliteWaiting
 from jobkeeper.backends.sqlite.workers import SqliteWorkers
+from jobkeeper.backends.threaded import ThreadedAsync
 from jobkeeper.errors import QueueFull
 from jobkeeper.models import (
     HANDED_BACK,
@@ -55,7 +57,15 @@ _local_listeners: dict[str, set[threading.Event]] = {}
 _local_listeners_lock = threading.Lock()
 
 
-class SqliteBackend(SqliteInserts, SqliteWorkers, SharedReads, CockpitReads, SqliteFlow):
+class SqliteBackend(
+    SqliteInserts,
+    SqliteWorkers,
+    SharedReads,
+    CockpitReads,
+    SqliteFlow,
+    SqliteWaiting,
+    ThreadedAsync,
+):
     """The SQLite implementation of :class:`~jobkeeper.backends.base.Backend`.
 
     Args:

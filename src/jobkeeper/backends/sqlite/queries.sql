@@ -108,20 +108,23 @@ WHERE id = :id AND worker_id = :worker_id AND attempt = :attempt AND fence = :fe
 -- Retryable, cancelled, released or returned (see the PostgreSQL twin:
 -- "released" is a hand-back by the holder, "returned" the rescuer's free
 -- return of a job still claimed; both give the attempt back, and a NULL
--- :error adds no entry to errors). A cancel request wins over every outcome
--- here: the job ends cancelled, the error entry kept.
+-- :error adds no entry to errors; "snoozed" goes back to scheduled at
+-- now + :retry_in, the attempt given back, no entry). A cancel request wins
+-- over every outcome here: the job ends cancelled, the error entry kept.
 -- :stale_after is the rescuer's re-check that the holder is still silent
 -- (for longer than the holder's own rescue_after when it declared one).
 UPDATE jobkeeper_jobs
 SET status = CASE WHEN cancel_requested THEN 'cancelled'
                   WHEN :outcome IN ('released', 'returned') THEN 'available'
+                  WHEN :outcome = 'snoozed' THEN 'scheduled'
                   ELSE :outcome END,
-    attempt = CASE WHEN :outcome IN ('released', 'returned') THEN attempt - 1 ELSE attempt END,
+    attempt = CASE WHEN :outcome IN ('released', 'returned', 'snoozed') THEN attempt - 1
+                   ELSE attempt END,
     unstarted_returns = unstarted_returns + CASE :outcome WHEN 'returned' THEN 1 ELSE 0 END,
     finished_at = CASE WHEN cancel_requested THEN {now}
-                       WHEN :outcome IN ('released', 'returned') THEN NULL
+                       WHEN :outcome IN ('released', 'returned', 'snoozed') THEN NULL
                        ELSE {now} END,
-    scheduled_at = CASE WHEN :outcome = 'retryable' AND NOT cancel_requested
+    scheduled_at = CASE WHEN :outcome IN ('retryable', 'snoozed') AND NOT cancel_requested
                         THEN {now} + :retry_in ELSE scheduled_at END,
     worker_id = NULL,
     errors = CASE WHEN :error IS NULL THEN errors ELSE {errors_plus_new} END
@@ -636,3 +639,9 @@ RETURNING *
 
 -- name: periodic_enqueue_tick_queue
 SELECT queue FROM jobkeeper_periodic WHERE name = :name
+
+-- name: completion_watch_pending
+-- Which of the waited-for jobs are still pending (not finished, dead or gone):
+-- the watch reads it only after a commit (a new data_version).
+SELECT id FROM jobkeeper_jobs
+WHERE id IN (SELECT value FROM json_each(:ids)) AND status NOT IN ('completed', 'cancelled')
