@@ -855,6 +855,7 @@ class JobQueue:
             burst=burst,
             prefetch=prefetch,
             periodics=list(self.periodics.values()),
+            events=self.events,
         )
 
     def default_queues(self) -> list[str]:

@@ -6,9 +6,12 @@ and backs off like any failure).
 
 from __future__ import annotations
 
+import json
+
 from jobkeeper.backoff import ABSOLUTE_MAX_BACKOFF, backoff_delay
 from jobkeeper.config import Settings
-from jobkeeper.models import Claim, Failure, Job
+from jobkeeper.events import OutcomeKind
+from jobkeeper.models import Claim, Completion, Failure, Job
 from jobkeeper.payload import clean_text, dumps
 
 #: Longest stored error message / traceback, in characters (C-09: a 5 MB
@@ -104,3 +107,28 @@ def returned_attempt(job: Job, reason: str) -> Failure:
     is worth knowing about even though the attempt was not spent.
     """
     return Failure(claim_of(job), "returned", error_entry(job, reason, None))
+
+
+#: The event name of each outcome a worker writes.
+OUTCOME_KINDS = {
+    "retryable": OutcomeKind.RETRIED,
+    "dead": OutcomeKind.DEAD,
+    "cancelled": OutcomeKind.CANCELLED,
+    "released": OutcomeKind.RELEASED,
+    "returned": OutcomeKind.RELEASED,
+}
+
+
+def outcome_kind(outcome: Completion | Failure) -> OutcomeKind:
+    """How ``outcome`` ended its attempt, as an event names it."""
+    if isinstance(outcome, Completion):
+        return OutcomeKind.COMPLETED
+    return OUTCOME_KINDS[outcome.outcome]
+
+
+def outcome_error(outcome: Completion | Failure) -> str | None:
+    """The error text ``outcome`` adds to the job's ``errors``, if any."""
+    if isinstance(outcome, Completion) or outcome.error_json is None:
+        return None
+    error = json.loads(outcome.error_json).get("error")
+    return error if isinstance(error, str) else None

@@ -411,7 +411,6 @@ class PostgresBackend(SharedReads, CockpitReads):
     """
 
     name = "postgresql"
-    supports_listen = True
 
     def __init__(self, url: DatabaseURL, *, dedicated: bool = False, pool_size: int = 10) -> None:
         self.url = url
@@ -1052,9 +1051,6 @@ class PostgresBackend(SharedReads, CockpitReads):
             return
         if on_due is not None:
             on_due(queue, seconds)
-
-    def change_counter(self) -> int | None:
-        return None
 
     # -- dashboard, /metrics, doctor ----------------------------------------
 

@@ -38,6 +38,7 @@ from jobkeeper.backends.rows import (
 )
 from jobkeeper.backends.shared import SharedReads
 from jobkeeper.backends.sqlfile import load_migrations, load_queries
+from jobkeeper.backends.sqlite import wakeups
 from jobkeeper.config import DatabaseURL
 from jobkeeper.errors import DatabaseError, DatabaseUnavailable, DataRejected, UniqueKeyConflict
 from jobkeeper.models import Claim, Completion, Failure, Job, JobStatus, NewJob, Staging, WorkerInfo
@@ -97,11 +98,6 @@ def _is_locked(exc: sqlite3.OperationalError) -> bool:
 #: OperationalError texts of conditions that pass (trying later is the remedy).
 _PASSING_CONDITIONS = ("disk is full", "readonly", "disk i/o error", "unable to open")
 
-#: In-process wake-ups: worker wake events per database file, set by
-#: commits of this process (other processes are seen through data_version).
-_local_listeners: dict[str, set[threading.Event]] = {}
-_local_listeners_lock = threading.Lock()
-
 
 T = TypeVar("T")
 
@@ -136,7 +132,6 @@ class SqliteBackend(SharedReads, CockpitReads):
     """
 
     name = "sqlite"
-    supports_listen = False
 
     def __init__(self, url: DatabaseURL, *, busy_timeout: float = 30.0) -> None:
         self.url = url
@@ -256,19 +251,7 @@ class SqliteBackend(SharedReads, CockpitReads):
 
     def wake_local(self) -> None:
         """Wake the workers of this process that use the same database file."""
-        with _local_listeners_lock:
-            events = list(_local_listeners.get(self.path, ()))
-        for event in events:
-            event.set()
-
-    def add_local_listener(self, event: threading.Event) -> None:
-        """Register a worker's wake event for in-process wake-ups."""
-        with _local_listeners_lock:
-            _local_listeners.setdefault(self.path, set()).add(event)
-
-    def remove_local_listener(self, event: threading.Event) -> None:
-        with _local_listeners_lock:
-            _local_listeners.get(self.path, set()).discard(event)
+        wakeups.wake(self.path)
 
     # -- schema -------------------------------------------------------------
 
@@ -641,11 +624,15 @@ class SqliteBackend(SharedReads, CockpitReads):
         *,
         on_due: Callable[[str, float], None] | None = None,
     ) -> None:
-        raise NotImplementedError("SQLite has no LISTEN/NOTIFY; workers poll data_version")
+        """See the Backend Protocol and :mod:`.wakeups` (``on_due`` is never
+        called: SQLite sends no due times, a change of the file stands in).
+        """
 
-    def change_counter(self) -> int | None:
-        with self._errors():
-            return int(self._conn().execute("PRAGMA data_version").fetchone()[0])
+        def data_version() -> int:
+            with self._errors():
+                return int(self._conn().execute("PRAGMA data_version").fetchone()[0])
+
+        wakeups.listen(self.path, data_version, on_queue, stop)
 
     # -- dashboard, /metrics, doctor ----------------------------------------
 
