@@ -1108,6 +1108,7 @@ class JobQueue:
             burst=burst,
             prefetch=prefetch,
             periodics=list(self.periodics.values()),
+            events=self.events,
             **extra,
         )
 

@@ -7,13 +7,15 @@ dead letters.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 from collections.abc import Callable
 
 from jobkeeper.backoff import ABSOLUTE_MAX_BACKOFF, backoff_delay
 from jobkeeper.config import Settings
-from jobkeeper.models import Claim, Failure, FailureKind, Job
+from jobkeeper.events import OutcomeKind
+from jobkeeper.models import Claim, Completion, Failure, FailureKind, Job
 from jobkeeper.payload import clean_text, dumps
 
 logger = logging.getLogger("jobkeeper")
@@ -169,3 +171,29 @@ def snoozed_attempt(job: Job, delay: float) -> Failure:
     return Failure(
         claim_of(job), FailureKind.SNOOZED, None, retry_in=min(delay, ABSOLUTE_MAX_BACKOFF)
     )
+
+
+#: The event name of each outcome a worker writes.
+OUTCOME_KINDS: dict[str, OutcomeKind] = {
+    FailureKind.RETRYABLE: OutcomeKind.RETRIED,
+    FailureKind.DEAD: OutcomeKind.DEAD,
+    FailureKind.CANCELLED: OutcomeKind.CANCELLED,
+    FailureKind.RELEASED: OutcomeKind.RELEASED,
+    FailureKind.RETURNED: OutcomeKind.RELEASED,
+    FailureKind.SNOOZED: OutcomeKind.SNOOZED,
+}
+
+
+def outcome_kind(outcome: Completion | Failure) -> OutcomeKind:
+    """How ``outcome`` ended its attempt, as an event names it."""
+    if isinstance(outcome, Completion):
+        return OutcomeKind.COMPLETED
+    return OUTCOME_KINDS[outcome.outcome]
+
+
+def outcome_error(outcome: Completion | Failure) -> str | None:
+    """The error text ``outcome`` adds to the job's ``errors``, if any."""
+    if isinstance(outcome, Completion) or outcome.error_json is None:
+        return None
+    error = json.loads(outcome.error_json).get("error")
+    return error if isinstance(error, str) else None

@@ -52,6 +52,9 @@ ONLY_IN = {
         # Settings of each new connection; PostgreSQL's are the server's.
         "connection_journal_wal",
         "connection_synchronous_full",
+        # The wake-up listener's cue that another connection committed;
+        # PostgreSQL's listener is told by NOTIFY.
+        "listen_data_version",
         # What the completion watch reads after a commit; PostgreSQL's waiters
         # are woken by a NOTIFY that names the job.
         "completion_watch_pending",

@@ -766,21 +766,22 @@ def test_jobs_claimed_after_an_idle_spell_are_not_handed_back(make_queue):
 
     outcomes: list[Any] = []
     executor = jq.worker(concurrency=1).executor
-    executor._on_outcome = outcomes.append
-    executor.stop_starting()  # keep offered jobs ready: no runner starts them
-    executor._running[0] = None  # its one slot is busy
-    executor.last_start -= 600  # idle for ten minutes
-    executor._ready_moved -= 600
+    executor._on_outcome = lambda _job, outcome: outcomes.append(outcome)
+    executor.hand_back(stop_starting=True)  # keep offered jobs ready: no runner starts them
+    slots = executor._slots
+    slots._running[0] = None  # its one slot is busy
+    slots._last_start -= 600  # idle for ten minutes
+    slots._ready_moved -= 600
     jobs = jq.enqueue_many([("noop", {})] * 3)
     claimed = jq.backend.job_claim(worker_id="w", queue="default", limit=3)
     try:
         executor.offer(claimed)
-        assert executor.hand_back_waiting(1.0) == 0 and outcomes == []
-        executor._ready_moved -= 1.5  # now they have waited 1.5 s
-        executor._running.clear()
-        assert executor.hand_back_waiting(1.0) == 0  # a slot is free: they will start
-        executor._running[0] = None
-        assert executor.hand_back_waiting(1.0) == 3
+        assert executor.hand_back(stalled_for=1.0) == 0 and outcomes == []
+        slots._ready_moved -= 1.5  # now they have waited 1.5 s
+        slots._running.clear()
+        assert executor.hand_back(stalled_for=1.0) == 0  # a slot is free: they will start
+        slots._running[0] = None
+        assert executor.hand_back(stalled_for=1.0) == 3
     finally:
         executor.close()
     assert [o.claim.job_id for o in outcomes] == [j.id for j in jobs]
@@ -799,14 +800,14 @@ def test_an_idle_worker_never_hands_back_the_jobs_it_claims(make_queue):
         pass
 
     worker = jq.worker(concurrency=4)
-    hand_back = worker.executor.hand_back_waiting
+    hand_back = worker.executor.hand_back
     handed_back: list[int] = []
 
-    def recording_hand_back(stalled_for: float) -> int:
-        handed_back.append(hand_back(stalled_for))
+    def recording_hand_back(**kwargs: Any) -> int:
+        handed_back.append(hand_back(**kwargs))
         return handed_back[-1]
 
-    worker.executor.hand_back_waiting = recording_hand_back  # type: ignore[method-assign]
+    worker.executor.hand_back = recording_hand_back  # type: ignore[method-assign]
     with running(worker):
         for _ in range(3):
             time.sleep(1.2)  # idle for longer than PREFETCH_STALL

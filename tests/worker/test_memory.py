@@ -13,7 +13,7 @@ import time
 
 from jobkeeper import Retry, current_job
 from jobkeeper.models import Job
-from jobkeeper.worker.executor import _Execution
+from jobkeeper.worker.slots import Execution as _Execution
 from support.waiting import wait_for
 
 from .helpers import running

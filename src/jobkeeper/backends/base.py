@@ -22,6 +22,7 @@ from datetime import datetime
 from typing import Any, Protocol
 
 from jobkeeper.backends.watch import CompletionWatch
+from jobkeeper.config import DatabaseURL
 from jobkeeper.models import (
     Claim,
     Completion,
@@ -43,8 +44,8 @@ class Backend(Protocol):
 
     #: ``"sqlite"`` or ``"postgresql"``.
     name: str
-    #: Whether :meth:`listen` delivers wake-ups (PostgreSQL LISTEN/NOTIFY).
-    supports_listen: bool
+    #: The database (logs name it with :meth:`DatabaseURL.redacted`).
+    url: DatabaseURL
 
     def dedicated(self) -> Backend:
         """A backend on the same database with its own single connection, for
@@ -267,19 +268,21 @@ class Backend(Protocol):
         *,
         on_due: Callable[[str, float], None] | None = None,
     ) -> None:
-        """Block, calling ``on_queue(queue)`` for each enqueue notification,
-        until ``stop`` is set. Reconnects on its own. Only when
-        ``supports_listen``.
+        """Deliver wake-ups to a worker until ``stop`` is set: blocks, on a
+        thread of its own (call it on a :meth:`dedicated` backend). Every
+        backend implements it; a worker's producer waits on nothing else.
 
-        ``on_due(queue, seconds)`` is called when a job of ``queue`` was
-        enqueued to come due in ``seconds`` (a delayed enqueue; the seconds
-        by the database clock, as of the enqueue).
-        """
-        ...
+        ``on_queue(queue)``: jobs became available in ``queue``.
+        ``on_queue("*")``: anything may have changed (the listener has just
+        (re)connected, or another connection committed and the backend
+        cannot tell what): look for work and stage due jobs soon.
+        ``on_due(queue, seconds)``: a job of ``queue`` was enqueued to come
+        due in ``seconds`` (a delayed enqueue; seconds by the database clock,
+        as of the enqueue).
 
-    def change_counter(self) -> int | None:
-        """A number that changes whenever another connection commits (SQLite
-        ``PRAGMA data_version``), or ``None`` when the backend has none.
+        It reconnects on its own. It may return before ``stop`` when
+        wake-ups cannot work (PostgreSQL behind a pooler in transaction
+        mode): workers then find jobs by staging every ``poll_interval``.
         """
         ...
 

@@ -30,6 +30,7 @@ from jobkeeper.errors import (
     PayloadError,
     QueueFull,
 )
+from jobkeeper.joblog import JsonFormatter
 from jobkeeper.models import HELD_STATUSES, JobStatus
 from jobkeeper.payload import child_path
 from jobkeeper.queues import UNSET, Unset
@@ -230,6 +231,12 @@ def _load_app(spec: str, database_url: str | None) -> JobQueue:
     help="Jobs to claim beyond free slots (default: adaptive).",
 )
 @click.option("--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR.")
+@click.option(
+    "--log-format",
+    type=click.Choice(["text", "json"]),
+    default="text",
+    help="text, or json: one JSON object a line (time, level, logger, message, job fields).",
+)
 @click.pass_context
 def worker(
     ctx: click.Context,
@@ -239,14 +246,18 @@ def worker(
     burst: bool,
     prefetch: int | None,
     log_level: str,
+    log_format: str,
 ) -> None:
     """Run a worker until SIGTERM/SIGINT (graceful) or, with --burst, until drained."""
     level = logging.getLevelName(log_level.upper())
     if not isinstance(level, int):
         raise BadInput(f"--log-level {log_level!r}: use DEBUG, INFO, WARNING or ERROR")
-    logging.basicConfig(
-        level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
-    )
+    handler = logging.StreamHandler(sys.stderr)
+    if log_format == "json":
+        handler.setFormatter(JsonFormatter())
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=level, handlers=[handler])
     jq = _load_app(app_spec, ctx.find_root().params.get("database"))
     code = jq.run_worker(
         queues=list(queue) or None, concurrency=concurrency, burst=burst, prefetch=prefetch

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
 import time
 from collections.abc import Callable
 
@@ -29,7 +30,7 @@ class Heartbeat(IntervalService):
         interval: seconds between beats (``heartbeat_interval``).
         on_cancel: called with each claim whose job was asked to cancel.
         stale_after: a beat acknowledged more than this many seconds after the
-            previous one ends a stale spell (counted in ``stale_spells``).
+            previous one ends a stale spell (counted, see :meth:`liveness`).
     """
 
     def __init__(
@@ -46,12 +47,15 @@ class Heartbeat(IntervalService):
         self._on_cancel = on_cancel
         #: Test hook: when set, beats are skipped (simulates a stalled worker).
         self.paused = False
+        # The last acknowledged beat and the stale spells change together,
+        # under this lock, so a reader never sees one without the other.
+        self._lock = threading.Lock()
         self._last_beat = time.monotonic()
         self._stale_after = stale_after
-        #: Spells without an acknowledged beat for over ``stale_after`` seconds
-        #: (a paused process, a database outage), counted when they end: the
-        #: worker's claims may have been rescued during one.
-        self.stale_spells = 0
+        # Spells without an acknowledged beat for over ``stale_after`` seconds
+        # (a paused process, a database outage), counted when they end: the
+        # worker's claims may have been rescued during one.
+        self._stale_spells = 0
         #: When a beat last failed or waited over ``interval`` to be
         #: acknowledged (``time.monotonic()``), and since when the beat now
         #: being written has been waiting (None: none is).
@@ -60,11 +64,20 @@ class Heartbeat(IntervalService):
 
     def note_beat(self) -> None:
         """Record a heartbeat written elsewhere (the worker's registration)."""
-        self._last_beat = time.monotonic()
+        with self._lock:
+            self._last_beat = time.monotonic()
 
     def beat_age(self) -> float:
         """Seconds since the last heartbeat the database acknowledged."""
         return time.monotonic() - self._last_beat
+
+    def liveness(self) -> tuple[float, int]:
+        """``(beat_age(), stale spells so far)``, read together: a spell is
+        counted by the same beat that ends it, so a fresh age is never seen
+        with the count from before the spell that preceded it.
+        """
+        with self._lock:
+            return time.monotonic() - self._last_beat, self._stale_spells
 
     def troubled_within(self, seconds: float) -> bool:
         """Whether, within the last ``seconds``, a beat failed or waited over
@@ -83,7 +96,7 @@ class Heartbeat(IntervalService):
         sent = time.monotonic()
         self._writing_since = sent
         try:
-            self._backend.worker_heartbeat(self._worker)
+            self._backend.worker_heartbeat(worker=self._worker)
         except DatabaseError:
             self.trouble_at = time.monotonic()
             raise
@@ -91,8 +104,9 @@ class Heartbeat(IntervalService):
             self._writing_since = None
         if time.monotonic() - sent > self.interval:
             self.trouble_at = time.monotonic()
-        if self._stale_after is not None and sent - self._last_beat > self._stale_after:
-            self.stale_spells += 1  # before _last_beat: readers check the age first
-        self._last_beat = sent
+        with self._lock:
+            if self._stale_after is not None and sent - self._last_beat > self._stale_after:
+                self._stale_spells += 1
+            self._last_beat = sent
         for claim in self._backend.job_cancel_requested(worker_id=self._worker.id):
             self._on_cancel(claim)

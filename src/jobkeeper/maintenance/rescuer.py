@@ -36,9 +36,16 @@ from collections.abc import Callable
 from jobkeeper.backends.base import Backend
 from jobkeeper.config import Settings, holder_window
 from jobkeeper.errors import DatabaseUnavailable
+from jobkeeper.events import EventBus, EventKind, JobEvent
 from jobkeeper.maintenance.service import IntervalService
-from jobkeeper.models import Failure, JobStatus
-from jobkeeper.outcomes import cancelled_attempt, failed_attempt, returned_attempt
+from jobkeeper.models import Failure, Job, JobStatus
+from jobkeeper.outcomes import (
+    cancelled_attempt,
+    failed_attempt,
+    outcome_error,
+    outcome_kind,
+    returned_attempt,
+)
 
 logger = logging.getLogger("jobkeeper.maintenance")
 
@@ -64,6 +71,8 @@ class Rescuer(IntervalService):
             whatever held them up, an outage or a stall of SQLite's write
             lock, held up the other workers' alike, so their silence proves
             nothing).
+        events: where RESCUED (and DEAD_LETTERED, for rescues that end in
+            the dead letters) is emitted per job rescued.
     """
 
     def __init__(
@@ -72,8 +81,10 @@ class Rescuer(IntervalService):
         settings: Settings,
         interval: float,
         may_judge: Callable[[float], bool] | None = None,
+        events: EventBus | None = None,
     ) -> None:
         super().__init__("jobkeeper-rescuer", interval)
+        self._events = events if events is not None else EventBus()
         self._backend = backend
         self._settings = settings
         self._may_judge = may_judge
@@ -114,11 +125,13 @@ class Rescuer(IntervalService):
         candidates = self._backend.job_rescue_candidates(rescue_after=unknown, limit=BATCH)
         failures: list[Failure] = []
         returns: list[int] = []
+        judged: dict[int, Job] = {}
         for job in candidates:
             # A holder without a row (deregistered, pruned) gets our window.
             window = windows.get(job.worker_id or "", rescue_after)
             if since_back < window or (self._may_judge is not None and not self._may_judge(window)):
                 continue  # judged in a later pass, if still silent then
+            judged[job.id] = job
             if job.cancel_requested:
                 failures.append(
                     cancelled_attempt(job, f"cancelled; its worker {job.worker_id} was lost")
@@ -140,8 +153,10 @@ class Rescuer(IntervalService):
             failures.append(failed_attempt(job, self._settings, error=error))
         self.passes += 1
         if failures:
-            written = self._backend.job_fail_many(failures, stale_after=unknown)
+            written = self._backend.job_fail_many(failures=failures, stale_after=unknown)
             self.rescued += len(written)
+            if self._events.listening:
+                self._emit(failures, judged, written)
             if written:
                 logger.warning(
                     "rescued %d jobs of lost workers: %s", len(written), sorted(written)[:20]
@@ -155,3 +170,25 @@ class Rescuer(IntervalService):
                 )
         # Rescue never depends on worker rows, so pruning them is only tidying.
         self._backend.worker_prune_stale(older_than=max(2 * rescue_after, 60.0))
+
+    def _emit(self, failures: list[Failure], jobs: dict[int, Job], written: set[int]) -> None:
+        """RESCUED per rescue written (the event's worker is the lost holder),
+        and DEAD_LETTERED when the rescue moved the job to the dead letters.
+        """
+        for failure in failures:
+            job = jobs.get(failure.claim.job_id)
+            if job is None or job.id not in written:
+                continue
+            self._events.emit(
+                JobEvent.of(
+                    EventKind.RESCUED,
+                    job,
+                    outcome=outcome_kind(failure),
+                    error=outcome_error(failure),
+                    keep_job=False,
+                )
+            )
+            if failure.outcome == "dead":
+                self._events.emit(
+                    JobEvent.of(EventKind.DEAD_LETTERED, job, error=failure.reason, keep_job=False)
+                )

@@ -26,7 +26,9 @@ from collections.abc import Callable
 
 from jobkeeper.backends.base import Backend
 from jobkeeper.errors import DatabaseError, DataRejected
-from jobkeeper.models import Completion, Failure, Start
+from jobkeeper.events import EventBus, EventKind, JobEvent
+from jobkeeper.models import Completion, Failure, Job, Start
+from jobkeeper.outcomes import outcome_error, outcome_kind
 from jobkeeper.payload import dumps
 
 logger = logging.getLogger("jobkeeper.worker")
@@ -45,6 +47,8 @@ class Completer:
         flush_interval: longest wait before a flush, in seconds.
         max_batch: most outcomes per flush.
         on_written: called with each flushed batch's outcomes (tests, metrics).
+        events: where ACKED, CLAIM_LOST and DEAD_LETTERED are emitted once a
+            batch is written.
     """
 
     def __init__(
@@ -55,12 +59,17 @@ class Completer:
         flush_interval: float = 0.01,
         max_batch: int = 500,
         on_written: Callable[[list[Outcome], set[int]], None] | None = None,
+        events: EventBus | None = None,
     ) -> None:
         self._backend = backend
         self._delete = delete_completed
         self._flush_interval = flush_interval
         self._max_batch = max_batch
         self._on_written = on_written
+        self._events = events if events is not None else EventBus()
+        # Job id -> (task, queue) of an unwritten outcome, kept only while
+        # someone listens: events name them, and the outcome does not.
+        self._jobs: dict[int, tuple[str, str]] = {}
         self._buffer: list[Entry] = []
         self._cond = threading.Condition()
         self._stopping = False
@@ -70,11 +79,13 @@ class Completer:
         self._thread = threading.Thread(target=self._run, name="jobkeeper-completer", daemon=True)
         self._thread.start()
 
-    def add(self, outcome: Entry) -> None:
+    def add(self, outcome: Entry, job: Job | None = None) -> None:
         """Queue an outcome or start mark for writing (thread-safe, never
-        blocks on I/O).
+        blocks on I/O). ``job``: the outcome's job, for its events.
         """
         with self._cond:
+            if job is not None and self._events.listening:
+                self._jobs[job.id] = (job.task, job.queue)
             self._buffer.append(outcome)
             # Wake the writer only to start a linger or to flush a full batch;
             # waking it on every add costs a context switch per job.
@@ -155,7 +166,7 @@ class Completer:
             try:
                 # Refused marks (the claim was lost, or the outcome came
                 # first) change nothing and need no report.
-                self._backend.job_start_many(starts)
+                self._backend.job_start_many(claims=starts)
             except DatabaseError as exc:
                 logger.warning("could not write %d start marks (%s); retrying", len(starts), exc)
                 return batch
@@ -185,21 +196,50 @@ class Completer:
                     outcome.claim.job_id,
                     outcome.claim.attempt,
                 )
+        if self._events.listening or self._jobs:
+            self._emit(outcomes, written)
         if self._on_written is not None and outcomes:
             self._on_written(list(outcomes), written)
+
+    def _emit(self, outcomes: list[Completion] | list[Outcome], written: set[int]) -> None:
+        """ACKED (with the outcome written) or CLAIM_LOST per outcome, and
+        DEAD_LETTERED per move to the dead letters written.
+        """
+        for outcome in outcomes:
+            claim = outcome.claim
+            with self._cond:
+                names = self._jobs.pop(claim.job_id, None)
+            if names is None or not self._events.listening:
+                continue
+            task, queue = names
+            facts = (claim.job_id, task, queue, claim.attempt, claim.worker_id)
+            if claim.job_id not in written:
+                self._events.emit(JobEvent(EventKind.CLAIM_LOST, *facts, at=time.time()))
+                continue
+            kind = outcome_kind(outcome)
+            error = outcome_error(outcome)
+            self._events.emit(
+                JobEvent(EventKind.ACKED, *facts, at=time.time(), outcome=kind, error=error)
+            )
+            if isinstance(outcome, Failure) and outcome.outcome == "dead":
+                self._events.emit(
+                    JobEvent(EventKind.DEAD_LETTERED, *facts, at=time.time(), error=outcome.reason)
+                )
 
     def _complete(self, completions: list[Completion], failures: list[Failure]) -> set[int]:
         """Write completions. A result the database refuses (and only that)
         becomes a failed attempt, appended to ``failures``.
         """
         try:
-            return self._backend.job_complete_many(completions, delete=self._delete)
+            return self._backend.job_complete_many(completions=completions, delete=self._delete)
         except DataRejected:
             pass  # one bad row must not sink the batch: find it
         written: set[int] = set()
         for completion in completions:
             try:
-                written |= self._backend.job_complete_many([completion], delete=self._delete)
+                written |= self._backend.job_complete_many(
+                    completions=[completion], delete=self._delete
+                )
             except DataRejected as exc:
                 error = dumps(
                     {
@@ -214,13 +254,13 @@ class Completer:
 
     def _fail(self, failures: list[Failure]) -> set[int]:
         try:
-            return self._backend.job_fail_many(failures)
+            return self._backend.job_fail_many(failures=failures)
         except DataRejected as exc:
             logger.error("could not record %d failures (%s); trying one by one", len(failures), exc)
         written: set[int] = set()
         for failure in failures:
             try:
-                written |= self._backend.job_fail_many([failure])
+                written |= self._backend.job_fail_many(failures=[failure])
             except DataRejected as exc:
                 # Last resort, so the job never stays running under a live
                 # worker: a minimal entry and a plain delay the database takes.
@@ -235,7 +275,11 @@ class Completer:
                 )
                 outcome = "retryable" if failure.outcome == "released" else failure.outcome
                 written |= self._backend.job_fail_many(
-                    [Failure(failure.claim, outcome, minimal, retry_in=60.0, reason=failure.reason)]
+                    failures=[
+                        Failure(
+                            failure.claim, outcome, minimal, retry_in=60.0, reason=failure.reason
+                        )
+                    ]
                 )
         return written
 

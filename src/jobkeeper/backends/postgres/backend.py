@@ -124,7 +124,6 @@ class PostgresBackend(
     """
 
     name = "postgresql"
-    supports_listen = True
     _queries = QUERIES
 
     def dedicated(self) -> PostgresBackend:

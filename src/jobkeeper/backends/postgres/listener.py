@@ -149,6 +149,3 @@ class PostgresListener(PostgresConnections):
             return
         if on_due is not None:
             on_due(queue, seconds)
-
-    def change_counter(self) -> int | None:
-        return None

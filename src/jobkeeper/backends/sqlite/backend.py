@@ -29,6 +29,7 @@ from jobkeeper.backends.rows import (
     split_failures,
 )
 from jobkeeper.backends.shared import SharedReads
+from jobkeeper.backends.sqlite import wakeups
 from jobkeeper.backends.sqlite.connection import _rows
 from jobkeeper.backends.sqlite.flow import SqliteFlow
 from jobkeeper.backends.sqlite.inserts import SqliteInserts
@@ -51,11 +52,6 @@ from jobkeeper.periodic import Periodic, PeriodicRow, PeriodicTouch, periodic_fr
 
 __all__ = ["MIGRATIONS", "QUERIES", "SqliteBackend"]
 
-#: In-process wake-ups: worker wake events per database file, set by
-#: commits of this process (other processes are seen through data_version).
-_local_listeners: dict[str, set[threading.Event]] = {}
-_local_listeners_lock = threading.Lock()
-
 
 class SqliteBackend(
     SqliteInserts,
@@ -75,7 +71,6 @@ class SqliteBackend(
     """
 
     name = "sqlite"
-    supports_listen = False
     _queries = QUERIES
 
     def dedicated(self) -> SqliteBackend:
@@ -83,19 +78,7 @@ class SqliteBackend(
 
     def wake_local(self) -> None:
         """Wake the workers of this process that use the same database file."""
-        with _local_listeners_lock:
-            events = list(_local_listeners.get(self.path, ()))
-        for event in events:
-            event.set()
-
-    def add_local_listener(self, event: threading.Event) -> None:
-        """Register a worker's wake event for in-process wake-ups."""
-        with _local_listeners_lock:
-            _local_listeners.setdefault(self.path, set()).add(event)
-
-    def remove_local_listener(self, event: threading.Event) -> None:
-        with _local_listeners_lock:
-            _local_listeners.get(self.path, set()).discard(event)
+        wakeups.wake(self.path)
 
     # -- schema -------------------------------------------------------------
 
@@ -322,11 +305,15 @@ class SqliteBackend(
         *,
         on_due: Callable[[str, float], None] | None = None,
     ) -> None:
-        raise NotImplementedError("SQLite has no LISTEN/NOTIFY; workers poll data_version")
+        """See the Backend Protocol and :mod:`.wakeups` (``on_due`` is never
+        called: SQLite sends no due times, a change of the file stands in).
+        """
 
-    def change_counter(self) -> int | None:
-        with self._errors():
-            return int(self._conn().execute("PRAGMA data_version").fetchone()[0])
+        def data_version() -> int:
+            with self._errors():
+                return int(self._conn().execute(QUERIES["listen_data_version"]).fetchone()[0])
+
+        wakeups.listen(self.path, data_version, on_queue, stop)
 
     # -- dashboard, /metrics, doctor ----------------------------------------
 

@@ -645,3 +645,8 @@ SELECT queue FROM jobkeeper_periodic WHERE name = :name
 -- the watch reads it only after a commit (a new data_version).
 SELECT id FROM jobkeeper_jobs
 WHERE id IN (SELECT value FROM json_each(:ids)) AND status NOT IN ('completed', 'cancelled')
+
+-- name: listen_data_version
+-- Changes whenever another connection commits to the file: the listener's
+-- cue to wake the worker (a read of a counter in the WAL's shared memory).
+PRAGMA data_version

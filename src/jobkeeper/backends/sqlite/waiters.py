@@ -31,7 +31,7 @@ class _DataVersionSource:
             seen: int | None = None
             watch.set_ready(True)
             while not watch.should_stop():
-                version = int(conn.execute("PRAGMA data_version").fetchone()[0])
+                version = int(conn.execute(QUERIES["listen_data_version"]).fetchone()[0])
                 ids = watch.waiting_ids()
                 # New waiters read the job themselves after registering; only
                 # a commit since the last look can have ended theirs.

@@ -1,0 +1,189 @@
+"""Logs of every job's life, the first subscriber of the event seam.
+
+A worker subscribes :func:`log_event` to its events while it runs, so every
+outcome reaches the ``jobkeeper`` logger: failed attempts, dead letters and
+rescues at WARNING with the job's id, task, queue, attempt and error;
+cancellations at INFO; claims, starts, successes, hand-backs and acks at
+DEBUG. Each record also carries those facts as attributes (``job_id``,
+``task``, ``queue``, ``attempt``, ``duration``, ``error``, ``event``,
+``outcome``) for :class:`JsonFormatter` and any other formatter.
+
+Also here: the worker's start line (:func:`log_start`) and the one-object-a-
+line formatter behind ``jobkeeper worker --log-format json``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import weakref
+from collections.abc import Callable, Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Any, Protocol
+
+from jobkeeper.config import Settings
+from jobkeeper.events import EventBus, EventKind, JobEvent, OutcomeKind
+
+#: The logger of job outcomes.
+logger = logging.getLogger("jobkeeper")
+_worker_logger = logging.getLogger("jobkeeper.worker")
+
+#: Record attributes a job event sets, in the order JSON lines show them.
+JOB_FIELDS = ("job_id", "task", "queue", "attempt", "duration", "error")
+
+_FINISHED = {
+    OutcomeKind.COMPLETED: (logging.DEBUG, "completed"),
+    OutcomeKind.RETRIED: (logging.WARNING, "failed (it will be retried)"),
+    OutcomeKind.DEAD: (logging.WARNING, "failed (no retry left)"),
+    OutcomeKind.CANCELLED: (logging.INFO, "cancelled"),
+    OutcomeKind.SNOOZED: (logging.DEBUG, "snoozed"),
+    OutcomeKind.RELEASED: (logging.DEBUG, "handed back (the attempt not spent)"),
+}
+_OTHER = {
+    EventKind.CLAIMED: (logging.DEBUG, "claimed"),
+    EventKind.STARTED: (logging.DEBUG, "started"),
+    EventKind.ACKED: (logging.DEBUG, "outcome written"),
+    EventKind.CLAIM_LOST: (logging.INFO, "outcome refused: the claim was lost"),
+    EventKind.RESCUED: (logging.WARNING, "taken back from a lost worker by a rescue"),
+    EventKind.DEAD_LETTERED: (logging.WARNING, "moved to the dead letters"),
+}
+
+
+def _level_and_text(event: JobEvent) -> tuple[int, str]:
+    if event.kind is EventKind.FINISHED and event.outcome is not None:
+        return _FINISHED[event.outcome]
+    return _OTHER.get(event.kind, (logging.DEBUG, event.kind.value))
+
+
+def log_event(event: JobEvent) -> None:
+    """Log one job event to the ``jobkeeper`` logger (an event listener)."""
+    level, text = _level_and_text(event)
+    if not logger.isEnabledFor(level):
+        return
+    message = f"job {event.job_id} ({event.task}, queue {event.queue}, attempt {event.attempt}) "
+    message += text
+    if event.kind is EventKind.RESCUED and event.worker_id:
+        message += f" ({event.worker_id})"
+    if event.duration is not None:
+        message += f" in {event.duration:.3f}s"
+    if event.error:
+        message += f": {event.error}"
+    extra = {
+        "job_id": event.job_id,
+        "task": event.task,
+        "queue": event.queue,
+        "attempt": event.attempt,
+        "duration": event.duration,
+        "error": event.error,
+        "event": event.kind.value,
+        "outcome": event.outcome.value if event.outcome is not None else None,
+    }
+    logger.log(level, "%s", message, extra=extra)
+
+
+# Buses with the log listener on, and how many running workers want it:
+# two workers of one JobQueue must not log each event twice.
+_installed: weakref.WeakKeyDictionary[EventBus, tuple[int, Callable[[], None]]] = (
+    weakref.WeakKeyDictionary()
+)
+_installed_lock = threading.Lock()
+
+
+def install(bus: EventBus) -> Callable[[], None]:
+    """Log ``bus``'s events (once, however many workers ask); returns the
+    function that takes this request back.
+    """
+    with _installed_lock:
+        entry = _installed.get(bus)
+        if entry is None:
+            entry = (0, bus.subscribe(log_event))
+        _installed[bus] = (entry[0] + 1, entry[1])
+    done = threading.Event()
+
+    def uninstall() -> None:
+        if done.is_set():
+            return
+        done.set()
+        with _installed_lock:
+            count, unsubscribe = _installed[bus]
+            if count > 1:
+                _installed[bus] = (count - 1, unsubscribe)
+                return
+            del _installed[bus]
+        unsubscribe()
+
+    return uninstall
+
+
+class _TaskLike(Protocol):
+    queue: str
+
+
+def log_start(
+    *,
+    worker_id: str,
+    database: str,
+    queues: Sequence[str],
+    concurrency: int,
+    prefetch: int | None,
+    settings: Settings,
+    tasks: Mapping[str, _TaskLike],
+) -> None:
+    """The worker's start line (INFO on ``jobkeeper.worker``): its database
+    (``database`` must already be redacted), queues and settings; and a
+    WARNING per served queue that none of the app's tasks names as its
+    queue (a typo in ``--queue``, or a task that moved).
+    """
+    knobs = " ".join(
+        f"{name}={getattr(settings, name)!r}"
+        for name in (
+            "heartbeat_interval",
+            "rescue_after",
+            "poll_interval",
+            "retention",
+            "shutdown_grace",
+            "max_payload_bytes",
+        )
+    )
+    _worker_logger.info(
+        "worker %s started on %s: queues=%s concurrency=%d prefetch=%s %s",
+        worker_id,
+        database,
+        ",".join(queues),
+        concurrency,
+        "adaptive" if prefetch is None else prefetch,
+        knobs,
+    )
+    if not tasks:
+        return
+    used = {task.queue for task in tasks.values()}
+    for queue in queues:
+        if queue not in used:
+            _worker_logger.warning(
+                "queue %r is served by this worker but none of the app's tasks uses it "
+                "(tasks use: %s); jobs there are enqueued only with an explicit queue=",
+                queue,
+                ", ".join(sorted(used)),
+            )
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object a line: ``time`` (ISO 8601, UTC), ``level``,
+    ``logger``, ``message``, then each of :data:`JOB_FIELDS` the record
+    carries, and ``exception`` with the traceback when there is one.
+    """
+
+    def format(self, record: logging.LogRecord) -> str:
+        line: dict[str, Any] = {
+            "time": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        for name in JOB_FIELDS:
+            if name in record.__dict__:
+                line[name] = record.__dict__[name]
+        if record.exc_info:
+            line["exception"] = self.formatException(record.exc_info)
+        return json.dumps(line, default=str, ensure_ascii=False)

@@ -1,0 +1,160 @@
+"""The one owner of this worker's claims: is the holder fresh, has each hold
+been confirmed since its claim, may a claimed job start, and the start mark.
+
+A claim is safe to act on while no rescuer can have taken it: while our
+heartbeat is fresh (younger than half of ``rescue_after``) and has been
+without a break since the claim. A stale spell (a paused process, a database
+outage, even one the heartbeat has recovered from) may have let a rescuer
+take it; a job claimed before such a spell starts only once the database has
+confirmed, as of a fresh heartbeat, that we still hold it.
+
+Each claim is stamped with the heartbeat's count of stale spells at the time
+of the claim. The heartbeat hands out its age and that count together
+(:meth:`~jobkeeper.maintenance.heartbeat.Heartbeat.liveness`) and the stamps
+live under this object's lock, so no check depends on the order in which
+threads read shared attributes.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterable
+
+from jobkeeper.backends.base import Backend
+from jobkeeper.errors import DatabaseError
+from jobkeeper.events import EventBus, EventKind, JobEvent
+from jobkeeper.maintenance.heartbeat import Heartbeat
+from jobkeeper.models import Job, Start
+from jobkeeper.outcomes import claim_of
+from jobkeeper.worker.completer import Completer
+
+logger = logging.getLogger("jobkeeper.worker")
+
+
+class Claims:
+    """Claims held by one worker and the checks before each start.
+
+    Args:
+        backend: for confirming a hold and for urgent start marks (any
+            thread; a pooled or thread-local connection).
+        worker_id: this worker's id.
+        heartbeat: this worker's heartbeat.
+        completer: where start marks are batched.
+        fresh_for: seconds; a heartbeat younger than this means no rescuer
+            can have taken our claims (half of ``rescue_after``).
+        stopping: set when the worker stops (a waiting start gives up).
+        events: where STARTED is emitted.
+    """
+
+    def __init__(
+        self,
+        *,
+        backend: Backend,
+        worker_id: str,
+        heartbeat: Heartbeat,
+        completer: Completer,
+        fresh_for: float,
+        stopping: threading.Event,
+        events: EventBus,
+    ) -> None:
+        self._backend = backend
+        self._worker_id = worker_id
+        self._heartbeat = heartbeat
+        self._completer = completer
+        self._fresh_for = fresh_for
+        self._stopping = stopping
+        self._events = events
+        self._lock = threading.Lock()
+        # Job id -> the heartbeat's stale-spell count when it was claimed (or
+        # its hold last confirmed).
+        self._stamps: dict[int, int] = {}
+
+    def fresh(self) -> bool:
+        """Whether our heartbeat is fresh: claims made now cannot be rescued
+        before the next beat is due.
+        """
+        age, _ = self._heartbeat.liveness()
+        return age <= self._fresh_for
+
+    def beat_age(self) -> float:
+        """Seconds since our last acknowledged heartbeat."""
+        age, _ = self._heartbeat.liveness()
+        return age
+
+    def stamp(self) -> int:
+        """The mark to give jobs claimed from now on (take it before the
+        claim's query, so that a spell during the query counts against them).
+        """
+        _, spells = self._heartbeat.liveness()
+        return spells
+
+    def claimed(self, jobs: Iterable[Job], stamp: int) -> None:
+        """Record ``jobs`` as claimed under ``stamp`` (see :meth:`stamp`)."""
+        with self._lock:
+            for job in jobs:
+                self._stamps[job.id] = stamp
+
+    def forget(self, job_id: int) -> None:
+        """The job's attempt has an outcome: its claim is no longer ours to check."""
+        with self._lock:
+            self._stamps.pop(job_id, None)
+
+    def still_held(self, job: Job) -> bool:
+        """Whether our heartbeat is fresh and has been since the job was
+        claimed (or its hold last confirmed): then no rescuer can have taken
+        it. Never blocks; the executor asks again just before calling the task.
+        """
+        age, spells = self._heartbeat.liveness()
+        with self._lock:
+            stamp = self._stamps.get(job.id)
+        return age <= self._fresh_for and spells == stamp
+
+    def may_start(self, job: Job) -> bool:
+        """Whether a claimed job may start (the executor asks, from a runner
+        thread; this may block).
+
+        Yes at once when :meth:`still_held`. Otherwise wait for a fresh
+        heartbeat, then ask the database whether we still hold the job: the
+        claim may have been rescued and the job be running elsewhere, or be
+        done. False: the claim is lost, or the worker is stopping.
+        """
+        if self.still_held(job):
+            return True
+        while not self._stopping.is_set():
+            age, spells = self._heartbeat.liveness()
+            if age <= self._fresh_for:
+                try:
+                    held = self._backend.job_held_by(worker_id=self._worker_id)
+                except DatabaseError:
+                    self._stopping.wait(0.1)
+                    continue
+                if any(h.id == job.id and h.fence == job.fence for h in held):
+                    # Confirmed as of a fresh heartbeat: the last check before
+                    # the call (still_held) now counts from here.
+                    with self._lock:
+                        self._stamps[job.id] = spells
+                    return True
+                return False
+            self._stopping.wait(0.05)
+        return False
+
+    def started(self, job: Job) -> None:
+        """The task of a claimed job is being called: record its start mark
+        (claimed -> running), batched with the outcomes, and emit STARTED.
+
+        A job whose earlier claim was lost before its start was recorded may
+        be one that kills its worker as it starts: its mark is written before
+        the task is called, so such a crash spends an attempt from the second
+        one on. One round trip, only for those jobs.
+        """
+        if self._events.listening:
+            self._events.emit(JobEvent.of(EventKind.STARTED, job))
+        claim = claim_of(job)
+        if job.unstarted_returns:
+            try:
+                self._backend.job_start_many(claims=[claim])
+                return
+            except DatabaseError as exc:
+                logger.warning("job %s: start mark not written now (%s)", job.id, exc)
+        self._completer.add(Start(claim))

@@ -1,0 +1,158 @@
+"""Asking running code to stop: cancel requests, timeouts (the deadline
+watch) and the stop past the grace period; and the event loop async tasks
+run on, since cancelling one is how it is asked to stop.
+
+An interrupt only *asks*: ``TaskInterrupted`` is injected into a sync task's
+thread (raised at its next Python bytecode) and an async task is cancelled
+(at its next await). What asked is recorded on the execution; the executor
+decides the outcome once the code has returned.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+
+from jobkeeper.errors import TaskInterrupted
+from jobkeeper.models import Claim
+from jobkeeper.worker.deadlines import DeadlineWatch
+from jobkeeper.worker.slots import Execution, Slots, raise_in_thread
+
+logger = logging.getLogger("jobkeeper.worker")
+
+#: Seconds between the warnings about an attempt still running past its
+#: timeout (the first comes at the deadline).
+PAST_TIMEOUT_REMINDER = 300.0
+
+
+class Interrupts:
+    """Stops running executions on request, and hosts the event loop.
+
+    Args:
+        slots: the executor's running executions.
+    """
+
+    def __init__(self, slots: Slots) -> None:
+        self._slots = slots
+        self._deadlines = DeadlineWatch(self._on_deadline, "jobkeeper-timeouts")
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread: threading.Thread | None = None
+        self._loop_lock = threading.Lock()
+
+    def watch(self, job_id: int, deadline: float) -> None:
+        """Interrupt ``job_id`` at ``deadline`` (``time.monotonic()``)."""
+        self._deadlines.watch(job_id, deadline)
+
+    def unwatch(self, job_id: int) -> None:
+        self._deadlines.unwatch(job_id)
+
+    def _interrupt(self, execution: Execution) -> None:
+        """Ask running code to stop, once (its lock held). Before the code is
+        called this does nothing: the start check sees the request instead.
+        """
+        if execution.interrupted or not execution.in_user_code:
+            return
+        execution.interrupted = True
+        if execution.async_task is not None and self._loop is not None:
+            self._loop.call_soon_threadsafe(execution.async_task.cancel)
+        elif execution.thread_id is not None:
+            raise_in_thread(execution.thread_id, TaskInterrupted)
+
+    def cancel(self, claim: Claim, reason: str) -> bool:
+        """Ask the running attempt of ``claim`` to stop as cancelled. Returns
+        True when this request was new.
+        """
+        execution = self._slots.running(claim.job_id)
+        if execution is None or execution.job.attempt != claim.attempt:
+            return False
+        with execution.lock:
+            if execution.finished or execution.cancel_reason is not None:
+                return False  # the heartbeat reports a pending request at every beat
+            execution.cancel_reason = reason
+            self._interrupt(execution)
+        return True
+
+    def interrupt_all(self, reason: str) -> int:
+        """Ask every running execution to stop (shutdown after the grace
+        period); each one whose code then returns is handed back with
+        ``reason`` (or completes, if it succeeded). Returns how many were asked.
+        """
+        asked = 0
+        for execution in self._slots.executions():
+            with execution.lock:
+                if execution.finished:
+                    continue
+                if execution.release_reason is None:
+                    execution.release_reason = reason
+                self._interrupt(execution)
+                asked += 1
+        return asked
+
+    def _on_deadline(self, job_id: int) -> None:
+        """The deadline watch: ``job_id``'s attempt passed its timeout (or,
+        when it already had, a reminder is due). Asks the code to stop; the
+        job stays held until the code returns.
+        """
+        execution = self._slots.running(job_id)
+        if execution is None or execution.deadline is None:
+            return
+        with execution.lock:
+            if execution.finished:
+                return
+            first = not execution.timed_out
+            execution.timed_out = True
+            self._interrupt(execution)
+            # Under the lock: the executor marks it finished before it
+            # unwatches, so this reminder cannot outlive the execution.
+            self._deadlines.watch(job_id, time.monotonic() + PAST_TIMEOUT_REMINDER)
+        job = execution.job
+        if first:
+            logger.warning(
+                "job %s (%s) passed its timeout of %gs and has not returned; it was asked to "
+                "stop, and its slot stays busy and the job held until its code returns",
+                job.id,
+                job.task,
+                execution.timeout,
+            )
+        else:
+            logger.warning(
+                "job %s (%s) is still running %.0fs past its timeout of %gs; its slot stays "
+                "busy until its code returns (stopping the worker frees it)",
+                job.id,
+                job.task,
+                time.monotonic() - execution.deadline,
+                execution.timeout,
+            )
+
+    def event_loop(self) -> asyncio.AbstractEventLoop:
+        """The loop async tasks run on, started on first use on its own thread."""
+        with self._loop_lock:
+            if self._loop is None:
+                loop = asyncio.new_event_loop()
+                ready = threading.Event()
+
+                def run() -> None:
+                    asyncio.set_event_loop(loop)
+                    loop.call_soon(ready.set)
+                    loop.run_forever()
+
+                self._loop_thread = threading.Thread(
+                    target=run, name="jobkeeper-asyncio", daemon=True
+                )
+                self._loop_thread.start()
+                ready.wait()
+                self._loop = loop
+            return self._loop
+
+    def close(self) -> None:
+        """Stop the deadline watch and the event loop."""
+        self._deadlines.close()
+        loop = self._loop
+        if loop is not None:
+            loop.call_soon_threadsafe(loop.stop)
+            if self._loop_thread is not None:
+                self._loop_thread.join(timeout=2)
+            if not loop.is_running():
+                loop.close()

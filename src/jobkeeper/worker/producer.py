@@ -1,0 +1,328 @@
+"""The producer: the worker's claim loop, on the thread that runs the worker.
+
+Each turn it hands back claims whose reply was lost (after a connection
+error), stages due jobs when their time comes, hands back prefetched jobs
+stuck behind slow ones, and claims as many jobs as there are free slots plus
+the prefetch; then it sleeps until a slot frees up, a wake-up arrives, or it
+is time to stage again. The executor only ever hears from it through
+:meth:`~jobkeeper.worker.executor.Executor.offer`, and it reads the executor
+only through its snapshot. The model is Oban's producer
+(``oban-bg/oban:lib/oban/queue/producer.ex``) and River's: one loop that owns
+the decision to fetch.
+
+Wake-ups come from the backend's listener (see
+:meth:`jobkeeper.backends.base.Backend.listen`): a queue name (jobs became
+available there), ``"*"`` (anything may have changed: a reconnect, a commit
+by another SQLite connection), or a queue and the seconds until one of its
+delayed jobs comes due.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from collections.abc import Callable, Sequence
+
+from jobkeeper.backends.base import Backend
+from jobkeeper.config import Settings
+from jobkeeper.errors import DatabaseError, DatabaseUnavailable
+from jobkeeper.events import EventBus, EventKind, JobEvent
+from jobkeeper.outcomes import released_attempt
+from jobkeeper.worker.claims import Claims
+from jobkeeper.worker.completer import Completer
+from jobkeeper.worker.executor import Executor
+
+logger = logging.getLogger("jobkeeper.worker")
+
+#: Least time, in seconds, from one staging to the next one prompted by a
+#: ``"*"`` wake-up (on SQLite, any commit of another connection: it may have
+#: been a delayed enqueue by another process, which sends no wake-up of its
+#: own). Commits can come by the thousand: this bounds the extra stagings
+#: (each a lock-free read) to ten a second.
+CHANGE_RESTAGE_GAP = 0.1
+#: Most jobs a worker may hold beyond its free slots (``prefetch``).
+MAX_PREFETCH = 10_000
+#: The adaptive prefetch holds at most this many jobs per slot, and at most
+#: ``MAX_ADAPTIVE_PREFETCH`` in all: about what the raw-SQL limit needs (claims
+#: of ~100 rows) at the default concurrency of 10.
+PREFETCH_PER_SLOT = 10
+MAX_ADAPTIVE_PREFETCH = 1_000
+#: Seconds without a job starting, every slot busy, after which an adaptive
+#: worker hands its prefetched jobs back (``Executor.hand_back``).
+PREFETCH_STALL = 1.0
+
+
+class Producer:
+    """The claim loop of one worker.
+
+    Args:
+        backend: the producer's own backend (its own connection).
+        worker_id: this worker's id (the claims' holder).
+        settings: ``poll_interval``.
+        queues: queue names to claim from, in order.
+        concurrency: most jobs running at once.
+        prefetch: fixed jobs to hold beyond the free slots; None: adaptive
+            (see :attr:`prefetch`).
+        burst: stop once nothing is left to run (see :meth:`run`).
+        executor: where claimed jobs go.
+        completer: asked what is still unwritten.
+        claims: the claims' owner (freshness, stamps).
+        stopping: set when the worker stops.
+        events: where CLAIMED is emitted.
+        on_claimed: called with how many jobs each claim took (stats).
+    """
+
+    def __init__(
+        self,
+        *,
+        backend: Backend,
+        worker_id: str,
+        settings: Settings,
+        queues: Sequence[str],
+        concurrency: int,
+        prefetch: int | None,
+        burst: bool,
+        executor: Executor,
+        completer: Completer,
+        claims: Claims,
+        stopping: threading.Event,
+        events: EventBus,
+        on_claimed: Callable[[int], None],
+    ) -> None:
+        self._backend = backend
+        self._worker_id = worker_id
+        self._settings = settings
+        self.queues = list(queues)
+        self.concurrency = concurrency
+        self._fixed_prefetch = prefetch
+        self._burst = burst
+        self._executor = executor
+        self._completer = completer
+        self._claims = claims
+        self._stopping = stopping
+        self._events = events
+        self._on_claimed = on_claimed
+        self._claim_seconds = 0.002  # running mean of one claim's round trip
+        self._claims_made = 0
+        self._wake = threading.Event()
+        # When (time.monotonic()) the producer stages next: at the latest
+        # poll_interval after it last did, sooner when a job of ours is known
+        # to come due (see _stage and stage_within).
+        self._stage_lock = threading.Lock()
+        self._stage_at = 0.0
+        self._staged_at = -math.inf
+        self._reconcile_needed = False
+        self._claims_paused = False
+
+    # -- wake-ups (any thread) -------------------------------------------------
+
+    def wake(self) -> None:
+        """Look for work now (a slot freed up, the worker is stopping)."""
+        self._wake.set()
+
+    def on_queue(self, queue: str) -> None:
+        """The listener: jobs became available in ``queue``; ``"*"``: anything
+        may have changed, so also stage again soon.
+        """
+        if queue == "*":
+            with self._stage_lock:
+                self._stage_at = min(self._stage_at, self._staged_at + CHANGE_RESTAGE_GAP)
+            self._wake.set()
+        elif queue in self.queues:
+            self._wake.set()
+
+    def on_due(self, queue: str, seconds: float) -> None:
+        """The listener: a job of ``queue`` comes due in ``seconds``."""
+        if queue in self.queues:
+            self.stage_within(seconds)
+
+    def stage_within(self, seconds: float) -> None:
+        """Stage within ``seconds``: a job of our queues comes due then (a
+        retry we wrote, a delayed enqueue).
+        """
+        at = time.monotonic() + max(seconds, 0.0)
+        with self._stage_lock:
+            if at >= self._stage_at:
+                return
+            self._stage_at = at
+        self._wake.set()
+
+    # -- the loop ------------------------------------------------------------------
+
+    def run(self) -> None:
+        """Claim until the worker stops (or, in burst mode, until drained)."""
+        outage_pause = 0.05
+        while not self._stopping.is_set():
+            self._wake.clear()
+            claimed = 0
+            try:
+                if self._reconcile_needed:
+                    self._reconcile()
+                if time.monotonic() >= self._stage_at:
+                    self._stage()
+                if self._fixed_prefetch is None:
+                    self._executor.hand_back(stalled_for=PREFETCH_STALL)
+                claimed = self._claim()
+                if self._burst and claimed == 0 and self._drained():
+                    logger.info("burst: nothing left to run; stopping")
+                    return
+                outage_pause = 0.05
+            except DatabaseUnavailable as exc:
+                # A claim may have committed with its reply lost: look for
+                # jobs held under our id that nobody here runs once back.
+                self._reconcile_needed = True
+                logger.warning("database unavailable (%s); retrying in %.2fs", exc, outage_pause)
+                self._stopping.wait(outage_pause)
+                outage_pause = min(outage_pause * 2, 5.0)
+                continue
+            except DatabaseError:
+                logger.exception("claim failed; retrying")
+                self._stopping.wait(self._settings.poll_interval)
+                continue
+            if claimed and self._wanted() > 0:
+                continue  # a full batch came back: the queue may hold more
+            self._wake.wait(max(self._stage_at - time.monotonic(), 0.0))
+
+    def _stage(self) -> None:
+        """Stage due jobs, and set when to stage next: when the next job of our
+        queues comes due (the database says in how many seconds, by its own
+        clock), at the latest ``poll_interval`` from now -- the fallback for
+        jobs we hear nothing about (another process's delayed enqueue where no
+        wake-up reaches us, a rescued job).
+
+        Only jobs not yet due count as next: a due job that another worker is
+        staging, or has staged, gives no reason to stage again at once, so a
+        wake-up for it cannot make the producer spin.
+        """
+        with self._stage_lock:
+            # Hints that arrive while the query runs lower it again.
+            was, self._stage_at = self._stage_at, math.inf
+        try:
+            staging = self._backend.job_stage_due(queues=self.queues)
+        except BaseException:
+            with self._stage_lock:
+                self._stage_at = min(self._stage_at, was)
+            raise
+        wait = self._settings.poll_interval
+        if staging.next_due_in is not None:
+            wait = min(wait, max(staging.next_due_in, 0.0))
+        now = time.monotonic()
+        with self._stage_lock:
+            self._staged_at = now
+            self._stage_at = min(self._stage_at, now + wait)
+
+    # -- sizing ------------------------------------------------------------------
+
+    @property
+    def prefetch_setting(self) -> int | None:
+        """The fixed prefetch, or None when it adapts."""
+        return self._fixed_prefetch
+
+    @property
+    def prefetch(self) -> int:
+        """Jobs to hold beyond the free slots.
+
+        Adaptive unless fixed: enough to keep every slot busy for one claim's
+        round trip (``concurrency x claim time / run time``), at most
+        ``PREFETCH_PER_SLOT`` per slot. Fast jobs get a deep buffer, so claims
+        come in large batches; jobs that run longer than a claim takes get
+        none, so no job waits behind a long one while another worker is idle,
+        and a crash (which costs every claimed job an attempt) takes only what
+        was running. The run time is the running mean, or, while every slot
+        is busy, the time since a job last started if that is longer: slots
+        held by slow jobs shrink the buffer before any of them finishes.
+        Prefetched jobs that still wait ``PREFETCH_STALL`` seconds with no
+        job starting are handed back (see :meth:`run`).
+        """
+        if self._fixed_prefetch is not None:
+            return self._fixed_prefetch
+        state = self._executor.snapshot()
+        run_seconds = state.mean_run_seconds
+        if run_seconds is None:
+            return 0  # nothing known yet: claim only what fits
+        if state.active >= self.concurrency:
+            run_seconds = max(run_seconds, time.monotonic() - state.last_start)
+        wanted = self.concurrency * self._claim_seconds / max(run_seconds, 1e-6)
+        return min(round(wanted), PREFETCH_PER_SLOT * self.concurrency, MAX_ADAPTIVE_PREFETCH)
+
+    def _wanted(self) -> int:
+        """Jobs to claim now: free slots plus the prefetch, less what is buffered."""
+        return self.concurrency + self.prefetch - self._executor.snapshot().load
+
+    def _claim(self) -> int:
+        """Claim a batch if worth it; start what fits. Returns jobs claimed.
+
+        A claim is one round trip whatever its size, so the worker does not
+        claim one job per freed slot: it claims when its buffer is empty, or
+        when at least half its capacity (slots + prefetch) can be filled.
+        """
+        if not self._claims.fresh():
+            # Our heartbeat is stale (database trouble, a paused process):
+            # anything claimed now could be rescued from under us at once.
+            if not self._claims_paused:
+                logger.warning(
+                    "no heartbeat acknowledged for %.1fs; not claiming until one is",
+                    self._claims.beat_age(),
+                )
+            self._claims_paused = True
+            return 0
+        self._claims_paused = False
+        capacity = self.concurrency + self.prefetch
+        self._executor.set_refill_at(capacity - capacity // 2)
+        state = self._executor.snapshot()
+        wanted = capacity - state.load
+        if wanted <= 0 or (state.ready and wanted < capacity // 2):
+            return 0
+        claimed = 0
+        stamp = self._claims.stamp()  # before the query (see Claims.stamp)
+        # Rotate the starting queue so one busy queue cannot starve the others.
+        start = self._claims_made % max(len(self.queues), 1)
+        for queue in self.queues[start:] + self.queues[:start]:
+            limit = wanted - claimed
+            if limit <= 0 or self._stopping.is_set():
+                break
+            started = time.monotonic()
+            jobs = self._backend.job_claim(worker_id=self._worker_id, queue=queue, limit=limit)
+            self._claim_seconds += (time.monotonic() - started - self._claim_seconds) * 0.1
+            if jobs:
+                self._claims.claimed(jobs, stamp)
+                if self._events.listening:
+                    for job in jobs:
+                        self._events.emit(JobEvent.of(EventKind.CLAIMED, job))
+                self._executor.offer(jobs)
+            claimed += len(jobs)
+        self._claims_made += claimed
+        self._on_claimed(claimed)
+        return claimed
+
+    def _reconcile(self) -> None:
+        """Hand back jobs the database says we hold but nothing here runs
+        (a claim committed with its reply lost).
+
+        Runs on the producer thread (the only one that claims), so a claim
+        cannot be in flight meanwhile.
+        """
+        held = self._backend.job_held_by(worker_id=self._worker_id)
+        known = {job.id for job in self._executor.running_jobs()} | self._completer.pending_ids()
+        unknown = [job for job in held if job.id not in known]
+        if unknown:
+            failures = [
+                released_attempt(job, "claim reply lost to a connection error; handed back")
+                for job in unknown
+            ]
+            released = self._backend.job_fail_many(failures=failures)
+            logger.warning("handed back %d jobs whose claim reply was lost", len(released))
+        self._reconcile_needed = False
+
+    def _drained(self) -> bool:
+        """Burst mode: nothing running, nothing unwritten, nothing due soon."""
+        if self._executor.snapshot().load or self._completer.pending:
+            return False
+        due_in = self._backend.job_next_due_in(queues=self.queues)
+        if due_in is None or due_in > self._settings.poll_interval:
+            return True
+        if due_in > 0:
+            self._stopping.wait(due_in)
+        return False

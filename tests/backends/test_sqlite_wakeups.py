@@ -1,0 +1,85 @@
+"""SQLite's wake-ups through the one listening protocol every backend has:
+another connection's commit and an in-process enqueue both reach
+``on_queue("*")`` on the listener thread, within milliseconds.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+import time
+
+from jobkeeper import JobQueue
+
+
+def _listen(jq: JobQueue) -> tuple[list[float], threading.Event, threading.Thread]:
+    heard: list[float] = []
+    stop = threading.Event()
+    backend = jq.backend.dedicated()
+
+    def run() -> None:
+        try:
+            backend.listen(on_queue=lambda q: heard.append(time.monotonic()), stop=stop)
+        finally:
+            backend.close()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return heard, stop, thread
+
+
+def _until_listening(jq: JobQueue, heard: list[float]) -> None:
+    """In-process wake-ups until two were heard: the listener's loop has then
+    read its first ``data_version`` (it reads one after each wake-up).
+    """
+    deadline = time.monotonic() + 10
+    while len(heard) < 2 and time.monotonic() < deadline:
+        jq.backend.wake_local()  # type: ignore[attr-defined]
+        time.sleep(0.005)
+    assert len(heard) >= 2, "the listener never started"
+    heard.clear()
+
+
+def _wait_heard(heard: list[float], after: float) -> float:
+    """The first wake-up heard at or after ``after`` (``time.monotonic()``)."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        late = [t for t in list(heard) if t >= after]
+        if late:
+            return late[0]
+        time.sleep(0.005)
+    raise AssertionError("no wake-up")
+
+
+def test_a_commit_by_another_connection_wakes_the_listener(sqlite_url):
+    with JobQueue(sqlite_url) as jq:
+        jq.migrate()
+        heard, stop, thread = _listen(jq)
+        try:
+            _until_listening(jq, heard)
+            other = sqlite3.connect(jq.url.path, isolation_level=None)
+            try:
+                committed = time.monotonic()
+                other.execute("CREATE TABLE elsewhere (x)")
+            finally:
+                other.close()
+            assert _wait_heard(heard, committed) - committed < 1.0
+        finally:
+            stop.set()
+            thread.join(5)
+        assert not thread.is_alive()
+
+
+def test_an_enqueue_in_this_process_wakes_the_listener_at_once(sqlite_url):
+    with JobQueue(sqlite_url) as jq:
+        jq.migrate()
+        heard, stop, thread = _listen(jq)
+        try:
+            _until_listening(jq, heard)
+            enqueued = time.monotonic()
+            jq.enqueue("anything", {})
+            _wait_heard(heard, enqueued)
+        finally:
+            stop.set()
+            thread.join(5)
+        assert not thread.is_alive()

@@ -1,0 +1,161 @@
+"""Job logs, the first subscriber of the event seam: every outcome reaches
+the ``jobkeeper`` logger at its level, with the job's facts on the record;
+the start line; the JSON lines of ``jobkeeper worker --log-format json``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+
+from jobkeeper import JobQueue, JobStatus
+from jobkeeper.joblog import JsonFormatter
+from support.waiting import wait_for, wait_status
+
+from .helpers import running
+
+
+def _job_records(caplog, job_id: int) -> list[logging.LogRecord]:
+    return [
+        r for r in caplog.records if r.name == "jobkeeper" and getattr(r, "job_id", None) == job_id
+    ]
+
+
+def test_failures_and_dead_letters_are_warnings_with_the_jobs_facts(jq, caplog):
+    caplog.set_level(logging.DEBUG, logger="jobkeeper")
+
+    @jq.task(max_attempts=2)
+    def breaks() -> None:
+        raise ValueError("broken on purpose")
+
+    @jq.task
+    def works() -> int:
+        return 1
+
+    bad, good = breaks.enqueue(), works.enqueue()
+    with running(jq.worker(concurrency=1)):
+        wait_status(jq, [bad.id], {JobStatus.DEAD})
+        wait_status(jq, [good.id], {JobStatus.COMPLETED})
+        wait_for(lambda: any(getattr(r, "event", "") == "dead_lettered" for r in caplog.records))
+        wait_for(
+            lambda: any(getattr(r, "event", "") == "acked" for r in _job_records(caplog, good.id))
+        )
+    warnings = [r for r in _job_records(caplog, bad.id) if r.levelno == logging.WARNING]
+    assert [(r.event, r.attempt) for r in warnings] == [  # type: ignore[attr-defined]
+        ("finished", 1),
+        ("finished", 2),
+        ("dead_lettered", 2),
+    ]
+    for record in warnings:
+        assert (record.task, record.queue) == ("breaks", "default")  # type: ignore[attr-defined]
+        assert f"job {bad.id}" in record.getMessage()
+    assert warnings[0].error == "ValueError: broken on purpose"  # type: ignore[attr-defined]
+    assert "broken on purpose" in warnings[0].getMessage()
+    assert "max_attempts=2 exhausted" in warnings[2].getMessage()
+    # A success: its start and end at DEBUG only, the end with its duration.
+    good_records = _job_records(caplog, good.id)
+    assert {r.levelno for r in good_records} == {logging.DEBUG}
+    finished = [r for r in good_records if r.event == "finished"]  # type: ignore[attr-defined]
+    assert finished and finished[0].duration is not None  # type: ignore[attr-defined]
+    assert any(r.event == "started" for r in good_records)  # type: ignore[attr-defined]
+
+
+def test_each_event_is_logged_once_with_two_workers_on_one_queue(jq, caplog):
+    caplog.set_level(logging.DEBUG, logger="jobkeeper")
+
+    @jq.task
+    def works() -> None:
+        pass
+
+    j = works.enqueue()
+    with running(jq.worker(concurrency=1)), running(jq.worker(concurrency=1)):
+        wait_status(jq, [j.id], {JobStatus.COMPLETED})
+        wait_for(
+            lambda: any(getattr(r, "event", "") == "acked" for r in _job_records(caplog, j.id))
+        )
+    events = [r.event for r in _job_records(caplog, j.id)]  # type: ignore[attr-defined]
+    assert events == ["claimed", "started", "finished", "acked"]
+
+
+def test_the_start_line_names_the_database_queues_and_settings(pg_url, caplog):
+    caplog.set_level(logging.INFO, logger="jobkeeper.worker")
+    url = pg_url.replace("postgresql://postgres@", "postgresql://postgres:s3cret@", 1)
+    assert "s3cret" in url
+    with JobQueue(url, poll_interval=0.05) as jq:
+        jq.migrate()
+
+        @jq.task(queue="mail")
+        def send() -> None:
+            pass
+
+        handle = jq.worker(queues=["mail", "mial"], burst=True)
+        handle.run()
+    (start,) = [r.getMessage() for r in caplog.records if " started on " in r.getMessage()]
+    assert "s3cret" not in caplog.text
+    assert "postgres:***@" in start
+    assert "queues=mail,mial" in start and "concurrency=10" in start
+    assert "rescue_after=" in start and "poll_interval=0.05" in start
+    unused = [
+        r for r in caplog.records if r.levelno == logging.WARNING and "'mial'" in r.getMessage()
+    ]
+    assert len(unused) == 1 and "none of the app's tasks uses it" in unused[0].getMessage()
+    assert not any(
+        "'mail'" in r.getMessage() for r in caplog.records if r.levelno == logging.WARNING
+    )
+
+
+def test_json_formatter_writes_one_object_a_line_with_the_job_fields():
+    record = logging.LogRecord(
+        "jobkeeper", logging.WARNING, __file__, 1, "%s", ("job 7 failed",), None
+    )
+    for name, value in {
+        "job_id": 7,
+        "task": "t",
+        "queue": "q",
+        "attempt": 2,
+        "duration": 0.5,
+        "error": "E: x\ny",
+    }.items():
+        setattr(record, name, value)
+    line = JsonFormatter().format(record)
+    assert "\n" not in line
+    data = json.loads(line)
+    assert data["level"] == "WARNING" and data["logger"] == "jobkeeper"
+    assert data["message"] == "job 7 failed" and data["time"].endswith("+00:00")
+    assert (data["job_id"], data["task"], data["queue"], data["attempt"]) == (7, "t", "q", 2)
+    assert (data["duration"], data["error"]) == (0.5, "E: x\ny")
+
+
+APP = """
+from jobkeeper import JobQueue
+jq = JobQueue()
+
+@jq.task(max_attempts=1)
+def explode() -> None:
+    raise RuntimeError("kaboom")
+"""
+
+
+def test_cli_worker_log_format_json(db_url, tmp_path):
+    (tmp_path / "jsonapp.py").write_text(APP)
+    env = {**os.environ, "PYTHONPATH": str(tmp_path), "JOBKEEPER_DATABASE_URL": db_url}
+    base = [sys.executable, "-m", "jobkeeper"]
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([*base, *args], capture_output=True, text=True, timeout=120, env=env)
+
+    assert run("migrate").returncode == 0
+    assert run("enqueue", "explode", "--app", "jsonapp:jq").returncode == 0
+    done = run("worker", "--app", "jsonapp:jq", "--burst", "--log-format", "json")
+    assert done.returncode == 0, done.stderr
+    lines = [json.loads(line) for line in done.stderr.splitlines() if line.strip()]
+    assert lines, done.stderr
+    assert all({"time", "level", "logger", "message"} <= set(line) for line in lines)
+    failed = [line for line in lines if line.get("error") == "RuntimeError: kaboom"]
+    assert failed and failed[0]["level"] == "WARNING" and failed[0]["task"] == "explode"
+    assert failed[0]["queue"] == "default" and failed[0]["attempt"] == 1
+    assert isinstance(failed[0]["job_id"], int) and failed[0]["duration"] >= 0
+    assert any(" started on " in line["message"] for line in lines)
