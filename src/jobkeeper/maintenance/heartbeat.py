@@ -16,7 +16,7 @@ from collections.abc import Callable
 from jobkeeper.backends.base import Backend
 from jobkeeper.errors import DatabaseError
 from jobkeeper.maintenance.service import IntervalService
-from jobkeeper.models import Claim, WorkerInfo
+from jobkeeper.models import Claim, Job, WorkerInfo
 
 logger = logging.getLogger("jobkeeper.worker")
 
@@ -40,11 +40,13 @@ class Heartbeat(IntervalService):
         interval: float,
         on_cancel: Callable[[Claim], None],
         stale_after: float | None = None,
+        on_holds: Callable[[list[Job]], None] | None = None,
     ) -> None:
         super().__init__("jobkeeper-heartbeat", interval)
         self._backend = backend
         self._worker = worker
         self._on_cancel = on_cancel
+        self._on_holds = on_holds
         #: Test hook: when set, beats are skipped (simulates a stalled worker).
         self.paused = False
         # The last acknowledged beat and the stale spells change together,
@@ -81,12 +83,16 @@ class Heartbeat(IntervalService):
 
     def troubled_within(self, seconds: float) -> bool:
         """Whether, within the last ``seconds``, a beat failed or waited over
-        ``interval`` for the database (or one is waiting that long now): the
-        database was down, or locked, for every worker alike.
+        ``interval`` for the database (or one is waiting that long now), or
+        beats stopped altogether (this process was paused, or starved): the
+        database was down or locked for every worker alike, or this process
+        held up the others itself (a SQLite write lock held through a pause).
         """
         now = time.monotonic()
         writing_since = self._writing_since
         if writing_since is not None and now - writing_since > self.interval:
+            return True
+        if now - self._last_beat > 2 * self.interval and not self.paused:
             return True
         return now - self.trouble_at < seconds
 
@@ -105,8 +111,18 @@ class Heartbeat(IntervalService):
         if time.monotonic() - sent > self.interval:
             self.trouble_at = time.monotonic()
         with self._lock:
-            if self._stale_after is not None and sent - self._last_beat > self._stale_after:
+            gap = sent - self._last_beat
+            spell_ended = self._stale_after is not None and gap > self._stale_after
+            if spell_ended:
                 self._stale_spells += 1
             self._last_beat = sent
+        if gap > 2 * self.interval:
+            # No beat for a while (a pause, a starved process): others' beats
+            # may have waited on us meanwhile, so judge nobody for a window.
+            self.trouble_at = time.monotonic()
+        if spell_ended and self._on_holds is not None:
+            # Our claims may have been rescued while we were silent: the
+            # worker stops what no longer holds its claim.
+            self._on_holds(self._backend.job_held_by(worker_id=self._worker.id))
         for claim in self._backend.job_cancel_requested(worker_id=self._worker.id):
             self._on_cancel(claim)

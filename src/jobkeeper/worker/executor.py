@@ -316,8 +316,12 @@ class Executor:
             timed_out = execution.timed_out
             cancel_reason = execution.cancel_reason
             release_reason = execution.release_reason
-        if exc is None and not timed_out:
-            return self._success(job, result)  # the work was done, even if asked to stop
+            cancelled = cancel_reason is not None and execution.interrupted
+        if exc is None and not timed_out and not cancelled:
+            # The work was done before anything asked it to stop. Code told
+            # to stop that returns anyway (it caught the interrupt) ended by
+            # the request, as a timed-out one does.
+            return self._success(job, result)
         if cancel_reason is not None:
             return cancelled_attempt(job, cancel_reason)
         if timed_out:
@@ -484,7 +488,7 @@ class Executor:
     def cancel(self, claim: Claim, reason: str) -> bool:
         """Cancel the job of ``claim``: at once if it has not started; else
         ask its code to stop, and it ends ``cancelled`` once the code has
-        returned (``completed`` if the code succeeds anyway). Returns True
+        returned (``completed`` if it returned before being asked). Returns True
         when this request was new.
         """
         waiting = self._slots.take_waiting(claim.job_id, claim.attempt)
@@ -492,6 +496,12 @@ class Executor:
             self._report(waiting, cancelled_attempt(waiting, reason))
             return True
         return self._interrupts.cancel(claim, reason)
+
+    def claim_lost(self, job_id: int, fence: int, reason: str) -> bool:
+        """Ask an attempt whose claim was rescued to stop; see
+        :meth:`Interrupts.claim_lost`.
+        """
+        return self._interrupts.claim_lost(job_id, fence, reason)
 
     def interrupt_all(self, reason: str) -> int:
         """Ask every running execution to stop; see :meth:`Interrupts.interrupt_all`."""

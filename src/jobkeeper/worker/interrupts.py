@@ -74,6 +74,22 @@ class Interrupts:
             self._interrupt(execution)
         return True
 
+    def claim_lost(self, job_id: int, fence: int, reason: str) -> bool:
+        """Ask the running attempt of ``job_id`` under claim ``fence`` to stop:
+        the claim was rescued while this worker was silent, so the job may be
+        running elsewhere. Its outcome is then a hand-back the fence refuses
+        (nothing is written). Returns True when this request was new.
+        """
+        execution = self._slots.running(job_id)
+        if execution is None or execution.job.fence != fence:
+            return False
+        with execution.lock:
+            if execution.finished or execution.release_reason is not None:
+                return False
+            execution.release_reason = reason
+            self._interrupt(execution)
+        return True
+
     def interrupt_all(self, reason: str) -> int:
         """Ask every running execution to stop (shutdown after the grace
         period); each one whose code then returns is handed back with

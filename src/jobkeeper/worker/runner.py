@@ -171,6 +171,7 @@ class Worker:
             settings.heartbeat_interval,
             self._on_cancel,
             stale_after=fresh_for,
+            on_holds=self._on_holds,
         )
         self.claims = Claims(
             backend=self._base_backend,
@@ -285,6 +286,25 @@ class Worker:
         take jobs from live workers.
         """
         return not self.heartbeat.troubled_within(max(window, self._settings.rescue_after))
+
+    def _on_holds(self, held: list[Job]) -> None:
+        """After a stale spell (the heartbeat's thread, holds read as of a
+        fresh beat): attempts whose claim is no longer ours were rescued
+        while we were silent and may be running elsewhere; ask them to stop
+        rather than run beside their retry. Their writes are fenced off
+        anyway; this ends the overlap as soon as we can know of it.
+        """
+        holds = {(job.id, job.fence) for job in held}
+        for job in self.executor.running_jobs():
+            if (job.id, job.fence) not in holds and self.executor.claim_lost(
+                job.id, job.fence, "claim lost while this worker was silent: stopped"
+            ):
+                logger.warning(
+                    "job %s (%s): its claim was rescued while this worker was silent; "
+                    "asked its code to stop (its outcome will not be written)",
+                    job.id,
+                    job.task,
+                )
 
     def _on_cancel(self, claim: Claim) -> None:
         if self.executor.cancel(claim, "cancelled while running"):
