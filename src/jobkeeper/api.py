@@ -1223,7 +1223,7 @@ def _drive_wait(backend: Backend, job_id: int, timeout: float | None, poll: floa
                 backend.job_mark_awaited(job_id=job_id)
             elif isinstance(step, Get):
                 woken.clear()
-                reply = backend.job_get(job_id)
+                reply = backend.job_get(job_id=job_id)
             else:
                 woken.wait(step.seconds)
     finally:

@@ -101,7 +101,7 @@ def test_status_shows_each_workers_version(cli):
 
     with JobQueue(cli.url) as jq:
         now = datetime.now(UTC)
-        jq.backend.worker_register(WorkerInfo("w-1", "h", 1, ["q"], now, now))
+        jq.backend.worker_register(worker=WorkerInfo("w-1", "h", 1, ["q"], now, now))
     status = cli.json("status")
     assert [w["version"] for w in status["workers"]] == [jobkeeper.__version__]
     code, out, _ = cli("status")

@@ -92,7 +92,7 @@ def test_concurrency_counts_claimed_and_running_and_a_rescue_frees_it(jq):
     # The holder "a" never registered: its jobs are rescuable at once, and
     # once returned they stop counting.
     for job in jq.backend.job_rescue_candidates(rescue_after=0.0, limit=10):
-        jq.backend.job_fail_many([released_attempt(job, "lost")])
+        jq.backend.job_fail_many(failures=[released_attempt(job, "lost")])
     assert len(claim(jq, "q", worker="b")) == 2
 
 
@@ -125,7 +125,7 @@ def test_a_key_waiting_out_a_retry_does_not_hold_it(jq):
     (held,) = jq.backend.job_claim(worker_id="w", queue="q", limit=10)
     assert held.id == first.id
     failure = failed_attempt(held, jq.settings, error="boom", retry_in=3600)
-    jq.backend.job_fail_many([failure])
+    jq.backend.job_fail_many(failures=[failure])
     assert jq.get_job(first.id).status == JobStatus.RETRYABLE
     assert claim(jq, "q") == [second.id]
 
@@ -209,7 +209,7 @@ def test_configure_and_pause_warn_while_an_old_worker_is_registered(jq):
     from datetime import UTC, datetime
 
     now = datetime.now(UTC)
-    jq.backend.worker_register(WorkerInfo("new", "h", 1, ["q"], now, now))
+    jq.backend.worker_register(worker=WorkerInfo("new", "h", 1, ["q"], now, now))
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         jq.pause("q")  # only workers of this version: no warning
@@ -227,5 +227,5 @@ def test_workers_record_their_version(jq):
     import jobkeeper
 
     now = datetime.now(UTC)
-    jq.backend.worker_register(WorkerInfo("w", "h", 1, ["q"], now, now))
+    jq.backend.worker_register(worker=WorkerInfo("w", "h", 1, ["q"], now, now))
     assert [w.version for w in jq.workers()] == [jobkeeper.__version__]

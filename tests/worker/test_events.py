@@ -158,11 +158,11 @@ def test_a_rescue_is_emitted_with_the_lost_holder(jq):
     jq.on_event(recorder)
     holder = "lost:1:beef"
     now = datetime.now(UTC)
-    jq.backend.worker_register(WorkerInfo(holder, "host", 1, ["default"], now, now))
+    jq.backend.worker_register(worker=WorkerInfo(holder, "host", 1, ["default"], now, now))
     j = jq.enqueue("anything", {}, max_attempts=1)
     (claimed,) = jq.backend.job_claim(worker_id=holder, queue="default", limit=1)
-    assert jq.backend.job_start_many([claim_of(claimed)]) == {j.id}
-    jq.backend.worker_deregister(holder)  # gone: rescued on the next pass
+    assert jq.backend.job_start_many(claims=[claim_of(claimed)]) == {j.id}
+    jq.backend.worker_deregister(worker_id=holder)  # gone: rescued on the next pass
     backend = jq.backend.dedicated()
     rescuer = Rescuer(backend, jq.settings, 0.05, events=jq.events)
     rescuer.start()

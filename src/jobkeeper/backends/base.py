@@ -71,7 +71,7 @@ class Backend(Protocol):
 
     # -- jobs --------------------------------------------------------------
 
-    def job_insert_many(self, jobs: Sequence[NewJob], *, connection: Any = None) -> list[Job]:
+    def job_insert_many(self, *, jobs: Sequence[NewJob], connection: Any = None) -> list[Job]:
         """Insert jobs in one transaction (or in the caller's ``connection``'s
         transaction, uncommitted). A job whose ``(task, unique_key)`` matches a
         pending job is not inserted; the pending job is returned in its place.
@@ -86,20 +86,20 @@ class Backend(Protocol):
         """
         ...
 
-    def job_start_many(self, claims: Sequence[Claim]) -> set[int]:
+    def job_start_many(self, *, claims: Sequence[Claim]) -> set[int]:
         """Record start marks: fenced claimed jobs become running (their task
         is being called). Returns the ids written.
         """
         ...
 
-    def job_complete_many(self, completions: Sequence[Completion], *, delete: bool) -> set[int]:
+    def job_complete_many(self, *, completions: Sequence[Completion], delete: bool) -> set[int]:
         """Mark fenced held (claimed or running) jobs completed (or delete them when ``delete``);
         return the ids written.
         """
         ...
 
     def job_fail_many(
-        self, failures: Sequence[Failure], *, stale_after: float | None = None
+        self, *, failures: Sequence[Failure], stale_after: float | None = None
     ) -> set[int]:
         """Record failed attempts, fenced; per ``outcome``: retryable (after
         ``retry_in`` s), dead (moved to the dead letters), cancelled,
@@ -163,7 +163,7 @@ class Backend(Protocol):
         """
         ...
 
-    def job_get(self, job_id: int) -> Job | None:
+    def job_get(self, *, job_id: int) -> Job | None:
         """A job by id, from the jobs table or the dead letters."""
         ...
 
@@ -181,13 +181,13 @@ class Backend(Protocol):
         """
         ...
 
-    def job_cancel(self, job_id: int) -> Job | None:
+    def job_cancel(self, *, job_id: int) -> Job | None:
         """Cancel a pending job, or flag a held one for its worker to stop.
         Returns the job after the change (unchanged when finished), or None.
         """
         ...
 
-    def job_retry(self, job_id: int) -> Job | None:
+    def job_retry(self, *, job_id: int) -> Job | None:
         """Make a retryable/cancelled/completed/dead job available now with
         attempts reset. Returns the job after the change (unchanged when it is
         pending), or None.
@@ -197,7 +197,7 @@ class Backend(Protocol):
         """
         ...
 
-    def dead_letter_requeue(self, job_ids: Sequence[int] | None) -> list[int]:
+    def dead_letter_requeue(self, *, job_ids: Sequence[int] | None) -> list[int]:
         """Move dead letters (all when ``job_ids`` is None) back to available;
         return the ids moved.
 
@@ -220,15 +220,15 @@ class Backend(Protocol):
 
     # -- workers -----------------------------------------------------------
 
-    def worker_register(self, worker: WorkerInfo) -> None:
+    def worker_register(self, *, worker: WorkerInfo) -> None:
         """Insert (or refresh) the worker's row with a fresh heartbeat."""
         ...
 
-    def worker_heartbeat(self, worker: WorkerInfo) -> None:
+    def worker_heartbeat(self, *, worker: WorkerInfo) -> None:
         """Refresh ``heartbeat_at``; re-register if the row was pruned."""
         ...
 
-    def worker_deregister(self, worker_id: str) -> None:
+    def worker_deregister(self, *, worker_id: str) -> None:
         """Delete the worker's row."""
         ...
 
@@ -263,9 +263,9 @@ class Backend(Protocol):
 
     def listen(
         self,
+        *,
         on_queue: Callable[[str], None],
         stop: threading.Event,
-        *,
         on_due: Callable[[str, float], None] | None = None,
     ) -> None:
         """Deliver wake-ups to a worker until ``stop`` is set: blocks, on a

@@ -70,7 +70,7 @@ class SharedReads:
     def job_held_by(self, *, worker_id: str) -> list[Job]:
         return self._jobs(self._fetch("job_held_by", {"worker_id": worker_id}))
 
-    def job_get(self, job_id: int) -> Job | None:
+    def job_get(self, *, job_id: int) -> Job | None:
         rows = self._fetch("job_get", {"id": job_id})
         if rows:
             return self._jobs(rows)[0]

@@ -27,10 +27,10 @@ class ThreadedAsync:
     _async_executor: concurrent.futures.ThreadPoolExecutor | None = None
     _async_executor_lock = threading.Lock()
 
-    def job_insert_many(self, jobs: Sequence[NewJob], *, connection: Any = None) -> list[Job]:
+    def job_insert_many(self, *, jobs: Sequence[NewJob], connection: Any = None) -> list[Job]:
         raise NotImplementedError
 
-    def job_get(self, job_id: int) -> Job | None:
+    def job_get(self, *, job_id: int) -> Job | None:
         raise NotImplementedError
 
     def job_mark_awaited(self, *, job_id: int) -> None:
@@ -55,11 +55,11 @@ class ThreadedAsync:
             # A sqlite3 connection belongs to the thread that made it (and
             # the caller's transaction is open on it): written here, a local
             # write to a file the caller already holds.
-            return self.job_insert_many(jobs, connection=connection)
-        return await self._in_thread(functools.partial(self.job_insert_many, jobs))
+            return self.job_insert_many(jobs=jobs, connection=connection)
+        return await self._in_thread(functools.partial(self.job_insert_many, jobs=jobs))
 
     async def job_get_async(self, *, job_id: int) -> Job | None:
-        return await self._in_thread(functools.partial(self.job_get, job_id))
+        return await self._in_thread(functools.partial(self.job_get, job_id=job_id))
 
     async def job_mark_awaited_async(self, *, job_id: int) -> None:
         await self._in_thread(functools.partial(self.job_mark_awaited, job_id=job_id))

@@ -156,7 +156,7 @@ class PostgresBackend(
 
     # -- jobs ---------------------------------------------------------------
 
-    def job_insert_many(self, jobs: Sequence[NewJob], *, connection: Any = None) -> list[Job]:
+    def job_insert_many(self, *, jobs: Sequence[NewJob], connection: Any = None) -> list[Job]:
         if not jobs:
             return []
         delayed = any(j.delay is not None or j.run_at is not None for j in jobs)
@@ -195,12 +195,12 @@ class PostgresBackend(
         jobs = [claimed_job(row, worker_id, utc) for row in rows]
         return sorted(jobs, key=lambda j: (j.priority, j.scheduled_at, j.id))
 
-    def job_start_many(self, claims: Sequence[Claim]) -> set[int]:
+    def job_start_many(self, *, claims: Sequence[Claim]) -> set[int]:
         if not claims:
             return set()
         return {row["id"] for row in self._fetch("job_start_many", claim_arrays(claims))}
 
-    def job_complete_many(self, completions: Sequence[Completion], *, delete: bool) -> set[int]:
+    def job_complete_many(self, *, completions: Sequence[Completion], delete: bool) -> set[int]:
         if not completions:
             return set()
         params = completion_arrays(completions)
@@ -210,7 +210,7 @@ class PostgresBackend(
         return {row["id"] for row in self._fetch(name, params)}
 
     def job_fail_many(
-        self, failures: Sequence[Failure], *, stale_after: float | None = None
+        self, *, failures: Sequence[Failure], stale_after: float | None = None
     ) -> set[int]:
         if not failures:
             return set()
@@ -322,11 +322,11 @@ class PostgresBackend(
             return ["analyze"]
         return []
 
-    def job_cancel(self, job_id: int) -> Job | None:
+    def job_cancel(self, *, job_id: int) -> Job | None:
         rows = self._fetch("job_cancel", {"id": job_id})
         return self._jobs(rows)[0] if rows else self.job_get(job_id=job_id)
 
-    def job_retry(self, job_id: int) -> Job | None:
+    def job_retry(self, *, job_id: int) -> Job | None:
         rows = self._fetch("job_retry", {"id": job_id})
         if not rows and self.dead_letter_requeue(job_ids=[job_id]) == []:
             return self.job_get(job_id=job_id)
@@ -338,7 +338,7 @@ class PostgresBackend(
     def _notify(self, queues: Sequence[str]) -> None:
         self._fetch("notify_queues", {"channel": self.channel(), "queues": list(queues)})
 
-    def dead_letter_requeue(self, job_ids: Sequence[int] | None) -> list[int]:
+    def dead_letter_requeue(self, *, job_ids: Sequence[int] | None) -> list[int]:
         params = {"all": job_ids is None, "ids": list(job_ids or [])}
         return sorted(row["id"] for row in self._fetch("dead_letter_requeue", params))
 
@@ -353,10 +353,10 @@ class PostgresBackend(
 
     # -- workers ------------------------------------------------------------
 
-    def worker_register(self, worker: WorkerInfo) -> None:
+    def worker_register(self, *, worker: WorkerInfo) -> None:
         self._fetch("worker_register", self._worker_params(worker))
 
-    def worker_heartbeat(self, worker: WorkerInfo) -> None:
+    def worker_heartbeat(self, *, worker: WorkerInfo) -> None:
         with self._cursor() as cursor:
             cursor.execute(QUERIES["worker_heartbeat"], {"id": worker.id})
             if cursor.rowcount == 0:
@@ -364,7 +364,7 @@ class PostgresBackend(
                 # (or will be) rescued and our fenced writes will be refused.
                 cursor.execute(QUERIES["worker_register"], self._worker_params(worker))
 
-    def worker_deregister(self, worker_id: str) -> None:
+    def worker_deregister(self, *, worker_id: str) -> None:
         self._fetch("worker_deregister", {"id": worker_id})
 
     def worker_prune_stale(self, *, older_than: float, now: datetime | None = None) -> int:

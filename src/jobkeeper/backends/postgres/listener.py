@@ -35,9 +35,9 @@ class PostgresListener(PostgresConnections):
 
     def listen(
         self,
+        *,
         on_queue: Callable[[str], None],
         stop: threading.Event,
-        *,
         on_due: Callable[[str, float], None] | None = None,
     ) -> None:
         """LISTEN on the queue channel until ``stop``; see the Backend Protocol.

@@ -106,7 +106,7 @@ class SqliteBackend(
 
     # -- jobs ---------------------------------------------------------------
 
-    def job_insert_many(self, jobs: Sequence[NewJob], *, connection: Any = None) -> list[Job]:
+    def job_insert_many(self, *, jobs: Sequence[NewJob], connection: Any = None) -> list[Job]:
         if not jobs:
             return []
         if connection is not None:
@@ -137,7 +137,7 @@ class SqliteBackend(
                 )
         return sorted(self._jobs(rows), key=lambda j: (j.priority, j.scheduled_at, j.id))
 
-    def job_start_many(self, claims: Sequence[Claim]) -> set[int]:
+    def job_start_many(self, *, claims: Sequence[Claim]) -> set[int]:
         if not claims:
             return set()
         arrays = claim_arrays(claims)
@@ -155,7 +155,7 @@ class SqliteBackend(
                     written.add(job_id)
         return written
 
-    def job_complete_many(self, completions: Sequence[Completion], *, delete: bool) -> set[int]:
+    def job_complete_many(self, *, completions: Sequence[Completion], delete: bool) -> set[int]:
         if not completions:
             return set()
         arrays = completion_arrays(completions)
@@ -178,7 +178,7 @@ class SqliteBackend(
         return written
 
     def job_fail_many(
-        self, failures: Sequence[Failure], *, stale_after: float | None = None
+        self, *, failures: Sequence[Failure], stale_after: float | None = None
     ) -> set[int]:
         if not failures:
             return set()
@@ -259,12 +259,12 @@ class SqliteBackend(
         # and its planner needs no statistics to use the claim index.
         return []
 
-    def job_cancel(self, job_id: int) -> Job | None:
+    def job_cancel(self, *, job_id: int) -> Job | None:
         with self._write() as conn:
             rows = _rows(conn.execute(QUERIES["job_cancel"], {"id": job_id}))
         return self._jobs(rows)[0] if rows else self.job_get(job_id=job_id)
 
-    def job_retry(self, job_id: int) -> Job | None:
+    def job_retry(self, *, job_id: int) -> Job | None:
         with self._write() as conn:
             rows = _rows(conn.execute(QUERIES["job_retry"], {"id": job_id}))
             if not rows:
@@ -282,7 +282,7 @@ class SqliteBackend(
         conn.execute(QUERIES["dead_letter_requeue_delete"], {"ids": json.dumps(revived)})
         return sorted(revived)
 
-    def dead_letter_requeue(self, job_ids: Sequence[int] | None) -> list[int]:
+    def dead_letter_requeue(self, *, job_ids: Sequence[int] | None) -> list[int]:
         with self._write() as conn:
             ids = self._requeue(conn, job_ids)
         if ids:
@@ -300,9 +300,9 @@ class SqliteBackend(
 
     def listen(
         self,
+        *,
         on_queue: Callable[[str], None],
         stop: threading.Event,
-        *,
         on_due: Callable[[str, float], None] | None = None,
     ) -> None:
         """See the Backend Protocol and :mod:`.wakeups` (``on_due`` is never

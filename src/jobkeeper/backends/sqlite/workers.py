@@ -16,11 +16,11 @@ class SqliteWorkers(SqliteConnection, SharedReads):
 
     # -- workers ------------------------------------------------------------
 
-    def worker_register(self, worker: WorkerInfo) -> None:
+    def worker_register(self, *, worker: WorkerInfo) -> None:
         with self._write() as conn:
             conn.execute(QUERIES["worker_register"], self._worker_params(worker))
 
-    def worker_heartbeat(self, worker: WorkerInfo) -> None:
+    def worker_heartbeat(self, *, worker: WorkerInfo) -> None:
         # One autocommit statement: SQLite takes the write lock and commits
         # inside a single step, so the lock is never held while this thread
         # waits for the GIL between BEGIN, UPDATE and COMMIT.
@@ -39,7 +39,7 @@ class SqliteWorkers(SqliteConnection, SharedReads):
             with self._write() as conn:
                 conn.execute(QUERIES["worker_register"], self._worker_params(worker))
 
-    def worker_deregister(self, worker_id: str) -> None:
+    def worker_deregister(self, *, worker_id: str) -> None:
         with self._write() as conn:
             conn.execute(QUERIES["worker_deregister"], {"id": worker_id})
 
