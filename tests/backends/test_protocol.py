@@ -33,7 +33,9 @@ ONLY_IN = {
         "job_table_maintain_analyze",
         "job_table_maintain_stats",
         "job_table_maintain_vacuum",
-        # NOTIFY and its channel; SQLite wakes in-process and through data_version.
+        # NOTIFY and its channel; SQLite wakes in-process and through data_version
+        # (notify_done: the end of awaited jobs, for wait's listener).
+        "notify_done",
         "notify_channel",
         "notify_due",
         "notify_queues",
@@ -71,6 +73,7 @@ NOT_OPERATIONS = {
     "notify_channel",
     "notify_due",
     "notify_queues",
+    "notify_done",
     "connection_journal_wal",
     "connection_synchronous_full",
 }

@@ -207,7 +207,11 @@ class PostgresBackend(
         if delete:
             del params["results"]
         name = "job_complete_many_delete" if delete else "job_complete_many"
-        return {row["id"] for row in self._fetch(name, params)}
+        rows = self._fetch(name, params)
+        ended = [row["id"] for row in rows if row["awaited"]]
+        if ended:
+            self._fetch("notify_done", {"channel": self.done_channel(), "ids": ended})
+        return {row["id"] for row in rows}
 
     def job_fail_many(
         self, *, failures: Sequence[Failure], stale_after: float | None = None
@@ -216,6 +220,8 @@ class PostgresBackend(
             return set()
         dead, updates = split_failures(failures)
         written: set[int] = set()
+        ended: list[int] = []  # awaited jobs this write ends
+        channel = self.done_channel()  # looked up before the cursor is held
         with self._cursor(transaction=True) as cursor:
             if updates:
                 cursor.execute(
@@ -231,7 +237,9 @@ class PostgresBackend(
                         "stale_after": stale_after,
                     },
                 )
-                written.update(row[0] for row in cursor.fetchall())
+                rows = cursor.fetchall()
+                written.update(row[0] for row in rows)
+                ended.extend(row[0] for row in rows if row[1])
             if dead:
                 cursor.execute(
                     QUERIES["job_fail_many_dead_lock"], {"ids": [f.claim.job_id for f in dead]}
@@ -248,7 +256,12 @@ class PostgresBackend(
                         "stale_after": stale_after,
                     },
                 )
-                written.update(row[0] for row in cursor.fetchall())
+                rows = cursor.fetchall()
+                written.update(row[0] for row in rows)
+                ended.extend(row[0] for row in rows if row[1])
+            if ended:
+                # Delivered at this transaction's commit, with the ends themselves.
+                cursor.execute(QUERIES["notify_done"], {"channel": channel, "ids": ended})
             released = {f.claim.job_id for f in updates if f.outcome in HANDED_BACK} & written
             if released:
                 queues = {row["queue"] for row in self._released_queues(cursor, released)}
@@ -324,6 +337,8 @@ class PostgresBackend(
 
     def job_cancel(self, *, job_id: int) -> Job | None:
         rows = self._fetch("job_cancel", {"id": job_id})
+        if rows and rows[0]["status"] == "cancelled" and rows[0]["awaited"]:
+            self._fetch("notify_done", {"channel": self.done_channel(), "ids": [job_id]})
         return self._jobs(rows)[0] if rows else self.job_get(job_id=job_id)
 
     def job_retry(self, *, job_id: int) -> Job | None:

@@ -412,16 +412,29 @@ class PostgresConnections:
         same rule as the insert trigger's).
         """
         if self._channel is None:
+            self._channel = f"jobkeeper_{self._schema_key(53)}"
+        return self._channel
+
+    def done_channel(self) -> str:
+        """The channel of awaited jobs' ends (``wait``'s listener listens on it):
+        ``jobkeeper_done_<schema>``, or the schema's md5 past 48 bytes.
+        """
+        return f"jobkeeper_done_{self._schema_key(48)}"
+
+    def _schema_key(self, longest: int) -> str:
+        """The current schema's name, or its md5 when longer than ``longest`` bytes."""
+        schema: str | None = getattr(self, "_schema", None)
+        if schema is None:
             rows = self._fetch_raw(QUERIES["notify_channel"])
             schema = rows[0][0] if rows else None
             if schema is None:
                 raise DatabaseError(
                     "PostgreSQL has no current schema (check search_path in the URL)"
                 )
-            if len(schema.encode()) > 53:
-                schema = hashlib.md5(schema.encode()).hexdigest()
-            self._channel = f"jobkeeper_{schema}"
-        return self._channel
+            self._schema: str = schema
+        if len(schema.encode()) > longest:
+            return hashlib.md5(schema.encode()).hexdigest()
+        return schema
 
     def _fetch_raw(self, query: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         with self._cursor() as cursor:

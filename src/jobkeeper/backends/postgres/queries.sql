@@ -175,7 +175,7 @@ FROM unnest(%(ids)b::bigint[], %(worker_ids)b::text[], %(attempts)b::int[],
      AS done(id, worker_id, attempt, fence, result)
 WHERE job.id = done.id AND job.worker_id = done.worker_id AND job.attempt = done.attempt
   AND job.fence = done.fence AND job.status IN ('claimed', 'running')
-RETURNING job.id
+RETURNING job.id, job.awaited
 
 -- name: job_complete_many_delete
 -- retention = 0: completed jobs are deleted at once, with the same fence.
@@ -185,7 +185,7 @@ USING unnest(%(ids)b::bigint[], %(worker_ids)b::text[], %(attempts)b::int[],
      AS done(id, worker_id, attempt, fence)
 WHERE job.id = done.id AND job.worker_id = done.worker_id AND job.attempt = done.attempt
   AND job.fence = done.fence AND job.status IN ('claimed', 'running')
-RETURNING job.id
+RETURNING job.id, job.awaited
 
 -- name: job_fail_many
 -- Retryable, cancelled, released and returned outcomes (dead ones move:
@@ -237,7 +237,7 @@ WHERE job.id = failed.id AND job.worker_id = failed.worker_id AND job.attempt = 
         WHERE worker.id = job.worker_id
           AND worker.heartbeat_at > now() - make_interval(
                 secs => coalesce(worker.rescue_after, %(stale_after)s::float8))))
-RETURNING job.id
+RETURNING job.id, job.awaited AND job.status = 'cancelled' AS ended_awaited
 
 -- name: job_fail_many_released_queues
 -- The queues of jobs handed back by job_fail_many, to wake their workers.
@@ -273,7 +273,7 @@ WITH failed AS (
             WHERE worker.id = job.worker_id
               AND worker.heartbeat_at > now() - make_interval(
                     secs => coalesce(worker.rescue_after, %(stale_after)s::float8))))
-    RETURNING job.id
+    RETURNING job.id, job.awaited
 ), moved AS (
     DELETE FROM jobkeeper_jobs AS job
     USING failed
@@ -297,9 +297,9 @@ WITH failed AS (
     FROM moved
     RETURNING id
 )
-SELECT id FROM dead
+SELECT dead.id, moved.awaited FROM dead JOIN moved ON moved.id = dead.id
 UNION ALL
-SELECT id FROM cancelled
+SELECT id, awaited FROM cancelled
 
 -- name: job_stage_due
 -- Due scheduled/retryable jobs become available; one NOTIFY per queue
@@ -867,3 +867,9 @@ SELECT queue FROM jobkeeper_periodic WHERE name = %(name)s
 -- by that read and one committed after it fires the NOTIFY. Writes nothing
 -- when already marked.
 UPDATE jobkeeper_jobs SET awaited = true WHERE id = %(id)s AND NOT awaited
+
+-- name: notify_done
+-- The end of jobs someone waits for (awaited: see job_mark_awaited), sent by
+-- the worker right after the write that ended them. Only awaited jobs pay
+-- for it: outcome statements return the flag, nothing else is announced.
+SELECT pg_notify(%(channel)s, id::text) FROM unnest(%(ids)s::bigint[]) AS id
