@@ -20,7 +20,7 @@ import enum
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from jobkeeper.models import Job
 
@@ -135,30 +135,47 @@ class EventBus:
     """
 
     def __init__(self) -> None:
-        self._listeners: tuple[Listener, ...] = ()
+        self._listeners: tuple[tuple[Listener, frozenset[EventKind]], ...] = ()
+        self._wanted: frozenset[EventKind] = frozenset()
         self._lock = threading.Lock()
 
     @property
     def listening(self) -> bool:
-        """Whether anyone listens (emitters test this before building an event)."""
+        """Whether anyone listens to anything."""
         return bool(self._listeners)
 
-    def subscribe(self, listener: Listener) -> Callable[[], None]:
-        """Add ``listener``; returns a function that removes it again."""
+    def wants(self, kind: EventKind) -> bool:
+        """Whether anyone listens to ``kind`` (emitters test this before
+        they build an event: one set lookup when nobody does).
+        """
+        return kind in self._wanted
+
+    def subscribe(
+        self, listener: Listener, kinds: Iterable[EventKind] | None = None
+    ) -> Callable[[], None]:
+        """Add ``listener`` for ``kinds`` (default: every kind); returns a
+        function that removes it again.
+        """
         if not callable(listener):
             raise TypeError(f"an event listener must be callable, got {listener!r}")
+        wanted = frozenset(EventKind) if kinds is None else frozenset(EventKind(k) for k in kinds)
+        entry = (listener, wanted)
         with self._lock:
-            self._listeners = (*self._listeners, listener)
+            self._listeners = (*self._listeners, entry)
+            self._wanted = frozenset().union(*(k for _, k in self._listeners))
 
         def unsubscribe() -> None:
             with self._lock:
-                self._listeners = tuple(x for x in self._listeners if x is not listener)
+                self._listeners = tuple(x for x in self._listeners if x is not entry)
+                self._wanted = frozenset().union(*(k for _, k in self._listeners))
 
         return unsubscribe
 
     def emit(self, event: JobEvent) -> None:
-        """Call every listener with ``event``."""
-        for listener in self._listeners:  # a tuple: safe against (un)subscribes meanwhile
+        """Call every listener of the event's kind with ``event``."""
+        for listener, kinds in self._listeners:  # a tuple: safe against (un)subscribes
+            if event.kind not in kinds:
+                continue
             try:
                 listener(event)
             except Exception:

@@ -90,6 +90,18 @@ _installed: weakref.WeakKeyDictionary[EventBus, tuple[int, Callable[[], None]]] 
 _installed_lock = threading.Lock()
 
 
+def logged_kinds() -> frozenset[EventKind]:
+    """The events whose records the ``jobkeeper`` logger would keep now:
+    outcomes, lost claims, rescues and dead letters always (they log at INFO
+    or above), claims, starts and acks only while DEBUG is on. Only those
+    are built: a job that completes costs one event, not four.
+    """
+    kinds = {EventKind.FINISHED, EventKind.CLAIM_LOST, EventKind.RESCUED, EventKind.DEAD_LETTERED}
+    if logger.isEnabledFor(logging.DEBUG):
+        kinds |= {EventKind.CLAIMED, EventKind.STARTED, EventKind.ACKED}
+    return frozenset(kinds)
+
+
 def install(bus: EventBus) -> Callable[[], None]:
     """Log ``bus``'s events (once, however many workers ask); returns the
     function that takes this request back.
@@ -97,7 +109,7 @@ def install(bus: EventBus) -> Callable[[], None]:
     with _installed_lock:
         entry = _installed.get(bus)
         if entry is None:
-            entry = (0, bus.subscribe(log_event))
+            entry = (0, bus.subscribe(log_event, logged_kinds()))
         _installed[bus] = (entry[0] + 1, entry[1])
     done = threading.Event()
 

@@ -155,7 +155,7 @@ class Rescuer(IntervalService):
         if failures:
             written = self._backend.job_fail_many(failures=failures, stale_after=unknown)
             self.rescued += len(written)
-            if self._events.listening:
+            if self._events.wants(EventKind.RESCUED) or self._events.wants(EventKind.DEAD_LETTERED):
                 self._emit(failures, judged, written)
             if written:
                 logger.warning(

@@ -148,7 +148,7 @@ class Claims:
         the task is called, so such a crash spends an attempt from the second
         one on. One round trip, only for those jobs.
         """
-        if self._events.listening:
+        if self._events.wants(EventKind.STARTED):
             self._events.emit(JobEvent.of(EventKind.STARTED, job))
         claim = claim_of(job)
         if job.unstarted_returns:

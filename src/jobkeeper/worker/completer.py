@@ -84,7 +84,7 @@ class Completer:
         blocks on I/O). ``job``: the outcome's job, for its events.
         """
         with self._cond:
-            if job is not None and self._events.listening:
+            if job is not None and self._acks_wanted():
                 self._jobs[job.id] = (job.task, job.queue)
             self._buffer.append(outcome)
             # Wake the writer only to start a linger or to flush a full batch;
@@ -196,10 +196,18 @@ class Completer:
                     outcome.claim.job_id,
                     outcome.claim.attempt,
                 )
-        if self._events.listening or self._jobs:
+        if self._acks_wanted() or self._jobs:
             self._emit(outcomes, written)
         if self._on_written is not None and outcomes:
             self._on_written(list(outcomes), written)
+
+    def _acks_wanted(self) -> bool:
+        events = self._events
+        return (
+            events.wants(EventKind.ACKED)
+            or events.wants(EventKind.CLAIM_LOST)
+            or events.wants(EventKind.DEAD_LETTERED)
+        )
 
     def _emit(self, outcomes: list[Completion] | list[Outcome], written: set[int]) -> None:
         """ACKED (with the outcome written) or CLAIM_LOST per outcome, and
@@ -209,7 +217,7 @@ class Completer:
             claim = outcome.claim
             with self._cond:
                 names = self._jobs.pop(claim.job_id, None)
-            if names is None or not self._events.listening:
+            if names is None or not self._acks_wanted():
                 continue
             task, queue = names
             facts = (claim.job_id, task, queue, claim.attempt, claim.worker_id)

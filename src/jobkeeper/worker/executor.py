@@ -175,7 +175,7 @@ class Executor:
 
     def _report(self, job: Job, outcome: Outcome, duration: float | None = None) -> None:
         """Emit FINISHED and hand the outcome on: every attempt's ending, here only."""
-        if self._events.listening:
+        if self._events.wants(EventKind.FINISHED):
             self._events.emit(
                 JobEvent.of(
                     EventKind.FINISHED,

@@ -288,7 +288,7 @@ class Producer:
             self._claim_seconds += (time.monotonic() - started - self._claim_seconds) * 0.1
             if jobs:
                 self._claims.claimed(jobs, stamp)
-                if self._events.listening:
+                if self._events.wants(EventKind.CLAIMED):
                     for job in jobs:
                         self._events.emit(JobEvent.of(EventKind.CLAIMED, job))
                 self._executor.offer(jobs)
