@@ -237,6 +237,18 @@ def _load_app(spec: str, database_url: str | None) -> JobQueue:
     default="text",
     help="text, or json: one JSON object a line (time, level, logger, message, job fields).",
 )
+@click.option(
+    "--metrics-port",
+    type=click.IntRange(1, 65535),
+    default=None,
+    help="Serve this worker's Prometheus metrics at /metrics on this port "
+    "(pip install 'jobkeeper[metrics]').",
+)
+@click.option(
+    "--metrics-host",
+    default="127.0.0.1",
+    help="Address of the metrics port (default 127.0.0.1).",
+)
 @click.pass_context
 def worker(
     ctx: click.Context,
@@ -247,6 +259,8 @@ def worker(
     prefetch: int | None,
     log_level: str,
     log_format: str,
+    metrics_port: int | None,
+    metrics_host: str,
 ) -> None:
     """Run a worker until SIGTERM/SIGINT (graceful) or, with --burst, until drained."""
     level = logging.getLevelName(log_level.upper())
@@ -259,10 +273,30 @@ def worker(
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     logging.basicConfig(level=level, handlers=[handler])
     jq = _load_app(app_spec, ctx.find_root().params.get("database"))
+    if metrics_port is not None:
+        _serve_metrics(jq, metrics_port, metrics_host)
     code = jq.run_worker(
         queues=list(queue) or None, concurrency=concurrency, burst=burst, prefetch=prefetch
     )
     ctx.exit(code)
+
+
+def _serve_metrics(jq: JobQueue, port: int, host: str) -> None:
+    """Count this worker's jobs (an event listener) and serve them on ``host:port``."""
+    try:
+        from jobkeeper.metrics import WorkerMetrics
+
+        metrics = WorkerMetrics()
+    except ImportError as exc:
+        raise BadInput(
+            f"--metrics-port needs prometheus-client ({exc.name} is missing): "
+            "pip install 'jobkeeper[metrics]'"
+        ) from None
+    try:
+        metrics.serve(port, host)
+    except OSError as exc:
+        raise BadInput(f"--metrics-port {port}: cannot listen on {host}:{port}: {exc}") from None
+    jq.on_event(metrics, metrics.kinds)
 
 
 def _reject_constant(name: str) -> NoReturn:

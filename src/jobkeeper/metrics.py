@@ -1,0 +1,93 @@
+"""Per-worker Prometheus metrics: what this worker processed, from the event
+seam (``pip install 'jobkeeper[metrics]'``; ``jobkeeper worker --metrics-port N``).
+
+- ``jobkeeper_jobs_processed_total{queue,task,outcome}``: attempts this worker
+  ended, by outcome: ``completed``, ``retried``, ``dead``, ``cancelled``,
+  ``snoozed``, ``released`` (handed back, attempt not spent).
+- ``jobkeeper_job_duration_seconds{queue,task}``: a histogram of every
+  attempt that ran (not of jobs handed back before they started).
+- ``jobkeeper_rescues_total``: jobs this worker's rescuer took back from
+  silent holders.
+
+Queue-level gauges (jobs per status, the oldest due job, workers) are read
+from the database by the dashboard's ``/metrics``; a worker reports only
+what it did. The listener is one of the event seam's subscribers (like the
+job logs): nothing in the worker knows metrics exist, and with no metrics
+port nothing is counted at all. Oban's telemetry metrics are the model
+(``oban-bg/oban:lib/oban/telemetry.ex``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from jobkeeper.events import EventKind, JobEvent
+
+#: Bucket bounds of the duration histogram, seconds: from a no-op job to a long report.
+DURATION_BUCKETS = (
+    0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
+    float("inf"),
+)  # fmt: skip
+
+
+class WorkerMetrics:
+    """An event listener counting this worker's jobs into its own registry.
+
+    Args:
+        registry: a ``prometheus_client.CollectorRegistry`` (default: a new one,
+            so two workers in one process never share counters by accident).
+
+    Raises:
+        ImportError: ``prometheus-client`` is not installed (the ``metrics`` extra).
+    """
+
+    def __init__(self, registry: Any = None) -> None:
+        from prometheus_client import CollectorRegistry, Counter, Histogram
+
+        self.registry = registry if registry is not None else CollectorRegistry()
+        self._processed = Counter(
+            "jobkeeper_jobs_processed",
+            "Attempts this worker ended, by outcome.",
+            ["queue", "task", "outcome"],
+            registry=self.registry,
+        )
+        self._duration = Histogram(
+            "jobkeeper_job_duration_seconds",
+            "How long each attempt this worker ran took, in seconds.",
+            ["queue", "task"],
+            buckets=DURATION_BUCKETS,
+            registry=self.registry,
+        )
+        self._rescues = Counter(
+            "jobkeeper_rescues",
+            "Jobs this worker's rescuer took back from silent holders.",
+            registry=self.registry,
+        )
+
+    #: The events it counts (give them to ``JobQueue.on_event(metrics, kinds=...)``).
+    kinds = frozenset({EventKind.FINISHED, EventKind.RESCUED})
+
+    def __call__(self, event: JobEvent) -> None:
+        """Count one event (the listener given to ``JobQueue.on_event``)."""
+        if event.kind is EventKind.FINISHED and event.outcome is not None:
+            self._processed.labels(event.queue, event.task, event.outcome.value).inc()
+            if event.duration is not None:
+                self._duration.labels(event.queue, event.task).observe(event.duration)
+        elif event.kind is EventKind.RESCUED:
+            self._rescues.inc()
+
+    def serve(self, port: int, host: str = "127.0.0.1") -> None:
+        """Serve ``/metrics`` (Prometheus text) on ``host:port`` from a daemon thread.
+
+        Raises:
+            OSError: the address cannot be bound.
+        """
+        from prometheus_client import start_http_server
+
+        start_http_server(port, addr=host, registry=self.registry)
+
+    def render(self) -> str:
+        """The metrics as Prometheus text (what ``/metrics`` serves)."""
+        from prometheus_client import generate_latest
+
+        return generate_latest(self.registry).decode()
