@@ -29,12 +29,13 @@ from jobkeeper.config import (
 )
 from jobkeeper.errors import (
     ConfigError,
+    DatabaseUnavailable,
     JobNotFound,
     JobStateError,
     PayloadError,
     UniqueKeyConflict,
 )
-from jobkeeper.events import EventBus, JobEvent
+from jobkeeper.events import EventBus, EventKind, JobEvent
 from jobkeeper.maintenance.periodic import MAX_REFRESH
 from jobkeeper.models import (
     TERMINAL_STATUSES,
@@ -65,7 +66,7 @@ from jobkeeper.queues import (
     parse_rate_limit,
 )
 from jobkeeper.tasks import ENQUEUE_OPTIONS, Task
-from jobkeeper.waiting import Get, Mark, Ready, check_timeout, wait_plan
+from jobkeeper.waiting import Get, Mark, Ready, Sleep, check_timeout, wait_plan
 
 logger = logging.getLogger("jobkeeper")
 
@@ -214,7 +215,9 @@ class JobQueue:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def on_event(self, listener: Callable[[JobEvent], None]) -> Callable[[], None]:
+    def on_event(
+        self, listener: Callable[[JobEvent], None], kinds: Iterable[EventKind] | None = None
+    ) -> Callable[[], None]:
         """Call ``listener`` with every :class:`~jobkeeper.JobEvent` of the
         workers this queue runs (claimed, started, finished, acked, claim
         lost) and of their rescuers (rescued, dead-lettered).
@@ -226,6 +229,8 @@ class JobQueue:
 
         Args:
             listener: a callable taking one ``JobEvent``.
+            kinds: the :class:`~jobkeeper.EventKind` values it wants (default:
+                all); events nobody wants are never built.
 
         Returns:
             A function that removes the listener again.
@@ -233,7 +238,7 @@ class JobQueue:
         Raises:
             TypeError: ``listener`` is not callable.
         """
-        return self.events.subscribe(listener)
+        return self.events.subscribe(listener, kinds)
 
     # -- schema ----------------------------------------------------------------
 
@@ -1211,20 +1216,25 @@ def _drive_wait(backend: Backend, job_id: int, timeout: float | None, poll: floa
     plan = wait_plan(job_id, timeout, poll)
     try:
         reply: Any = None
+        error: DatabaseUnavailable | None = None
         while True:
             try:
-                step = plan.send(reply)
+                step = plan.throw(error) if error is not None else plan.send(reply)
             except StopIteration as stop:
                 return stop.value
-            reply = None
-            if isinstance(step, Ready):
-                reply = watch.wait_ready(step.seconds)
-            elif isinstance(step, Mark):
-                backend.job_mark_awaited(job_id=job_id)
-            elif isinstance(step, Get):
-                woken.clear()
-                reply = backend.job_get(job_id=job_id)
-            else:
+            reply, error = None, None
+            try:
+                if isinstance(step, Ready):
+                    reply = watch.wait_ready(step.seconds)
+                elif isinstance(step, Mark):
+                    backend.job_mark_awaited(job_id=job_id)
+                elif isinstance(step, Get):
+                    woken.clear()
+                    reply = backend.job_get(job_id=job_id)
+            except DatabaseUnavailable as exc:
+                error = exc  # the plan waits it out until its timeout
+                continue
+            if isinstance(step, Sleep):
                 woken.wait(step.seconds)
     finally:
         unregister()
@@ -1246,20 +1256,25 @@ async def _drive_wait_async(
     plan = wait_plan(job_id, timeout, poll)
     try:
         reply: Any = None
+        error: DatabaseUnavailable | None = None
         while True:
             try:
-                step = plan.send(reply)
+                step = plan.throw(error) if error is not None else plan.send(reply)
             except StopIteration as stop:
                 return stop.value
-            reply = None
-            if isinstance(step, Ready):
-                reply = watch.ready or await asyncio.to_thread(watch.wait_ready, step.seconds)
-            elif isinstance(step, Mark):
-                await backend.job_mark_awaited_async(job_id=job_id)
-            elif isinstance(step, Get):
-                woken.clear()
-                reply = await backend.job_get_async(job_id=job_id)
-            else:
+            reply, error = None, None
+            try:
+                if isinstance(step, Ready):
+                    reply = watch.ready or await asyncio.to_thread(watch.wait_ready, step.seconds)
+                elif isinstance(step, Mark):
+                    await backend.job_mark_awaited_async(job_id=job_id)
+                elif isinstance(step, Get):
+                    woken.clear()
+                    reply = await backend.job_get_async(job_id=job_id)
+            except DatabaseUnavailable as exc:
+                error = exc  # the plan waits it out until its timeout
+                continue
+            if isinstance(step, Sleep):
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(woken.wait(), step.seconds)
     finally:

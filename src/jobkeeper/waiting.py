@@ -15,7 +15,7 @@ import time
 from collections.abc import Generator
 from typing import Any
 
-from jobkeeper.errors import ConfigError, JobCancelled, JobFailed, JobNotFound
+from jobkeeper.errors import ConfigError, DatabaseUnavailable, JobCancelled, JobFailed, JobNotFound
 from jobkeeper.models import Job, JobStatus
 
 #: Longest wait (s) for the process's watch to start listening before the
@@ -107,9 +107,21 @@ def wait_plan(job_id: int, timeout: float | None, poll_interval: float) -> WaitP
     # Listening first, then the mark, then the read: an end committed
     # after the mark is heard, one committed before it is read.
     listening = yield Ready(min(left(), READY_WAIT))
-    yield Mark()
+    marked = False
     while True:
-        done, result = settled(job_id, (yield Get()))
+        # A database that is down for a moment (a restart, a failover) is
+        # waited out like the job itself: until the timeout, then raised.
+        try:
+            if not marked:
+                yield Mark()
+                marked = True
+            job = yield Get()
+        except DatabaseUnavailable:
+            if left() <= 0:
+                raise
+            yield Sleep(min(poll_interval, left()))
+            continue
+        done, result = settled(job_id, job)
         if done:
             return result
         remaining = left()

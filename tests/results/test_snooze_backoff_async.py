@@ -191,3 +191,32 @@ def test_async_connection_commits_and_rolls_back(pg_url: str) -> None:
             run_async(jq.enqueue_async("t", {}, connection=object()))
     finally:
         jq.close()
+
+
+def test_async_enqueue_survives_its_connections_being_cut(pg_url):
+    # A server restart cuts every pooled connection: the next async call
+    # must get a live one, as the sync pool's do.
+    import psycopg
+
+    from jobkeeper import JobQueue
+
+    url = f"{pg_url}&application_name=jk_async_cut"
+    jq = JobQueue(url)
+    jq.migrate()
+
+    async def enqueue_twice() -> list[int]:
+        first = await jq.enqueue_async("t", {})
+        with psycopg.connect(pg_url, autocommit=True) as admin:
+            admin.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE application_name = 'jk_async_cut' AND pid <> pg_backend_pid()"
+            )
+        second = await jq.enqueue_async("t", {})
+        await jq.aclose()
+        return [first.id, second.id]
+
+    try:
+        ids = run_async(enqueue_twice())
+    finally:
+        jq.close()
+    assert ids[1] > ids[0]

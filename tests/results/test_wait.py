@@ -231,3 +231,42 @@ def test_wait_is_woken_by_a_worker_in_another_process(db_url: str, tmp_path: Pat
                 jq.wait(dead.id, timeout=30)
     finally:
         jq.close()
+
+
+class _FlakyBackend:
+    """A backend whose reads fail twice (the server restarting), then work."""
+
+    def __init__(self, backend, failures: int = 2):
+        self._backend = backend
+        self.failures = failures
+
+    def __getattr__(self, name):
+        return getattr(self._backend, name)
+
+    def job_get(self, *, job_id):
+        from jobkeeper import DatabaseUnavailable
+
+        if self.failures:
+            self.failures -= 1
+            raise DatabaseUnavailable("the server is restarting")
+        return self._backend.job_get(job_id=job_id)
+
+
+def test_wait_waits_out_a_database_that_is_down_for_a_moment(jq):
+    from jobkeeper.api import _drive_wait
+
+    j = jq.enqueue("t", {})
+    flaky = _FlakyBackend(jq.backend)
+    # Not done yet: the two failed reads are waited out, then the timeout applies.
+    with pytest.raises(TimeoutError):
+        _drive_wait(flaky, j.id, 0.5, 0.05)
+    assert flaky.failures == 0
+
+
+def test_wait_raises_the_outage_once_its_timeout_is_spent(jq):
+    from jobkeeper import DatabaseUnavailable
+    from jobkeeper.api import _drive_wait
+
+    j = jq.enqueue("t", {})
+    with pytest.raises(DatabaseUnavailable):
+        _drive_wait(_FlakyBackend(jq.backend, failures=10**6), j.id, 0.3, 0.05)

@@ -68,6 +68,11 @@ class PostgresAsync:
                 kwargs=self._pool_kwargs(),
                 open=False,
                 name="jobkeeper-async",
+                # A connection cut by a server restart is found and replaced
+                # on checkout, not handed to a call that then fails. A ping
+                # per checkout (the sync pool pings only idle or suspect
+                # connections).
+                check=AsyncConnectionPool.check_connection,
             )
             self._async_pools[loop] = pool
             await pool.open(wait=False)
