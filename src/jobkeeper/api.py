@@ -23,6 +23,7 @@ from jobkeeper.config import (
     check_seconds,
     check_unique_key,
 )
+from jobkeeper.connections import unwrap_connection
 from jobkeeper.errors import (
     ConfigError,
     JobNotFound,
@@ -530,8 +531,11 @@ class JobQueue:
                 (scheduled/available/claimed/running/retryable), return that job
                 instead of inserting a new one.
             connection: a psycopg 3 ``Connection`` (PostgreSQL) or
-                ``sqlite3.Connection`` to the same file; the job commits or
-                rolls back with that connection's transaction.
+                ``sqlite3.Connection`` to the same file, or a framework's
+                connection around one: Django's ``django.db.connection``, a
+                SQLAlchemy ``Connection`` or ``Session`` (see
+                :func:`jobkeeper.connections.unwrap_connection`); the job
+                commits or rolls back with that connection's transaction.
 
         Returns:
             The stored :class:`Job` (or the pending duplicate for ``unique_key``).
@@ -553,7 +557,7 @@ class JobQueue:
             "unique_key": unique_key,
         }
         new = self._new_job(task, args, {k: v for k, v in options.items() if v is not None})
-        return self.backend.job_insert_many([new], connection=connection)[0]
+        return self.backend.job_insert_many([new], connection=unwrap_connection(connection))[0]
 
     def enqueue_many(
         self,
@@ -595,7 +599,7 @@ class JobQueue:
                 new_jobs.append(self._new_job(item[0], item[1], options))
             except (PayloadError, ConfigError) as exc:
                 raise type(exc)(f"jobs[{index}]: {exc}") from None
-        return self.backend.job_insert_many(new_jobs, connection=connection)
+        return self.backend.job_insert_many(new_jobs, connection=unwrap_connection(connection))
 
     # -- inspect and act -------------------------------------------------------------
 
