@@ -58,13 +58,13 @@ test: install pgbouncer chromium ## Run the whole test suite (SQLite, and Postgr
 	$(BIN)/pytest
 
 lint: install ## ruff, ruff format --check, import layers
-	$(BIN)/ruff check src tests benchmarks
-	$(BIN)/ruff format --check src tests benchmarks
+	$(BIN)/ruff check src tests benchmarks examples
+	$(BIN)/ruff format --check src tests benchmarks examples
 	$(BIN)/lint-imports
 
 format: install ## Format the code
-	$(BIN)/ruff format src tests benchmarks
-	$(BIN)/ruff check --fix src tests benchmarks
+	$(BIN)/ruff format src tests benchmarks examples
+	$(BIN)/ruff check --fix src tests benchmarks examples
 
 typecheck: install ## mypy --strict on the package
 	$(BIN)/mypy
