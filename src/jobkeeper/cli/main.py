@@ -20,6 +20,7 @@ from typing import Any, NoReturn
 import click
 from rich.console import Console
 
+from jobkeeper import __version__
 from jobkeeper.api import JobQueue
 from jobkeeper.backends import resolve_database_url
 from jobkeeper.cli import render
@@ -94,6 +95,9 @@ class _Group(click.Group):
     name="jobkeeper",
     no_args_is_help=True,
     context_settings={"show_default": True},
+)
+@click.version_option(
+    __version__, "--version", prog_name="jobkeeper", message="%(prog)s %(version)s"
 )
 @click.option(
     "--database",
