@@ -15,7 +15,7 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m compileall -q src
 	touch $@
 
-.PHONY: help install pgbouncer chromium demo test lint format typecheck check bench clean
+.PHONY: help install pgbouncer chromium demo test lint format typecheck docs check bench clean
 
 help: ## List the commands
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -69,7 +69,11 @@ format: install ## Format the code
 typecheck: install ## mypy --strict on the package
 	$(BIN)/mypy
 
-check: lint typecheck test ## Everything CI should see
+# Strict: any warning (a broken link, a docstring mkdocstrings cannot read) fails the build.
+docs: install ## Build the documentation site into site/ (MkDocs, strict)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
+
+check: lint typecheck docs test ## Everything CI should see
 
 $(VENV)/.bench-installed: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[dev,bench]'
@@ -82,4 +86,4 @@ bench: $(VENV)/.bench-installed ## Benchmark vs procrastinate, pgqueuer, oban (o
 	$(BIN)/python benchmarks/run.py $(BENCH_ARGS)
 
 clean: ## Remove the virtualenv and caches
-	rm -rf $(VENV) .venv-oban .pytest_cache .mypy_cache .ruff_cache jobkeeper-demo.db* jobkeeper-demo.log
+	rm -rf $(VENV) .venv-oban site .pytest_cache .mypy_cache .ruff_cache jobkeeper-demo.db* jobkeeper-demo.log

@@ -60,8 +60,10 @@ DATABASE_ENV = "JOBKEEPER_TEST_DATABASE_URL"
 
 #: Seconds: a draining worker stops once nothing is available and nothing is
 #: due sooner than this. It is also how often the draining worker looks for
-#: due work while a job runs, so it is small but not zero.
-DRAIN_HORIZON = 0.005
+#: due work while a job runs (one cheap query each time), so it is small but
+#: not zero: a retry whose jittered backoff falls under it runs again in the
+#: same drain (for a first retry with the default backoff, 1 in 2,000).
+DRAIN_HORIZON = 0.001
 
 #: Statuses of jobs that wait to run (what :func:`assert_enqueued` looks at).
 WAITING = (JobStatus.SCHEDULED, JobStatus.AVAILABLE, JobStatus.RETRYABLE)
