@@ -50,12 +50,11 @@ def unwrap_connection(connection: Any) -> Any:
             # nothing to commit and the pool's reset would roll the job back.
             connection.begin()
         return connection.connection.dbapi_connection
-    if type(connection).__module__.startswith("django.") and hasattr(
-        connection, "ensure_connection"
-    ):
-        # A DatabaseWrapper, or the ConnectionProxy that django.db.connection
-        # is: both forward to the alias's wrapper, whose `.connection` is the
-        # DBAPI connection (None until first use).
+    if hasattr(connection, "ensure_connection") and hasattr(connection, "in_atomic_block"):
+        # Django: a DatabaseWrapper (also a third-party one), or the
+        # ConnectionProxy that django.db.connection is, which forwards to the
+        # alias's wrapper; `.connection` is the DBAPI connection (None until
+        # first use).
         connection.ensure_connection()
         return connection.connection
     return connection

@@ -83,6 +83,18 @@ failed = client.post(
     "/orders/", {"email": "b@example.com", "fail": True}, content_type="application/json"
 )
 waiting = client.get(f"/tasks/{placed.json()['task']}/").json()
+
+# Plain jobkeeper code with Django's own connection proxy: joins atomic().
+from django.db import connection, transaction
+queue = task_backends["default"].queue
+try:
+    with transaction.atomic():
+        queue.enqueue("rolled_back", {}, queue="raw", connection=connection)
+        raise RuntimeError
+except RuntimeError:
+    pass
+with transaction.atomic():
+    queue.enqueue("committed", {}, queue="raw", connection=connection)
 print(json.dumps({
     "placed": placed.json(),
     "failed_status": failed.status_code,
@@ -137,7 +149,11 @@ def test_django_tasks_run_on_jobkeeper(project: tuple[Path, dict[str, str]]) -> 
     # The failed request rolled back its order and its job together.
     assert enqueued["failed_status"] == 500
     assert enqueued["orders"] == 1
-    assert enqueued["stats"] == {"emails": {"available": 1}, "default": {"available": 2}}
+    assert enqueued["stats"] == {
+        "emails": {"available": 1},
+        "default": {"available": 2},
+        "raw": {"available": 1},
+    }
     assert enqueued["waiting"] == {"status": "READY"}
 
     # A real worker process drains the queues and exits.

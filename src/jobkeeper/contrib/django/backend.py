@@ -46,6 +46,7 @@ tables first). Mapping:
 from __future__ import annotations
 
 import builtins
+import logging
 import threading
 from collections.abc import Mapping
 from pathlib import Path
@@ -70,6 +71,8 @@ except ImportError:  # the django-tasks backport
     from django_tasks.base import Task, TaskContext, TaskError, TaskResult, TaskResultStatus
     from django_tasks.exceptions import TaskResultDoesNotExist
     from django_tasks.signals import task_enqueued
+
+logger = logging.getLogger("jobkeeper.contrib.django")
 
 #: jobkeeper status -> Django's task result status.
 STATUSES = {
@@ -140,6 +143,12 @@ class DjangoTasks(dict[str, JobkeeperTask[Any, Any]]):
         try:
             django_task = import_string(name)
         except ImportError:
+            return None
+        except Exception:
+            # The module exists but raised while imported: the job's attempt
+            # fails as an unknown task (and is retried) instead of the
+            # lookup breaking the worker.
+            logger.exception("importing task %s failed", name)
             return None
         if not isinstance(django_task, Task):
             return None
