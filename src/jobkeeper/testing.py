@@ -30,7 +30,9 @@ production runs.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
+import contextvars
 import dataclasses
 import importlib
 import inspect
@@ -283,7 +285,8 @@ def job_context(
 def run_task(task: Task[Any, Any], /, **args: Any) -> Any:
     """Call ``task``'s function with ``args`` inside a job context, in this
     thread, and return what it returns (an ``async def`` task is run with
-    ``asyncio.run``). Exceptions (``Retry``, ``Discard``, errors) propagate.
+    ``asyncio.run``, on a thread of its own if this thread runs an event
+    loop). Exceptions (``Retry``, ``Discard``, errors) propagate.
 
     The args are checked as ``enqueue`` checks them (the task's parameters,
     JSON-native values) and passed as a worker passes them, through JSON.
@@ -304,12 +307,27 @@ def run_task(task: Task[Any, Any], /, **args: Any) -> Any:
     with job_context(task, decoded):
         result = task.fn(**decoded)
         if inspect.isawaitable(result):
-            result = asyncio.run(_awaited(result))
+            result = _run_coroutine(_awaited(result))
     return result
 
 
 async def _awaited(awaitable: Any) -> Any:
     return await awaitable
+
+
+def _run_coroutine(coroutine: Any) -> Any:
+    """Run ``coroutine`` to its end: with ``asyncio.run`` here, or, when this
+    thread already runs an event loop (an async test, a library driving one),
+    on a new loop in a thread of its own, with this thread's context (so
+    ``current_job()`` works there too).
+    """
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coroutine)
+    context = contextvars.copy_context()
+    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="jobkeeper-run-task") as pool:
+        return pool.submit(context.run, asyncio.run, coroutine).result()
 
 
 # -- the pytest plugin -----------------------------------------------------------

@@ -3,6 +3,7 @@ run_task, on both backends (the plugin is loaded through its entry point)."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
@@ -216,3 +217,18 @@ def test_plugin_in_a_users_project(tmp_path: Path) -> None:
         assert result.returncode == 0, result.stdout + result.stderr
         assert "2 passed" in result.stdout
     assert not (tmp_path / "never-used.db").exists()
+
+
+def test_run_task_inside_a_running_loop(jq: JobQueue) -> None:
+    """Called where this thread already runs an event loop (an async test, a
+    library driving one), run_task still runs an async task: asyncio.run
+    cannot nest, so the task runs on a loop of its own, with the job context."""
+
+    @jq.task()
+    async def doubled(n: int) -> int:
+        return n * 2 + current_job().attempt - 1
+
+    async def caller() -> int:
+        return run_task(doubled, n=4)
+
+    assert asyncio.run(caller()) == 8
