@@ -4,6 +4,7 @@ run_task, on both backends (the plugin is loaded through its entry point)."""
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import os
 import subprocess
 import sys
@@ -231,4 +232,7 @@ def test_run_task_inside_a_running_loop(jq: JobQueue) -> None:
     async def caller() -> int:
         return run_task(doubled, n=4)
 
-    assert asyncio.run(caller()) == 8
+    # The loop runs in a thread of its own: this one may already run one (the
+    # browser tests' Playwright leaves a loop running in the main thread).
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        assert pool.submit(asyncio.run, caller()).result(timeout=30) == 8
