@@ -107,7 +107,7 @@ def fill(jq: JobQueue, rows: int) -> dict[str, int]:
         Failure(Claim(j.id, worker, 1), "retryable", '{"error": "flaky"}', retry_in=600)
         for j in claimed[100:]
     ]
-    jq.backend.job_fail_many(dead + retry)
+    jq.backend.job_fail_many(failures=dead + retry)
     jq.backend.job_claim(worker_id=worker, queue="emails", limit=20)
     if jq.backend.name == "postgresql":
         # What autovacuum (or, with it off, jobkeeper's pruner) does soon

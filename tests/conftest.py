@@ -16,14 +16,14 @@ import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
 
 import psycopg
 import pytest
 
 from jobkeeper import JobQueue
+from support.db import PG_URL, pg_schema_url
+from support.settings import FAST
 
-PG_URL = os.environ.get("JOBKEEPER_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/test")
 BACKENDS = [
     name.strip()
     for name in os.environ.get("JOBKEEPER_TEST_BACKENDS", "sqlite,postgres").split(",")
@@ -51,12 +51,6 @@ def pytest_sessionstart(session: pytest.Session) -> None:
         )
 
 
-def pg_schema_url(schema: str) -> str:
-    """``PG_URL`` with ``search_path`` set to ``schema``."""
-    separator = "&" if "?" in PG_URL else "?"
-    return f"{PG_URL}{separator}options={quote(f'-csearch_path={schema}')}"
-
-
 @pytest.fixture
 def pg_url() -> Iterator[str]:
     """A PostgreSQL URL whose search_path is a fresh, empty schema (dropped after)."""
@@ -81,16 +75,6 @@ def db_url(request: pytest.FixtureRequest) -> str:
     if request.param == "postgres":
         return str(request.getfixturevalue("pg_url"))
     return str(request.getfixturevalue("sqlite_url"))
-
-
-#: Settings that make workers react in tenths of seconds in tests.
-FAST = {
-    "heartbeat_interval": 0.1,
-    "rescue_after": 1.0,
-    "poll_interval": 0.05,
-    "max_backoff": 0.05,
-    "shutdown_grace": 2.0,
-}
 
 
 @pytest.fixture

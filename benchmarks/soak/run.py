@@ -508,12 +508,12 @@ def _probe_down(
     pg: PrivatePostgres, config: SoakConfig, settings: dict[str, float]
 ) -> dict[str, Any]:
     """Stop PostgreSQL, enqueue, expect DatabaseUnavailable; start it again."""
-    from jobkeeper.backends.postgres import backend as pg_backend
+    from jobkeeper.backends.postgres import connections as pg_connections
 
     token = 10**12
-    saved = pg_backend.POOL_TIMEOUT
+    saved = pg_connections.POOL_TIMEOUT
     if config.probe_pool_timeout is not None:
-        pg_backend.POOL_TIMEOUT = config.probe_pool_timeout
+        pg_connections.POOL_TIMEOUT = config.probe_pool_timeout
     pg.stop("fast")
     probe_jq = JobQueue(pg.url, **settings)
     started = time.monotonic()
@@ -525,7 +525,7 @@ def _probe_down(
     except Exception as exc:
         outcome = {"ok": False, "detail": f"raised {type(exc).__name__}: {exc}"}
     finally:
-        pg_backend.POOL_TIMEOUT = saved
+        pg_connections.POOL_TIMEOUT = saved
         probe_jq.close()
     outcome["seconds"] = time.monotonic() - started
     outcome["token"] = token

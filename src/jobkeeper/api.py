@@ -557,7 +557,7 @@ class JobQueue:
             "unique_key": unique_key,
         }
         new = self._new_job(task, args, {k: v for k, v in options.items() if v is not None})
-        return self.backend.job_insert_many([new], connection=unwrap_connection(connection))[0]
+        return self.backend.job_insert_many(jobs=[new], connection=unwrap_connection(connection))[0]
 
     def enqueue_many(
         self,
@@ -599,7 +599,7 @@ class JobQueue:
                 new_jobs.append(self._new_job(item[0], item[1], options))
             except (PayloadError, ConfigError) as exc:
                 raise type(exc)(f"jobs[{index}]: {exc}") from None
-        return self.backend.job_insert_many(new_jobs, connection=unwrap_connection(connection))
+        return self.backend.job_insert_many(jobs=new_jobs, connection=unwrap_connection(connection))
 
     # -- inspect and act -------------------------------------------------------------
 
@@ -607,7 +607,7 @@ class JobQueue:
         """The job with ``job_id``, live, dead or recently completed; ``None`` if
         unknown (or pruned).
         """
-        return self.backend.job_get(_job_id(job_id))
+        return self.backend.job_get(job_id=_job_id(job_id))
 
     def list_jobs(
         self,
@@ -662,7 +662,7 @@ class JobQueue:
             JobNotFound: no such job.
             JobStateError: the job already finished (completed, cancelled or dead).
         """
-        job = self.backend.job_cancel(_job_id(job_id))
+        job = self.backend.job_cancel(job_id=_job_id(job_id))
         if job is None:
             raise JobNotFound(f"no job with id {job_id}")
         if job.status in TERMINAL_STATUSES and job.status != JobStatus.CANCELLED:
@@ -678,7 +678,7 @@ class JobQueue:
             JobStateError: the job is pending or running, or a pending job of
                 the same task holds its ``unique_key``.
         """
-        before = self.backend.job_get(_job_id(job_id))
+        before = self.backend.job_get(job_id=_job_id(job_id))
         if before is None:
             raise JobNotFound(f"no job with id {job_id}")
         if before.status not in RETRYABLE_FROM:
@@ -687,7 +687,7 @@ class JobQueue:
                 "completed jobs can be retried"
             )
         try:
-            job = self.backend.job_retry(job_id)
+            job = self.backend.job_retry(job_id=job_id)
         except UniqueKeyConflict:
             if before.status == JobStatus.DEAD:
                 raise self._requeue_refused([job_id]) from None
@@ -709,7 +709,7 @@ class JobQueue:
         """
         ids = None if job_ids is None else [_job_id(i) for i in job_ids]
         try:
-            return self.backend.dead_letter_requeue(ids)
+            return self.backend.dead_letter_requeue(job_ids=ids)
         except UniqueKeyConflict:
             raise self._requeue_refused(ids) from None
 

@@ -217,22 +217,45 @@ class Completion:
     result_json: str | None
 
 
+class FailureKind(enum.StrEnum):
+    """What a failed (or handed back) attempt does to its job (internal).
+
+    The values are the strings the outcome SQL compares (``job_fail_many``),
+    so a plain string of the same value is accepted wherever a kind is.
+    """
+
+    #: Available again after ``retry_in`` seconds; the attempt is spent.
+    RETRYABLE = "retryable"
+    #: Moved to the dead letters (out of attempts, or discarded).
+    DEAD = "dead"
+    #: Stopped on request; kept for ``retention`` seconds.
+    CANCELLED = "cancelled"
+    #: Handed back by its worker: available again, the attempt not spent.
+    RELEASED = "released"
+    #: Rescued before it started: available again, the attempt not spent,
+    #: ``unstarted_returns`` counted; only while the job is still claimed.
+    RETURNED = "returned"
+
+
+#: The kinds that make a job available again at once without spending its attempt.
+HANDED_BACK: frozenset[FailureKind] = frozenset({FailureKind.RELEASED, FailureKind.RETURNED})
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class Failure:
     """A failed attempt to record (internal).
 
-    ``outcome`` is ``"retryable"``, ``"dead"``, ``"cancelled"``,
-    ``"released"`` (handed back by its worker without spending the attempt)
-    or ``"returned"`` (rescued before it started: available again, the
-    attempt not spent, ``unstarted_returns`` counted; only while the job is
-    still ``claimed``). Whatever the outcome, a job with a cancel request
-    ends ``cancelled`` (the database decides, see the backends).
-    ``retry_in`` is the backoff in seconds for ``"retryable"``. ``error_json``
+    ``outcome`` is a :class:`FailureKind` (or its string value). Whatever
+    the outcome, a job with a cancel request ends ``cancelled`` (the
+    database decides, see the backends). ``retry_in`` is the backoff in
+    seconds for ``RETRYABLE``. ``error_json``
     is the entry appended to ``errors``; None (releases only) appends none.
     """
 
     claim: Claim
-    outcome: str
+    # ``str`` too: a StrEnum's value compares and hashes as the kind, so
+    # callers passing the plain strings keep working.
+    outcome: FailureKind | str
     error_json: str | None
     retry_in: float = 0.0
     reason: str | None = None

@@ -1,18 +1,19 @@
 """Deciding what a failed attempt leads to: retry (with backoff), dead letter,
 cancellation or release. Shared by the worker's executor and the rescuer so a
-crash and an exception follow the same policy (C-05: a crash spends an attempt
-and backs off like any failure).
+crash and an exception follow the same policy: a crash spends an attempt and
+backs off like any failure, so a job that kills its worker still reaches the
+dead letters.
 """
 
 from __future__ import annotations
 
 from jobkeeper.backoff import ABSOLUTE_MAX_BACKOFF, backoff_delay
 from jobkeeper.config import Settings
-from jobkeeper.models import Claim, Failure, Job
+from jobkeeper.models import Claim, Failure, FailureKind, Job
 from jobkeeper.payload import clean_text, dumps
 
-#: Longest stored error message / traceback, in characters (C-09: a 5 MB
-#: message must not make the failure unrecordable).
+#: Longest stored error message / traceback, in characters: a failure with a
+#: message of megabytes must still be recordable.
 MAX_ERROR_CHARS = 4_000
 MAX_TRACEBACK_CHARS = 16_000
 
@@ -68,22 +69,24 @@ def failed_attempt(
         # Cleaned like the error text: a NUL or lone surrogate in the reason
         # would make the dead-letter write fail and leave the job running.
         reason = clean_text(f"discarded: {discard_reason}", max_chars=1000)
-        return Failure(claim, "dead", entry, reason=reason)
+        return Failure(claim, FailureKind.DEAD, entry, reason=reason)
     if job.attempt >= job.max_attempts:
         reason = f"max_attempts={job.max_attempts} exhausted; last error: {error}"
-        return Failure(claim, "dead", entry, reason=clean_text(reason, max_chars=1000))
+        return Failure(claim, FailureKind.DEAD, entry, reason=clean_text(reason, max_chars=1000))
     if retry_in is None:
         retry_in = backoff_delay(
             job.attempt, base=settings.backoff_base, max_backoff=settings.max_backoff
         )
     # Retry(delay=1e12) would put scheduled_at past what PostgreSQL can store,
     # and the failure could then never be written: cap it like the backoff.
-    return Failure(claim, "retryable", entry, retry_in=min(retry_in, ABSOLUTE_MAX_BACKOFF))
+    return Failure(
+        claim, FailureKind.RETRYABLE, entry, retry_in=min(retry_in, ABSOLUTE_MAX_BACKOFF)
+    )
 
 
 def cancelled_attempt(job: Job, reason: str) -> Failure:
     """The running job stops as ``cancelled`` (asked for with ``cancel``)."""
-    return Failure(claim_of(job), "cancelled", error_entry(job, reason, None))
+    return Failure(claim_of(job), FailureKind.CANCELLED, error_entry(job, reason, None))
 
 
 def released_attempt(job: Job, reason: str | None) -> Failure:
@@ -93,14 +96,15 @@ def released_attempt(job: Job, reason: str | None) -> Failure:
     happened to it worth recording).
     """
     error = None if reason is None else error_entry(job, reason, None)
-    return Failure(claim_of(job), "released", error)
+    return Failure(claim_of(job), FailureKind.RELEASED, error)
 
 
-def returned_attempt(job: Job, reason: str) -> Failure:
+def returned_attempt(job: Job) -> Failure:
     """A claimed job whose holder was lost before its start was recorded
     goes back to available, the attempt not spent and the return counted in
     ``unstarted_returns`` (the rescuer bounds them). Written only while the
-    job is still claimed. ``reason`` is noted in ``errors``: the lost holder
-    is worth knowing about even though the attempt was not spent.
+    job is still claimed. Nothing is added to ``errors``, which holds one
+    entry per failed attempt: this attempt never ran here (the rescuer logs
+    the lost holder instead).
     """
-    return Failure(claim_of(job), "returned", error_entry(job, reason, None))
+    return Failure(claim_of(job), FailureKind.RETURNED, None)

@@ -50,7 +50,6 @@ from urllib.parse import quote
 import pytest
 
 from jobkeeper.api import DEFAULT_MAX_ATTEMPTS, DEFAULT_QUEUE, JobQueue
-from jobkeeper.backends.fastforward import job_make_due
 from jobkeeper.context import reset_current_job, set_current_job
 from jobkeeper.models import Job, JobStatus
 from jobkeeper.payload import encode_args
@@ -96,7 +95,9 @@ def drain(
     Without ``include_scheduled``, a job delayed into the future, or a failed
     one waiting out its backoff, is left waiting (unless it comes due within
     ``DRAIN_HORIZON`` seconds while the drain runs). With it, such jobs are
-    made due at once (by the database clock) and run, round after round,
+    made available at once (by the worker's own staging step, told that
+    their time has come; in every queue of the database, not only
+    ``queues``) and run, round after round,
     until none is left: a failing job runs all of its attempts and ends in
     the dead letters. This is Oban's ``drain_queue(with_scheduled: true)``.
 
@@ -122,11 +123,7 @@ def drain(
     try:
         rounds = 0
         while True:
-            moved = (
-                job_make_due(jq.url, queues=names, busy_timeout=jq.settings.busy_timeout)
-                if include_scheduled
-                else 0
-            )
+            moved = _stage_everything(jq, names) if include_scheduled else 0
             if rounds and not moved:
                 break
             if rounds >= max_rounds:
@@ -144,6 +141,22 @@ def drain(
     finally:
         runner.close()
     return dict(totals)
+
+
+#: The stager's clock for ``include_scheduled``: every delay is over by then.
+_FAR_FUTURE = datetime(3000, 1, 1, tzinfo=UTC)
+
+
+def _stage_everything(jq: JobQueue, queues: Sequence[str]) -> int:
+    """Make every scheduled and retrying job available now, with the worker's
+    own staging operation run as if its clock read ``_FAR_FUTURE``; returns how
+    many moved. The stager moves the jobs of every queue, not only ``queues``
+    (which only say whose next due time it reports).
+    """
+    moved = 0
+    while staged := jq.backend.job_stage_due(queues=queues, now=_FAR_FUTURE).staged:
+        moved += staged
+    return moved
 
 
 def _all_queues(jq: JobQueue) -> list[str]:

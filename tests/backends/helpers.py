@@ -1,47 +1,19 @@
-"""Helpers of the backend tests: raw SQL on either backend, claiming as a
-fake worker, building fenced completions and failures.
+"""Helpers of the backend tests: claiming as a fake worker, building fenced
+completions and failures. Raw SQL is in ``support.db``.
 """
 
 from __future__ import annotations
 
-import os
-import sqlite3
 from collections.abc import Sequence
 from datetime import UTC, datetime
-from typing import Any
 from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
-
-import psycopg
 
 from jobkeeper import Job, JobQueue
 from jobkeeper.models import Claim, Completion, Failure, WorkerInfo
 from jobkeeper.outcomes import error_entry
+from support.db import count, sql
 
 WORKER = "test-worker-1"
-#: The test server (see tests/conftest.py).
-PG_URL = os.environ.get("JOBKEEPER_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/test")
-
-
-def is_pg(jq: JobQueue) -> bool:
-    return jq.url.scheme == "postgresql"
-
-
-def sql(jq: JobQueue, query: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
-    """One statement on a fresh autocommit connection; ``?`` placeholders on both."""
-    if is_pg(jq):
-        with psycopg.connect(jq.url.url, autocommit=True) as conn:
-            cursor = conn.execute(query.replace("?", "%s"), tuple(params))
-            return cursor.fetchall() if cursor.description else []
-    conn = sqlite3.connect(jq.url.path, timeout=30, isolation_level=None)
-    try:
-        return conn.execute(query, tuple(params)).fetchall()
-    finally:
-        conn.close()
-
-
-def count(jq: JobQueue, table: str = "jobkeeper_jobs", where: str = "TRUE") -> int:
-    where = where if is_pg(jq) else where.replace("TRUE", "1")
-    return int(sql(jq, f"SELECT count(*) FROM {table} WHERE {where}")[0][0])
 
 
 def total_rows(jq: JobQueue) -> int:
@@ -50,7 +22,7 @@ def total_rows(jq: JobQueue) -> int:
 
 def register(jq: JobQueue, worker_id: str = WORKER, queues: Sequence[str] = ("default",)) -> None:
     now = datetime.now(UTC)
-    jq.backend.worker_register(WorkerInfo(worker_id, "test-host", 1, list(queues), now, now))
+    jq.backend.worker_register(worker=WorkerInfo(worker_id, "test-host", 1, list(queues), now, now))
 
 
 def claim(
@@ -68,7 +40,9 @@ def claim_of(job: Job) -> Claim:
 def complete(
     jq: JobQueue, job: Job, result: str | None = None, claim_: Claim | None = None
 ) -> set[int]:
-    return jq.backend.job_complete_many([Completion(claim_ or claim_of(job), result)], delete=False)
+    return jq.backend.job_complete_many(
+        completions=[Completion(claim_ or claim_of(job), result)], delete=False
+    )
 
 
 def fail(
@@ -82,7 +56,7 @@ def fail(
 ) -> set[int]:
     entry = error_entry(job, error, None)
     failure = Failure(claim_ or claim_of(job), outcome, entry, retry_in=retry_in, reason=error)
-    return jq.backend.job_fail_many([failure])
+    return jq.backend.job_fail_many(failures=[failure])
 
 
 def kill(jq: JobQueue, job: Job) -> Job:

@@ -1,5 +1,5 @@
-"""Payload cases on both backends: C-07 (NaN/Infinity, unparseable stored
-args), C-08 (NUL, lone surrogates, valid Unicode), C-10 (NOTIFY payload size).
+"""Payloads on both backends: NaN/Infinity and unparseable stored args; NUL,
+lone surrogates and valid Unicode; large args and the NOTIFY payload limit.
 """
 
 from __future__ import annotations
@@ -15,10 +15,11 @@ from psycopg import sql as pgsql
 
 from jobkeeper import JobQueue, JobStatus, PayloadError
 from jobkeeper.payload import dumps
+from support.db import count, is_pg, sql
 
-from .helpers import claim, count, current_schema, fail, is_pg, sql, total_rows
+from .helpers import claim, current_schema, fail, total_rows
 
-# -- C-07: NaN / Infinity ------------------------------------------------------------------
+# -- NaN / Infinity ------------------------------------------------------------------------
 
 NON_FINITE = [
     ({"x": math.nan}, "args.x", "nan"),
@@ -29,7 +30,7 @@ NON_FINITE = [
 
 
 @pytest.mark.parametrize(("args", "path", "shown"), NON_FINITE)
-def test_c07_non_finite_args_are_refused_naming_path_and_value(jq, args, path, shown):
+def test_non_finite_args_are_refused_naming_path_and_value(jq, args, path, shown):
     with pytest.raises(PayloadError) as info:
         jq.enqueue("t", args)
     message = str(info.value)
@@ -38,7 +39,7 @@ def test_c07_non_finite_args_are_refused_naming_path_and_value(jq, args, path, s
 
 
 @pytest.mark.parametrize(("args", "path", "shown"), NON_FINITE)
-def test_c07_one_bad_job_in_a_batch_of_ten_inserts_nothing(jq, args, path, shown):
+def test_one_bad_job_in_a_batch_of_ten_inserts_nothing(jq, args, path, shown):
     batch = [("t", {"i": i, "ok": 1.5}) for i in range(10)]
     batch[7] = ("t", args)
     with pytest.raises(PayloadError) as info:
@@ -47,7 +48,7 @@ def test_c07_one_bad_job_in_a_batch_of_ten_inserts_nothing(jq, args, path, shown
     assert total_rows(jq) == 0
 
 
-def test_c07_task_options_path_is_validated_too(jq):
+def test_non_finite_args_through_task_options_are_refused_too(jq):
     @jq.task
     def compute(x: float) -> None: ...
 
@@ -75,7 +76,7 @@ def raw_args_cases(jq: JobQueue) -> list[str]:
     return ["not json", '{"x": NaN}', "[1, 2]", '{"unterminated": ', ""]
 
 
-def test_c07_hand_inserted_unparseable_args_never_crash_a_claim(jq):
+def test_hand_inserted_unparseable_args_never_crash_a_claim(jq):
     raws = raw_args_cases(jq)
     ids = [insert_raw_args(jq, raw) for raw in raws]
     good = jq.enqueue("t", {"fine": True})
@@ -97,7 +98,7 @@ def test_c07_hand_inserted_unparseable_args_never_crash_a_claim(jq):
     assert claimed[-1].args == {"fine": True} and claimed[-1].args_error is None
 
 
-# -- C-08: NUL and lone surrogates; valid Unicode round-trips ------------------------------------
+# -- NUL and lone surrogates; valid Unicode round-trips ------------------------------------
 
 UNSTORABLE = [
     ({"s": "a\x00b"}, "args.s", "NUL"),
@@ -108,7 +109,7 @@ UNSTORABLE = [
 
 
 @pytest.mark.parametrize(("args", "path", "kind"), UNSTORABLE)
-def test_c08_nul_and_lone_surrogates_get_the_same_clear_error(jq, args, path, kind):
+def test_nul_and_lone_surrogates_get_the_same_clear_error(jq, args, path, kind):
     with pytest.raises(PayloadError) as info:
         jq.enqueue("t", args)
     assert str(info.value).startswith(f"{path}: ")
@@ -121,7 +122,7 @@ def test_c08_nul_and_lone_surrogates_get_the_same_clear_error(jq, args, path, ki
     assert total_rows(jq) == 0
 
 
-def test_c08_unique_key_with_nul_is_refused(jq):
+def test_unique_key_with_nul_is_refused(jq):
     with pytest.raises(PayloadError, match="NUL"):
         jq.enqueue("t", {}, unique_key="a\x00b")
     assert count(jq) == 0
@@ -138,7 +139,7 @@ VALID_UNICODE = {
 }
 
 
-def test_c08_valid_unicode_round_trips_byte_for_byte(jq):
+def test_valid_unicode_round_trips_byte_for_byte(jq):
     job = jq.enqueue("t", VALID_UNICODE)
     stored = jq.get_job(job.id)
     assert stored is not None
@@ -156,7 +157,7 @@ def test_c08_valid_unicode_round_trips_byte_for_byte(jq):
     assert [jq.get_job(j.id).args for j in batch] == [VALID_UNICODE, {"s": "\u2028"}]  # type: ignore[union-attr]
 
 
-# -- C-10: large args and the NOTIFY payload limit (PostgreSQL) ---------------------------------
+# -- large args and the NOTIFY payload limit (PostgreSQL) ----------------------------------
 
 
 def args_of_size(size: int) -> dict[str, str]:
@@ -204,7 +205,7 @@ def pg_jq(pg_url):
 
 
 @pytest.mark.parametrize("size", [7_000, 8_000, 9_000, 500_000])
-def test_c10_large_args_enqueue_and_wake_a_listener_with_a_small_payload(pg_jq, size):
+def test_large_args_enqueue_and_wake_a_listener_with_a_small_payload(pg_jq, size):
     listener = Listener(pg_jq)
     try:
         args = args_of_size(size)
@@ -219,7 +220,7 @@ def test_c10_large_args_enqueue_and_wake_a_listener_with_a_small_payload(pg_jq, 
         listener.close()
 
 
-def test_c10_five_thousand_jobs_in_one_batch_send_one_small_notification(pg_jq):
+def test_five_thousand_jobs_in_one_batch_send_one_small_notification(pg_jq):
     listener = Listener(pg_jq)
     try:
         jobs = pg_jq.enqueue_many(
@@ -236,7 +237,7 @@ def test_c10_five_thousand_jobs_in_one_batch_send_one_small_notification(pg_jq):
     assert count(pg_jq) == 5_000
 
 
-def test_c10_two_hundred_character_names(pg_jq):
+def test_two_hundred_character_names_enqueue_and_notify(pg_jq):
     listener = Listener(pg_jq)
     try:
         queue, task = "q" * 200, "t" * 200
@@ -248,7 +249,7 @@ def test_c10_two_hundred_character_names(pg_jq):
         listener.close()
 
 
-def test_c10_scheduled_jobs_notify_when_staged_not_when_inserted(pg_jq):
+def test_scheduled_jobs_notify_when_staged_not_when_inserted(pg_jq):
     """The insert tells only when the job comes due ("queue seconds", small
     whatever the args); "available" is announced when it is staged."""
     listener = Listener(pg_jq)
@@ -266,7 +267,7 @@ def test_c10_scheduled_jobs_notify_when_staged_not_when_inserted(pg_jq):
 
 
 @pytest.mark.parametrize("limit", [10_000, 1 << 20])
-def test_c10_over_limit_args_are_refused_naming_size_and_limit(make_queue, limit):
+def test_over_limit_args_are_refused_naming_size_and_limit(make_queue, limit):
     jq = make_queue(max_payload_bytes=limit)
     assert jq.enqueue("t", args_of_size(limit)).id > 0
     with pytest.raises(PayloadError) as info:
@@ -279,7 +280,7 @@ def test_c10_over_limit_args_are_refused_naming_size_and_limit(make_queue, limit
     assert count(jq) == 1
 
 
-def test_c10_concurrent_large_enqueues_all_land(pg_jq):
+def test_concurrent_large_enqueues_all_land(pg_jq):
     errors: list[BaseException] = []
 
     def enqueue() -> None:
@@ -299,7 +300,7 @@ def test_c10_concurrent_large_enqueues_all_land(pg_jq):
     assert json.loads(sql(pg_jq, "SELECT args::text FROM jobkeeper_jobs LIMIT 1")[0][0])
 
 
-def test_c10_retry_and_requeue_wake_a_listener(pg_jq):
+def test_retry_and_requeue_wake_a_listener(pg_jq):
     """Jobs made available again by retry / requeue_dead wake listening workers
     like fresh enqueues do (otherwise they wait for the next poll)."""
     jobs = [pg_jq.enqueue("t", {"n": n}, queue=f"q{n}") for n in range(3)]

@@ -1,4 +1,4 @@
-"""Issue 13, kinds 2 and 3, at the backend seam (rows fabricated, as River's
+"""Claimed jobs and cancel requests at the backend seam (rows fabricated, as River's
 testfactory does): the claim counter (fence) refuses a stale holder's writes
 even at the same attempt; start marks; a held job with a cancel request ends
 cancelled whatever its attempt does next, unless it succeeds.
@@ -11,8 +11,9 @@ import pytest
 from jobkeeper import JobStatus
 from jobkeeper.models import Failure
 from jobkeeper.outcomes import error_entry
+from support.db import count
 
-from .helpers import WORKER, claim, claim_of, complete, count, fail
+from .helpers import WORKER, claim, claim_of, complete, fail
 
 
 def nonzero(counts: dict[str, int]) -> dict[str, int]:
@@ -36,7 +37,7 @@ def test_a_stale_claim_at_the_same_attempt_writes_nothing(jq, reclaimer, hand_ba
         same = (stale.id, stale.worker_id, stale.attempt)
         assert same == (current.id, current.worker_id, current.attempt)
     # Nothing the stale holder writes lands: start mark, completion, failures.
-    assert jq.backend.job_start_many([claim_of(stale)]) == set()
+    assert jq.backend.job_start_many(claims=[claim_of(stale)]) == set()
     assert complete(jq, stale, '"stale"') == set()
     for outcome in ("retryable", "dead", "cancelled", "released", "returned"):
         assert fail(jq, stale, outcome) == set()
@@ -45,7 +46,7 @@ def test_a_stale_claim_at_the_same_attempt_writes_nothing(jq, reclaimer, hand_ba
     assert (still.status, still.worker_id, still.fence) == (JobStatus.CLAIMED, reclaimer, 2)
     assert count(jq, "jobkeeper_dead_letters") == 0
     # The current holder's writes do.
-    assert jq.backend.job_start_many([claim_of(current)]) == {job.id}
+    assert jq.backend.job_start_many(claims=[claim_of(current)]) == {job.id}
     started = jq.get_job(job.id)
     assert started is not None and started.status == JobStatus.RUNNING
     assert complete(jq, current, '"current"') == {job.id}
@@ -58,11 +59,11 @@ def test_start_marks_move_claimed_to_running_fenced(jq):
     held = claim(jq)
     assert [j.status for j in held] == [JobStatus.CLAIMED] * 3
     assert nonzero(jq.stats()["default"]) == {"claimed": 3}
-    assert jq.backend.job_start_many([claim_of(held[0])]) == {jobs[0].id}
+    assert jq.backend.job_start_many(claims=[claim_of(held[0])]) == {jobs[0].id}
     # A second mark, or one for a job already finished, changes nothing.
-    assert jq.backend.job_start_many([claim_of(held[0])]) == set()
+    assert jq.backend.job_start_many(claims=[claim_of(held[0])]) == set()
     assert complete(jq, held[1]) == {jobs[1].id}  # claimed -> completed directly
-    assert jq.backend.job_start_many([claim_of(held[1])]) == set()
+    assert jq.backend.job_start_many(claims=[claim_of(held[1])]) == set()
     assert nonzero(jq.stats()["default"]) == {"running": 1, "completed": 1, "claimed": 1}
     assert [j.id for j in jq.list_jobs(status=JobStatus.CLAIMED)] == [jobs[2].id]
     assert {j.id for j in jq.backend.job_held_by(worker_id=WORKER)} == {jobs[0].id, jobs[2].id}
@@ -73,7 +74,7 @@ def test_a_running_job_is_never_returned_for_free(jq):
     # job whose start was recorded spends its attempt when its holder is lost.
     job = jq.enqueue("t", {})
     (held,) = claim(jq)
-    jq.backend.job_start_many([claim_of(held)])
+    jq.backend.job_start_many(claims=[claim_of(held)])
     assert fail(jq, held, "returned") == set()
     after = jq.get_job(job.id)
     assert after is not None and (after.status, after.attempt) == (JobStatus.RUNNING, 1)
@@ -112,12 +113,12 @@ HAND_OUTS = [
 def test_a_held_job_with_a_cancel_request_ends_cancelled_whatever_its_attempt_does(
     jq, outcome, started
 ):
-    # Issue 13, kind 3 (river#141, procrastinate#1133): the database decides,
+    # As in river#141 and procrastinate#1133, the database decides,
     # so it holds however (or whether) the request reached the worker.
     job = jq.enqueue("t", {}, max_attempts=1 if outcome == "dead" else 5)
     (held,) = claim(jq)
     if started:
-        jq.backend.job_start_many([claim_of(held)])
+        jq.backend.job_start_many(claims=[claim_of(held)])
     assert jq.cancel(job.id).cancel_requested
     assert fail(jq, held, outcome, retry_in=0, error="it failed anyway") == {job.id}
     after = jq.get_job(job.id)
@@ -136,7 +137,7 @@ def test_a_held_job_with_a_cancel_request_that_succeeds_stays_completed(jq, star
     job = jq.enqueue("t", {})
     (held,) = claim(jq)
     if started:
-        jq.backend.job_start_many([claim_of(held)])
+        jq.backend.job_start_many(claims=[claim_of(held)])
     jq.cancel(job.id)
     assert complete(jq, held, '{"done": true}') == {job.id}
     after = jq.get_job(job.id)
@@ -152,7 +153,7 @@ def test_a_mixed_batch_with_cancel_requests_splits_per_job(jq):
     failures = [
         Failure(claim_of(j), "dead", error_entry(j, "boom", None), reason="x") for j in held
     ]
-    assert jq.backend.job_fail_many(failures) == {j.id for j in jobs}
+    assert jq.backend.job_fail_many(failures=failures) == {j.id for j in jobs}
     statuses = [jq.get_job(j.id).status for j in jobs]  # type: ignore[union-attr]
     assert statuses == [
         JobStatus.CANCELLED,

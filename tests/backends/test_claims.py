@@ -1,5 +1,5 @@
 """Claiming, fenced acknowledgements and the dead-letter move on both backends
-(guarantees 2, 3, 4; C-06 on the database side).
+(guarantees 2, 3, 4; the longest backoff is storable).
 """
 
 from __future__ import annotations
@@ -13,8 +13,9 @@ from jobkeeper import JobStatus
 from jobkeeper.backoff import ABSOLUTE_MAX_BACKOFF, backoff_delay
 from jobkeeper.models import Claim, Completion, Failure
 from jobkeeper.outcomes import error_entry
+from support.db import count, sql
 
-from .helpers import WORKER, claim, claim_of, complete, count, fail, register, sql, total_rows
+from .helpers import WORKER, claim, claim_of, complete, fail, register, total_rows
 
 
 def claim_one_by_one(jq, queue="default"):
@@ -92,7 +93,10 @@ def test_complete_is_fenced_on_worker_and_attempt(jq):
     old_fence = Claim(job.id, WORKER, running.attempt, running.fence - 1)
     for fence in (wrong_worker, wrong_attempt, old_attempt, old_fence):
         assert complete(jq, running, '{"x":1}', claim_=fence) == set()
-        assert jq.backend.job_complete_many([Completion(fence, None)], delete=True) == set()
+        assert (
+            jq.backend.job_complete_many(completions=[Completion(fence, None)], delete=True)
+            == set()
+        )
     still = jq.get_job(job.id)
     assert still is not None
     assert (still.status, still.worker_id, still.result) == (JobStatus.CLAIMED, WORKER, None)
@@ -141,7 +145,9 @@ def test_batched_acks_write_only_their_own_claims(jq):
     running = claim(jq)
     fences = [claim_of(j) for j in running]
     fences[1] = Claim(fences[1].job_id, "stale-worker", fences[1].attempt, fences[1].fence)
-    written = jq.backend.job_complete_many([Completion(f, None) for f in fences[:2]], delete=False)
+    written = jq.backend.job_complete_many(
+        completions=[Completion(f, None) for f in fences[:2]], delete=False
+    )
     assert written == {jobs[0].id}
     entry = error_entry(running[2], "x", None)
     failures = [
@@ -149,7 +155,7 @@ def test_batched_acks_write_only_their_own_claims(jq):
         Failure(Claim(jobs[3].id, WORKER, 99, 1), "dead", entry, reason="x"),
         Failure(fences[1], "dead", entry, reason="x"),
     ]
-    assert jq.backend.job_fail_many(failures) == {jobs[2].id}
+    assert jq.backend.job_fail_many(failures=failures) == {jobs[2].id}
     statuses = [jq.get_job(j.id).status for j in jobs]  # type: ignore[union-attr]
     assert statuses == [
         JobStatus.COMPLETED,
@@ -222,7 +228,7 @@ def test_dead_letter_move_is_atomic_under_racing_writers(jq):
         barrier.wait()
         entry = error_entry(running[0], "race", None)
         failures = [Failure(claim_of(j), "dead", entry, reason="race") for j in running]
-        results.append(jq.backend.job_fail_many(failures))
+        results.append(jq.backend.job_fail_many(failures=failures))
 
     threads = [threading.Thread(target=racer) for _ in range(8)]
     for thread in threads:
@@ -254,10 +260,10 @@ def test_every_job_is_in_exactly_one_table_through_requeue_cycles(jq):
     assert final is not None and len(final.errors) == 3
 
 
-# -- C-06: the longest backoff is storable -----------------------------------------------------
+# -- the longest backoff is storable -------------------------------------------------------
 
 
-def test_c06_huge_backoff_is_stored_and_the_job_is_never_lost(jq):
+def test_huge_backoff_is_stored_and_the_job_is_never_lost(jq):
     job = jq.enqueue("t", {}, max_attempts=1_000_000)
     sql(jq, "UPDATE jobkeeper_jobs SET attempt = 999998 WHERE id = ?", (job.id,))
     (running,) = claim(jq)
@@ -306,7 +312,7 @@ def test_unstorable_discard_reason_and_error_text_are_still_recorded(jq):
         failed_attempt(running_d, Settings(), error=nasty, traceback=nasty, discard_reason=nasty),
         failed_attempt(running_r, Settings(), error=nasty, traceback=nasty, retry_in=0),
     ]
-    assert jq.backend.job_fail_many(failures) == {discarded.id, retried.id}
+    assert jq.backend.job_fail_many(failures=failures) == {discarded.id, retried.id}
     dead = jq.get_job(discarded.id)
     assert dead is not None and dead.status == JobStatus.DEAD
     assert dead.dead_reason is not None and dead.dead_reason.startswith("discarded: ")

@@ -1,5 +1,5 @@
 """Enqueueing on both backends: durability, batches, transactions, unique keys,
-scheduling and time zones (guarantees 1, 5, 7; C-11, C-12).
+scheduling and time zones (guarantees 1, 5, 7; run_at must be aware, and no time zone shifts a job).
 """
 
 from __future__ import annotations
@@ -20,11 +20,11 @@ import psycopg
 import pytest
 
 from jobkeeper import ConfigError, JobQueue, JobStatus, PayloadError
+from support.db import PG_URL, count, is_pg, sql
 
-from .helpers import claim, complete, count, current_schema, is_pg, kill, sql, with_pg_options
+from .helpers import claim, complete, current_schema, kill, with_pg_options
 
 SECOND = timedelta(seconds=1)
-PG_URL = os.environ.get("JOBKEEPER_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/test")
 
 
 # -- durable enqueue --------------------------------------------------------------------
@@ -343,7 +343,7 @@ def test_zero_delay_is_available_at_once(jq):
 @pytest.mark.parametrize(
     "zone", [ZoneInfo("Asia/Tokyo"), ZoneInfo("America/Los_Angeles"), timezone(timedelta(hours=14))]
 )
-def test_c11_aware_run_at_in_another_zone_is_stored_as_utc(jq, zone):
+def test_aware_run_at_in_another_zone_is_stored_as_utc(jq, zone):
     run_at = (datetime.now(UTC) + timedelta(minutes=10)).astimezone(zone)
     job = jq.enqueue("t", {}, run_at=run_at)
     assert job.status == JobStatus.SCHEDULED
@@ -355,14 +355,14 @@ def test_c11_aware_run_at_in_another_zone_is_stored_as_utc(jq, zone):
     assert claim(jq) == []
 
 
-def test_c11_past_run_at_is_available_now(jq):
+def test_past_run_at_is_available_now(jq):
     past = datetime.now(ZoneInfo("Asia/Tokyo")) - timedelta(hours=3)
     job = jq.enqueue("t", {}, run_at=past)
     assert job.status == JobStatus.AVAILABLE
     assert [j.id for j in claim(jq)] == [job.id]
 
 
-def test_c11_naive_run_at_writes_nothing(jq):
+def test_naive_run_at_writes_nothing(jq):
     with pytest.raises(ConfigError, match="naive"):
         jq.enqueue("t", {}, run_at=datetime.now() + timedelta(minutes=10))
     assert count(jq) == 0
@@ -375,11 +375,11 @@ def test_negative_or_nan_delay_writes_nothing(jq, delay):
     assert count(jq) == 0
 
 
-# -- C-12: the database session's or the process's time zone changes nothing ------------------
+# -- the database session's or the process's time zone changes nothing ---------------------
 
 
 @pytest.mark.parametrize("zone", ["Pacific/Kiritimati", "Europe/Paris", "America/Adak"])
-def test_c12_postgres_session_time_zone_does_not_shift_jobs(pg_url, zone):
+def test_postgres_session_time_zone_does_not_shift_jobs(pg_url, zone):
     with JobQueue(pg_url) as base:
         base.migrate()
         schema = current_schema(base)
@@ -433,7 +433,7 @@ print(json.dumps({"ids": [now.id, later.id, aware.id], "naive": naive,
 
 
 @pytest.mark.parametrize("tz", ["Asia/Tokyo", "America/Los_Angeles", "Pacific/Kiritimati"])
-def test_c12_process_time_zone_does_not_shift_jobs(make_queue, tz):
+def test_process_time_zone_does_not_shift_jobs(make_queue, tz):
     """The enqueuing process runs with TZ set far from UTC (SQLite's case; on
     PostgreSQL too)."""
     jq = make_queue()
@@ -634,26 +634,22 @@ def test_extreme_run_at_values_are_stored_and_read_back(jq):
 def test_pg_connection_to_another_schema_is_refused(pg_url):
     """connection= must reach the queue's own tables: a connection whose
     search_path is another schema would write the job somewhere no worker looks."""
-    server_default = os.environ.get(
-        "JOBKEEPER_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/test"
-    )
     with JobQueue(pg_url) as jq:
         jq.migrate()
-        with psycopg.connect(server_default) as other, pytest.raises(TypeError, match="schema"):
+        with psycopg.connect(PG_URL) as other, pytest.raises(TypeError, match="schema"):
             jq.enqueue("t", {}, connection=other)
         assert jq.stats() == {}
 
 
 def test_long_schema_names_still_enqueue_and_notify():
     """A NOTIFY channel is an identifier (63 bytes): jobkeeper_<schema> for a
-    60-character schema would not fit, and every enqueue failed (newcomer P6)."""
-    server = os.environ.get("JOBKEEPER_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/test")
+    60-character schema would not fit, and every enqueue would fail."""
     schema = "s" * 60
-    with psycopg.connect(server, autocommit=True) as admin:
+    with psycopg.connect(PG_URL, autocommit=True) as admin:
         admin.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
         admin.execute(f'CREATE SCHEMA "{schema}"')
     try:
-        url = with_pg_options(server, f"-csearch_path={schema}")
+        url = with_pg_options(PG_URL, f"-csearch_path={schema}")
         with JobQueue(url) as jq, psycopg.connect(url, autocommit=True) as listener:
             jq.migrate()
             channel = jq.backend.channel()
@@ -663,13 +659,13 @@ def test_long_schema_names_still_enqueue_and_notify():
             payloads = [n.payload for n in listener.notifies(timeout=5, stop_after=1)]
             assert payloads == ["long-schema"]
     finally:
-        with psycopg.connect(server, autocommit=True) as admin:
+        with psycopg.connect(PG_URL, autocommit=True) as admin:
             admin.execute(f'DROP SCHEMA "{schema}" CASCADE')
 
 
 def test_numbers_and_key_order_round_trip_exactly(jq):
     """What the task gets is what was enqueued: on PostgreSQL jsonb would turn
-    1e16 into an int, -0.0 into 0 and sort the keys (newcomer P5)."""
+    1e16 into an int, -0.0 into 0 and sort the keys."""
     args = {"z": -0.0, "f": 1e16, "g": 1e300, "big": 2**70, "b": True, "a": [1.5, "x", None]}
     job = jq.enqueue("t", args)
     for seen in (job.args, jq.get_job(job.id).args):

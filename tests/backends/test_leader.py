@@ -7,8 +7,7 @@ from __future__ import annotations
 import time
 
 from jobkeeper.maintenance.leader import Leader
-
-from .helpers import sql
+from support.db import sql
 
 
 def test_one_holder_until_the_lease_expires(jq):

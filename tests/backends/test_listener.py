@@ -10,14 +10,13 @@ import psycopg
 import pytest
 
 from jobkeeper import DatabaseUnavailable, JobQueue
-
-from .helpers import PG_URL
+from support.db import PG_URL, pg_database_url
 
 
 def test_listener_survives_the_database_refusing_it_at_start(pg_url, caplog):
     # A worker that starts while the server refuses connections ("too many
-    # clients") used to lose its listener thread for good: naming the
-    # channel raised outside the reconnect loop. It must retry instead.
+    # clients") must keep its listener thread: naming the channel can fail
+    # too, so it belongs inside the reconnect loop.
     jq = JobQueue(pg_url, heartbeat_interval=0.1, rescue_after=1.0, poll_interval=0.05)
     jq.migrate()
     backend = jq.backend
@@ -54,14 +53,14 @@ def test_listener_survives_the_database_refusing_it_at_start(pg_url, caplog):
 
 
 def test_api_calls_fail_fast_while_the_database_refuses_connections():
-    # An outage used to make every API call wait out the pool's 10 s timeout
-    # while the pool retried in the background. A database that refuses new
+    # An outage must not make every API call wait out the pool's 10 s
+    # timeout while the pool retries in the background. A database that refuses new
     # connections and has lost its old ones is such an outage, for one
     # database only.
     name = f"jk_outage_{secrets.token_hex(4)}"
     admin = psycopg.connect(PG_URL, autocommit=True)
     admin.execute(f'CREATE DATABASE "{name}"')
-    url = PG_URL.rsplit("/", 1)[0] + f"/{name}"
+    url = pg_database_url(name)
     jq = JobQueue(url)
     try:
         jq.migrate()

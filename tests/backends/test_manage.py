@@ -7,8 +7,9 @@ from __future__ import annotations
 import pytest
 
 from jobkeeper import ConfigError, JobNotFound, JobStateError, JobStatus
+from support.db import count
 
-from .helpers import claim, complete, count, fail, kill
+from .helpers import claim, complete, fail, kill
 
 ALL_STATUSES = {s.value for s in JobStatus}
 

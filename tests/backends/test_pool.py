@@ -10,8 +10,7 @@ import time
 import psycopg
 
 from jobkeeper import JobQueue
-
-from .helpers import PG_URL
+from support.db import PG_URL
 
 
 def _end_sessions(application_name: str) -> None:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import secrets
 import sys
 import threading
-from urllib.parse import quote
 
 import psycopg
 import pytest
@@ -16,8 +15,9 @@ from jobkeeper import DatabaseError, JobQueue, JobStatus
 from jobkeeper.backends.postgres.backend import MIGRATIONS as PG_MIGRATIONS
 from jobkeeper.backends.postgres.backend import QUERIES as PG_QUERIES
 from jobkeeper.backends.sqlite.backend import MIGRATIONS as SQLITE_MIGRATIONS
+from support.db import PG_URL, count, pg_schema_url, sql
 
-from .helpers import PG_URL, claim, count, sql
+from .helpers import claim
 
 TABLES = {
     "jobkeeper_jobs",
@@ -170,9 +170,7 @@ def test_migrate_from_version_2_keeps_jobs_ids_and_equals_a_fresh_schema(
     with psycopg.connect(PG_URL, autocommit=True) as conn:
         conn.execute(f'CREATE SCHEMA "{schema}"')
     try:
-        options = quote(f"-csearch_path={schema}")
-        separator = "&" if "?" in PG_URL else "?"
-        with JobQueue(f"{PG_URL}{separator}options={options}") as fresh:
+        with JobQueue(pg_schema_url(schema)) as fresh:
             fresh.migrate()
             assert schema_of(fresh) == migrated
     finally:

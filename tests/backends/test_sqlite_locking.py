@@ -39,7 +39,7 @@ def locked_queue(sqlite_url: str):
     """
     jq = JobQueue(sqlite_url, busy_timeout=0.3)
     jq.migrate()
-    jq.backend.worker_register(WORKER)
+    jq.backend.worker_register(worker=WORKER)
     holder = sqlite3.connect(sqlite_url.removeprefix("sqlite:///"), isolation_level=None)
     try:
         yield jq, holder
@@ -137,22 +137,22 @@ def test_heartbeat_is_one_statement_and_re_registers_a_pruned_worker(locked_queu
         before = {w.id: w.heartbeat_at for w in backend.worker_list()}[WORKER.id]
         time.sleep(0.01)
         seen = _statements(backend)
-        backend.worker_heartbeat(WORKER)
+        backend.worker_heartbeat(worker=WORKER)
         # The lock is taken and released inside one statement: no BEGIN/COMMIT.
         assert [s.split()[0] for s in seen] == ["UPDATE"], seen
         after = {w.id: w.heartbeat_at for w in backend.worker_list()}[WORKER.id]
         assert after > before
         # A worker pruned while it was paused comes back on its next beat.
         holder.execute("DELETE FROM jobkeeper_workers")
-        backend.worker_heartbeat(WORKER)
+        backend.worker_heartbeat(worker=WORKER)
         assert [w.id for w in backend.worker_list()] == [WORKER.id]
         # Under another process's write lock the beat waits for the lock, and
         # fails cleanly (nothing half-written) when it never comes.
         _lock(holder)
         with pytest.raises(DatabaseError, match="locked"):
-            backend.worker_heartbeat(WORKER)
+            backend.worker_heartbeat(worker=WORKER)
         holder.execute("ROLLBACK")
-        backend.worker_heartbeat(WORKER)
+        backend.worker_heartbeat(worker=WORKER)
         beat = {w.id: w.heartbeat_at for w in backend.worker_list()}[WORKER.id]
         assert beat > datetime.now(UTC) - timedelta(seconds=5)
     finally:
@@ -187,7 +187,7 @@ def test_probes_search_their_index_instead_of_scanning_the_table(locked_queue, p
     )
     conn = sqlite3.connect(jq.backend.path)  # a new connection reads the statistics
     try:
-        params = {"queue": "default", "older_than": 3600, "queues": '["default"]'}
+        params = {"queue": "default", "older_than": 3600, "queues": '["default"]', "now": None}
         rows = conn.execute("EXPLAIN QUERY PLAN " + QUERIES[probe], params).fetchall()
     finally:
         conn.close()

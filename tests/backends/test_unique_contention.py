@@ -1,4 +1,4 @@
-"""Concurrent bulk enqueues over the same unique keys (issue 13, kind 7).
+"""Concurrent bulk enqueues over the same unique keys.
 
 On PostgreSQL two batches that insert the same keys in different orders each
 wait in the unique index for a key the other inserted first: a deadlock,

@@ -18,10 +18,11 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from backends.helpers import claim, complete, count, fail, is_pg, kill, register, sql, total_rows
+from backends.helpers import claim, complete, fail, kill, register, total_rows
 from jobkeeper import JobQueue, JobStatus
 from jobkeeper.backends.sqlite.backend import MIGRATIONS
 from jobkeeper.cli.main import main
+from support.db import count, is_pg, sql
 
 #: The newest schema version (both backends number migrations alike).
 LATEST = MIGRATIONS[-1][0]
@@ -285,7 +286,7 @@ def test_dead_list_retry_cancel_and_requeue(cli, queue):
 
 
 def test_claimed_jobs_are_a_status_of_their_own(cli, queue):
-    # Issue 13, kind 2: prefetched (claimed, not started) jobs are not running.
+    # Prefetched (claimed, not started) jobs are not running.
     job = queue.enqueue("t", {})
     claim(queue)
     assert [j["id"] for j in cli.json("jobs", "list", "--status", "claimed")] == [job.id]
@@ -343,7 +344,7 @@ def test_bad_enqueue_input_exits_2_with_one_line_and_writes_nothing(cli, queue):
     assert total_rows(queue) == 0
 
 
-def test_c07_nested_nan_names_the_path(cli, queue):
+def test_nested_nan_names_the_path(cli, queue):
     code, _, err = cli("enqueue", "task", "--args", '{"a": [1, {"b": 1e999}]}')
     assert code == 2
     assert_one_line_error(err, "args.a[1].b", "inf")
@@ -396,7 +397,7 @@ def test_error_lines_print_the_quoted_input_literally(cli, queue):
 
 
 def test_negative_job_ids_get_the_id_check_not_no_such_option(cli, queue):
-    # "-1" used to be parsed as an unknown option ("No such option: -1").
+    # "-1" is a job id, not an unknown option ("No such option: -1").
     job = queue.enqueue("t", {})
     for args in (
         ["jobs", "show", "-1"],

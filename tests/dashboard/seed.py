@@ -60,13 +60,15 @@ def seed(jq: JobQueue, *, completed: int = 12) -> Seeded:
         heartbeat_at=datetime.now(UTC),
         rescue_after=60.0,
     )
-    backend.worker_register(worker)
+    backend.worker_register(worker=worker)
     done = jq.enqueue_many(
         [("send_invoice", {"invoice": 1000 + i, "customer": f"c-{i}"}) for i in range(completed)]
     )
     claimed = backend.job_claim(worker_id=worker.id, queue="default", limit=completed)
     backend.job_complete_many(
-        [Completion(claim_of(j), json.dumps({"sent": True, "pages": 2})) for j in claimed],
+        completions=[
+            Completion(claim_of(j), json.dumps({"sent": True, "pages": 2})) for j in claimed
+        ],
         delete=False,
     )
     failing = jq.enqueue("send_invoice", {"invoice": 77, "customer": "acme"}, max_attempts=3)
@@ -74,18 +76,18 @@ def seed(jq: JobQueue, *, completed: int = 12) -> Seeded:
                        max_attempts=1)  # fmt: skip
     (claim,) = backend.job_claim(worker_id=worker.id, queue="default", limit=1)
     backend.job_fail_many(
-        [Failure(claim_of(claim), "retryable", _error(1, "ConnectionError: "
+        failures=[Failure(claim_of(claim), "retryable", _error(1, "ConnectionError: "
                  "https://billing.internal/api/invoices: connection refused"), retry_in=600)]
     )  # fmt: skip
     (claim,) = backend.job_claim(worker_id=worker.id, queue="reports", limit=1)
     backend.job_fail_many(
-        [Failure(claim_of(claim), "dead",
+        failures=[Failure(claim_of(claim), "dead",
                  _error(1, "KeyError: 'template'", REPORT_TRACEBACK),
                  reason="max_attempts exhausted")]
     )  # fmt: skip
     running = jq.enqueue("send_email", {"to": "ops@example.com"}, queue="emails")
     (started,) = backend.job_claim(worker_id=worker.id, queue="emails", limit=1)
-    backend.job_start_many([claim_of(started)])
+    backend.job_start_many(claims=[claim_of(started)])
     cancelled = jq.enqueue("send_email", {"to": "old@example.com"}, queue="emails", delay=3600)
     jq.cancel(cancelled.id)
     scheduled = jq.enqueue("render_report", {"report": "q4"}, queue="reports", delay=1800)

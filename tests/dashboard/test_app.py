@@ -152,7 +152,9 @@ def _make_dead(jq, seeded) -> int:
     job = jq.enqueue("doomed", {}, queue="doom", max_attempts=1)
     (claimed,) = jq.backend.job_claim(worker_id=seeded.worker_id, queue="doom", limit=1)
     assert claimed.id == job.id
-    jq.backend.job_fail_many([Failure(claim_of(claimed), "dead", '{"attempt": 1, "error": "x"}')])
+    jq.backend.job_fail_many(
+        failures=[Failure(claim_of(claimed), "dead", '{"attempt": 1, "error": "x"}')]
+    )
     return job.id
 
 

@@ -88,7 +88,9 @@ def test_estimates_scale_to_the_whole(jq):
     from jobkeeper.models import Completion
     from jobkeeper.outcomes import claim_of
 
-    jq.backend.job_complete_many([Completion(claim_of(j), None) for j in claimed], delete=False)
+    jq.backend.job_complete_many(
+        completions=[Completion(claim_of(j), None) for j in claimed], delete=False
+    )
     first = jobs[0].id
     if jq.backend.name == "postgresql":
         jq.backend._fetch_raw(

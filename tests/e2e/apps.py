@@ -94,7 +94,7 @@ def record(record: str, n: int = 0) -> int:
 
 @jq.task(max_attempts=3)
 def suicide(record: str | None = None) -> None:
-    """The poison job of C-05: kills its own worker process."""
+    """A poison job: kills its own worker process."""
     note(record, "start")
     os.kill(os.getpid(), signal.SIGKILL)
     time.sleep(60)

@@ -1,4 +1,5 @@
-"""Helpers of the e2e tests: worker subprocesses, raw SQL, deadlines."""
+"""Helpers of the e2e tests: worker subprocesses, and what those tests read of
+the jobs they ran. Raw SQL and waiting are in ``support``."""
 
 from __future__ import annotations
 
@@ -7,46 +8,17 @@ import itertools
 import json
 import os
 import signal
-import sqlite3
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-import psycopg
+from support.db import is_pg, sql
+from support.waiting import DEADLINE
 
 ROOT = Path(__file__).resolve().parents[2]
 APP = "tests.e2e.apps:jq"
-DEADLINE = 60.0
-
-
-def wait_for(
-    predicate: Callable[[], Any], *, timeout: float = DEADLINE, what: str = "condition"
-) -> Any:
-    """Poll ``predicate`` until it returns something truthy; fail at the deadline."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.05)
-
-
-def sql(url: str, query: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
-    """One statement on a fresh autocommit connection; ``?`` placeholders."""
-    if url.startswith("postgres"):
-        with psycopg.connect(url, autocommit=True) as conn:
-            cursor = conn.execute(query.replace("?", "%s"), tuple(params))
-            return cursor.fetchall() if cursor.description else []
-    conn = sqlite3.connect(url.removeprefix("sqlite:///"), timeout=30, isolation_level=None)
-    try:
-        return conn.execute(query, tuple(params)).fetchall()
-    finally:
-        conn.close()
 
 
 def counts(url: str) -> dict[str, int]:
@@ -172,47 +144,9 @@ def holder_pid(url: str, job_id: int) -> int | None:
     return int(str(rows[0][1]).split(":")[-2])
 
 
-def install_heartbeat_log(url: str) -> None:
-    """Record every write of a worker's heartbeat_at in ``test_heartbeat_log``
-    (a trigger), so heartbeat gaps are measured exactly, not by sampling.
-    """
-    if url.startswith("postgres"):
-        sql(
-            url,
-            """
-            CREATE TABLE test_heartbeat_log (worker_id text, at timestamptz);
-            CREATE FUNCTION test_log_heartbeat() RETURNS trigger LANGUAGE plpgsql AS $$
-            BEGIN
-                INSERT INTO test_heartbeat_log VALUES (NEW.id, NEW.heartbeat_at);
-                RETURN NEW;
-            END $$;
-            CREATE TRIGGER test_log_heartbeat AFTER INSERT OR UPDATE ON jobkeeper_workers
-                FOR EACH ROW EXECUTE FUNCTION test_log_heartbeat();
-            """,
-        )
-        return
-    sql(url, "CREATE TABLE test_heartbeat_log (worker_id TEXT, at REAL)")
-    for event in ("INSERT", "UPDATE"):
-        sql(
-            url,
-            f"CREATE TRIGGER test_log_heartbeat_{event.lower()} AFTER {event} "
-            "ON jobkeeper_workers BEGIN "
-            "INSERT INTO test_heartbeat_log VALUES (NEW.id, NEW.heartbeat_at); END",
-        )
-
-
-def heartbeat_log(url: str) -> dict[str, list[float]]:
-    """Every heartbeat written per worker id, as sorted Unix seconds."""
-    at = "extract(epoch FROM at)::float8" if url.startswith("postgres") else "at"
-    out: dict[str, list[float]] = {}
-    for wid, when in sql(url, f"SELECT worker_id, {at} FROM test_heartbeat_log"):
-        out.setdefault(str(wid), []).append(float(when))
-    return {wid: sorted(times) for wid, times in out.items()}
-
-
 def job_window(url: str) -> tuple[float, float]:
     """(first attempted_at, last finished_at) over all jobs, Unix seconds."""
-    if url.startswith("postgres"):
+    if is_pg(url):
         query = (
             "SELECT extract(epoch FROM min(attempted_at))::float8, "
             "extract(epoch FROM max(finished_at))::float8 FROM jobkeeper_jobs"

@@ -1,5 +1,5 @@
 """Several worker processes at once: exactly-once draining, heartbeats under
-CPU-bound tasks (C-01) and SQLite write-lock contention (C-13).
+CPU-bound tasks, and SQLite write-lock contention that never reaches callers.
 """
 
 from __future__ import annotations
@@ -11,29 +11,14 @@ import textwrap
 import pytest
 
 from jobkeeper import JobQueue
+from support.db import sql
+from support.heartbeats import heartbeat_log, install_heartbeat_log
+from support.settings import FAST
+from support.waiting import wait_for
 
-from .helpers import (
-    counts,
-    heartbeat_log,
-    install_heartbeat_log,
-    job_window,
-    max_heartbeat_gap,
-    processes,
-    read_records,
-    sql,
-    wait_exit,
-    wait_for,
-)
+from .helpers import counts, job_window, max_heartbeat_gap, processes, read_records, wait_exit
 
 pytestmark = pytest.mark.slow
-
-FAST = {
-    "heartbeat_interval": 0.1,
-    "rescue_after": 1.0,
-    "poll_interval": 0.05,
-    "max_backoff": 0.05,
-    "shutdown_grace": 2.0,
-}
 
 
 def test_four_workers_drain_2000_jobs_each_exactly_once(make_queue, tmp_path):
@@ -59,7 +44,7 @@ def test_four_workers_drain_2000_jobs_each_exactly_once(make_queue, tmp_path):
     assert len({r[2] for r in runs}) >= 2
 
 
-def test_c01_heartbeat_not_below_rescue_window_is_rejected_at_start(db_url, tmp_path):
+def test_heartbeat_not_below_rescue_window_is_rejected_at_start(db_url, tmp_path):
     with processes(tmp_path) as procs:
         bad = procs.worker(db_url, {"heartbeat_interval": 5, "rescue_after": 4})
         assert wait_exit(bad, timeout=30) == 2
@@ -68,7 +53,7 @@ def test_c01_heartbeat_not_below_rescue_window_is_rejected_at_start(db_url, tmp_
     assert "Traceback" not in log
 
 
-def test_c01_long_sleeping_and_cpu_bound_jobs_run_once_with_steady_heartbeats(make_queue, tmp_path):
+def test_long_sleeping_and_cpu_bound_jobs_run_once_with_steady_heartbeats(make_queue, tmp_path):
     # heartbeat 1 s, rescue_after 4 s (the smallest multiple allowed is 3);
     # each job outlives the rescue window (5 s rather than the case's 20 s).
     # CPU-bound tasks starve the heartbeat thread of the GIL for up to about
@@ -162,7 +147,7 @@ STATUS = textwrap.dedent(
 )
 
 
-def test_c13_sqlite_lock_contention_never_reaches_enqueue_callers(sqlite_url, tmp_path):
+def test_sqlite_lock_contention_never_reaches_enqueue_callers(sqlite_url, tmp_path):
     # rescue_after outlasts the 2 s lock holds with room: heartbeats that wait
     # on the lock must not make live workers look dead.
     settings = {**FAST, "heartbeat_interval": 0.5, "rescue_after": 6.0}

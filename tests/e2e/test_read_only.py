@@ -1,4 +1,4 @@
-"""A PostgreSQL server whose sessions turn read-only (issue 13, kind 4).
+"""A PostgreSQL server whose sessions turn read-only.
 
 A demoted primary, a replica promoted elsewhere behind the same address, or
 ``default_transaction_read_only``: every write fails with "cannot execute
@@ -20,17 +20,18 @@ import secrets
 import signal
 import time
 from collections.abc import Iterator
-from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 import pytest
 
 from jobkeeper import JobQueue, JobStatus
 from jobkeeper.errors import DatabaseUnavailable
+from support.db import PG_URL, pg_database_url
+from support.settings import READ_ONLY
+from support.waiting import wait_for
 
-from .helpers import processes, wait_exit, wait_for
+from .helpers import processes, wait_exit
 
-PG_URL = os.environ.get("JOBKEEPER_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/test")
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(
@@ -39,22 +40,9 @@ pytestmark = [
     ),
 ]
 
-SETTINGS = {
-    "heartbeat_interval": 0.2,
-    "rescue_after": 3.0,
-    "poll_interval": 0.05,
-    "max_backoff": 0.05,
-    "shutdown_grace": 2.0,
-}
-
 
 def _admin() -> psycopg.Connection[tuple[object, ...]]:
     return psycopg.connect(PG_URL, autocommit=True)
-
-
-def _url_for(database: str) -> str:
-    parts = urlsplit(PG_URL)
-    return urlunsplit(parts._replace(path=f"/{database}"))
 
 
 @pytest.fixture
@@ -111,15 +99,15 @@ def statuses(url: str) -> dict[str, int]:
 
 
 def test_worker_resumes_once_the_server_is_writable_again(ro_db, tmp_path):
-    url = _url_for(ro_db)
-    jq = JobQueue(url, **SETTINGS)
+    url = pg_database_url(ro_db)
+    jq = JobQueue(url, **READ_ONLY)
     jq.migrate()
     try:
         # One job in flight when the sessions turn read-only: its outcome
         # cannot be written until the server takes writes again.
         first = jq.enqueue("sleep", {"seconds": 1.5})
         with processes(tmp_path) as procs:
-            worker = procs.worker(url, SETTINGS, concurrency=2)
+            worker = procs.worker(url, READ_ONLY, concurrency=2)
             wait_for(lambda: statuses(url).get("running") == 1, what="the first job running")
             read_only(ro_db, terminate=True)
             # Enqueued while the server is read-only (by someone who can write).
@@ -146,14 +134,14 @@ def test_worker_resumes_once_the_server_is_writable_again(ro_db, tmp_path):
 
 
 def test_sigterm_while_read_only_stops_the_worker_promptly(ro_db, tmp_path):
-    url = _url_for(ro_db)
-    jq = JobQueue(url, **SETTINGS)
+    url = pg_database_url(ro_db)
+    jq = JobQueue(url, **READ_ONLY)
     jq.migrate()
     try:
         jq.enqueue("sleep", {"seconds": 0.5})
         jq.enqueue("sleep", {"seconds": 60})
         with processes(tmp_path) as procs:
-            worker = procs.worker(url, SETTINGS, concurrency=2)
+            worker = procs.worker(url, READ_ONLY, concurrency=2)
             wait_for(lambda: statuses(url).get("running") == 2, what="both jobs running")
             read_only(ro_db, terminate=True)
             jq.close()
@@ -176,8 +164,8 @@ def test_sigterm_while_read_only_stops_the_worker_promptly(ro_db, tmp_path):
 
 
 def test_enqueue_while_read_only_says_so_and_works_once_writable(ro_db):
-    url = _url_for(ro_db)
-    jq = JobQueue(url, **SETTINGS)
+    url = pg_database_url(ro_db)
+    jq = JobQueue(url, **READ_ONLY)
     jq.migrate()
     try:
         jq.enqueue("t", {})  # the pool holds a session opened while writable
@@ -196,9 +184,9 @@ def test_enqueue_while_read_only_says_so_and_works_once_writable(ro_db):
 def test_enqueue_works_once_a_reloaded_setting_is_lifted(ro_db):
     """Sessions that were read-only from their start (none terminated when
     the server became writable again) are replaced, not kept by the pool."""
-    url = _url_for(ro_db)
+    url = pg_database_url(ro_db)
     read_only(ro_db, terminate=False)
-    jq = JobQueue(url, **{**SETTINGS, "pool_size": 3})
+    jq = JobQueue(url, **{**READ_ONLY, "pool_size": 3})
     try:
         superuser_sql(url, "SELECT 1")
         with pytest.raises(DatabaseUnavailable, match="read-only"):
@@ -215,8 +203,8 @@ def test_enqueue_works_once_a_reloaded_setting_is_lifted(ro_db):
 def test_connections_ask_for_a_writable_session_unless_the_url_chooses(ro_db, monkeypatch):
     monkeypatch.delenv("PGTARGETSESSIONATTRS", raising=False)
     read_only(ro_db, terminate=False)
-    chosen = JobQueue(f"{_url_for(ro_db)}?target_session_attrs=any", **SETTINGS)
-    default = JobQueue(_url_for(ro_db), **SETTINGS)
+    chosen = JobQueue(f"{pg_database_url(ro_db)}?target_session_attrs=any", **READ_ONLY)
+    default = JobQueue(pg_database_url(ro_db), **READ_ONLY)
     try:
         # The default refuses the read-only server at connect...
         with pytest.raises(DatabaseUnavailable, match="session is read-only"):

@@ -1,4 +1,4 @@
-"""Graceful shutdown of a worker process (C-04): SIGTERM and SIGINT."""
+"""Graceful shutdown of a worker process: SIGTERM and SIGINT."""
 
 from __future__ import annotations
 
@@ -7,24 +7,16 @@ import signal
 import pytest
 
 from jobkeeper import JobStatus
+from support.settings import SHUTDOWN
+from support.waiting import wait_for
 
-from .helpers import holder_pid, processes, read_records, wait_exit, wait_for
+from .helpers import holder_pid, processes, read_records, wait_exit
 
 pytestmark = pytest.mark.slow
 
-# rescue_after is long on purpose: handed-back jobs must be picked up at once,
-# not after a rescue.
-SETTINGS = {
-    "heartbeat_interval": 0.5,
-    "rescue_after": 120.0,
-    "poll_interval": 0.05,
-    "max_backoff": 0.05,
-    "shutdown_grace": 2.0,
-}
-
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
-def test_c04_signal_hands_back_running_jobs_and_exits_0(make_queue, tmp_path, signum):
+def test_signal_hands_back_running_jobs_and_exits_0(make_queue, tmp_path, signum):
     jq = make_queue()
     url = jq.url.url
     record = tmp_path / "runs.log"
@@ -33,7 +25,7 @@ def test_c04_signal_hands_back_running_jobs_and_exits_0(make_queue, tmp_path, si
     # return when interrupted, and stays held instead (the test below).
     ids = [j.id for j in jq.enqueue_many([("asleep", args)] * 3 + [("naps", args)] * 3)]
     with processes(tmp_path) as procs:
-        first = procs.worker(url, SETTINGS, concurrency=6)
+        first = procs.worker(url, SHUTDOWN, concurrency=6)
         wait_for(
             lambda: (
                 len({r[0] for r in read_records(record)}) == 6
@@ -52,7 +44,7 @@ def test_c04_signal_hands_back_running_jobs_and_exits_0(make_queue, tmp_path, si
             assert len(j.errors) == 1 and "shutdown" in j.errors[0]["error"]
         assert jq.workers() == []  # it deregistered
 
-        second = procs.worker(url, SETTINGS, concurrency=6)
+        second = procs.worker(url, SHUTDOWN, concurrency=6)
         # Picked up at once: rescue_after (120 s) is far beyond this deadline.
         wait_for(
             lambda: all(holder_pid(url, i) == second.pid for i in ids),
@@ -73,7 +65,7 @@ def test_a_stop_leaves_code_stuck_in_c_held_until_its_rescue(make_queue, tmp_pat
     jq = make_queue()
     url = jq.url.url
     record = tmp_path / "runs.log"
-    settings = {**SETTINGS, "rescue_after": 3.0, "shutdown_grace": 0.5}
+    settings = {**SHUTDOWN, "rescue_after": 3.0, "shutdown_grace": 0.5}
     stuck = jq.enqueue("stuck_once", {"seconds": 60, "record": str(record)})
     with processes(tmp_path) as procs:
         first = procs.worker(url, settings, concurrency=1)

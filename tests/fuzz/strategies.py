@@ -4,17 +4,15 @@ from __future__ import annotations
 
 import math
 import re
-import sqlite3
-from collections.abc import Sequence
 from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
 
-import psycopg
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
 from jobkeeper import JobQueue
+from support.db import sql
 
 #: Modest example counts: the fuzz tests run in the normal suite, on both
 #: backends, and every example touches the database.
@@ -156,20 +154,6 @@ def same_json(a: Any, b: Any) -> bool:
     if isinstance(a, dict) and isinstance(b, dict):
         return a.keys() == b.keys() and all(same_json(a[k], b[k]) for k in a)
     return type(a) is type(b) and a == b
-
-
-def sql(jq: JobQueue, query: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
-    """One statement on a fresh connection of either backend (placeholders:
-    ``%s`` on PostgreSQL, ``?`` on SQLite)."""
-    if jq.url.scheme == "postgresql":
-        with psycopg.connect(jq.url.url, autocommit=True) as conn:
-            cursor = conn.execute(query, params)  # type: ignore[arg-type]
-            return cursor.fetchall() if cursor.description else []
-    conn = sqlite3.connect(jq.url.path, timeout=30, isolation_level=None)
-    try:
-        return conn.execute(query, params).fetchall()
-    finally:
-        conn.close()
 
 
 def row_count(jq: JobQueue) -> int:

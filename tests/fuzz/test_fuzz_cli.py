@@ -1,4 +1,4 @@
-"""Hostile input through the CLI's ``enqueue`` (issue 4, item 5), on both backends.
+"""Hostile input through the CLI's ``enqueue``, on both backends.
 
 ``jobkeeper enqueue TASK --args JSON [--queue Q] [--delay S] [--priority P]
 [--unique-key K]`` either exits 0 having stored exactly the parsed ``--args``,

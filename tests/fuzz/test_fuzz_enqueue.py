@@ -1,4 +1,4 @@
-"""Hostile input through the Python API (issue 4, item 5), on both backends.
+"""Hostile input through the Python API, on both backends.
 
 Every call either stores exactly what was given (read back equal, as JSON) or
 is refused with a clear one-line ``PayloadError``/``ConfigError`` naming the
@@ -23,6 +23,8 @@ from hypothesis import strategies as st
 
 from jobkeeper import ConfigError, JobQueue, JobStatus, PayloadError
 from jobkeeper.config import UNIQUE_KEY_MAX_LENGTH
+from support.db import sql
+from support.settings import FAST
 
 from .strategies import (
     FUZZ,
@@ -34,7 +36,6 @@ from .strategies import (
     name_text,
     row_count,
     same_json,
-    sql,
     storable_args,
 )
 
@@ -42,7 +43,6 @@ pytestmark = pytest.mark.slow
 
 #: Each example runs a worker: fewer of them.
 WORKER_FUZZ = settings(FUZZ, max_examples=8)
-FAST = {"heartbeat_interval": 0.1, "rescue_after": 1.0, "poll_interval": 0.05, "max_backoff": 0.05}
 
 
 def assert_clear(exc: Exception, *, starts: str | None = None) -> None:
@@ -246,7 +246,7 @@ def test_a_worker_survives_hand_inserted_garbage(db_url, raws, tasks):
         top = max_id(jq)
         # A parameter, not a literal: the garbage may hold a NUL (SQLite
         # stores it; PostgreSQL text cannot, and storable_in_jsonb drops it).
-        placeholder = "%s::jsonb" if pg else "?"
+        placeholder = "?::jsonb" if pg else "?"
         for raw, task in zip(raws, tasks, strict=False):
             sql(
                 jq,

@@ -4,33 +4,13 @@ fabricated in the past (as River's testfactory fabricates jobs), jobs by tick.
 
 from __future__ import annotations
 
-import sqlite3
 from collections import Counter
-from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-import psycopg
-
 from jobkeeper import JobQueue
 from jobkeeper.maintenance.periodic import PeriodicEnqueuer
-
-
-def is_pg(url: str) -> bool:
-    return url.startswith("postgres")
-
-
-def sql(url: str, query: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
-    """One statement on a fresh autocommit connection; ``?`` placeholders on both."""
-    if is_pg(url):
-        with psycopg.connect(url, autocommit=True) as conn:
-            cursor = conn.execute(query.replace("?", "%s"), tuple(params))
-            return cursor.fetchall() if cursor.description else []
-    conn = sqlite3.connect(url.removeprefix("sqlite:///"), timeout=30, isolation_level=None)
-    try:
-        return conn.execute(query, tuple(params)).fetchall()
-    finally:
-        conn.close()
+from support.db import is_pg, sql
 
 
 def stored(url: str, value: datetime | None) -> Any:

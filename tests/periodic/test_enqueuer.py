@@ -14,8 +14,9 @@ from datetime import timedelta
 import pytest
 
 from jobkeeper import Schedule
+from support.db import sql
 
-from .helpers import aligned, app, fabricate, per_task, service, sql, ticks
+from .helpers import aligned, app, fabricate, per_task, service, ticks
 
 SECOND = timedelta(seconds=1)
 

@@ -14,20 +14,16 @@ from datetime import timedelta
 
 import pytest
 
-from e2e.helpers import processes, wait_exit, wait_for
+from e2e.helpers import processes, wait_exit
 from jobkeeper import current_job
+from support.settings import FLEET
+from support.waiting import wait_for
 from worker.helpers import running
 
 from .helpers import ticks
 
 pytestmark = pytest.mark.slow
 
-SETTINGS = {
-    "heartbeat_interval": 0.2,
-    "rescue_after": 2.0,
-    "poll_interval": 0.05,
-    "shutdown_grace": 2.0,
-}
 APP = "tests.periodic.apps:jq"
 
 
@@ -38,7 +34,7 @@ def test_three_workers_with_sigkills_enqueue_each_tick_once(jq, tmp_path):
     with processes(tmp_path) as procs:
 
         def start() -> object:
-            return procs.spawn(argv, settings=SETTINGS, name="worker")
+            return procs.spawn(argv, settings=FLEET, name="worker")
 
         fleet = [start() for _ in range(3)]
         wait_for(lambda: len(ticks(url, "beat")) >= 2, what="the first ticks")

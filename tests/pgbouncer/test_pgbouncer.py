@@ -1,4 +1,4 @@
-"""jobkeeper behind PgBouncer in transaction pooling mode (issue 4, item 4).
+"""jobkeeper behind PgBouncer in transaction pooling mode.
 
 The test starts Debian's ``pgbouncer`` on a free loopback port in front of
 the test PostgreSQL (a fresh database per session; PgBouncer does not pass
@@ -34,23 +34,18 @@ import pytest
 from psycopg.conninfo import conninfo_to_dict
 
 from jobkeeper import JobQueue
+from support.db import PG_URL
+from support.settings import SOAK, soak_env
+from support.waiting import wait_for
 
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
-PG_URL = os.environ.get("JOBKEEPER_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/test")
 BACKENDS = os.environ.get("JOBKEEPER_TEST_BACKENDS", "sqlite,postgres")
 MISSING = (
     "pgbouncer is not installed, and the PgBouncer tests need it: install it with "
     "`apt-get install -y pgbouncer` (Debian/Ubuntu; `make test` does this when run as root)"
 )
-SETTINGS = {
-    "heartbeat_interval": 0.2,
-    "rescue_after": 1.0,
-    "poll_interval": 0.1,
-    "max_backoff": 0.1,
-    "shutdown_grace": 5.0,
-}
 GIVE_UP = "LISTEN/NOTIFY is not delivering"
 
 if "postgres" not in BACKENDS:
@@ -192,7 +187,7 @@ def start_worker(
         **os.environ,
         "PYTHONPATH": str(ROOT),
         "JOBKEEPER_DATABASE_URL": url,
-        **{f"SOAK_{k.upper()}": str(v) for k, v in SETTINGS.items()},
+        **soak_env(SOAK),
     }
     command = [sys.executable, "-m", "jobkeeper", "--database", url, "worker"]
     command += ["--app", "benchmarks.soak.app:jq", "--concurrency", str(concurrency)]
@@ -204,21 +199,13 @@ def start_worker(
         )
 
 
-def wait_for(predicate: Callable[[], object], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.1)
-
-
 def test_missing_pgbouncer_fails_with_the_install_command():
     with pytest.raises(pytest.fail.Exception, match=r"apt-get install -y pgbouncer"):
         require_pgbouncer(which=lambda name: None, candidates=())
 
 
 def test_enqueue_claim_complete_and_rescue_through_pgbouncer(bouncer, tmp_path):
-    jq = JobQueue(bouncer.url, **SETTINGS)
+    jq = JobQueue(bouncer.url, **SOAK)
     assert jq.migrate() >= 1
     # Every API statement runs well past psycopg's prepare threshold (5).
     singles = [jq.enqueue("soak.work", {"n": i, "ms": 1}) for i in range(20)]
@@ -238,8 +225,8 @@ def test_enqueue_claim_complete_and_rescue_through_pgbouncer(bouncer, tmp_path):
     try:
         wait_for(
             lambda: (j := jq.get_job(stalled.id)) is not None and j.status.value == "running",
-            30,
-            "worker A to claim the stalling job",
+            timeout=30,
+            what="worker A to claim the stalling job",
         )
         worker_a.kill()
         worker_a.wait()
@@ -251,8 +238,8 @@ def test_enqueue_claim_complete_and_rescue_through_pgbouncer(bouncer, tmp_path):
                 (j := jq.get_job(job.id)) is not None and j.status.value == "completed"
                 for job in every
             ),
-            60,
-            "every job to complete",
+            timeout=60,
+            what="every job to complete",
         )
         rescued = jq.get_job(stalled.id)
         assert rescued is not None
@@ -260,13 +247,15 @@ def test_enqueue_claim_complete_and_rescue_through_pgbouncer(bouncer, tmp_path):
         assert [str(e["error"]).split(" ")[:2] for e in rescued.errors] == [["worker", "lost:"]]
         # LISTEN cannot work through a transaction pooler: the canary gives up
         # (after 3 silent connections) and says so.
-        wait_for(lambda: GIVE_UP in log_b.read_text(), 40, "the LISTEN fallback message")
+        wait_for(
+            lambda: GIVE_UP in log_b.read_text(), timeout=40, what="the LISTEN fallback message"
+        )
         # Polling still finds new work at once.
         late = jq.enqueue("soak.work", {"n": 1000, "ms": 1})
         wait_for(
             lambda: (j := jq.get_job(late.id)) is not None and j.status.value == "completed",
-            10,
-            "a job enqueued after the fallback",
+            timeout=10,
+            what="a job enqueued after the fallback",
         )
         worker_b.terminate()
         assert worker_b.wait(30) == 0

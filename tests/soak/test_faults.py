@@ -1,5 +1,5 @@
-"""Two faults the chaos soak found double executions in, pinned down as
-deterministic scenarios (worker processes, real signals, a real outage):
+"""Faults that could make a job run twice, as deterministic scenarios
+(worker processes, real signals, a real outage):
 
 - a PostgreSQL outage longer than ``rescue_after``: when the database came
   back, a rescuer could judge live workers by their pre-outage heartbeats and
@@ -27,16 +27,10 @@ from benchmarks.soak.history import read_exec_logs
 from benchmarks.soak.pg import PrivatePostgres
 
 from jobkeeper import JobQueue
+from support.settings import SOAK, soak_env
+from support.waiting import wait_for
 
 pytestmark = [pytest.mark.soak, pytest.mark.slow]
-
-SETTINGS = {
-    "heartbeat_interval": 0.2,
-    "rescue_after": 1.0,
-    "poll_interval": 0.05,
-    "max_backoff": 0.1,
-    "shutdown_grace": 10.0,
-}
 
 
 #: A worker with one slot and a fixed prefetch of one (the CLI's worker
@@ -61,17 +55,9 @@ def workers_for(
     url: str, out: Path, count: int, concurrency: int, kind: type[Workers] = Workers
 ) -> Workers:
     (out / "exec").mkdir(exist_ok=True)
-    env = {f"SOAK_{k.upper()}": str(v) for k, v in SETTINGS.items()}
+    env = soak_env(SOAK)
     env["SOAK_LOG_DIR"] = str(out / "exec")
     return kind(url, count, concurrency, ["default"], env, out)
-
-
-def wait_until(predicate, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.05)
 
 
 def statuses(jq: JobQueue, ids: list[int]) -> list[str]:
@@ -87,19 +73,23 @@ def test_a_database_outage_longer_than_rescue_after_rescues_no_live_worker(tmp_p
     workers = None
     try:
         pg.init()
-        jq = JobQueue(pg.url, **SETTINGS)
+        jq = JobQueue(pg.url, **SOAK)
         jq.migrate()
         ids = [
             j.id for j in jq.enqueue_many([("soak.work", {"n": i, "ms": 5000}) for i in range(4)])
         ]
         workers = workers_for(pg.url, tmp_path, count=2, concurrency=2)
         workers.start_all()
-        wait_until(lambda: statuses(jq, ids) == ["running"] * 4, 30, "all four jobs to run")
+        wait_for(
+            lambda: statuses(jq, ids) == ["running"] * 4, timeout=30, what="all four jobs to run"
+        )
         jq.close()
         pg.stop("fast")
-        time.sleep(2.5 * SETTINGS["rescue_after"])  # every heartbeat is now stale
+        time.sleep(2.5 * SOAK["rescue_after"])  # every heartbeat is now stale
         pg.start()
-        wait_until(lambda: statuses(jq, ids) == ["completed"] * 4, 30, "all four to complete")
+        wait_for(
+            lambda: statuses(jq, ids) == ["completed"] * 4, timeout=30, what="all four to complete"
+        )
         for job_id in ids:
             job = jq.get_job(job_id)
             assert job is not None
@@ -117,21 +107,25 @@ def test_a_database_outage_longer_than_rescue_after_rescues_no_live_worker(tmp_p
 
 def test_sqlite_write_lock_held_past_rescue_after_rescues_no_live_worker(tmp_path):
     path = tmp_path / "jobs.db"
-    jq = JobQueue(f"sqlite:///{path}", **SETTINGS)
+    jq = JobQueue(f"sqlite:///{path}", **SOAK)
     jq.migrate()
     ids = [j.id for j in jq.enqueue_many([("soak.work", {"n": i, "ms": 5000}) for i in range(4)])]
     workers = workers_for(f"sqlite:///{path}", tmp_path, count=2, concurrency=2)
     try:
         workers.start_all()
-        wait_until(lambda: statuses(jq, ids) == ["running"] * 4, 30, "all four jobs to run")
+        wait_for(
+            lambda: statuses(jq, ids) == ["running"] * 4, timeout=30, what="all four jobs to run"
+        )
         # Another process holds the write lock, as a worker SIGSTOPped in the
         # middle of a write would: every heartbeat waits behind it.
         holder = sqlite3.connect(path, isolation_level=None)
         holder.execute("BEGIN IMMEDIATE")
-        time.sleep(3 * SETTINGS["rescue_after"])
+        time.sleep(3 * SOAK["rescue_after"])
         holder.execute("ROLLBACK")
         holder.close()
-        wait_until(lambda: statuses(jq, ids) == ["completed"] * 4, 30, "all four to complete")
+        wait_for(
+            lambda: statuses(jq, ids) == ["completed"] * 4, timeout=30, what="all four to complete"
+        )
         assert workers.stop_all(timeout=30) == {0: 0, 1: 0}
     finally:
         workers.stop_all(timeout=10)
@@ -144,7 +138,7 @@ def test_sqlite_write_lock_held_past_rescue_after_rescues_no_live_worker(tmp_pat
 
 def test_a_resumed_worker_does_not_start_jobs_whose_claims_it_lost(tmp_path):
     url = f"sqlite:///{tmp_path / 'jobs.db'}"
-    jq = JobQueue(url, **SETTINGS)
+    jq = JobQueue(url, **SOAK)
     jq.migrate()
     # One slot plus one prefetched job: worker A runs "first" and holds
     # "second" claimed but not started. Worker B is the same kind.
@@ -157,17 +151,17 @@ def test_a_resumed_worker_does_not_start_jobs_whose_claims_it_lost(tmp_path):
     workers = workers_for(url, tmp_path, count=2, concurrency=1, kind=PrefetchWorkers)
     try:
         workers.start(0)
-        wait_until(
+        wait_for(
             lambda: statuses(jq, [first.id, second.id]) == ["running", "claimed"],
-            30,
-            "worker A to claim both jobs",
+            timeout=30,
+            what="worker A to claim both jobs",
         )
         workers.pause(0)
         workers.start(1)  # worker B rescues both and runs them
-        wait_until(
+        wait_for(
             lambda: statuses(jq, [first.id, second.id]) == ["completed", "completed"],
-            30,
-            "worker B to rescue and complete both",
+            timeout=30,
+            what="worker B to rescue and complete both",
         )
         workers.resume(0)
         time.sleep(1.5)  # A's runner is free again: it must not start "second"

@@ -1,4 +1,4 @@
-"""Long jobs are not stolen (issue 4, item 3; case C-01).
+"""Long jobs are not stolen from live workers.
 
 A CPU-bound sync task, and async tasks that block the event loop (a blocking
 sleep; a CPU-bound loop), each running several times ``rescue_after`` on a
@@ -23,20 +23,13 @@ from benchmarks.soak import instrument
 from benchmarks.soak.history import read_exec_logs
 
 from jobkeeper import JobQueue
+from support.settings import SOAK, soak_env
 
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
-HEARTBEAT = 0.2
-RESCUE_AFTER = 1.0
-RUN_FOR = 3.5  # seconds each long job runs: 3.5 x rescue_after
-SETTINGS = {
-    "heartbeat_interval": HEARTBEAT,
-    "rescue_after": RESCUE_AFTER,
-    "poll_interval": 0.05,
-    "max_backoff": 0.05,
-    "shutdown_grace": 10.0,
-}
+RESCUE_AFTER = SOAK["rescue_after"]
+RUN_FOR = 3.5 * RESCUE_AFTER  # seconds each long job runs
 
 
 def start_worker(url: str, log_dir: Path, index: int) -> subprocess.Popen[bytes]:
@@ -45,7 +38,7 @@ def start_worker(url: str, log_dir: Path, index: int) -> subprocess.Popen[bytes]
         "PYTHONPATH": str(ROOT),
         "JOBKEEPER_DATABASE_URL": url,
         "SOAK_LOG_DIR": str(log_dir),
-        **{f"SOAK_{k.upper()}": str(v) for k, v in SETTINGS.items()},
+        **soak_env(SOAK),
     }
     command = [sys.executable, "-m", "jobkeeper", "--database", url, "worker"]
     command += ["--app", "benchmarks.soak.app:jq", "--concurrency", "2", "--queue", "long"]
@@ -56,7 +49,7 @@ def start_worker(url: str, log_dir: Path, index: int) -> subprocess.Popen[bytes]
 
 
 def test_long_jobs_keep_their_claims_on_live_workers(db_url, tmp_path):
-    jq = JobQueue(db_url, **SETTINGS)
+    jq = JobQueue(db_url, **SOAK)
     jq.migrate()
     instrument.install(db_url)
     long = {"queue": "long"}

@@ -1,4 +1,4 @@
-"""Retry backoff: exponential, capped, full jitter, never overflowing (C-06)."""
+"""Retry backoff: exponential, capped, full jitter, never overflowing."""
 
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ def effective_cap(cap: float) -> float:
 @example(10**18, 2, math.nan, 0.5)  # an int base and a NaN cap once computed 2 ** 10**18
 @example(9, 5.0, 1953124.9999999998, 0.999)  # rounding at the cap
 @example(28, 1.1, 14.420993610649955, 0.999)
-def test_c06_delay_is_finite_non_negative_and_capped(attempt, base, cap, r):
+def test_delay_is_finite_non_negative_and_capped(attempt, base, cap, r):
     ceiling = backoff_ceiling(attempt, base=base, max_backoff=cap)
     delay = backoff_delay(attempt, base=base, max_backoff=cap, rand=lambda: r)
     assert math.isfinite(ceiling)
@@ -66,7 +66,7 @@ def test_ceiling_is_non_decreasing_in_attempt(attempt_list, base, cap):
 
 @pytest.mark.parametrize("attempt", C06_ATTEMPTS)
 @pytest.mark.parametrize("base", [5.0, 10.0, 100.0])
-def test_c06_large_base_no_cap_never_raises(attempt, base):
+def test_large_base_no_cap_never_raises(attempt, base):
     ceiling = backoff_ceiling(attempt, base=base, max_backoff=math.inf)
     assert ceiling <= ABSOLUTE_MAX_BACKOFF
     if base ** min(attempt, 4) > ABSOLUTE_MAX_BACKOFF or attempt >= 16:
@@ -116,7 +116,7 @@ def test_default_rand_is_the_random_module():
 
 
 @pytest.mark.parametrize("attempt", C06_ATTEMPTS)
-def test_c06_retry_decision_never_raises_at_high_attempts(attempt):
+def test_retry_decision_never_raises_at_high_attempts(attempt):
     """The retry path itself (procrastinate#1462 lost the job when it raised)."""
     from jobkeeper.config import Settings
     from jobkeeper.models import Job, JobStatus

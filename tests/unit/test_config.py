@@ -1,4 +1,6 @@
-"""Settings, database URLs, names and enqueue options (C-01's config rule, C-11)."""
+"""Settings, database URLs, names and enqueue options: rescue_after spans at
+least three heartbeats, and run_at must be aware.
+"""
 
 from __future__ import annotations
 
@@ -152,7 +154,7 @@ def test_defaults_match_the_design():
     ("heartbeat", "rescue"),
     [(5.0, 4.0), (5.0, 14.999), (0.1, 0.29), (1.0, 1.0), (10.0, 29.0)],
 )
-def test_c01_rescue_after_below_three_heartbeats_is_rejected(heartbeat, rescue):
+def test_rescue_after_below_three_heartbeats_is_rejected(heartbeat, rescue):
     with pytest.raises(ConfigError) as info:
         Settings(heartbeat_interval=heartbeat, rescue_after=rescue)
     assert "rescue_after" in str(info.value)
@@ -161,7 +163,7 @@ def test_c01_rescue_after_below_three_heartbeats_is_rejected(heartbeat, rescue):
         JobQueue("sqlite:///x.db", heartbeat_interval=heartbeat, rescue_after=rescue)
 
 
-def test_c01_rescue_after_four_with_default_heartbeat_is_rejected():
+def test_rescue_after_four_with_default_heartbeat_is_rejected():
     with pytest.raises(ConfigError, match="at least 3 x heartbeat_interval"):
         JobQueue("sqlite:///x.db", rescue_after=4)
 
@@ -370,10 +372,10 @@ def test_unique_key_checks():
         check_unique_key("a\udc00b")
 
 
-# -- schedule: delay and run_at (C-11) -------------------------------------------------------
+# -- schedule: delay and run_at, which must be aware ---------------------------------------
 
 
-def test_c11_naive_run_at_is_rejected_asking_for_an_aware_datetime():
+def test_naive_run_at_is_rejected_asking_for_an_aware_datetime():
     naive = datetime.now() + timedelta(minutes=10)
     with pytest.raises(ConfigError) as info:
         check_schedule(None, naive)
@@ -382,7 +384,7 @@ def test_c11_naive_run_at_is_rejected_asking_for_an_aware_datetime():
     assert "aware" in message
 
 
-def test_c11_naive_run_at_is_rejected_by_enqueue_before_connecting(tmp_path):
+def test_naive_run_at_is_rejected_by_enqueue_before_connecting(tmp_path):
     jq = JobQueue(f"sqlite:///{tmp_path}/never-created/jobs.db")
     with pytest.raises(ConfigError, match="naive"):
         jq.enqueue("t", {}, run_at=datetime(2030, 1, 1))
@@ -393,7 +395,7 @@ def test_c11_naive_run_at_is_rejected_by_enqueue_before_connecting(tmp_path):
     "zone",
     [ZoneInfo("Asia/Tokyo"), ZoneInfo("America/Los_Angeles"), timezone(timedelta(hours=14))],
 )
-def test_c11_aware_run_at_is_converted_to_utc(zone):
+def test_aware_run_at_is_converted_to_utc(zone):
     local = datetime(2030, 6, 1, 9, 30, tzinfo=zone)
     delay, run_at = check_schedule(None, local)
     assert delay is None

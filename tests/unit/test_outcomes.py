@@ -1,5 +1,5 @@
 """What a failed attempt leads to, and that its bookkeeping is always storable
-(C-09's kind: a failure that cannot be written leaves the job stuck).
+(a failure that cannot be written would leave the job stuck).
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 import pytest
 
 from jobkeeper.config import Settings
-from jobkeeper.models import Job, JobStatus
+from jobkeeper.models import FailureKind, Job, JobStatus
 from jobkeeper.outcomes import (
     MAX_ERROR_CHARS,
     cancelled_attempt,
@@ -91,3 +91,23 @@ def test_claim_of_a_job_without_holder_is_refused():
     idle = Job(**{**{f: getattr(job, f) for f in job.__slots__}, "worker_id": None})
     with pytest.raises(ValueError, match="not running"):
         claim_of(idle)
+
+
+def test_outcome_kinds_are_the_strings_the_sql_compares():
+    # The outcome SQL matches these exact strings: renaming a value would
+    # leave failures unwritten.
+    assert [kind.value for kind in FailureKind] == [
+        "retryable",
+        "dead",
+        "cancelled",
+        "released",
+        "returned",
+    ]
+    assert FailureKind.RELEASED == "released"
+
+
+def test_outcome_helpers_return_kinds():
+    job = running()
+    assert type(failed_attempt(job, Settings(), error="e").outcome) is FailureKind
+    assert cancelled_attempt(job, "stop").outcome is FailureKind.CANCELLED
+    assert released_attempt(job, None).outcome is FailureKind.RELEASED

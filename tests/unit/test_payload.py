@@ -1,4 +1,4 @@
-"""Payload validation and canonical encoding (C-07, C-08, C-09's clean_text)."""
+"""Payload validation and canonical encoding (NaN/Infinity, NUL and lone surrogates, clean_text)."""
 
 from __future__ import annotations
 
@@ -115,7 +115,7 @@ def test_big_ints_and_negative_zero_keep_their_type():
     assert same(json.loads(encode_args(args, max_bytes=MiB)), args)
 
 
-# -- NaN / Infinity (C-07) ----------------------------------------------------------
+# -- NaN / Infinity are refused ------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -147,7 +147,7 @@ def test_non_finite_anywhere_is_refused_naming_its_path(bad, segments):
     assert str(info.value).startswith(f"{path}: ")
 
 
-# -- NUL and lone surrogates (C-08) ------------------------------------------------------
+# -- NUL and lone surrogates are refused ---------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -330,7 +330,7 @@ def test_decode_args_accepts_text_bytes_and_decoded_dicts():
     assert decode_args({"a": 1}) == ({"a": 1}, None)
 
 
-# -- clean_text (C-09) ------------------------------------------------------------------------
+# -- clean_text: any error text is storable ------------------------------------------------
 
 
 def test_clean_text_escapes_nul_and_lone_surrogates_visibly():

@@ -1,4 +1,4 @@
-"""Issue 13, kind 3: a job cancelled while it runs ends cancelled whatever its
+"""A job cancelled while it runs ends cancelled whatever its
 attempt does next, unless the attempt succeeds first, even when the worker
 has not noticed the request yet (its cancel poll rides on the heartbeat,
 made slow here so the task always ends first).
@@ -11,11 +11,11 @@ import threading
 import pytest
 
 from jobkeeper import JobStatus, Retry
+from support.db import job
+from support.settings import SLOW_HEARTBEAT
+from support.waiting import wait_status
 
-from .helpers import job, running, wait_status
-
-#: A heartbeat (and cancel poll) far slower than the task's reaction.
-SLOW_POLL = {"heartbeat_interval": 2.0, "rescue_after": 30.0}
+from .helpers import running
 
 
 @pytest.mark.parametrize(
@@ -30,7 +30,7 @@ SLOW_POLL = {"heartbeat_interval": 2.0, "rescue_after": 30.0}
 def test_a_cancel_request_decides_the_outcome_unless_the_attempt_succeeds(
     make_queue, ending, max_attempts, expected
 ):
-    jq = make_queue(**SLOW_POLL)
+    jq = make_queue(**SLOW_HEARTBEAT)
     gate = threading.Event()
 
     @jq.task

@@ -1,5 +1,4 @@
-"""In-process worker: jobs that come due start when due, not at the next poll
-(issue 13, kind 6).
+"""In-process worker: jobs that come due start when due, not at the next poll.
 
 Every test runs with ``poll_interval=5``: a start found by polling alone would
 be seconds late, while a worker that wakes for what it knows is due starts
@@ -14,8 +13,10 @@ import sys
 import time
 
 from jobkeeper import Job, JobStatus, Retry
+from support.db import now_sql, sql
+from support.waiting import DEADLINE, wait_for, wait_status
 
-from .helpers import DEADLINE, now_sql, running, sql, wait_for, wait_status
+from .helpers import running
 
 #: A poll-based start would be seconds late; a prompt one is under this,
 #: with room for two busy cores.

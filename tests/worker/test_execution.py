@@ -11,17 +11,10 @@ import time
 from typing import Any
 
 from jobkeeper import JobQueue, JobStatus, Retry, current_job
+from support.db import is_pg, job, sql
+from support.waiting import DEADLINE, wait_for, wait_status
 
-from .helpers import (
-    error_texts,
-    is_pg,
-    job,
-    running,
-    running_count,
-    sql,
-    wait_for,
-    wait_status,
-)
+from .helpers import error_texts, running, running_count
 
 DONE = {JobStatus.COMPLETED, JobStatus.DEAD, JobStatus.CANCELLED}
 
@@ -123,7 +116,7 @@ def test_args_not_matching_the_task_fail_the_attempt(make_queue):
     assert "needs_x" in dead.errors[0]["error"]
 
 
-def test_c07_undecodable_args_fail_the_attempt_cleanly(make_queue):
+def test_undecodable_args_fail_the_attempt_cleanly(make_queue):
     jq = make_queue()
 
     @jq.task
@@ -492,7 +485,7 @@ def test_exceptions_that_cannot_be_printed_still_end_the_attempt(make_queue):
 
     bad = [sync_bad.enqueue().id, async_bad.enqueue().id, discard_bad.enqueue().id]
     good = [fine.enqueue().id for _ in range(3)]
-    # Two slots: two wedged jobs used to starve everything behind them.
+    # Two slots: two wedged jobs must not starve everything behind them.
     finished = threading.Event()
 
     def run() -> None:
@@ -532,12 +525,14 @@ def test_cancel_of_a_claimed_job_that_has_not_started_never_runs_it(make_queue):
         ran.append("second")
 
     a, b = first.enqueue(), second.enqueue()
-    with running(jq.worker(concurrency=1, prefetch=1)):
+    with running(jq.worker(concurrency=1, prefetch=1)) as handle:
         wait_status(jq, [a.id], {JobStatus.RUNNING})
         wait_status(jq, [b.id], {JobStatus.CLAIMED})  # claimed ahead, not started
         cancelled = jq.cancel(b.id)
         assert cancelled.status in (JobStatus.CANCELLED, JobStatus.CLAIMED)
-        time.sleep(0.3)  # a few heartbeats: any cancel poll has happened
+        # Two heartbeat passes after the request: its cancel poll has run.
+        heartbeat = handle.worker.heartbeat
+        assert heartbeat.wait_passes(heartbeat.loop_passes + 2, timeout=DEADLINE)
         gate.set()
         wait_status(jq, [a.id], {JobStatus.COMPLETED})
         wait_status(jq, [b.id], {JobStatus.CANCELLED, JobStatus.COMPLETED})
@@ -674,8 +669,7 @@ def test_an_internal_error_building_the_outcome_still_ends_the_attempt(make_queu
 def test_a_pause_right_after_the_start_check_hands_the_job_back_unstarted(make_queue):
     # A process paused (SIGSTOP) just after the executor's start check said
     # yes resumes with a stale heartbeat: its claim may have been rescued and
-    # the job run and finished elsewhere (the PostgreSQL soak caught such
-    # starts). The last check before the call hands the job back instead;
+    # the job run and finished elsewhere. The last check before the call hands the job back instead;
     # the worker then claims it again and runs it once.
     jq = make_queue()
     checks: list[int] = []

@@ -1,4 +1,4 @@
-"""An attempt whose code has not returned keeps its job held (issue 13, kind 1).
+"""An attempt whose code has not returned keeps its job held.
 
 A timeout, a cancel request or a stop past the grace period asks the code to
 stop; the outcome is recorded only once it has returned. Code stuck where the
@@ -16,8 +16,10 @@ from typing import Any
 import pytest
 
 from jobkeeper import JobQueue, JobStateError, JobStatus, current_job
+from support.db import job
+from support.waiting import DEADLINE, wait_for, wait_status
 
-from .helpers import error_texts, job, running, wait_for, wait_status
+from .helpers import error_texts, running
 
 #: Seconds the stuck code sleeps in C, well past its timeout.
 STUCK = 2.0
@@ -60,6 +62,8 @@ def _run_past_timeout(jq: JobQueue, task_name: str, attempts: Attempts) -> None:
     # would take its retry at once if the timeout freed it early.
     with running(jq.worker(concurrency=1)), running(jq.worker(concurrency=1)):
         span = wait_for(lambda: attempts.spans and attempts.spans[0], what="the first attempt")
+        # The start mark is written with the next batch of acks (within ~10 ms).
+        wait_status(jq, [j.id], {JobStatus.RUNNING})
         seen = _watch_held(jq, j.id, span)
         done = wait_status(jq, [j.id], {JobStatus.COMPLETED})[0]
     assert seen and set(seen) == {JobStatus.RUNNING}, seen
@@ -117,10 +121,14 @@ def test_cancel_of_code_stuck_in_c_keeps_the_job_held_until_it_returns(make_queu
         return "done"
 
     j = sleeps_in_c.enqueue()
-    with running(jq.worker(concurrency=1)), running(jq.worker(concurrency=1)):
+    with running(jq.worker(concurrency=1)) as one, running(jq.worker(concurrency=1)) as two:
         span = wait_for(lambda: attempts.spans and attempts.spans[0], what="the attempt")
+        wait_status(jq, [j.id], {JobStatus.RUNNING})  # its start mark is written
         assert jq.cancel(j.id).status == JobStatus.RUNNING
-        time.sleep(0.5)  # several heartbeats: the worker has seen the request
+        # Two heartbeat passes of each worker after the request: the holder's
+        # cancel poll has seen it.
+        for heartbeat in (one.worker.heartbeat, two.worker.heartbeat):
+            assert heartbeat.wait_passes(heartbeat.loop_passes + 2, timeout=DEADLINE)
         refused = 0
         while "end" not in span:
             assert job(jq, j.id).status == JobStatus.RUNNING
@@ -157,6 +165,7 @@ def test_a_stop_leaves_code_that_does_not_return_held_not_released(make_queue):
     worker = jq.worker(concurrency=1)
     with running(worker) as handle:
         assert started.wait(30)
+        wait_status(jq, [j.id], {JobStatus.RUNNING})  # its start mark is written
         worker.stop()
         stats = handle.join()
     assert not returned.is_set(), "the test needs the code still running here"

@@ -1,4 +1,4 @@
-"""A worker keeps nothing of a finished job (issue 13, kind 5).
+"""A worker keeps nothing of a finished job
 
 Counts the live ``Job`` and ``_Execution`` objects after N and after 2N jobs
 of every kind: what a finished job left behind grows with the second round,
@@ -14,8 +14,9 @@ import time
 from jobkeeper import Retry, current_job
 from jobkeeper.models import Job
 from jobkeeper.worker.executor import _Execution
+from support.waiting import wait_for
 
-from .helpers import running, wait_for
+from .helpers import running
 
 #: Jobs of each kind per round.
 ROUND = 1000

@@ -1,5 +1,5 @@
 """In-process worker: the retry policy, backoff, dead letters, and failures
-that are hard to record (C-06, C-09).
+that are hard to record (a huge backoff, an unstorable error text).
 """
 
 from __future__ import annotations
@@ -10,8 +10,10 @@ from typing import Any
 
 from jobkeeper import Discard, JobStatus, Retry
 from jobkeeper.backoff import ABSOLUTE_MAX_BACKOFF, backoff_ceiling
+from support.db import job, now_sql, sql
+from support.waiting import wait_status
 
-from .helpers import error_texts, job, now_sql, running, running_count, sql, wait_status
+from .helpers import error_texts, running, running_count
 
 
 def _make_due(jq, job_ids) -> None:
@@ -186,7 +188,7 @@ def test_dead_letters_keep_every_error_and_requeue_brings_them_back(make_queue):
     assert job(jq, ids[2]).status == JobStatus.DEAD
 
 
-def test_c06_many_attempts_with_a_huge_backoff_never_lose_the_job(make_queue):
+def test_many_attempts_with_a_huge_backoff_never_lose_the_job(make_queue):
     # base 10 with the largest cap: the delay reaches the absolute cap
     # (~100 years) after a few attempts and must stay finite and storable.
     jq = make_queue(backoff_base=10, max_backoff=1e300)
@@ -232,7 +234,7 @@ def test_c06_many_attempts_with_a_huge_backoff_never_lose_the_job(make_queue):
     assert running_count(jq) == 0
 
 
-def test_c09_unstorable_error_text_and_results_are_recorded_and_dead_lettered(make_queue):
+def test_unstorable_error_text_and_results_are_recorded_and_dead_lettered(make_queue):
     jq = make_queue()
 
     @jq.task(max_attempts=2)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import secrets
 import time
 
@@ -10,11 +9,11 @@ import psycopg
 import pytest
 
 from jobkeeper import DatabaseUnavailable, JobQueue, JobStatus
+from support.db import PG_URL, pg_database_url
+from support.settings import FAST
+from support.waiting import wait_status
 
-from .helpers import running, wait_status
-
-PG_URL = os.environ.get("JOBKEEPER_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/test")
-FAST = {"heartbeat_interval": 0.1, "rescue_after": 1.0, "poll_interval": 0.05}
+from .helpers import running
 
 
 @pytest.fixture
@@ -24,7 +23,7 @@ def refusing_database():
     name = f"jk_start_{secrets.token_hex(4)}"
     admin = psycopg.connect(PG_URL, autocommit=True)
     admin.execute(f'CREATE DATABASE "{name}"')
-    url = PG_URL.rsplit("/", 1)[0] + f"/{name}"
+    url = pg_database_url(name)
     setup = JobQueue(url, **FAST)
     setup.migrate()
     job = setup.enqueue("startup.echo", {"x": 1})

@@ -8,7 +8,10 @@ changes nothing.
 
 Time is the database's: every timestamp written and every due-time or
 heartbeat comparison uses the database clock (PostgreSQL ``now()``; SQLite's
-``julianday('now')``, the host clock in UTC).
+``julianday('now')``, the host clock in UTC). The operations that compare
+against the clock take an optional keyword-only ``now`` (an aware datetime)
+that replaces it for that call: production passes nothing, tests pin time
+(River's ``sqlc.narg('now')``, huey's ``now=None``).
 """
 
 from __future__ import annotations
@@ -105,7 +108,7 @@ class Backend(Protocol):
         """
         ...
 
-    def job_stage_due(self, *, queues: Sequence[str] = ()) -> Staging:
+    def job_stage_due(self, *, queues: Sequence[str] = (), now: datetime | None = None) -> Staging:
         """Move scheduled/retryable jobs (of every queue) whose ``scheduled_at``
         has passed to available; wake listeners. Jobs another session is
         staging at the same moment are skipped, not waited for.
@@ -117,14 +120,18 @@ class Backend(Protocol):
         """
         ...
 
-    def job_next_due_in(self, *, queues: Sequence[str]) -> float | None:
+    def job_next_due_in(
+        self, *, queues: Sequence[str], now: datetime | None = None
+    ) -> float | None:
         """Seconds until the next job of ``queues`` can run: 0 while one is
         available, else until the earliest scheduled/retryable one is due
         (<= 0 when overdue), or ``None`` when there is none.
         """
         ...
 
-    def job_rescue_candidates(self, *, rescue_after: float, limit: int) -> list[Job]:
+    def job_rescue_candidates(
+        self, *, rescue_after: float, limit: int, now: datetime | None = None
+    ) -> list[Job]:
         """Held (claimed or running) jobs whose holder has not heartbeaten for ``rescue_after``
         seconds (or has no worker row at all).
         """
@@ -138,7 +145,9 @@ class Backend(Protocol):
         """The jobs held (claimed or running) by ``worker_id``."""
         ...
 
-    def job_prune_finished(self, *, older_than: float, limit: int) -> int:
+    def job_prune_finished(
+        self, *, older_than: float, limit: int, now: datetime | None = None
+    ) -> int:
         """Delete up to ``limit`` completed/cancelled jobs finished more than
         ``older_than`` seconds ago; return how many.
         """
@@ -220,7 +229,7 @@ class Backend(Protocol):
         """Delete the worker's row."""
         ...
 
-    def worker_prune_stale(self, *, older_than: float) -> int:
+    def worker_prune_stale(self, *, older_than: float, now: datetime | None = None) -> int:
         """Delete rows of workers silent for ``older_than`` seconds."""
         ...
 
@@ -230,7 +239,9 @@ class Backend(Protocol):
 
     # -- leadership ---------------------------------------------------------
 
-    def leader_try_acquire(self, *, name: str, worker_id: str, ttl: float) -> bool:
+    def leader_try_acquire(
+        self, *, name: str, worker_id: str, ttl: float, now: datetime | None = None
+    ) -> bool:
         """Take the lease ``name`` for ``ttl`` seconds (database clock) when it
         is free or expired, or extend it when ``worker_id`` holds it. Returns
         whether ``worker_id`` holds it now.

@@ -7,11 +7,11 @@ from collections.abc import Iterable, Iterator, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from jobkeeper.models import Claim, Completion, Failure, Job, JobStatus, NewJob
+from jobkeeper.models import Claim, Completion, Failure, FailureKind, Job, JobStatus, NewJob
 from jobkeeper.payload import decode_args
 
-#: Outcomes of job_fail_many (dead goes through job_fail_dead_many).
-UPDATE_OUTCOMES = frozenset({"retryable", "cancelled", "released", "returned"})
+#: Outcomes of job_fail_many (dead goes through job_fail_many_dead).
+UPDATE_OUTCOMES = frozenset(set(FailureKind) - {FailureKind.DEAD})
 #: Most jobs one job_stage_due moves; a full pass reports the next due time
 #: as 0, so the producer stages the rest at once.
 STAGE_LIMIT = 10_000
@@ -112,7 +112,7 @@ def job_from_new(
 
     ``now`` is the database clock of the inserting transaction; the status
     and ``scheduled_at`` are ``stored`` (as the insert returned them) or else
-    follow the same rules as the ``job_insert`` queries.
+    follow the same rules as the ``job_insert_many`` queries.
     """
     status, scheduled_at = stored if stored is not None else schedule_of(new, now)
     return Job(
@@ -192,8 +192,8 @@ def claim_arrays(claims: Sequence[Claim]) -> dict[str, list[Any]]:
 
 def split_failures(failures: Sequence[Failure]) -> tuple[list[Failure], list[Failure]]:
     """Separate moves to the dead letters from in-place failure updates."""
-    dead = [f for f in failures if f.outcome == "dead"]
-    updates = [f for f in failures if f.outcome != "dead"]
+    dead = [f for f in failures if f.outcome == FailureKind.DEAD]
+    updates = [f for f in failures if f.outcome != FailureKind.DEAD]
     for failure in updates:
         if failure.outcome not in UPDATE_OUTCOMES:
             raise ValueError(f"unknown failure outcome {failure.outcome!r}")

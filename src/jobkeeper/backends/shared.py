@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from datetime import datetime
 from typing import Any
 
 from jobkeeper.models import Claim, Job, JobStatus, RequeueConflict, WorkerInfo
@@ -24,6 +25,12 @@ class SharedReads:
         raise NotImplementedError
 
     def _requeue_params(self, job_ids: Sequence[int] | None) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def _now_param(self, now: datetime | None) -> Any:
+        """``now`` as the ``now`` parameter of a time-dependent query (None:
+        the database clock).
+        """
         raise NotImplementedError
 
     def dead_letter_requeue_conflicts(
@@ -46,9 +53,11 @@ class SharedReads:
             "rescue_after": worker.rescue_after,
         }
 
-    def job_rescue_candidates(self, *, rescue_after: float, limit: int) -> list[Job]:
-        rows = self._fetch("job_rescue_candidates", {"rescue_after": rescue_after, "limit": limit})
-        return self._jobs(rows)
+    def job_rescue_candidates(
+        self, *, rescue_after: float, limit: int, now: datetime | None = None
+    ) -> list[Job]:
+        params = {"rescue_after": rescue_after, "limit": limit, "now": self._now_param(now)}
+        return self._jobs(self._fetch("job_rescue_candidates", params))
 
     def job_cancel_requested(self, *, worker_id: str) -> list[Claim]:
         rows = self._fetch("job_cancel_requested", {"worker_id": worker_id})
@@ -61,7 +70,7 @@ class SharedReads:
         rows = self._fetch("job_get", {"id": job_id})
         if rows:
             return self._jobs(rows)[0]
-        dead = self._fetch("dead_letter_get", {"id": job_id})
+        dead = self._fetch("job_get_dead_letter", {"id": job_id})
         return self._jobs(dead, dead=True)[0] if dead else None
 
     def job_list(
@@ -85,6 +94,6 @@ class SharedReads:
             jobs += self._jobs(self._fetch("job_list", params))
         if status in (None, JobStatus.DEAD):
             params = {"queue": queue, "task": task, "before": before, "limit": limit}
-            rows = self._fetch("dead_letter_list", params)
+            rows = self._fetch("job_list_dead_letters", params)
             jobs += self._jobs(rows, dead=True)
         return sorted(jobs, key=lambda j: j.id, reverse=True)[:limit]

@@ -9,7 +9,8 @@ A held job whose holder has not heartbeaten for ``rescue_after`` seconds
   cancel was asked for (Oban's Lifeline, River's JobRescuer).
 - ``claimed`` (prefetched, its start not recorded): it took no part in the
   crash, so it goes back to ``available`` without spending the attempt
-  (``unstarted_returns`` counts it; ``errors`` notes the lost holder). A
+  (``unstarted_returns`` counts it; the log names the lost holder, and
+  ``errors``, one entry per failed attempt, gets none). A
   start mark waits up to a flush interval in its worker, so a job that kills
   its worker as it starts can look unstarted. Such a job is returned once;
   its next claim writes the start mark before the task is called (see the
@@ -127,13 +128,7 @@ class Rescuer(IntervalService):
             if job.status == JobStatus.CLAIMED:
                 if job.unstarted_returns < MAX_UNSTARTED_RETURNS:
                     returns.append(job.id)
-                    failures.append(
-                        returned_attempt(
-                            job,
-                            f"{lost} before attempt {job.attempt} started; "
-                            "returned, the attempt not spent",
-                        )
-                    )
+                    failures.append(returned_attempt(job))
                     continue
                 error = (
                     f"{lost} before the start of attempt {job.attempt} was recorded "

@@ -4,12 +4,13 @@
 -- carries any number of rows. Arrays travel in binary (%(name)b): psycopg's
 -- text-format array quoting cost more than the statement itself in profiles.
 -- {utc_now_text} is now() as ISO 8601 text in UTC, the "at" of error entries,
--- whatever the session's TimeZone.
+-- whatever the session's TimeZone. {clock} is now(), or the caller's
+-- %(now)s when it pinned the time (the time-dependent operations' now=).
 
 -- name: job_insert_many
 -- Rows are inserted in input order (ORDER BY ord), so ids ascend with it.
 -- A (task, unique_key) that matches a pending job is skipped here and
--- resolved to that job by job_get_pending_by_unique_key.
+-- resolved to that job by job_insert_many_pending.
 INSERT INTO jobkeeper_jobs
     (queue, task, args, status, priority, max_attempts, scheduled_at, unique_key)
 SELECT new.queue, new.task, new.args,
@@ -29,14 +30,14 @@ ON CONFLICT (task, unique_key)
     DO NOTHING
 RETURNING *
 
--- name: job_lock_unique_keys
+-- name: job_insert_many_lock_keys
 -- Batches with unique keys first take a transaction-scoped advisory lock per
 -- (task, key), in the order of the array (sorted by the caller): two batches
 -- sharing keys then never wait for each other in opposite orders. unnest
 -- yields the elements in order and each row's lock is taken as it is read.
 SELECT pg_advisory_xact_lock(key) FROM unnest(%(keys)s::bigint[]) AS key;
 
--- name: job_insert_one
+-- name: job_insert_many_one
 -- One job without a unique key (so no conflict is possible): plain
 -- parameters plan and travel faster than eight one-element arrays, and the
 -- caller builds the Job from its input plus what the server decided.
@@ -51,7 +52,7 @@ VALUES (
          ELSE coalesce(%(run_at)s::timestamptz, now()) END)
 RETURNING id, status, scheduled_at, created_at
 
--- name: job_reserve_ids
+-- name: job_insert_many_reserve_ids
 -- The bulk path (COPY) takes its ids up front, ascending, and the
 -- transaction's clock, to build the Jobs it returns without a RETURNING.
 -- The sequence is looked up once (MATERIALIZED): called per row,
@@ -62,23 +63,33 @@ WITH sequence AS MATERIALIZED (
 SELECT now(), array_agg(nextval(sequence.id) ORDER BY n)
 FROM sequence, generate_series(1, %(count)s) AS n
 
--- name: job_copy_in
+-- name: job_insert_many_copy
 -- Jobs to run now: status, scheduled_at and created_at take their defaults
--- ('available', and now(): the same transaction clock job_reserve_ids read).
+-- ('available', and now(): the same transaction clock job_insert_many_reserve_ids read).
 COPY jobkeeper_jobs (id, queue, task, args, priority, max_attempts)
 FROM STDIN
 
--- name: job_copy_in_scheduled
+-- name: job_insert_many_copy_scheduled
 COPY jobkeeper_jobs
     (id, queue, task, args, status, priority, max_attempts, scheduled_at, created_at)
 FROM STDIN
 
--- name: job_get_pending_by_unique_key
+-- name: job_insert_many_pending
 SELECT job.*
 FROM jobkeeper_jobs AS job
 JOIN unnest(%(tasks)b::text[], %(unique_keys)b::text[]) AS wanted(task, unique_key)
   ON job.task = wanted.task AND job.unique_key = wanted.unique_key
 WHERE job.status IN ('scheduled', 'available', 'claimed', 'running', 'retryable')
+
+-- name: job_insert_many_same_database
+-- Where a connection is (the caller's connection= and ours), so that jobs are
+-- never inserted into another database or schema than the queue's.
+SELECT current_database(), current_schema()
+
+-- name: job_insert_many_open_transaction
+-- Any statement opens the caller's (non-autocommit) transaction, so that the
+-- insert that follows is a savepoint inside it, not a transaction of its own.
+SELECT 1
 
 -- name: job_claim
 -- The candidate ids are MATERIALIZED before the UPDATE uses them: as a plain
@@ -140,7 +151,7 @@ WHERE job.id = done.id AND job.worker_id = done.worker_id AND job.attempt = done
   AND job.fence = done.fence AND job.status IN ('claimed', 'running')
 RETURNING job.id
 
--- name: job_complete_delete_many
+-- name: job_complete_many_delete
 -- retention = 0: completed jobs are deleted at once, with the same fence.
 DELETE FROM jobkeeper_jobs AS job
 USING unnest(%(ids)b::bigint[], %(worker_ids)b::text[], %(attempts)b::int[],
@@ -152,7 +163,7 @@ RETURNING job.id
 
 -- name: job_fail_many
 -- Retryable, cancelled, released and returned outcomes (dead ones move:
--- job_fail_dead_many). "released" hands a job back (shutdown, a stalled
+-- job_fail_many_dead). "released" hands a job back (shutdown, a stalled
 -- prefetch): available at once, and the interrupted attempt is not spent
 -- (the error entry records it; a NULL error, for a job handed back
 -- unstarted, adds none). "returned" is the rescuer's free return of a job
@@ -198,14 +209,18 @@ WHERE job.id = failed.id AND job.worker_id = failed.worker_id AND job.attempt = 
                 secs => coalesce(worker.rescue_after, %(stale_after)s::float8))))
 RETURNING job.id
 
--- name: job_lock_many
--- Row locks taken before job_fail_dead_many, in id order, in the same
+-- name: job_fail_many_released_queues
+-- The queues of jobs handed back by job_fail_many, to wake their workers.
+SELECT DISTINCT queue FROM jobkeeper_jobs WHERE id = ANY(%(ids)s::bigint[])
+
+-- name: job_fail_many_dead_lock
+-- Row locks taken before job_fail_many_dead, in id order, in the same
 -- transaction: its two branches split on cancel_requested, and a cancel
 -- committed between its snapshot and its row locks would otherwise match
 -- neither branch. Holding the locks first, its snapshot sees every cancel.
 SELECT id FROM jobkeeper_jobs WHERE id = ANY(%(ids)b::bigint[]) ORDER BY id FOR UPDATE
 
--- name: job_fail_dead_many
+-- name: job_fail_many_dead
 -- Moves the job to the dead letters in one statement: the DELETE and the
 -- INSERT commit together, so a job is always in exactly one of the tables.
 -- A job with a cancel request is not moved: it ends cancelled (the error
@@ -267,7 +282,7 @@ SELECT id FROM cancelled
 WITH due AS (
     SELECT id
     FROM jobkeeper_jobs
-    WHERE status IN ('scheduled', 'retryable') AND scheduled_at <= now()
+    WHERE status IN ('scheduled', 'retryable') AND scheduled_at <= {clock}
     ORDER BY scheduled_at
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
@@ -285,9 +300,9 @@ WITH due AS (
 SELECT (SELECT coalesce(sum(staged), 0) FROM per_queue)::bigint AS staged,
        -- The stager's index (scheduled_at), walked from now: the first row of
        -- these queues ends the scan.
-       (SELECT extract(epoch FROM min(scheduled_at) - now())::float8
+       (SELECT extract(epoch FROM min(scheduled_at) - {clock})::float8
         FROM jobkeeper_jobs
-        WHERE status IN ('scheduled', 'retryable') AND scheduled_at > now()
+        WHERE status IN ('scheduled', 'retryable') AND scheduled_at > {clock}
           AND queue = ANY(%(queues)b::text[])) AS next_due_in
 
 -- name: job_next_due_in
@@ -296,7 +311,7 @@ SELECT (SELECT coalesce(sum(staged), 0) FROM per_queue)::bigint AS staged,
 SELECT CASE
     WHEN EXISTS (SELECT 1 FROM jobkeeper_jobs
                  WHERE status = 'available' AND queue = ANY(%(queues)b::text[])) THEN 0
-    ELSE (SELECT extract(epoch FROM min(scheduled_at) - now())::float8
+    ELSE (SELECT extract(epoch FROM min(scheduled_at) - {clock})::float8
           FROM jobkeeper_jobs
           WHERE status IN ('scheduled', 'retryable') AND queue = ANY(%(queues)b::text[]))
 END
@@ -314,7 +329,7 @@ WHERE job.status IN ('claimed', 'running')
   AND NOT EXISTS (
         SELECT 1 FROM jobkeeper_workers AS worker
         WHERE worker.id = job.worker_id
-          AND worker.heartbeat_at > now() - make_interval(
+          AND worker.heartbeat_at > {clock} - make_interval(
                 secs => coalesce(worker.rescue_after, %(rescue_after)s::float8)))
 ORDER BY job.id
 LIMIT %(limit)s
@@ -334,7 +349,7 @@ WITH expired AS (
     SELECT id
     FROM jobkeeper_jobs
     WHERE status IN ('completed', 'cancelled')
-      AND finished_at < now() - make_interval(secs => %(older_than)s::float8)
+      AND finished_at < {clock} - make_interval(secs => %(older_than)s::float8)
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
 )
@@ -342,15 +357,15 @@ DELETE FROM jobkeeper_jobs AS job
 USING expired
 WHERE job.id = expired.id
 
--- name: job_table_vacuum
+-- name: job_table_maintain_vacuum
 -- Only when the server has autovacuum off (see the pruner). SKIP_LOCKED: if
 -- another worker's pruner is already vacuuming, this one moves on.
 VACUUM (SKIP_LOCKED, ANALYZE) jobkeeper_jobs
 
--- name: job_table_analyze
+-- name: job_table_maintain_analyze
 ANALYZE (SKIP_LOCKED) jobkeeper_jobs
 
--- name: job_table_stats
+-- name: job_table_maintain_stats
 -- Rows changed since the last ANALYZE, live rows, and whether the table was
 -- ever analyzed (by anyone).
 SELECT coalesce(n_mod_since_analyze, 0), coalesce(n_live_tup, 0),
@@ -362,7 +377,7 @@ WHERE relid = 'jobkeeper_jobs'::regclass
 -- name: job_get
 SELECT * FROM jobkeeper_jobs WHERE id = %(id)s
 
--- name: dead_letter_get
+-- name: job_get_dead_letter
 SELECT * FROM jobkeeper_dead_letters WHERE id = %(id)s
 
 -- name: job_list
@@ -377,7 +392,7 @@ WHERE (%(status)s::text IS NULL OR status = %(status)s::text)
 ORDER BY id DESC
 LIMIT %(limit)s
 
--- name: dead_letter_list
+-- name: job_list_dead_letters
 SELECT *
 FROM jobkeeper_dead_letters
 WHERE (%(queue)s::text IS NULL OR queue = %(queue)s::text)
@@ -453,7 +468,7 @@ DELETE FROM jobkeeper_workers WHERE id = %(id)s
 -- Never a row whose worker may still be alive by its own rescue_after: its
 -- jobs would become rescuable with it.
 DELETE FROM jobkeeper_workers
-WHERE heartbeat_at < now() - make_interval(
+WHERE heartbeat_at < {clock} - make_interval(
           secs => greatest(%(older_than)s::float8, 2 * coalesce(rescue_after, 0)))
 
 -- name: worker_list
@@ -471,6 +486,10 @@ SELECT pg_notify(%(channel)s, queue) FROM unnest(%(queues)b::text[]) AS queue
 -- available jobs; a payload with a space is one older workers ignore.
 SELECT pg_notify(%(channel)s, queue || ' ' || greatest(extract(epoch FROM due_at - now()), 0))
 FROM unnest(%(queues)b::text[], %(due_ats)b::timestamptz[]) AS due(queue, due_at)
+
+-- name: notify_channel
+-- The schema that names the NOTIFY channel (as the insert trigger names it).
+SELECT current_schema()
 
 -- name: db_now
 SELECT now()
@@ -499,13 +518,13 @@ INSERT INTO jobkeeper_schema (version) VALUES (%s)
 -- a row comes back only then. The database clock judges expiry, so skewed
 -- worker clocks cannot elect two leaders.
 INSERT INTO jobkeeper_leader AS leader (name, worker_id, elected_at, expires_at)
-VALUES (%(name)s, %(worker_id)s, now(), now() + make_interval(secs => %(ttl)s::float8))
+VALUES (%(name)s, %(worker_id)s, {clock}, {clock} + make_interval(secs => %(ttl)s::float8))
 ON CONFLICT (name) DO UPDATE
 SET worker_id = excluded.worker_id,
     elected_at = CASE WHEN leader.worker_id = excluded.worker_id THEN leader.elected_at
-                      ELSE now() END,
+                      ELSE {clock} END,
     expires_at = excluded.expires_at
-WHERE leader.worker_id = excluded.worker_id OR leader.expires_at < now()
+WHERE leader.worker_id = excluded.worker_id OR leader.expires_at < {clock}
 RETURNING worker_id
 
 -- name: leader_resign

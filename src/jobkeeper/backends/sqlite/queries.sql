@@ -1,11 +1,13 @@
 -- Every runtime statement of the SQLite backend. A block runs from its
 -- "-- name:" line to the next; names equal the SqliteBackend methods.
 -- {now} is the database clock: julianday('now') as Unix seconds (UTC), the
--- same value for every row of one statement.
+-- same value for every row of one statement. {clock} is {now}, or the
+-- caller's :now (Unix seconds) when it pinned the time (the time-dependent
+-- operations' now=).
 -- {errors_plus_new} appends :error to the errors array, tolerating a
 -- corrupted errors column (a failure must always be recordable).
 
--- name: job_insert
+-- name: job_insert_many
 INSERT INTO jobkeeper_jobs
     (queue, task, args, status, priority, max_attempts, scheduled_at, created_at, unique_key)
 VALUES (
@@ -19,23 +21,41 @@ ON CONFLICT (task, unique_key)
     DO NOTHING
 RETURNING *
 
--- name: job_insert_bulk
+-- name: job_insert_many_bulk
 -- enqueue_many without unique keys: status and times computed by the caller
 -- from one {now} read in the same transaction.
 INSERT INTO jobkeeper_jobs
     (queue, task, args, status, priority, max_attempts, scheduled_at, created_at)
 VALUES (?, ?, ?, ?, ?, ?, ?, ?)
 
--- name: job_get_pending_by_unique_key
+-- name: job_insert_many_pending
 SELECT *
 FROM jobkeeper_jobs
 WHERE task = :task AND unique_key = :unique_key
   AND status IN ('scheduled', 'available', 'claimed', 'running', 'retryable')
 
+-- name: job_insert_many_last_id
+-- The id of the bulk path's last row: its ids are consecutive (the write lock
+-- is held from the first insert, and AUTOINCREMENT takes max + 1).
+SELECT last_insert_rowid()
+
+-- name: job_insert_many_same_database
+-- The files a caller's connection= has attached ("main" is its database),
+-- so that jobs are never inserted into another file than the queue's.
+PRAGMA database_list
+
+-- name: connection_journal_wal
+-- Each new connection: write-ahead logging, so readers never block the writer.
+PRAGMA journal_mode = WAL
+
+-- name: connection_synchronous_full
+-- Each new connection: every commit is on disk before it returns.
+PRAGMA synchronous = FULL
+
 -- name: job_claim
 -- Runs inside BEGIN IMMEDIATE: the write lock is taken before the read, so
 -- two workers can never pick the same rows. The job is 'claimed', not yet
--- 'running' (its start mark, job_start, says when the task is called); the
+-- 'running' (its start mark, job_start_many, says when the task is called); the
 -- attempt is counted here and fence numbers the claim.
 UPDATE jobkeeper_jobs
 SET status = 'claimed', attempt = attempt + 1, fence = fence + 1, attempted_at = {now},
@@ -62,14 +82,14 @@ WHERE status = 'available' AND queue = :queue
 ORDER BY priority, scheduled_at, id
 LIMIT 1
 
--- name: job_start
+-- name: job_start_many
 -- A start mark: claimed -> running when the task is really called, fenced.
 UPDATE jobkeeper_jobs
 SET status = 'running', attempted_at = {now}
 WHERE id = :id AND worker_id = :worker_id AND attempt = :attempt AND fence = :fence
   AND status = 'claimed'
 
--- name: job_complete
+-- name: job_complete_many
 -- Fenced on (id, worker_id, attempt, fence): a worker that lost its claim
 -- (rescued, handed back, perhaps re-claimed at the same attempt) writes
 -- nothing. A success stays completed even with a cancel request.
@@ -78,12 +98,12 @@ SET status = 'completed', finished_at = {now}, worker_id = NULL, result = :resul
 WHERE id = :id AND worker_id = :worker_id AND attempt = :attempt AND fence = :fence
   AND status IN ('claimed', 'running')
 
--- name: job_complete_delete
+-- name: job_complete_many_delete
 DELETE FROM jobkeeper_jobs
 WHERE id = :id AND worker_id = :worker_id AND attempt = :attempt AND fence = :fence
   AND status IN ('claimed', 'running')
 
--- name: job_fail
+-- name: job_fail_many
 -- Retryable, cancelled, released or returned (see the PostgreSQL twin:
 -- "released" is a hand-back by the holder, "returned" the rescuer's free
 -- return of a job still claimed; both give the attempt back, and a NULL
@@ -111,10 +131,10 @@ WHERE id = :id AND worker_id = :worker_id AND attempt = :attempt AND fence = :fe
         WHERE worker.id = jobkeeper_jobs.worker_id
           AND worker.heartbeat_at > {now} - coalesce(worker.rescue_after, :stale_after)))
 
--- name: job_fail_dead_cancelled
+-- name: job_fail_many_dead_cancelled
 -- A job bound for the dead letters that has a cancel request ends cancelled
 -- instead (the error entry kept); tried first, in the same transaction as
--- the move (job_fail_dead_copy, job_fail_dead_delete) when it changes nothing.
+-- the move (job_fail_many_dead, job_fail_many_dead_delete) when it changes nothing.
 UPDATE jobkeeper_jobs
 SET status = 'cancelled', finished_at = {now}, worker_id = NULL, errors = {errors_plus_new}
 WHERE id = :id AND worker_id = :worker_id AND attempt = :attempt AND fence = :fence
@@ -124,8 +144,8 @@ WHERE id = :id AND worker_id = :worker_id AND attempt = :attempt AND fence = :fe
         WHERE worker.id = jobkeeper_jobs.worker_id
           AND worker.heartbeat_at > {now} - coalesce(worker.rescue_after, :stale_after)))
 
--- name: job_fail_dead_copy
--- First half of the move to the dead letters; job_fail_dead_delete is the
+-- name: job_fail_many_dead
+-- First half of the move to the dead letters; job_fail_many_dead_delete is the
 -- second, in the same transaction.
 INSERT INTO jobkeeper_dead_letters
     (id, queue, task, args, priority, attempt, max_attempts, scheduled_at, created_at,
@@ -140,7 +160,7 @@ WHERE id = :id AND worker_id = :worker_id AND attempt = :attempt AND fence = :fe
         WHERE worker.id = jobkeeper_jobs.worker_id
           AND worker.heartbeat_at > {now} - coalesce(worker.rescue_after, :stale_after)))
 
--- name: job_fail_dead_delete
+-- name: job_fail_many_dead_delete
 DELETE FROM jobkeeper_jobs WHERE id = :id
 
 -- name: job_stage_due
@@ -149,7 +169,7 @@ SET status = 'available'
 WHERE id IN (
     SELECT id
     FROM jobkeeper_jobs
-    WHERE status IN ('scheduled', 'retryable') AND scheduled_at <= {now}
+    WHERE status IN ('scheduled', 'retryable') AND scheduled_at <= {clock}
     ORDER BY scheduled_at
     LIMIT :limit)
 
@@ -161,11 +181,11 @@ WHERE id IN (
 -- (scheduled_at) from now; SQLite's 'now' is one instant per statement.
 SELECT (SELECT 1
         FROM jobkeeper_jobs
-        WHERE status IN ('scheduled', 'retryable') AND scheduled_at <= {now}
+        WHERE status IN ('scheduled', 'retryable') AND scheduled_at <= {clock}
         LIMIT 1) AS due,
-       (SELECT min(scheduled_at) - {now}
+       (SELECT min(scheduled_at) - {clock}
         FROM jobkeeper_jobs
-        WHERE status IN ('scheduled', 'retryable') AND scheduled_at > {now}
+        WHERE status IN ('scheduled', 'retryable') AND scheduled_at > {clock}
           AND queue IN (SELECT value FROM json_each(:queues))) AS next_due_in
 
 -- name: job_next_due_in
@@ -174,7 +194,7 @@ SELECT CASE
     WHEN EXISTS (SELECT 1 FROM jobkeeper_jobs
                  WHERE status = 'available' AND queue IN (SELECT value FROM json_each(:queues)))
     THEN 0
-    ELSE (SELECT min(scheduled_at) - {now}
+    ELSE (SELECT min(scheduled_at) - {clock}
           FROM jobkeeper_jobs
           WHERE status IN ('scheduled', 'retryable')
             AND queue IN (SELECT value FROM json_each(:queues)))
@@ -191,7 +211,7 @@ WHERE job.status IN ('claimed', 'running')
   AND NOT EXISTS (
         SELECT 1 FROM jobkeeper_workers AS worker
         WHERE worker.id = job.worker_id
-          AND worker.heartbeat_at > {now} - coalesce(worker.rescue_after, :rescue_after))
+          AND worker.heartbeat_at > {clock} - coalesce(worker.rescue_after, :rescue_after))
 ORDER BY job.id
 LIMIT :limit
 
@@ -210,19 +230,19 @@ DELETE FROM jobkeeper_jobs
 WHERE id IN (
     SELECT id
     FROM jobkeeper_jobs
-    WHERE status IN ('completed', 'cancelled') AND finished_at < {now} - :older_than
+    WHERE status IN ('completed', 'cancelled') AND finished_at < {clock} - :older_than
     LIMIT :limit)
 
 -- name: job_prune_finished_probe
 SELECT 1
 FROM jobkeeper_jobs
-WHERE status IN ('completed', 'cancelled') AND finished_at < {now} - :older_than
+WHERE status IN ('completed', 'cancelled') AND finished_at < {clock} - :older_than
 LIMIT 1
 
 -- name: job_get
 SELECT * FROM jobkeeper_jobs WHERE id = :id
 
--- name: dead_letter_get
+-- name: job_get_dead_letter
 SELECT * FROM jobkeeper_dead_letters WHERE id = :id
 
 -- name: job_list
@@ -235,7 +255,7 @@ WHERE (:status IS NULL OR status = :status) AND (:queue IS NULL OR queue = :queu
 ORDER BY id DESC
 LIMIT :limit
 
--- name: dead_letter_list
+-- name: job_list_dead_letters
 SELECT *
 FROM jobkeeper_dead_letters
 WHERE (:queue IS NULL OR queue = :queue) AND (:task IS NULL OR task = :task)
@@ -246,7 +266,7 @@ LIMIT :limit
 -- name: job_cancel
 -- Pending jobs are cancelled at once; a held (claimed or running) job is
 -- flagged and its worker (or the rescuer, if the worker is gone) finishes
--- the cancellation (see job_fail).
+-- the cancellation (see job_fail_many).
 UPDATE jobkeeper_jobs
 SET status = CASE WHEN status IN ('claimed', 'running') THEN status ELSE 'cancelled' END,
     finished_at = CASE WHEN status IN ('claimed', 'running') THEN finished_at ELSE {now} END,
@@ -261,7 +281,7 @@ SET status = 'available', attempt = 0, unstarted_returns = 0, scheduled_at = {no
 WHERE id = :id AND status IN ('retryable', 'cancelled', 'completed')
 RETURNING *
 
--- name: dead_letter_requeue_copy
+-- name: dead_letter_requeue
 -- Back to the jobs table with the same id, attempts reset, history kept;
 -- dead_letter_requeue_delete follows in the same transaction.
 INSERT INTO jobkeeper_jobs
@@ -308,11 +328,11 @@ DELETE FROM jobkeeper_workers WHERE id = :id
 -- name: worker_prune_stale
 -- Never a row whose worker may still be alive by its own rescue_after.
 DELETE FROM jobkeeper_workers
-WHERE heartbeat_at < {now} - max(:older_than, 2 * coalesce(rescue_after, 0))
+WHERE heartbeat_at < {clock} - max(:older_than, 2 * coalesce(rescue_after, 0))
 
 -- name: worker_prune_stale_probe
 SELECT 1 FROM jobkeeper_workers
-WHERE heartbeat_at < {now} - max(:older_than, 2 * coalesce(rescue_after, 0)) LIMIT 1
+WHERE heartbeat_at < {clock} - max(:older_than, 2 * coalesce(rescue_after, 0)) LIMIT 1
 
 -- name: worker_list
 SELECT id, hostname, pid, queues, started_at, heartbeat_at, rescue_after
@@ -341,13 +361,13 @@ INSERT INTO jobkeeper_schema (version, applied_at) VALUES (?, {now})
 -- Take the lease when it is free or expired, or extend it when it is ours;
 -- a row comes back only then (the database clock judges expiry).
 INSERT INTO jobkeeper_leader AS leader (name, worker_id, elected_at, expires_at)
-VALUES (:name, :worker_id, {now}, {now} + :ttl)
+VALUES (:name, :worker_id, {clock}, {clock} + :ttl)
 ON CONFLICT (name) DO UPDATE
 SET worker_id = excluded.worker_id,
     elected_at = CASE WHEN leader.worker_id = excluded.worker_id THEN leader.elected_at
-                      ELSE {now} END,
+                      ELSE {clock} END,
     expires_at = excluded.expires_at
-WHERE leader.worker_id = excluded.worker_id OR leader.expires_at < {now}
+WHERE leader.worker_id = excluded.worker_id OR leader.expires_at < {clock}
 RETURNING worker_id
 
 -- name: leader_resign
@@ -425,6 +445,12 @@ SELECT (SELECT min(id) FROM jobkeeper_dead_letters) AS oldest,
            AS sample_oldest,
        (SELECT max(id) FROM jobkeeper_dead_letters) AS now
 
+-- name: database_health_journal_mode
+PRAGMA journal_mode
+
+-- name: database_health_busy_timeout
+PRAGMA busy_timeout
+
 -- name: database_health_claim_plan
 -- doctor: the claim's read must walk jobkeeper_jobs_claim_idx.
 EXPLAIN QUERY PLAN
@@ -462,7 +488,7 @@ SET since_at = CASE WHEN p.schedule = excluded.schedule AND p.timezone = exclude
     updated_at = {now}
 
 -- name: periodic_enqueue_tick
--- The tick record half of one tick; the job's insert (periodic_enqueue_job)
+-- The tick record half of one tick; the job's insert (periodic_enqueue_tick_insert)
 -- follows in the same BEGIN IMMEDIATE transaction, and only when this
 -- returned the row: the write lock makes a twin wait, then find nothing.
 UPDATE jobkeeper_periodic
@@ -472,7 +498,7 @@ WHERE name = :name AND schedule = :schedule AND timezone = :timezone
   AND (last_tick_at IS NULL OR last_tick_at < :tick)
 RETURNING task, queue, args, priority, max_attempts
 
--- name: periodic_enqueue_job
+-- name: periodic_enqueue_tick_insert
 INSERT INTO jobkeeper_jobs
     (queue, task, args, status, priority, max_attempts, scheduled_at, created_at)
 VALUES (:queue, :task, :args,

@@ -1,0 +1,416 @@
+"""PostgreSQL connections (internal): one connection for a worker thread, a
+pool for API calls, retry of what the server asks to retry, and the
+translation of driver errors into jobkeeper's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import os
+import random
+import select
+import threading
+import time
+import weakref
+from collections.abc import Callable, Iterator, Sequence
+from datetime import datetime
+from typing import Any
+
+import psycopg
+from psycopg.conninfo import conninfo_to_dict
+from psycopg.rows import tuple_row
+from psycopg_pool import ConnectionPool, PoolTimeout
+
+from jobkeeper.backends.postgres.queries import QUERIES
+from jobkeeper.backends.rows import aware_utc, job_from_row
+from jobkeeper.config import DatabaseURL
+from jobkeeper.errors import (
+    DatabaseError,
+    DatabaseUnavailable,
+    DataRejected,
+    UniqueKeyConflict,
+)
+from jobkeeper.models import Job
+
+logger = logging.getLogger("jobkeeper.postgres")
+# The pool logs every failed reconnect during an outage. An application that
+# configured logging still gets those records (they propagate to its
+# handlers); one that did not would get them dumped raw on stderr by
+# logging's last-resort handler, beside the DatabaseUnavailable it catches.
+logging.getLogger("psycopg.pool").addHandler(logging.NullHandler())
+
+#: Seconds an API call waits for a pooled connection (or a connection to be
+#: made) before raising DatabaseUnavailable.
+POOL_TIMEOUT = 10.0
+#: Seconds between probes of the server while waiting for a pooled connection.
+POOL_SLICE = 0.5
+CONNECT_TIMEOUT = 5
+#: No server-side prepared statements (psycopg prepares a query from its 5th
+#: run otherwise): behind a pooler in transaction mode (PgBouncer before 1.21,
+#: or without max_prepared_statements) one connection's statements reach
+#: different server sessions, where a prepared name is missing, taken, or
+#: names another statement entirely.
+PREPARE_THRESHOLD = None
+#: Seconds a pooled connection may sit idle before it is pinged on checkout.
+IDLE_CHECK_AFTER = 1.0
+#: An insert of our own transaction that PostgreSQL aborts asking for a retry
+#: (a deadlock, a serialization failure) is retried this many times, after a
+#: jittered pause of up to ``INSERT_RETRY_PAUSE * 2**n`` seconds.
+INSERT_RETRIES = 5
+INSERT_RETRY_PAUSE = 0.02
+#: What jobkeeper asks of libpq unless the URL (or ``PGTARGETSESSIONATTRS``)
+#: says otherwise: a session that can write. A demoted primary, a standby, a
+#: server with ``default_transaction_read_only`` is refused at connect (and,
+#: with several hosts in the URL, the writable one is found), instead of
+#: failing every write of a session that looks healthy.
+TARGET_SESSION_ATTRS = "read-write"
+
+
+def _rows(cursor: psycopg.Cursor[Any]) -> list[dict[str, Any]]:
+    # Column names straight from the result: cursor.description builds a
+    # Column object per column on every call, which showed in claim profiles.
+    result = cursor.pgresult
+    if result is None or result.nfields == 0:
+        return []
+    names = [(result.fname(i) or b"").decode() for i in range(result.nfields)]
+    return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
+
+
+def _has_unread_input(conn: psycopg.Connection[Any]) -> bool:
+    """Whether the server sent anything to this idle connection (without reading it)."""
+    try:
+        fd = conn.fileno()
+        if not hasattr(select, "poll"):  # Windows
+            return bool(select.select([fd], [], [fd], 0)[0])
+        poller = select.poll()
+        poller.register(fd, select.POLLIN | select.POLLERR | select.POLLHUP)
+        return bool(poller.poll(0))
+    except (OSError, ValueError, psycopg.Error):
+        return True  # no usable socket: let the ping decide
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
+
+
+def _with_session_attrs(conninfo: str) -> str:
+    """``conninfo`` asking for a writable session, unless the user chose."""
+    if "PGTARGETSESSIONATTRS" in os.environ or "target_session_attrs" in conninfo_to_dict(conninfo):
+        return conninfo
+    separator = "&" if "?" in conninfo else "?"
+    return f"{conninfo}{separator}target_session_attrs={TARGET_SESSION_ATTRS}"
+
+
+#: Errors after which a session is given up. A read-only session stays so for
+#: its whole life (PostgreSQL reads default_transaction_read_only at session
+#: start; a server in recovery stays in it): retrying on it wedged workers
+#: after a failover even once the address led to a writable server again.
+_LOST_SESSION = (psycopg.OperationalError, psycopg.errors.ReadOnlySqlTransaction)
+#: What PostgreSQL aborts a transaction with, asking for it to be run again.
+_RETRY_ASKED = (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure)
+
+
+def _retry_asked(exc: BaseException) -> bool:
+    return isinstance(exc.__cause__, _RETRY_ASKED)
+
+
+def _retrying(run: Callable[[], list[Job]]) -> list[Job]:
+    """``run()``, run again (up to ``INSERT_RETRIES`` times, after a jittered
+    pause) when PostgreSQL aborted its transaction asking for a retry. Only
+    for transactions of our own: nothing of an aborted one was written.
+    """
+    for retry in range(INSERT_RETRIES):
+        try:
+            return run()
+        except DatabaseError as exc:
+            if not _retry_asked(exc):
+                raise
+            logger.debug("insert aborted (%s); running it again", exc)
+        time.sleep(random.uniform(0, INSERT_RETRY_PAUSE * 2**retry))
+    return run()
+
+
+class _SingleConnection:
+    """One lazily (re)opened connection for one worker thread.
+
+    After a connection error the connection is dropped and the next use
+    reconnects, so a worker survives a database restart or
+    ``pg_terminate_backend`` by retrying its loop.
+    """
+
+    def __init__(self, conninfo: str) -> None:
+        self._conninfo = conninfo
+        self._conn: psycopg.Connection[Any] | None = None
+
+    @contextlib.contextmanager
+    def connection(self) -> Iterator[psycopg.Connection[Any]]:
+        if self._conn is None or self._conn.closed or self._conn.broken:
+            self._drop()
+            self._conn = psycopg.connect(
+                self._conninfo,
+                autocommit=True,
+                connect_timeout=CONNECT_TIMEOUT,
+                prepare_threshold=PREPARE_THRESHOLD,
+            )
+        try:
+            yield self._conn
+        except _RETRY_ASKED:
+            raise  # the transaction failed, not the session
+        except _LOST_SESSION:
+            self._drop()
+            raise
+
+    def _drop(self) -> None:
+        if self._conn is not None:
+            with contextlib.suppress(Exception):
+                self._conn.close()
+        self._conn = None
+
+    def close(self) -> None:
+        self._drop()
+
+
+class _PooledConnections:
+    """A psycopg_pool pool, opened on first use, checking connections on
+    checkout so a restarted server costs no failed API call.
+    """
+
+    def __init__(self, conninfo: str, max_size: int) -> None:
+        self._conninfo = conninfo
+        self._pool = ConnectionPool(
+            conninfo,
+            min_size=1,
+            max_size=max_size,
+            kwargs={
+                "autocommit": True,
+                "connect_timeout": CONNECT_TIMEOUT,
+                "prepare_threshold": PREPARE_THRESHOLD,
+            },
+            timeout=POOL_TIMEOUT,
+            open=False,
+            name="jobkeeper",
+        )
+        self._opened = False
+        #: Set after a failure that may mean the server is gone: the next
+        #: checkout probes with a direct connection first.
+        self._suspect = False
+        self._lock = threading.Lock()
+        self._returned_at: weakref.WeakKeyDictionary[psycopg.Connection[Any], float] = (
+            weakref.WeakKeyDictionary()
+        )
+
+    def _alive(self, conn: psycopg.Connection[Any]) -> bool:
+        """Whether a connection just checked out can be used, pinging it only
+        when it may have been cut.
+
+        A connection that idled for a while may have been cut by a server
+        restart or failover without a word. One used a moment ago was alive
+        then, and a server that ends a session (restart, ``pg_terminate_
+        backend``, an idle timeout) first sends the reason on the socket: an
+        idle connection whose socket is readable is suspect. Both get a ping.
+        The readability test is one ``poll`` system call; a ping on every
+        checkout cost a round trip per enqueue.
+        """
+        idle = time.monotonic() - self._returned_at.get(conn, 0.0) > IDLE_CHECK_AFTER
+        if not idle and not _has_unread_input(conn):
+            return True
+        try:
+            ConnectionPool.check_connection(conn)
+        except psycopg.Error:
+            return False
+        return True
+
+    def _probe(self) -> None:
+        """Connect directly once: raises at once (libpq's own reason) when
+        the server is unreachable, instead of letting the caller wait out
+        the pool's timeout while it retries in the background.
+        """
+        psycopg.connect(self._conninfo, connect_timeout=CONNECT_TIMEOUT).close()
+        self._suspect = False
+
+    def _getconn(self) -> psycopg.Connection[Any]:
+        """A live pooled connection; waits up to ``POOL_TIMEOUT`` when the
+        pool is busy, but fails within about ``POOL_SLICE`` when the server
+        is down.
+
+        Dead connections (see :meth:`_alive`) are closed and handed back, and
+        the pool opens replacements at once. The pool's own ``check`` hook is
+        not used for this: after two failed checks it backs off for a second,
+        so the first call after a restart waited out a whole slice.
+        """
+        deadline = time.monotonic() + POOL_TIMEOUT
+        while True:
+            if self._suspect:
+                self._probe()
+            remaining = deadline - time.monotonic()
+            try:
+                conn = self._pool.getconn(timeout=max(min(POOL_SLICE, remaining), 0.001))
+            except PoolTimeout:
+                if time.monotonic() >= deadline:
+                    raise
+                # Busy, or the server went away: a probe tells which.
+                self._suspect = True
+                continue
+            if self._alive(conn):
+                return conn
+            # Cut: the server may be gone; the probe says so at once if it is.
+            self._suspect = True
+            conn.close()
+            self._pool.putconn(conn)
+            if time.monotonic() >= deadline:
+                raise PoolTimeout(f"no live connection within {POOL_TIMEOUT:g}s")
+
+    @contextlib.contextmanager
+    def connection(self) -> Iterator[psycopg.Connection[Any]]:
+        if not self._opened:
+            with self._lock:
+                if not self._opened:
+                    self._probe()
+                    self._pool.open(wait=False)
+                    self._opened = True
+        conn = self._getconn()
+        try:
+            with conn:
+                yield conn
+        except _RETRY_ASKED:
+            raise
+        except psycopg.errors.ReadOnlySqlTransaction:
+            # Every session of the pool was opened to the server that now
+            # refuses writes: replace them all, not one per failed call.
+            # The probe on the next checkout reports read-only at once.
+            self._suspect = True
+            conn.close()
+            self._pool.drain()
+            raise
+        except psycopg.OperationalError:
+            self._suspect = True
+            raise
+        finally:
+            # Noted here, not in a pool ``reset`` callback: with one, the
+            # pool hands every returned connection to a worker thread,
+            # which cost ~150 us of CPU and latency per API call.
+            self._returned_at[conn] = time.monotonic()
+            self._pool.putconn(conn)
+
+    def close(self) -> None:
+        if self._opened:
+            self._pool.close()
+            self._opened = False
+
+
+class PostgresConnections:
+    """Where a PostgreSQL backend's statements run: its connection source,
+    with driver errors translated (the base of every part of the backend).
+
+    Args:
+        url: the parsed ``postgresql://`` URL.
+        dedicated: use one private connection instead of a pool.
+        pool_size: most pooled connections for API calls.
+    """
+
+    def __init__(self, url: DatabaseURL, *, dedicated: bool = False, pool_size: int = 10) -> None:
+        self.url = url
+        self._conninfo = _with_session_attrs(url.url.replace("postgres://", "postgresql://", 1))
+        self._source: _SingleConnection | _PooledConnections = (
+            _SingleConnection(self._conninfo)
+            if dedicated
+            else _PooledConnections(self._conninfo, pool_size)
+        )
+        self._channel: str | None = None
+        self._warned_autovacuum_off = False
+        # Caller connections already checked (weak: closing them forgets them).
+        self._checked_connections: weakref.WeakSet[psycopg.Connection[Any]] = weakref.WeakSet()
+
+    # -- plumbing -----------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _errors(self) -> Iterator[None]:
+        """Translate driver errors into jobkeeper's, naming the server."""
+        try:
+            yield
+        except _RETRY_ASKED as exc:
+            # Not the server's health: the transaction lost a race (callers
+            # that own the transaction retry it, see job_insert_many).
+            raise DatabaseError(
+                f"PostgreSQL aborted the transaction ({_describe(exc)}); running it again "
+                "may succeed"
+            ) from exc
+        except psycopg.errors.ReadOnlySqlTransaction as exc:
+            raise DatabaseUnavailable(
+                f"PostgreSQL at {self.url.redacted()} is read-only (a standby, a demoted "
+                f"primary, or default_transaction_read_only=on): {_describe(exc)}; "
+                "the session was dropped and the next call reconnects"
+            ) from exc
+        except (
+            psycopg.OperationalError,
+            PoolTimeout,
+            # Conditions that pass, not properties of the call: a full
+            # disk, no memory.
+            psycopg.errors.InsufficientResources,
+        ) as exc:
+            raise DatabaseUnavailable(
+                f"PostgreSQL at {self.url.redacted()} is unavailable: {_describe(exc)}"
+            ) from exc
+        except psycopg.errors.UniqueViolation as exc:
+            if exc.diag.constraint_name == "jobkeeper_jobs_unique_idx":
+                raise UniqueKeyConflict(f"PostgreSQL refused the data: {_describe(exc)}") from exc
+            raise DataRejected(f"PostgreSQL refused the data: {_describe(exc)}") from exc
+        except (psycopg.DataError, psycopg.IntegrityError) as exc:
+            raise DataRejected(f"PostgreSQL refused the data: {_describe(exc)}") from exc
+        except (psycopg.errors.UndefinedTable, psycopg.errors.UndefinedColumn) as exc:
+            raise DatabaseError(
+                f"{_describe(exc)} -- run `jobkeeper migrate` (or JobQueue.migrate()) first"
+            ) from exc
+        except psycopg.Error as exc:
+            raise DatabaseError(f"PostgreSQL error: {_describe(exc)}") from exc
+
+    @contextlib.contextmanager
+    def _cursor(self, *, transaction: bool = False) -> Iterator[psycopg.Cursor[Any]]:
+        with self._errors(), self._source.connection() as conn:
+            if transaction:
+                with conn.transaction(), conn.cursor(row_factory=tuple_row) as cursor:
+                    yield cursor
+            else:
+                with conn.cursor(row_factory=tuple_row) as cursor:
+                    yield cursor
+
+    def _fetch(
+        self, name: str, params: dict[str, Any] | None = None, *, binary: bool = False
+    ) -> list[dict[str, Any]]:
+        with self._cursor() as cursor:
+            cursor.execute(QUERIES[name], params or {}, binary=binary)
+            return _rows(cursor)
+
+    def _now_param(self, now: datetime | None) -> datetime | None:
+        return now
+
+    def _jobs(self, rows: list[dict[str, Any]], *, dead: bool = False) -> list[Job]:
+        return [job_from_row(row, aware_utc, dead=dead, json_decoded=True) for row in rows]
+
+    def channel(self) -> str:
+        """The NOTIFY channel: ``jobkeeper_<schema>``, or ``jobkeeper_<md5 of
+        the schema>`` when that would pass the 63-byte identifier limit (the
+        same rule as the insert trigger's).
+        """
+        if self._channel is None:
+            rows = self._fetch_raw(QUERIES["notify_channel"])
+            schema = rows[0][0] if rows else None
+            if schema is None:
+                raise DatabaseError(
+                    "PostgreSQL has no current schema (check search_path in the URL)"
+                )
+            if len(schema.encode()) > 53:
+                schema = hashlib.md5(schema.encode()).hexdigest()
+            self._channel = f"jobkeeper_{schema}"
+        return self._channel
+
+    def _fetch_raw(self, query: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        with self._cursor() as cursor:
+            cursor.execute(query, params)
+            return cursor.fetchall() if cursor.description else []
+
+    def close(self) -> None:
+        self._source.close()

@@ -1,0 +1,188 @@
+"""SQLite connections (internal): one per thread, WAL, a busy timeout,
+``BEGIN IMMEDIATE`` writes retried while the database is locked, and the
+translation of driver errors into jobkeeper's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Iterator
+from datetime import datetime
+from typing import Any, TypeVar
+
+from jobkeeper.backends.rows import epoch_to_datetime, job_from_row
+from jobkeeper.backends.sqlite.queries import QUERIES
+from jobkeeper.config import DatabaseURL
+from jobkeeper.errors import DatabaseError, DatabaseUnavailable, DataRejected, UniqueKeyConflict
+from jobkeeper.models import Job
+
+
+def _rows(cursor: sqlite3.Cursor) -> list[dict[str, Any]]:
+    if cursor.description is None:
+        return []
+    names = [column[0] for column in cursor.description]
+    return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
+
+
+def _is_locked(exc: sqlite3.OperationalError) -> bool:
+    message = str(exc).lower()
+    return "locked" in message or "busy" in message
+
+
+#: OperationalError texts of conditions that pass (trying later is the remedy).
+_PASSING_CONDITIONS = ("disk is full", "readonly", "disk i/o error", "unable to open")
+
+
+T = TypeVar("T")
+
+
+def _retry_while_locked(action: Callable[[], T], timeout: float) -> T:
+    """Run ``action`` and return its result, retrying with jittered backoff
+    while SQLite reports the database locked, for up to ``timeout`` seconds.
+
+    For what the busy timeout does not cover: switching a new file to WAL
+    needs an exclusive lock, and connections opened at the same moment (four
+    processes running ``migrate`` at once) get "database is locked" at once.
+    """
+    deadline = time.monotonic() + timeout
+    pause = 0.005
+    while True:
+        try:
+            return action()
+        except sqlite3.OperationalError as exc:
+            if not _is_locked(exc) or time.monotonic() >= deadline:
+                raise
+            time.sleep(pause * (0.5 + random.random()))
+            pause = min(pause * 2, 0.25)
+
+
+class SqliteConnection:
+    """Where a SQLite backend's statements run: this thread's connection,
+    with driver errors translated (the base of every part of the backend).
+
+    Args:
+        url: the parsed ``sqlite:///`` URL.
+        busy_timeout: seconds a write waits for the lock before failing with
+            :class:`~jobkeeper.errors.DatabaseUnavailable`.
+    """
+
+    def __init__(self, url: DatabaseURL, *, busy_timeout: float = 30.0) -> None:
+        self.url = url
+        self.path = os.path.abspath(url.path)
+        self.busy_timeout = busy_timeout
+        self._local = threading.local()
+        self._connections: list[sqlite3.Connection] = []
+        self._connections_lock = threading.Lock()
+
+    # -- plumbing -----------------------------------------------------------
+
+    def _conn(self, *, create: bool = False) -> sqlite3.Connection:
+        """This thread's connection. Only ``migrate`` may create the file:
+        anything else on a missing file would leave an empty database behind
+        and then fail anyway.
+        """
+        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
+        if conn is None:
+            if not create and not os.path.exists(self.path):
+                raise DatabaseError(
+                    f"SQLite database {self.path!r} does not exist -- run `jobkeeper migrate` "
+                    "(or JobQueue.migrate()) first"
+                )
+            directory = os.path.dirname(self.path)
+            if directory and not os.path.isdir(directory):
+                raise DatabaseUnavailable(
+                    f"SQLite database {self.path!r}: directory {directory!r} does not exist"
+                )
+            try:
+                conn = sqlite3.connect(
+                    self.path,
+                    timeout=self.busy_timeout,
+                    isolation_level=None,  # we issue BEGIN IMMEDIATE / COMMIT ourselves
+                    check_same_thread=False,
+                )
+                _retry_while_locked(
+                    lambda: conn.execute(QUERIES["connection_journal_wal"]), self.busy_timeout
+                )
+                conn.execute(QUERIES["connection_synchronous_full"])
+            except sqlite3.Error as exc:
+                raise DatabaseUnavailable(f"SQLite database {self.path!r}: {exc}") from exc
+            self._local.conn = conn
+            with self._connections_lock:
+                self._connections.append(conn)
+        return conn
+
+    @contextlib.contextmanager
+    def _errors(self) -> Iterator[None]:
+        try:
+            yield
+        except sqlite3.OperationalError as exc:
+            if _is_locked(exc):
+                raise DatabaseUnavailable(
+                    f"SQLite database {self.path!r} stayed locked for more than "
+                    f"busy_timeout={self.busy_timeout}s; nothing was written"
+                ) from exc
+            # A table or column a newer schema version adds: not migrated yet.
+            if any(m in str(exc) for m in ("no such table", "no such column", "has no column")):
+                raise DatabaseError(
+                    f"SQLite: {exc} -- run `jobkeeper migrate` (or JobQueue.migrate()) first"
+                ) from exc
+            if any(word in str(exc).lower() for word in _PASSING_CONDITIONS):
+                raise DatabaseUnavailable(f"SQLite database {self.path!r}: {exc}") from exc
+            raise DatabaseError(f"SQLite error: {exc}") from exc
+        except sqlite3.IntegrityError as exc:
+            if "unique_key" in str(exc):
+                raise UniqueKeyConflict(f"SQLite refused the data: {exc}") from exc
+            raise DataRejected(f"SQLite refused the data: {exc}") from exc
+        except sqlite3.DataError as exc:
+            raise DataRejected(f"SQLite refused the data: {exc}") from exc
+        except sqlite3.Error as exc:
+            raise DatabaseError(f"SQLite error: {exc}") from exc
+
+    @contextlib.contextmanager
+    def _write(self, *, create: bool = False) -> Iterator[sqlite3.Connection]:
+        """One BEGIN IMMEDIATE transaction, retried while the lock is busy.
+
+        The connection's busy timeout already waits for the lock; the loop
+        adds jittered retries for the cases SQLite reports BUSY at once, up
+        to the same deadline (huey#445, solid_queue#309).
+        """
+        with self._errors():
+            conn = self._conn(create=create)
+            _retry_while_locked(lambda: conn.execute("BEGIN IMMEDIATE"), self.busy_timeout)
+            try:
+                yield conn
+                conn.execute("COMMIT")
+            except BaseException:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise
+
+    def _fetch(self, name: str, params: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+        with self._errors():
+            return _rows(self._conn().execute(QUERIES[name], params or {}))
+
+    def _now_param(self, now: datetime | None) -> float | None:
+        return None if now is None else now.timestamp()
+
+    def _jobs(self, rows: list[dict[str, Any]], *, dead: bool = False) -> list[Job]:
+        return [job_from_row(row, epoch_to_datetime, dead=dead) for row in rows]
+
+    def _probe(self, name: str, params: dict[str, Any] | None = None) -> bool:
+        """Whether a periodic write has anything to do (see the ``*_probe``
+        queries: a lock-free read, so idle polls take no write lock).
+        """
+        with self._errors():
+            return self._conn().execute(QUERIES[name], params or {}).fetchone() is not None
+
+    def close(self) -> None:
+        with self._connections_lock:
+            connections, self._connections = self._connections, []
+        for conn in connections:
+            with contextlib.suppress(Exception):
+                conn.close()
+        self._local = threading.local()

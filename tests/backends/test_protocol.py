@@ -1,0 +1,171 @@
+"""The backend seam itself: every backend implements every operation of the
+Protocol with the same signature, and the SQL behind the operations is
+named alike in every backend's ``queries.sql`` (the River driver test idea:
+a third backend is one more entry in ``BACKENDS``).
+"""
+
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+import jobkeeper.backends.postgres.backend as postgres_module
+import jobkeeper.backends.sqlite.backend as sqlite_module
+from jobkeeper.backends.base import Backend
+from jobkeeper.backends.postgres.backend import PostgresBackend
+from jobkeeper.backends.sqlite.backend import SqliteBackend
+
+BACKENDS: dict[str, tuple[type, ModuleType]] = {
+    "postgresql": (PostgresBackend, postgres_module),
+    "sqlite": (SqliteBackend, sqlite_module),
+}
+
+#: Queries only one backend needs, each with the reason. Any other query a
+#: backend has alone must be a step of a query both have, named after it
+#: (``job_claim_probe``, ``job_fail_dead_many_delete``).
+ONLY_IN = {
+    "postgresql": {
+        # The planner's statistics and VACUUM (SQLite's planner needs none,
+        # and it rewrites rows in place).
+        "job_table_maintain_analyze",
+        "job_table_maintain_stats",
+        "job_table_maintain_vacuum",
+        # NOTIFY and its channel; SQLite wakes in-process and through data_version.
+        "notify_channel",
+        "notify_due",
+        "notify_queues",
+        # migrate()'s advisory lock; SQLite's BEGIN IMMEDIATE serialises it.
+        "schema_lock",
+        # Facts doctor judges only on a server: table bloat, old snapshots,
+        # the NOTIFY queue.
+        "database_health_notify",
+        "database_health_table",
+        "database_health_xmin",
+    },
+    "sqlite": {
+        # Settings of each new connection; PostgreSQL's are the server's.
+        "connection_journal_wal",
+        "connection_synchronous_full",
+        # Facts doctor judges only on SQLite.
+        "database_health_busy_timeout",
+        "database_health_journal_mode",
+    },
+}
+
+#: Queries that belong to no single operation (schema_* run by migrate.py
+#: for every backend, the clock, NOTIFY and connection plumbing).
+NOT_OPERATIONS = {
+    "db_now",
+    "notify_channel",
+    "notify_due",
+    "notify_queues",
+    "connection_journal_wal",
+    "connection_synchronous_full",
+}
+
+
+def operations() -> dict[str, inspect.Signature]:
+    return {
+        name: inspect.signature(member)
+        for name, member in vars(Backend).items()
+        if callable(member) and not name.startswith("_")
+    }
+
+
+def query_names(module: ModuleType) -> set[str]:
+    return set(module.QUERIES)
+
+
+def test_the_protocol_has_operations():
+    # A guard for the tests below: they would pass on an empty Protocol.
+    assert {"job_claim", "job_fail_many", "job_stage_due", "queue_counts"} <= set(operations())
+
+
+@pytest.mark.parametrize("scheme", sorted(BACKENDS))
+def test_every_operation_is_implemented_with_the_protocols_signature(scheme):
+    cls, _ = BACKENDS[scheme]
+    for name, expected in operations().items():
+        implemented = getattr(cls, name, None)
+        assert implemented is not None, f"{cls.__name__} lacks {name}"
+        actual = inspect.signature(implemented)
+        assert [(p.name, p.kind) for p in actual.parameters.values()] == [
+            (p.name, p.kind) for p in expected.parameters.values()
+        ], f"{cls.__name__}.{name}{actual} differs from the Protocol's {name}{expected}"
+
+
+def test_both_backends_name_their_queries_alike():
+    names = {scheme: query_names(module) for scheme, (_, module) in BACKENDS.items()}
+    common = set.intersection(*names.values())
+    for scheme, own in names.items():
+        extra = own - common - ONLY_IN.get(scheme, set())
+        extra = {n for n in extra if not any(n.startswith(f"{c}_") for c in common)}
+        assert not extra, f"{scheme} has queries the other backends lack: {sorted(extra)}"
+        listed = ONLY_IN.get(scheme, set())
+        assert listed <= own, f"{scheme}: ONLY_IN names queries it lacks: {listed - own}"
+        assert not listed & common, f"{scheme}: ONLY_IN names shared queries: {listed & common}"
+
+
+@pytest.mark.parametrize("scheme", sorted(BACKENDS))
+def test_every_query_is_named_after_its_operation(scheme):
+    _, module = BACKENDS[scheme]
+    ops = set(operations())
+    for name in query_names(module):
+        named = (
+            name in ops
+            or any(name.startswith(f"{op}_") for op in ops)
+            or name.startswith("schema_")
+            or name in NOT_OPERATIONS
+        )
+        assert named, f"{scheme}: query {name!r} is named after no operation"
+
+
+def backend_sources(module: ModuleType) -> str:
+    """The Python of a backend's package and of the shared backend modules."""
+    package = Path(module.__file__).parent
+    shared = package.parent
+    files = [*package.glob("*.py"), shared / "shared.py", shared / "cockpit.py"]
+    return "\n".join(f.read_text() for f in files)
+
+
+@pytest.mark.parametrize("scheme", sorted(BACKENDS))
+def test_every_query_is_run_by_its_backend(scheme):
+    _, module = BACKENDS[scheme]
+    source = backend_sources(module)
+    for name in query_names(module):
+        used = (
+            f'"{name}"' in source
+            # migrate.py runs the schema_* queries for every backend.
+            or name.startswith("schema_")
+        )
+        assert used, f"{scheme}: query {name!r} is never run"
+
+
+@pytest.mark.parametrize("scheme", sorted(BACKENDS))
+def test_no_sql_outside_queries_sql(scheme):
+    """Statements live in queries.sql; transaction control (BEGIN, COMMIT,
+    ROLLBACK, SAVEPOINT) may stay in code, and so may the wake-ups' own
+    statements (LISTEN, PRAGMA data_version).
+    """
+    _, module = BACKENDS[scheme]
+    package = Path(module.__file__).parent
+    allowed = (
+        "BEGIN",
+        "COMMIT",
+        "ROLLBACK",
+        "SAVEPOINT",
+        "RELEASE",
+        "LISTEN",
+        "PRAGMA data_version",
+    )
+    for path in package.glob("*.py"):
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            for quote in ('"', "'"):
+                for keyword in ("SELECT ", "INSERT ", "UPDATE ", "DELETE ", "PRAGMA ", "ANALYZE"):
+                    start = f"{quote}{keyword}"
+                    if start in line and not any(f"{quote}{a}" in line for a in allowed):
+                        pytest.fail(
+                            f"{path.name}:{number}: SQL outside queries.sql: {line.strip()}"
+                        )

@@ -1,0 +1,84 @@
+"""The test database server and raw SQL on either backend.
+
+A *target* is a :class:`~jobkeeper.JobQueue` or a database URL string, so the
+in-process tests (which hold a queue) and the process tests (which hold a URL
+they hand to workers) share one set of helpers.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from collections.abc import Sequence
+from typing import Any
+from urllib.parse import quote, urlsplit, urlunsplit
+
+import psycopg
+
+from jobkeeper import Job, JobQueue
+
+#: The PostgreSQL server every PostgreSQL test uses (a fresh schema or
+#: database of its own on it); tests/conftest.py stops the run if it is down.
+PG_URL = os.environ.get("JOBKEEPER_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/test")
+
+Target = JobQueue | str
+
+
+def url_of(target: Target) -> str:
+    return target.url.url if isinstance(target, JobQueue) else target
+
+
+def is_pg(target: Target) -> bool:
+    if isinstance(target, JobQueue):
+        return target.url.scheme == "postgresql"
+    return target.startswith("postgres")
+
+
+def now_sql(target: Target) -> str:
+    """The backend's "now" in its stored timestamp type."""
+    return "now()" if is_pg(target) else "((julianday('now') - 2440587.5) * 86400.0)"
+
+
+def _sqlite_path(target: Target) -> str:
+    if isinstance(target, JobQueue):
+        return target.url.path
+    return target.removeprefix("sqlite:///")
+
+
+def sql(target: Target, query: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+    """Run one statement on a fresh autocommit connection, with ``?``
+    placeholders on both backends; returns the rows, if any.
+    """
+    if is_pg(target):
+        with psycopg.connect(url_of(target), autocommit=True) as conn:
+            cursor = conn.execute(query.replace("?", "%s"), tuple(params))
+            return cursor.fetchall() if cursor.description else []
+    conn = sqlite3.connect(_sqlite_path(target), timeout=30, isolation_level=None)
+    try:
+        return conn.execute(query, tuple(params)).fetchall()
+    finally:
+        conn.close()
+
+
+def count(target: Target, table: str = "jobkeeper_jobs", where: str = "TRUE") -> int:
+    """Rows of ``table`` matching ``where`` (SQL; ``TRUE`` works on SQLite too)."""
+    where = where if is_pg(target) else where.replace("TRUE", "1")
+    return int(sql(target, f"SELECT count(*) FROM {table} WHERE {where}")[0][0])
+
+
+def job(jq: JobQueue, job_id: int) -> Job:
+    """The job ``job_id``, which must exist."""
+    found = jq.get_job(job_id)
+    assert found is not None, f"job {job_id} vanished"
+    return found
+
+
+def pg_schema_url(schema: str, server: str = PG_URL) -> str:
+    """``server`` with ``search_path`` set to ``schema``."""
+    separator = "&" if "?" in server else "?"
+    return f"{server}{separator}options={quote(f'-csearch_path={schema}')}"
+
+
+def pg_database_url(database: str) -> str:
+    """``PG_URL`` naming another database on the same server."""
+    return urlunsplit(urlsplit(PG_URL)._replace(path=f"/{database}"))
