@@ -63,6 +63,15 @@ def test_wheel_and_sdist_install_and_run_the_demo(tmp_path: Path) -> None:
         assert run(home / "bin" / "jobkeeper", "--version", cwd=tmp_path).strip() == (
             f"jobkeeper {jobkeeper.__version__}"
         )
+        # A PostgreSQL URL without the extra: one line saying what to install.
+        refused = subprocess.run(
+            [home / "bin" / "jobkeeper", "--database", "postgresql://u@127.0.0.1:1/db", "status"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert refused.returncode == 2, refused.stderr
+        assert "pip install 'jobkeeper[postgres]'" in refused.stderr
         workdir = tmp_path / f"demo-{artifact.suffix.lstrip('.')}"
         workdir.mkdir()
         out = run(home / "bin" / "jobkeeper", "demo", cwd=workdir)
