@@ -25,19 +25,23 @@ from jobkeeper.errors import (
     DatabaseUnavailable,
     DataRejected,
     Discard,
+    JobCancelled,
+    JobFailed,
     JobkeeperError,
     JobNotFound,
     JobStateError,
     JobTimeout,
     PayloadError,
+    QueueFull,
     Retry,
+    Snooze,
 )
 from jobkeeper.events import EventKind, JobEvent, OutcomeKind
 from jobkeeper.models import Job, JobStatus
+from jobkeeper.queues import QueueInfo
 from jobkeeper.schedule import Schedule
 from jobkeeper.tasks import Task, TaskOptions
-
-__version__ = "0.1.0"
+from jobkeeper.version import __version__
 
 __all__ = [
     "ConfigError",
@@ -47,7 +51,9 @@ __all__ = [
     "Discard",
     "EventKind",
     "Job",
+    "JobCancelled",
     "JobEvent",
+    "JobFailed",
     "JobNotFound",
     "JobQueue",
     "JobStateError",
@@ -56,8 +62,11 @@ __all__ = [
     "JobkeeperError",
     "OutcomeKind",
     "PayloadError",
+    "QueueFull",
+    "QueueInfo",
     "Retry",
     "Schedule",
+    "Snooze",
     "Task",
     "TaskOptions",
     "__version__",

@@ -4,10 +4,14 @@ is written, then delegates to a backend (River's ``Client``, Oban's ``Oban``).
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import inspect
 import logging
 import math
 import threading
-from collections.abc import Callable, Iterable, Sequence
+import warnings
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, ParamSpec, Protocol, TypeVar, overload
 
@@ -49,7 +53,20 @@ from jobkeeper.periodic import (
     PeriodicRow,
     unknown_option,
 )
+from jobkeeper.queues import (
+    UNSET,
+    QueueInfo,
+    QueueSettings,
+    Unset,
+    check_concurrency,
+    check_max_pending,
+    check_serial_key,
+    enforces_queue_settings,
+    parse_queue_share,
+    parse_rate_limit,
+)
 from jobkeeper.tasks import ENQUEUE_OPTIONS, Task
+from jobkeeper.waiting import Get, Mark, Ready, check_timeout, wait_plan
 
 logger = logging.getLogger("jobkeeper")
 
@@ -247,6 +264,7 @@ class JobQueue:
         max_attempts: int = DEFAULT_MAX_ATTEMPTS,
         priority: int = 0,
         timeout: float | None = None,
+        backoff: Callable[[int, BaseException], float] | None = None,
     ) -> _TaskDecorator: ...
 
     def task(
@@ -258,6 +276,7 @@ class JobQueue:
         max_attempts: int = DEFAULT_MAX_ATTEMPTS,
         priority: int = 0,
         timeout: float | None = None,
+        backoff: Callable[[int, BaseException], float] | None = None,
     ) -> Any:
         """Register a function as a task: ``@jq.task`` or ``@jq.task(queue="emails", ...)``.
 
@@ -270,9 +289,17 @@ class JobQueue:
                 and fails with a timeout error under the retry policy, once
                 its code has returned (the job stays held until then);
                 ``None`` = no limit.
+            backoff: the task's retry policy: a function ``(attempt, error)
+                -> seconds`` called after a failed attempt (``attempt`` is
+                the one that failed, from 1; ``error`` the exception it
+                raised). Its result is capped at about 100 years; one that
+                raises or returns no finite number >= 0 is logged and the
+                exponential default used. ``Retry(delay=...)`` still wins.
+                ``None`` (default): exponential with full jitter.
 
         Raises:
-            ConfigError: an invalid option, or a name already registered.
+            ConfigError: an invalid option (a ``backoff`` that is not a
+                function of two arguments), or a name already registered.
         """
 
         def register(function: Callable[..., Any]) -> Task[Any, Any]:
@@ -289,6 +316,7 @@ class JobQueue:
                 max_attempts=max_attempts,
                 priority=priority,
                 timeout=timeout,
+                backoff=backoff,
             )
             self.tasks[task.name] = task
             return task
@@ -500,6 +528,7 @@ class JobQueue:
             delay=delay,
             run_at=run_at,
             unique_key=check_unique_key(options.get("unique_key")),
+            serial_key=check_serial_key(options.get("serial_key")),
         )
 
     def enqueue(
@@ -513,6 +542,7 @@ class JobQueue:
         priority: int | None = None,
         max_attempts: int | None = None,
         unique_key: str | None = None,
+        serial_key: str | None = None,
         connection: Any = None,
     ) -> Job:
         """Store one job; returns once it is durable (committed), or, with
@@ -530,6 +560,10 @@ class JobQueue:
             unique_key: while a job of the same task with this key is pending
                 (scheduled/available/claimed/running/retryable), return that job
                 instead of inserting a new one.
+            serial_key: jobs with the same serial_key are never held
+                (claimed or running) at once, on any worker; among a key's
+                due jobs, priority/scheduled_at/id order. A job waiting out a
+                retry does not hold its key.
             connection: a psycopg 3 ``Connection`` (PostgreSQL) or
                 ``sqlite3.Connection`` to the same file, or a framework's
                 connection around one: Django's ``django.db.connection``, a
@@ -546,6 +580,7 @@ class JobQueue:
                 not matching a registered task's parameters. Names the field.
             ConfigError: an invalid name, option, delay, run_at or priority.
             TypeError: ``connection`` of the wrong kind or database.
+            QueueFull: the queue is at its ``max_pending``; nothing written.
             DatabaseUnavailable: the database cannot be reached; nothing written.
         """
         options = {
@@ -555,6 +590,7 @@ class JobQueue:
             "priority": priority,
             "max_attempts": max_attempts,
             "unique_key": unique_key,
+            "serial_key": serial_key,
         }
         new = self._new_job(task, args, {k: v for k, v in options.items() if v is not None})
         return self.backend.job_insert_many(jobs=[new], connection=unwrap_connection(connection))[0]
@@ -581,8 +617,15 @@ class JobQueue:
         Raises:
             PayloadError, ConfigError: naming the item (``jobs[3]: args.x: ...``);
                 every item is validated before anything is written.
+            QueueFull: the batch would take a queue past its ``max_pending``;
+                nothing was written.
             DatabaseUnavailable: nothing was written.
         """
+        new_jobs = self._new_jobs(jobs)  # validated before the backend is opened
+        return self.backend.job_insert_many(jobs=new_jobs, connection=unwrap_connection(connection))
+
+    def _new_jobs(self, jobs: Iterable[Any]) -> list[NewJob]:
+        """Validate every item of an ``enqueue_many``, writing nothing."""
         new_jobs: list[NewJob] = []
         for index, item in enumerate(jobs):
             try:
@@ -599,7 +642,106 @@ class JobQueue:
                 new_jobs.append(self._new_job(item[0], item[1], options))
             except (PayloadError, ConfigError) as exc:
                 raise type(exc)(f"jobs[{index}]: {exc}") from None
-        return self.backend.job_insert_many(jobs=new_jobs, connection=unwrap_connection(connection))
+        return new_jobs
+
+    # -- async producers -------------------------------------------------------------
+
+    async def enqueue_async(
+        self,
+        task: str | Task[Any, Any],
+        args: dict[str, Any] | None = None,
+        *,
+        queue: str | None = None,
+        run_at: datetime | None = None,
+        delay: float | None = None,
+        priority: int | None = None,
+        max_attempts: int | None = None,
+        unique_key: str | None = None,
+        connection: Any = None,
+    ) -> Job:
+        """:meth:`enqueue` for async code: the event loop never waits on the
+        database (PostgreSQL: a psycopg async pool; SQLite: a small thread
+        pool). Validated as :meth:`enqueue` validates, before any I/O.
+
+        Args:
+            connection: a psycopg 3 ``AsyncConnection`` to this database: the
+                job commits or rolls back with its transaction. (SQLite: a
+                ``sqlite3.Connection``, written on the calling thread.)
+
+        Raises:
+            As :meth:`enqueue`.
+        """
+        options = {
+            "queue": queue,
+            "run_at": run_at,
+            "delay": delay,
+            "priority": priority,
+            "max_attempts": max_attempts,
+            "unique_key": unique_key,
+        }
+        new = self._new_job(task, args, {k: v for k, v in options.items() if v is not None})
+        jobs = await self.backend.job_insert_many_async(jobs=[new], connection=connection)
+        return jobs[0]
+
+    async def enqueue_many_async(
+        self,
+        jobs: Iterable[
+            tuple[str | Task[Any, Any], dict[str, Any]]
+            | tuple[str | Task[Any, Any], dict[str, Any], dict[str, Any]]
+        ],
+        *,
+        connection: Any = None,
+    ) -> list[Job]:
+        """:meth:`enqueue_many` for async code (see :meth:`enqueue_async`)."""
+        new_jobs = self._new_jobs(jobs)
+        return await self.backend.job_insert_many_async(jobs=new_jobs, connection=connection)
+
+    async def get_job_async(self, job_id: int) -> Job | None:
+        """:meth:`get_job` for async code."""
+        return await self.backend.job_get_async(job_id=_job_id(job_id))
+
+    # -- waiting for results ------------------------------------------------------------
+
+    def wait(self, job_id: int, timeout: float | None = None) -> Any:
+        """Block until the job ends; return its result if it completed.
+
+        Woken by the end itself: on PostgreSQL by a NOTIFY that only awaited
+        jobs send, heard on one connection per process however many waiters;
+        on SQLite by one connection per process watching ``PRAGMA
+        data_version``. A retrying job is still waited for. A completed job's
+        result stays readable for ``retention`` seconds.
+
+        Args:
+            job_id: the job's id.
+            timeout: seconds to wait at most; ``None`` waits for ever.
+
+        Returns:
+            The completed job's result (decoded JSON; ``None`` if it returned nothing).
+
+        Raises:
+            JobFailed: the job is dead (``.job.errors`` has every failed attempt).
+            JobCancelled: the job was cancelled (``.job``).
+            JobNotFound: no such job, or it finished and was pruned (``retention``).
+            TimeoutError: it did not end within ``timeout``.
+            ConfigError: a bad id or timeout.
+        """
+        job_id = _job_id(job_id)
+        seconds = check_timeout(timeout)
+        return _drive_wait(self.backend, job_id, seconds, self.settings.poll_interval)
+
+    async def wait_async(self, job_id: int, timeout: float | None = None) -> Any:
+        """:meth:`wait` for async code; many may wait at once on one loop."""
+        job_id = _job_id(job_id)
+        seconds = check_timeout(timeout)
+        return await _drive_wait_async(self.backend, job_id, seconds, self.settings.poll_interval)
+
+    async def aclose(self) -> None:
+        """Close what async calls hold on the running loop, then the rest
+        (:meth:`close`).
+        """
+        if self._backend is not None:
+            await self._backend.aclose()
+        self.close()
 
     # -- inspect and act -------------------------------------------------------------
 
@@ -827,11 +969,107 @@ class JobQueue:
         """
         return self.backend.database_health()
 
+    # -- flow control -------------------------------------------------------------
+
+    def pause(self, queue: str) -> QueueInfo:
+        """Stop every worker from starting jobs of ``queue`` (running jobs
+        finish). Persistent: it holds through restarts until :meth:`resume`.
+        Warns (``UserWarning``) while a registered worker runs a jobkeeper too
+        old to obey it.
+
+        Raises:
+            ConfigError: a bad queue name.
+        """
+        return self._configure(queue, {"paused": True})
+
+    def resume(self, queue: str) -> QueueInfo:
+        """Let workers start jobs of ``queue`` again (see :meth:`pause`).
+
+        Raises:
+            ConfigError: a bad queue name.
+        """
+        return self._configure(queue, {"paused": False})
+
+    def configure_queue(
+        self,
+        queue: str,
+        *,
+        concurrency: int | Unset | None = UNSET,
+        rate_limit: str | Unset | None = UNSET,
+        max_pending: int | Unset | None = UNSET,
+    ) -> QueueInfo:
+        """Set flow-control limits of ``queue``, held by the database for all
+        workers together; only the settings given change, and ``None`` lifts
+        one. Warns (``UserWarning``) while a registered worker runs a
+        jobkeeper too old to obey them.
+
+        Args:
+            queue: the queue's name.
+            concurrency: most jobs of the queue held (claimed or running) at
+                once across all workers (>= 1; pause to stop a queue).
+            rate_limit: most starts per period across all workers, as
+                ``"N/s"``, ``"N/m"`` or ``"N/h"``, in every sliding window.
+            max_pending: most scheduled, available, claimed and retryable
+                jobs; an enqueue past it raises :class:`~jobkeeper.QueueFull`.
+
+        Returns:
+            The queue as :meth:`queues` reports it.
+
+        Raises:
+            ConfigError: a bad name or value (nothing is changed).
+        """
+        changes: dict[str, Any] = {}
+        if not isinstance(concurrency, Unset):
+            changes["concurrency"] = None if concurrency is None else check_concurrency(concurrency)
+        if not isinstance(rate_limit, Unset):
+            changes["rate_limit"] = None if rate_limit is None else parse_rate_limit(rate_limit)
+        if not isinstance(max_pending, Unset):
+            changes["max_pending"] = None if max_pending is None else check_max_pending(max_pending)
+        return self._configure(queue, changes)
+
+    def _configure(self, queue: str, changes: dict[str, Any]) -> QueueInfo:
+        check_name("queue", queue)
+        if changes:
+            settings = self.backend.queue_configure(name=queue, changes=changes)
+            if settings.limits_claims or settings.max_pending is not None:
+                self._warn_old_workers(queue)
+        else:
+            found = self.backend.queue_settings_list(names=[queue])
+            settings = found[0] if found else QueueSettings(queue)
+        counts = self.stats().get(queue) or {status.value: 0 for status in JobStatus}
+        return _queue_info(settings, counts)
+
+    def _warn_old_workers(self, queue: str) -> None:
+        """Warn when a registered worker cannot obey queue settings."""
+        old = [w for w in self.backend.worker_list() if not enforces_queue_settings(w.version)]
+        if not old:
+            return
+        shown = ", ".join(f"{w.id} ({w.version or 'no version'})" for w in old[:3])
+        more = f" and {len(old) - 3} more" if len(old) > 3 else ""
+        message = (
+            f"queue {queue!r}: {len(old)} registered worker(s) run a jobkeeper older than "
+            f"flow control and will ignore its settings: {shown}{more}"
+        )
+        logger.warning("%s", message)
+        warnings.warn(message, UserWarning, stacklevel=3)
+
+    def queues(self) -> list[QueueInfo]:
+        """Every queue that has jobs (live or dead) or settings, by name, with
+        its settings and its jobs per status.
+        """
+        stored = {s.name: s for s in self.backend.queue_settings_list()}
+        counts = self.stats()
+        zero = {status.value: 0 for status in JobStatus}
+        return [
+            _queue_info(stored.get(name, QueueSettings(name)), counts.get(name, zero))
+            for name in sorted(stored.keys() | counts.keys())
+        ]
+
     # -- run -----------------------------------------------------------------
 
     def worker(
         self,
-        queues: Sequence[str] | None = None,
+        queues: Sequence[str] | Mapping[str, int | None] | None = None,
         concurrency: int = 10,
         burst: bool = False,
         prefetch: int | None = None,
@@ -841,15 +1079,30 @@ class JobQueue:
         """
         from jobkeeper.worker.runner import Worker
 
-        queue_names = list(queues) if queues else self.default_queues()
-        for name in queue_names:
-            check_name("queue", name)
+        queue_names, shares = _queue_shares(queues)
+        if not queue_names:
+            queue_names = self.default_queues()
         if isinstance(concurrency, bool) or not isinstance(concurrency, int):
             raise ConfigError(f"concurrency must be an int, got {concurrency!r}")
         if not 1 <= concurrency <= MAX_CONCURRENCY:
             raise ConfigError(
                 f"concurrency must be between 1 and {MAX_CONCURRENCY}, got {concurrency}"
             )
+        extra: dict[str, Any] = {}
+        if shares:
+            for name, share in shares.items():
+                if share > concurrency:
+                    raise ConfigError(
+                        f"queue {name!r}: its share {share} is more than the worker's "
+                        f"concurrency {concurrency}"
+                    )
+            # The producer's hook: Worker(queue_shares={queue: most running}).
+            if "queue_shares" not in inspect.signature(Worker).parameters:
+                raise ConfigError(
+                    "per-queue shares (queue=N) are not supported by this worker yet; "
+                    "name the queues without =N"
+                )
+            extra["queue_shares"] = shares
         return Worker(
             self.backend,
             self.tasks,
@@ -859,6 +1112,7 @@ class JobQueue:
             burst=burst,
             prefetch=prefetch,
             periodics=list(self.periodics.values()),
+            **extra,
         )
 
     def default_queues(self) -> list[str]:
@@ -869,7 +1123,7 @@ class JobQueue:
 
     def run_worker(
         self,
-        queues: Sequence[str] | None = None,
+        queues: Sequence[str] | Mapping[str, int | None] | None = None,
         concurrency: int = 10,
         burst: bool = False,
         prefetch: int | None = None,
@@ -878,7 +1132,11 @@ class JobQueue:
         until nothing is available or due within ``poll_interval``).
 
         Args:
-            queues: queue names to work (default: :meth:`default_queues`).
+            queues: queue names to work (default: :meth:`default_queues`), or
+                ``{queue: share}``: this worker runs at most ``share`` jobs of
+                that queue at once, within ``concurrency`` (``None``: no
+                share), so one slow queue cannot take every slot. A name may
+                also be written ``"emails=5"``.
             concurrency: most jobs running at once (1..10,000).
             burst: drain and return.
             prefetch: jobs to claim beyond the free slots (0..10,000); ``None`` (default)
@@ -901,3 +1159,112 @@ def _job_id(job_id: Any) -> int:
     if isinstance(job_id, bool) or not isinstance(job_id, int) or not 0 < job_id < 2**63:
         raise ConfigError(f"job id must be a positive 64-bit int, got {job_id!r}")
     return job_id
+
+
+def _queue_shares(
+    queues: Sequence[str] | Mapping[str, int | None] | None,
+) -> tuple[list[str], dict[str, int]]:
+    """Queue names in order and the per-queue shares among them, from a list
+    (``"emails=5"`` allowed) or a ``{queue: share}`` mapping.
+
+    Raises:
+        ConfigError: a bad name or share, or a queue named twice with shares.
+    """
+    if not queues:
+        return [], {}
+    if isinstance(queues, str):
+        raise ConfigError(f"queues must be a list of names or a mapping, got the string {queues!r}")
+    items: list[tuple[str, int | None]] = []
+    if isinstance(queues, Mapping):
+        for name, share in queues.items():
+            check_name("queue", name)
+            if share is not None:
+                if isinstance(share, bool) or not isinstance(share, int):
+                    raise ConfigError(f"queue {name!r}: share must be an int >= 1, got {share!r}")
+                parse_queue_share(f"{name}={share}")
+            items.append((name, share))
+    else:
+        items = [parse_queue_share(text) for text in queues]
+    names = list(dict.fromkeys(name for name, _ in items))
+    shares: dict[str, int] = {}
+    for name, share in items:
+        if share is not None:
+            if name in shares and shares[name] != share:
+                raise ConfigError(f"queue {name!r} is given two shares: {shares[name]} and {share}")
+            shares[name] = share
+    return names, shares
+
+
+def _queue_info(settings: QueueSettings, counts: dict[str, int]) -> QueueInfo:
+    return QueueInfo(
+        name=settings.name,
+        paused=settings.paused,
+        concurrency=settings.concurrency,
+        rate_limit=settings.rate_text,
+        max_pending=settings.max_pending,
+        counts=dict(counts),
+    )
+
+
+def _drive_wait(backend: Backend, job_id: int, timeout: float | None, poll: float) -> Any:
+    """Run the wait plan on this thread (see :mod:`jobkeeper.waiting`)."""
+    watch = backend.completion_watch()
+    woken = threading.Event()
+    unregister = watch.register(job_id, woken.set)
+    plan = wait_plan(job_id, timeout, poll)
+    try:
+        reply: Any = None
+        while True:
+            try:
+                step = plan.send(reply)
+            except StopIteration as stop:
+                return stop.value
+            reply = None
+            if isinstance(step, Ready):
+                reply = watch.wait_ready(step.seconds)
+            elif isinstance(step, Mark):
+                backend.job_mark_awaited(job_id=job_id)
+            elif isinstance(step, Get):
+                woken.clear()
+                reply = backend.job_get(job_id)
+            else:
+                woken.wait(step.seconds)
+    finally:
+        unregister()
+        plan.close()
+
+
+async def _drive_wait_async(
+    backend: Backend, job_id: int, timeout: float | None, poll: float
+) -> Any:
+    """Run the wait plan on the event loop (see :mod:`jobkeeper.waiting`)."""
+    loop = asyncio.get_running_loop()
+    watch = backend.completion_watch()
+    woken = asyncio.Event()
+
+    def wake() -> None:
+        loop.call_soon_threadsafe(woken.set)
+
+    unregister = watch.register(job_id, wake)
+    plan = wait_plan(job_id, timeout, poll)
+    try:
+        reply: Any = None
+        while True:
+            try:
+                step = plan.send(reply)
+            except StopIteration as stop:
+                return stop.value
+            reply = None
+            if isinstance(step, Ready):
+                reply = watch.ready or await asyncio.to_thread(watch.wait_ready, step.seconds)
+            elif isinstance(step, Mark):
+                await backend.job_mark_awaited_async(job_id=job_id)
+            elif isinstance(step, Get):
+                woken.clear()
+                reply = await backend.job_get_async(job_id=job_id)
+            else:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(woken.wait(), step.seconds)
+    finally:
+        unregister()
+        plan.close()

@@ -5,6 +5,8 @@ Leaf module: imports nothing from the rest of jobkeeper.
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class Retry(Exception):  # noqa: N818 - the contract's name
     """Raise inside a task to retry the job after ``delay`` seconds.
@@ -29,6 +31,32 @@ class Retry(Exception):  # noqa: N818 - the contract's name
         super().__init__(reason)
         self.delay = delay
         self.reason = reason
+
+
+class Snooze(Exception):  # noqa: N818 - the contract's name
+    """Raise inside a task to run the job again after ``delay`` seconds
+    without spending the attempt (Oban's and River's snooze).
+
+    The job goes back to ``scheduled`` at now + ``delay`` by the database
+    clock; no entry is added to its ``errors`` and its ``attempt`` is as it
+    was before this attempt started, so snoozes never count toward
+    ``max_attempts``. A job with a cancel request ends ``cancelled`` instead.
+
+    Args:
+        delay: seconds from now (database clock), finite and >= 0.
+
+    Raises:
+        ValueError: ``delay`` is negative, NaN, infinite or not a number.
+    """
+
+    def __init__(self, delay: float) -> None:
+        if isinstance(delay, bool) or not isinstance(delay, int | float):
+            raise ValueError(f"Snooze delay must be a number of seconds, got {delay!r}")
+        delay = float(delay)
+        if not (0.0 <= delay < float("inf")):
+            raise ValueError(f"Snooze delay must be a finite number >= 0, got {delay!r}")
+        super().__init__(f"snoozed for {delay:g}s")
+        self.delay = delay
 
 
 class Discard(Exception):  # noqa: N818 - the contract's name
@@ -58,7 +86,37 @@ class PayloadError(JobkeeperError, ValueError):
 
 
 class JobNotFound(JobkeeperError, LookupError):  # noqa: N818 - reads better at call sites
-    """No job (live or dead) has the given id."""
+    """No job (live or dead) has the given id (never existed, or a finished
+    job already pruned after ``retention``).
+    """
+
+
+class JobFailed(JobkeeperError):  # noqa: N818 - the contract's name
+    """Raised by ``wait``: the job is dead (attempts used up, or discarded).
+
+    Attributes:
+        job: the dead job; ``job.errors`` holds one entry per failed attempt.
+    """
+
+    def __init__(self, job: Any) -> None:
+        last = job.errors[-1].get("error") if job.errors else None
+        super().__init__(
+            f"job {job.id} ({job.task}) is dead after {job.attempt} attempt(s)"
+            + (f"; last error: {last}" if last else "")
+        )
+        self.job = job
+
+
+class JobCancelled(JobkeeperError):  # noqa: N818 - the contract's name
+    """Raised by ``wait``: the job was cancelled.
+
+    Attributes:
+        job: the cancelled job.
+    """
+
+    def __init__(self, job: Any) -> None:
+        super().__init__(f"job {job.id} ({job.task}) was cancelled")
+        self.job = job
 
 
 class JobStateError(JobkeeperError):
@@ -99,8 +157,31 @@ class JobTimeout(Exception):  # noqa: N818
     """An attempt ran longer than its task's ``timeout`` (seconds)."""
 
 
-class JobCancelled(BaseException):
-    """Injected into a running sync task when its job is cancelled or its worker
+class TaskInterrupted(BaseException):
+    """Internal: injected into a running sync task when its job is cancelled or its worker
     shuts down past the grace period. A BaseException so that a task's own
     ``except Exception`` does not swallow it.
     """
+
+
+class QueueFull(JobkeeperError):  # noqa: N818 - the contract's name
+    """An enqueue would take a queue past its ``max_pending`` (see
+    ``JobQueue.configure_queue``); nothing was written. For ``enqueue_many``
+    the whole batch was refused.
+
+    Attributes:
+        queue: the queue's name.
+        limit: its ``max_pending``.
+        count: its pending jobs (scheduled, available, claimed, retryable)
+            when the enqueue was refused.
+    """
+
+    def __init__(self, queue: str, limit: int, count: int, adding: int = 1) -> None:
+        super().__init__(
+            f"queue {queue!r} is full: {count} pending jobs, max_pending={limit}"
+            + (f" (refused a batch of {adding} for it)" if adding != 1 else "")
+            + "; nothing was written"
+        )
+        self.queue = queue
+        self.limit = limit
+        self.count = count

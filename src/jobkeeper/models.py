@@ -132,6 +132,8 @@ class Job:
     args_error: str | None = None
     fence: int = 0
     unstarted_returns: int = 0
+    #: Jobs with the same serial_key are never held at once (flow control).
+    serial_key: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """Return a JSON-ready dict (timestamps as ISO 8601 UTC strings).
@@ -162,6 +164,9 @@ class WorkerInfo:
     #: Seconds of silence after which this worker's jobs may be rescued (its
     #: own setting); ``None`` for rows written by older versions.
     rescue_after: float | None = None
+    #: The jobkeeper version the worker runs (written at registration);
+    #: ``None`` for workers from before versions were recorded.
+    version: str | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -181,6 +186,7 @@ class NewJob:
     delay: float | None = None
     run_at: datetime | None = None
     unique_key: str | None = None
+    serial_key: str | None = None
     #: The validated args themselves, so a bulk insert can build its Jobs
     #: without decoding ``args_json`` again.
     args: dict[str, Any] | None = None
@@ -235,6 +241,9 @@ class FailureKind(enum.StrEnum):
     #: Rescued before it started: available again, the attempt not spent,
     #: ``unstarted_returns`` counted; only while the job is still claimed.
     RETURNED = "returned"
+    #: ``Snooze``: scheduled ``retry_in`` seconds from now, the attempt given
+    #: back, no ``errors`` entry.
+    SNOOZED = "snoozed"
 
 
 #: The kinds that make a job available again at once without spending its attempt.
@@ -245,10 +254,12 @@ HANDED_BACK: frozenset[FailureKind] = frozenset({FailureKind.RELEASED, FailureKi
 class Failure:
     """A failed attempt to record (internal).
 
-    ``outcome`` is a :class:`FailureKind` (or its string value). Whatever
-    the outcome, a job with a cancel request ends ``cancelled`` (the
-    database decides, see the backends). ``retry_in`` is the backoff in
-    seconds for ``RETRYABLE``. ``error_json``
+    ``outcome`` is a :class:`FailureKind` (or its string value): ``"snoozed"``
+    (``Snooze``) schedules the job ``retry_in`` seconds from now, gives the
+    attempt back and adds no ``errors`` entry. Whatever the outcome, a job
+    with a cancel request ends ``cancelled`` (the database decides, see the
+    backends). ``retry_in`` is the delay in seconds for ``RETRYABLE`` and
+    ``SNOOZED``. ``error_json``
     is the entry appended to ``errors``; None (releases only) appends none.
     """
 

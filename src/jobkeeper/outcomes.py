@@ -7,10 +7,19 @@ dead letters.
 
 from __future__ import annotations
 
+import logging
+import math
+from collections.abc import Callable
+
 from jobkeeper.backoff import ABSOLUTE_MAX_BACKOFF, backoff_delay
 from jobkeeper.config import Settings
 from jobkeeper.models import Claim, Failure, FailureKind, Job
 from jobkeeper.payload import clean_text, dumps
+
+logger = logging.getLogger("jobkeeper")
+
+#: A task's retry policy: ``(attempt that failed, its error) -> seconds``.
+BackoffFunction = Callable[[int, BaseException], float]
 
 #: Longest stored error message / traceback, in characters: a failure with a
 #: message of megabytes must still be recordable.
@@ -47,6 +56,8 @@ def failed_attempt(
     traceback: str | None = None,
     retry_in: float | None = None,
     discard_reason: str | None = None,
+    backoff: BackoffFunction | None = None,
+    exc: BaseException | None = None,
 ) -> Failure:
     """The outcome of a failed attempt under the retry policy.
 
@@ -58,6 +69,12 @@ def failed_attempt(
         retry_in: seconds until the retry (``Retry(delay=...)``); ``None``
             for the exponential backoff.
         discard_reason: set to send the job to the dead letters at once.
+        backoff: the task's own retry policy, called with ``(job.attempt,
+            exc)`` when ``retry_in`` is None; ``None`` for the exponential
+            default. One that raises or returns no usable number of seconds
+            is logged and the default used instead: the job is never lost to
+            its retry policy.
+        exc: the exception the attempt ended with, for ``backoff``.
 
     Returns:
         A dead-letter move when discarded or when ``attempt >= max_attempts``,
@@ -73,6 +90,8 @@ def failed_attempt(
     if job.attempt >= job.max_attempts:
         reason = f"max_attempts={job.max_attempts} exhausted; last error: {error}"
         return Failure(claim, FailureKind.DEAD, entry, reason=clean_text(reason, max_chars=1000))
+    if retry_in is None and backoff is not None:
+        retry_in = task_backoff(backoff, job, exc)
     if retry_in is None:
         retry_in = backoff_delay(
             job.attempt, base=settings.backoff_base, max_backoff=settings.max_backoff
@@ -108,3 +127,45 @@ def returned_attempt(job: Job) -> Failure:
     the lost holder instead).
     """
     return Failure(claim_of(job), FailureKind.RETURNED, None)
+
+
+def task_backoff(backoff: BackoffFunction, job: Job, exc: BaseException | None) -> float | None:
+    """Seconds a task's own ``backoff`` asks for after ``job``'s attempt
+    failed, or None (the default applies) when it raised or returned no
+    finite number >= 0 (both logged). Capped at ``ABSOLUTE_MAX_BACKOFF``.
+    """
+    error = exc if exc is not None else RuntimeError("attempt failed")
+    try:
+        value = backoff(job.attempt, error)
+    except Exception:
+        logger.exception(
+            "job %s (%s): the task's backoff function raised; the default backoff is used",
+            job.id,
+            job.task,
+        )
+        return None
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or math.isnan(value)
+        or value < 0
+    ):
+        logger.warning(
+            "job %s (%s): the task's backoff function returned %r, not seconds >= 0; "
+            "the default backoff is used",
+            job.id,
+            job.task,
+            value,
+        )
+        return None
+    return min(float(value), ABSOLUTE_MAX_BACKOFF)
+
+
+def snoozed_attempt(job: Job, delay: float) -> Failure:
+    """The running job asked to run again in ``delay`` seconds (``Snooze``):
+    back to scheduled, the attempt given back, no entry in ``errors``. A
+    cancel request still wins (the job ends cancelled).
+    """
+    return Failure(
+        claim_of(job), FailureKind.SNOOZED, None, retry_in=min(delay, ABSOLUTE_MAX_BACKOFF)
+    )

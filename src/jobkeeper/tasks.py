@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from datetime import datetime
 from typing import Any, Generic, ParamSpec, Protocol, TypeVar
 
@@ -28,6 +28,7 @@ ENQUEUE_OPTIONS = (
     "priority",
     "max_attempts",
     "unique_key",
+    "serial_key",
     "connection",
 )
 
@@ -35,6 +36,9 @@ ENQUEUE_OPTIONS = (
 class _Enqueuer(Protocol):
     @property
     def enqueue(self) -> Callable[..., Job]: ...
+
+    @property
+    def enqueue_async(self) -> Callable[..., Awaitable[Job]]: ...
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -56,6 +60,10 @@ class TaskOptions:
         :meth:`jobkeeper.JobQueue.enqueue` for what is validated and raised.
         """
         return self.task.enqueue_with(args, self.overrides)
+
+    async def enqueue_async(self, **args: Any) -> Job:
+        """:meth:`enqueue` for async code (see :meth:`jobkeeper.JobQueue.enqueue_async`)."""
+        return await self.task.enqueue_with_async(args, self.overrides)
 
 
 def _check_option_names(options: dict[str, Any]) -> None:
@@ -80,6 +88,8 @@ class Task(Generic[P, R]):
         priority: default priority (lower runs first).
         timeout: seconds an attempt may run before it is asked to stop; it
             fails with a timeout once its code has returned. ``None``: no limit.
+        backoff: the task's retry policy, ``(attempt, error) -> seconds``,
+            or ``None`` for the queue's exponential backoff.
         is_async: whether ``fn`` is a coroutine function.
     """
 
@@ -93,6 +103,7 @@ class Task(Generic[P, R]):
         max_attempts: int,
         priority: int,
         timeout: float | None,
+        backoff: Callable[[int, BaseException], float] | None = None,
     ) -> None:
         if not callable(fn):
             raise ConfigError(f"@task needs a function, got {fn!r}")
@@ -103,6 +114,7 @@ class Task(Generic[P, R]):
         self.max_attempts = check_max_attempts(max_attempts)
         self.priority = check_priority(priority)
         self.timeout = check_timeout(timeout)
+        self.backoff = check_backoff(backoff)
         self.is_async = inspect.iscoroutinefunction(fn)
         try:
             self._signature: inspect.Signature | None = inspect.signature(fn)
@@ -161,6 +173,7 @@ class Task(Generic[P, R]):
         priority: int | None = None,
         max_attempts: int | None = None,
         unique_key: str | None = None,
+        serial_key: str | None = None,
         connection: Any = None,
     ) -> TaskOptions:
         """Options for the next enqueue, e.g.
@@ -176,6 +189,7 @@ class Task(Generic[P, R]):
             "priority": priority,
             "max_attempts": max_attempts,
             "unique_key": unique_key,
+            "serial_key": serial_key,
             "connection": connection,
         }
         return TaskOptions(self, {k: v for k, v in given.items() if v is not None})
@@ -198,3 +212,50 @@ class Task(Generic[P, R]):
     def enqueue_with(self, args: dict[str, Any], options: dict[str, Any]) -> Job:
         """Enqueue with explicit ``args`` and ``options`` dicts."""
         return self._owner.enqueue(self.name, args, **options)
+
+    async def enqueue_async(self, *args: P.args, **kwargs: P.kwargs) -> Job:
+        """:meth:`enqueue` for async code: the event loop never waits on the
+        database (see :meth:`jobkeeper.JobQueue.enqueue_async`).
+
+        Raises:
+            As :meth:`enqueue`.
+        """
+        if args:
+            raise PayloadError(
+                f"task {self.name!r}: pass arguments by keyword (jobs store a JSON object), "
+                f"got {len(args)} positional"
+            )
+        return await self.enqueue_with_async(dict(kwargs), {})
+
+    async def enqueue_with_async(self, args: dict[str, Any], options: dict[str, Any]) -> Job:
+        """Enqueue (async) with explicit ``args`` and ``options`` dicts."""
+        return await self._owner.enqueue_async(self.name, args, **options)
+
+
+def check_backoff(
+    backoff: Callable[[int, BaseException], float] | None,
+) -> Callable[[int, BaseException], float] | None:
+    """A task's ``backoff=``: None, or a callable taking ``(attempt, error)``.
+
+    Raises:
+        ConfigError: not callable, or its signature cannot take two
+            positional arguments.
+    """
+    if backoff is None:
+        return None
+    if not callable(backoff):
+        raise ConfigError(
+            f"backoff must be a function (attempt, error) -> seconds, got {backoff!r}"
+        )
+    try:
+        signature = inspect.signature(backoff)
+    except (TypeError, ValueError):
+        return backoff  # a builtin without a signature: judged when called
+    try:
+        signature.bind(1, RuntimeError())
+    except TypeError:
+        raise ConfigError(
+            f"backoff must take two positional arguments (attempt, error), got "
+            f"{getattr(backoff, '__name__', backoff)!r}{signature}"
+        ) from None
+    return backoff

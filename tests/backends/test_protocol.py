@@ -39,6 +39,9 @@ ONLY_IN = {
         "notify_queues",
         # migrate()'s advisory lock; SQLite's BEGIN IMMEDIATE serialises it.
         "schema_lock",
+        # Flags a job so that its end NOTIFYs its waiters (a trigger); SQLite's
+        # waiters watch data_version instead and need no flag.
+        "job_mark_awaited",
         # Facts doctor judges only on a server: table bloat, old snapshots,
         # the NOTIFY queue.
         "database_health_notify",
@@ -49,6 +52,9 @@ ONLY_IN = {
         # Settings of each new connection; PostgreSQL's are the server's.
         "connection_journal_wal",
         "connection_synchronous_full",
+        # What the completion watch reads after a commit; PostgreSQL's waiters
+        # are woken by a NOTIFY that names the job.
+        "completion_watch_pending",
         # Facts doctor judges only on SQLite.
         "database_health_busy_timeout",
         "database_health_journal_mode",
@@ -126,7 +132,7 @@ def backend_sources(module: ModuleType) -> str:
     """The Python of a backend's package and of the shared backend modules."""
     package = Path(module.__file__).parent
     shared = package.parent
-    files = [*package.glob("*.py"), shared / "shared.py", shared / "cockpit.py"]
+    files = [*package.glob("*.py"), *(shared / n for n in ("shared.py", "cockpit.py", "flow.py"))]
     return "\n".join(f.read_text() for f in files)
 
 

@@ -26,6 +26,8 @@ TABLES = {
     "jobkeeper_schema",
     "jobkeeper_leader",
     "jobkeeper_periodic",
+    "jobkeeper_queues",
+    "jobkeeper_queue_starts",
 }
 #: The newest schema version; both backends number their migrations alike.
 LATEST = PG_MIGRATIONS[-1][0]

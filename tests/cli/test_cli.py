@@ -38,6 +38,7 @@ JOB_KEYS = {
     "max_attempts",
     "fence",
     "unstarted_returns",
+    "serial_key",
     "scheduled_at",
     "created_at",
     "attempted_at",
@@ -191,6 +192,7 @@ def test_status_json_is_stable(cli, queue):
         "heartbeat_age",
         "stale",
         "rescue_after",
+        "version",
     }
     assert worker["stale"] is False
     assert "jobs by queue and status" in cli.ok("status")  # the human tables render

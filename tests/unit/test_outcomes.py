@@ -102,6 +102,7 @@ def test_outcome_kinds_are_the_strings_the_sql_compares():
         "cancelled",
         "released",
         "returned",
+        "snoozed",
     ]
     assert FailureKind.RELEASED == "released"
 

@@ -17,10 +17,11 @@ that replaces it for that call: production passes nothing, tests pin time
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from typing import Any, Protocol
 
+from jobkeeper.backends.watch import CompletionWatch
 from jobkeeper.models import (
     Claim,
     Completion,
@@ -34,6 +35,7 @@ from jobkeeper.models import (
     WorkerInfo,
 )
 from jobkeeper.periodic import Periodic, PeriodicRow, PeriodicTouch
+from jobkeeper.queues import QueueSettings
 
 
 class Backend(Protocol):
@@ -384,4 +386,53 @@ class Backend(Protocol):
 
     def periodic_prune(self, *, stale_after: float) -> list[str]:
         """Delete the rows stale by ``stale_after`` seconds; return their names."""
+        ...
+
+    # -- flow control ---------------------------------------------------------
+
+    def queue_settings_list(self, *, names: Sequence[str] | None = None) -> list[QueueSettings]:
+        """The ``jobkeeper_queues`` rows (of ``names``; all when None), by name."""
+        ...
+
+    def queue_configure(self, *, name: str, changes: Mapping[str, Any]) -> QueueSettings:
+        """Write the settings in ``changes`` (keys ``paused``, ``concurrency``,
+        ``rate_limit`` as ``(count, period seconds)``, ``max_pending``; a
+        value None lifts one) and keep the others; a row left with nothing
+        set is deleted. Returns the settings now stored.
+        """
+        ...
+
+    # -- waiting for results and the async producer API ----------------------
+
+    def job_mark_awaited(self, *, job_id: int) -> None:
+        """Mark the job as waited for, so that its end wakes the waiters of
+        :meth:`completion_watch` (a no-op where the watch needs no mark).
+        """
+        ...
+
+    def completion_watch(self) -> CompletionWatch:
+        """The process-wide watch of this database's job ends (one
+        connection and thread per process, however many waiters).
+        """
+        ...
+
+    async def job_insert_many_async(
+        self, *, jobs: Sequence[NewJob], connection: Any = None
+    ) -> list[Job]:
+        """``job_insert_many`` without blocking the event loop; ``connection``
+        is a psycopg ``AsyncConnection`` (PostgreSQL) or a ``sqlite3``
+        connection (SQLite, written on the caller's thread).
+        """
+        ...
+
+    async def job_get_async(self, *, job_id: int) -> Job | None:
+        """``job_get`` without blocking the event loop."""
+        ...
+
+    async def job_mark_awaited_async(self, *, job_id: int) -> None:
+        """``job_mark_awaited`` without blocking the event loop."""
+        ...
+
+    async def aclose(self) -> None:
+        """Release what the async calls of the running loop hold."""
         ...

@@ -72,6 +72,7 @@ def job_from_row(
         # Dead letters keep no claim: their fence is history.
         fence=0 if dead else int(row["fence"]),
         unstarted_returns=0 if dead else int(row["unstarted_returns"]),
+        serial_key=row.get("serial_key"),
     )
 
 
@@ -89,6 +90,7 @@ def insert_params(new: NewJob, run_at: Any) -> dict[str, Any]:
         "delay": new.delay,
         "run_at": run_at,
         "unique_key": new.unique_key,
+        "serial_key": new.serial_key,
     }
 
 
@@ -127,6 +129,7 @@ def job_from_new(
         scheduled_at=scheduled_at,
         created_at=now,
         unique_key=new.unique_key,
+        serial_key=new.serial_key,
     )
 
 

@@ -13,6 +13,7 @@ from datetime import datetime
 from typing import Any
 
 from jobkeeper.models import Claim, Job, JobStatus, RequeueConflict, WorkerInfo
+from jobkeeper.version import __version__
 
 
 class SharedReads:
@@ -51,6 +52,9 @@ class SharedReads:
             "pid": worker.pid,
             "queues": json.dumps(worker.queues),
             "rescue_after": worker.rescue_after,
+            # The code registering the worker is this package: its version
+            # is the worker's (a WorkerInfo built elsewhere may name one).
+            "version": worker.version or __version__,
         }
 
     def job_rescue_candidates(

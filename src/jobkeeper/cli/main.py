@@ -20,7 +20,6 @@ from typing import Any, NoReturn
 import click
 from rich.console import Console
 
-from jobkeeper import __version__
 from jobkeeper.api import JobQueue
 from jobkeeper.backends import resolve_database_url
 from jobkeeper.cli import render
@@ -29,9 +28,12 @@ from jobkeeper.errors import (
     ConfigError,
     JobkeeperError,
     PayloadError,
+    QueueFull,
 )
 from jobkeeper.models import HELD_STATUSES, JobStatus
 from jobkeeper.payload import child_path
+from jobkeeper.queues import UNSET, Unset
+from jobkeeper.version import __version__
 
 
 class _Argument(click.Argument):
@@ -114,6 +116,11 @@ jobs_app = _Group("jobs", help="Inspect jobs.", no_args_is_help=True)
 dead_app = _Group("dead", help="Inspect and requeue dead letters.", no_args_is_help=True)
 periodic_app = _Group(
     "periodic", help="Inspect and prune the stored periodic jobs.", no_args_is_help=True
+)
+queues_app = _Group(
+    "queues",
+    help="Flow control: pause, resume and limit queues across all workers.",
+    no_args_is_help=True,
 )
 #: For commands taking job ids: a mistyped ``-1`` reaches the id check (and
 #: its message) instead of failing as "No such option: -1".
@@ -685,10 +692,99 @@ def demo(ctx: click.Context, workers: int, concurrency: int) -> None:
     ctx.exit(run_demo(console, database_url=url, workers=workers, concurrency=concurrency))
 
 
+_queue_argument = click.argument("name", cls=_Argument, doc="The queue's name.")
+
+
+@queues_app.command("list")
+@_json_option
+@click.pass_context
+def queues_list(ctx: click.Context, as_json: bool) -> None:
+    """Every queue with jobs or settings: paused or not, its limits, its counts."""
+    queues = _queue(ctx).queues()
+    if as_json:
+        render.print_json(console, [queue.as_dict() for queue in queues])
+    else:
+        console.print(render.queues_table(queues))
+
+
+@queues_app.command("pause")
+@_queue_argument
+@click.pass_context
+def queues_pause(ctx: click.Context, name: str) -> None:
+    """Stop every worker from starting jobs of the queue (running jobs finish)."""
+    _queue(ctx).pause(name)
+    console.print(f"queue {name} paused", markup=False, highlight=False)
+
+
+@queues_app.command("resume")
+@_queue_argument
+@click.pass_context
+def queues_resume(ctx: click.Context, name: str) -> None:
+    """Let workers start jobs of the queue again."""
+    _queue(ctx).resume(name)
+    console.print(f"queue {name} resumed", markup=False, highlight=False)
+
+
+def _int_or_none(option: str, text: str | None) -> int | Unset | None:
+    if text is None:
+        return UNSET
+    if text.strip().lower() == "none":
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise BadInput(f"{option} {text!r}: expected an integer or 'none'") from None
+
+
+@queues_app.command("set")
+@_queue_argument
+@click.option(
+    "--concurrency", default=None, help="Most jobs held at once, all workers ('none' lifts it)."
+)
+@click.option(
+    "--rate-limit", default=None, help="Most starts per period: N/s, N/m or N/h ('none' lifts it)."
+)
+@click.option(
+    "--max-pending",
+    default=None,
+    help="Most pending jobs before enqueues are refused ('none' lifts it).",
+)
+@click.pass_context
+def queues_set(
+    ctx: click.Context,
+    name: str,
+    concurrency: str | None,
+    rate_limit: str | None,
+    max_pending: str | None,
+) -> None:
+    """Set the queue's limits; only the options given change."""
+    if concurrency is None and rate_limit is None and max_pending is None:
+        raise BadInput("queues set: give --concurrency, --rate-limit or --max-pending")
+    rate: str | Unset | None = UNSET
+    if rate_limit is not None:
+        rate = None if rate_limit.strip().lower() == "none" else rate_limit
+    info = _queue(ctx).configure_queue(
+        name,
+        concurrency=_int_or_none("--concurrency", concurrency),
+        rate_limit=rate,
+        max_pending=_int_or_none("--max-pending", max_pending),
+    )
+    shown = ", ".join(
+        f"{key}={'none' if value is None else value}"
+        for key, value in (
+            ("concurrency", info.concurrency),
+            ("rate_limit", info.rate_limit),
+            ("max_pending", info.max_pending),
+        )
+    )
+    console.print(f"queue {name}: {shown}", markup=False, highlight=False)
+
+
 # After the commands, so that the command list shows them last, as before.
 app.add_command(jobs_app)
 app.add_command(dead_app)
 app.add_command(periodic_app)
+app.add_command(queues_app)
 
 
 def _fail(message: str, code: int) -> NoReturn:
@@ -705,7 +801,7 @@ def main(argv: list[str] | None = None) -> None:
         code = app.main(args=argv, standalone_mode=False)
     except click.Abort:
         _fail("aborted", 130)
-    except (BadInput, PayloadError, ConfigError) as exc:
+    except (BadInput, PayloadError, ConfigError, QueueFull) as exc:
         _fail(str(exc).replace("\n", " "), 2)
     except JobkeeperError as exc:
         _fail(str(exc).replace("\n", " "), 1)

@@ -16,6 +16,7 @@ from rich.table import Table
 from jobkeeper.config import holder_window
 from jobkeeper.models import Job, JobStatus, WorkerInfo
 from jobkeeper.periodic import PeriodicRow
+from jobkeeper.queues import QueueInfo
 
 STATUS_STYLE = {
     "scheduled": "cyan",
@@ -106,6 +107,7 @@ def status_json(
                 "started_at": w.started_at.isoformat(),
                 "heartbeat_at": w.heartbeat_at.isoformat(),
                 "heartbeat_age": round(heartbeat_age(w, now), 3),
+                "version": w.version,
                 "stale": is_stale(w, now, rescue_after),
                 "rescue_after": w.rescue_after,
             }
@@ -128,7 +130,7 @@ def status_table(stats: dict[str, dict[str, int]]) -> Table:
 
 def workers_table(workers: list[WorkerInfo], *, now: datetime, rescue_after: float) -> Table:
     table = Table(title="workers")
-    for column in ("id", "queues", "started", "last heartbeat", "state"):
+    for column in ("id", "queues", "started", "last heartbeat", "state", "version"):
         table.add_column(column, overflow="fold")
     for w in workers:
         table.add_row(
@@ -137,6 +139,9 @@ def workers_table(workers: list[WorkerInfo], *, now: datetime, rescue_after: flo
             _when(w.started_at),
             _when(w.heartbeat_at),
             _state_cell(w, now, rescue_after),
+            # No version: a worker from before versions were recorded, which
+            # ignores queue settings (pause, limits).
+            escape(w.version or "(old)"),
         )
     return table
 
@@ -220,4 +225,29 @@ def periodic_table(rows: list[PeriodicRow]) -> Table:
         )
     if not rows:
         table.add_row("(none)", "", "", "", "", "", "")
+    return table
+
+
+def queues_table(queues: list[QueueInfo]) -> Table:
+    """``jobkeeper queues list``: each queue's settings and live counts."""
+    table = Table(title="queues")
+    columns = ("queue", "state", "concurrency", "rate limit", "max pending")
+    for column in columns:
+        table.add_column(column, overflow="fold")
+    for status in ("available", "claimed", "running", "scheduled", "retryable"):
+        table.add_column(_status(status), justify="right")
+    for queue in queues:
+        table.add_row(
+            escape(queue.name),
+            "[yellow]paused[/]" if queue.paused else "active",
+            "-" if queue.concurrency is None else str(queue.concurrency),
+            "-" if queue.rate_limit is None else queue.rate_limit,
+            "-" if queue.max_pending is None else str(queue.max_pending),
+            *(
+                str(queue.counts.get(s, 0))
+                for s in ("available", "claimed", "running", "scheduled", "retryable")
+            ),
+        )
+    if not queues:
+        table.add_row("(no queues)", *("" for _ in range(len(columns) + 4)))
     return table

@@ -52,7 +52,7 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta
 
 from jobkeeper.backends.base import Backend
-from jobkeeper.errors import ConfigError
+from jobkeeper.errors import ConfigError, QueueFull
 from jobkeeper.maintenance.service import IntervalService
 from jobkeeper.periodic import Periodic, PeriodicRow, PeriodicTouch
 
@@ -230,13 +230,20 @@ class PeriodicEnqueuer(IntervalService):
                     )
                 after = through
                 continue
-            job_id = self._backend.periodic_enqueue_tick(
-                name=key[0],
-                schedule=key[1],
-                timezone=schedule.timezone,
-                tick=tick,
-                next_tick=_next_after(periodic, tick),
-            )
+            try:
+                job_id = self._backend.periodic_enqueue_tick(
+                    name=key[0],
+                    schedule=key[1],
+                    timezone=schedule.timezone,
+                    tick=tick,
+                    next_tick=_next_after(periodic, tick),
+                )
+            except QueueFull as full:
+                # The tick was given up for everyone (backpressure wins over
+                # the schedule); the next tick tries again.
+                logger.warning("periodic %r: tick %s skipped: %s", key[0], tick, full)
+                after = tick
+                continue
             if job_id is not None:
                 enqueued += 1
                 self.enqueued += 1

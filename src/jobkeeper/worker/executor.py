@@ -8,7 +8,7 @@ straight on to the next one without any thread hand-off.
 
 Only the code's own ending decides an execution's outcome. A timeout, a
 cancel request or a stop past the grace period *asks* the code to stop
-(``JobCancelled`` is injected into a sync task's thread, raised at its next
+(``TaskInterrupted`` is injected into a sync task's thread, raised at its next
 Python bytecode; an async task is cancelled, which lands at its next await)
 and records why; the job stays held by this worker (heartbeats going, slot
 busy) until the code returns, and only then is the outcome written: the
@@ -34,9 +34,15 @@ from typing import Any
 
 from jobkeeper.config import Settings
 from jobkeeper.context import reset_current_job, set_current_job
-from jobkeeper.errors import Discard, JobCancelled, PayloadError, Retry
+from jobkeeper.errors import Discard, PayloadError, Retry, Snooze, TaskInterrupted
 from jobkeeper.models import Claim, Completion, Failure, Job
-from jobkeeper.outcomes import cancelled_attempt, claim_of, failed_attempt, released_attempt
+from jobkeeper.outcomes import (
+    cancelled_attempt,
+    claim_of,
+    failed_attempt,
+    released_attempt,
+    snoozed_attempt,
+)
 from jobkeeper.payload import encode_result
 from jobkeeper.tasks import Task
 from jobkeeper.worker.deadlines import DeadlineWatch
@@ -440,7 +446,7 @@ class Executor:
         if execution.async_task is not None and self._loop is not None:
             self._loop.call_soon_threadsafe(execution.async_task.cancel)
         elif execution.thread_id is not None:
-            _raise_in_thread(execution.thread_id, JobCancelled)
+            _raise_in_thread(execution.thread_id, TaskInterrupted)
 
     def _start_user_code(
         self,
@@ -553,7 +559,7 @@ class Executor:
                 with execution.lock:
                     execution.in_user_code = False
                     if execution.interrupted and execution.thread_id is not None:
-                        # The injected JobCancelled may still be pending (the
+                        # The injected TaskInterrupted may still be pending (the
                         # code returned before it fired): clear it so it
                         # cannot fire in this runner's next job.
                         _raise_in_thread(execution.thread_id, None)
@@ -620,6 +626,10 @@ class Executor:
                 traceback=formatted,
                 discard_reason=reason,
             )
+        if isinstance(exc, Snooze):
+            return snoozed_attempt(job, exc.delay)
+        task = self._tasks.get(job.task)
+        backoff = task.backoff if task is not None else None
         if isinstance(exc, Retry):
             return failed_attempt(
                 job,
@@ -627,8 +637,17 @@ class Executor:
                 error=f"Retry: {_safe_str(exc.reason)}",
                 traceback=None,
                 retry_in=exc.delay,
+                backoff=backoff,
+                exc=exc,
             )
-        return failed_attempt(job, self._settings, error=_exception_text(exc), traceback=formatted)
+        return failed_attempt(
+            job,
+            self._settings,
+            error=_exception_text(exc),
+            traceback=formatted,
+            backoff=backoff,
+            exc=exc,
+        )
 
     def _settle_after_internal_error(self, execution: _Execution, exc: BaseException) -> None:
         """Last resort: an attempt whose outcome could not be built (a bug

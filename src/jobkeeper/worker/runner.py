@@ -354,14 +354,14 @@ class Worker:
 
     def _on_written(self, batch: list[Outcome], written: set[int]) -> None:
         self._count_written(batch, written)
-        # A retry we wrote comes due retry_in seconds from now (the database
+        # A retry or snooze we wrote comes due retry_in seconds from now (the database
         # computed its scheduled_at as of the write, just done): no other
         # wake-up will come for it.
         retry_ins = [
             outcome.retry_in
             for outcome in batch
             if isinstance(outcome, Failure)
-            and outcome.outcome == "retryable"
+            and outcome.outcome in ("retryable", "snoozed")
             and outcome.claim.job_id in written
         ]
         if retry_ins:

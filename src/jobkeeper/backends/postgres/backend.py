@@ -17,10 +17,14 @@ import psycopg
 
 from jobkeeper.backends.cockpit import CockpitReads
 from jobkeeper.backends.migrate import apply_migrations
+from jobkeeper.backends.postgres.aio import PostgresAsync
 from jobkeeper.backends.postgres.connections import _retrying, _rows
-from jobkeeper.backends.postgres.inserts import COPY_MIN_JOBS, PostgresInserts
+from jobkeeper.backends.postgres.flow import FlowNeeded, PostgresFlow
+from jobkeeper.backends.postgres.inserts import PostgresInserts
 from jobkeeper.backends.postgres.listener import PostgresListener
+from jobkeeper.backends.postgres.plans import insert_plan, is_single_statement, run_plan
 from jobkeeper.backends.postgres.queries import MIGRATIONS, QUERIES
+from jobkeeper.backends.postgres.waiters import PostgresWaiting
 from jobkeeper.backends.rows import (
     STAGE_LIMIT,
     aware_utc,
@@ -29,6 +33,7 @@ from jobkeeper.backends.rows import (
     split_failures,
 )
 from jobkeeper.backends.shared import SharedReads
+from jobkeeper.errors import QueueFull
 from jobkeeper.models import (
     HANDED_BACK,
     Claim,
@@ -101,7 +106,15 @@ def claimed_job(row: tuple[Any, ...], worker_id: str, utc: dict[datetime, dateti
     )
 
 
-class PostgresBackend(PostgresInserts, PostgresListener, SharedReads, CockpitReads):
+class PostgresBackend(
+    PostgresInserts,
+    PostgresListener,
+    SharedReads,
+    CockpitReads,
+    PostgresFlow,
+    PostgresWaiting,
+    PostgresAsync,
+):
     """The PostgreSQL implementation of :class:`~jobkeeper.backends.base.Backend`.
 
     Args:
@@ -112,6 +125,7 @@ class PostgresBackend(PostgresInserts, PostgresListener, SharedReads, CockpitRea
 
     name = "postgresql"
     supports_listen = True
+    _queries = QUERIES
 
     def dedicated(self) -> PostgresBackend:
         return PostgresBackend(self.url, dedicated=True)
@@ -150,26 +164,36 @@ class PostgresBackend(PostgresInserts, PostgresListener, SharedReads, CockpitRea
         channel = self.channel() if delayed else None  # looked up before a cursor is held
         if connection is not None:
             return self._insert_on(connection, jobs, channel)
-        # Without unique keys, COPY or delayed jobs (their NOTIFY is a second
-        # statement) the insert is one statement, atomic on its own: no
-        # BEGIN/COMMIT round trips around it.
-        single_statement = (
-            len(jobs) < COPY_MIN_JOBS and not delayed and all(j.unique_key is None for j in jobs)
-        )
 
-        def insert() -> list[Job]:
-            with self._cursor(transaction=not single_statement) as cursor:
-                return self._notify_due(cursor, channel, self._insert(cursor, jobs))
+        # One statement (atomic on its own, no BEGIN/COMMIT round trips) when
+        # it can be; a limited queue it meets makes it run again in a
+        # transaction, with the flow checks (see plans.insert_plan).
+        def insert(in_transaction: bool) -> list[Job]:
+            with self._cursor(transaction=in_transaction) as cursor:
+                plan = insert_plan(jobs, channel, in_transaction=in_transaction)
+                stored: list[Job] = run_plan(cursor, plan, QUERIES)
+                return stored
 
-        return _retrying(insert)
+        if is_single_statement(jobs):
+            try:
+                return _retrying(lambda: insert(False))
+            except FlowNeeded:
+                pass
+        return _retrying(lambda: insert(True))
 
     def job_claim(self, *, worker_id: str, queue: str, limit: int) -> list[Job]:
+        if self._claim_is_limited(queue):
+            return self._claim_limited(worker_id=worker_id, queue=queue, limit=limit)
         # Binary results: timestamps and integers decode without text parsing.
         params = {"worker_id": worker_id, "queue": queue, "limit": limit}
         with self._cursor() as cursor:
             cursor.execute(QUERIES["job_claim"], params, binary=True)
-            utc: dict[datetime, datetime] = {}
-            jobs = [claimed_job(row, worker_id, utc) for row in cursor.fetchall()]
+            rows = cursor.fetchall()
+        if rows and rows[-1][0] is None:
+            # The queue has claim settings: nothing was claimed here.
+            return self._claim_limited(worker_id=worker_id, queue=queue, limit=limit)
+        utc: dict[datetime, datetime] = {}
+        jobs = [claimed_job(row, worker_id, utc) for row in rows]
         return sorted(jobs, key=lambda j: (j.priority, j.scheduled_at, j.id))
 
     def job_start_many(self, claims: Sequence[Claim]) -> set[int]:
@@ -359,6 +383,7 @@ class PostgresBackend(PostgresInserts, PostgresListener, SharedReads, CockpitRea
                 started_at=row["started_at"].astimezone(UTC),
                 heartbeat_at=row["heartbeat_at"].astimezone(UTC),
                 rescue_after=row["rescue_after"],
+                version=row["version"],
             )
             for row in self._fetch("worker_list")
         ]
@@ -447,8 +472,26 @@ class PostgresBackend(PostgresInserts, PostgresListener, SharedReads, CockpitRea
             "tick": tick,
             "next_tick": next_tick,
         }
-        rows = self._fetch("periodic_enqueue_tick", params)
-        return int(rows[0]["id"]) if rows else None
+        # A tick into a queue at its max_pending is skipped (recorded as
+        # given up, so no other worker enqueues it either) and QueueFull
+        # raised for the enqueuer to log; the queue's row lock, taken by
+        # the check, is held to the commit.
+        full: QueueFull | None = None
+        with self._cursor(transaction=True) as cursor:
+            cursor.execute(QUERIES["periodic_enqueue_tick_queue"], {"name": name})
+            found = cursor.fetchone()
+            if found is not None:
+                full = self._pending_full(cursor, found[0])
+            if full is None:
+                cursor.execute(QUERIES["periodic_enqueue_tick"], params)
+                rows = cursor.fetchall()
+                return int(rows[0][0]) if rows else None
+            skip = {k: v for k, v in params.items() if k != "tick"} | {"through": tick}
+            cursor.execute(QUERIES["periodic_skip"], skip)
+            skipped = bool(cursor.fetchall())
+        if skipped:
+            raise full
+        return None
 
     def periodic_skip(
         self,

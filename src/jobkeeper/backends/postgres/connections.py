@@ -16,7 +16,7 @@ import time
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
@@ -323,6 +323,22 @@ class PostgresConnections:
         self._warned_autovacuum_off = False
         # Caller connections already checked (weak: closing them forgets them).
         self._checked_connections: weakref.WeakSet[psycopg.Connection[Any]] = weakref.WeakSet()
+        # The async producer API (aio.py): one pool per event loop.
+        self._pool_size = pool_size
+        self._async_pools: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+        self._async_checked: weakref.WeakSet[Any] = weakref.WeakSet()
+
+    def _pool_kwargs(self) -> dict[str, Any]:
+        """What every connection of ours is opened with."""
+        return {
+            "autocommit": True,
+            "connect_timeout": CONNECT_TIMEOUT,
+            "prepare_threshold": PREPARE_THRESHOLD,
+        }
+
+    if TYPE_CHECKING:  # the backend's async mixin (aio.py) supplies it
+
+        def _close_async_pools(self) -> None: ...
 
     # -- plumbing -----------------------------------------------------------
 
@@ -414,3 +430,4 @@ class PostgresConnections:
 
     def close(self) -> None:
         self._source.close()
+        self._close_async_pools()

@@ -5,10 +5,8 @@ own connection or in the caller's transaction.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Sequence
-from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 from psycopg.rows import tuple_row
@@ -18,24 +16,11 @@ from jobkeeper.backends.postgres.connections import (
     PostgresConnections,
     _describe,
     _retrying,
-    _rows,
 )
+from jobkeeper.backends.postgres.plans import insert_plan, run_plan
 from jobkeeper.backends.postgres.queries import QUERIES
-from jobkeeper.backends.rows import insert_params, job_from_new, match_inserted
 from jobkeeper.errors import DatabaseError
-from jobkeeper.models import Job, JobStatus, NewJob
-
-#: Batches at least this large (and without unique keys) are written with COPY.
-COPY_MIN_JOBS = 64
-
-
-def _unique_lock_key(task: str, unique_key: str) -> int:
-    """The advisory lock key of a (task, unique_key): a stable 64-bit hash
-    (Python's ``hash`` differs between processes). A collision only makes two
-    batches wait for each other; uniqueness itself is the index's.
-    """
-    digest = hashlib.blake2b(f"{task}\0{unique_key}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "big", signed=True)
+from jobkeeper.models import Job, NewJob
 
 
 class PostgresInserts(PostgresConnections):
@@ -65,7 +50,9 @@ class PostgresInserts(PostgresConnections):
                 # leaves nothing behind.
                 try:
                     with connection.transaction(), connection.cursor(row_factory=tuple_row) as cur:
-                        return self._notify_due(cur, channel, self._insert(cur, jobs))
+                        plan = insert_plan(jobs, channel, in_transaction=True)
+                        stored: list[Job] = run_plan(cur, plan, QUERIES)
+                        return stored
                 except _RETRY_ASKED as exc:
                     if own:
                         raise
@@ -75,24 +62,6 @@ class PostgresInserts(PostgresConnections):
                     ) from exc
 
         return _retrying(insert) if own else insert()
-
-    def _notify_due(
-        self, cursor: psycopg.Cursor[Any], channel: str | None, jobs: list[Job]
-    ) -> list[Job]:
-        """Tell listening workers when the scheduled jobs among ``jobs`` come
-        due (one NOTIFY per queue, in the insert's transaction), so that they
-        stage them then rather than at their next poll. Returns ``jobs``.
-        """
-        due: dict[str, datetime] = {}
-        for job in jobs:
-            if job.status == JobStatus.SCHEDULED:
-                due[job.queue] = min(due.get(job.queue, job.scheduled_at), job.scheduled_at)
-        if channel is not None and due:
-            cursor.execute(
-                QUERIES["notify_due"],
-                {"channel": channel, "queues": list(due), "due_ats": list(due.values())},
-            )
-        return jobs
 
     def _check_same_database(self, connection: psycopg.Connection[Any]) -> None:
         """Refuse a caller's connection to another database or schema."""
@@ -108,99 +77,6 @@ class PostgresInserts(PostgresConnections):
             )
         self._checked_connections.add(connection)
 
-    def _insert(self, cursor: psycopg.Cursor[Any], jobs: Sequence[NewJob]) -> list[Job]:
-        if len(jobs) >= COPY_MIN_JOBS and all(job.unique_key is None for job in jobs):
-            return self._insert_copy(cursor, jobs)
-        if len(jobs) == 1 and jobs[0].unique_key is None:
-            return [self._insert_one(cursor, jobs[0])]
-        lock_keys = sorted(
-            {_unique_lock_key(j.task, j.unique_key) for j in jobs if j.unique_key is not None}
-        )
-        if len(lock_keys) > 1:
-            # Rows go in input order (ids ascend with it), so two batches
-            # holding the same keys in different orders would each wait in
-            # the unique index for a key the other took first: a deadlock.
-            # The locks are taken in one order for all batches instead.
-            cursor.execute(QUERIES["job_insert_many_lock_keys"], {"keys": lock_keys})
-        out: list[Job | None] = [None] * len(jobs)
-        pending = list(range(len(jobs)))
-        # A duplicate can finish between the skipped insert and the lookup;
-        # then the key is free again and the next round inserts it.
-        for _ in range(5):
-            batch = [jobs[i] for i in pending]
-            cursor.execute(
-                QUERIES["job_insert_many"],
-                {
-                    "queues": [j.queue for j in batch],
-                    "tasks": [j.task for j in batch],
-                    "args": [j.args_json for j in batch],
-                    "priorities": [j.priority for j in batch],
-                    "max_attempts": [j.max_attempts for j in batch],
-                    "delays": [j.delay for j in batch],
-                    "run_ats": [j.run_at for j in batch],
-                    "unique_keys": [j.unique_key for j in batch],
-                },
-            )
-            inserted = self._jobs(_rows(cursor))
-            existing: dict[tuple[str, str], Job] = {}
-            if len(inserted) < len(batch):
-                keyed = [j for j in batch if j.unique_key is not None]
-                cursor.execute(
-                    QUERIES["job_insert_many_pending"],
-                    {
-                        "tasks": [j.task for j in keyed],
-                        "unique_keys": [j.unique_key for j in keyed],
-                    },
-                )
-                for job in self._jobs(_rows(cursor)):
-                    assert job.unique_key is not None
-                    existing[(job.task, job.unique_key)] = job
-            matched, unresolved = match_inserted(batch, inserted, existing)
-            for position, matched_job in zip(pending, matched, strict=True):
-                out[position] = matched_job
-            pending = [pending[i] for i in unresolved]
-            if not pending:
-                return [job for job in out if job is not None]
-        raise DatabaseError("could not resolve unique_key conflicts after 5 rounds")
+    if TYPE_CHECKING:  # the backend's flow mixin supplies it
 
-    def _insert_one(self, cursor: psycopg.Cursor[Any], new: NewJob) -> Job:
-        """The single enqueue: one statement, and no row to decode (the args
-        go back as the caller gave them, like the COPY path's).
-        """
-        cursor.execute(QUERIES["job_insert_many_one"], insert_params(new, new.run_at))
-        row = cursor.fetchone()
-        assert row is not None
-        job_id, status, scheduled_at, created_at = row
-        return job_from_new(
-            new,
-            job_id,
-            created_at.astimezone(UTC),
-            (JobStatus(status), scheduled_at.astimezone(UTC)),
-        )
-
-    def _insert_copy(self, cursor: psycopg.Cursor[Any], jobs: Sequence[NewJob]) -> list[Job]:
-        """Bulk insert with COPY (no unique keys to resolve): three round trips
-        whatever the count. The insert trigger still sends one NOTIFY per queue.
-        """
-        cursor.execute(QUERIES["job_insert_many_reserve_ids"], {"count": len(jobs)})
-        row = cursor.fetchone()
-        assert row is not None
-        now, ids = row[0].astimezone(UTC), row[1]
-        built = [job_from_new(new, job_id, now) for new, job_id in zip(jobs, ids, strict=True)]
-        pairs = list(zip(jobs, built, strict=True))
-        immediate = [(new, job) for new, job in pairs if new.delay is None and new.run_at is None]
-        if immediate:
-            with cursor.copy(QUERIES["job_insert_many_copy"]) as copy:
-                for new, job in immediate:
-                    copy.write_row(
-                        (job.id, new.queue, new.task, new.args_json, new.priority, new.max_attempts)
-                    )
-        if len(immediate) < len(pairs):
-            with cursor.copy(QUERIES["job_insert_many_copy_scheduled"]) as copy:
-                for new, job in pairs:
-                    if new.delay is not None or new.run_at is not None:
-                        copy.write_row(
-                            (job.id, new.queue, new.task, new.args_json, job.status.value,
-                             new.priority, new.max_attempts, job.scheduled_at, now)
-                        )  # fmt: skip
-        return built
+        def _flow_check(self, cursor: psycopg.Cursor[Any], jobs: Sequence[NewJob]) -> None: ...

@@ -11,19 +11,26 @@
 -- Rows are inserted in input order (ORDER BY ord), so ids ascend with it.
 -- A (task, unique_key) that matches a pending job is skipped here and
 -- resolved to that job by job_insert_many_pending.
+-- Outside a transaction that checked max_pending (%(checked)s), a batch for
+-- a queue with max_pending inserts nothing: the caller runs it again with
+-- the check (see the PostgreSQL inserts).
 INSERT INTO jobkeeper_jobs
-    (queue, task, args, status, priority, max_attempts, scheduled_at, unique_key)
+    (queue, task, args, status, priority, max_attempts, scheduled_at, unique_key, serial_key)
 SELECT new.queue, new.task, new.args,
        CASE WHEN new.delay IS NOT NULL OR new.run_at > now() THEN 'scheduled'
             ELSE 'available' END,
        new.priority, new.max_attempts,
        CASE WHEN new.delay IS NOT NULL THEN now() + make_interval(secs => new.delay)
             ELSE coalesce(new.run_at, now()) END,
-       new.unique_key
+       new.unique_key, new.serial_key
 FROM unnest(%(queues)b::text[], %(tasks)b::text[], %(args)b::json[], %(priorities)b::int[],
             %(max_attempts)b::int[], %(delays)b::float8[], %(run_ats)b::timestamptz[],
-            %(unique_keys)b::text[])
-     WITH ORDINALITY AS new(queue, task, args, priority, max_attempts, delay, run_at, unique_key, ord)
+            %(unique_keys)b::text[], %(serial_keys)b::text[])
+     WITH ORDINALITY
+     AS new(queue, task, args, priority, max_attempts, delay, run_at, unique_key, serial_key, ord)
+WHERE %(checked)s OR NOT EXISTS (
+    SELECT 1 FROM jobkeeper_queues
+    WHERE name = ANY(%(queues)b::text[]) AND max_pending IS NOT NULL)
 ORDER BY new.ord
 ON CONFLICT (task, unique_key)
     WHERE unique_key IS NOT NULL AND status IN ('scheduled', 'available', 'claimed', 'running', 'retryable')
@@ -41,15 +48,20 @@ SELECT pg_advisory_xact_lock(key) FROM unnest(%(keys)s::bigint[]) AS key;
 -- One job without a unique key (so no conflict is possible): plain
 -- parameters plan and travel faster than eight one-element arrays, and the
 -- caller builds the Job from its input plus what the server decided.
+-- Nothing is inserted into a queue with max_pending unless the caller
+-- checked it in this transaction (%(checked)s; see job_insert_many).
 INSERT INTO jobkeeper_jobs
-    (queue, task, args, status, priority, max_attempts, scheduled_at)
-VALUES (
+    (queue, task, args, status, priority, max_attempts, scheduled_at, serial_key)
+SELECT
     %(queue)s, %(task)s, %(args)s::json,
     CASE WHEN %(delay)s::float8 IS NOT NULL OR %(run_at)s::timestamptz > now()
          THEN 'scheduled' ELSE 'available' END,
     %(priority)s, %(max_attempts)s,
     CASE WHEN %(delay)s::float8 IS NOT NULL THEN now() + make_interval(secs => %(delay)s::float8)
-         ELSE coalesce(%(run_at)s::timestamptz, now()) END)
+         ELSE coalesce(%(run_at)s::timestamptz, now()) END,
+    %(serial_key)s
+WHERE %(checked)s OR NOT EXISTS (
+    SELECT 1 FROM jobkeeper_queues WHERE name = %(queue)s AND max_pending IS NOT NULL)
 RETURNING id, status, scheduled_at, created_at
 
 -- name: job_insert_many_reserve_ids
@@ -96,14 +108,23 @@ SELECT 1
 -- subquery the planner may re-run the LIMITed, SKIP LOCKED scan and claim
 -- more rows than asked. SKIP LOCKED lets many workers claim at once without
 -- waiting on each other's row locks.
-WITH candidates AS MATERIALIZED (
+-- A queue with claim settings (paused, a cap, a rate, serial keys) claims
+-- through jobkeeper_claim_limited instead: here it claims nothing and the one
+-- row of all NULLs at the end says so (a primary-key probe of a small table,
+-- so unlimited queues claim as fast as ever).
+WITH limited AS MATERIALIZED (
+    SELECT EXISTS (
+        SELECT 1 FROM jobkeeper_queues
+        WHERE name = %(queue)s
+          AND (paused OR concurrency IS NOT NULL OR rate_limit IS NOT NULL OR serial)) AS yes
+), candidates AS MATERIALIZED (
     SELECT id
     FROM jobkeeper_jobs
-    WHERE status = 'available' AND queue = %(queue)s
+    WHERE status = 'available' AND queue = %(queue)s AND NOT (SELECT yes FROM limited)
     ORDER BY priority, scheduled_at, id
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
-)
+), claimed AS (
 -- The job is 'claimed', not yet 'running': its start mark (job_start_many)
 -- says when the task is called. The attempt is counted here (a claim that
 -- ends unstarted gives it back) and fence numbers the claim.
@@ -124,6 +145,11 @@ RETURNING job.id, job.queue, job.task, job.args::text, job.priority, job.attempt
           job.created_at AT TIME ZONE 'UTC', job.attempted_at AT TIME ZONE 'UTC',
           job.unique_key, nullif(job.errors, '[]'::jsonb)::text, job.fence,
           job.unstarted_returns
+)
+SELECT * FROM claimed
+UNION ALL
+SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
+FROM limited WHERE yes
 
 -- name: job_start_many
 -- Start marks: claimed -> running when the task is really called, fenced on
@@ -169,6 +195,8 @@ RETURNING job.id
 -- unstarted, adds none). "returned" is the rescuer's free return of a job
 -- still claimed (never started) by a lost holder: available, attempt given
 -- back, counted in unstarted_returns; only while the job is still claimed.
+-- "snoozed" (Snooze) puts the job back to scheduled at now() + retry_in,
+-- the attempt given back and no error entry (the attempt was not a failure).
 -- A cancel request wins over every outcome here: the job ends cancelled
 -- (the error entry kept), however the request reached the worker, or
 -- whether it did at all (river#141, procrastinate#1133). cancel_requested is
@@ -180,15 +208,17 @@ RETURNING job.id
 UPDATE jobkeeper_jobs AS job
 SET status = CASE WHEN job.cancel_requested THEN 'cancelled'
                   WHEN failed.outcome IN ('released', 'returned') THEN 'available'
+                  WHEN failed.outcome = 'snoozed' THEN 'scheduled'
                   ELSE failed.outcome END,
-    attempt = CASE WHEN failed.outcome IN ('released', 'returned') THEN job.attempt - 1
-                   ELSE job.attempt END,
+    attempt = CASE WHEN failed.outcome IN ('released', 'returned', 'snoozed')
+                   THEN job.attempt - 1 ELSE job.attempt END,
     unstarted_returns = job.unstarted_returns
                         + CASE failed.outcome WHEN 'returned' THEN 1 ELSE 0 END,
     finished_at = CASE WHEN job.cancel_requested THEN now()
-                       WHEN failed.outcome IN ('released', 'returned') THEN NULL
+                       WHEN failed.outcome IN ('released', 'returned', 'snoozed') THEN NULL
                        ELSE now() END,
-    scheduled_at = CASE WHEN failed.outcome = 'retryable' AND NOT job.cancel_requested
+    scheduled_at = CASE WHEN failed.outcome IN ('retryable', 'snoozed')
+                             AND NOT job.cancel_requested
                         THEN now() + make_interval(secs => failed.retry_in)
                         ELSE job.scheduled_at END,
     worker_id = NULL,
@@ -259,11 +289,11 @@ WITH failed AS (
 ), dead AS (
     INSERT INTO jobkeeper_dead_letters
         (id, queue, task, args, priority, attempt, max_attempts, scheduled_at, created_at,
-         attempted_at, finished_at, unique_key, errors, result, reason)
+         attempted_at, finished_at, unique_key, errors, result, reason, serial_key)
     SELECT id, queue, task, args, priority, attempt, max_attempts, scheduled_at, created_at,
            attempted_at, now(), unique_key,
            errors || jsonb_build_array(new_error || jsonb_build_object('at', {utc_now_text})),
-           result, new_reason
+           result, new_reason, serial_key
     FROM moved
     RETURNING id
 )
@@ -429,9 +459,9 @@ WITH revived AS (
 )
 INSERT INTO jobkeeper_jobs
     (id, queue, task, args, status, priority, attempt, max_attempts, scheduled_at,
-     created_at, attempted_at, finished_at, unique_key, errors, result)
+     created_at, attempted_at, finished_at, unique_key, errors, result, serial_key)
 SELECT id, queue, task, args, 'available', priority, 0, max_attempts, now(),
-       created_at, attempted_at, NULL, unique_key, errors, result
+       created_at, attempted_at, NULL, unique_key, errors, result, serial_key
 FROM revived
 RETURNING id
 
@@ -454,8 +484,10 @@ UNION ALL
 SELECT queue, 'dead', count(*) FROM jobkeeper_dead_letters GROUP BY queue
 
 -- name: worker_register
-INSERT INTO jobkeeper_workers (id, hostname, pid, queues, started_at, heartbeat_at, rescue_after)
-VALUES (%(id)s, %(hostname)s, %(pid)s, %(queues)s::jsonb, now(), now(), %(rescue_after)s)
+INSERT INTO jobkeeper_workers
+    (id, hostname, pid, queues, started_at, heartbeat_at, rescue_after, version)
+VALUES (%(id)s, %(hostname)s, %(pid)s, %(queues)s::jsonb, now(), now(), %(rescue_after)s,
+        %(version)s)
 ON CONFLICT (id) DO UPDATE SET heartbeat_at = now()
 
 -- name: worker_heartbeat
@@ -472,7 +504,7 @@ WHERE heartbeat_at < {clock} - make_interval(
           secs => greatest(%(older_than)s::float8, 2 * coalesce(rescue_after, 0)))
 
 -- name: worker_list
-SELECT id, hostname, pid, queues, started_at, heartbeat_at, rescue_after
+SELECT id, hostname, pid, queues, started_at, heartbeat_at, rescue_after, version
 FROM jobkeeper_workers
 ORDER BY started_at
 
@@ -753,3 +785,85 @@ ORDER BY name
 DELETE FROM jobkeeper_periodic
 WHERE seen_at < now() - make_interval(secs => %(stale_after)s::float8)
 RETURNING name
+
+
+-- Flow control: per-queue settings (jobkeeper_queues), backpressure, serial keys.
+
+-- name: job_claim_limited
+-- The claim of a queue with settings: one round trip to the function the
+-- schema defines (0007), which locks the queue's row, counts with fresh
+-- snapshots and claims (see its comments).
+SELECT * FROM jobkeeper_claim_limited(%(queue)s, %(worker_id)s, %(limit)s)
+
+-- name: queue_settings_list
+SELECT name, paused, concurrency, rate_limit, rate_period, max_pending, serial
+FROM jobkeeper_queues
+WHERE %(names)s::text[] IS NULL OR name = ANY(%(names)s::text[])
+ORDER BY name
+
+-- name: queue_configure
+-- Only the settings given change (each comes with a "set_" flag); the row
+-- is created on first use and locked by the upsert, so a concurrent claim of
+-- the queue sees either the old settings or the new, never half of them.
+INSERT INTO jobkeeper_queues AS q
+    (name, paused, concurrency, rate_limit, rate_period, max_pending)
+VALUES (%(name)s, coalesce(%(paused)s, false), %(concurrency)s, %(rate_limit)s,
+        %(rate_period)s, %(max_pending)s)
+ON CONFLICT (name) DO UPDATE
+SET paused = CASE WHEN %(set_paused)s THEN excluded.paused ELSE q.paused END,
+    concurrency = CASE WHEN %(set_concurrency)s THEN excluded.concurrency ELSE q.concurrency END,
+    rate_limit = CASE WHEN %(set_rate)s THEN excluded.rate_limit ELSE q.rate_limit END,
+    rate_period = CASE WHEN %(set_rate)s THEN excluded.rate_period ELSE q.rate_period END,
+    max_pending = CASE WHEN %(set_max_pending)s THEN excluded.max_pending ELSE q.max_pending END,
+    updated_at = now()
+RETURNING name, paused, concurrency, rate_limit, rate_period, max_pending, serial
+
+-- name: queue_configure_delete_if_empty
+-- A row with nothing set goes, so the queue claims on the fast path again.
+-- Its window of claim times goes with its rate limit.
+WITH gone AS (
+    DELETE FROM jobkeeper_queues
+    WHERE name = %(name)s AND NOT paused AND NOT serial AND concurrency IS NULL
+      AND rate_limit IS NULL AND max_pending IS NULL
+    RETURNING name
+)
+DELETE FROM jobkeeper_queue_starts
+WHERE queue = %(name)s
+  AND NOT EXISTS (SELECT 1 FROM jobkeeper_queues WHERE name = %(name)s AND rate_limit IS NOT NULL)
+
+-- name: job_insert_many_mark_serial
+-- Before the first serial-keyed job of a queue is inserted (same
+-- transaction): its claims must take the serial path from then on. Rows
+-- already marked are not touched (no row lock taken).
+INSERT INTO jobkeeper_queues AS q (name, serial)
+SELECT wanted.name, true FROM unnest(%(queues)s::text[]) AS wanted(name)
+WHERE NOT EXISTS (SELECT 1 FROM jobkeeper_queues AS marked
+                  WHERE marked.name = wanted.name AND marked.serial)
+ORDER BY wanted.name
+ON CONFLICT (name) DO UPDATE SET serial = true
+
+-- name: job_insert_many_lock_pending
+-- Enqueues into queues with max_pending serialise on the queue's row, so
+-- two cannot both pass the check; the count follows in the next statement
+-- (job_insert_many_count_pending), whose snapshot is taken after the lock is held.
+SELECT name, max_pending FROM jobkeeper_queues
+WHERE name = ANY(%(queues)s::text[]) AND max_pending IS NOT NULL
+ORDER BY name
+FOR UPDATE
+
+-- name: job_insert_many_count_pending
+SELECT queue, count(*) AS n FROM jobkeeper_jobs
+WHERE queue = ANY(%(queues)s::text[])
+  AND status IN ('scheduled', 'available', 'claimed', 'retryable')
+GROUP BY queue
+
+-- name: periodic_enqueue_tick_queue
+-- The queue a periodic's tick would go to (its max_pending is checked first).
+SELECT queue FROM jobkeeper_periodic WHERE name = %(name)s
+
+-- name: job_mark_awaited
+-- A waiter marks the job so that its end is announced (see migration 0006);
+-- it then reads the job again, so an end committed before the mark is seen
+-- by that read and one committed after it fires the NOTIFY. Writes nothing
+-- when already marked.
+UPDATE jobkeeper_jobs SET awaited = true WHERE id = %(id)s AND NOT awaited

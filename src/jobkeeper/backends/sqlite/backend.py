@@ -30,9 +30,13 @@ from jobkeeper.backends.rows import (
 )
 from jobkeeper.backends.shared import SharedReads
 from jobkeeper.backends.sqlite.connection import _rows
+from jobkeeper.backends.sqlite.flow import SqliteFlow
 from jobkeeper.backends.sqlite.inserts import SqliteInserts
 from jobkeeper.backends.sqlite.queries import MIGRATIONS, QUERIES
+from jobkeeper.backends.sqlite.waiters import SqliteWaiting
 from jobkeeper.backends.sqlite.workers import SqliteWorkers
+from jobkeeper.backends.threaded import ThreadedAsync
+from jobkeeper.errors import QueueFull
 from jobkeeper.models import (
     HANDED_BACK,
     Claim,
@@ -53,7 +57,15 @@ _local_listeners: dict[str, set[threading.Event]] = {}
 _local_listeners_lock = threading.Lock()
 
 
-class SqliteBackend(SqliteInserts, SqliteWorkers, SharedReads, CockpitReads):
+class SqliteBackend(
+    SqliteInserts,
+    SqliteWorkers,
+    SharedReads,
+    CockpitReads,
+    SqliteFlow,
+    SqliteWaiting,
+    ThreadedAsync,
+):
     """The SQLite implementation of :class:`~jobkeeper.backends.base.Backend`.
 
     Args:
@@ -64,6 +76,7 @@ class SqliteBackend(SqliteInserts, SqliteWorkers, SharedReads, CockpitReads):
 
     name = "sqlite"
     supports_listen = False
+    _queries = QUERIES
 
     def dedicated(self) -> SqliteBackend:
         return SqliteBackend(self.url, busy_timeout=self.busy_timeout)
@@ -127,11 +140,18 @@ class SqliteBackend(SqliteInserts, SqliteWorkers, SharedReads, CockpitReads):
         if not self._probe("job_claim_probe", {"queue": queue}):
             return []
         with self._write() as conn:
-            rows = _rows(
-                conn.execute(
-                    QUERIES["job_claim"], {"worker_id": worker_id, "queue": queue, "limit": limit}
+            # A queue with claim settings (a primary-key read) is claimed
+            # under its limits, inside the same write lock.
+            settings = self._claim_settings(conn, queue)
+            if settings is not None:
+                rows = self._claim_limited(conn, settings, worker_id=worker_id, limit=limit)
+            else:
+                rows = _rows(
+                    conn.execute(
+                        QUERIES["job_claim"],
+                        {"worker_id": worker_id, "queue": queue, "limit": limit},
+                    )
                 )
-            )
         return sorted(self._jobs(rows), key=lambda j: (j.priority, j.scheduled_at, j.id))
 
     def job_start_many(self, claims: Sequence[Claim]) -> set[int]:
@@ -394,23 +414,40 @@ class SqliteBackend(SqliteInserts, SqliteWorkers, SharedReads, CockpitReads):
             "next_tick": None if next_tick is None else next_tick.timestamp(),
         }
         # One BEGIN IMMEDIATE: the record and the job commit together, and a
-        # twin waits for the write lock, then finds the tick recorded.
+        # twin waits for the write lock, then finds the tick recorded. A tick
+        # into a queue at its max_pending is given up instead (so no other
+        # worker enqueues it) and QueueFull raised for the enqueuer to log.
+        full: QueueFull | None = None
+        skipped = False
         with self._write() as conn:
-            template = _rows(conn.execute(QUERIES["periodic_enqueue_tick"], params))
-            if not template:
-                return None
-            row = template[0]
-            inserted = conn.execute(
-                QUERIES["periodic_enqueue_tick_insert"],
-                {
-                    "queue": row["queue"],
-                    "task": row["task"],
-                    "args": row["args"],
-                    "priority": row["priority"],
-                    "max_attempts": row["max_attempts"],
-                    "tick": params["tick"],
-                },
-            ).fetchone()
+            found = conn.execute(QUERIES["periodic_enqueue_tick_queue"], {"name": name}).fetchone()
+            if found is not None:
+                full = self._pending_full(conn, found[0])
+            if full is not None:
+                skip = {k: v for k, v in params.items() if k != "tick"}
+                skip["through"] = params["tick"]
+                skipped = bool(conn.execute(QUERIES["periodic_skip"], skip).fetchall())
+                template = []
+            else:
+                template = _rows(conn.execute(QUERIES["periodic_enqueue_tick"], params))
+            inserted = None
+            if template:
+                row = template[0]
+                inserted = conn.execute(
+                    QUERIES["periodic_enqueue_tick_insert"],
+                    {
+                        "queue": row["queue"],
+                        "task": row["task"],
+                        "args": row["args"],
+                        "priority": row["priority"],
+                        "max_attempts": row["max_attempts"],
+                        "tick": params["tick"],
+                    },
+                ).fetchone()
+        if inserted is None:
+            if full is not None and skipped:
+                raise full  # after the commit: the tick stays given up
+            return None
         self.wake_local()
         return int(inserted[0])
 

@@ -9,7 +9,7 @@ import os
 import sqlite3
 from collections.abc import Sequence
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from jobkeeper.backends.rows import insert_params, job_from_new, match_inserted, schedule_of
 from jobkeeper.backends.sqlite.connection import SqliteConnection, _rows
@@ -60,8 +60,21 @@ class SqliteInserts(SqliteConnection):
         conn.execute("RELEASE jobkeeper_enqueue")
         return out
 
+    if TYPE_CHECKING:  # the backend's flow mixin supplies it
+
+        def _flow_check(self, conn: sqlite3.Connection, jobs: Sequence[NewJob]) -> None: ...
+
     def _insert(self, conn: sqlite3.Connection, jobs: Sequence[NewJob]) -> list[Job]:
-        if len(jobs) > 1 and all(new.unique_key is None for new in jobs):
+        out = self._insert_rows(conn, jobs)
+        # Serial-key marks and max_pending after the rows are in, so the
+        # first statement is a write: on a caller's deferred transaction a
+        # read first would let another writer in before our write lock (and
+        # our write then fail on a stale snapshot). A refusal rolls it all back.
+        self._flow_check(conn, jobs)
+        return out
+
+    def _insert_rows(self, conn: sqlite3.Connection, jobs: Sequence[NewJob]) -> list[Job]:
+        if len(jobs) > 1 and all(new.unique_key is None and new.serial_key is None for new in jobs):
             return self._insert_bulk(conn, jobs)
         out: list[Job] = []
         insert = QUERIES["job_insert_many"]

@@ -9,13 +9,14 @@
 
 -- name: job_insert_many
 INSERT INTO jobkeeper_jobs
-    (queue, task, args, status, priority, max_attempts, scheduled_at, created_at, unique_key)
+    (queue, task, args, status, priority, max_attempts, scheduled_at, created_at, unique_key,
+     serial_key)
 VALUES (
     :queue, :task, :args,
     CASE WHEN :delay IS NOT NULL OR :run_at > {now} THEN 'scheduled' ELSE 'available' END,
     :priority, :max_attempts,
     CASE WHEN :delay IS NOT NULL THEN {now} + :delay ELSE coalesce(:run_at, {now}) END,
-    {now}, :unique_key)
+    {now}, :unique_key, :serial_key)
 ON CONFLICT (task, unique_key)
     WHERE unique_key IS NOT NULL AND status IN ('scheduled', 'available', 'claimed', 'running', 'retryable')
     DO NOTHING
@@ -107,20 +108,23 @@ WHERE id = :id AND worker_id = :worker_id AND attempt = :attempt AND fence = :fe
 -- Retryable, cancelled, released or returned (see the PostgreSQL twin:
 -- "released" is a hand-back by the holder, "returned" the rescuer's free
 -- return of a job still claimed; both give the attempt back, and a NULL
--- :error adds no entry to errors). A cancel request wins over every outcome
--- here: the job ends cancelled, the error entry kept.
+-- :error adds no entry to errors; "snoozed" goes back to scheduled at
+-- now + :retry_in, the attempt given back, no entry). A cancel request wins
+-- over every outcome here: the job ends cancelled, the error entry kept.
 -- :stale_after is the rescuer's re-check that the holder is still silent
 -- (for longer than the holder's own rescue_after when it declared one).
 UPDATE jobkeeper_jobs
 SET status = CASE WHEN cancel_requested THEN 'cancelled'
                   WHEN :outcome IN ('released', 'returned') THEN 'available'
+                  WHEN :outcome = 'snoozed' THEN 'scheduled'
                   ELSE :outcome END,
-    attempt = CASE WHEN :outcome IN ('released', 'returned') THEN attempt - 1 ELSE attempt END,
+    attempt = CASE WHEN :outcome IN ('released', 'returned', 'snoozed') THEN attempt - 1
+                   ELSE attempt END,
     unstarted_returns = unstarted_returns + CASE :outcome WHEN 'returned' THEN 1 ELSE 0 END,
     finished_at = CASE WHEN cancel_requested THEN {now}
-                       WHEN :outcome IN ('released', 'returned') THEN NULL
+                       WHEN :outcome IN ('released', 'returned', 'snoozed') THEN NULL
                        ELSE {now} END,
-    scheduled_at = CASE WHEN :outcome = 'retryable' AND NOT cancel_requested
+    scheduled_at = CASE WHEN :outcome IN ('retryable', 'snoozed') AND NOT cancel_requested
                         THEN {now} + :retry_in ELSE scheduled_at END,
     worker_id = NULL,
     errors = CASE WHEN :error IS NULL THEN errors ELSE {errors_plus_new} END
@@ -149,9 +153,9 @@ WHERE id = :id AND worker_id = :worker_id AND attempt = :attempt AND fence = :fe
 -- second, in the same transaction.
 INSERT INTO jobkeeper_dead_letters
     (id, queue, task, args, priority, attempt, max_attempts, scheduled_at, created_at,
-     attempted_at, finished_at, unique_key, errors, result, reason)
+     attempted_at, finished_at, unique_key, errors, result, reason, serial_key)
 SELECT id, queue, task, args, priority, attempt, max_attempts, scheduled_at, created_at,
-       attempted_at, {now}, unique_key, {errors_plus_new}, result, :reason
+       attempted_at, {now}, unique_key, {errors_plus_new}, result, :reason, serial_key
 FROM jobkeeper_jobs
 WHERE id = :id AND worker_id = :worker_id AND attempt = :attempt AND fence = :fence
   AND status IN ('claimed', 'running') AND NOT cancel_requested
@@ -286,9 +290,9 @@ RETURNING *
 -- dead_letter_requeue_delete follows in the same transaction.
 INSERT INTO jobkeeper_jobs
     (id, queue, task, args, status, priority, attempt, max_attempts, scheduled_at,
-     created_at, attempted_at, finished_at, unique_key, errors, result)
+     created_at, attempted_at, finished_at, unique_key, errors, result, serial_key)
 SELECT id, queue, task, args, 'available', priority, 0, max_attempts, {now},
-       created_at, attempted_at, NULL, unique_key, errors, result
+       created_at, attempted_at, NULL, unique_key, errors, result, serial_key
 FROM jobkeeper_dead_letters
 WHERE :all OR id IN (SELECT value FROM json_each(:ids))
 RETURNING id
@@ -315,8 +319,9 @@ UNION ALL
 SELECT queue, 'dead', count(*) FROM jobkeeper_dead_letters GROUP BY queue
 
 -- name: worker_register
-INSERT INTO jobkeeper_workers (id, hostname, pid, queues, started_at, heartbeat_at, rescue_after)
-VALUES (:id, :hostname, :pid, :queues, {now}, {now}, :rescue_after)
+INSERT INTO jobkeeper_workers
+    (id, hostname, pid, queues, started_at, heartbeat_at, rescue_after, version)
+VALUES (:id, :hostname, :pid, :queues, {now}, {now}, :rescue_after, :version)
 ON CONFLICT (id) DO UPDATE SET heartbeat_at = {now}
 
 -- name: worker_heartbeat
@@ -335,7 +340,7 @@ SELECT 1 FROM jobkeeper_workers
 WHERE heartbeat_at < {clock} - max(:older_than, 2 * coalesce(rescue_after, 0)) LIMIT 1
 
 -- name: worker_list
-SELECT id, hostname, pid, queues, started_at, heartbeat_at, rescue_after
+SELECT id, hostname, pid, queues, started_at, heartbeat_at, rescue_after, version
 FROM jobkeeper_workers
 ORDER BY started_at
 
@@ -533,3 +538,110 @@ ORDER BY name
 DELETE FROM jobkeeper_periodic
 WHERE seen_at < {now} - :stale_after
 RETURNING name
+
+
+-- Flow control: per-queue settings (jobkeeper_queues), backpressure, serial
+-- keys. Everything below runs inside the claim's or the insert's BEGIN
+-- IMMEDIATE, so the counts cannot change between the check and the write.
+
+-- name: job_claim_settings
+SELECT name, paused, concurrency, rate_limit, rate_period, max_pending, serial
+FROM jobkeeper_queues
+WHERE name = :name
+
+-- name: queue_settings_list
+SELECT name, paused, concurrency, rate_limit, rate_period, max_pending, serial
+FROM jobkeeper_queues
+WHERE :names IS NULL OR name IN (SELECT value FROM json_each(:names))
+ORDER BY name
+
+-- name: queue_configure
+-- Only the settings given change (each comes with a "set_" flag).
+INSERT INTO jobkeeper_queues AS q
+    (name, paused, concurrency, rate_limit, rate_period, max_pending, updated_at)
+VALUES (:name, coalesce(:paused, 0), :concurrency, :rate_limit, :rate_period, :max_pending,
+        {now})
+ON CONFLICT (name) DO UPDATE
+SET paused = CASE WHEN :set_paused THEN excluded.paused ELSE q.paused END,
+    concurrency = CASE WHEN :set_concurrency THEN excluded.concurrency ELSE q.concurrency END,
+    rate_limit = CASE WHEN :set_rate THEN excluded.rate_limit ELSE q.rate_limit END,
+    rate_period = CASE WHEN :set_rate THEN excluded.rate_period ELSE q.rate_period END,
+    max_pending = CASE WHEN :set_max_pending THEN excluded.max_pending ELSE q.max_pending END,
+    updated_at = {now}
+RETURNING name, paused, concurrency, rate_limit, rate_period, max_pending, serial
+
+-- name: queue_configure_delete_if_empty
+-- A row with nothing set goes (the queue claims on the fast path again).
+DELETE FROM jobkeeper_queues
+WHERE name = :name AND NOT paused AND NOT serial AND concurrency IS NULL
+  AND rate_limit IS NULL AND max_pending IS NULL
+
+-- name: queue_configure_starts_forget
+-- The claim times of a queue without a rate limit are of no use.
+DELETE FROM jobkeeper_queue_starts
+WHERE queue = :name
+  AND NOT EXISTS (SELECT 1 FROM jobkeeper_queues WHERE name = :name AND rate_limit IS NOT NULL)
+
+-- name: job_insert_many_mark_serial
+INSERT INTO jobkeeper_queues (name, serial) VALUES (:name, 1)
+ON CONFLICT (name) DO UPDATE SET serial = 1 WHERE NOT serial
+
+-- name: job_insert_many_pending_limits
+SELECT name, max_pending FROM jobkeeper_queues
+WHERE name IN (SELECT value FROM json_each(:queues)) AND max_pending IS NOT NULL
+
+-- name: job_insert_many_count_pending
+SELECT queue, count(*) AS n FROM jobkeeper_jobs
+WHERE queue IN (SELECT value FROM json_each(:queues))
+  AND status IN ('scheduled', 'available', 'claimed', 'retryable')
+GROUP BY queue
+
+-- name: job_claim_held
+-- Held rows count until a rescue frees them: a crash leaks no capacity.
+SELECT count(*) FROM jobkeeper_jobs
+WHERE queue = :queue AND status IN ('claimed', 'running')
+
+-- name: job_claim_starts_prune
+DELETE FROM jobkeeper_queue_starts WHERE queue = :queue AND started_at <= {now} - :period
+
+-- name: job_claim_starts_count
+SELECT coalesce(sum(jobs), 0) FROM jobkeeper_queue_starts WHERE queue = :queue
+
+-- name: job_claim_starts_record
+INSERT INTO jobkeeper_queue_starts (queue, started_at, jobs) VALUES (:queue, {now}, :jobs)
+
+-- name: job_claim_serial
+-- As job_claim, but a keyed job is taken only while it is its key's first
+-- due job in the queue (priority, scheduled_at, id) and no job of the key
+-- is held (in any queue). At most one job per key per claim follows: a
+-- second job of a key has the first before it.
+UPDATE jobkeeper_jobs
+SET status = 'claimed', attempt = attempt + 1, fence = fence + 1, attempted_at = {now},
+    finished_at = NULL, worker_id = :worker_id
+WHERE id IN (
+    SELECT job.id
+    FROM jobkeeper_jobs AS job
+    WHERE job.status = 'available' AND job.queue = :queue
+      AND (job.serial_key IS NULL OR (
+            NOT EXISTS (
+                SELECT 1 FROM jobkeeper_jobs AS holder
+                WHERE holder.serial_key = job.serial_key
+                  AND holder.status IN ('claimed', 'running'))
+            AND NOT EXISTS (
+                SELECT 1 FROM jobkeeper_jobs AS earlier
+                WHERE earlier.serial_key = job.serial_key
+                  AND earlier.status = 'available' AND earlier.queue = :queue
+                  AND (earlier.priority, earlier.scheduled_at, earlier.id)
+                      < (job.priority, job.scheduled_at, job.id))))
+    ORDER BY job.priority, job.scheduled_at, job.id
+    LIMIT :limit)
+RETURNING *
+
+-- name: periodic_enqueue_tick_queue
+SELECT queue FROM jobkeeper_periodic WHERE name = :name
+
+-- name: completion_watch_pending
+-- Which of the waited-for jobs are still pending (not finished, dead or gone):
+-- the watch reads it only after a commit (a new data_version).
+SELECT id FROM jobkeeper_jobs
+WHERE id IN (SELECT value FROM json_each(:ids)) AND status NOT IN ('completed', 'cancelled')

@@ -60,6 +60,7 @@ class SqliteWorkers(SqliteConnection, SharedReads):
                 started_at=datetime.fromtimestamp(row["started_at"], UTC),
                 heartbeat_at=datetime.fromtimestamp(row["heartbeat_at"], UTC),
                 rescue_after=row["rescue_after"],
+                version=row["version"],
             )
             for row in self._fetch("worker_list")
         ]

@@ -1,0 +1,207 @@
+"""The async producer API on PostgreSQL (internal): a psycopg
+``AsyncConnectionPool`` per event loop, driving the same statement plans
+as the sync backend (``plans.py``), so nothing here blocks the loop and no
+enqueue logic is written twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import weakref
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Any
+
+import psycopg
+from psycopg.rows import tuple_row
+from psycopg_pool import AsyncConnectionPool
+
+from jobkeeper.backends.postgres.connections import _RETRY_ASKED, _describe
+from jobkeeper.backends.postgres.flow import FlowNeeded
+from jobkeeper.backends.postgres.plans import (
+    Plan,
+    get_plan,
+    insert_plan,
+    is_single_statement,
+    run_plan_async,
+)
+from jobkeeper.backends.postgres.queries import QUERIES
+from jobkeeper.errors import DatabaseError
+from jobkeeper.models import Job, NewJob
+
+logger = logging.getLogger("jobkeeper.postgres")
+
+#: Retries of an own transaction PostgreSQL aborted asking for a retry, and
+#: the pause's scale (as the sync insert's).
+RETRIES = 5
+RETRY_PAUSE = 0.02
+
+
+class PostgresAsync:
+    """The async half of the PostgreSQL backend (mixed into it)."""
+
+    _conninfo: str
+    _pool_size: int
+    _async_pools: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, AsyncConnectionPool]
+    _async_checked: weakref.WeakSet[psycopg.AsyncConnection[Any]]
+
+    def _errors(self) -> contextlib.AbstractContextManager[None]:
+        raise NotImplementedError
+
+    def channel(self) -> str:
+        raise NotImplementedError
+
+    def _pool_kwargs(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    async def _async_pool(self) -> AsyncConnectionPool:
+        # A pool's background tasks belong to the loop that opened it.
+        loop = asyncio.get_running_loop()
+        pool = self._async_pools.get(loop)
+        if pool is None:
+            pool = AsyncConnectionPool(
+                self._conninfo,
+                min_size=1,
+                max_size=self._pool_size,
+                kwargs=self._pool_kwargs(),
+                open=False,
+                name="jobkeeper-async",
+            )
+            self._async_pools[loop] = pool
+            await pool.open(wait=False)
+        return pool
+
+    @contextlib.asynccontextmanager
+    async def _async_cursor(self, *, transaction: bool) -> AsyncIterator[psycopg.AsyncCursor[Any]]:
+        with self._errors():
+            pool = await self._async_pool()
+            async with pool.connection() as conn:
+                if transaction:
+                    async with conn.transaction(), conn.cursor(row_factory=tuple_row) as cursor:
+                        yield cursor
+                else:
+                    async with conn.cursor(row_factory=tuple_row) as cursor:
+                        yield cursor
+
+    async def _run_async(self, make_plan: Callable[[], Plan], *, transaction: bool) -> Any:
+        async with self._async_cursor(transaction=transaction) as cursor:
+            return await run_plan_async(cursor, make_plan(), QUERIES)
+
+    async def _channel_async(self) -> str:
+        if getattr(self, "_channel", None) is None:
+            # Looked up once per backend; a thread keeps the loop free.
+            await asyncio.to_thread(self.channel)
+        return self.channel()
+
+    async def job_insert_many_async(
+        self, *, jobs: Sequence[NewJob], connection: Any = None
+    ) -> list[Job]:
+        if not jobs:
+            return []
+        delayed = any(j.delay is not None or j.run_at is not None for j in jobs)
+        channel = await self._channel_async() if delayed else None
+        if connection is not None:
+            return await self._insert_on_async(connection, jobs, channel)
+        # As the sync insert: one statement when it can be, again in a
+        # transaction with the flow checks when it meets a limited queue.
+        in_transaction = not is_single_statement(jobs)
+        for retry in range(RETRIES + 1):
+            try:
+                result: list[Job] = await self._run_async(
+                    lambda checked=in_transaction: insert_plan(  # type: ignore[misc]
+                        jobs, channel, in_transaction=checked
+                    ),
+                    transaction=in_transaction,
+                )
+                return result
+            except FlowNeeded:
+                in_transaction = True
+                continue
+            except DatabaseError as exc:
+                if retry == RETRIES or not _retry_asked(exc):
+                    raise
+                logger.debug("insert aborted (%s); running it again", exc)
+            await asyncio.sleep(random.uniform(0, RETRY_PAUSE * 2**retry))
+        raise AssertionError("unreachable")
+
+    async def _insert_on_async(
+        self, connection: Any, jobs: Sequence[NewJob], channel: str | None
+    ) -> list[Job]:
+        """The insert in the caller's ``AsyncConnection``: a savepoint in its
+        open transaction (or a transaction of its own when it autocommits),
+        so the jobs commit or roll back with the caller's work.
+        """
+        if not isinstance(connection, psycopg.AsyncConnection):
+            raise TypeError(
+                "connection= of an async call must be a psycopg 3 AsyncConnection to this "
+                f"database, got {type(connection).__module__}.{type(connection).__name__}"
+            )
+        with self._errors():
+            await self._check_same_database_async(connection)
+            if not connection.autocommit:
+                await connection.execute(
+                    QUERIES["job_insert_many_open_transaction"]
+                )  # open the caller's transaction
+            try:
+                async with (
+                    connection.transaction(),
+                    connection.cursor(row_factory=tuple_row) as cursor,
+                ):
+                    result: list[Job] = await run_plan_async(
+                        cursor, insert_plan(jobs, channel, in_transaction=True), QUERIES
+                    )
+                    return result
+            except _RETRY_ASKED as exc:
+                if connection.autocommit:
+                    raise
+                raise DatabaseError(
+                    f"PostgreSQL aborted the caller's transaction ({_describe(exc)}): "
+                    "roll it back and retry the whole transaction (none of it was committed)"
+                ) from exc
+
+    async def _check_same_database_async(self, connection: psycopg.AsyncConnection[Any]) -> None:
+        if connection in self._async_checked:
+            return
+        query = QUERIES["job_insert_many_same_database"]
+        cursor = await connection.execute(query)
+        theirs = await cursor.fetchone()
+        async with self._async_cursor(transaction=False) as ours_cursor:
+            await ours_cursor.execute(query)
+            ours = await ours_cursor.fetchone()
+        if theirs is None or ours is None or tuple(theirs) != tuple(ours):
+            raise TypeError(
+                f"connection= is open on database/schema {tuple(theirs or ())!r}, not on "
+                f"this queue's {tuple(ours or ())!r}"
+            )
+        self._async_checked.add(connection)
+
+    async def job_get_async(self, *, job_id: int) -> Job | None:
+        job: Job | None = await self._run_async(lambda: get_plan(job_id), transaction=False)
+        return job
+
+    async def job_mark_awaited_async(self, *, job_id: int) -> None:
+        async with self._async_cursor(transaction=False) as cursor:
+            await cursor.execute(QUERIES["job_mark_awaited"], {"id": job_id})
+
+    async def aclose(self) -> None:
+        """Close the async pool of the running loop."""
+        pool = self._async_pools.pop(asyncio.get_running_loop(), None)
+        if pool is not None:
+            await pool.close()
+
+    def _close_async_pools(self) -> None:
+        """From the sync ``close``: pools whose loop is gone are dropped; a
+        pool of a loop that is not running is closed on it.
+        """
+        for loop, pool in list(self._async_pools.items()):
+            self._async_pools.pop(loop, None)
+            if loop.is_closed() or loop.is_running():
+                continue
+            with contextlib.suppress(Exception):
+                loop.run_until_complete(pool.close())
+
+
+def _retry_asked(exc: BaseException) -> bool:
+    return isinstance(exc.__cause__, _RETRY_ASKED)

@@ -1,0 +1,308 @@
+"""PostgreSQL producer statements as sans-IO plans (internal).
+
+A plan is a generator that yields the statements to run, one at a time,
+and receives each one's rows; it returns its result. It does no I/O, so
+one plan serves the sync backend (``run_plan`` on a psycopg ``Cursor``) and
+the async producer API (``run_plan_async`` on an ``AsyncCursor``): the
+logic of an enqueue (unique-key resolution, COPY for large batches, the
+NOTIFY for delayed jobs) is written once. The idea is psycopg's own: its
+sync code is generated from the async source (``tools/async_to_sync.py``)
+and its connection logic is written as generators driven by sync and async
+waiters (``psycopg/generators.py``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from collections.abc import Generator, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+import psycopg
+
+from jobkeeper.backends.flow import check_pending
+from jobkeeper.backends.postgres.flow import FlowNeeded
+from jobkeeper.backends.rows import (
+    aware_utc,
+    insert_params,
+    job_from_new,
+    job_from_row,
+    match_inserted,
+)
+from jobkeeper.errors import DatabaseError
+from jobkeeper.models import Job, JobStatus, NewJob
+
+#: Batches at least this large (and without unique keys) are written with COPY.
+COPY_MIN_JOBS = 64
+#: Rounds of insert-then-look-up before unique-key conflicts are given up on.
+UNIQUE_ROUNDS = 5
+
+Row = dict[str, Any]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Execute:
+    """Run the named query (``queries.sql``) with ``params``; reply: its rows."""
+
+    query: str
+    params: dict[str, Any]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Copy:
+    """``COPY ... FROM STDIN`` with the named query, writing ``rows``; reply: []."""
+
+    query: str
+    rows: list[tuple[Any, ...]]
+
+
+Step = Execute | Copy
+Plan = Generator[Step, list[Row], Any]
+
+
+def unique_lock_key(task: str, unique_key: str) -> int:
+    """The advisory lock key of a (task, unique_key): a stable 64-bit hash
+    (Python's ``hash`` differs between processes). A collision only makes two
+    batches wait for each other; uniqueness itself is the index's.
+    """
+    digest = hashlib.blake2b(f"{task}\0{unique_key}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big", signed=True)
+
+
+def is_single_statement(jobs: Sequence[NewJob]) -> bool:
+    """Whether the insert of ``jobs`` is one statement, atomic on its own
+    (no unique keys or serial keys, no COPY, no delayed job's NOTIFY): it
+    then needs no BEGIN/COMMIT round trips around it. Such a statement
+    refuses a queue with ``max_pending`` itself (:class:`FlowNeeded`: run
+    the plan again in a transaction, with the check).
+    """
+    return (
+        len(jobs) < COPY_MIN_JOBS
+        and all(j.delay is None and j.run_at is None for j in jobs)
+        and all(j.unique_key is None and j.serial_key is None for j in jobs)
+    )
+
+
+def insert_plan(jobs: Sequence[NewJob], channel: str | None, *, in_transaction: bool) -> Plan:
+    """Store ``jobs`` (one transaction, or the caller's); returns the Jobs in
+    input order (a pending duplicate for a taken ``unique_key``). ``channel``:
+    where to announce delayed jobs' due times (None: no delayed job).
+    ``in_transaction``: the plan runs in a transaction, so it checks serial
+    keys and ``max_pending`` first; outside one, a statement that meets a
+    limited queue inserts nothing and :class:`FlowNeeded` is raised.
+
+    Raises:
+        QueueFull: the batch would take a queue past its ``max_pending``.
+        FlowNeeded: see ``in_transaction``.
+    """
+    if in_transaction:
+        yield from _flow_check(jobs)
+    stored = yield from _insert(jobs, checked=in_transaction)
+    yield from _notify_due(channel, stored)
+    return stored
+
+
+def _flow_check(jobs: Sequence[NewJob]) -> Plan:
+    """Before the rows go in: mark queues that get serial-keyed jobs, and
+    refuse the batch with :class:`QueueFull` if it would take a queue past
+    ``max_pending``. The queues' rows are locked first, and counted in a
+    later statement whose snapshot is taken with the locks held.
+    """
+    serial = sorted({job.queue for job in jobs if job.serial_key is not None})
+    if serial:
+        yield Execute("job_insert_many_mark_serial", {"queues": serial})
+    locked = yield Execute(
+        "job_insert_many_lock_pending", {"queues": sorted({j.queue for j in jobs})}
+    )
+    limits = {row["name"]: int(row["max_pending"]) for row in locked}
+    if not limits:
+        return
+    counted = yield Execute("job_insert_many_count_pending", {"queues": sorted(limits)})
+    check_pending(limits, {row["queue"]: int(row["n"]) for row in counted}, jobs)
+
+
+def get_plan(job_id: int) -> Plan:
+    """The job, live or dead, or None."""
+    rows = yield Execute("job_get", {"id": job_id})
+    if rows:
+        return _jobs(rows)[0]
+    dead = yield Execute("job_get_dead_letter", {"id": job_id})
+    return _jobs(dead, dead=True)[0] if dead else None
+
+
+def _jobs(rows: list[Row], *, dead: bool = False) -> list[Job]:
+    return [job_from_row(row, aware_utc, dead=dead, json_decoded=True) for row in rows]
+
+
+def _notify_due(channel: str | None, jobs: list[Job]) -> Plan:
+    """Tell listening workers when the scheduled jobs among ``jobs`` come
+    due (one NOTIFY per queue, in the insert's transaction), so that they
+    stage them then rather than at their next poll.
+    """
+    due: dict[str, datetime] = {}
+    for job in jobs:
+        if job.status == JobStatus.SCHEDULED:
+            due[job.queue] = min(due.get(job.queue, job.scheduled_at), job.scheduled_at)
+    if channel is not None and due:
+        yield Execute(
+            "notify_due", {"channel": channel, "queues": list(due), "due_ats": list(due.values())}
+        )
+
+
+def _insert(jobs: Sequence[NewJob], *, checked: bool) -> Plan:
+    if len(jobs) >= COPY_MIN_JOBS and all(
+        job.unique_key is None and job.serial_key is None for job in jobs
+    ):
+        return (yield from _insert_copy(jobs))
+    if len(jobs) == 1 and jobs[0].unique_key is None:
+        return [(yield from _insert_one(jobs[0], checked=checked))]
+    lock_keys = sorted(
+        {unique_lock_key(j.task, j.unique_key) for j in jobs if j.unique_key is not None}
+    )
+    if len(lock_keys) > 1:
+        # Rows go in input order (ids ascend with it), so two batches
+        # holding the same keys in different orders would each wait in
+        # the unique index for a key the other took first: a deadlock.
+        # The locks are taken in one order for all batches instead.
+        yield Execute("job_insert_many_lock_keys", {"keys": lock_keys})
+    out: list[Job | None] = [None] * len(jobs)
+    pending = list(range(len(jobs)))
+    # A duplicate can finish between the skipped insert and the lookup;
+    # then the key is free again and the next round inserts it.
+    for _ in range(UNIQUE_ROUNDS):
+        batch = [jobs[i] for i in pending]
+        rows = yield Execute(
+            "job_insert_many",
+            {
+                "queues": [j.queue for j in batch],
+                "tasks": [j.task for j in batch],
+                "args": [j.args_json for j in batch],
+                "priorities": [j.priority for j in batch],
+                "max_attempts": [j.max_attempts for j in batch],
+                "delays": [j.delay for j in batch],
+                "run_ats": [j.run_at for j in batch],
+                "unique_keys": [j.unique_key for j in batch],
+                "serial_keys": [j.serial_key for j in batch],
+                "checked": checked,
+            },
+        )
+        inserted = _jobs(rows)
+        if not inserted and not checked:
+            raise FlowNeeded
+        existing: dict[tuple[str, str], Job] = {}
+        if len(inserted) < len(batch):
+            keyed = [j for j in batch if j.unique_key is not None]
+            found = yield Execute(
+                "job_insert_many_pending",
+                {"tasks": [j.task for j in keyed], "unique_keys": [j.unique_key for j in keyed]},
+            )
+            for job in _jobs(found):
+                assert job.unique_key is not None
+                existing[(job.task, job.unique_key)] = job
+        matched, unresolved = match_inserted(batch, inserted, existing)
+        for position, matched_job in zip(pending, matched, strict=True):
+            out[position] = matched_job
+        pending = [pending[i] for i in unresolved]
+        if not pending:
+            return [job for job in out if job is not None]
+    raise DatabaseError(f"could not resolve unique_key conflicts after {UNIQUE_ROUNDS} rounds")
+
+
+def _insert_one(new: NewJob, *, checked: bool) -> Plan:
+    """The single enqueue: one statement, and no row to decode (the args
+    go back as the caller gave them, like the COPY path's).
+    """
+    rows = yield Execute(
+        "job_insert_many_one", {**insert_params(new, new.run_at), "checked": checked}
+    )
+    if not rows:
+        raise FlowNeeded
+    job_id, status, scheduled_at, created_at = rows[0].values()
+    return job_from_new(
+        new, job_id, created_at.astimezone(UTC), (JobStatus(status), scheduled_at.astimezone(UTC))
+    )
+
+
+def _insert_copy(jobs: Sequence[NewJob]) -> Plan:
+    """Bulk insert with COPY (no unique keys to resolve): three round trips
+    whatever the count. The insert trigger still sends one NOTIFY per queue.
+    """
+    rows = yield Execute("job_insert_many_reserve_ids", {"count": len(jobs)})
+    reserved_now, ids = rows[0].values()
+    now = reserved_now.astimezone(UTC)
+    built = [job_from_new(new, job_id, now) for new, job_id in zip(jobs, ids, strict=True)]
+    pairs = list(zip(jobs, built, strict=True))
+    immediate = [
+        (job.id, new.queue, new.task, new.args_json, new.priority, new.max_attempts)
+        for new, job in pairs
+        if new.delay is None and new.run_at is None
+    ]
+    if immediate:
+        yield Copy("job_insert_many_copy", immediate)
+    if len(immediate) < len(pairs):
+        yield Copy(
+            "job_insert_many_copy_scheduled",
+            [
+                (job.id, new.queue, new.task, new.args_json, job.status.value,
+                 new.priority, new.max_attempts, job.scheduled_at, now)
+                for new, job in pairs
+                if new.delay is not None or new.run_at is not None
+            ],
+        )  # fmt: skip
+    return built
+
+
+# -- runners -------------------------------------------------------------------
+
+
+def _names(cursor: psycopg.Cursor[Any] | psycopg.AsyncCursor[Any]) -> list[str] | None:
+    # Column names straight from the result: cursor.description builds a
+    # Column object per column on every call.
+    result = cursor.pgresult
+    if result is None or result.nfields == 0:
+        return None
+    return [(result.fname(i) or b"").decode() for i in range(result.nfields)]
+
+
+def run_plan(cursor: psycopg.Cursor[Any], plan: Plan, queries: dict[str, str]) -> Any:
+    """Drive ``plan`` on a sync cursor (tuple rows); returns what it returns."""
+    reply: list[Row] | None = None
+    while True:
+        try:
+            step = plan.send(reply) if reply is not None else next(plan)
+        except StopIteration as stop:
+            return stop.value
+        if isinstance(step, Copy):
+            with cursor.copy(queries[step.query]) as copy:
+                for row in step.rows:
+                    copy.write_row(row)
+            reply = []
+            continue
+        cursor.execute(queries[step.query], step.params)
+        names = _names(cursor)
+        reply = (
+            [] if names is None else [dict(zip(names, r, strict=True)) for r in cursor.fetchall()]
+        )
+
+
+async def run_plan_async(
+    cursor: psycopg.AsyncCursor[Any], plan: Plan, queries: dict[str, str]
+) -> Any:
+    """Drive ``plan`` on an async cursor (tuple rows); returns what it returns."""
+    reply: list[Row] | None = None
+    while True:
+        try:
+            step = plan.send(reply) if reply is not None else next(plan)
+        except StopIteration as stop:
+            return stop.value
+        if isinstance(step, Copy):
+            async with cursor.copy(queries[step.query]) as copy:
+                for row in step.rows:
+                    await copy.write_row(row)
+            reply = []
+            continue
+        await cursor.execute(queries[step.query], step.params)
+        names = _names(cursor)
+        rows = await cursor.fetchall() if names is not None else []
+        reply = [] if names is None else [dict(zip(names, r, strict=True)) for r in rows]

@@ -1,0 +1,136 @@
+"""Flow control on SQLite: queue settings, the limited claim, and the
+enqueue-side checks (internal; mixed into ``SqliteBackend``).
+
+Claims and inserts run inside ``BEGIN IMMEDIATE``: the database's one write
+lock is held from the settings read to the commit, so the counts a limit is
+checked against cannot change under it, in this process or another.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sqlite3
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from jobkeeper.backends.flow import check_pending, configure_params, settings_from_row
+from jobkeeper.errors import QueueFull
+from jobkeeper.models import NewJob
+from jobkeeper.queues import QueueSettings
+
+
+def _rows(cursor: sqlite3.Cursor) -> list[dict[str, Any]]:
+    if cursor.description is None:
+        return []
+    names = [column[0] for column in cursor.description]
+    return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
+
+
+class SqliteFlow:
+    """Flow-control operations of the Backend Protocol on SQLite."""
+
+    _queries: Mapping[str, str]
+
+    def _fetch(self, name: str, params: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+        raise NotImplementedError
+
+    def _write(
+        self, *, create: bool = False
+    ) -> contextlib.AbstractContextManager[sqlite3.Connection]:
+        raise NotImplementedError
+
+    def _claim_settings(self, conn: sqlite3.Connection, queue: str) -> QueueSettings | None:
+        """The queue's settings when they limit claims, else None (the fast path)."""
+        rows = _rows(conn.execute(self._queries["job_claim_settings"], {"name": queue}))
+        if not rows:
+            return None
+        settings = settings_from_row(rows[0])
+        return settings if settings.limits_claims else None
+
+    def _claim_limited(
+        self,
+        conn: sqlite3.Connection,
+        settings: QueueSettings,
+        *,
+        worker_id: str,
+        limit: int,
+    ) -> list[dict[str, Any]]:
+        """The claim of a queue with settings, in the caller's write transaction."""
+        queries, queue = self._queries, settings.name
+        if settings.paused:
+            return []
+        allowed = limit
+        if settings.concurrency is not None:
+            held = conn.execute(queries["job_claim_held"], {"queue": queue}).fetchone()[0]
+            allowed = min(allowed, settings.concurrency - int(held))
+        if settings.rate_limit is not None:
+            conn.execute(
+                queries["job_claim_starts_prune"], {"queue": queue, "period": settings.rate_period}
+            )
+            started = conn.execute(queries["job_claim_starts_count"], {"queue": queue}).fetchone()[
+                0
+            ]
+            allowed = min(allowed, settings.rate_limit - int(started))
+        if allowed <= 0:
+            return []
+        name = "job_claim_serial" if settings.serial else "job_claim"
+        params = {"worker_id": worker_id, "queue": queue, "limit": allowed}
+        rows = _rows(conn.execute(queries[name], params))
+        if settings.rate_limit is not None and rows:
+            conn.execute(queries["job_claim_starts_record"], {"queue": queue, "jobs": len(rows)})
+        return rows
+
+    def _flow_check(self, conn: sqlite3.Connection, jobs: Sequence[NewJob]) -> None:
+        """Inside the insert's transaction, after the rows went in: mark
+        queues that got serial-keyed jobs, and refuse the batch with
+        :class:`QueueFull` (the caller rolls back) if it took a queue past
+        ``max_pending``.
+        """
+        for queue in sorted({job.queue for job in jobs if job.serial_key is not None}):
+            conn.execute(self._queries["job_insert_many_mark_serial"], {"name": queue})
+        queues = json.dumps(sorted({job.queue for job in jobs}))
+        limits = {
+            name: int(limit)
+            for name, limit in conn.execute(
+                self._queries["job_insert_many_pending_limits"], {"queues": queues}
+            )
+        }
+        if not limits:
+            return
+        counts = {
+            name: int(n)
+            for name, n in conn.execute(
+                self._queries["job_insert_many_count_pending"],
+                {"queues": json.dumps(sorted(limits))},
+            )
+        }
+        check_pending(limits, counts, jobs, inserted=True)
+
+    def _pending_full(self, conn: sqlite3.Connection, queue: str) -> QueueFull | None:
+        """Whether one more job would take ``queue`` past ``max_pending``."""
+        found = conn.execute(
+            self._queries["job_insert_many_pending_limits"], {"queues": json.dumps([queue])}
+        ).fetchone()
+        if found is None:
+            return None
+        limit = int(found[1])
+        row = conn.execute(
+            self._queries["job_insert_many_count_pending"], {"queues": json.dumps([queue])}
+        ).fetchone()
+        count = 0 if row is None else int(row[1])
+        return QueueFull(queue, limit, count) if count + 1 > limit else None
+
+    def queue_settings_list(self, *, names: Sequence[str] | None = None) -> list[QueueSettings]:
+        rows = self._fetch(
+            "queue_settings_list", {"names": None if names is None else json.dumps(list(names))}
+        )
+        return [settings_from_row(row) for row in rows]
+
+    def queue_configure(self, *, name: str, changes: Mapping[str, Any]) -> QueueSettings:
+        with self._write() as conn:
+            params = configure_params(name, changes)
+            (row,) = _rows(conn.execute(self._queries["queue_configure"], params))
+            conn.execute(self._queries["queue_configure_delete_if_empty"], {"name": name})
+            conn.execute(self._queries["queue_configure_starts_forget"], {"name": name})
+        return settings_from_row(row)

@@ -1,0 +1,71 @@
+"""The async producer API of a backend whose driver only blocks (internal):
+SQLite's. Each call runs the sync method on a small thread pool of the
+backend, so the event loop never waits on the file lock or an fsync.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import functools
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+from jobkeeper.models import Job, NewJob
+
+T = TypeVar("T")
+
+#: Threads per backend for async calls: SQLite takes one writer at a time,
+#: so more would only queue on the lock.
+ASYNC_THREADS = 4
+
+
+class ThreadedAsync:
+    """Async methods that run the sync ones on a private thread pool."""
+
+    _async_executor: concurrent.futures.ThreadPoolExecutor | None = None
+    _async_executor_lock = threading.Lock()
+
+    def job_insert_many(self, jobs: Sequence[NewJob], *, connection: Any = None) -> list[Job]:
+        raise NotImplementedError
+
+    def job_get(self, job_id: int) -> Job | None:
+        raise NotImplementedError
+
+    def job_mark_awaited(self, *, job_id: int) -> None:
+        raise NotImplementedError
+
+    def _executor(self) -> concurrent.futures.ThreadPoolExecutor:
+        if self._async_executor is None:
+            with self._async_executor_lock:
+                if self._async_executor is None:
+                    self._async_executor = concurrent.futures.ThreadPoolExecutor(
+                        ASYNC_THREADS, thread_name_prefix="jobkeeper-async"
+                    )
+        return self._async_executor
+
+    async def _in_thread(self, call: Callable[[], T]) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._executor(), call)
+
+    async def job_insert_many_async(
+        self, *, jobs: Sequence[NewJob], connection: Any = None
+    ) -> list[Job]:
+        if connection is not None:
+            # A sqlite3 connection belongs to the thread that made it (and
+            # the caller's transaction is open on it): written here, a local
+            # write to a file the caller already holds.
+            return self.job_insert_many(jobs, connection=connection)
+        return await self._in_thread(functools.partial(self.job_insert_many, jobs))
+
+    async def job_get_async(self, *, job_id: int) -> Job | None:
+        return await self._in_thread(functools.partial(self.job_get, job_id))
+
+    async def job_mark_awaited_async(self, *, job_id: int) -> None:
+        await self._in_thread(functools.partial(self.job_mark_awaited, job_id=job_id))
+
+    async def aclose(self) -> None:
+        """Stop the async threads (the sync ``close`` closes the connections)."""
+        executor, self._async_executor = self._async_executor, None
+        if executor is not None:
+            executor.shutdown(wait=False)

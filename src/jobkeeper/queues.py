@@ -1,0 +1,230 @@
+"""Flow control across the fleet: per-queue settings and their parsing.
+
+A queue's settings live in ``jobkeeper_queues`` and every claim reads them in
+the database (see the backends' ``job_claim``), so they hold across all
+workers at once and through restarts:
+
+* ``paused``: the queue starts nothing new; running jobs finish.
+* ``concurrency``: most jobs of the queue held (``claimed`` or ``running``)
+  at once on all workers together. Claimed jobs count, so prefetch cannot
+  hoard a limited queue; a crashed worker's jobs count until they are
+  rescued, then stop counting (a crash never shrinks the queue for good).
+* ``rate_limit``: most claims (starts) in any sliding window of the period
+  (``"N/s"``, ``"N/m"``, ``"N/h"``) on all workers together.
+* ``max_pending``: an enqueue that would take the queue's ``scheduled``,
+  ``available``, ``claimed`` and ``retryable`` jobs past it is refused with
+  :class:`~jobkeeper.QueueFull`, nothing written.
+
+Oban Pro's ``global_limit``/``rate_limit`` and River's per-queue
+concurrency limits are the models; here they are enforced in the claim
+statement itself rather than by a leader handing out slots.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from typing import Any
+
+from jobkeeper.config import MAX_CONCURRENCY, check_name
+from jobkeeper.errors import ConfigError
+from jobkeeper.version import __version__
+
+#: Seconds per rate period unit.
+RATE_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0}
+_RATE = re.compile(r"^\s*(\d+)\s*/\s*([smh])\s*$")
+#: Largest count a rate limit or max_pending may name.
+MAX_LIMIT = 2**31 - 1
+#: The first jobkeeper version whose workers enforce queue settings.
+FLOW_CONTROL_SINCE = "0.1.0"
+#: Statuses ``max_pending`` counts.
+PENDING_STATUSES = ("scheduled", "available", "claimed", "retryable")
+
+
+class Unset:
+    """The type of :data:`UNSET`: a setting not given (left as it is)."""
+
+    _instance: Unset | None = None
+
+    def __new__(cls) -> Unset:
+        if cls._instance is None:
+            cls._instance = super().__new__(cls)
+        return cls._instance
+
+    def __repr__(self) -> str:
+        return "UNSET"
+
+    def __bool__(self) -> bool:
+        return False
+
+
+#: "Leave this setting as it is" in :meth:`jobkeeper.JobQueue.configure_queue`.
+UNSET = Unset()
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class QueueInfo:
+    """One queue as :meth:`jobkeeper.JobQueue.queues` reports it.
+
+    Attributes:
+        name: the queue's name.
+        paused: whether claims of it are stopped.
+        concurrency: most jobs held at once across all workers, or None.
+        rate_limit: most starts per period as ``"N/s"``, ``"N/m"`` or
+            ``"N/h"``, or None.
+        max_pending: most pending jobs before enqueues are refused, or None.
+        counts: its jobs per status (every status, zeros included; dead
+            letters as ``"dead"``).
+    """
+
+    name: str
+    paused: bool
+    concurrency: int | None
+    rate_limit: str | None
+    max_pending: int | None
+    counts: dict[str, int]
+
+    def as_dict(self) -> dict[str, Any]:
+        """The stable JSON form (``queues list --json``): the field names."""
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class QueueSettings:
+    """A row of ``jobkeeper_queues`` (internal: what the backends store).
+
+    ``rate_limit`` starts per ``rate_period`` seconds; ``serial`` is set
+    once the queue has had a job with a ``serial_key``.
+    """
+
+    name: str
+    paused: bool = False
+    concurrency: int | None = None
+    rate_limit: int | None = None
+    rate_period: float | None = None
+    max_pending: int | None = None
+    serial: bool = False
+
+    @property
+    def rate_text(self) -> str | None:
+        """The rate limit as ``"N/s"``, ``"N/m"`` or ``"N/h"``."""
+        if self.rate_limit is None or self.rate_period is None:
+            return None
+        return format_rate_limit(self.rate_limit, self.rate_period)
+
+    @property
+    def limits_claims(self) -> bool:
+        """Whether claims of the queue must take the limited path."""
+        return (
+            self.paused
+            or self.concurrency is not None
+            or self.rate_limit is not None
+            or self.serial
+        )
+
+    @property
+    def empty(self) -> bool:
+        """Nothing set: the row can go."""
+        return not self.limits_claims and self.max_pending is None
+
+
+def parse_rate_limit(value: Any) -> tuple[int, float]:
+    """``"100/m"`` -> ``(100, 60.0)``: starts per period seconds.
+
+    Raises:
+        ConfigError: not ``N/s``, ``N/m`` or ``N/h`` with 1 <= N < 2**31.
+    """
+    if not isinstance(value, str):
+        raise ConfigError(f"rate_limit must be a string like '100/m', got {value!r}")
+    match = _RATE.match(value)
+    if match is None:
+        raise ConfigError(f"rate_limit {value!r} is invalid: use N/s, N/m or N/h (e.g. '100/m')")
+    count = int(match.group(1))
+    if not 1 <= count <= MAX_LIMIT:
+        raise ConfigError(f"rate_limit {value!r}: the count must be between 1 and {MAX_LIMIT}")
+    return count, RATE_UNITS[match.group(2)]
+
+
+def format_rate_limit(count: int, period: float) -> str:
+    """``(100, 60.0)`` -> ``"100/m"`` (the inverse of :func:`parse_rate_limit`)."""
+    for unit, seconds in RATE_UNITS.items():
+        if math.isclose(period, seconds):
+            return f"{count}/{unit}"
+    return f"{count}/{period:g}s"
+
+
+def check_concurrency(value: Any) -> int:
+    """A queue's ``concurrency``: an int from 1 (pause is how to stop a queue)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"concurrency must be an int >= 1 or None, got {value!r}")
+    if not 1 <= value <= MAX_LIMIT:
+        raise ConfigError(
+            f"concurrency must be at least 1 (pause the queue to stop it), got {value}"
+            if value < 1
+            else f"concurrency must be at most {MAX_LIMIT}, got {value}"
+        )
+    return value
+
+
+def check_max_pending(value: Any) -> int:
+    """A queue's ``max_pending``: an int from 0."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 2**62:
+        raise ConfigError(f"max_pending must be an int >= 0 or None, got {value!r}")
+    return value
+
+
+def check_serial_key(value: Any) -> str | None:
+    """A ``serial_key``: ``None`` or a non-empty string of at most 1,000
+    characters without NUL.
+    """
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value or len(value) > 1000 or "\x00" in value:
+        raise ConfigError(
+            f"serial_key must be a non-empty string of at most 1000 characters "
+            f"without NUL, got {value!r:.80}"
+        )
+    return value
+
+
+def parse_queue_share(text: str) -> tuple[str, int | None]:
+    """One ``--queue`` value: ``"emails"`` or ``"emails=5"`` (this worker runs
+    at most 5 of its jobs at once). ``=`` because a colon is legal in queue
+    names.
+
+    Raises:
+        ConfigError: a bad queue name or share.
+    """
+    name, sep, share = text.rpartition("=") if "=" in text else (text, "", "")
+    check_name("queue", name)
+    if not sep:
+        return name, None
+    try:
+        count = int(share)
+    except ValueError:
+        raise ConfigError(f"--queue {text!r}: the share after '=' must be an int >= 1") from None
+    if not 1 <= count <= MAX_CONCURRENCY:
+        raise ConfigError(f"--queue {text!r}: the share must be between 1 and {MAX_CONCURRENCY}")
+    return name, count
+
+
+def version_tuple(version: str | None) -> tuple[int, ...] | None:
+    """``"0.1.0"`` -> ``(0, 1, 0)``; None for no version or an unreadable one."""
+    if not version:
+        return None
+    parts = re.findall(r"\d+", version.split("+")[0])
+    return tuple(int(p) for p in parts[:3]) if parts else None
+
+
+def enforces_queue_settings(version: str | None) -> bool:
+    """Whether a worker of ``version`` obeys ``jobkeeper_queues`` (None: a
+    worker from before versions were recorded, which does not).
+    """
+    have = version_tuple(version)
+    since = version_tuple(FLOW_CONTROL_SINCE)
+    return have is not None and since is not None and have >= since
+
+
+#: This package's version, as workers record it.
+VERSION = __version__

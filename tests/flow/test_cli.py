@@ -1,0 +1,108 @@
+"""``jobkeeper queues list|pause|resume|set``: agrees with the API; exit
+codes 0 ok, 2 bad input (one line), 1 anything else; QueueFull exits 2."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+import pytest
+
+from jobkeeper import JobQueue, QueueInfo
+from jobkeeper.cli.main import main
+
+
+class Cli:
+    def __init__(self, url: str, capsys: pytest.CaptureFixture[str]) -> None:
+        self.url, self.capsys = url, capsys
+
+    def __call__(self, *args: str) -> tuple[int, str, str]:
+        self.capsys.readouterr()
+        with pytest.raises(SystemExit) as info:
+            main(["--database", self.url, *args])
+        out, err = self.capsys.readouterr()
+        code = info.value.code
+        return (code if isinstance(code, int) else 1), out, err
+
+    def json(self, *args: str) -> Any:
+        code, out, err = self(*args, "--json")
+        assert code == 0, err
+        return json.loads(out)
+
+
+@pytest.fixture
+def cli(db_url, capsys) -> Cli:
+    runner = Cli(db_url, capsys)
+    assert runner("migrate")[0] == 0
+    return runner
+
+
+def test_cli_and_api_agree(cli):
+    with JobQueue(cli.url) as jq:
+        jq.enqueue("t", {}, queue="emails")
+        assert cli("queues", "set", "emails", "--concurrency", "5", "--rate-limit", "100/m")[0] == 0
+        assert cli("queues", "set", "emails", "--max-pending", "9")[0] == 0
+        assert cli("queues", "pause", "reports")[0] == 0
+        listed = cli.json("queues", "list")
+        assert listed == [q.as_dict() for q in jq.queues()]
+        assert [tuple(q) for q in listed] == [
+            tuple(f.name for f in dataclasses.fields(QueueInfo))
+        ] * 2
+        emails = listed[0]
+        assert (emails["name"], emails["concurrency"], emails["rate_limit"]) == (
+            "emails",
+            5,
+            "100/m",
+        )
+        assert emails["max_pending"] == 9 and emails["counts"]["available"] == 1
+        assert listed[1]["name"] == "reports" and listed[1]["paused"] is True
+        assert cli("queues", "set", "emails", "--concurrency", "none")[0] == 0
+        assert jq.queues()[0].concurrency is None and jq.queues()[0].rate_limit == "100/m"
+        assert cli("queues", "resume", "reports")[0] == 0
+        assert [q.name for q in jq.queues()] == ["emails"]
+        code, out, _ = cli("queues", "list")
+        assert code == 0 and "emails" in out and "100/m" in out
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("queues", "set", "q", "--concurrency", "0"),
+        ("queues", "set", "q", "--concurrency", "x"),
+        ("queues", "set", "q", "--rate-limit", "5/d"),
+        ("queues", "set", "q", "--max-pending", "-3"),
+        ("queues", "set", "q"),
+        ("queues", "pause", "bad name"),
+    ],
+)
+def test_bad_input_exits_2_with_one_line(cli, args):
+    code, out, err = cli(*args)
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1, err
+    with JobQueue(cli.url) as jq:
+        assert jq.queues() == []
+
+
+def test_queue_full_exits_2_naming_the_queue(cli):
+    assert cli("queues", "set", "q", "--max-pending", "1")[0] == 0
+    assert cli("enqueue", "t", "--queue", "q")[0] == 0
+    code, out, err = cli("enqueue", "t", "--queue", "q")
+    assert code == 2 and out == ""
+    assert err.strip().splitlines() == [
+        "error: queue 'q' is full: 1 pending jobs, max_pending=1; nothing was written"
+    ]
+
+
+def test_status_shows_each_workers_version(cli):
+    from datetime import UTC, datetime
+
+    import jobkeeper
+    from jobkeeper.models import WorkerInfo
+
+    with JobQueue(cli.url) as jq:
+        now = datetime.now(UTC)
+        jq.backend.worker_register(WorkerInfo("w-1", "h", 1, ["q"], now, now))
+    status = cli.json("status")
+    assert [w["version"] for w in status["workers"]] == [jobkeeper.__version__]
+    code, out, _ = cli("status")
+    assert code == 0 and jobkeeper.__version__ in out

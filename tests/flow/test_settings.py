@@ -1,0 +1,231 @@
+"""Queue settings, backpressure and the limited claim, on both backends
+(in-process: the claims are the backend's, as a worker's producer makes them)."""
+
+from __future__ import annotations
+
+import threading
+import warnings
+
+import pytest
+
+from jobkeeper import ConfigError, JobQueue, JobStatus, QueueFull, QueueInfo
+from jobkeeper.models import WorkerInfo
+from jobkeeper.outcomes import failed_attempt, released_attempt
+from support.db import sql
+
+
+def claim(jq: JobQueue, queue: str, limit: int = 100, worker: str = "w1") -> list[int]:
+    return [j.id for j in jq.backend.job_claim(worker_id=worker, queue=queue, limit=limit)]
+
+
+def pending(jq: JobQueue, queue: str) -> int:
+    return sum(
+        n
+        for s, n in jq.stats().get(queue, {}).items()
+        if s not in ("running", "completed", "cancelled", "dead")
+    )
+
+
+def test_configure_changes_only_what_is_given_and_none_lifts(jq):
+    info = jq.configure_queue("emails", concurrency=5, rate_limit="100/m", max_pending=50)
+    assert info == QueueInfo("emails", False, 5, "100/m", 50, info.counts)
+    assert jq.configure_queue("emails", rate_limit="3/s").concurrency == 5
+    info = jq.configure_queue("emails", concurrency=None)
+    assert (info.concurrency, info.rate_limit, info.max_pending) == (None, "3/s", 50)
+    jq.pause("emails")
+    info = jq.configure_queue("emails", max_pending=None, rate_limit=None)
+    assert (info.paused, info.concurrency, info.rate_limit, info.max_pending) == (
+        True,
+        None,
+        None,
+        None,
+    )
+    # Settings live in the database: a fresh JobQueue (a restart) sees them.
+    with JobQueue(jq.url.url) as again:
+        assert [q.name for q in again.queues() if q.paused] == ["emails"]
+    jq.resume("emails")
+    assert jq.queues() == []  # no jobs and no settings left
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"concurrency": 0}, "at least 1"),
+        ({"concurrency": True}, "concurrency must be an int"),
+        ({"rate_limit": "10/d"}, "N/s, N/m or N/h"),
+        ({"rate_limit": "0/s"}, "between 1"),
+        ({"rate_limit": 10}, "string like"),
+        ({"max_pending": -1}, "max_pending"),
+    ],
+)
+def test_bad_settings_are_refused_and_change_nothing(jq, kwargs, message):
+    jq.configure_queue("q", concurrency=2)
+    with pytest.raises(ConfigError, match=message):
+        jq.configure_queue("q", **{"rate_limit": "7/s", **kwargs})
+    assert jq.queues()[0].concurrency == 2 and jq.queues()[0].rate_limit is None
+
+
+def test_queues_lists_every_queue_with_jobs_or_settings(jq):
+    jq.enqueue("t", {}, queue="a")
+    jq.configure_queue("b", rate_limit="5/h")
+    listed = {q.name: q for q in jq.queues()}
+    assert sorted(listed) == ["a", "b"]
+    assert listed["a"].counts["available"] == 1 and listed["a"].concurrency is None
+    assert listed["b"].rate_limit == "5/h" and listed["b"].counts["available"] == 0
+
+
+def test_pause_stops_claims_and_resume_restarts_them(jq):
+    jq.enqueue("t", {}, queue="q")
+    jq.pause("q")
+    assert claim(jq, "q") == []
+    jq.resume("q")
+    assert len(claim(jq, "q")) == 1
+
+
+def test_concurrency_counts_claimed_and_running_and_a_rescue_frees_it(jq):
+    for _ in range(6):
+        jq.enqueue("t", {}, queue="q")
+    jq.configure_queue("q", concurrency=2)
+    first = claim(jq, "q", worker="a")
+    assert len(first) == 2
+    assert claim(jq, "q", worker="b") == []  # prefetch cannot go past the cap
+    # The holder "a" never registered: its jobs are rescuable at once, and
+    # once returned they stop counting.
+    for job in jq.backend.job_rescue_candidates(rescue_after=0.0, limit=10):
+        jq.backend.job_fail_many([released_attempt(job, "lost")])
+    assert len(claim(jq, "q", worker="b")) == 2
+
+
+def test_rate_limit_counts_claims_in_the_window(jq):
+    for _ in range(5):
+        jq.enqueue("t", {}, queue="q")
+    jq.configure_queue("q", rate_limit="2/h")
+    assert len(claim(jq, "q")) == 2
+    assert claim(jq, "q") == []
+    # Claim times, not job rows, are counted: deleting the jobs changes nothing.
+    sql(jq.url.url, "DELETE FROM jobkeeper_jobs WHERE status = 'claimed'")
+    assert claim(jq, "q") == []
+
+
+def test_serial_keys_one_held_job_per_key_in_order(jq):
+    jq.enqueue("t", {}, queue="q", serial_key="a", priority=3)
+    a1 = jq.enqueue("t", {}, queue="q", serial_key="a", priority=1)
+    b = jq.enqueue("t", {}, queue="q", serial_key="b")
+    free = jq.enqueue("t", {}, queue="q")
+    jq.enqueue("t", {}, queue="other", serial_key="a")
+    assert sorted(claim(jq, "q")) == sorted([a1.id, b.id, free.id])
+    assert claim(jq, "q") == []
+    assert claim(jq, "other") == []  # key "a" is held, whatever the queue
+    assert jq.get_job(a1.id).serial_key == "a"
+
+
+def test_a_key_waiting_out_a_retry_does_not_hold_it(jq):
+    first = jq.enqueue("t", {}, queue="q", serial_key="k")
+    second = jq.enqueue("t", {}, queue="q", serial_key="k")
+    (held,) = jq.backend.job_claim(worker_id="w", queue="q", limit=10)
+    assert held.id == first.id
+    failure = failed_attempt(held, jq.settings, error="boom", retry_in=3600)
+    jq.backend.job_fail_many([failure])
+    assert jq.get_job(first.id).status == JobStatus.RETRYABLE
+    assert claim(jq, "q") == [second.id]
+
+
+def test_max_pending_refuses_single_and_batch_writing_nothing(jq):
+    jq.configure_queue("q", max_pending=3)
+    jq.enqueue_many([("t", {}, {"queue": "q"})] * 2)
+    with pytest.raises(QueueFull) as caught:
+        jq.enqueue_many([("t", {}, {"queue": "q"}), ("t", {}, {"queue": "other"})] * 2)
+    assert (caught.value.queue, caught.value.limit, caught.value.count) == ("q", 3, 2)
+    assert "'q'" in str(caught.value) and "max_pending=3" in str(caught.value)
+    assert pending(jq, "q") == 2 and pending(jq, "other") == 0
+    jq.enqueue("t", {}, queue="q", delay=60)  # scheduled jobs count too
+    with pytest.raises(QueueFull):
+        jq.enqueue("t", {}, queue="q")
+    with pytest.raises(QueueFull):
+        jq.enqueue("t", {}, queue="q", unique_key="u")
+    assert pending(jq, "q") == 3
+
+
+def test_operator_actions_are_never_refused(jq):
+    job = jq.enqueue("t", {}, queue="q")
+    jq.cancel(job.id)
+    for _ in range(2):
+        jq.enqueue("t", {}, queue="q")
+    jq.configure_queue("q", max_pending=2)
+    assert jq.retry(job.id).status == JobStatus.AVAILABLE
+    assert pending(jq, "q") == 3
+
+
+def test_concurrent_enqueuers_never_pass_max_pending(make_queue):
+    jq = make_queue()
+    jq.configure_queue("q", max_pending=25)
+    queues = [make_queue() for _ in range(4)]
+    refused = []
+
+    def enqueue(mine: JobQueue) -> None:
+        for i in range(15):
+            try:
+                if i % 2:
+                    mine.enqueue("t", {}, queue="q")
+                else:
+                    mine.enqueue_many([("t", {}, {"queue": "q"})] * 2)
+            except QueueFull:
+                refused.append(i)
+
+    threads = [threading.Thread(target=enqueue, args=(q,)) for q in queues]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert refused
+    assert 24 <= pending(jq, "q") <= 25
+
+
+def test_concurrent_claims_never_pass_the_cap(make_queue):
+    jq = make_queue()
+    jq.enqueue_many([("t", {}, {"queue": "q"})] * 200)
+    jq.configure_queue("q", concurrency=7)
+    claimed: list[int] = []
+    lock = threading.Lock()
+    backends = [jq.backend.dedicated() for _ in range(6)]
+
+    def work(index: int) -> None:
+        for _ in range(20):
+            jobs = backends[index].job_claim(worker_id=f"w{index}", queue="q", limit=5)
+            with lock:
+                claimed.extend(j.id for j in jobs)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    for backend in backends:
+        backend.close()
+    assert len(claimed) == 7 == len(set(claimed))
+
+
+def test_configure_and_pause_warn_while_an_old_worker_is_registered(jq):
+    from datetime import UTC, datetime
+
+    now = datetime.now(UTC)
+    jq.backend.worker_register(WorkerInfo("new", "h", 1, ["q"], now, now))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        jq.pause("q")  # only workers of this version: no warning
+    sql(jq.url.url, "UPDATE jobkeeper_workers SET version = NULL")
+    with pytest.warns(UserWarning, match="older than flow control"):
+        jq.configure_queue("q", concurrency=3)
+    with pytest.warns(UserWarning, match="no version"):
+        jq.pause("q")
+    assert jq.workers()[0].version is None
+
+
+def test_workers_record_their_version(jq):
+    from datetime import UTC, datetime
+
+    import jobkeeper
+
+    now = datetime.now(UTC)
+    jq.backend.worker_register(WorkerInfo("w", "h", 1, ["q"], now, now))
+    assert [w.version for w in jq.workers()] == [jobkeeper.__version__]
