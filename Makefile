@@ -15,7 +15,7 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m compileall -q src
 	touch $@
 
-.PHONY: help install pgbouncer chromium demo test lint format typecheck check bench clean
+.PHONY: help install pgbouncer chromium demo test test-django6 lint format typecheck docs check bench clean
 
 help: ## List the commands
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -57,19 +57,34 @@ chromium: ## Install Debian's chromium (tests/browser needs it) when missing, as
 test: install pgbouncer chromium ## Run the whole test suite (SQLite, and PostgreSQL at JOBKEEPER_TEST_PG_URL)
 	$(BIN)/pytest
 
+# Django >= 6.0 (django.tasks built in) needs Python >= 3.12: its own venv,
+# made with the first Python >= 3.12 found (PYTHON312=..., pyenv's 3.12.*,
+# python3.12 on PATH), runs tests/contrib_django there. `make test` covers Django 5.2 with
+# the django-tasks backport on the main venv's Python.
+PYTHON312 ?= $(firstword $(wildcard $(HOME)/.pyenv/versions/3.12.*/bin/python) $(shell command -v python3.12 2>/dev/null))
+test-django6: ## tests/contrib_django on Django >= 6 and Python >= 3.12 (.venv-django6)
+	@test -n "$(PYTHON312)" || { echo "no Python >= 3.12 found: set PYTHON312=/path/to/python3.12"; exit 1; }
+	test -x .venv-django6/bin/python || $(PYTHON312) -m venv .venv-django6
+	.venv-django6/bin/python -m pip install --quiet --disable-pip-version-check -e '.[postgres]' 'django>=6.0' pytest pytest-timeout
+	.venv-django6/bin/python -m pytest -q tests/contrib_django -p no:cacheprovider
+
 lint: install ## ruff, ruff format --check, import layers
-	$(BIN)/ruff check src tests benchmarks
-	$(BIN)/ruff format --check src tests benchmarks
+	$(BIN)/ruff check src tests benchmarks examples
+	$(BIN)/ruff format --check src tests benchmarks examples
 	$(BIN)/lint-imports
 
 format: install ## Format the code
-	$(BIN)/ruff format src tests benchmarks
-	$(BIN)/ruff check --fix src tests benchmarks
+	$(BIN)/ruff format src tests benchmarks examples
+	$(BIN)/ruff check --fix src tests benchmarks examples
 
 typecheck: install ## mypy --strict on the package
 	$(BIN)/mypy
 
-check: lint typecheck test ## Everything CI should see
+# Strict: any warning (a broken link, a docstring mkdocstrings cannot read) fails the build.
+docs: install ## Build the documentation site into site/ (MkDocs, strict)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
+
+check: lint typecheck docs test ## Everything CI should see
 
 $(VENV)/.bench-installed: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[dev,bench]'
@@ -82,4 +97,4 @@ bench: $(VENV)/.bench-installed ## Benchmark vs procrastinate, pgqueuer, oban (o
 	$(BIN)/python benchmarks/run.py $(BENCH_ARGS)
 
 clean: ## Remove the virtualenv and caches
-	rm -rf $(VENV) .venv-oban .pytest_cache .mypy_cache .ruff_cache jobkeeper-demo.db* jobkeeper-demo.log
+	rm -rf $(VENV) .venv-oban .venv-django6 site .pytest_cache .mypy_cache .ruff_cache jobkeeper-demo.db* jobkeeper-demo.log

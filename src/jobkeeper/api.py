@@ -27,6 +27,7 @@ from jobkeeper.config import (
     check_seconds,
     check_unique_key,
 )
+from jobkeeper.connections import unwrap_connection
 from jobkeeper.errors import (
     ConfigError,
     DatabaseUnavailable,
@@ -569,8 +570,11 @@ class JobQueue:
                 due jobs, priority/scheduled_at/id order. A job waiting out a
                 retry does not hold its key.
             connection: a psycopg 3 ``Connection`` (PostgreSQL) or
-                ``sqlite3.Connection`` to the same file; the job commits or
-                rolls back with that connection's transaction.
+                ``sqlite3.Connection`` to the same file, or a framework's
+                connection around one: Django's ``django.db.connection``, a
+                SQLAlchemy ``Connection`` or ``Session`` (see
+                :func:`jobkeeper.connections.unwrap_connection`); the job
+                commits or rolls back with that connection's transaction.
 
         Returns:
             The stored :class:`Job` (or the pending duplicate for ``unique_key``).
@@ -594,7 +598,7 @@ class JobQueue:
             "serial_key": serial_key,
         }
         new = self._new_job(task, args, {k: v for k, v in options.items() if v is not None})
-        return self.backend.job_insert_many(jobs=[new], connection=connection)[0]
+        return self.backend.job_insert_many(jobs=[new], connection=unwrap_connection(connection))[0]
 
     def enqueue_many(
         self,
@@ -623,7 +627,7 @@ class JobQueue:
             DatabaseUnavailable: nothing was written.
         """
         new_jobs = self._new_jobs(jobs)  # validated before the backend is opened
-        return self.backend.job_insert_many(jobs=new_jobs, connection=connection)
+        return self.backend.job_insert_many(jobs=new_jobs, connection=unwrap_connection(connection))
 
     def _new_jobs(self, jobs: Iterable[Any]) -> list[NewJob]:
         """Validate every item of an ``enqueue_many``, writing nothing."""

@@ -23,7 +23,16 @@ def _open_sqlite(url: DatabaseURL, settings: Settings) -> Backend:
 
 
 def _open_postgres(url: DatabaseURL, settings: Settings) -> Backend:
-    from jobkeeper.backends.postgres.backend import PostgresBackend
+    try:
+        from jobkeeper.backends.postgres.backend import PostgresBackend
+    except ModuleNotFoundError as exc:
+        # psycopg is the `postgres` extra: the SQLite default installs without it.
+        if exc.name not in ("psycopg", "psycopg_pool"):
+            raise
+        raise ConfigError(
+            f"{url.redacted()}: PostgreSQL needs psycopg 3, which is not installed: "
+            "pip install 'jobkeeper[postgres]'"
+        ) from None
 
     return PostgresBackend(url, pool_size=settings.pool_size)
 

@@ -34,6 +34,7 @@ from jobkeeper.joblog import JsonFormatter
 from jobkeeper.models import HELD_STATUSES, JobStatus
 from jobkeeper.payload import child_path
 from jobkeeper.queues import UNSET, Unset
+from jobkeeper.version import __version__
 
 
 class _Argument(click.Argument):
@@ -97,6 +98,9 @@ class _Group(click.Group):
     name="jobkeeper",
     no_args_is_help=True,
     context_settings={"show_default": True},
+)
+@click.version_option(
+    __version__, "--version", prog_name="jobkeeper", message="%(prog)s %(version)s"
 )
 @click.option(
     "--database",

@@ -57,8 +57,10 @@ def parse_url(url: str) -> DatabaseURL:
         from psycopg.conninfo import conninfo_to_dict
 
         params = conninfo_to_dict(url)
-    except ImportError as exc:  # pragma: no cover - psycopg is a dependency
-        raise ConfigError("PostgreSQL URLs need psycopg: pip install 'psycopg[binary]'") from exc
+    except ImportError as exc:  # psycopg is the `postgres` extra
+        raise ConfigError(
+            "PostgreSQL needs psycopg 3, which is not installed: pip install 'jobkeeper[postgres]'"
+        ) from exc
     except psycopg.Error as exc:
         raise ConfigError(f"invalid PostgreSQL URL: {str(exc).strip()}") from None
     try:

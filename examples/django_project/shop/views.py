@@ -1,0 +1,30 @@
+import json
+
+from django.db import transaction
+from django.http import HttpRequest, JsonResponse
+from django.views.decorators.csrf import csrf_exempt
+
+from shop.models import Order
+from shop.tasks import send_receipt
+
+
+@csrf_exempt
+def place_order(request: HttpRequest) -> JsonResponse:
+    """Create an order and enqueue its receipt in one transaction: if the
+    request fails after the enqueue, neither the order nor the job exists.
+    """
+    body = json.loads(request.body)
+    with transaction.atomic():
+        order = Order.objects.create(email=body["email"])
+        result = send_receipt.enqueue(order_id=order.pk)
+        if body.get("fail"):
+            raise ValueError("the order failed after its receipt was enqueued")
+    return JsonResponse({"order": order.pk, "task": result.id})
+
+
+def task_status(request: HttpRequest, result_id: str) -> JsonResponse:
+    result = send_receipt.get_result(result_id)
+    body = {"status": str(result.status)}
+    if result.is_finished and result.status == "SUCCESSFUL":
+        body["return_value"] = result.return_value
+    return JsonResponse(body)

@@ -1,0 +1,1 @@
+"""Glue for frameworks: each imports the public API only (``jobkeeper.contrib.django``)."""

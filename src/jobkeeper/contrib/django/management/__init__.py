@@ -1,0 +1,1 @@
+"""Management commands: jobkeeper_worker, jobkeeper_migrate."""

@@ -1,0 +1,1 @@
+"""``manage.py jobkeeper_worker`` and ``manage.py jobkeeper_migrate``."""
