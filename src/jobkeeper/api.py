@@ -588,16 +588,7 @@ class JobQueue:
             QueueFull: the queue is at its ``max_pending``; nothing written.
             DatabaseUnavailable: the database cannot be reached; nothing written.
         """
-        options = {
-            "queue": queue,
-            "run_at": run_at,
-            "delay": delay,
-            "priority": priority,
-            "max_attempts": max_attempts,
-            "unique_key": unique_key,
-            "serial_key": serial_key,
-        }
-        new = self._new_job(task, args, {k: v for k, v in options.items() if v is not None})
+        new = self._new_job(task, args, _given(locals(), _JOB_OPTIONS))
         return self.backend.job_insert_many(jobs=[new], connection=unwrap_connection(connection))[0]
 
     def enqueue_many(
@@ -662,6 +653,7 @@ class JobQueue:
         priority: int | None = None,
         max_attempts: int | None = None,
         unique_key: str | None = None,
+        serial_key: str | None = None,
         connection: Any = None,
     ) -> Job:
         """:meth:`enqueue` for async code: the event loop never waits on the
@@ -676,15 +668,7 @@ class JobQueue:
         Raises:
             As :meth:`enqueue`.
         """
-        options = {
-            "queue": queue,
-            "run_at": run_at,
-            "delay": delay,
-            "priority": priority,
-            "max_attempts": max_attempts,
-            "unique_key": unique_key,
-        }
-        new = self._new_job(task, args, {k: v for k, v in options.items() if v is not None})
+        new = self._new_job(task, args, _given(locals(), _JOB_OPTIONS))
         jobs = await self.backend.job_insert_many_async(jobs=[new], connection=connection)
         return jobs[0]
 
@@ -1165,6 +1149,11 @@ def _job_id(job_id: Any) -> int:
     if isinstance(job_id, bool) or not isinstance(job_id, int) or not 0 < job_id < 2**63:
         raise ConfigError(f"job id must be a positive 64-bit int, got {job_id!r}")
     return job_id
+
+
+def _given(values: dict[str, Any], names: frozenset[str]) -> dict[str, Any]:
+    """The enqueue options among ``values`` (a call's ``locals()``) that were given."""
+    return {name: values[name] for name in sorted(names) if values.get(name) is not None}
 
 
 def _queue_shares(

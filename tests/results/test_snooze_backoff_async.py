@@ -220,3 +220,18 @@ def test_async_enqueue_survives_its_connections_being_cut(pg_url):
     finally:
         jq.close()
     assert ids[1] > ids[0]
+
+
+def test_enqueue_async_takes_every_option_enqueue_takes(jq):
+    import inspect
+
+    from jobkeeper import JobQueue
+
+    sync = set(inspect.signature(JobQueue.enqueue).parameters)
+    assert set(inspect.signature(JobQueue.enqueue_async).parameters) == sync
+
+    async def enqueue() -> object:
+        return await jq.enqueue_async("t", {}, serial_key="user:1", priority=3)
+
+    job = run_async(enqueue())
+    assert (job.priority, jq.get_job(job.id).serial_key) == (3, "user:1")
