@@ -32,7 +32,9 @@ def test_listener_survives_the_database_refusing_it_at_start(pg_url, caplog):
     backend.channel = refusing_channel  # type: ignore[method-assign]
     heard: list[str] = []
     stop = threading.Event()
-    thread = threading.Thread(target=backend.listen, args=(heard.append, stop), daemon=True)
+    thread = threading.Thread(
+        target=backend.listen, kwargs={"on_queue": heard.append, "stop": stop}, daemon=True
+    )
     thread.start()
     try:
         deadline = time.monotonic() + 10
