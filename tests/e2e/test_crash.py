@@ -178,14 +178,12 @@ def test_sigstop_zombie_late_completion_is_fenced(make_queue, tmp_path):
     assert done.attempt == 2
     assert len(done.errors) == 1 and "worker lost" in done.errors[0]["error"]
     assert done.errors[0]["attempt"] == 1
-    # Both ran (at-least-once), but only B's attempt was recorded.
-    runs = read_records(record)
-    assert {(r[1], r[2], r[3]) for r in runs} == {
-        (1, a.pid, "start"),
-        (1, a.pid, "end"),
-        (2, b.pid, "start"),
-        (2, b.pid, "end"),
-    }
+    # Both started (at-least-once), but only B's attempt was recorded. Back
+    # from its pause, A learns its claim was rescued and asks its code to stop,
+    # so A's attempt may not reach its end.
+    runs = {(r[1], r[2], r[3]) for r in read_records(record)}
+    assert {(1, a.pid, "start"), (2, b.pid, "start"), (2, b.pid, "end")} <= runs
+    assert runs <= {(1, a.pid, "start"), (1, a.pid, "end"), (2, b.pid, "start"), (2, b.pid, "end")}
     assert os.getpid() not in {r[2] for r in runs}
 
 
