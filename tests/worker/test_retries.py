@@ -348,11 +348,11 @@ def test_outcomes_survive_a_passing_database_error(make_queue):
     real = backend.job_complete_many
     failures = {"left": 3}
 
-    def flaky(completions, *, delete):
+    def flaky(*, completions, delete):
         if failures["left"]:
             failures["left"] -= 1
             raise DatabaseError("SQLite error: database is read-only for a moment")
-        return real(completions, delete=delete)
+        return real(completions=completions, delete=delete)
 
     backend.job_complete_many = flaky
     with running(worker):
