@@ -65,19 +65,21 @@ def test_cap_holds_across_workers_through_a_sigkill(db_url, tmp_path):
         with processes(tmp_path) as procs:
             workers = [spawn(procs, db_url, concurrency=4, prefetch=4) for _ in range(3)]
             samples = [wait_for(lambda: held(db_url) or None, what="a held job")]
-            # Kill a worker while it holds jobs of the queue.
-            victim = workers[0]
-            wait_for(
-                lambda: (
-                    sql(
+
+            # Kill a worker while it holds jobs of the queue (whichever holds one:
+            # with a cap of 3 one worker may never get a job).
+            def holder() -> object:
+                for proc in workers:
+                    rows = sql(
                         db_url,
                         "SELECT count(*) FROM jobkeeper_jobs WHERE worker_id LIKE ?",
-                        [f"%:{victim.pid}:%"],
-                    )[0][0]
-                    > 0
-                ),
-                what="the victim to hold a job",
-            )
+                        [f"%:{proc.pid}:%"],
+                    )
+                    if rows[0][0] > 0:
+                        return proc
+                return None
+
+            victim = wait_for(holder, what="a worker to hold a job")
             victim.send_signal(signal.SIGKILL)
             deadline = time.monotonic() + 90
             while done(db_url) < 30 and time.monotonic() < deadline:
