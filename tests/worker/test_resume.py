@@ -74,6 +74,7 @@ def test_a_resumed_worker_stops_an_attempt_whose_claim_was_rescued(jq):
         worker.heartbeat.paused = False  # back: its next beat ends the stale spell
         assert stopped.wait(30), "the rescued attempt kept running beside its retry"
         release.set()
+    assert worker.stats.lost_claims >= 1, "the stopped attempt's hand-back must be refused"
 
 
 def test_code_that_swallows_a_cancel_and_returns_ends_cancelled(jq):

@@ -67,9 +67,9 @@ class Completer:
         self._max_batch = max_batch
         self._on_written = on_written
         self._events = events if events is not None else EventBus()
-        # Job id -> (task, queue) of an unwritten outcome, kept only while
-        # someone listens: events name them, and the outcome does not.
-        self._jobs: dict[int, tuple[str, str]] = {}
+        # (job id, fence) -> (task, queue) of an unwritten outcome, kept only
+        # while someone listens: events name them, and the outcome does not.
+        self._jobs: dict[tuple[int, int], tuple[str, str]] = {}
         self._buffer: list[Entry] = []
         self._cond = threading.Condition()
         self._stopping = False
@@ -85,7 +85,7 @@ class Completer:
         """
         with self._cond:
             if job is not None and self._acks_wanted():
-                self._jobs[job.id] = (job.task, job.queue)
+                self._jobs[job.id, job.fence] = (job.task, job.queue)
             self._buffer.append(outcome)
             # Wake the writer only to start a linger or to flush a full batch;
             # waking it on every add costs a context switch per job.
@@ -119,8 +119,7 @@ class Completer:
                     if remaining <= 0:
                         break
                     self._cond.wait(remaining)
-                batch = self._buffer[: self._max_batch]
-                del self._buffer[: self._max_batch]
+                batch = self._take_batch()
                 self._in_flight = len(batch)
                 self._in_flight_ids = [o.claim.job_id for o in batch]
             unwritten: list[Entry] = []
@@ -147,6 +146,32 @@ class Completer:
                 failing = True
                 self._cond.wait(retry_pause)
             retry_pause = min(retry_pause * 2, 5.0)
+
+    def _take_batch(self) -> list[Entry]:
+        """Remove and return up to ``max_batch`` entries (lock held), at most
+        one outcome per job: the backends report what they wrote by job id,
+        and a worker may claim a job again before the outcome of its earlier,
+        lost claim is flushed (a stale hand-back the fence refuses). A later
+        outcome of a job already in the batch waits for the next one.
+        """
+        batch = self._buffer[: self._max_batch]
+        ids = {o.claim.job_id for o in batch if not isinstance(o, Start)}
+        if len(ids) == sum(1 for o in batch if not isinstance(o, Start)):
+            del self._buffer[: self._max_batch]
+            return batch
+        batch, rest = [], []
+        ids.clear()
+        for entry in self._buffer:
+            if len(batch) < self._max_batch and (
+                isinstance(entry, Start) or entry.claim.job_id not in ids
+            ):
+                if not isinstance(entry, Start):
+                    ids.add(entry.claim.job_id)
+                batch.append(entry)
+            else:
+                rest.append(entry)
+        self._buffer = rest
+        return batch
 
     def _write(self, batch: list[Entry]) -> list[Entry]:
         """Write a batch; return the entries to try again later (nothing
@@ -216,7 +241,7 @@ class Completer:
         for outcome in outcomes:
             claim = outcome.claim
             with self._cond:
-                names = self._jobs.pop(claim.job_id, None)
+                names = self._jobs.pop((claim.job_id, claim.fence), None)
             if names is None or not self._acks_wanted():
                 continue
             task, queue = names
