@@ -67,13 +67,18 @@ CREATE TABLE raw_jobs (
     queue        TEXT    NOT NULL DEFAULT 'default',
     args         TEXT    NOT NULL DEFAULT '{}',
     status       TEXT    NOT NULL DEFAULT 'available',
+    priority     INTEGER NOT NULL DEFAULT 0,
     attempt      INTEGER NOT NULL DEFAULT 0,
     worker       TEXT,
+    scheduled_at REAL    NOT NULL DEFAULT (((julianday('now') - 2440587.5) * 86400.0)),
     created_at   REAL    NOT NULL DEFAULT (((julianday('now') - 2440587.5) * 86400.0)),
     attempted_at REAL,
     finished_at  REAL
 );
-CREATE INDEX raw_jobs_claim ON raw_jobs (queue, id) WHERE status = 'available';
+-- jobkeeper's claim order and index (see PG_SCHEMA): ordered by rowid alone,
+-- SQLite scans the table from its first, long-completed row on every claim.
+CREATE INDEX raw_jobs_claim ON raw_jobs (queue, priority, scheduled_at, id)
+    WHERE status = 'available';
 """
 SQLITE_INSERT = "INSERT INTO raw_jobs (queue, args) VALUES ('default', '{}')"
 SQLITE_CLAIM = """
@@ -81,7 +86,7 @@ UPDATE raw_jobs
 SET status = 'running', attempt = attempt + 1, worker = ?,
     attempted_at = ((julianday('now') - 2440587.5) * 86400.0)
 WHERE id IN (SELECT id FROM raw_jobs WHERE status = 'available' AND queue = 'default'
-             ORDER BY id LIMIT ?)
+             ORDER BY priority, scheduled_at, id LIMIT ?)
 RETURNING id, args
 """
 SQLITE_COMPLETE = (
