@@ -54,13 +54,14 @@ chromium: ## Install Debian's chromium (tests/browser needs it) when missing, as
 		echo "chromium is missing, so tests/browser will fail: install it with 'sudo apt-get install -y chromium'"; \
 	fi
 
-test: install pgbouncer chromium ## Run the whole test suite (SQLite, and PostgreSQL at JOBKEEPER_TEST_PG_URL)
+test: install pgbouncer chromium ## Run the whole test suite (SQLite, and PostgreSQL at JOBKEEPER_TEST_PG_URL), Django 6 included
 	$(BIN)/pytest
+	$(MAKE) --no-print-directory test-django6
 
 # Django >= 6.0 (django.tasks built in) needs Python >= 3.12: its own venv,
 # made with the first Python >= 3.12 found (PYTHON312=..., pyenv's 3.12.*,
-# python3.12 on PATH), runs tests/contrib_django there. `make test` covers Django 5.2 with
-# the django-tasks backport on the main venv's Python.
+# python3.12 on PATH), runs tests/contrib_django there. `make test` runs it after the main
+# suite, which covers Django 5.2 with the django-tasks backport on the main venv's Python.
 PYTHON312 ?= $(firstword $(wildcard $(HOME)/.pyenv/versions/3.12.*/bin/python) $(shell command -v python3.12 2>/dev/null))
 test-django6: ## tests/contrib_django on Django >= 6 and Python >= 3.12 (.venv-django6)
 	@test -n "$(PYTHON312)" || { echo "no Python >= 3.12 found: set PYTHON312=/path/to/python3.12"; exit 1; }
