@@ -27,7 +27,7 @@ from jobkeeper.config import (
     check_seconds,
     check_unique_key,
 )
-from jobkeeper.connections import unwrap_connection
+from jobkeeper.connections import unwrap_connection, unwrap_connection_async
 from jobkeeper.errors import (
     ConfigError,
     DatabaseUnavailable,
@@ -661,7 +661,10 @@ class JobQueue:
         pool). Validated as :meth:`enqueue` validates, before any I/O.
 
         Args:
-            connection: a psycopg 3 ``AsyncConnection`` to this database: the
+            connection: a psycopg 3 ``AsyncConnection`` to this database, or
+                SQLAlchemy's ``AsyncConnection`` or ``AsyncSession`` on the
+                psycopg driver (see
+                :func:`jobkeeper.connections.unwrap_connection_async`): the
                 job commits or rolls back with its transaction. (SQLite: a
                 ``sqlite3.Connection``, written on the calling thread.)
 
@@ -669,7 +672,9 @@ class JobQueue:
             As :meth:`enqueue`.
         """
         new = self._new_job(task, args, _given(locals(), _JOB_OPTIONS))
-        jobs = await self.backend.job_insert_many_async(jobs=[new], connection=connection)
+        jobs = await self.backend.job_insert_many_async(
+            jobs=[new], connection=await unwrap_connection_async(connection)
+        )
         return jobs[0]
 
     async def enqueue_many_async(
@@ -683,7 +688,9 @@ class JobQueue:
     ) -> list[Job]:
         """:meth:`enqueue_many` for async code (see :meth:`enqueue_async`)."""
         new_jobs = self._new_jobs(jobs)
-        return await self.backend.job_insert_many_async(jobs=new_jobs, connection=connection)
+        return await self.backend.job_insert_many_async(
+            jobs=new_jobs, connection=await unwrap_connection_async(connection)
+        )
 
     async def get_job_async(self, job_id: int) -> Job | None:
         """:meth:`get_job` for async code."""

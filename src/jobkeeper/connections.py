@@ -3,7 +3,8 @@ DBAPI connection a backend writes on.
 
 The backends take a psycopg 3 ``Connection`` or a ``sqlite3.Connection``.
 Applications mostly hold something around one: Django's
-``django.db.connection``, a SQLAlchemy ``Connection`` or ``Session``. This
+``django.db.connection``, a SQLAlchemy ``Connection`` or ``Session`` (or, in
+async code, SQLAlchemy's ``AsyncConnection`` or ``AsyncSession``). This
 module finds the DBAPI connection inside, with the framework's transaction
 open on it, so that an enqueue joins the caller's transaction instead of
 starting one of its own. Frameworks are recognised only when the application
@@ -57,4 +58,40 @@ def unwrap_connection(connection: Any) -> Any:
         # first use).
         connection.ensure_connection()
         return connection.connection
+    return connection
+
+
+async def unwrap_connection_async(connection: Any) -> Any:
+    """:func:`unwrap_connection` for the async API: the driver's async
+    connection behind ``connection``, in the caller's transaction.
+
+    Args:
+        connection: ``None``; a psycopg 3 ``AsyncConnection`` (returned as
+            is); a SQLAlchemy ``AsyncConnection`` (its transaction begun if
+            none is) or ``AsyncSession`` (its connection for the default
+            bind, which begins the session's transaction), on the psycopg 3
+            driver (``postgresql+psycopg://``, which SQLAlchemy runs async
+            under ``create_async_engine``).
+
+    Returns:
+        The connection to write on (``None`` for ``None``). Anything else,
+        an ``aiosqlite`` connection behind an async SQLite engine included,
+        is returned unchanged for the backend to refuse with a
+        ``TypeError`` naming its type.
+    """
+    if connection is None:
+        return None
+    aio = sys.modules.get("sqlalchemy.ext.asyncio")
+    if aio is None:
+        return connection
+    if isinstance(connection, aio.AsyncSession):
+        # As Session.connection(): begins the session's transaction.
+        connection = await connection.connection()
+    if isinstance(connection, aio.AsyncConnection):
+        if not connection.in_transaction():
+            # Else the caller's commit() has nothing to commit and the pool's
+            # reset rolls the job back (as for a sync Connection).
+            await connection.begin()
+        fairy = await connection.get_raw_connection()
+        return fairy.driver_connection
     return connection

@@ -4,6 +4,7 @@ caller's transaction."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 
 import pytest
@@ -72,3 +73,70 @@ def test_other_objects_are_refused(jq: JobQueue, engine: Engine) -> None:
     with pytest.raises(TypeError, match="connection="):
         jq.enqueue("note", {}, connection=engine)
     assert count(jq) == 0
+
+
+# -- async: AsyncConnection and AsyncSession (psycopg 3 driver) ------------------------
+
+
+def test_async_connection_and_session_commit_and_rollback(pg_url: str) -> None:
+    from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
+
+    jq = JobQueue(pg_url)
+    jq.migrate()
+    engine = create_async_engine(pg_url.replace("postgresql://", "postgresql+psycopg://", 1))
+
+    async def scenario() -> None:
+        async with engine.begin() as conn:
+            await conn.execute(text("CREATE TABLE notes (body TEXT)"))
+        async with engine.connect() as conn:
+            await conn.execute(text("INSERT INTO notes VALUES ('rolled back')"))
+            await jq.enqueue_async("note", {"n": 1}, connection=conn)
+            await conn.rollback()
+        async with engine.connect() as conn:
+            # Nothing begun yet: the enqueue begins what the commit ends.
+            await jq.enqueue_async("note", {"n": 2}, connection=conn)
+            await conn.commit()
+        async with AsyncSession(engine) as session:
+            await session.execute(text("INSERT INTO notes VALUES ('session rolled back')"))
+            await jq.enqueue_many_async(
+                [("note", {"n": 3}), ("note", {"n": 4})], connection=session
+            )
+            await session.rollback()
+            await jq.enqueue_async("note", {"n": 5}, connection=session)
+            await session.execute(text("INSERT INTO notes VALUES ('kept')"))
+            await session.commit()
+        async with engine.connect() as conn:
+            rows = await conn.execute(text("SELECT body FROM notes"))
+            assert [row[0] for row in rows] == ["kept"]
+        await jq.aclose()
+        await engine.dispose()
+
+    try:
+        asyncio.run(scenario())
+        assert [job.args for job in jq.list_jobs(task="note")] == [{"n": 5}, {"n": 2}]
+    finally:
+        jq.close()
+
+
+def test_an_async_sqlite_engine_is_refused_clearly(sqlite_url: str) -> None:
+    # aiosqlite runs its sqlite3 connection on a thread of its own: jobkeeper
+    # cannot write on it, and says so rather than writing outside the
+    # caller's transaction.
+    from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
+
+    jq = JobQueue(sqlite_url)
+    jq.migrate()
+    engine = create_async_engine(sqlite_url.replace("sqlite://", "sqlite+aiosqlite://", 1))
+
+    async def scenario() -> None:
+        async with AsyncSession(engine) as session:
+            with pytest.raises(TypeError, match="aiosqlite"):
+                await jq.enqueue_async("note", {"n": 1}, connection=session)
+        await jq.aclose()
+        await engine.dispose()
+
+    try:
+        asyncio.run(scenario())
+        assert count(jq) == 0
+    finally:
+        jq.close()
