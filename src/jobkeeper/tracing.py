@@ -1,8 +1,10 @@
 """OpenTelemetry tracing (``pip install 'jobkeeper[otel]'``; turned on with
 ``JobQueue(..., tracing=True)``).
 
-Two spans per job, named and described by the OpenTelemetry messaging
-semantic conventions (``messaging.system = "jobkeeper"``):
+Two spans per job, described by the OpenTelemetry messaging semantic
+conventions (``messaging.system = "jobkeeper"``); their names carry the task
+where the conventions' ``{operation} {destination}`` would put the queue (the
+task says what the job does; the queue is ``messaging.destination.name``):
 
 - ``enqueue <task>`` (kind PRODUCER, ``messaging.operation.type = "send"``)
   around each ``enqueue`` / ``enqueue_many`` (sync and async): one span per
