@@ -67,6 +67,7 @@ from jobkeeper.queues import (
     parse_rate_limit,
 )
 from jobkeeper.tasks import ENQUEUE_OPTIONS, Task
+from jobkeeper.tracing import Tracing
 from jobkeeper.waiting import Get, Mark, Ready, Sleep, check_timeout, wait_plan
 
 logger = logging.getLogger("jobkeeper")
@@ -116,9 +117,16 @@ class JobQueue:
         max_backoff: cap on one retry delay, seconds (default 86400).
         busy_timeout: SQLite: seconds to wait for the write lock (default 30).
         pool_size: PostgreSQL: most pooled connections for API calls (default 10).
+        tracing: OpenTelemetry spans for enqueues and executions (see
+            :mod:`jobkeeper.tracing`; needs ``pip install 'jobkeeper[otel]'``).
+            ``False`` (default): none, at no cost. ``True``: spans from the
+            global tracer provider. An OpenTelemetry ``TracerProvider``:
+            spans from that one. Set it on the queue the enqueuers use and
+            on the one the worker runs (``--app``), or the traces do not join.
 
     Raises:
-        ConfigError: an invalid URL or setting (nothing is connected).
+        ConfigError: an invalid URL or setting (nothing is connected), or
+            ``tracing`` asked for without ``opentelemetry-api`` installed.
     """
 
     def __init__(
@@ -135,6 +143,7 @@ class JobQueue:
         max_backoff: float = 86_400.0,
         busy_timeout: float = 30.0,
         pool_size: int = 10,
+        tracing: bool | Any = False,
     ) -> None:
         self.url = resolve_database_url(database_url)
         self.settings = Settings(
@@ -154,6 +163,9 @@ class JobQueue:
         self.periodics = self._new_periodic_registry()
         #: Listeners of this queue's job events (see :meth:`on_event`).
         self.events = EventBus()
+        self._tracing = _open_tracing(tracing)
+        if self._tracing is not None:
+            self.events.subscribe(self._tracing, self._tracing.kinds)
         self._backend: Backend | None = None
         self._backend_lock = threading.Lock()
 
@@ -184,6 +196,7 @@ class JobQueue:
         other.tasks = self.tasks
         other.periodics = self.periodics
         other.events = self.events
+        other._tracing = self._tracing
         other._backend = None
         other._backend_lock = threading.Lock()
         return other
@@ -589,7 +602,16 @@ class JobQueue:
             DatabaseUnavailable: the database cannot be reached; nothing written.
         """
         new = self._new_job(task, args, _given(locals(), _JOB_OPTIONS))
-        return self.backend.job_insert_many(jobs=[new], connection=unwrap_connection(connection))[0]
+        if self._tracing is None:
+            return self.backend.job_insert_many(
+                jobs=[new], connection=unwrap_connection(connection)
+            )[0]
+        with self._tracing.enqueue_span([new], batch=False) as span:
+            job = self.backend.job_insert_many(
+                jobs=span.jobs, connection=unwrap_connection(connection)
+            )[0]
+            span.stored([job])
+        return job
 
     def enqueue_many(
         self,
@@ -618,7 +640,14 @@ class JobQueue:
             DatabaseUnavailable: nothing was written.
         """
         new_jobs = self._new_jobs(jobs)  # validated before the backend is opened
-        return self.backend.job_insert_many(jobs=new_jobs, connection=unwrap_connection(connection))
+        if self._tracing is None or not new_jobs:
+            return self.backend.job_insert_many(
+                jobs=new_jobs, connection=unwrap_connection(connection)
+            )
+        with self._tracing.enqueue_span(new_jobs, batch=True) as span:
+            return self.backend.job_insert_many(
+                jobs=span.jobs, connection=unwrap_connection(connection)
+            )
 
     def _new_jobs(self, jobs: Iterable[Any]) -> list[NewJob]:
         """Validate every item of an ``enqueue_many``, writing nothing."""
@@ -672,9 +701,13 @@ class JobQueue:
             As :meth:`enqueue`.
         """
         new = self._new_job(task, args, _given(locals(), _JOB_OPTIONS))
-        jobs = await self.backend.job_insert_many_async(
-            jobs=[new], connection=await unwrap_connection_async(connection)
-        )
+        connection = await unwrap_connection_async(connection)
+        if self._tracing is None:
+            jobs = await self.backend.job_insert_many_async(jobs=[new], connection=connection)
+            return jobs[0]
+        with self._tracing.enqueue_span([new], batch=False) as span:
+            jobs = await self.backend.job_insert_many_async(jobs=span.jobs, connection=connection)
+            span.stored(jobs)
         return jobs[0]
 
     async def enqueue_many_async(
@@ -688,9 +721,11 @@ class JobQueue:
     ) -> list[Job]:
         """:meth:`enqueue_many` for async code (see :meth:`enqueue_async`)."""
         new_jobs = self._new_jobs(jobs)
-        return await self.backend.job_insert_many_async(
-            jobs=new_jobs, connection=await unwrap_connection_async(connection)
-        )
+        connection = await unwrap_connection_async(connection)
+        if self._tracing is None or not new_jobs:
+            return await self.backend.job_insert_many_async(jobs=new_jobs, connection=connection)
+        with self._tracing.enqueue_span(new_jobs, batch=True) as span:
+            return await self.backend.job_insert_many_async(jobs=span.jobs, connection=connection)
 
     async def get_job_async(self, job_id: int) -> Job | None:
         """:meth:`get_job` for async code."""
@@ -1150,6 +1185,27 @@ class JobQueue:
         """
         stats = self.worker(queues, concurrency, burst, prefetch).run()
         return int(stats.exit_code)
+
+
+def _open_tracing(tracing: Any) -> Tracing | None:
+    """``JobQueue(tracing=...)``: None when off, else the spans' maker.
+
+    Raises:
+        ConfigError: not a bool or a tracer provider, or ``opentelemetry-api``
+            is missing.
+    """
+    if tracing is False or tracing is None:
+        return None
+    if tracing is not True and not callable(getattr(tracing, "get_tracer", None)):
+        raise ConfigError(
+            f"tracing must be True, False or an OpenTelemetry TracerProvider, got {tracing!r}"
+        )
+    try:
+        return Tracing(None if tracing is True else tracing)
+    except ImportError as exc:
+        raise ConfigError(
+            f"tracing needs the OpenTelemetry API ({exc}): pip install 'jobkeeper[otel]'"
+        ) from None
 
 
 def _job_id(job_id: Any) -> int:

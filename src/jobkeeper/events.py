@@ -32,9 +32,12 @@ class EventKind(enum.StrEnum):
 
     #: A worker claimed the job (it holds it; it has not started).
     CLAIMED = "claimed"
-    #: The task is about to be called (the attempt starts).
+    #: The task is about to be called (the attempt starts). Emitted on the
+    #: thread (sync task) or in the asyncio task (async task) that calls it,
+    #: so a listener may make context current for the task's code.
     STARTED = "started"
     #: The attempt ended in the worker; ``outcome`` says how (not yet written).
+    #: For an attempt that started, emitted where its STARTED was.
     FINISHED = "finished"
     #: The worker wrote the outcome; ``outcome`` says which.
     ACKED = "acked"
@@ -80,6 +83,8 @@ class JobEvent:
         duration: for FINISHED, seconds the attempt ran.
         error: the error text of a failed attempt, or the dead-letter reason.
         job: the job as the worker holds it (CLAIMED, STARTED, FINISHED), else None.
+        exception: for FINISHED, what the task's code raised (``Retry``,
+            ``Snooze``, ``Discard`` included), else None.
     """
 
     kind: EventKind
@@ -93,6 +98,7 @@ class JobEvent:
     duration: float | None = None
     error: str | None = None
     job: Job | None = None
+    exception: BaseException | None = None
 
     @classmethod
     def of(
@@ -105,6 +111,7 @@ class JobEvent:
         duration: float | None = None,
         error: str | None = None,
         keep_job: bool = True,
+        exception: BaseException | None = None,
     ) -> JobEvent:
         """An event about ``job`` stamped now."""
         return cls(
@@ -119,6 +126,7 @@ class JobEvent:
             duration=duration,
             error=error,
             job=job if keep_job else None,
+            exception=exception,
         )
 
 

@@ -109,6 +109,10 @@ class Job:
             started and the attempt given back (bounded by the rescuer).
         dead_reason: why it was dead-lettered (only for ``status == "dead"``).
         args_error: why ``args`` could not be decoded, else ``None``.
+        trace_context: the enqueuer's OpenTelemetry trace context, as the
+            JSON text of what its propagator injected (W3C ``traceparent``
+            ...), when it enqueued with tracing on; else ``None``. Each
+            execution span continues that trace (see :mod:`jobkeeper.tracing`).
     """
 
     id: int
@@ -134,6 +138,7 @@ class Job:
     unstarted_returns: int = 0
     #: Jobs with the same serial_key are never held at once (flow control).
     serial_key: str | None = None
+    trace_context: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """Return a JSON-ready dict (timestamps as ISO 8601 UTC strings).
@@ -190,6 +195,9 @@ class NewJob:
     #: The validated args themselves, so a bulk insert can build its Jobs
     #: without decoding ``args_json`` again.
     args: dict[str, Any] | None = None
+    #: The enqueuer's trace context (JSON text of the propagator's carrier),
+    #: or None when it traced nothing.
+    trace_context: str | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

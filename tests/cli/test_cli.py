@@ -50,6 +50,7 @@ JOB_KEYS = {
     "cancel_requested",
     "dead_reason",
     "args_error",
+    "trace_context",
 }
 STATUSES = [s.value for s in JobStatus]
 

@@ -73,6 +73,7 @@ def job_from_row(
         fence=0 if dead else int(row["fence"]),
         unstarted_returns=0 if dead else int(row["unstarted_returns"]),
         serial_key=row.get("serial_key"),
+        trace_context=row.get("trace_context"),
     )
 
 
@@ -91,6 +92,7 @@ def insert_params(new: NewJob, run_at: Any) -> dict[str, Any]:
         "run_at": run_at,
         "unique_key": new.unique_key,
         "serial_key": new.serial_key,
+        "trace_context": new.trace_context,
     }
 
 
@@ -130,6 +132,7 @@ def job_from_new(
         created_at=now,
         unique_key=new.unique_key,
         serial_key=new.serial_key,
+        trace_context=new.trace_context,
     )
 
 

@@ -188,6 +188,7 @@ def job_detail(job: Job) -> Table:
         "unique_key",
         "cancel_requested",
         "dead_reason",
+        "trace_context",
     ):
         value = data.get(key)
         if value is None or value is False:

@@ -173,8 +173,19 @@ class Executor:
             self._report(job, released_attempt(job, None))
         return len(waiting)
 
-    def _report(self, job: Job, outcome: Outcome, duration: float | None = None) -> None:
-        """Emit FINISHED and hand the outcome on: every attempt's ending, here only."""
+    def _report(
+        self,
+        job: Job,
+        outcome: Outcome,
+        duration: float | None = None,
+        exc: BaseException | None = None,
+    ) -> None:
+        """Emit FINISHED and hand the outcome on: every attempt's ending, here only.
+
+        For a started attempt this runs where its STARTED was emitted (the
+        runner thread of a sync task, the asyncio task of an async one), so
+        a listener may attach context at STARTED and detach it here.
+        """
         if self._events.wants(EventKind.FINISHED):
             self._events.emit(
                 JobEvent.of(
@@ -183,6 +194,7 @@ class Executor:
                     outcome=outcome_kind(outcome),
                     duration=duration,
                     error=outcome_error(outcome),
+                    exception=exc,
                 )
             )
         self._on_outcome(job, outcome)
@@ -242,9 +254,12 @@ class Executor:
         else:
             self._run_sync(execution, task)
 
-    def _finish(self, execution: Execution, outcome: Outcome) -> bool:
+    def _finish(
+        self, execution: Execution, outcome: Outcome, exc: BaseException | None = None
+    ) -> bool:
         """Deliver ``execution``'s outcome, once (its code has returned, or
-        never started). Returns False if already delivered.
+        never started). ``exc``: what the code raised, if it did. Returns
+        False if already delivered.
         """
         with execution.lock:
             if execution.finished:
@@ -264,7 +279,7 @@ class Executor:
             )
             return True
         try:
-            self._report(execution.job, outcome, elapsed)
+            self._report(execution.job, outcome, elapsed, exc)
         finally:
             self._slots.delivered(wake)
         return True
@@ -372,6 +387,7 @@ class Executor:
     def _run_sync(self, execution: Execution, task: Task[Any, Any]) -> None:
         job = execution.job
         assert job.args is not None
+        raised: BaseException | None = None
         token = set_current_job(job)
         try:
             try:
@@ -390,10 +406,11 @@ class Executor:
                         raise_in_thread(execution.thread_id, None)
             outcome = self._ended(execution, result=result)
         except BaseException as exc:  # noqa: BLE001 - SystemExit in a task must not kill the worker
+            raised = exc
             outcome = self._ended(execution, exc=exc)
         finally:
             reset_current_job(token)
-        self._finish(execution, outcome)
+        self._finish(execution, outcome, raised)
 
     async def _run_async(self, execution: Execution, task: Task[Any, Any]) -> None:
         try:
@@ -410,6 +427,7 @@ class Executor:
         if self._on_start is not None:
             self._on_start(job)
         set_current_job(job)  # this asyncio task has its own context
+        raised: BaseException | None = None
         try:
             try:
                 # A timeout or cancel cancels this asyncio task (_interrupt);
@@ -420,8 +438,9 @@ class Executor:
                     execution.in_user_code = False
             outcome = self._ended(execution, result=result)
         except BaseException as exc:  # noqa: BLE001
+            raised = exc
             outcome = self._ended(execution, exc=exc)
-        self._finish(execution, outcome)
+        self._finish(execution, outcome, raised)
 
     def _success(self, job: Job, result: Any) -> Outcome:
         try:

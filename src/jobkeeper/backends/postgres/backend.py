@@ -76,7 +76,7 @@ def claimed_job(row: tuple[Any, ...], worker_id: str, utc: dict[datetime, dateti
     """
     (job_id, queue, task, args_text, priority, attempt, max_attempts,
      scheduled_at, created_at, attempted_at, unique_key, errors_text, fence,
-     unstarted_returns) = row  # fmt: skip
+     unstarted_returns, trace_context) = row  # fmt: skip
     args, args_error = decode_args(args_text)
     errors = [] if errors_text is None else _JSON.decode(errors_text)
     aware = []
@@ -103,6 +103,7 @@ def claimed_job(row: tuple[Any, ...], worker_id: str, utc: dict[datetime, dateti
         args_error=args_error,
         fence=fence,
         unstarted_returns=unstarted_returns,
+        trace_context=trace_context,
     )
 
 

@@ -184,6 +184,7 @@ def _insert(jobs: Sequence[NewJob], *, checked: bool) -> Plan:
                 "run_ats": [j.run_at for j in batch],
                 "unique_keys": [j.unique_key for j in batch],
                 "serial_keys": [j.serial_key for j in batch],
+                "trace_contexts": [j.trace_context for j in batch],
                 "checked": checked,
             },
         )
@@ -234,7 +235,15 @@ def _insert_copy(jobs: Sequence[NewJob]) -> Plan:
     built = [job_from_new(new, job_id, now) for new, job_id in zip(jobs, ids, strict=True)]
     pairs = list(zip(jobs, built, strict=True))
     immediate = [
-        (job.id, new.queue, new.task, new.args_json, new.priority, new.max_attempts)
+        (
+            job.id,
+            new.queue,
+            new.task,
+            new.args_json,
+            new.priority,
+            new.max_attempts,
+            new.trace_context,
+        )
         for new, job in pairs
         if new.delay is None and new.run_at is None
     ]
@@ -245,7 +254,7 @@ def _insert_copy(jobs: Sequence[NewJob]) -> Plan:
             "job_insert_many_copy_scheduled",
             [
                 (job.id, new.queue, new.task, new.args_json, job.status.value,
-                 new.priority, new.max_attempts, job.scheduled_at, now)
+                 new.priority, new.max_attempts, job.scheduled_at, now, new.trace_context)
                 for new, job in pairs
                 if new.delay is not None or new.run_at is not None
             ],

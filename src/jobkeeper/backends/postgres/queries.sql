@@ -15,19 +15,21 @@
 -- a queue with max_pending inserts nothing: the caller runs it again with
 -- the check (see the PostgreSQL inserts).
 INSERT INTO jobkeeper_jobs
-    (queue, task, args, status, priority, max_attempts, scheduled_at, unique_key, serial_key)
+    (queue, task, args, status, priority, max_attempts, scheduled_at, unique_key, serial_key,
+     trace_context)
 SELECT new.queue, new.task, new.args,
        CASE WHEN new.delay IS NOT NULL OR new.run_at > now() THEN 'scheduled'
             ELSE 'available' END,
        new.priority, new.max_attempts,
        CASE WHEN new.delay IS NOT NULL THEN now() + make_interval(secs => new.delay)
             ELSE coalesce(new.run_at, now()) END,
-       new.unique_key, new.serial_key
+       new.unique_key, new.serial_key, new.trace_context
 FROM unnest(%(queues)b::text[], %(tasks)b::text[], %(args)b::json[], %(priorities)b::int[],
             %(max_attempts)b::int[], %(delays)b::float8[], %(run_ats)b::timestamptz[],
-            %(unique_keys)b::text[], %(serial_keys)b::text[])
+            %(unique_keys)b::text[], %(serial_keys)b::text[], %(trace_contexts)b::text[])
      WITH ORDINALITY
-     AS new(queue, task, args, priority, max_attempts, delay, run_at, unique_key, serial_key, ord)
+     AS new(queue, task, args, priority, max_attempts, delay, run_at, unique_key, serial_key,
+            trace_context, ord)
 WHERE %(checked)s OR NOT EXISTS (
     SELECT 1 FROM jobkeeper_queues
     WHERE name = ANY(%(queues)b::text[]) AND max_pending IS NOT NULL)
@@ -51,7 +53,7 @@ SELECT pg_advisory_xact_lock(key) FROM unnest(%(keys)s::bigint[]) AS key;
 -- Nothing is inserted into a queue with max_pending unless the caller
 -- checked it in this transaction (%(checked)s; see job_insert_many).
 INSERT INTO jobkeeper_jobs
-    (queue, task, args, status, priority, max_attempts, scheduled_at, serial_key)
+    (queue, task, args, status, priority, max_attempts, scheduled_at, serial_key, trace_context)
 SELECT
     %(queue)s, %(task)s, %(args)s::json,
     CASE WHEN %(delay)s::float8 IS NOT NULL OR %(run_at)s::timestamptz > now()
@@ -59,7 +61,7 @@ SELECT
     %(priority)s, %(max_attempts)s,
     CASE WHEN %(delay)s::float8 IS NOT NULL THEN now() + make_interval(secs => %(delay)s::float8)
          ELSE coalesce(%(run_at)s::timestamptz, now()) END,
-    %(serial_key)s
+    %(serial_key)s, %(trace_context)s::text
 WHERE %(checked)s OR NOT EXISTS (
     SELECT 1 FROM jobkeeper_queues WHERE name = %(queue)s AND max_pending IS NOT NULL)
 RETURNING id, status, scheduled_at, created_at
@@ -78,12 +80,13 @@ FROM sequence, generate_series(1, %(count)s) AS n
 -- name: job_insert_many_copy
 -- Jobs to run now: status, scheduled_at and created_at take their defaults
 -- ('available', and now(): the same transaction clock job_insert_many_reserve_ids read).
-COPY jobkeeper_jobs (id, queue, task, args, priority, max_attempts)
+COPY jobkeeper_jobs (id, queue, task, args, priority, max_attempts, trace_context)
 FROM STDIN
 
 -- name: job_insert_many_copy_scheduled
 COPY jobkeeper_jobs
-    (id, queue, task, args, status, priority, max_attempts, scheduled_at, created_at)
+    (id, queue, task, args, status, priority, max_attempts, scheduled_at, created_at,
+     trace_context)
 FROM STDIN
 
 -- name: job_insert_many_pending
@@ -144,11 +147,11 @@ RETURNING job.id, job.queue, job.task, job.args::text, job.priority, job.attempt
           job.max_attempts, job.scheduled_at AT TIME ZONE 'UTC',
           job.created_at AT TIME ZONE 'UTC', job.attempted_at AT TIME ZONE 'UTC',
           job.unique_key, nullif(job.errors, '[]'::jsonb)::text, job.fence,
-          job.unstarted_returns
+          job.unstarted_returns, job.trace_context
 )
 SELECT * FROM claimed
 UNION ALL
-SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
+SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
 FROM limited WHERE yes
 
 -- name: job_start_many

@@ -10,13 +10,13 @@
 -- name: job_insert_many
 INSERT INTO jobkeeper_jobs
     (queue, task, args, status, priority, max_attempts, scheduled_at, created_at, unique_key,
-     serial_key)
+     serial_key, trace_context)
 VALUES (
     :queue, :task, :args,
     CASE WHEN :delay IS NOT NULL OR :run_at > {now} THEN 'scheduled' ELSE 'available' END,
     :priority, :max_attempts,
     CASE WHEN :delay IS NOT NULL THEN {now} + :delay ELSE coalesce(:run_at, {now}) END,
-    {now}, :unique_key, :serial_key)
+    {now}, :unique_key, :serial_key, :trace_context)
 ON CONFLICT (task, unique_key)
     WHERE unique_key IS NOT NULL AND status IN ('scheduled', 'available', 'claimed', 'running', 'retryable')
     DO NOTHING
@@ -26,8 +26,8 @@ RETURNING *
 -- enqueue_many without unique keys: status and times computed by the caller
 -- from one {now} read in the same transaction.
 INSERT INTO jobkeeper_jobs
-    (queue, task, args, status, priority, max_attempts, scheduled_at, created_at)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?)
+    (queue, task, args, status, priority, max_attempts, scheduled_at, created_at, trace_context)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
 
 -- name: job_insert_many_pending
 SELECT *

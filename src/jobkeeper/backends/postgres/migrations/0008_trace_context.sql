@@ -1,0 +1,12 @@
+-- Version 8: the enqueuer's trace context (OpenTelemetry, JobQueue(tracing=...)),
+-- so that each execution span continues the trace of the enqueue that made
+-- the job. It is what the propagator injected (W3C traceparent, tracestate,
+-- baggage) as a JSON object, written once at enqueue and read at each claim;
+-- NULL when the enqueuer traced nothing. A column of its own, not a key in
+-- args (the task gets back exactly the args enqueued) and not jsonb (nothing
+-- queries into it: the claim hands the text on undecoded).
+-- A worker of version 7 never names it (its claims list their columns, or
+-- read jobkeeper_claim_limited's rows by name): it runs such jobs as before,
+-- without continuing their traces. Enqueuers of version 7 leave it NULL.
+-- ADD COLUMN without a default rewrites nothing.
+ALTER TABLE jobkeeper_jobs ADD COLUMN trace_context text;
