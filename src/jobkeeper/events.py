@@ -21,6 +21,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable
+from typing import NamedTuple
 
 from jobkeeper.models import Job
 
@@ -130,6 +131,13 @@ class JobEvent:
         )
 
 
+class _Entry(NamedTuple):
+    listener: Callable[[JobEvent], None]
+    kinds: frozenset[EventKind]
+    #: Of FINISHED events, the outcomes wanted (empty unless FINISHED is).
+    outcomes: frozenset[OutcomeKind]
+
+
 #: A listener: called with each event, on the thread that emitted it. It
 #: must be quick and must not block (it runs on the worker's own threads).
 Listener = Callable[[JobEvent], None]
@@ -143,8 +151,9 @@ class EventBus:
     """
 
     def __init__(self) -> None:
-        self._listeners: tuple[tuple[Listener, frozenset[EventKind]], ...] = ()
+        self._listeners: tuple[_Entry, ...] = ()
         self._wanted: frozenset[EventKind] = frozenset()
+        self._wanted_outcomes: frozenset[OutcomeKind] = frozenset()
         self._lock = threading.Lock()
 
     @property
@@ -158,31 +167,72 @@ class EventBus:
         """
         return kind in self._wanted
 
+    def wants_finished(self, outcome: OutcomeKind) -> bool:
+        """Whether anyone listens to FINISHED events with ``outcome`` (the
+        log, with DEBUG off, wants failures but not the completions that are
+        most events of a busy worker).
+        """
+        return outcome in self._wanted_outcomes
+
     def subscribe(
-        self, listener: Listener, kinds: Iterable[EventKind] | None = None
+        self,
+        listener: Listener,
+        kinds: Iterable[EventKind] | None = None,
+        *,
+        outcomes: Iterable[OutcomeKind] | None = None,
     ) -> Callable[[], None]:
         """Add ``listener`` for ``kinds`` (default: every kind); returns a
         function that removes it again.
+
+        Args:
+            listener: called with each event (see :data:`Listener`).
+            kinds: the event kinds it wants; ``None``: every kind.
+            outcomes: of FINISHED events, only these outcomes; ``None``:
+                every outcome.
+
+        Raises:
+            TypeError: ``listener`` is not callable.
+            ValueError: an unknown kind or outcome.
         """
         if not callable(listener):
             raise TypeError(f"an event listener must be callable, got {listener!r}")
         wanted = frozenset(EventKind) if kinds is None else frozenset(EventKind(k) for k in kinds)
-        entry = (listener, wanted)
+        finished: frozenset[OutcomeKind] = frozenset()
+        if EventKind.FINISHED in wanted:
+            finished = (
+                frozenset(OutcomeKind)
+                if outcomes is None
+                else frozenset(OutcomeKind(o) for o in outcomes)
+            )
+        entry = _Entry(listener, wanted, finished)
         with self._lock:
             self._listeners = (*self._listeners, entry)
-            self._wanted = frozenset().union(*(k for _, k in self._listeners))
+            self._recount()
 
         def unsubscribe() -> None:
             with self._lock:
                 self._listeners = tuple(x for x in self._listeners if x is not entry)
-                self._wanted = frozenset().union(*(k for _, k in self._listeners))
+                self._recount()
 
         return unsubscribe
 
+    def _recount(self) -> None:
+        """What anyone wants (lock held)."""
+        self._wanted = frozenset().union(*(e.kinds for e in self._listeners))
+        self._wanted_outcomes = frozenset().union(*(e.outcomes for e in self._listeners))
+
     def emit(self, event: JobEvent) -> None:
-        """Call every listener of the event's kind with ``event``."""
-        for listener, kinds in self._listeners:  # a tuple: safe against (un)subscribes
+        """Call every listener of the event's kind (and, for FINISHED, of
+        its outcome) with ``event``.
+        """
+        for listener, kinds, outcomes in self._listeners:  # a tuple: safe to (un)subscribe
             if event.kind not in kinds:
+                continue
+            if (
+                event.kind is EventKind.FINISHED
+                and event.outcome is not None
+                and event.outcome not in outcomes
+            ):
                 continue
             try:
                 listener(event)

@@ -102,6 +102,15 @@ def logged_kinds() -> frozenset[EventKind]:
     return frozenset(kinds)
 
 
+def logged_outcomes() -> frozenset[OutcomeKind]:
+    """The outcomes of FINISHED events the logger would keep now: failures
+    and cancellations always, successes, snoozes and hand-backs only while
+    DEBUG is on (a busy worker's events are mostly successes: none is built
+    to be dropped).
+    """
+    return frozenset(o for o, (level, _) in _FINISHED.items() if logger.isEnabledFor(level))
+
+
 def install(bus: EventBus) -> Callable[[], None]:
     """Log ``bus``'s events (once, however many workers ask); returns the
     function that takes this request back.
@@ -109,7 +118,7 @@ def install(bus: EventBus) -> Callable[[], None]:
     with _installed_lock:
         entry = _installed.get(bus)
         if entry is None:
-            entry = (0, bus.subscribe(log_event, logged_kinds()))
+            entry = (0, bus.subscribe(log_event, logged_kinds(), outcomes=logged_outcomes()))
         _installed[bus] = (entry[0] + 1, entry[1])
     done = threading.Event()
 

@@ -159,3 +159,29 @@ def test_cli_worker_log_format_json(db_url, tmp_path):
     assert failed[0]["queue"] == "default" and failed[0]["attempt"] == 1
     assert isinstance(failed[0]["job_id"], int) and failed[0]["duration"] >= 0
     assert any(" started on " in line["message"] for line in lines)
+
+
+def test_successes_build_no_event_for_the_log_unless_debug_is_on(caplog):
+    # A busy worker's events are mostly successes, logged at DEBUG: with
+    # DEBUG off the log asks for none, and the executor builds none.
+    from jobkeeper import joblog
+    from jobkeeper.events import EventBus, EventKind, JobEvent, OutcomeKind
+
+    heard: list[JobEvent] = []
+    for level, want_completed in ((logging.INFO, False), (logging.DEBUG, True)):
+        caplog.set_level(level, logger="jobkeeper")
+        bus = EventBus()
+        uninstall = joblog.install(bus)
+        try:
+            assert bus.wants(EventKind.FINISHED)
+            assert bus.wants_finished(OutcomeKind.RETRIED)
+            assert bus.wants_finished(OutcomeKind.COMPLETED) is want_completed
+        finally:
+            uninstall()
+        assert not bus.wants_finished(OutcomeKind.RETRIED)
+
+    bus = EventBus()
+    bus.subscribe(heard.append, [EventKind.FINISHED], outcomes=[OutcomeKind.DEAD])
+    for outcome in (OutcomeKind.COMPLETED, OutcomeKind.DEAD):
+        bus.emit(JobEvent(EventKind.FINISHED, 1, "t", "q", 1, None, at=0.0, outcome=outcome))
+    assert [e.outcome for e in heard] == [OutcomeKind.DEAD]

@@ -186,12 +186,14 @@ class Executor:
         runner thread of a sync task, the asyncio task of an async one), so
         a listener may attach context at STARTED and detach it here.
         """
-        if self._events.wants(EventKind.FINISHED):
+        if self._events.wants(EventKind.FINISHED) and self._events.wants_finished(
+            kind := outcome_kind(outcome)
+        ):
             self._events.emit(
                 JobEvent.of(
                     EventKind.FINISHED,
                     job,
-                    outcome=outcome_kind(outcome),
+                    outcome=kind,
                     duration=duration,
                     error=outcome_error(outcome),
                     exception=exc,
