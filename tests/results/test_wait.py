@@ -253,7 +253,7 @@ class _FlakyBackend:
 
 
 def test_wait_waits_out_a_database_that_is_down_for_a_moment(jq):
-    from jobkeeper.api import _drive_wait
+    from jobkeeper.api.results import _drive_wait
 
     j = jq.enqueue("t", {})
     flaky = _FlakyBackend(jq.backend)
@@ -265,7 +265,7 @@ def test_wait_waits_out_a_database_that_is_down_for_a_moment(jq):
 
 def test_wait_raises_the_outage_once_its_timeout_is_spent(jq):
     from jobkeeper import DatabaseUnavailable
-    from jobkeeper.api import _drive_wait
+    from jobkeeper.api.results import _drive_wait
 
     j = jq.enqueue("t", {})
     with pytest.raises(DatabaseUnavailable):

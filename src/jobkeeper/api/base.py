@@ -1,0 +1,79 @@
+"""The state every part of ``JobQueue`` shares, and the checks they share."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any, ParamSpec, Protocol, TypeVar
+
+from jobkeeper.backends import Backend, open_backend
+from jobkeeper.config import DatabaseURL, Settings
+from jobkeeper.errors import ConfigError
+from jobkeeper.events import EventBus
+from jobkeeper.models import JobStatus
+from jobkeeper.periodic import PeriodicRegistry
+from jobkeeper.tasks import ENQUEUE_OPTIONS, Task
+from jobkeeper.tracing import Tracing
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+DEFAULT_QUEUE = "default"
+
+
+class _TaskDecorator(Protocol):
+    def __call__(self, fn: Callable[P, R], /) -> Task[P, R]: ...
+
+
+class _PeriodicDecorator(Protocol):
+    def __call__(self, task: Task[P, R], /) -> Task[P, R]: ...
+
+
+#: Options a job may carry (``connection`` belongs to the call, not the job).
+_JOB_OPTIONS = frozenset(ENQUEUE_OPTIONS) - {"connection"}
+RETRYABLE_FROM = frozenset(
+    {JobStatus.DEAD, JobStatus.RETRYABLE, JobStatus.CANCELLED, JobStatus.COMPLETED}
+)
+DEFAULT_MAX_ATTEMPTS = 20
+
+
+class QueueBase:
+    """What every part of :class:`~jobkeeper.JobQueue` shares: its URL,
+    settings, tasks, periodics, events and the backend opened on first use.
+    """
+
+    url: DatabaseURL
+    settings: Settings
+    tasks: dict[str, Task[Any, Any]]
+    periodics: PeriodicRegistry
+    events: EventBus
+    _tracing: Tracing | None
+    _backend: Backend | None
+    _backend_lock: threading.Lock
+
+    @property
+    def backend(self) -> Backend:
+        """The backend (created on first use)."""
+        if self._backend is None:
+            with self._backend_lock:
+                if self._backend is None:
+                    self._backend = open_backend(self.url, self.settings)
+        return self._backend
+
+    def close(self) -> None:
+        """Close the queue's connections (it reconnects if used again)."""
+        with self._backend_lock:
+            if self._backend is not None:
+                self._backend.close()
+                self._backend = None
+
+
+def _job_id(job_id: Any) -> int:
+    if isinstance(job_id, bool) or not isinstance(job_id, int) or not 0 < job_id < 2**63:
+        raise ConfigError(f"job id must be a positive 64-bit int, got {job_id!r}")
+    return job_id
+
+
+def _given(values: dict[str, Any], names: frozenset[str]) -> dict[str, Any]:
+    """The enqueue options among ``values`` (a call's ``locals()``) that were given."""
+    return {name: values[name] for name in sorted(names) if values.get(name) is not None}

@@ -1,0 +1,265 @@
+"""Enqueueing, sync and async: every input validated before anything is written."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import datetime
+from typing import Any
+
+from jobkeeper.api.base import (
+    _JOB_OPTIONS,
+    DEFAULT_MAX_ATTEMPTS,
+    DEFAULT_QUEUE,
+    QueueBase,
+    _given,
+    _job_id,
+)
+from jobkeeper.config import (
+    check_max_attempts,
+    check_name,
+    check_priority,
+    check_schedule,
+    check_unique_key,
+)
+from jobkeeper.connections import unwrap_connection, unwrap_connection_async
+from jobkeeper.errors import ConfigError, PayloadError
+from jobkeeper.models import Job, NewJob
+from jobkeeper.payload import encode_args
+from jobkeeper.queues import check_serial_key
+from jobkeeper.tasks import ENQUEUE_OPTIONS, Task
+
+
+class EnqueueMixin(QueueBase):
+    """Enqueue methods of :class:`~jobkeeper.JobQueue`."""
+
+    # -- enqueue -----------------------------------------------------------------
+
+    def _new_job(self, task: Any, args: Any, options: dict[str, Any]) -> NewJob:
+        """Validate one job completely, writing nothing."""
+        unknown = sorted(options.keys() - _JOB_OPTIONS) if options else None
+        if unknown:
+            raise ConfigError(
+                f"unknown enqueue option {unknown[0]!r}; valid options: "
+                + ", ".join(o for o in ENQUEUE_OPTIONS if o != "connection")
+            )
+        task_name = task.name if isinstance(task, Task) else check_name("task", task)
+        registered = self.tasks.get(task_name)
+        if args is None:
+            args = {}
+        args_json = encode_args(args, max_bytes=self.settings.max_payload_bytes)
+        if registered is not None:
+            registered.check_args(args)
+        if not options:
+            # The common bulk case: the task's (or the global) defaults.
+            return NewJob(
+                task=task_name,
+                args_json=args_json,
+                args=args,
+                queue=registered.queue if registered else DEFAULT_QUEUE,
+                priority=registered.priority if registered else 0,
+                max_attempts=registered.max_attempts if registered else DEFAULT_MAX_ATTEMPTS,
+            )
+        queue = options.get("queue")
+        priority = options.get("priority")
+        max_attempts = options.get("max_attempts")
+        delay, run_at = check_schedule(options.get("delay"), options.get("run_at"))
+        return NewJob(
+            task=task_name,
+            args_json=args_json,
+            args=args,
+            queue=check_name("queue", queue)
+            if queue is not None
+            else (registered.queue if registered else DEFAULT_QUEUE),
+            priority=check_priority(priority)
+            if priority is not None
+            else (registered.priority if registered else 0),
+            max_attempts=check_max_attempts(max_attempts)
+            if max_attempts is not None
+            else (registered.max_attempts if registered else DEFAULT_MAX_ATTEMPTS),
+            delay=delay,
+            run_at=run_at,
+            unique_key=check_unique_key(options.get("unique_key")),
+            serial_key=check_serial_key(options.get("serial_key")),
+        )
+
+    def enqueue(
+        self,
+        task: str | Task[Any, Any],
+        args: dict[str, Any] | None = None,
+        *,
+        queue: str | None = None,
+        run_at: datetime | None = None,
+        delay: float | None = None,
+        priority: int | None = None,
+        max_attempts: int | None = None,
+        unique_key: str | None = None,
+        serial_key: str | None = None,
+        connection: Any = None,
+    ) -> Job:
+        """Store one job; returns once it is durable (committed), or, with
+        ``connection``, once it is written in the caller's open transaction.
+
+        Args:
+            task: a task name (need not be registered in this process) or Task.
+            args: the task's keyword arguments: a JSON object of JSON-native
+                values, at most ``max_payload_bytes`` encoded.
+            queue: queue name (default: the task's, else ``"default"``).
+            run_at: an aware datetime; not run before it. Naive datetimes are refused.
+            delay: seconds from now (database clock); not with ``run_at``.
+            priority: 32-bit int, lower runs first (default: the task's, else 0).
+            max_attempts: 1..1,000,000 (default: the task's, else 20).
+            unique_key: while a job of the same task with this key is pending
+                (scheduled/available/claimed/running/retryable), return that job
+                instead of inserting a new one.
+            serial_key: jobs with the same serial_key are never held
+                (claimed or running) at once, on any worker; among a key's
+                due jobs, priority/scheduled_at/id order. A job waiting out a
+                retry does not hold its key.
+            connection: a psycopg 3 ``Connection`` (PostgreSQL) or
+                ``sqlite3.Connection`` to the same file, or a framework's
+                connection around one: Django's ``django.db.connection``, a
+                SQLAlchemy ``Connection`` or ``Session`` (see
+                :func:`jobkeeper.connections.unwrap_connection`); the job
+                commits or rolls back with that connection's transaction.
+
+        Returns:
+            The stored :class:`Job` (or the pending duplicate for ``unique_key``).
+
+        Raises:
+            PayloadError: args not a JSON object of JSON-native values (NaN,
+                Infinity, NUL, lone surrogates, non-str keys...), too large, or
+                not matching a registered task's parameters. Names the field.
+            ConfigError: an invalid name, option, delay, run_at or priority.
+            TypeError: ``connection`` of the wrong kind or database.
+            QueueFull: the queue is at its ``max_pending``; nothing written.
+            DatabaseUnavailable: the database cannot be reached; nothing written.
+        """
+        new = self._new_job(task, args, _given(locals(), _JOB_OPTIONS))
+        if self._tracing is None:
+            return self.backend.job_insert_many(
+                jobs=[new], connection=unwrap_connection(connection)
+            )[0]
+        with self._tracing.enqueue_span([new], batch=False) as span:
+            job = self.backend.job_insert_many(
+                jobs=span.jobs, connection=unwrap_connection(connection)
+            )[0]
+            span.stored([job])
+        return job
+
+    def enqueue_many(
+        self,
+        jobs: Iterable[
+            tuple[str | Task[Any, Any], dict[str, Any]]
+            | tuple[str | Task[Any, Any], dict[str, Any], dict[str, Any]]
+        ],
+        *,
+        connection: Any = None,
+    ) -> list[Job]:
+        """Store many jobs in one transaction and one round trip, all or nothing.
+
+        Args:
+            jobs: ``(task, args)`` or ``(task, args, options)`` tuples; options
+                take the keywords of :meth:`enqueue` (except ``connection``).
+            connection: as for :meth:`enqueue`.
+
+        Returns:
+            One Job per input, in input order.
+
+        Raises:
+            PayloadError, ConfigError: naming the item (``jobs[3]: args.x: ...``);
+                every item is validated before anything is written.
+            QueueFull: the batch would take a queue past its ``max_pending``;
+                nothing was written.
+            DatabaseUnavailable: nothing was written.
+        """
+        new_jobs = self._new_jobs(jobs)  # validated before the backend is opened
+        if self._tracing is None or not new_jobs:
+            return self.backend.job_insert_many(
+                jobs=new_jobs, connection=unwrap_connection(connection)
+            )
+        with self._tracing.enqueue_span(new_jobs, batch=True) as span:
+            return self.backend.job_insert_many(
+                jobs=span.jobs, connection=unwrap_connection(connection)
+            )
+
+    def _new_jobs(self, jobs: Iterable[Any]) -> list[NewJob]:
+        """Validate every item of an ``enqueue_many``, writing nothing."""
+        new_jobs: list[NewJob] = []
+        for index, item in enumerate(jobs):
+            try:
+                if not isinstance(item, tuple) or len(item) not in (2, 3):
+                    raise ConfigError(
+                        "each item must be a (task, args) or (task, args, options) tuple, "
+                        f"got {type(item).__name__}"
+                    )
+                options = item[2] if len(item) == 3 else {}
+                if not isinstance(options, dict):
+                    raise ConfigError(f"options must be a dict, got {type(options).__name__}")
+                if "connection" in options:
+                    raise ConfigError("pass connection= to enqueue_many itself, not per job")
+                new_jobs.append(self._new_job(item[0], item[1], options))
+            except (PayloadError, ConfigError) as exc:
+                raise type(exc)(f"jobs[{index}]: {exc}") from None
+        return new_jobs
+
+    # -- async producers -------------------------------------------------------------
+
+    async def enqueue_async(
+        self,
+        task: str | Task[Any, Any],
+        args: dict[str, Any] | None = None,
+        *,
+        queue: str | None = None,
+        run_at: datetime | None = None,
+        delay: float | None = None,
+        priority: int | None = None,
+        max_attempts: int | None = None,
+        unique_key: str | None = None,
+        serial_key: str | None = None,
+        connection: Any = None,
+    ) -> Job:
+        """:meth:`enqueue` for async code: the event loop never waits on the
+        database (PostgreSQL: a psycopg async pool; SQLite: a small thread
+        pool). Validated as :meth:`enqueue` validates, before any I/O.
+
+        Args:
+            connection: a psycopg 3 ``AsyncConnection`` to this database, or
+                SQLAlchemy's ``AsyncConnection`` or ``AsyncSession`` on the
+                psycopg driver (see
+                :func:`jobkeeper.connections.unwrap_connection_async`): the
+                job commits or rolls back with its transaction. (SQLite: a
+                ``sqlite3.Connection``, written on the calling thread.)
+
+        Raises:
+            As :meth:`enqueue`.
+        """
+        new = self._new_job(task, args, _given(locals(), _JOB_OPTIONS))
+        connection = await unwrap_connection_async(connection)
+        if self._tracing is None:
+            jobs = await self.backend.job_insert_many_async(jobs=[new], connection=connection)
+            return jobs[0]
+        with self._tracing.enqueue_span([new], batch=False) as span:
+            jobs = await self.backend.job_insert_many_async(jobs=span.jobs, connection=connection)
+            span.stored(jobs)
+        return jobs[0]
+
+    async def enqueue_many_async(
+        self,
+        jobs: Iterable[
+            tuple[str | Task[Any, Any], dict[str, Any]]
+            | tuple[str | Task[Any, Any], dict[str, Any], dict[str, Any]]
+        ],
+        *,
+        connection: Any = None,
+    ) -> list[Job]:
+        """:meth:`enqueue_many` for async code (see :meth:`enqueue_async`)."""
+        new_jobs = self._new_jobs(jobs)
+        connection = await unwrap_connection_async(connection)
+        if self._tracing is None or not new_jobs:
+            return await self.backend.job_insert_many_async(jobs=new_jobs, connection=connection)
+        with self._tracing.enqueue_span(new_jobs, batch=True) as span:
+            return await self.backend.job_insert_many_async(jobs=span.jobs, connection=connection)
+
+    async def get_job_async(self, job_id: int) -> Job | None:
+        """:meth:`get_job` for async code."""
+        return await self.backend.job_get_async(job_id=_job_id(job_id))

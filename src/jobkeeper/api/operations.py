@@ -1,0 +1,364 @@
+"""Inspecting and acting on jobs, dead letters and queues (the operator's API)."""
+
+from __future__ import annotations
+
+import logging
+import math
+import warnings
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from jobkeeper.api.base import RETRYABLE_FROM, QueueBase, _job_id
+from jobkeeper.config import MAX_SETTING_SECONDS, check_name, check_seconds
+from jobkeeper.errors import ConfigError, JobNotFound, JobStateError, UniqueKeyConflict
+from jobkeeper.models import TERMINAL_STATUSES, Job, JobStatus, QueueCounts, WorkerInfo
+from jobkeeper.queues import (
+    UNSET,
+    QueueInfo,
+    QueueSettings,
+    Unset,
+    check_concurrency,
+    check_max_pending,
+    enforces_queue_settings,
+    parse_rate_limit,
+)
+
+logger = logging.getLogger("jobkeeper")
+
+
+class OperationsMixin(QueueBase):
+    """Inspect, act and flow-control methods of :class:`~jobkeeper.JobQueue`."""
+
+    # -- inspect and act -------------------------------------------------------------
+
+    def get_job(self, job_id: int) -> Job | None:
+        """The job with ``job_id``, live, dead or recently completed; ``None`` if
+        unknown (or pruned).
+        """
+        return self.backend.job_get(job_id=_job_id(job_id))
+
+    def list_jobs(
+        self,
+        status: JobStatus | str | None = None,
+        queue: str | None = None,
+        limit: int = 100,
+        *,
+        task: str | None = None,
+        before: int | None = None,
+    ) -> list[Job]:
+        """Jobs newest first, filtered by ``status`` (``"dead"`` lists the dead
+        letters), ``queue`` and ``task``; at most ``limit`` (1..10,000).
+
+        Pages by keyset: pass the smallest id of one page as ``before`` to get
+        the next (``WHERE id < before ORDER BY id DESC``), so a deep page costs
+        what the first does.
+
+        Raises:
+            ConfigError: an unknown status, a bad limit, name or ``before``.
+        """
+        if status is not None:
+            try:
+                status = JobStatus(status)
+            except ValueError:
+                valid = ", ".join(s.value for s in JobStatus)
+                raise ConfigError(f"unknown status {status!r}; valid: {valid}") from None
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 10_000:
+            raise ConfigError(f"limit must be an int between 1 and 10000, got {limit!r}")
+        if queue is not None:
+            check_name("queue", queue)
+        if task is not None:
+            check_name("task", task)
+        if before is not None:
+            before = _job_id(before)
+        return self.backend.job_list(
+            status=status, queue=queue, limit=limit, task=task, before=before
+        )
+
+    def cancel(self, job_id: int) -> Job:
+        """Cancel a job. Pending jobs become ``cancelled`` at once; a held
+        (claimed or running) job's worker is asked to stop it (it ends
+        ``cancelled`` within about one ``heartbeat_interval``, or, if its code
+        cannot be interrupted, once that code returns: the job stays held until
+        then). From then on the job ends ``cancelled`` whatever its attempt
+        does next (fails, retries, times out, is handed back or rescued),
+        unless the attempt succeeds first: then it stays ``completed``.
+
+        Returns:
+            The job after the request.
+
+        Raises:
+            JobNotFound: no such job.
+            JobStateError: the job already finished (completed, cancelled or dead).
+        """
+        job = self.backend.job_cancel(job_id=_job_id(job_id))
+        if job is None:
+            raise JobNotFound(f"no job with id {job_id}")
+        if job.status in TERMINAL_STATUSES and job.status != JobStatus.CANCELLED:
+            raise JobStateError(f"job {job_id} is {job.status.value}; it cannot be cancelled")
+        return job
+
+    def retry(self, job_id: int) -> Job:
+        """Run a dead, retryable, cancelled or completed job again now, with its
+        attempts reset (errors are kept). Dead jobs move back from the dead letters.
+
+        Raises:
+            JobNotFound: no such job.
+            JobStateError: the job is pending or running, or a pending job of
+                the same task holds its ``unique_key``.
+        """
+        before = self.backend.job_get(job_id=_job_id(job_id))
+        if before is None:
+            raise JobNotFound(f"no job with id {job_id}")
+        if before.status not in RETRYABLE_FROM:
+            raise JobStateError(
+                f"job {job_id} is {before.status.value}; only dead, retryable, cancelled or "
+                "completed jobs can be retried"
+            )
+        try:
+            job = self.backend.job_retry(job_id=job_id)
+        except UniqueKeyConflict:
+            if before.status == JobStatus.DEAD:
+                raise self._requeue_refused([job_id]) from None
+            raise JobStateError(
+                f"job {job_id} cannot be retried: a pending job of the same task "
+                "already holds its unique_key"
+            ) from None
+        if job is None:
+            raise JobNotFound(f"job {job_id} was pruned before it could be retried")
+        return job
+
+    def requeue_dead(self, job_ids: Sequence[int] | None = None) -> list[int]:
+        """Move dead letters back to the queue (all of them when ``job_ids`` is
+        None), attempts reset. Returns the ids moved.
+
+        Raises:
+            JobStateError: a pending job of the same task holds one's ``unique_key``;
+                nothing was moved.
+        """
+        ids = None if job_ids is None else [_job_id(i) for i in job_ids]
+        try:
+            return self.backend.dead_letter_requeue(job_ids=ids)
+        except UniqueKeyConflict:
+            raise self._requeue_refused(ids) from None
+
+    def _requeue_refused(self, job_ids: Sequence[int] | None) -> JobStateError:
+        """The error for a requeue refused by the unique index, naming the
+        dead letters in the way and what holds their keys.
+        """
+        seen: dict[tuple[str, str], int] = {}
+        clashes: list[str] = []
+        for conflict in self.backend.dead_letter_requeue_conflicts(job_ids=job_ids):
+            key = (conflict.task, conflict.unique_key)
+            what = f"dead letter {conflict.dead_letter_id} (task {key[0]!r}, unique_key {key[1]!r})"
+            if conflict.holder is not None:
+                clashes.append(f"{what} is held by pending job {conflict.holder}")
+            elif key in seen:
+                clashes.append(f"{what} clashes with dead letter {seen[key]}")
+            seen.setdefault(key, conflict.dead_letter_id)
+        shown = "; ".join(clashes[:3]) or "a pending job of the same task holds a unique_key"
+        more = f" (and {len(clashes) - 3} more)" if len(clashes) > 3 else ""
+        return JobStateError(f"cannot requeue: {shown}{more}; nothing was requeued")
+
+    def purge_dead(
+        self, job_ids: Sequence[int] | None = None, *, older_than: float | None = None
+    ) -> list[int]:
+        """Delete dead letters for good: those of ``job_ids`` (all of them when
+        None) that died more than ``older_than`` seconds ago (any age when
+        None). Returns the ids deleted; ids that are not dead letters are
+        ignored.
+
+        Raises:
+            ConfigError: a bad id or a negative ``older_than``.
+        """
+        ids = None if job_ids is None else [_job_id(i) for i in job_ids]
+        if older_than is not None:
+            check_seconds("older_than", older_than, allow_zero=True)
+            if older_than > MAX_SETTING_SECONDS:
+                raise ConfigError(f"older_than={older_than!r} is longer than 100 years")
+        return self.backend.dead_letter_purge(job_ids=ids, older_than=older_than)
+
+    def stats(self) -> dict[str, dict[str, int]]:
+        """``{queue: {status: count}}`` with every status (zeros included), dead
+        letters counted as ``"dead"``.
+        """
+        counts = self.backend.queue_stats()
+        return {
+            queue: {status.value: per_status.get(status.value, 0) for status in JobStatus}
+            for queue, per_status in sorted(counts.items())
+        }
+
+    def workers(self) -> list[WorkerInfo]:
+        """Registered workers and their last heartbeat."""
+        return self.backend.worker_list()
+
+    def queue_counts(self, exact_below: int = 100_000) -> QueueCounts:
+        """Jobs per queue and status (dead letters as ``"dead"``), cheap at any
+        table size: what the dashboard and ``/metrics`` show.
+
+        Live statuses (scheduled, available, running, retryable) are always
+        exact, read from their partial indexes. ``completed`` and
+        ``cancelled`` are exact while the two together hold at most
+        ``exact_below`` rows, and ``dead`` while the dead letters do; above
+        that they are estimates (PostgreSQL: the planner's row estimate;
+        SQLite: the rate of the newest rows extrapolated over the oldest's
+        age) split across queues like the newest ``exact_below + 1`` rows,
+        and named in ``QueueCounts.estimated``. Unlike :meth:`stats`, no
+        count reads more than ``exact_below + 1`` finished rows or dead
+        letters, so its cost stays flat however many ``retention`` keeps.
+        """
+        if isinstance(exact_below, bool) or not isinstance(exact_below, int) or exact_below < 1:
+            raise ConfigError(f"exact_below must be a positive int, got {exact_below!r}")
+        return self.backend.queue_counts(exact_below=exact_below)
+
+    def oldest_due(self) -> dict[str, tuple[int, float]]:
+        """Per queue with work due, its oldest job that could run now
+        (available, or scheduled/retryable and past due): ``{queue: (job id,
+        seconds since it became due)}``. The queue's latency.
+        """
+        return self.backend.queue_oldest_due()
+
+    def throughput(
+        self, since: float = 3600.0, bucket: float = 60.0
+    ) -> list[tuple[datetime, dict[str, int]]]:
+        """Jobs finished (``completed``, ``cancelled``) per ``bucket`` seconds
+        over the last ``since`` seconds, oldest bucket first, empty buckets
+        included: ``[(bucket start (UTC), {status: count})]``. Reads the
+        finished index, so it costs what the window holds. Jobs already
+        pruned (``retention``) are not counted.
+
+        Raises:
+            ConfigError: ``since`` or ``bucket`` not positive, or over 10,000 buckets.
+        """
+        check_seconds("since", since, allow_zero=False)
+        check_seconds("bucket", bucket, allow_zero=False)
+        if since / bucket > 10_000:
+            raise ConfigError(f"since/bucket gives {since / bucket:.0f} buckets; at most 10000")
+        rows = self.backend.job_throughput(since_seconds=since, bucket_seconds=bucket)
+        now = self.backend.db_now().timestamp()
+        last = math.floor(now / bucket) * bucket
+        first = math.floor((now - since) / bucket) * bucket + bucket
+        starts = [first + i * bucket for i in range(round((last - first) / bucket) + 1)]
+        # Buckets are keyed by start; floats from the database may differ in
+        # the last bits, so they are matched by their bucket number.
+        by_number = {round(start / bucket): counts for start, counts in rows.items()}
+        return [
+            (datetime.fromtimestamp(start, UTC), by_number.get(round(start / bucket), {}))
+            for start in starts
+        ]
+
+    def health(self) -> dict[str, Any]:
+        """Facts about the database that ``jobkeeper doctor`` judges (see
+        :meth:`jobkeeper.backends.base.Backend.database_health`).
+
+        Raises:
+            DatabaseUnavailable: the database cannot be reached.
+        """
+        return self.backend.database_health()
+
+    # -- flow control -------------------------------------------------------------
+
+    def pause(self, queue: str) -> QueueInfo:
+        """Stop every worker from starting jobs of ``queue`` (running jobs
+        finish). Persistent: it holds through restarts until :meth:`resume`.
+        Warns (``UserWarning``) while a registered worker runs a jobkeeper too
+        old to obey it.
+
+        Raises:
+            ConfigError: a bad queue name.
+        """
+        return self._configure(queue, {"paused": True})
+
+    def resume(self, queue: str) -> QueueInfo:
+        """Let workers start jobs of ``queue`` again (see :meth:`pause`).
+
+        Raises:
+            ConfigError: a bad queue name.
+        """
+        return self._configure(queue, {"paused": False})
+
+    def configure_queue(
+        self,
+        queue: str,
+        *,
+        concurrency: int | Unset | None = UNSET,
+        rate_limit: str | Unset | None = UNSET,
+        max_pending: int | Unset | None = UNSET,
+    ) -> QueueInfo:
+        """Set flow-control limits of ``queue``, held by the database for all
+        workers together; only the settings given change, and ``None`` lifts
+        one. Warns (``UserWarning``) while a registered worker runs a
+        jobkeeper too old to obey them.
+
+        Args:
+            queue: the queue's name.
+            concurrency: most jobs of the queue held (claimed or running) at
+                once across all workers (>= 1; pause to stop a queue).
+            rate_limit: most starts per period across all workers, as
+                ``"N/s"``, ``"N/m"`` or ``"N/h"``, in every sliding window.
+            max_pending: most scheduled, available, claimed and retryable
+                jobs; an enqueue past it raises :class:`~jobkeeper.QueueFull`.
+
+        Returns:
+            The queue as :meth:`queues` reports it.
+
+        Raises:
+            ConfigError: a bad name or value (nothing is changed).
+        """
+        changes: dict[str, Any] = {}
+        if not isinstance(concurrency, Unset):
+            changes["concurrency"] = None if concurrency is None else check_concurrency(concurrency)
+        if not isinstance(rate_limit, Unset):
+            changes["rate_limit"] = None if rate_limit is None else parse_rate_limit(rate_limit)
+        if not isinstance(max_pending, Unset):
+            changes["max_pending"] = None if max_pending is None else check_max_pending(max_pending)
+        return self._configure(queue, changes)
+
+    def _configure(self, queue: str, changes: dict[str, Any]) -> QueueInfo:
+        check_name("queue", queue)
+        if changes:
+            settings = self.backend.queue_configure(name=queue, changes=changes)
+            if settings.limits_claims or settings.max_pending is not None:
+                self._warn_old_workers(queue)
+        else:
+            found = self.backend.queue_settings_list(names=[queue])
+            settings = found[0] if found else QueueSettings(queue)
+        counts = self.stats().get(queue) or {status.value: 0 for status in JobStatus}
+        return _queue_info(settings, counts)
+
+    def _warn_old_workers(self, queue: str) -> None:
+        """Warn when a registered worker cannot obey queue settings."""
+        old = [w for w in self.backend.worker_list() if not enforces_queue_settings(w.version)]
+        if not old:
+            return
+        shown = ", ".join(f"{w.id} ({w.version or 'no version'})" for w in old[:3])
+        more = f" and {len(old) - 3} more" if len(old) > 3 else ""
+        message = (
+            f"queue {queue!r}: {len(old)} registered worker(s) run a jobkeeper older than "
+            f"flow control and will ignore its settings: {shown}{more}"
+        )
+        logger.warning("%s", message)
+        warnings.warn(message, UserWarning, stacklevel=3)
+
+    def queues(self) -> list[QueueInfo]:
+        """Every queue that has jobs (live or dead) or settings, by name, with
+        its settings and its jobs per status.
+        """
+        stored = {s.name: s for s in self.backend.queue_settings_list()}
+        counts = self.stats()
+        zero = {status.value: 0 for status in JobStatus}
+        return [
+            _queue_info(stored.get(name, QueueSettings(name)), counts.get(name, zero))
+            for name in sorted(stored.keys() | counts.keys())
+        ]
+
+
+def _queue_info(settings: QueueSettings, counts: dict[str, int]) -> QueueInfo:
+    return QueueInfo(
+        name=settings.name,
+        paused=settings.paused,
+        concurrency=settings.concurrency,
+        rate_limit=settings.rate_text,
+        max_pending=settings.max_pending,
+        counts=dict(counts),
+    )

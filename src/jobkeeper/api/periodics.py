@@ -1,0 +1,181 @@
+"""Periodic jobs: registering them on a ``JobQueue`` and reading the stored ones."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, ParamSpec, TypeVar, overload
+
+from jobkeeper.api.base import DEFAULT_MAX_ATTEMPTS, DEFAULT_QUEUE, QueueBase, _PeriodicDecorator
+from jobkeeper.errors import ConfigError
+from jobkeeper.maintenance.periodic import MAX_REFRESH
+from jobkeeper.periodic import (
+    DEFAULT_CATCH_UP,
+    Periodic,
+    PeriodicRegistry,
+    PeriodicRow,
+    unknown_option,
+)
+from jobkeeper.tasks import Task
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+class PeriodicsMixin(QueueBase):
+    """Periodic jobs of :class:`~jobkeeper.JobQueue`."""
+
+    # -- periodic jobs -----------------------------------------------------------
+
+    def _new_periodic_registry(self) -> PeriodicRegistry:
+        return PeriodicRegistry(
+            self.tasks,
+            max_payload_bytes=lambda: self.settings.max_payload_bytes,
+            defaults=(DEFAULT_QUEUE, 0, DEFAULT_MAX_ATTEMPTS),
+        )
+
+    @overload
+    def periodic(
+        self,
+        cron: str | None = None,
+        *,
+        every: float | None = None,
+        timezone: str = "UTC",
+        task: None = None,
+        args: dict[str, Any] | None = None,
+        name: str | None = None,
+        queue: str | None = None,
+        priority: int | None = None,
+        max_attempts: int | None = None,
+        catch_up: float = DEFAULT_CATCH_UP,
+        **unknown: Any,
+    ) -> _PeriodicDecorator: ...
+
+    @overload
+    def periodic(
+        self,
+        cron: str | None = None,
+        *,
+        every: float | None = None,
+        timezone: str = "UTC",
+        task: str | Task[Any, Any],
+        args: dict[str, Any] | None = None,
+        name: str | None = None,
+        queue: str | None = None,
+        priority: int | None = None,
+        max_attempts: int | None = None,
+        catch_up: float = DEFAULT_CATCH_UP,
+        **unknown: Any,
+    ) -> Periodic: ...
+
+    def periodic(
+        self,
+        cron: str | None = None,
+        *,
+        every: float | None = None,
+        timezone: str = "UTC",
+        task: str | Task[Any, Any] | None = None,
+        args: dict[str, Any] | None = None,
+        name: str | None = None,
+        queue: str | None = None,
+        priority: int | None = None,
+        max_attempts: int | None = None,
+        catch_up: float = DEFAULT_CATCH_UP,
+        **unknown: Any,
+    ) -> Any:
+        """Run a task on a schedule: ``@jq.periodic("0 3 * * *")`` above
+        ``@jq.task()``, or ``jq.periodic("*/15 * * * *", task="cleanup")``, or
+        ``jq.periodic(every=30, task="poll_feeds")``.
+
+        Every running worker of this app takes part; each tick is enqueued
+        once across the fleet, with ``scheduled_at`` = the tick (see
+        :mod:`jobkeeper.maintenance.periodic`).
+
+        Args:
+            cron: five cron fields or an ``@alias``, read in ``timezone``
+                (see :class:`~jobkeeper.Schedule` for the daylight-saving rules).
+            every: instead of ``cron``: an interval in whole seconds, ticks
+                aligned to the Unix epoch.
+            timezone: IANA name for ``cron`` (default ``"UTC"``).
+            task: the call form: a Task or a task name (it need not be
+                registered here; its args are then checked as JSON only).
+            args: the jobs' keyword arguments, checked as an enqueue checks them.
+            name: unique per queue and per database (default: the task's
+                name); the stored record of the periodic's ticks is keyed on it.
+            queue, priority, max_attempts: of the jobs (default: the task's).
+            catch_up: seconds (default 60): a tick missed while no worker ran
+                is enqueued on return when it is at most this old, else
+                skipped and logged; 0 skips every missed tick. Ticks that came
+                due while a worker ran are never missed.
+
+        Returns:
+            The decorator form returns a decorator that returns the Task; the
+            call form returns the :class:`~jobkeeper.periodic.Periodic`.
+
+        Raises:
+            ConfigError: naming the input: an invalid expression, time zone,
+                interval, option or name; an unknown option; args that are not
+                a JSON object of JSON-native values or do not match the task;
+                a second periodic with the same name; the decorator on
+                something other than a Task (put it above ``@jq.task()``).
+        """
+        if unknown:
+            raise unknown_option(unknown)
+
+        def register(target: str | Task[Any, Any]) -> Periodic:
+            return self.periodics.register(
+                target,
+                cron=cron,
+                every=every,
+                timezone=timezone,
+                args=args,
+                name=name,
+                queue=queue,
+                priority=priority,
+                max_attempts=max_attempts,
+                catch_up=catch_up,
+            )
+
+        if task is not None:
+            if not isinstance(task, str | Task):
+                raise ConfigError(f"periodic task= must be a Task or a task name, got {task!r}")
+            return register(task)
+
+        def decorate(target: Task[P, R]) -> Task[P, R]:
+            if not isinstance(target, Task):
+                raise ConfigError(
+                    f"@jq.periodic needs a task, got {target!r}: put it above @jq.task()"
+                )
+            register(target)
+            return target
+
+        return decorate
+
+    def periodic_list(self, *, stale_after: float | None = None) -> list[PeriodicRow]:
+        """The stored periodic jobs (every app's, not only this one's), by name.
+
+        Args:
+            stale_after: seconds without a pass of a worker registering a
+                periodic after which it is ``stale`` (default: ``rescue_after``,
+                at least three of the workers' longest refresh periods, 15 s):
+                no running worker registers it any more.
+        """
+        return self.backend.periodic_list(stale_after=self._stale_after(stale_after))
+
+    def periodic_prune(self, *, stale_after: float | None = None) -> list[str]:
+        """Delete the stale periodic rows (see :meth:`periodic_list`); return
+        their names. A periodic pruned while its workers are all down starts
+        afresh when they return (no catch-up of the ticks missed meanwhile).
+        """
+        return self.backend.periodic_prune(stale_after=self._stale_after(stale_after))
+
+    def _stale_after(self, stale_after: float | None) -> float:
+        if stale_after is None:
+            return max(self.settings.rescue_after, 3 * MAX_REFRESH)
+        if (
+            isinstance(stale_after, bool)
+            or not isinstance(stale_after, int | float)
+            or not math.isfinite(stale_after)
+            or stale_after < 0
+        ):
+            raise ConfigError(f"stale_after must be a number of seconds >= 0, got {stale_after!r}")
+        return float(stale_after)

@@ -1,0 +1,306 @@
+"""``JobQueue``: the facade users hold. Validates every input before anything
+is written, then delegates to a backend (River's ``Client``, Oban's ``Oban``).
+Its methods live in one mixin per concern (this package's modules); this
+class holds the construction, the connection's lifecycle and the tasks.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable
+from typing import Any, ParamSpec, TypeVar, overload
+
+from jobkeeper.api.base import DEFAULT_MAX_ATTEMPTS, DEFAULT_QUEUE, _TaskDecorator
+from jobkeeper.api.enqueue import EnqueueMixin
+from jobkeeper.api.operations import OperationsMixin
+from jobkeeper.api.periodics import PeriodicsMixin
+from jobkeeper.api.results import ResultsMixin
+from jobkeeper.api.running import RunningMixin
+from jobkeeper.backends import Backend, open_backend, resolve_database_url
+from jobkeeper.config import Settings
+from jobkeeper.errors import ConfigError
+from jobkeeper.events import EventBus, EventKind, JobEvent
+from jobkeeper.tasks import Task
+from jobkeeper.tracing import Tracing
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+class JobQueue(EnqueueMixin, ResultsMixin, OperationsMixin, RunningMixin, PeriodicsMixin):
+    """A durable job queue on one database.
+
+    Creating one connects to nothing; the first call that needs the database
+    does. Thread-safe: API calls may come from any thread (on PostgreSQL they
+    share a small connection pool).
+
+    Args:
+        database_url: ``sqlite:///path.db`` or ``postgresql://user@host:port/db``;
+            default: ``$JOBKEEPER_DATABASE_URL``, else ``sqlite:///jobkeeper.db``.
+        heartbeat_interval: seconds between worker heartbeats (default 5).
+        rescue_after: seconds without a heartbeat before a running job is
+            rescued (default 60; at least 3 x ``heartbeat_interval``).
+        poll_interval: seconds an idle worker waits between looks for due
+            work when no wake-up arrives (default 1).
+        retention: seconds completed and cancelled jobs are kept (default
+            86400; 0 deletes them at completion).
+        max_payload_bytes: largest encoded args or result, bytes (default 1 MiB).
+        shutdown_grace: seconds running jobs get to finish after SIGTERM (default 30).
+        backoff_base: base of the exponential retry backoff (default 2).
+        max_backoff: cap on one retry delay, seconds (default 86400).
+        busy_timeout: SQLite: seconds to wait for the write lock (default 30).
+        pool_size: PostgreSQL: most pooled connections for API calls (default 10).
+        tracing: OpenTelemetry spans for enqueues and executions (see
+            :mod:`jobkeeper.tracing`; needs ``pip install 'jobkeeper[otel]'``).
+            ``False`` (default): none, at no cost. ``True``: spans from the
+            global tracer provider. An OpenTelemetry ``TracerProvider``:
+            spans from that one. Set it on the queue the enqueuers use and
+            on the one the worker runs (``--app``), or the traces do not join.
+
+    Raises:
+        ConfigError: an invalid URL or setting (nothing is connected), or
+            ``tracing`` asked for without ``opentelemetry-api`` installed.
+    """
+
+    def __init__(
+        self,
+        database_url: str | None = None,
+        *,
+        heartbeat_interval: float = 5.0,
+        rescue_after: float = 60.0,
+        poll_interval: float = 1.0,
+        retention: float = 86_400.0,
+        max_payload_bytes: int = 1 << 20,
+        shutdown_grace: float = 30.0,
+        backoff_base: float = 2.0,
+        max_backoff: float = 86_400.0,
+        busy_timeout: float = 30.0,
+        pool_size: int = 10,
+        tracing: bool | Any = False,
+    ) -> None:
+        self.url = resolve_database_url(database_url)
+        self.settings = Settings(
+            heartbeat_interval=heartbeat_interval,
+            rescue_after=rescue_after,
+            poll_interval=poll_interval,
+            retention=retention,
+            max_payload_bytes=max_payload_bytes,
+            shutdown_grace=shutdown_grace,
+            backoff_base=backoff_base,
+            max_backoff=max_backoff,
+            busy_timeout=busy_timeout,
+            pool_size=pool_size,
+        )
+        self.tasks: dict[str, Task[Any, Any]] = {}
+        #: The periodic jobs registered with :meth:`periodic`, by name.
+        self.periodics = self._new_periodic_registry()
+        #: Listeners of this queue's job events (see :meth:`on_event`).
+        self.events = EventBus()
+        self._tracing = _open_tracing(tracing)
+        if self._tracing is not None:
+            self.events.subscribe(self._tracing, self._tracing.kinds)
+        self._backend: Backend | None = None
+        self._backend_lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"<JobQueue {self.url.redacted()} tasks={sorted(self.tasks)}>"
+
+    @property
+    def backend(self) -> Backend:
+        """The backend (created on first use)."""
+        if self._backend is None:
+            with self._backend_lock:
+                if self._backend is None:
+                    self._backend = open_backend(self.url, self.settings)
+        return self._backend
+
+    def using(self, database_url: str) -> JobQueue:
+        """A JobQueue on another database with the same settings and tasks.
+
+        The tasks are shared, not copied: ``task.enqueue()`` still goes to the
+        database of the queue they were registered on. To run an app's worker
+        on another database, let the app create ``JobQueue()`` and set
+        ``JOBKEEPER_DATABASE_URL`` (what ``jobkeeper --database URL worker``
+        does), so follow-up jobs its tasks enqueue land there too.
+        """
+        other = JobQueue.__new__(JobQueue)
+        other.url = resolve_database_url(database_url)
+        other.settings = self.settings
+        other.tasks = self.tasks
+        other.periodics = self.periodics
+        other.events = self.events
+        other._tracing = self._tracing
+        other._backend = None
+        other._backend_lock = threading.Lock()
+        return other
+
+    def use_database(self, database_url: str) -> None:
+        """Point this queue, and so every task registered on it, at another
+        database; its open connections are closed first.
+
+        What ``jobkeeper --database URL worker --app ...`` does to the app's
+        queue: follow-up jobs that tasks enqueue go to the database the worker
+        serves.
+
+        Raises:
+            ConfigError: an invalid URL (the queue is left as it was).
+        """
+        url = resolve_database_url(database_url)
+        self.close()
+        self.url = url
+
+    def close(self) -> None:
+        """Close the queue's connections (it reconnects if used again)."""
+        with self._backend_lock:
+            if self._backend is not None:
+                self._backend.close()
+                self._backend = None
+
+    def __enter__(self) -> JobQueue:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def on_event(
+        self, listener: Callable[[JobEvent], None], kinds: Iterable[EventKind] | None = None
+    ) -> Callable[[], None]:
+        """Call ``listener`` with every :class:`~jobkeeper.JobEvent` of the
+        workers this queue runs (claimed, started, finished, acked, claim
+        lost) and of their rescuers (rescued, dead-lettered).
+
+        The listener runs on the worker's own threads: it must be quick and
+        must not block. One that raises is logged and skipped, never breaking
+        the worker. Nobody listening costs the worker nothing measurable. The
+        model is Oban's telemetry events (``oban-bg/oban:lib/oban/telemetry.ex``).
+
+        Args:
+            listener: a callable taking one ``JobEvent``.
+            kinds: the :class:`~jobkeeper.EventKind` values it wants (default:
+                all); events nobody wants are never built.
+
+        Returns:
+            A function that removes the listener again.
+
+        Raises:
+            TypeError: ``listener`` is not callable.
+        """
+        return self.events.subscribe(listener, kinds)
+
+    # -- schema ----------------------------------------------------------------
+
+    def migrate(self) -> int:
+        """Create or upgrade the schema; idempotent and safe to run from many
+        processes at once (advisory lock / write lock).
+
+        Returns:
+            The schema version now applied.
+
+        Raises:
+            DatabaseUnavailable: the database cannot be reached.
+        """
+        return self.backend.migrate()
+
+    # -- tasks -----------------------------------------------------------------
+
+    @overload
+    def task(self, fn: Callable[P, R], /) -> Task[P, R]: ...
+
+    @overload
+    def task(
+        self,
+        *,
+        name: str | None = None,
+        queue: str = DEFAULT_QUEUE,
+        max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+        priority: int = 0,
+        timeout: float | None = None,
+        backoff: Callable[[int, BaseException], float] | None = None,
+    ) -> _TaskDecorator: ...
+
+    def task(
+        self,
+        fn: Callable[..., Any] | None = None,
+        *,
+        name: str | None = None,
+        queue: str = DEFAULT_QUEUE,
+        max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+        priority: int = 0,
+        timeout: float | None = None,
+        backoff: Callable[[int, BaseException], float] | None = None,
+    ) -> Any:
+        """Register a function as a task: ``@jq.task`` or ``@jq.task(queue="emails", ...)``.
+
+        Args:
+            name: the name jobs refer to (default: the function's ``__name__``).
+            queue: default queue for its jobs.
+            max_attempts: attempts before a job goes to the dead letters (1..1,000,000).
+            priority: default priority, a 32-bit int; lower runs first.
+            timeout: seconds an attempt may run before it is asked to stop
+                and fails with a timeout error under the retry policy, once
+                its code has returned (the job stays held until then);
+                ``None`` = no limit.
+            backoff: the task's retry policy: a function ``(attempt, error)
+                -> seconds`` called after a failed attempt (``attempt`` is
+                the one that failed, from 1; ``error`` the exception it
+                raised). Its result is capped at about 100 years; one that
+                raises or returns no finite number >= 0 is logged and the
+                exponential default used. ``Retry(delay=...)`` still wins.
+                ``None`` (default): exponential with full jitter.
+
+        Raises:
+            ConfigError: an invalid option (a ``backoff`` that is not a
+                function of two arguments), or a name already registered.
+        """
+
+        def register(function: Callable[..., Any]) -> Task[Any, Any]:
+            task_name = name if name is not None else getattr(function, "__name__", None)
+            if task_name is None:
+                raise ConfigError(f"cannot name task {function!r}: pass name=")
+            if task_name in self.tasks:
+                raise ConfigError(f"a task named {task_name!r} is already registered")
+            task: Task[Any, Any] = Task(
+                self,
+                function,
+                name=task_name,
+                queue=queue,
+                max_attempts=max_attempts,
+                priority=priority,
+                timeout=timeout,
+                backoff=backoff,
+            )
+            self.tasks[task.name] = task
+            return task
+
+        if fn is not None:
+            return register(fn)
+        return register
+
+    async def aclose(self) -> None:
+        """Close what async calls hold on the running loop, then the rest
+        (:meth:`close`).
+        """
+        if self._backend is not None:
+            await self._backend.aclose()
+        self.close()
+
+
+def _open_tracing(tracing: Any) -> Tracing | None:
+    """``JobQueue(tracing=...)``: None when off, else the spans' maker.
+
+    Raises:
+        ConfigError: not a bool or a tracer provider, or ``opentelemetry-api``
+            is missing.
+    """
+    if tracing is False or tracing is None:
+        return None
+    if tracing is not True and not callable(getattr(tracing, "get_tracer", None)):
+        raise ConfigError(
+            f"tracing must be True, False or an OpenTelemetry TracerProvider, got {tracing!r}"
+        )
+    try:
+        return Tracing(None if tracing is True else tracing)
+    except ImportError as exc:
+        raise ConfigError(
+            f"tracing needs the OpenTelemetry API ({exc}): pip install 'jobkeeper[otel]'"
+        ) from None

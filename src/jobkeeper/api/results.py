@@ -1,0 +1,126 @@
+"""Waiting for a job's result, from threads and from event loops."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+from typing import Any
+
+from jobkeeper.api.base import QueueBase, _job_id
+from jobkeeper.backends import Backend
+from jobkeeper.errors import DatabaseUnavailable
+from jobkeeper.waiting import Get, Mark, Ready, Sleep, check_timeout, wait_plan
+
+
+class ResultsMixin(QueueBase):
+    """Waiting methods of :class:`~jobkeeper.JobQueue`."""
+
+    # -- waiting for results ------------------------------------------------------------
+
+    def wait(self, job_id: int, timeout: float | None = None) -> Any:
+        """Block until the job ends; return its result if it completed.
+
+        Woken by the end itself: on PostgreSQL by a NOTIFY that only awaited
+        jobs send, heard on one connection per process however many waiters;
+        on SQLite by one connection per process watching ``PRAGMA
+        data_version``. A retrying job is still waited for. A completed job's
+        result stays readable for ``retention`` seconds.
+
+        Args:
+            job_id: the job's id.
+            timeout: seconds to wait at most; ``None`` waits for ever.
+
+        Returns:
+            The completed job's result (decoded JSON; ``None`` if it returned nothing).
+
+        Raises:
+            JobFailed: the job is dead (``.job.errors`` has every failed attempt).
+            JobCancelled: the job was cancelled (``.job``).
+            JobNotFound: no such job, or it finished and was pruned (``retention``).
+            TimeoutError: it did not end within ``timeout``.
+            ConfigError: a bad id or timeout.
+        """
+        job_id = _job_id(job_id)
+        seconds = check_timeout(timeout)
+        return _drive_wait(self.backend, job_id, seconds, self.settings.poll_interval)
+
+    async def wait_async(self, job_id: int, timeout: float | None = None) -> Any:
+        """:meth:`wait` for async code; many may wait at once on one loop."""
+        job_id = _job_id(job_id)
+        seconds = check_timeout(timeout)
+        return await _drive_wait_async(self.backend, job_id, seconds, self.settings.poll_interval)
+
+
+def _drive_wait(backend: Backend, job_id: int, timeout: float | None, poll: float) -> Any:
+    """Run the wait plan on this thread (see :mod:`jobkeeper.waiting`)."""
+    watch = backend.completion_watch()
+    woken = threading.Event()
+    unregister = watch.register(job_id, woken.set)
+    plan = wait_plan(job_id, timeout, poll)
+    try:
+        reply: Any = None
+        error: DatabaseUnavailable | None = None
+        while True:
+            try:
+                step = plan.throw(error) if error is not None else plan.send(reply)
+            except StopIteration as stop:
+                return stop.value
+            reply, error = None, None
+            try:
+                if isinstance(step, Ready):
+                    reply = watch.wait_ready(step.seconds)
+                elif isinstance(step, Mark):
+                    backend.job_mark_awaited(job_id=job_id)
+                elif isinstance(step, Get):
+                    woken.clear()
+                    reply = backend.job_get(job_id=job_id)
+            except DatabaseUnavailable as exc:
+                error = exc  # the plan waits it out until its timeout
+                continue
+            if isinstance(step, Sleep):
+                woken.wait(step.seconds)
+    finally:
+        unregister()
+        plan.close()
+
+
+async def _drive_wait_async(
+    backend: Backend, job_id: int, timeout: float | None, poll: float
+) -> Any:
+    """Run the wait plan on the event loop (see :mod:`jobkeeper.waiting`)."""
+    loop = asyncio.get_running_loop()
+    watch = backend.completion_watch()
+    woken = asyncio.Event()
+
+    def wake() -> None:
+        loop.call_soon_threadsafe(woken.set)
+
+    unregister = watch.register(job_id, wake)
+    plan = wait_plan(job_id, timeout, poll)
+    try:
+        reply: Any = None
+        error: DatabaseUnavailable | None = None
+        while True:
+            try:
+                step = plan.throw(error) if error is not None else plan.send(reply)
+            except StopIteration as stop:
+                return stop.value
+            reply, error = None, None
+            try:
+                if isinstance(step, Ready):
+                    reply = watch.ready or await asyncio.to_thread(watch.wait_ready, step.seconds)
+                elif isinstance(step, Mark):
+                    await backend.job_mark_awaited_async(job_id=job_id)
+                elif isinstance(step, Get):
+                    woken.clear()
+                    reply = await backend.job_get_async(job_id=job_id)
+            except DatabaseUnavailable as exc:
+                error = exc  # the plan waits it out until its timeout
+                continue
+            if isinstance(step, Sleep):
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(woken.wait(), step.seconds)
+    finally:
+        unregister()
+        plan.close()
