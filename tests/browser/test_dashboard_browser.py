@@ -78,3 +78,37 @@ def test_read_only_shows_no_buttons(jq, browser, serve):
         assert "read-only" in page.locator(".topbar").inner_text()
     finally:
         page.close()
+
+
+def test_pause_and_resume_a_queue_in_browser(jq, browser, serve, artifacts):
+    seed(jq)
+    jq.configure_queue("emails", concurrency=5, rate_limit="100/m")
+    jq.periodic("0 3 * * *", task="nightly_report", queue="reports")
+    from jobkeeper.maintenance.periodic import PeriodicEnqueuer
+
+    PeriodicEnqueuer(jq.backend, list(jq.periodics.values())).run_once()
+    base = serve(create_app(jq))
+    page = browser.new_page(viewport={"width": 1280, "height": 700})
+    # The pause button asks first (a confirm dialog): accept it.
+    page.on("dialog", lambda dialog: dialog.accept())
+    try:
+        page.goto(base + "/")
+        page.get_by_role("link", name="Queues", exact=True).click()
+        page.wait_for_url(re.compile(r"/queues$"))
+        row = page.locator("tr", has=page.get_by_role("link", name="emails", exact=True))
+        row.get_by_role("button", name="Pause").click()
+        page.wait_for_load_state()
+        assert "paused" in page.locator(".flash").inner_text()
+        assert {q.name: q.paused for q in jq.queues()}["emails"] is True
+        page.screenshot(path=str(artifacts / f"{_name(jq)}-8-queues.png"), full_page=True)
+        row = page.locator("tr", has=page.get_by_role("link", name="emails", exact=True))
+        row.get_by_role("button", name="Resume").click()
+        page.wait_for_load_state()
+        assert {q.name: q.paused for q in jq.queues()}["emails"] is False
+
+        page.get_by_role("link", name="Periodic", exact=True).click()
+        page.wait_for_url(re.compile(r"/periodic$"))
+        assert "0 3 * * *" in page.locator("table.grid").inner_text()
+        page.screenshot(path=str(artifacts / f"{_name(jq)}-9-periodic.png"), full_page=True)
+    finally:
+        page.close()

@@ -241,3 +241,60 @@ def test_mounted_under_a_prefix(jq, seeded, monkeypatch):
         follow_redirects=False,
     )
     assert response.headers["location"].startswith(f"/ops/jobs/jobs/{seeded.retryable}")
+
+
+def test_queues_page_shows_limits_and_pauses_and_resumes_by_post(client, jq, seeded):
+    jq.configure_queue("emails", concurrency=3, rate_limit="10/s", max_pending=500)
+    jq.configure_queue("ops:nightly/2", concurrency=1)  # a name with ':' and '/'
+    html = client.get("/queues").text
+    assert 'href="/queues"' in html  # in the navigation
+    for text in (">emails</a>", "10/s", ">500<", "ops:nightly/2", ">Pause</button>"):
+        assert text in html, text
+    token = _token(client, "/queues")
+
+    response = client.post(
+        "/queues/pause",
+        data={"csrf_token": token, "queue": "ops:nightly/2"},
+        follow_redirects=False,
+    )
+    assert response.status_code == 303 and response.headers["location"].startswith("/queues?")
+    assert {q.name: q.paused for q in jq.queues()}["ops:nightly/2"] is True
+    html = client.get("/queues").text
+    assert ">paused<" in html and ">Resume</button>" in html
+    client.post("/queues/resume", data={"csrf_token": token, "queue": "ops:nightly/2"})
+    assert {q.name: q.paused for q in jq.queues()}["ops:nightly/2"] is False
+
+    # Refusals: no token, a bad name, an unknown action; nothing changed.
+    assert client.post("/queues/pause", data={"queue": "emails"}).status_code == 403
+    bad = client.post("/queues/pause", data={"csrf_token": token, "queue": "no spaces"})
+    assert bad.status_code == 400 and "queue name" in bad.text
+    assert (
+        client.post("/queues/drop", data={"csrf_token": token, "queue": "emails"}).status_code
+        == 404
+    )
+    assert not any(q.paused for q in jq.queues())
+
+
+def test_queues_page_is_read_only_when_asked(jq, seeded, monkeypatch):
+    monkeypatch.delenv(PASSWORD_ENV, raising=False)
+    client = TestClient(create_app(jq, read_only=True))
+    html = client.get("/queues").text
+    assert 'method="post"' not in html and "emails" in html
+    assert (
+        client.post("/queues/pause", data={"csrf_token": "x", "queue": "emails"}).status_code == 403
+    )
+    assert not any(q.paused for q in jq.queues())
+
+
+def test_periodic_page_lists_stored_schedules(client, jq):
+    assert "No periodic job is stored" in client.get("/periodic").text
+    jq.periodic("*/15 * * * *", task="cleanup", timezone="Europe/Paris", queue="maintenance")
+    jq.periodic(every=30, task="poll_feeds")
+    from jobkeeper.maintenance.periodic import PeriodicEnqueuer
+
+    PeriodicEnqueuer(jq.backend, list(jq.periodics.values())).run_once()
+    html = client.get("/periodic").text
+    for text in ("*/15 * * * *", "Europe/Paris", "every 30s", ">cleanup</a>", ">maintenance</a>",
+                 ">poll_feeds</a>"):  # fmt: skip
+        assert text in html, text
+    assert "stale" not in html.split("<tbody>")[1].split("</tbody>")[0]

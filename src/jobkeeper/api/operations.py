@@ -342,13 +342,17 @@ class OperationsMixin(QueueBase):
 
     def queues(self) -> list[QueueInfo]:
         """Every queue that has jobs (live or dead) or settings, by name, with
-        its settings and its jobs per status.
+        its settings and its jobs per status (every status, zeros included),
+        counted as :meth:`queue_counts` counts: exact for live jobs, cheap
+        however many finished rows ``retention`` keeps.
         """
         stored = {s.name: s for s in self.backend.queue_settings_list()}
-        counts = self.stats()
-        zero = {status.value: 0 for status in JobStatus}
+        counts = self.queue_counts().counts
         return [
-            _queue_info(stored.get(name, QueueSettings(name)), counts.get(name, zero))
+            _queue_info(
+                stored.get(name, QueueSettings(name)),
+                {status.value: counts.get(name, {}).get(status.value, 0) for status in JobStatus},
+            )
             for name in sorted(stored.keys() | counts.keys())
         ]
 

@@ -92,12 +92,13 @@ class NavEntry:
     available: Callable[[JobQueue], bool] = lambda jq: True
 
 
-#: The navigation bar. Later pages (``NavEntry("Queues", "/queues",
-#: lambda jq: hasattr(jq, "queues"))``, ``NavEntry("Schedules", ...)``) go here.
+#: The navigation bar.
 NAV: list[NavEntry] = [
     NavEntry("Overview", "/"),
     NavEntry("Jobs", "/jobs"),
     NavEntry("Dead letters", "/dead"),
+    NavEntry("Queues", "/queues"),
+    NavEntry("Periodic", "/periodic"),
     NavEntry("Workers", "/workers"),
 ]
 
@@ -371,9 +372,22 @@ class Dashboard:
             rows.append((worker, age, window, state))
         return self.render(request, "workers.html", now=now, rows=rows)
 
+    def queues(self, request: Request) -> Response:
+        queues = self.jq.queues()
+        workers = self.jq.workers()
+        rows = [
+            (queue, queue.counts, sum(1 for w in workers if queue.name in w.queues))
+            for queue in queues
+        ]
+        return self.render(request, "queues.html", rows=rows)
+
+    def periodic(self, request: Request) -> Response:
+        return self.render(request, "periodic.html", rows=self.jq.periodic_list())
+
     # -- actions -------------------------------------------------------------------
 
-    async def action(self, request: Request) -> Response:
+    async def _checked_form(self, request: Request) -> dict[str, list[str]] | Response:
+        """The POSTed form, or the refusal: read-only, or no valid CSRF token."""
         if self.read_only:
             return PlainTextResponse("read-only dashboard: actions are off\n", status_code=403)
         body = await request.body()
@@ -385,7 +399,34 @@ class Dashboard:
                 "CSRF token missing or invalid: reload the page and try again\n",
                 status_code=403,
             )
+        return form
+
+    async def action(self, request: Request) -> Response:
+        form = await self._checked_form(request)
+        if isinstance(form, Response):
+            return form
         return await _run_sync(self._act, request)
+
+    async def queue_action(self, request: Request) -> Response:
+        form = await self._checked_form(request)
+        if isinstance(form, Response):
+            return form
+        names = form.get("queue") or []
+        what = request.path_params["action"]
+        if what not in ("pause", "resume") or len(names) != 1:
+            return PlainTextResponse("unknown action\n", status_code=404)
+
+        def act(request: Request) -> Response:
+            try:
+                queue = (self.jq.pause if what == "pause" else self.jq.resume)(names[0])
+            except ConfigError as exc:
+                return self.error(request, 400, str(exc))
+            except JobkeeperError as exc:
+                return self.error(request, 503, str(exc))
+            state = "paused: no worker starts its jobs" if queue.paused else "running again"
+            return _see_other(request, "/queues", f"Queue {queue.name} {state}.")
+
+        return await _run_sync(act, request)
 
     def _act(self, request: Request) -> Response:
         what = request.path_params["action"]
@@ -476,6 +517,9 @@ def create_app(
         Route("/jobs/{job_id}", dashboard.job, name="job"),
         Route("/dead", dashboard.dead_letters, name="dead"),
         Route("/workers", dashboard.workers, name="workers"),
+        Route("/queues", dashboard.queues, name="queues"),
+        Route("/queues/{action:str}", dashboard.queue_action, methods=["POST"]),
+        Route("/periodic", dashboard.periodic, name="periodic"),
         Route("/metrics", dashboard.metrics, name="metrics"),
         Route("/{kind:str}/{job_id}/{action:str}", dashboard.action, methods=["POST"]),
         Mount("/static", app=StaticFiles(directory=str(static)), name="static"),
