@@ -23,14 +23,10 @@ that depends on an API a later version adds ("queues" with pause/resume,
 
 from __future__ import annotations
 
-import base64
 import dataclasses
-import hashlib
-import hmac
 import os
 import secrets
 from collections.abc import Callable
-from datetime import UTC, datetime
 from importlib import resources
 from typing import Any
 from urllib.parse import parse_qs, urlencode
@@ -38,22 +34,24 @@ from urllib.parse import parse_qs, urlencode
 import jinja2
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
-from starlette.middleware.base import BaseHTTPMiddleware, RequestResponseEndpoint
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from jobkeeper.api import JobQueue
+from jobkeeper.dashboard.present import ago, duration, number, stamp, why_waiting
+from jobkeeper.dashboard.security import (
+    CSRF_COOKIE,
+    CSRF_FIELD,
+    PASSWORD_ENV,
+    BasicAuth,
+    Csrf,
+    is_loopback,
+)
 from jobkeeper.errors import ConfigError, JobkeeperError, JobNotFound, JobStateError
-from jobkeeper.models import Job, JobStatus, WorkerInfo
+from jobkeeper.models import JobStatus
 
-#: Environment variable holding the dashboard's basic-auth password.
-PASSWORD_ENV = "JOBKEEPER_DASHBOARD_PASSWORD"
-#: The basic-auth user name.
-USER = "jobkeeper"
-CSRF_COOKIE = "jobkeeper_csrf"
-CSRF_FIELD = "csrf_token"
 #: Rows per page of the job lists.
 PAGE_SIZE = 50
 #: The overview's throughput window and bucket, seconds.
@@ -101,117 +99,6 @@ NAV: list[NavEntry] = [
     NavEntry("Periodic", "/periodic"),
     NavEntry("Workers", "/workers"),
 ]
-
-
-# -- presentation helpers (used by the templates) ------------------------------
-
-
-def ago(then: datetime | None, now: datetime) -> str:
-    """``then`` relative to ``now``: "12 s ago", "in 3 min", "—"."""
-    if then is None:
-        return "—"
-    seconds = (now - then).total_seconds()
-    text = duration(abs(seconds))
-    if abs(seconds) < 1:
-        return "just now"
-    return f"{text} ago" if seconds > 0 else f"in {text}"
-
-
-def duration(seconds: float) -> str:
-    """A short human duration: "850 ms", "42 s", "3 min", "5 h 20 min", "2 d"."""
-    if seconds < 1:
-        return f"{seconds * 1000:.0f} ms"
-    if seconds < 60:
-        return f"{seconds:.0f} s"
-    if seconds < 3600:
-        return f"{seconds // 60:.0f} min"
-    if seconds < 86400:
-        hours, rest = divmod(seconds, 3600)
-        return f"{hours:.0f} h {rest // 60:.0f} min" if rest >= 60 else f"{hours:.0f} h"
-    return f"{seconds / 86400:.0f} d"
-
-
-def stamp(value: datetime | None) -> str:
-    """An absolute UTC time for tooltips and the job page."""
-    return "—" if value is None else value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
-
-
-def number(value: int) -> str:
-    """Thousands separated: 1,234,567."""
-    return f"{value:,}"
-
-
-def why_waiting(job: Job, workers: list[WorkerInfo], now: datetime) -> str | None:
-    """One line on why a job has not run yet, from what is cheap to know
-    (the job and the worker list); ``None`` for jobs that are not waiting.
-    """
-    if job.status == JobStatus.SCHEDULED:
-        return f"Scheduled: it becomes available {ago(job.scheduled_at, now)}."
-    if job.status == JobStatus.RETRYABLE:
-        return (
-            f"Waiting out its backoff after attempt {job.attempt} of {job.max_attempts}: "
-            f"next attempt {ago(job.scheduled_at, now)}."
-        )
-    if job.status == JobStatus.RUNNING:
-        return f"Running on worker {job.worker_id} since {ago(job.attempted_at, now)}."
-    if job.status == JobStatus.CLAIMED:
-        return (
-            f"Claimed by worker {job.worker_id} {ago(job.attempted_at, now)}, waiting for one "
-            "of its slots (prefetched); it starts there or is handed back unstarted."
-        )
-    if job.status != JobStatus.AVAILABLE:
-        return None
-    serving = [w for w in workers if job.queue in w.queues]
-    if not serving:
-        return f"No live worker serves queue {job.queue!r}: start one with --queue {job.queue}."
-    return (
-        f"Available for {ago(job.scheduled_at, now).removesuffix(' ago')}; "
-        f"{len(serving)} worker(s) serve queue {job.queue!r} (it waits behind jobs "
-        "of higher priority or older ones, or every slot is busy)."
-    )
-
-
-# -- CSRF and auth ---------------------------------------------------------------
-
-
-class Csrf:
-    """Signed double-submit tokens (see the module docstring)."""
-
-    def __init__(self, secret: bytes) -> None:
-        self._secret = secret
-
-    def new_token(self) -> str:
-        nonce = secrets.token_urlsafe(18)
-        return f"{nonce}.{self._sign(nonce)}"
-
-    def _sign(self, nonce: str) -> str:
-        return hmac.new(self._secret, nonce.encode(), hashlib.sha256).hexdigest()
-
-    def valid(self, cookie: str | None, field: str | None) -> bool:
-        if not cookie or not field or not hmac.compare_digest(cookie, field):
-            return False
-        nonce, _, signature = cookie.partition(".")
-        return bool(nonce) and hmac.compare_digest(signature, self._sign(nonce))
-
-
-class BasicAuth(BaseHTTPMiddleware):
-    """Every request needs ``jobkeeper:<password>`` (constant-time compare)."""
-
-    def __init__(self, app: Any, password: str) -> None:
-        super().__init__(app)
-        self._expected = base64.b64encode(f"{USER}:{password}".encode()).decode()
-
-    async def dispatch(self, request: Request, call_next: RequestResponseEndpoint) -> Response:
-        scheme, _, credentials = request.headers.get("authorization", "").partition(" ")
-        if scheme.lower() == "basic" and hmac.compare_digest(
-            credentials.strip().encode(), self._expected.encode()
-        ):
-            return await call_next(request)
-        return PlainTextResponse(
-            "authentication required\n",
-            status_code=401,
-            headers={"WWW-Authenticate": 'Basic realm="jobkeeper", charset="UTF-8"'},
-        )
 
 
 # -- the app ---------------------------------------------------------------------
@@ -538,16 +425,4 @@ def create_app(
     return app
 
 
-def is_loopback(host: str) -> bool:
-    """Whether ``host`` names only this machine (127.0.0.0/8, ::1, localhost)."""
-    import ipaddress
-
-    if host.lower() in ("localhost", "localhost.localdomain"):
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
-
-
-__all__ = ["NAV", "NavEntry", "create_app", "is_loopback"]
+__all__ = ["CSRF_COOKIE", "NAV", "PASSWORD_ENV", "NavEntry", "create_app", "is_loopback"]

@@ -1,0 +1,74 @@
+"""What the dashboard's templates show: durations, times, numbers, and why a
+job waits.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from jobkeeper.models import Job, JobStatus, WorkerInfo
+
+
+def ago(then: datetime | None, now: datetime) -> str:
+    """``then`` relative to ``now``: "12 s ago", "in 3 min", "—"."""
+    if then is None:
+        return "—"
+    seconds = (now - then).total_seconds()
+    text = duration(abs(seconds))
+    if abs(seconds) < 1:
+        return "just now"
+    return f"{text} ago" if seconds > 0 else f"in {text}"
+
+
+def duration(seconds: float) -> str:
+    """A short human duration: "850 ms", "42 s", "3 min", "5 h 20 min", "2 d"."""
+    if seconds < 1:
+        return f"{seconds * 1000:.0f} ms"
+    if seconds < 60:
+        return f"{seconds:.0f} s"
+    if seconds < 3600:
+        return f"{seconds // 60:.0f} min"
+    if seconds < 86400:
+        hours, rest = divmod(seconds, 3600)
+        return f"{hours:.0f} h {rest // 60:.0f} min" if rest >= 60 else f"{hours:.0f} h"
+    return f"{seconds / 86400:.0f} d"
+
+
+def stamp(value: datetime | None) -> str:
+    """An absolute UTC time for tooltips and the job page."""
+    return "—" if value is None else value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def number(value: int) -> str:
+    """Thousands separated: 1,234,567."""
+    return f"{value:,}"
+
+
+def why_waiting(job: Job, workers: list[WorkerInfo], now: datetime) -> str | None:
+    """One line on why a job has not run yet, from what is cheap to know
+    (the job and the worker list); ``None`` for jobs that are not waiting.
+    """
+    if job.status == JobStatus.SCHEDULED:
+        return f"Scheduled: it becomes available {ago(job.scheduled_at, now)}."
+    if job.status == JobStatus.RETRYABLE:
+        return (
+            f"Waiting out its backoff after attempt {job.attempt} of {job.max_attempts}: "
+            f"next attempt {ago(job.scheduled_at, now)}."
+        )
+    if job.status == JobStatus.RUNNING:
+        return f"Running on worker {job.worker_id} since {ago(job.attempted_at, now)}."
+    if job.status == JobStatus.CLAIMED:
+        return (
+            f"Claimed by worker {job.worker_id} {ago(job.attempted_at, now)}, waiting for one "
+            "of its slots (prefetched); it starts there or is handed back unstarted."
+        )
+    if job.status != JobStatus.AVAILABLE:
+        return None
+    serving = [w for w in workers if job.queue in w.queues]
+    if not serving:
+        return f"No live worker serves queue {job.queue!r}: start one with --queue {job.queue}."
+    return (
+        f"Available for {ago(job.scheduled_at, now).removesuffix(' ago')}; "
+        f"{len(serving)} worker(s) serve queue {job.queue!r} (it waits behind jobs "
+        "of higher priority or older ones, or every slot is busy)."
+    )
