@@ -15,7 +15,7 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m compileall -q src
 	touch $@
 
-.PHONY: help install pgbouncer chromium demo test test-django6 lint format typecheck docs check bench clean
+.PHONY: help install pgbouncer chromium demo test test-django6 lint format typecheck docs check bench soak clean
 
 help: ## List the commands
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -96,6 +96,16 @@ $(VENV)/.bench-installed: pyproject.toml | $(BIN)/python
 # and installs benchmarks/requirements-oban.txt there; with none, oban is n/a.
 bench: $(VENV)/.bench-installed ## Benchmark vs procrastinate, pgqueuer, oban (own venv, Python >= 3.12), raw SQL (BENCH_ARGS=--quick)
 	$(BIN)/python benchmarks/run.py $(BENCH_ARGS)
+
+# The long chaos soak with flow control on (a concurrency cap and a rate limit
+# on one queue, serial keys on another's jobs), PostgreSQL (a private server:
+# needs initdb, see benchmarks/soak/README.md) then SQLite. The plain soak
+# without limits: python -m benchmarks.soak.run (same README).
+SOAK_MINUTES ?= 5
+SOAK_ARGS ?= --noop-jobs 50000
+soak: install ## Long chaos soak with queue limits on, PostgreSQL then SQLite (SOAK_MINUTES=5 each)
+	$(BIN)/python -m benchmarks.soak.run --backend postgres --minutes $(SOAK_MINUTES) --limits $(SOAK_ARGS)
+	$(BIN)/python -m benchmarks.soak.run --backend sqlite --minutes $(SOAK_MINUTES) --limits $(SOAK_ARGS)
 
 clean: ## Remove the virtualenv and caches
 	rm -rf $(VENV) .venv-oban .venv-django6 site .pytest_cache .mypy_cache .ruff_cache jobkeeper-demo.db* jobkeeper-demo.log

@@ -49,7 +49,7 @@ def baseline(rev: str) -> tuple[Path, str]:
         subprocess.run([sys.executable, "-m", "venv", str(tree / ".venv")], check=True)
         subprocess.run(
             [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
-             "-e", str(tree)],
+             "-e", f"{tree}[postgres]"],
             check=True,
         )  # fmt: skip
     return tree, sha

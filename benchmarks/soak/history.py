@@ -25,6 +25,11 @@ What the checker verifies (each failure is a :class:`Violation`)
       the row's current attempt, it ended ``ok``, its claim was never rescued,
       and (with the ack audit) exactly one completion was written, by that
       holder (``bad_completion``, ``duplicate_completion``);
+    - with flow control on (``History.caps``, serial keys on the rows): never
+      more executions of a capped queue at once than its ``concurrency``
+      (``cap_exceeded``), and never two jobs of one serial key at once
+      (``serial_overlap``); an execution stops counting when its claim is
+      rescued;
     - no execution started after its job had finished (``ran_after_finish``),
       none is of a job nobody enqueued (``phantom_execution``), and the log
       is well formed (``bad_log``).
@@ -163,6 +168,8 @@ class Row:
     errors: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     finished_at: float | None = None
     worker_id: str | None = None
+    queue: str | None = None
+    serial_key: str | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -217,6 +224,11 @@ class History:
         acks: the ack audit (``None``: not recorded).
         deaths: worker id -> when its process died (SIGKILL), log clock.
         bad_log_lines: malformed log lines found while reading.
+        caps: queue -> its ``concurrency`` setting for the whole run (the
+            flow-control soak): never more of its executions at once.
+        rate_limits: queue -> ``(count, period seconds)``: reported (the
+            most starts seen in any window), not checked: a start follows
+            its claim, which is what the limit counts, by a varying delay.
     """
 
     rescue_after: float
@@ -228,6 +240,8 @@ class History:
     acks: list[Ack] | None = None
     deaths: dict[str, float] = dataclasses.field(default_factory=dict)
     bad_log_lines: int = 0
+    caps: dict[str, int] = dataclasses.field(default_factory=dict)
+    rate_limits: dict[str, tuple[int, float]] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -451,7 +465,23 @@ class _Checker:
                 death = self.h.deaths.get(rescue.worker)
                 if death is not None and death <= rescue.at + TOLERANCE:
                     since_death.append(rescue.at - death)
-        self.stats["rescues"] = len(rescues)
+        # A holder silent past rescue_after whose job was still `claimed` in
+        # the database (its start mark is batched, so a job that had started
+        # may look unstarted) is given back free: available, the attempt not
+        # spent, no errors entry. The ack audit is its only record; the next
+        # holder runs the same attempt number. A hand-back by a live holder
+        # (a graceful stop) looks the same there, but it had heartbeaten.
+        free_returns = 0
+        if self.hb is not None:
+            for ack in self.h.acks or []:
+                key = (ack.job, ack.attempt, ack.worker)
+                if ack.new_status != "available" or key in rescues:
+                    continue
+                if self.silent_for(ack.worker, ack.at) >= self.h.rescue_after - TOLERANCE:
+                    rescues[key] = Rescue(ack.job, ack.attempt, ack.worker, ack.at)
+                    free_returns += 1
+        self.stats["free_returns"] = free_returns
+        self.stats["rescues"] = len(rescues) - free_returns
         self.stats["rescue_after_last_heartbeat_s"] = since_heartbeat
         self.stats["rescue_after_kill_s"] = since_death
         return rescues
@@ -509,6 +539,108 @@ class _Checker:
             if silent < self.h.rescue_after - TOLERANCE:
                 return f"the first holder had heartbeaten {silent:.3f}s before the rescue"
         return None
+
+    def held_span(
+        self, run: Execution, rescues: dict[tuple[int, int, str], Rescue]
+    ) -> tuple[float, float]:
+        """When an execution counted against its queue's limits: from its
+        start to its end (or its process's death), cut at the rescue of its
+        claim. From the rescue on the database no longer counts it (the slot
+        and the serial key are free again) while a stopped holder's code may
+        still be frozen mid-run: that overlap is the justified kind.
+        """
+        end = self.effective_end(run)
+        rescue = rescues.get(run.key())
+        if rescue is not None:
+            end = min(end, rescue.at - TOLERANCE)
+        return run.start, end
+
+    def check_limits(
+        self,
+        rows: dict[int, Row],
+        executions: dict[int, list[Execution]],
+        rescues: dict[tuple[int, int, str], Rescue],
+    ) -> None:
+        """Queue caps (``cap_exceeded``) and serial keys (``serial_overlap``),
+        as the execution log saw them.
+        """
+        by_queue: dict[str, list[tuple[float, float, Execution]]] = defaultdict(list)
+        by_key: dict[str, list[tuple[float, float, Execution]]] = defaultdict(list)
+        starts: dict[str, list[float]] = defaultdict(list)
+        for job, runs in executions.items():
+            row = rows.get(job)
+            if row is None:
+                continue
+            for run in runs:
+                if row.queue in self.h.rate_limits:
+                    starts[row.queue].append(run.start)
+                start, end = self.held_span(run, rescues)
+                if end <= start:
+                    continue
+                if row.queue in self.h.caps:
+                    by_queue[row.queue].append((start, end, run))
+                if row.serial_key is not None:
+                    by_key[row.serial_key].append((start, end, run))
+        most_running: dict[str, int] = {}
+        for queue, cap in sorted(self.h.caps.items()):
+            # Ends before starts at the same instant: a slot freed and taken.
+            moments = sorted(
+                [(start, 1, run) for start, _, run in by_queue[queue]]
+                + [(end, -1, run) for _, end, run in by_queue[queue]],
+                key=lambda m: (m[0], m[1]),
+            )
+            active: set[tuple[int, int, str]] = set()
+            best = 0
+            for at, step, run in moments:
+                if step > 0:
+                    active.add(run.key())
+                    if len(active) == cap + 1:  # once per excess, not per start
+                        shown = ", ".join(f"{j}#{a}@{w}" for j, a, w in sorted(active))
+                        self.flag(
+                            "cap_exceeded",
+                            run.job,
+                            f"queue {queue!r} (concurrency {cap}) ran {len(active)} at "
+                            f"{at:.3f}: {shown}",
+                        )
+                else:
+                    active.discard(run.key())
+                best = max(best, len(active))
+            most_running[queue] = best
+        overlaps = 0
+        for key, spans in sorted(by_key.items()):
+            spans.sort(key=lambda span: span[0])
+            holder: tuple[float, float, Execution] | None = None
+            for span in spans:
+                start, end, run = span
+                if (
+                    holder is not None
+                    and run.job != holder[2].job
+                    and start < holder[1] - TOLERANCE
+                ):
+                    overlaps += 1
+                    other = holder[2]
+                    self.flag(
+                        "serial_overlap",
+                        run.job,
+                        f"serial key {key!r}: attempt {run.attempt} on {run.worker} started at "
+                        f"{start:.3f} while job {other.job} attempt {other.attempt} on "
+                        f"{other.worker} ran [{holder[0]:.3f}, {holder[1]:.3f}]",
+                    )
+                if holder is None or end > holder[1]:
+                    holder = span
+        most_starts: dict[str, tuple[int, int]] = {}
+        for queue, (count, period) in sorted(self.h.rate_limits.items()):
+            times = sorted(starts[queue])
+            best, lo = 0, 0
+            for hi, at in enumerate(times):
+                while times[lo] <= at - period:
+                    lo += 1
+                best = max(best, hi - lo + 1)
+            most_starts[queue] = (best, count)
+        self.stats["most_running"] = most_running
+        self.stats["serial_keys"] = len(by_key)
+        self.stats["serial_overlaps"] = overlaps
+        self.stats["most_starts_in_a_window"] = most_starts
 
     def check_completions(
         self,
@@ -602,6 +734,7 @@ class _Checker:
         self.check_states(rows, executions)
         rescues = self.check_rescues(rows)
         self.check_overlaps(executions, rescues)
+        self.check_limits(rows, executions, rescues)
         self.check_completions(rows, executions, rescues)
         self.check_phantoms(rows, executions)
         status = Counter(row.status for row in rows.values())

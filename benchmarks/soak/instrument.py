@@ -72,8 +72,13 @@ BEGIN INSERT INTO soak_acks VALUES (OLD.id, 'removed', OLD.worker_id, OLD.attemp
 END;
 """
 
-_JOB_COLUMNS = "id, status, attempt, max_attempts, args, result, errors, finished_at, worker_id"
-_DEAD_COLUMNS = "id, 'dead', attempt, max_attempts, args, result, errors, finished_at, NULL"
+_JOB_COLUMNS = (
+    "id, status, attempt, max_attempts, args, result, errors, finished_at, worker_id, "
+    "queue, serial_key"
+)
+_DEAD_COLUMNS = (
+    "id, 'dead', attempt, max_attempts, args, result, errors, finished_at, NULL, queue, serial_key"
+)
 
 
 def _sqlite_path(url: str) -> str:
@@ -104,7 +109,19 @@ def _json(value: Any, decode: bool) -> Any:
 
 def _row(values: tuple[Any, ...], decode: bool) -> Row:
     """One row; ``decode``: JSON columns are text (SQLite), not decoded jsonb."""
-    job_id, status, attempt, max_attempts, args, result, errors, finished_at, worker_id = values
+    (
+        job_id,
+        status,
+        attempt,
+        max_attempts,
+        args,
+        result,
+        errors,
+        finished_at,
+        worker_id,
+        queue,
+        serial_key,
+    ) = values
     args = _json(args, decode)
     token = args.get("n") if isinstance(args, dict) else None
     errors = _json(errors, decode)
@@ -118,6 +135,8 @@ def _row(values: tuple[Any, ...], decode: bool) -> Row:
         errors=errors if isinstance(errors, list) else [],
         finished_at=parse_db_time(finished_at),
         worker_id=worker_id,
+        queue=queue,
+        serial_key=serial_key,
     )
 
 

@@ -74,6 +74,14 @@ class SoakConfig:
     keep: bool = False
     out: Path | None = None  # where to put logs (default: a temp dir)
     verbose: bool = True
+    #: Flow control on: the bulk queue gets a concurrency cap and a rate
+    #: limit, and a share of the default queue's jobs get serial keys; the
+    #: checker then also holds the cap and the keys (see history.py).
+    limits: bool = False
+    cap: int = 3
+    rate_per_second: int = 20
+    serial_share: float = 0.3  # of the default queue's jobs
+    serial_keys: int = 20
 
 
 @dataclasses.dataclass
@@ -111,10 +119,18 @@ def _secs(value: float | None) -> str:
 class _Enqueuer:
     """Enqueues the chaos mix at a steady rate, through faults."""
 
-    def __init__(self, jq: JobQueue, rng: random.Random, faults: Faults | None) -> None:
+    def __init__(
+        self,
+        jq: JobQueue,
+        rng: random.Random,
+        faults: Faults | None,
+        serial: tuple[float, int] | None = None,
+    ) -> None:
         self.jq = jq
         self.rng = rng
         self.faults = faults
+        #: (share of the default queue's jobs, number of keys) or None.
+        self.serial = serial
         self.enqueued: dict[int, Expected] = {}
         self.ambiguous: dict[int, str] = {}
         self.refused = 0
@@ -142,6 +158,8 @@ class _Enqueuer:
         options: dict[str, Any] = {"queue": "bulk" if r() < 0.2 else "default"}
         if r() < 0.1:
             options["priority"] = self.rng.randint(-5, 5)
+        if self.serial is not None and options["queue"] == "default" and r() < self.serial[0]:
+            options["serial_key"] = f"user:{self.rng.randrange(self.serial[1])}"
         args: dict[str, Any] = {"n": n, "ms": round(ms, 3)}
         if mode < 0.78:
             kind = "ok"
@@ -291,6 +309,14 @@ def run_soak(config: SoakConfig) -> SoakResult:
         }
         jq = JobQueue(url, **settings)
         jq.migrate()
+        caps: dict[str, int] = {}
+        rate_limits: dict[str, tuple[int, float]] = {}
+        if config.limits:
+            jq.configure_queue(
+                "bulk", concurrency=config.cap, rate_limit=f"{config.rate_per_second}/s"
+            )
+            caps["bulk"] = config.cap
+            rate_limits["bulk"] = (config.rate_per_second, 1.0)
         instrument.install(url)
         env = {f"SOAK_{k.upper()}": str(v) for k, v in settings.items()}
         env["SOAK_LOG_DIR"] = str(log_dir)
@@ -298,7 +324,8 @@ def run_soak(config: SoakConfig) -> SoakResult:
         say(f"soak: {config.backend} at {url}; logs in {out}")
         workers.start_all()
         faults = Faults(workers, pg, rng, stop_for=stop_for, long_outage=1.5 * config.rescue_after)
-        enqueuer = _Enqueuer(jq, rng, faults)
+        serial = (config.serial_share, config.serial_keys) if config.limits else None
+        enqueuer = _Enqueuer(jq, rng, faults, serial)
         enqueuer.special()
 
         # -- the fault phase ------------------------------------------------------
@@ -418,6 +445,8 @@ def run_soak(config: SoakConfig) -> SoakResult:
             acks=acks,
             deaths=deaths_by_pid(first_seen, lives),
             bad_log_lines=bad_lines,
+            caps=caps,
+            rate_limits=rate_limits,
         )
         report = check(history)
         holders = classify_rescues(rows, workers.lives, faults.pauses)
@@ -571,7 +600,8 @@ def summarize(result: SoakResult, notes: Counter[str], refusals: list[str], out:
         ),
         f"  enqueue down   {result.enqueue_refused} enqueue calls refused mid-run with "
         f"DatabaseUnavailable{probe}",
-        f"  rescues        {s['rescues']} (holders: {result.rescued_holders['dead']} SIGKILLed, "
+        f"  rescues        {s['rescues']} (+{s.get('free_returns', 0)} free returns of jobs "
+        f"whose start mark was unwritten; holders: {result.rescued_holders['dead']} SIGKILLed, "
         f"{result.rescued_holders['stopped']} SIGSTOPped, {result.rescued_holders['live']} live "
         f"(must be 0)); time-to-rescue after the holder's last heartbeat: "
         f"p50 {_secs(percentile(since_hb, 50))}, p99 {_secs(percentile(since_hb, 99))}, "
@@ -581,6 +611,7 @@ def summarize(result: SoakResult, notes: Counter[str], refusals: list[str], out:
         f"({s['overlaps_justified']} overlaps after a holder was silent > rescue_after; "
         f"{s['started_after_rescue']} executions started after their claim was rescued)",
         f"  lost           {s['lost']}",
+        *_limits_lines(result),
         f"  executions     {s['executions']} logged, {s['executions_unfinished']} cut short by "
         f"SIGKILL, {s['re_executed_jobs']} jobs ran to success more than once",
     ]
@@ -622,6 +653,21 @@ def summarize(result: SoakResult, notes: Counter[str], refusals: list[str], out:
     return "\n".join(lines)
 
 
+def _limits_lines(result: SoakResult) -> list[str]:
+    c = result.config
+    if not c.limits:
+        return []
+    s = result.report.stats
+    most_starts, _ = s["most_starts_in_a_window"].get("bulk", (0, 0))
+    return [
+        f"  limits         bulk: concurrency {c.cap} (most running at once in the history: "
+        f"{s['most_running'].get('bulk', 0)}), rate {c.rate_per_second}/s (most starts in a "
+        f"1 s window: {most_starts}, reported only); serial keys: {s['serial_keys']} keys, "
+        f"{s['serial_overlaps']} overlaps (must be 0); "
+        f"{result.report.count('cap_exceeded')} cap excesses (must be 0)"
+    ]
+
+
 def _interrupted(signum: int, frame: Any) -> None:
     raise SystemExit(128 + signum)
 
@@ -642,6 +688,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--out", type=Path, help="keep logs here")
     parser.add_argument("--keep", action="store_true", help="keep the temp dir with logs")
+    parser.add_argument(
+        "--limits",
+        action="store_true",
+        help="flow control on: a concurrency cap and a rate limit on the bulk queue, "
+        "serial keys on default-queue jobs",
+    )
+    parser.add_argument("--cap", type=int, default=3, help="the bulk queue's concurrency")
+    parser.add_argument("--rate", type=int, default=20, help="the bulk queue's starts per second")
     args = parser.parse_args(argv)
     seconds = args.minutes * 60
     config = SoakConfig(
@@ -660,6 +714,9 @@ def main(argv: list[str] | None = None) -> int:
         seed=args.seed,
         keep=args.keep,
         out=args.out,
+        limits=args.limits,
+        cap=args.cap,
+        rate_per_second=args.rate,
     )
     # SIGTERM (and SIGINT, even when started in the background, where it is
     # ignored by default) stop the run through its clean-up: the workers are

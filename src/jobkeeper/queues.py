@@ -196,16 +196,25 @@ def parse_queue_share(text: str) -> tuple[str, int | None]:
     Raises:
         ConfigError: a bad queue name or share.
     """
+    if not isinstance(text, str):
+        raise ConfigError(f"queue must be a name string, got {type(text).__name__} {text!r}")
     name, sep, share = text.rpartition("=") if "=" in text else (text, "", "")
-    check_name("queue", name)
+    try:
+        check_name("queue", name)
+    except ConfigError as exc:
+        raise ConfigError(f"--queue {text!r}: {exc}") from None
     if not sep:
         return name, None
-    try:
-        count = int(share)
-    except ValueError:
-        raise ConfigError(f"--queue {text!r}: the share after '=' must be an int >= 1") from None
+    # int() alone would take " 5", "+5" and "5_0".
+    if not share.isascii() or not share.isdigit():
+        raise ConfigError(
+            f"--queue {text!r}: the share after '=' must be a whole number >= 1, got {share!r}"
+        )
+    count = int(share)
     if not 1 <= count <= MAX_CONCURRENCY:
-        raise ConfigError(f"--queue {text!r}: the share must be between 1 and {MAX_CONCURRENCY}")
+        raise ConfigError(
+            f"--queue {text!r}: the share must be between 1 and {MAX_CONCURRENCY}, got {count}"
+        )
     return name, count
 
 

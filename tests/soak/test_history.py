@@ -350,3 +350,94 @@ def test_percentile():
     values = [float(i) for i in range(1, 101)]
     assert percentile(values, 50) == 50.0
     assert percentile(values, 99) == 99.0
+
+
+def with_limits(history: History, queues: dict[int, str], keys: dict[int, str]) -> History:
+    for r in history.rows:
+        r.queue = queues.get(r.id, "other")
+        r.serial_key = keys.get(r.id)
+    return history
+
+
+def test_limits_that_held_pass():
+    # At 100.0 jobs 1-5 all run: five at once in queue q.
+    history = with_limits(good_history(), dict.fromkeys(range(1, 8), "q"), {1: "a", 2: "b"})
+    history.caps = {"q": 5}
+    report = check(history)
+    assert report.ok, report.violations
+    assert report.stats["most_running"] == {"q": 5}
+    assert report.stats["serial_keys"] == 2
+    assert report.stats["serial_overlaps"] == 0
+
+
+def test_a_queue_past_its_cap_is_caught():
+    history = with_limits(good_history(), dict.fromkeys(range(1, 8), "q"), {})
+    history.caps = {"q": 4}
+    report = check(history)
+    assert kinds(report) == {"cap_exceeded"}
+    assert len(report.violations) == 1  # one excess, reported once
+
+
+def test_a_rescued_holder_no_longer_counts_against_the_cap():
+    # Job 5's first holder (SIGSTOPped) is rescued at 104 and resumes until
+    # 110; from 105 jobs 4 and 5 run again elsewhere: two at once, not three.
+    history = with_limits(good_history(), {4: "r", 5: "r"}, {})
+    history.caps = {"r": 2}
+    report = check(history)
+    assert report.ok, report.violations
+    assert report.stats["most_running"] == {"r": 2}
+    history.caps = {"r": 1}
+    assert kinds(check(history)) == {"cap_exceeded"}
+
+
+def test_two_jobs_of_a_serial_key_at_once_are_caught():
+    history = with_limits(good_history(), {}, {1: "user:1", 2: "user:1"})
+    report = check(history)
+    assert kinds(report) == {"serial_overlap"}
+    assert report.stats["serial_overlaps"] == 1
+
+
+def test_a_rescued_holder_no_longer_holds_its_serial_key():
+    # Job 1 now runs 104.5-104.9: after job 5's frozen first holder was
+    # rescued (104), before its second attempt started (105).
+    history = with_limits(good_history(), {}, {1: "user:5", 5: "user:5"})
+    history.events = [e for e in history.events if e.job != 1] + run(1, 1, W1, 104.5, 104.9)
+    row(history, 1).finished_at = 104.95
+    history.acks = [a for a in history.acks or [] if a.job != 1] + [
+        Ack(1, "completed", W1, 1, 104.95)
+    ]
+    report = check(history)
+    assert report.ok, report.violations
+    # Without the rescue its frozen holder would still hold the key.
+    row(history, 5).errors = []
+    history.heartbeats = None
+    history.acks = None
+    assert "serial_overlap" in kinds(check(history))
+
+
+def free_return_history(returned_by: str) -> History:
+    """Job 8 started on W4 at 99.9, its start mark unwritten when W4 was
+    stopped (100..109): the rescuer gave it back free at 104 (no errors
+    entry, attempt not spent) and W1 ran attempt 1 again from 105."""
+    history = good_history()
+    history.enqueued[8] = Expected(8, "ok")
+    history.events += run(8, 1, W4, 99.9, 109.2) + run(8, 1, W1, 105.0, 105.5)
+    history.rows.append(Row(8, "completed", 1, 20, 8, result(8, W1, 1), [], 105.51))
+    assert history.acks is not None
+    history.acks += [Ack(8, "available", returned_by, 1, 104.0), Ack(8, "completed", W1, 1, 105.51)]
+    return history
+
+
+def test_a_free_return_from_a_silent_holder_justifies_its_overlap():
+    report = check(free_return_history(W4))
+    assert report.ok, report.violations
+    assert report.stats["free_returns"] == 1
+    assert report.stats["rescues"] == 2
+
+
+def test_a_hand_back_by_a_live_holder_justifies_no_overlap():
+    history = free_return_history(W4)
+    history.heartbeats[W4] = beats(95, 115)  # type: ignore[index]
+    report = check(history)
+    assert report.stats["free_returns"] == 0
+    assert any(v.kind == "overlap" and v.job == 8 for v in report.violations)

@@ -6,10 +6,17 @@ soak starts) ``pg_terminate_backend`` and restarts (fast, immediate, kill -9).
 Then the history checker must pass: nothing lost, no two live holders, every
 completion from the current holder. The long run is
 ``python -m benchmarks.soak.run`` (see benchmarks/soak/README.md).
+
+The flow-control variant runs the same faults with a concurrency cap and a
+rate limit on one queue and serial keys on a share of another's jobs; the
+checker then also requires that the history never shows more of the capped
+queue running at once than its cap, nor two jobs of a key at once. Its long
+run is ``make soak``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import pytest
@@ -68,3 +75,29 @@ def test_short_chaos_soak(backend):
             assert result.faults.get(kind, 0) >= 1, kind
         assert result.probe["ok"], result.probe
         assert "unavailable" in result.probe["message"]
+
+
+#: Shorter fault phases, and no no-op (memory) phase: the plain soak covers it.
+LIMITS = {
+    "postgres": dataclasses.replace(SHORT["postgres"], limits=True, jobs=1200, noop_jobs=0),
+    "sqlite": dataclasses.replace(SHORT["sqlite"], limits=True, jobs=700, noop_jobs=0),
+}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_short_chaos_soak_with_limits(backend):
+    result = run_soak(LIMITS[backend])
+    print(result.summary)
+    assert result.passed, result.summary
+    stats = result.report.stats
+    assert stats["lost"] == 0
+    assert stats["duplicates"] == 0
+    assert stats["serial_overlaps"] == 0
+    assert result.report.count("cap_exceeded") == 0
+    # The limits were reached, so they were tested: the capped queue ran at
+    # its cap, and the keyed jobs ran.
+    assert stats["most_running"]["bulk"] == LIMITS[backend].cap
+    assert stats["serial_keys"] == LIMITS[backend].serial_keys
+    assert result.faults.get("kill", 0) >= 2
+    assert result.faults.get("stop", 0) >= 1
+    assert not result.unexpected_exits

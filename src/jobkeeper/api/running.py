@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -46,12 +45,6 @@ class RunningMixin(QueueBase):
                         f"queue {name!r}: its share {share} is more than the worker's "
                         f"concurrency {concurrency}"
                     )
-            # The producer's hook: Worker(queue_shares={queue: most running}).
-            if "queue_shares" not in inspect.signature(Worker).parameters:
-                raise ConfigError(
-                    "per-queue shares (queue=N) are not supported by this worker yet; "
-                    "name the queues without =N"
-                )
             extra["queue_shares"] = shares
         return Worker(
             self.backend,
@@ -123,10 +116,15 @@ def _queue_shares(
     if isinstance(queues, Mapping):
         for name, share in queues.items():
             check_name("queue", name)
-            if share is not None:
-                if isinstance(share, bool) or not isinstance(share, int):
-                    raise ConfigError(f"queue {name!r}: share must be an int >= 1, got {share!r}")
-                parse_queue_share(f"{name}={share}")
+            if share is not None and (
+                isinstance(share, bool)
+                or not isinstance(share, int)
+                or not 1 <= share <= MAX_CONCURRENCY
+            ):
+                raise ConfigError(
+                    f"queue {name!r}: share must be an int between 1 and {MAX_CONCURRENCY} "
+                    f"(or None), got {share!r}"
+                )
             items.append((name, share))
     else:
         items = [parse_queue_share(text) for text in queues]

@@ -33,7 +33,7 @@ from jobkeeper.errors import (
 from jobkeeper.joblog import JsonFormatter
 from jobkeeper.models import HELD_STATUSES, JobStatus
 from jobkeeper.payload import child_path
-from jobkeeper.queues import UNSET, Unset
+from jobkeeper.queues import UNSET, Unset, parse_queue_share
 from jobkeeper.version import __version__
 
 
@@ -224,7 +224,8 @@ def _load_app(spec: str, database_url: str | None) -> JobQueue:
     "-q",
     "queue",
     multiple=True,
-    help="Queue to work; repeat for several. Default: every queue the app's tasks use.",
+    help="Queue to work; repeat for several. QUEUE=N: run at most N of its jobs at once "
+    "(within --concurrency). Default: every queue the app's tasks use.",
 )
 @click.option("--concurrency", type=click.INT, default=10, help="Most jobs running at once.")
 @click.option("--burst", is_flag=True, help="Drain the queues, then exit.")
@@ -275,6 +276,12 @@ def worker(
         handler.setFormatter(JsonFormatter())
     else:
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    for text in queue:
+        _, share = parse_queue_share(text)
+        if share is not None and share > concurrency:
+            raise BadInput(
+                f"--queue {text!r}: the share {share} is more than --concurrency {concurrency}"
+            )
     logging.basicConfig(level=level, handlers=[handler])
     jq = _load_app(app_spec, ctx.find_root().params.get("database"))
     if metrics_port is not None:

@@ -105,6 +105,8 @@ class Executor:
             just before the task is called: the job's start mark (claimed ->
             running).
         events: where each attempt's FINISHED event is emitted.
+        shares: queue -> most of its jobs held here at once (see
+            :class:`~jobkeeper.worker.slots.Slots`).
     """
 
     def __init__(
@@ -120,6 +122,7 @@ class Executor:
         still_held: Callable[[Job], bool] | None = None,
         on_start: Callable[[Job], None] | None = None,
         events: EventBus | None = None,
+        shares: Mapping[str, int] | None = None,
     ) -> None:
         self._on_start = on_start
         self._may_start = may_start
@@ -135,6 +138,7 @@ class Executor:
             on_need_jobs=on_need_jobs,
             timeout_of=self._timeout_of,
             work=self._work,
+            shares=shares,
         )
         self._interrupts = Interrupts(self._slots)
 

@@ -23,7 +23,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from jobkeeper.backends.base import Backend
 from jobkeeper.config import Settings
@@ -72,6 +72,10 @@ class Producer:
         stopping: set when the worker stops.
         events: where CLAIMED is emitted.
         on_claimed: called with how many jobs each claim took (stats).
+        shares: queue -> most of its jobs this worker holds at once, ready
+            and running together (``--queue emails=5``): each claim of such a
+            queue is cut to what is left of its share, prefetch included, so
+            a slow queue cannot take every slot nor hoard jobs it cannot run.
     """
 
     def __init__(
@@ -90,6 +94,7 @@ class Producer:
         stopping: threading.Event,
         events: EventBus,
         on_claimed: Callable[[int], None],
+        shares: Mapping[str, int] | None = None,
     ) -> None:
         self._backend = backend
         self._worker_id = worker_id
@@ -104,8 +109,9 @@ class Producer:
         self._stopping = stopping
         self._events = events
         self._on_claimed = on_claimed
+        self._shares = dict(shares or {})
         self._claim_seconds = 0.002  # running mean of one claim's round trip
-        self._claims_made = 0
+        self._passes = 0
         self._wake = threading.Event()
         # When (time.monotonic()) the producer stages next: at the latest
         # poll_interval after it last did, sooner when a job of ours is known
@@ -277,12 +283,21 @@ class Producer:
             return 0
         claimed = 0
         stamp = self._claims.stamp()  # before the query (see Claims.stamp)
-        # Rotate the starting queue so one busy queue cannot starve the others.
-        start = self._claims_made % max(len(self.queues), 1)
+        # Rotate the starting queue so one busy queue cannot starve the
+        # others. By passes, not jobs claimed: a queue that always yields an
+        # even batch kept the rotation of two queues from ever turning.
+        start = self._passes % max(len(self.queues), 1)
+        self._passes += 1
         for queue in self.queues[start:] + self.queues[:start]:
             limit = wanted - claimed
             if limit <= 0 or self._stopping.is_set():
                 break
+            if self._shares and queue in self._shares:
+                # Only the producer adds to held_by_queue, so it cannot grow
+                # between this reading and the claim.
+                limit = min(limit, self._shares[queue] - state.held_by_queue.get(queue, 0))
+                if limit <= 0:
+                    continue
             started = time.monotonic()
             jobs = self._backend.job_claim(worker_id=self._worker_id, queue=queue, limit=limit)
             self._claim_seconds += (time.monotonic() - started - self._claim_seconds) * 0.1
@@ -293,7 +308,6 @@ class Producer:
                         self._events.emit(JobEvent.of(EventKind.CLAIMED, job))
                 self._executor.offer(jobs)
             claimed += len(jobs)
-        self._claims_made += claimed
         self._on_claimed(claimed)
         return claimed
 

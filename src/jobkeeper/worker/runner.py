@@ -78,6 +78,28 @@ def make_worker_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
 
 
+def _checked_shares(
+    shares: Mapping[str, int], queues: Sequence[str], concurrency: int
+) -> dict[str, int]:
+    """``queue_shares``, validated (see :class:`Worker`).
+
+    Raises:
+        ConfigError: naming the queue and the value.
+    """
+    for queue, share in shares.items():
+        if queue not in queues:
+            raise ConfigError(
+                f"queue_shares[{queue!r}]: the worker does not serve that queue "
+                f"(its queues: {', '.join(queues)})"
+            )
+        if isinstance(share, bool) or not isinstance(share, int) or not 1 <= share <= concurrency:
+            raise ConfigError(
+                f"queue_shares[{queue!r}]: a share must be an int between 1 and the "
+                f"worker's concurrency {concurrency}, got {share!r}"
+            )
+    return dict(shares)
+
+
 @dataclass
 class WorkerStats:
     """What one worker did (returned by :meth:`Worker.run`)."""
@@ -107,6 +129,14 @@ class Worker:
         events: where the worker emits its job events (``JobQueue.events``);
             a private bus when None. The worker logs every outcome through
             it (:mod:`jobkeeper.joblog`) while it runs.
+        queue_shares: queue -> most of its jobs this worker runs at once
+            (1..``concurrency``), prefetched ones counted: one slow queue
+            cannot take every slot. Shares may add up to more than
+            ``concurrency`` (each is a cap, not a reservation).
+
+    Raises:
+        ConfigError: a bad prefetch, or a share that is not an int between 1
+            and ``concurrency`` or names a queue the worker does not serve.
     """
 
     def __init__(
@@ -121,6 +151,7 @@ class Worker:
         prefetch: int | None = None,
         periodics: Sequence[Periodic] = (),
         events: EventBus | None = None,
+        queue_shares: Mapping[str, int] | None = None,
     ) -> None:
         self._settings = settings
         self._tasks = tasks
@@ -137,6 +168,7 @@ class Worker:
             raise ConfigError(
                 f"prefetch must be an int between 0 and {MAX_PREFETCH} or None, got {prefetch!r}"
             )
+        self.queue_shares = _checked_shares(queue_shares or {}, self.queues, concurrency)
         self.events = events if events is not None else EventBus()
         self.info = WorkerInfo(
             id=make_worker_id(),
@@ -193,6 +225,7 @@ class Worker:
             still_held=self.claims.still_held,
             on_start=self.claims.started,
             events=self.events,
+            shares=self.queue_shares,
         )
         self.producer = Producer(
             backend=self._backend,
@@ -208,6 +241,7 @@ class Worker:
             stopping=self._stopping,
             events=self.events,
             on_claimed=self._count_claimed,
+            shares=self.queue_shares,
         )
         self.rescuer = Rescuer(
             self._dedicated(),

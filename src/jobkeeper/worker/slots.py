@@ -17,13 +17,16 @@ import dataclasses
 import itertools
 import threading
 import time
-from collections.abc import Callable, Iterable
+import types
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from jobkeeper.models import Job
 
 #: Seconds an idle runner thread waits for work before it exits.
 RUNNER_IDLE_EXIT = 60.0
+#: ``ExecutorState.held_by_queue`` of a worker without queue shares.
+NO_HELD: Mapping[str, int] = types.MappingProxyType({})
 
 
 def raise_in_thread(thread_id: int, exc_type: type[BaseException] | None) -> None:
@@ -87,6 +90,8 @@ class ExecutorState:
         last_start: when a ready job last started (``time.monotonic()``).
         ready_moved: when ready jobs last moved: one started, or some came
             to an empty queue (``time.monotonic()``).
+        held_by_queue: ready plus running jobs of each queue that has a
+            share (see ``Slots``' ``shares``); empty without shares.
     """
 
     active: int
@@ -95,6 +100,7 @@ class ExecutorState:
     mean_run_seconds: float | None
     last_start: float
     ready_moved: float
+    held_by_queue: Mapping[str, int]
 
     @property
     def load(self) -> int:
@@ -111,6 +117,10 @@ class Slots:
         on_need_jobs: wakes the producer (at most once per refill, and when idle).
         timeout_of: a job's timeout in seconds, or None.
         work: runs one execution to its end, on a runner thread.
+        shares: queue -> most of its jobs this worker holds (ready plus
+            running) at once; the producer claims within it, and a job of a
+            queue at its share that ends wakes the producer (the refill rule
+            alone would not: other queues may keep the load high).
     """
 
     def __init__(
@@ -121,8 +131,13 @@ class Slots:
         on_need_jobs: Callable[[], None],
         timeout_of: Callable[[Job], float | None],
         work: Callable[[Execution], None],
+        shares: Mapping[str, int] | None = None,
     ) -> None:
         self.concurrency = concurrency
+        self._shares = dict(shares or {})
+        # Queue -> ready plus running jobs, for the queues with a share only
+        # (a worker without shares keeps no counts).
+        self._held: dict[str, int] = dict.fromkeys(self._shares, 0)
         self._refill_at = refill_at
         self._on_need_jobs = on_need_jobs
         self._timeout_of = timeout_of
@@ -161,6 +176,7 @@ class Slots:
                 mean_run_seconds=self._mean_run_seconds,
                 last_start=self._last_start,
                 ready_moved=self._ready_moved,
+                held_by_queue=dict(self._held) if self._held else NO_HELD,
             )
 
     def held_jobs(self) -> list[Job]:
@@ -202,6 +218,11 @@ class Slots:
             before = len(self._ready)
             if not before:
                 self._ready_moved = time.monotonic()
+            if self._held:
+                jobs = list(jobs)
+                for job in jobs:
+                    if job.queue in self._held:
+                        self._held[job.queue] += 1
             self._ready.extend(jobs)
             self._asked = False
             self._spawn_runners()
@@ -227,6 +248,8 @@ class Slots:
                 return []
             waiting = list(self._ready)
             self._ready.clear()
+            for job in waiting:
+                self._release_share(job)
             return waiting
 
     def take_waiting(self, job_id: int, attempt: int) -> Job | None:
@@ -236,7 +259,20 @@ class Slots:
             if waiting is None or waiting.attempt != attempt:
                 return None
             self._ready.remove(waiting)
-            return waiting
+            wake = self._release_share(waiting)
+        if wake:
+            self._on_need_jobs()
+        return waiting
+
+    def _release_share(self, job: Job) -> bool:
+        """One job of its queue less held (lock held). Returns whether the
+        queue was at its share: the producer may have left it unclaimed.
+        """
+        held = self._held.get(job.queue)
+        if held is None:
+            return False
+        self._held[job.queue] = held - 1
+        return held >= self._shares[job.queue]
 
     # -- runners ---------------------------------------------------------------
 
@@ -295,13 +331,16 @@ class Slots:
         """
         elapsed = time.monotonic() - execution.started
         with self._lock:
-            self._running.pop(execution.job.id, None)
+            if self._running.pop(execution.job.id, None) is not None and self._held:
+                at_share = self._release_share(execution.job)
+            else:
+                at_share = False
             mean = self._mean_run_seconds
             self._mean_run_seconds = elapsed if mean is None else mean + (elapsed - mean) * 0.05
             deliver = not self._abandoned
             if deliver:
                 self._delivering += 1
-            wake = self._need_jobs()
+            wake = self._need_jobs() or at_share
             if not self._running and not self._delivering:
                 self._idle.notify_all()
             # No runner needs waking otherwise: one that could start a ready
