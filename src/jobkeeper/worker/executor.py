@@ -18,6 +18,7 @@ a slot held by code that never returns is freed only by stopping the worker
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import threading
 import time
@@ -26,7 +27,13 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from jobkeeper.config import Settings
-from jobkeeper.context import reset_current_job, set_current_job
+from jobkeeper.context import (
+    CompleteIn,
+    reset_complete_in,
+    reset_current_job,
+    set_complete_in,
+    set_current_job,
+)
 from jobkeeper.errors import Discard, PayloadError, Retry, Snooze
 from jobkeeper.events import EventBus, EventKind, JobEvent
 from jobkeeper.models import Claim, Completion, Failure, Job
@@ -105,6 +112,11 @@ class Executor:
             just before the task is called: the job's start mark (claimed ->
             running).
         events: where each attempt's FINISHED event is emitted.
+        running_job: the job as the task sees it (``current_job()``): the
+            claimed job with what only the worker knows (its idempotency key).
+        complete_in: writes ``complete_in(conn, result)`` of a task for its
+            job (raising ``ClaimLost`` when the fence refuses it); None:
+            ``complete_in`` raises LookupError in tasks.
     """
 
     def __init__(
@@ -120,7 +132,11 @@ class Executor:
         still_held: Callable[[Job], bool] | None = None,
         on_start: Callable[[Job], None] | None = None,
         events: EventBus | None = None,
+        running_job: Callable[[Job], Job] | None = None,
+        complete_in: Callable[[Job, Any, Any], None] | None = None,
     ) -> None:
+        self._running_job = running_job
+        self._complete_in = complete_in
         self._on_start = on_start
         self._may_start = may_start
         self._still_held = still_held
@@ -250,6 +266,8 @@ class Executor:
             if execution.finished:
                 return False
             execution.finished = True
+            if execution.completed_in:
+                outcome = dataclasses.replace(outcome, completed_in=True)
         self._interrupts.unwatch(execution.job.id)
         elapsed = time.monotonic() - execution.started
         deliver, wake = self._slots.ended(execution)
@@ -372,7 +390,8 @@ class Executor:
     def _run_sync(self, execution: Execution, task: Task[Any, Any]) -> None:
         job = execution.job
         assert job.args is not None
-        token = set_current_job(job)
+        token = set_current_job(self._task_view(job))
+        bound = set_complete_in(self._bind_complete_in(execution))
         try:
             try:
                 if not self._start_user_code(execution, thread_id=threading.get_ident()):
@@ -392,6 +411,7 @@ class Executor:
         except BaseException as exc:  # noqa: BLE001 - SystemExit in a task must not kill the worker
             outcome = self._ended(execution, exc=exc)
         finally:
+            reset_complete_in(bound)
             reset_current_job(token)
         self._finish(execution, outcome)
 
@@ -409,7 +429,9 @@ class Executor:
             return
         if self._on_start is not None:
             self._on_start(job)
-        set_current_job(job)  # this asyncio task has its own context
+        # This asyncio task has its own context.
+        set_current_job(self._task_view(job))
+        set_complete_in(self._bind_complete_in(execution))
         try:
             try:
                 # A timeout or cancel cancels this asyncio task (_interrupt);
@@ -422,6 +444,22 @@ class Executor:
         except BaseException as exc:  # noqa: BLE001
             outcome = self._ended(execution, exc=exc)
         self._finish(execution, outcome)
+
+    def _task_view(self, job: Job) -> Job:
+        return self._running_job(job) if self._running_job is not None else job
+
+    def _bind_complete_in(self, execution: Execution) -> CompleteIn | None:
+        """What ``complete_in`` calls in ``execution``'s task."""
+        write = self._complete_in
+        if write is None:
+            return None
+
+        def complete_in(connection: Any, result: Any) -> None:
+            write(execution.job, connection, result)
+            with execution.lock:
+                execution.completed_in = True
+
+        return complete_in
 
     def _success(self, job: Job, result: Any) -> Outcome:
         try:
