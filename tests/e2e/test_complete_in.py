@@ -102,6 +102,18 @@ def test_rollback_after_complete_in_leaves_the_job_to_the_worker(make_queue, tmp
     assert fences == sorted(fences) and len(set(fences)) == 3
 
 
+def test_return_after_rollback_completes_with_the_return_value(make_queue, tmp_path):
+    jq, url = setup(make_queue)
+    record = tmp_path / "runs.log"
+    job = jq.enqueue("pay", {"url": url, "record": str(record), "rollback_then_return": True})
+    with processes(tmp_path) as procs:
+        worker(procs, url, FAST)
+        final = wait_for(lambda: done(jq, job.id), what="the job completed")
+    assert final.attempt == 1 and final.errors == []
+    assert final.result == {"returned": "after a rollback"}
+    assert effects(url) == []
+
+
 def test_exception_after_commit_is_not_a_failure(make_queue, tmp_path):
     jq, url = setup(make_queue)
     record = tmp_path / "runs.log"
@@ -111,6 +123,7 @@ def test_exception_after_commit_is_not_a_failure(make_queue, tmp_path):
         final = wait_for(lambda: done(jq, job.id), what="the job completed")
         wait_for(lambda: "completed by complete_in" in procs.log(a), what="the note in A's log")
         assert "claim lost" not in procs.log(a)
+        assert "will be retried" not in procs.log(a)
     assert final.attempt == 1 and final.errors == []
     assert final.result == {"by": a.pid, "attempt": 1}
     assert len(effects(url)) == 1

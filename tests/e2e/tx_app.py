@@ -62,6 +62,7 @@ def pay(
     hold: float = 0.0,
     rollback_attempts: int = 0,
     raise_after_commit: bool = False,
+    rollback_then_return: bool = False,
 ) -> dict[str, Any]:
     """Insert one effects row and complete the job in that transaction.
 
@@ -72,6 +73,7 @@ def pay(
         rollback_attempts: attempts up to this one roll back after
             complete_in and raise (a later error in the caller's code).
         raise_after_commit: raise after the commit.
+        rollback_then_return: roll back after complete_in and return.
     """
     job = current_job()
     note(record, "waiting")
@@ -96,6 +98,10 @@ def pay(
             conn.rollback()
             note(record, "rolled_back")
             raise RuntimeError(f"failed after complete_in in attempt {job.attempt}")
+        if rollback_then_return:
+            conn.rollback()
+            note(record, "rolled_back")
+            return {"returned": "after a rollback"}
         conn.commit()
         note(record, "committed")
     finally:

@@ -34,7 +34,7 @@ from jobkeeper.context import (
     set_complete_in,
     set_current_job,
 )
-from jobkeeper.errors import Discard, PayloadError, Retry, Snooze
+from jobkeeper.errors import DatabaseError, Discard, PayloadError, Retry, Snooze
 from jobkeeper.events import EventBus, EventKind, JobEvent
 from jobkeeper.models import Claim, Completion, Failure, Job
 from jobkeeper.outcomes import (
@@ -117,6 +117,8 @@ class Executor:
         complete_in: writes ``complete_in(conn, result)`` of a task for its
             job (raising ``ClaimLost`` when the fence refuses it); None:
             ``complete_in`` raises LookupError in tasks.
+        committed_in: whether a job's ``complete_in`` transaction committed
+            (a database read), asked when its task failed after the call.
     """
 
     def __init__(
@@ -134,7 +136,9 @@ class Executor:
         events: EventBus | None = None,
         running_job: Callable[[Job], Job] | None = None,
         complete_in: Callable[[Job, Any, Any], None] | None = None,
+        committed_in: Callable[[Job], bool] | None = None,
     ) -> None:
+        self._committed_in = committed_in
         self._running_job = running_job
         self._complete_in = complete_in
         self._on_start = on_start
@@ -413,7 +417,7 @@ class Executor:
         finally:
             reset_complete_in(bound)
             reset_current_job(token)
-        self._finish(execution, outcome)
+        self._finish(execution, self._after_complete_in(execution, outcome))
 
     async def _run_async(self, execution: Execution, task: Task[Any, Any]) -> None:
         try:
@@ -443,7 +447,38 @@ class Executor:
             outcome = self._ended(execution, result=result)
         except BaseException as exc:  # noqa: BLE001
             outcome = self._ended(execution, exc=exc)
+        if execution.completed_in:
+            # A database read: not on the event loop.
+            outcome = await asyncio.to_thread(self._after_complete_in, execution, outcome)
         self._finish(execution, outcome)
+
+    def _after_complete_in(self, execution: Execution, outcome: Outcome) -> Outcome:
+        """The outcome of an attempt that failed after its complete_in: a
+        completion if that transaction committed (the job is done; the
+        failure is only logged), else the failure as it is.
+        """
+        if (
+            not execution.completed_in
+            or not isinstance(outcome, Failure)
+            or self._committed_in is None
+        ):
+            return outcome
+        job = execution.job
+        try:
+            committed = self._committed_in(job)
+        except DatabaseError:
+            return outcome  # the completer finds out when the write is refused
+        if not committed:
+            return outcome
+        logger.info(
+            "job %s (%s) attempt %s: completed by complete_in; what the task did after "
+            "the commit is not recorded (%s)",
+            job.id,
+            job.task,
+            job.attempt,
+            outcome_error(outcome) or outcome.outcome,
+        )
+        return Completion(claim_of(job), None, completed_in=True)
 
     def _task_view(self, job: Job) -> Job:
         return self._running_job(job) if self._running_job is not None else job

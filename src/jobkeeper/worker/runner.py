@@ -197,6 +197,7 @@ class Worker:
             events=self.events,
             running_job=self.side_effects.running_job,
             complete_in=self.side_effects.complete_in,
+            committed_in=self.side_effects.committed_in,
         )
         self.producer = Producer(
             backend=self._backend,

@@ -64,6 +64,15 @@ class SideEffects:
         fields = {f.name: getattr(job, f.name) for f in dataclasses.fields(job)}
         return RunningJob(**fields, idempotency_key=idempotency_key(self.installation(), job))
 
+    def committed_in(self, job: Job) -> bool:
+        """Whether ``job`` is completed at its claim's fence: its task's
+        ``complete_in`` transaction committed.
+        """
+        done = self._backend.job_completed_in(
+            claims=[claim_of(job)], delete=self._settings.retention == 0
+        )
+        return job.id in done
+
     def complete_in(self, job: Job, connection: Any, result: Any) -> None:
         """Write ``job``'s completion with ``result`` on ``connection``, in its
         transaction, fenced on the job's claim.
