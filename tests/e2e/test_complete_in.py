@@ -81,6 +81,19 @@ def test_row_and_completion_commit_together(make_queue, tmp_path):
     assert all(key.startswith("jk-") and len(key) <= 80 for key in keys)
 
 
+def test_with_retention_zero_the_job_is_deleted_with_the_commit(make_queue, tmp_path):
+    settings = {**FAST, "retention": 0}
+    jq, url = setup(make_queue, **settings)
+    record = tmp_path / "runs.log"
+    job = jq.enqueue("pay", {"url": url, "record": str(record), "raise_after_commit": True})
+    with processes(tmp_path) as procs:
+        a = worker(procs, url, settings)
+        wait_for(lambda: "completed by complete_in" in procs.log(a), what="the note in A's log")
+        assert jq.get_job(job.id) is None
+        assert "claim lost" not in procs.log(a)
+    assert effects(url) == [(job.id, 1, 1, a.pid)]
+
+
 def test_rollback_after_complete_in_leaves_the_job_to_the_worker(make_queue, tmp_path):
     jq, url = setup(make_queue)
     record = tmp_path / "runs.log"
@@ -204,23 +217,36 @@ def test_sigstopped_holder_gets_claim_lost_and_its_row_rolls_back(make_queue, tm
 
 def test_long_transaction_gets_no_live_job_rescued(make_queue, tmp_path):
     # The task holds its transaction (on SQLite: the database's one write
-    # lock) for many heartbeat intervals and over rescue_after; another
-    # worker's rescuer is running meanwhile.
+    # lock, which the worker's own heartbeat then waits for) for many
+    # heartbeat intervals and three times rescue_after, while the same
+    # worker runs another job and another worker's rescuer judges them.
     settings = {**FAST, "heartbeat_interval": 0.2, "rescue_after": 1.0}
     jq, url = setup(make_queue, **settings)
     record = tmp_path / "runs.log"
+    gate = tmp_path / "go"
     with processes(tmp_path) as procs:
         # B claims from another queue: its rescuer judges A's jobs all along.
         b = worker(procs, url, settings, queue="elsewhere")
         wait_for(lambda: b.pid in workers_by_pid(url), what="B registered")
-        long_tx = jq.enqueue("pay", {"url": url, "record": str(record), "hold": 3.0})
+        beside = jq.enqueue("nap", {"seconds": 6.0})
+        long_tx = jq.enqueue(
+            "pay", {"url": url, "record": str(record), "hold": 3.0, "gate": str(gate)}
+        )
         a = worker(procs, url, settings, concurrency=2)
-        wait_for(lambda: holder_pid(url, long_tx.id) == a.pid, what="A holds the job")
-        beside = jq.enqueue("nap", {"seconds": 4.0})
+        wait_for(
+            lambda: all(
+                holder_pid(url, j.id) == a.pid and jq.get_job(j.id).status == JobStatus.RUNNING
+                for j in (beside, long_tx)
+            ),
+            what="A runs both jobs",
+        )
+        (tmp_path / "go-1").touch()
         final = wait_for(lambda: done(jq, long_tx.id), what="the long transaction's job")
         other = wait_for(lambda: done(jq, beside.id), what="the job beside it")
+        assert "rescued" not in procs.log(b)
     assert final.attempt == 1 and final.errors == [], final.errors
     assert final.result == {"by": a.pid, "attempt": 1}
     assert effects(url) == [(long_tx.id, 1, 1, a.pid)]
     assert other.errors == [], other.errors
     assert other.attempt == 1
+    assert other.result == "rested"
