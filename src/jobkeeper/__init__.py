@@ -18,8 +18,9 @@ workers rescue the jobs of dead ones.
 """
 
 from jobkeeper.api import JobQueue
-from jobkeeper.context import current_job
+from jobkeeper.context import complete_in, current_job
 from jobkeeper.errors import (
+    ClaimLost,
     ConfigError,
     DatabaseError,
     DatabaseUnavailable,
@@ -37,13 +38,14 @@ from jobkeeper.errors import (
     Snooze,
 )
 from jobkeeper.events import EventKind, JobEvent, OutcomeKind
-from jobkeeper.models import Job, JobStatus
+from jobkeeper.models import Job, JobStatus, RunningJob
 from jobkeeper.queues import QueueInfo
 from jobkeeper.schedule import Schedule
 from jobkeeper.tasks import Task, TaskOptions
 from jobkeeper.version import __version__
 
 __all__ = [
+    "ClaimLost",
     "ConfigError",
     "DataRejected",
     "DatabaseError",
@@ -65,10 +67,12 @@ __all__ = [
     "QueueFull",
     "QueueInfo",
     "Retry",
+    "RunningJob",
     "Schedule",
     "Snooze",
     "Task",
     "TaskOptions",
     "__version__",
+    "complete_in",
     "current_job",
 ]

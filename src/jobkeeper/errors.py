@@ -185,3 +185,27 @@ class QueueFull(JobkeeperError):  # noqa: N818 - the contract's name
         self.queue = queue
         self.limit = limit
         self.count = count
+
+
+class ClaimLost(JobkeeperError):  # noqa: N818 - the contract's name
+    """Raised by :func:`jobkeeper.complete_in`: this worker no longer holds
+    the running job (it was rescued after a heartbeat gap, handed back, or
+    cancelled and ended), so the job may be running elsewhere. Nothing was
+    written; the caller's transaction must roll back, so that its side
+    effects are not committed twice (letting the exception propagate does
+    that in ``with conn:`` / ``with conn.transaction():`` blocks).
+
+    Attributes:
+        job_id: the job's id.
+        attempt: the attempt whose claim was lost.
+        fence: that claim's fence.
+    """
+
+    def __init__(self, job_id: int, attempt: int, fence: int) -> None:
+        super().__init__(
+            f"job {job_id} attempt {attempt}: this worker no longer holds its claim "
+            f"(fence {fence}); roll the transaction back"
+        )
+        self.job_id = job_id
+        self.attempt = attempt
+        self.fence = fence

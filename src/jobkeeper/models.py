@@ -157,6 +157,26 @@ class Job:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class RunningJob(Job):
+    """The job as :func:`jobkeeper.current_job` returns it inside a task.
+
+    Attributes:
+        idempotency_key: the same for every attempt of the job, on every
+            worker, and different for every other job, in this and every
+            other jobkeeper database: ``jk-<installation>-<id>-<created>``,
+            where ``installation`` is a random value drawn once per database
+            at migration (32 hex digits), ``id`` the job's id and ``created``
+            its ``created_at`` in microseconds since the epoch (so a database
+            restored from a backup, which hands out the same ids again, does
+            not reuse the keys of jobs created after the backup). At most 80
+            characters of ``[a-z0-9-]``: hand it to external APIs that
+            deduplicate requests (Stripe's ``Idempotency-Key`` and the like).
+    """
+
+    idempotency_key: str = ""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class WorkerInfo:
     """One registered worker process (a row of ``jobkeeper_workers``)."""
 
@@ -229,6 +249,9 @@ class Completion:
 
     claim: Claim
     result_json: str | None
+    #: The task called ``complete_in`` successfully in this attempt: a write
+    #: the fence refuses may be refused because that commit ended the job.
+    completed_in: bool = False
 
 
 class FailureKind(enum.StrEnum):
@@ -278,6 +301,8 @@ class Failure:
     error_json: str | None
     retry_in: float = 0.0
     reason: str | None = None
+    #: As :attr:`Completion.completed_in`.
+    completed_in: bool = False
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

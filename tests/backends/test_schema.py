@@ -28,6 +28,7 @@ TABLES = {
     "jobkeeper_periodic",
     "jobkeeper_queues",
     "jobkeeper_queue_starts",
+    "jobkeeper_installation",
 }
 #: The newest schema version; both backends number their migrations alike.
 LATEST = PG_MIGRATIONS[-1][0]

@@ -98,6 +98,27 @@ class Backend(Protocol):
         """
         ...
 
+    def job_complete_in(self, *, connection: Any, completion: Completion, delete: bool) -> bool:
+        """Complete the held job of ``completion.claim`` on the caller's
+        ``connection`` (psycopg 3 ``Connection`` / ``sqlite3.Connection``), in
+        its transaction, uncommitted, fenced as :meth:`job_complete_many`
+        (deleted instead when ``delete``). Returns False when the fence
+        matched nothing (the claim was lost). Raises ``TypeError`` for a
+        connection of another kind or to another database.
+        """
+        ...
+
+    def job_completed_in(self, *, claims: Sequence[Claim], delete: bool) -> set[int]:
+        """The ids of ``claims`` whose job is completed at that claim's
+        fence (with ``delete``: also those whose row is gone): a refused
+        outcome of these was refused because ``complete_in`` committed.
+        """
+        ...
+
+    def installation_get(self) -> str:
+        """The database's random installation value (drawn at migration)."""
+        ...
+
     def job_fail_many(
         self, *, failures: Sequence[Failure], stale_after: float | None = None
     ) -> set[int]:

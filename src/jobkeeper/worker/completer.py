@@ -209,8 +209,40 @@ class Completer:
                 logger.warning("could not write %d failures (%s); retrying", len(failures), exc)
                 self._report(completions, written)
                 return list(failures)
+        outcomes = self._completed_in(outcomes, written)
         self._report(outcomes, written)
         return []
+
+    def _completed_in(self, outcomes: list[Outcome], written: set[int]) -> list[Outcome]:
+        """The outcomes as they ended: a refused outcome of an attempt whose
+        task called ``complete_in`` was refused because that transaction
+        committed (the job is completed at this claim's fence) or because
+        the claim was lost after a rollback; the database says which.
+        Confirmed ones become the completion they were, added to ``written``.
+        """
+        doubtful = [o.claim for o in outcomes if o.completed_in and o.claim.job_id not in written]
+        if not doubtful:
+            return outcomes
+        try:
+            done = self._backend.job_completed_in(claims=doubtful, delete=self._delete)
+        except DatabaseError as exc:
+            logger.warning("could not check %d complete_in outcomes (%s)", len(doubtful), exc)
+            return outcomes
+        ended: list[Outcome] = []
+        for outcome in outcomes:
+            if outcome.claim.job_id in done and outcome.claim.job_id not in written:
+                if isinstance(outcome, Failure):
+                    logger.info(
+                        "job %s attempt %s: completed by complete_in; what the task did "
+                        "after it is not recorded (%s)",
+                        outcome.claim.job_id,
+                        outcome.claim.attempt,
+                        outcome_error(outcome) or outcome.outcome,
+                    )
+                outcome = Completion(outcome.claim, None, completed_in=True)
+                written.add(outcome.claim.job_id)
+            ended.append(outcome)
+        return ended
 
     def _report(self, outcomes: list[Completion] | list[Outcome], written: set[int]) -> None:
         for outcome in outcomes:

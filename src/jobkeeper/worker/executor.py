@@ -18,6 +18,7 @@ a slot held by code that never returns is freed only by stopping the worker
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import threading
 import time
@@ -26,8 +27,14 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from jobkeeper.config import Settings
-from jobkeeper.context import reset_current_job, set_current_job
-from jobkeeper.errors import Discard, PayloadError, Retry, Snooze
+from jobkeeper.context import (
+    CompleteIn,
+    reset_complete_in,
+    reset_current_job,
+    set_complete_in,
+    set_current_job,
+)
+from jobkeeper.errors import DatabaseError, Discard, PayloadError, Retry, Snooze
 from jobkeeper.events import EventBus, EventKind, JobEvent
 from jobkeeper.models import Claim, Completion, Failure, Job
 from jobkeeper.outcomes import (
@@ -107,6 +114,13 @@ class Executor:
         events: where each attempt's FINISHED event is emitted.
         shares: queue -> most of its jobs held here at once (see
             :class:`~jobkeeper.worker.slots.Slots`).
+        running_job: the job as the task sees it (``current_job()``): the
+            claimed job with what only the worker knows (its idempotency key).
+        complete_in: writes ``complete_in(conn, result)`` of a task for its
+            job (raising ``ClaimLost`` when the fence refuses it); None:
+            ``complete_in`` raises LookupError in tasks.
+        committed_in: whether a job's ``complete_in`` transaction committed
+            (a database read), asked when its task failed after the call.
     """
 
     def __init__(
@@ -123,7 +137,13 @@ class Executor:
         on_start: Callable[[Job], None] | None = None,
         events: EventBus | None = None,
         shares: Mapping[str, int] | None = None,
+        running_job: Callable[[Job], Job] | None = None,
+        complete_in: Callable[[Job, Any, Any], None] | None = None,
+        committed_in: Callable[[Job], bool] | None = None,
     ) -> None:
+        self._committed_in = committed_in
+        self._running_job = running_job
+        self._complete_in = complete_in
         self._on_start = on_start
         self._may_start = may_start
         self._still_held = still_held
@@ -271,6 +291,8 @@ class Executor:
             if execution.finished:
                 return False
             execution.finished = True
+            if execution.completed_in:
+                outcome = dataclasses.replace(outcome, completed_in=True)
         self._interrupts.unwatch(execution.job.id)
         elapsed = time.monotonic() - execution.started
         deliver, wake = self._slots.ended(execution)
@@ -394,7 +416,8 @@ class Executor:
         job = execution.job
         assert job.args is not None
         raised: BaseException | None = None
-        token = set_current_job(job)
+        token = set_current_job(self._task_view(job))
+        bound = set_complete_in(self._bind_complete_in(execution))
         try:
             try:
                 if not self._start_user_code(execution, thread_id=threading.get_ident()):
@@ -415,8 +438,9 @@ class Executor:
             raised = exc
             outcome = self._ended(execution, exc=exc)
         finally:
+            reset_complete_in(bound)
             reset_current_job(token)
-        self._finish(execution, outcome, raised)
+        self._finish(execution, self._after_complete_in(execution, outcome), raised)
 
     async def _run_async(self, execution: Execution, task: Task[Any, Any]) -> None:
         try:
@@ -432,7 +456,9 @@ class Executor:
             return
         if self._on_start is not None:
             self._on_start(job)
-        set_current_job(job)  # this asyncio task has its own context
+        # This asyncio task has its own context.
+        set_current_job(self._task_view(job))
+        set_complete_in(self._bind_complete_in(execution))
         raised: BaseException | None = None
         try:
             try:
@@ -446,7 +472,54 @@ class Executor:
         except BaseException as exc:  # noqa: BLE001
             raised = exc
             outcome = self._ended(execution, exc=exc)
+        if execution.completed_in:
+            # A database read: not on the event loop.
+            outcome = await asyncio.to_thread(self._after_complete_in, execution, outcome)
         self._finish(execution, outcome, raised)
+
+    def _after_complete_in(self, execution: Execution, outcome: Outcome) -> Outcome:
+        """The outcome of an attempt that failed after its complete_in: a
+        completion if that transaction committed (the job is done; the
+        failure is only logged), else the failure as it is.
+        """
+        if (
+            not execution.completed_in
+            or not isinstance(outcome, Failure)
+            or self._committed_in is None
+        ):
+            return outcome
+        job = execution.job
+        try:
+            committed = self._committed_in(job)
+        except DatabaseError:
+            return outcome  # the completer finds out when the write is refused
+        if not committed:
+            return outcome
+        logger.info(
+            "job %s (%s) attempt %s: completed by complete_in; what the task did after "
+            "the commit is not recorded (%s)",
+            job.id,
+            job.task,
+            job.attempt,
+            outcome_error(outcome) or outcome.outcome,
+        )
+        return Completion(claim_of(job), None, completed_in=True)
+
+    def _task_view(self, job: Job) -> Job:
+        return self._running_job(job) if self._running_job is not None else job
+
+    def _bind_complete_in(self, execution: Execution) -> CompleteIn | None:
+        """What ``complete_in`` calls in ``execution``'s task."""
+        write = self._complete_in
+        if write is None:
+            return None
+
+        def complete_in(connection: Any, result: Any) -> None:
+            write(execution.job, connection, result)
+            with execution.lock:
+                execution.completed_in = True
+
+        return complete_in
 
     def _success(self, job: Job, result: Any) -> Outcome:
         try:

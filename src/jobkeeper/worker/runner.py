@@ -55,6 +55,7 @@ from jobkeeper.worker.claims import Claims
 from jobkeeper.worker.completer import Completer, Outcome
 from jobkeeper.worker.executor import Executor
 from jobkeeper.worker.producer import MAX_PREFETCH, Producer
+from jobkeeper.worker.sideeffects import SideEffects
 
 logger = logging.getLogger("jobkeeper.worker")
 
@@ -214,6 +215,7 @@ class Worker:
             stopping=self._stopping,
             events=self.events,
         )
+        self.side_effects = SideEffects(self._base_backend, settings)
         self.executor = Executor(
             tasks=tasks,
             settings=settings,
@@ -226,6 +228,9 @@ class Worker:
             on_start=self.claims.started,
             events=self.events,
             shares=self.queue_shares,
+            running_job=self.side_effects.running_job,
+            complete_in=self.side_effects.complete_in,
+            committed_in=self.side_effects.committed_in,
         )
         self.producer = Producer(
             backend=self._backend,
@@ -401,6 +406,7 @@ class Worker:
             if not self._register_when_reachable():
                 return self.stats
             self.heartbeat.note_beat()
+            self._read_installation()
             joblog.log_start(
                 worker_id=self.info.id,
                 database=self._base_backend.url.redacted(),
@@ -419,6 +425,15 @@ class Worker:
             self._restore_signals(previous)
             stop_logging()
         return self.stats
+
+    def _read_installation(self) -> None:
+        """Read the idempotency keys' installation value before any job runs;
+        if it cannot be read now, the first job to run tries again.
+        """
+        try:
+            self.side_effects.installation()
+        except DatabaseError as exc:
+            logger.warning("could not read the installation value (%s); retrying later", exc)
 
     def _register_when_reachable(self) -> bool:
         """Register this worker, waiting out an unreachable database (not in

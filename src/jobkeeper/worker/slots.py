@@ -46,6 +46,7 @@ class Execution:
     __slots__ = (
         "async_task",
         "cancel_reason",
+        "completed_in",
         "deadline",
         "done",
         "finished",
@@ -76,6 +77,9 @@ class Execution:
         self.thread_id: int | None = None
         self.async_task: asyncio.Task[Any] | None = None
         self.done: threading.Event | None = None
+        #: The task's complete_in() succeeded (its transaction may or may
+        #: not have committed: the outcome write finds out).
+        self.completed_in = False
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -14,6 +14,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import psycopg
+from psycopg.rows import tuple_row
 
 from jobkeeper.backends.cockpit import CockpitReads
 from jobkeeper.backends.migrate import apply_migrations
@@ -33,7 +34,7 @@ from jobkeeper.backends.rows import (
     split_failures,
 )
 from jobkeeper.backends.shared import SharedReads
-from jobkeeper.errors import QueueFull
+from jobkeeper.errors import DatabaseError, QueueFull
 from jobkeeper.models import (
     HANDED_BACK,
     Claim,
@@ -213,6 +214,52 @@ class PostgresBackend(
         if ended:
             self._fetch("notify_done", {"channel": self.done_channel(), "ids": ended})
         return {row["id"] for row in rows}
+
+    def job_complete_in(self, *, connection: Any, completion: Completion, delete: bool) -> bool:
+        if not isinstance(connection, psycopg.Connection):
+            raise TypeError(
+                "complete_in() needs a psycopg 3 Connection to this database, got "
+                f"{type(connection).__module__}.{type(connection).__name__}"
+            )
+        self._check_same_database(connection)
+        claim = completion.claim
+        params: dict[str, Any] = {
+            "id": claim.job_id,
+            "worker_id": claim.worker_id,
+            "attempt": claim.attempt,
+            "fence": claim.fence,
+        }
+        if not delete:
+            params["result"] = completion.result_json
+        channel = self.done_channel()  # looked up on our connection, not the caller's
+        with self._errors(), connection.cursor(row_factory=tuple_row) as cursor:
+            cursor.execute(
+                QUERIES["job_complete_in_delete" if delete else "job_complete_in"], params
+            )
+            row = cursor.fetchone()
+            if row is None:
+                return False
+            if row[1]:
+                # Sent at the caller's commit, with the completion itself;
+                # dropped with it on a rollback.
+                cursor.execute(QUERIES["notify_done"], {"channel": channel, "ids": [row[0]]})
+        return True
+
+    def job_completed_in(self, *, claims: Sequence[Claim], delete: bool) -> set[int]:
+        if not claims:
+            return set()
+        params = {
+            "ids": [c.job_id for c in claims],
+            "fences": [c.fence for c in claims],
+            "delete": delete,
+        }
+        return {row["id"] for row in self._fetch("job_completed_in", params)}
+
+    def installation_get(self) -> str:
+        rows = self._fetch("installation_get")
+        if not rows:
+            raise DatabaseError("jobkeeper_installation is empty: run `jobkeeper migrate`")
+        return str(rows[0]["id"])
 
     def job_fail_many(
         self, *, failures: Sequence[Failure], stale_after: float | None = None

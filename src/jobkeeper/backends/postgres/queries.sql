@@ -876,3 +876,40 @@ UPDATE jobkeeper_jobs SET awaited = true WHERE id = %(id)s AND NOT awaited
 -- the worker right after the write that ended them. Only awaited jobs pay
 -- for it: outcome statements return the flag, nothing else is announced.
 SELECT pg_notify(%(channel)s, id::text) FROM unnest(%(ids)s::bigint[]) AS id
+
+-- name: installation_get
+-- The database's random installation value (migration 0008), read once per
+-- worker: it prefixes every idempotency key handed to a task.
+SELECT id FROM jobkeeper_installation LIMIT 1
+
+-- name: job_complete_in
+-- complete_in(): the running job completed on the caller's connection, in
+-- the caller's transaction, fenced on the whole claim as job_complete_many
+-- is. River's JobCompleteTx fences on state = 'running' alone, so a holder
+-- whose job was rescued and is running again elsewhere would complete it;
+-- here no row matches and the caller gets ClaimLost. The UPDATE's row lock
+-- is held until the caller's commit or rollback: a rescue or cancel of the
+-- job waits for it, then sees the outcome.
+UPDATE jobkeeper_jobs AS job
+SET status = 'completed', finished_at = now(), worker_id = NULL, result = %(result)s::json
+WHERE job.id = %(id)s AND job.worker_id = %(worker_id)s AND job.attempt = %(attempt)s
+  AND job.fence = %(fence)s AND job.status IN ('claimed', 'running')
+RETURNING job.id, job.awaited
+
+-- name: job_complete_in_delete
+-- retention = 0: the job deleted instead, with the same fence.
+DELETE FROM jobkeeper_jobs AS job
+WHERE job.id = %(id)s AND job.worker_id = %(worker_id)s AND job.attempt = %(attempt)s
+  AND job.fence = %(fence)s AND job.status IN ('claimed', 'running')
+RETURNING job.id, job.awaited
+
+-- name: job_completed_in
+-- Which of a worker's refused outcomes were refused because complete_in had
+-- committed: the job is completed at the fence of that claim (no later claim
+-- can have taken it, every claim bumps the fence), or, with retention = 0,
+-- gone (the caller's job_complete_in_delete).
+SELECT wanted.id
+FROM unnest(%(ids)b::bigint[], %(fences)b::int8[]) AS wanted(id, fence)
+LEFT JOIN jobkeeper_jobs AS job ON job.id = wanted.id
+WHERE (job.id IS NULL AND %(delete)s)
+   OR (job.status = 'completed' AND job.fence = wanted.fence)

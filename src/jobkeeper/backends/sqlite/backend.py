@@ -37,7 +37,7 @@ from jobkeeper.backends.sqlite.queries import MIGRATIONS, QUERIES
 from jobkeeper.backends.sqlite.waiters import SqliteWaiting
 from jobkeeper.backends.sqlite.workers import SqliteWorkers
 from jobkeeper.backends.threaded import ThreadedAsync
-from jobkeeper.errors import QueueFull
+from jobkeeper.errors import DatabaseError, QueueFull
 from jobkeeper.models import (
     HANDED_BACK,
     Claim,
@@ -176,6 +176,40 @@ class SqliteBackend(
                 if conn.execute(query, params).rowcount == 1:
                     written.add(job_id)
         return written
+
+    def job_complete_in(self, *, connection: Any, completion: Completion, delete: bool) -> bool:
+        # The same file, checked with a PRAGMA on the caller's connection:
+        # nothing here may wait on the write lock, which the caller's
+        # transaction may hold.
+        self._check_same_database(connection)
+        claim = completion.claim
+        params: dict[str, Any] = {
+            "id": claim.job_id,
+            "worker_id": claim.worker_id,
+            "attempt": claim.attempt,
+            "fence": claim.fence,
+        }
+        if not delete:
+            params["result"] = completion.result_json
+        with self._errors():
+            cursor = connection.execute(
+                QUERIES["job_complete_in_delete" if delete else "job_complete_in"], params
+            )
+        # The caller's commit wakes waiters: they watch data_version.
+        return bool(cursor.rowcount == 1)
+
+    def job_completed_in(self, *, claims: Sequence[Claim], delete: bool) -> set[int]:
+        done: set[int] = set()
+        for claim in claims:
+            params = {"id": claim.job_id, "fence": claim.fence, "delete": delete}
+            done.update(row["id"] for row in self._fetch("job_completed_in", params))
+        return done
+
+    def installation_get(self) -> str:
+        rows = self._fetch("installation_get")
+        if not rows:
+            raise DatabaseError("jobkeeper_installation is empty: run `jobkeeper migrate`")
+        return str(rows[0]["id"])
 
     def job_fail_many(
         self, *, failures: Sequence[Failure], stale_after: float | None = None

@@ -650,3 +650,30 @@ WHERE id IN (SELECT value FROM json_each(:ids)) AND status NOT IN ('completed', 
 -- Changes whenever another connection commits to the file: the listener's
 -- cue to wake the worker (a read of a counter in the WAL's shared memory).
 PRAGMA data_version
+
+-- name: installation_get
+-- The database's random installation value (migration 0008), read once per
+-- worker: it prefixes every idempotency key handed to a task.
+SELECT id FROM jobkeeper_installation LIMIT 1
+
+-- name: job_complete_in
+-- complete_in(): on the caller's connection, in the caller's transaction,
+-- fenced on the whole claim (see the PostgreSQL twin). The caller's
+-- transaction holds SQLite's write lock from its first write to its commit.
+UPDATE jobkeeper_jobs
+SET status = 'completed', finished_at = {now}, worker_id = NULL, result = :result
+WHERE id = :id AND worker_id = :worker_id AND attempt = :attempt AND fence = :fence
+  AND status IN ('claimed', 'running')
+
+-- name: job_complete_in_delete
+DELETE FROM jobkeeper_jobs
+WHERE id = :id AND worker_id = :worker_id AND attempt = :attempt AND fence = :fence
+  AND status IN ('claimed', 'running')
+
+-- name: job_completed_in
+-- Whether a refused outcome was refused because complete_in had committed:
+-- completed at that claim's fence, or, with retention = 0, gone.
+SELECT :id AS id
+WHERE NOT EXISTS (SELECT 1 FROM jobkeeper_jobs WHERE id = :id) AND :delete
+   OR EXISTS (SELECT 1 FROM jobkeeper_jobs
+              WHERE id = :id AND status = 'completed' AND fence = :fence)

@@ -1,0 +1,93 @@
+"""What a running task may rely on for its side effects (internal): its
+job's idempotency key and :func:`jobkeeper.complete_in`, the completion
+written on the task's own connection, in its own transaction.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from jobkeeper.backends.base import Backend
+from jobkeeper.config import Settings
+from jobkeeper.connections import unwrap_connection
+from jobkeeper.errors import ClaimLost
+from jobkeeper.models import Completion, Job, RunningJob
+from jobkeeper.outcomes import claim_of
+from jobkeeper.payload import encode_result
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def idempotency_key(installation: str, job: Job) -> str:
+    """``jk-<installation>-<id>-<created_at in µs since the epoch>``: fixed
+    at enqueue, so the same for every attempt; the installation value
+    (random per database) keeps two databases' job 1 apart, and the creation
+    time keeps apart a job and the one given its id again by a database
+    restored from a backup.
+    """
+    created_us = (job.created_at - _EPOCH) // timedelta(microseconds=1)
+    return f"jk-{installation}-{job.id}-{created_us}"
+
+
+class SideEffects:
+    """Binds what a worker's tasks see of their job.
+
+    Args:
+        backend: a thread-safe backend (pooled, or a connection per thread):
+            tasks call it from their own threads.
+        settings: ``retention`` (0: complete_in deletes the job) and the
+            payload limit of results.
+    """
+
+    def __init__(self, backend: Backend, settings: Settings) -> None:
+        self._backend = backend
+        self._settings = settings
+        self._installation: str | None = None
+        self._lock = threading.Lock()
+
+    def installation(self) -> str:
+        """The database's installation value, read once.
+
+        Raises:
+            DatabaseError: it cannot be read (not migrated, unreachable).
+        """
+        with self._lock:
+            if self._installation is None:
+                self._installation = self._backend.installation_get()
+            return self._installation
+
+    def running_job(self, job: Job) -> RunningJob:
+        """``job`` as ``current_job()`` returns it in its task."""
+        fields = {f.name: getattr(job, f.name) for f in dataclasses.fields(job)}
+        return RunningJob(**fields, idempotency_key=idempotency_key(self.installation(), job))
+
+    def committed_in(self, job: Job) -> bool:
+        """Whether ``job`` is completed at its claim's fence: its task's
+        ``complete_in`` transaction committed.
+        """
+        done = self._backend.job_completed_in(
+            claims=[claim_of(job)], delete=self._settings.retention == 0
+        )
+        return job.id in done
+
+    def complete_in(self, job: Job, connection: Any, result: Any) -> None:
+        """Write ``job``'s completion with ``result`` on ``connection``, in its
+        transaction, fenced on the job's claim.
+
+        Raises:
+            ClaimLost: the fence matched nothing: nothing written.
+            PayloadError: ``result`` is not storable.
+            TypeError: ``connection`` is not one to the queue's database.
+        """
+        result_json = encode_result(result, max_bytes=self._settings.max_payload_bytes)
+        completion = Completion(claim_of(job), result_json)
+        written = self._backend.job_complete_in(
+            connection=unwrap_connection(connection),
+            completion=completion,
+            delete=self._settings.retention == 0,
+        )
+        if not written:
+            raise ClaimLost(job.id, job.attempt, job.fence)
