@@ -231,6 +231,12 @@ def decode_args(raw: Any) -> tuple[dict[str, Any] | None, str | None]:
             value = json.loads(raw)
         except ValueError as exc:
             return None, f"stored args are not valid JSON ({exc}): {_short_repr(raw)}"
+        except RecursionError:
+            # Valid JSON to the database (SQLite, jsonb), but nested past
+            # what Python's parser can follow.
+            return None, (
+                f"stored args are nested too deeply for Python's JSON parser: {_short_repr(raw)}"
+            )
         text = raw if isinstance(raw, str) else raw.decode("utf-8", "replace")
         suspicious = _SUSPICIOUS_JSON.search(text) is not None
     if not isinstance(value, dict):

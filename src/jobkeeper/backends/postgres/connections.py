@@ -21,10 +21,11 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import tuple_row
+from psycopg.types.json import set_json_loads
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from jobkeeper.backends.postgres.queries import QUERIES
-from jobkeeper.backends.rows import aware_utc, job_from_row
+from jobkeeper.backends.rows import aware_utc, job_from_row, load_json
 from jobkeeper.config import DatabaseURL
 from jobkeeper.errors import (
     DatabaseError,
@@ -133,6 +134,15 @@ def _retrying(run: Callable[[], list[Job]]) -> list[Job]:
     return run()
 
 
+def configure_connection(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> None:
+    """Set up a connection of ours: json/jsonb values decode with
+    :func:`~jobkeeper.backends.rows.load_json`, so a stored value Python
+    cannot load (a row written by hand) reaches the row decoder as text
+    instead of failing the fetch.
+    """
+    set_json_loads(load_json, conn)
+
+
 class _SingleConnection:
     """One lazily (re)opened connection for one worker thread.
 
@@ -155,6 +165,7 @@ class _SingleConnection:
                 connect_timeout=CONNECT_TIMEOUT,
                 prepare_threshold=PREPARE_THRESHOLD,
             )
+            configure_connection(self._conn)
         try:
             yield self._conn
         except _RETRY_ASKED:
@@ -192,6 +203,7 @@ class _PooledConnections:
             timeout=POOL_TIMEOUT,
             open=False,
             name="jobkeeper",
+            configure=configure_connection,
         )
         self._opened = False
         #: Set after a failure that may mean the server is gone: the next
