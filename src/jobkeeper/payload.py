@@ -64,6 +64,17 @@ def _check_str(text: str, path: str, what: str) -> None:
     )
 
 
+def check_text(text: str, name: str) -> str:
+    """Check that an option's text (``serial_key``...) is storable as it is.
+
+    Raises:
+        PayloadError: naming ``name`` and where its NUL or lone surrogate is,
+            as for a string in args.
+    """
+    _check_str(text, name, "string")
+    return text
+
+
 def check_json_value(value: Any, path: str) -> None:
     """Check that ``value`` is made only of JSON-native values.
 
