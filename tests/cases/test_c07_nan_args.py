@@ -220,3 +220,28 @@ def test_c07_the_dead_letter_names_the_path_of_a_stored_nan(make_queue):
         assert "not valid JSON" in error and "4300" in error
     else:
         assert "args.a[1].b: nan" in error
+
+
+def test_c07_an_unloadable_row_returned_as_a_duplicate_does_not_fail_the_enqueue(jq):
+    """enqueue with a unique_key returns the pending job of that key, which
+    may be a row written by hand, also through the caller's own connection."""
+    job_id = insert_raw_args(jq, TOO_DEEP)
+    sql(jq, "UPDATE jobkeeper_jobs SET unique_key = 'k' WHERE id = ?", (job_id,))
+    found = jq.enqueue("t", {}, unique_key="k")
+    assert found.id == job_id and found.args is None and found.args_error
+    conn = own_connection(jq)
+    try:
+        found = jq.enqueue("t", {}, unique_key="k", connection=conn)
+        conn.commit()
+    finally:
+        conn.close()
+    assert found.id == job_id and found.args is None and found.args_error
+    if is_pg(jq):
+
+        async def in_caller_transaction() -> Any:
+            async with await psycopg.AsyncConnection.connect(jq.url.url) as aconn:
+                return await jq.enqueue_async("t", {}, unique_key="k", connection=aconn)
+
+        found = asyncio.run(in_caller_transaction())
+        assert found.id == job_id and found.args is None and found.args_error
+    assert total_rows(jq) == 1

@@ -21,7 +21,7 @@ from psycopg_pool import AsyncConnectionPool
 from jobkeeper.backends.postgres.connections import (
     _RETRY_ASKED,
     _describe,
-    configure_connection,
+    load_json_safely,
 )
 from jobkeeper.backends.postgres.flow import FlowNeeded
 from jobkeeper.backends.postgres.plans import (
@@ -44,7 +44,7 @@ RETRY_PAUSE = 0.02
 
 
 async def _configure_async(conn: psycopg.AsyncConnection[Any]) -> None:
-    configure_connection(conn)
+    load_json_safely(conn)
 
 
 class PostgresAsync:
@@ -163,6 +163,7 @@ class PostgresAsync:
                     connection.transaction(),
                     connection.cursor(row_factory=tuple_row) as cursor,
                 ):
+                    load_json_safely(cursor)  # a unique duplicate may be any stored row
                     result: list[Job] = await run_plan_async(
                         cursor, insert_plan(jobs, channel, in_transaction=True), QUERIES
                     )

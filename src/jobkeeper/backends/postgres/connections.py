@@ -19,6 +19,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 import psycopg
+from psycopg.abc import AdaptContext
 from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import tuple_row
 from psycopg.types.json import set_json_loads
@@ -134,13 +135,14 @@ def _retrying(run: Callable[[], list[Job]]) -> list[Job]:
     return run()
 
 
-def configure_connection(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> None:
-    """Set up a connection of ours: json/jsonb values decode with
-    :func:`~jobkeeper.backends.rows.load_json`, so a stored value Python
-    cannot load (a row written by hand) reaches the row decoder as text
-    instead of failing the fetch.
+def load_json_safely(context: AdaptContext) -> None:
+    """json/jsonb values read through ``context`` (a connection of ours, or
+    a cursor on a caller's connection, whose own settings we leave alone)
+    decode with :func:`~jobkeeper.backends.rows.load_json`, so a stored value
+    Python cannot load (a row written by hand) reaches the row decoder as
+    text instead of failing the fetch.
     """
-    set_json_loads(load_json, conn)
+    set_json_loads(load_json, context)
 
 
 class _SingleConnection:
@@ -165,7 +167,7 @@ class _SingleConnection:
                 connect_timeout=CONNECT_TIMEOUT,
                 prepare_threshold=PREPARE_THRESHOLD,
             )
-            configure_connection(self._conn)
+            load_json_safely(self._conn)
         try:
             yield self._conn
         except _RETRY_ASKED:
@@ -203,7 +205,7 @@ class _PooledConnections:
             timeout=POOL_TIMEOUT,
             open=False,
             name="jobkeeper",
-            configure=configure_connection,
+            configure=load_json_safely,
         )
         self._opened = False
         #: Set after a failure that may mean the server is gone: the next
