@@ -64,6 +64,17 @@ def _check_str(text: str, path: str, what: str) -> None:
     )
 
 
+def check_text(text: str, name: str) -> str:
+    """Check that an option's text (``serial_key``...) is storable as it is.
+
+    Raises:
+        PayloadError: naming ``name`` and where its NUL or lone surrogate is,
+            as for a string in args.
+    """
+    _check_str(text, name, "string")
+    return text
+
+
 def check_json_value(value: Any, path: str) -> None:
     """Check that ``value`` is made only of JSON-native values.
 
@@ -231,6 +242,12 @@ def decode_args(raw: Any) -> tuple[dict[str, Any] | None, str | None]:
             value = json.loads(raw)
         except ValueError as exc:
             return None, f"stored args are not valid JSON ({exc}): {_short_repr(raw)}"
+        except RecursionError:
+            # Valid JSON to the database (SQLite, jsonb), but nested past
+            # what Python's parser can follow.
+            return None, (
+                f"stored args are nested too deeply for Python's JSON parser: {_short_repr(raw)}"
+            )
         text = raw if isinstance(raw, str) else raw.decode("utf-8", "replace")
         suspicious = _SUSPICIOUS_JSON.search(text) is not None
     if not isinstance(value, dict):

@@ -29,6 +29,7 @@ from typing import Any
 
 from jobkeeper.config import MAX_CONCURRENCY, check_name
 from jobkeeper.errors import ConfigError
+from jobkeeper.payload import check_text
 from jobkeeper.version import __version__
 
 #: Seconds per rate period unit.
@@ -176,16 +177,21 @@ def check_max_pending(value: Any) -> int:
 
 def check_serial_key(value: Any) -> str | None:
     """A ``serial_key``: ``None`` or a non-empty string of at most 1,000
-    characters without NUL.
+    characters without NUL or lone surrogates.
+
+    Raises:
+        ConfigError: not a string, empty or too long.
+        PayloadError: it holds a NUL or a lone surrogate (named, as in args).
     """
     if value is None:
         return None
-    if not isinstance(value, str) or not value or len(value) > 1000 or "\x00" in value:
+    if not isinstance(value, str) or not value or len(value) > 1000:
         raise ConfigError(
-            f"serial_key must be a non-empty string of at most 1000 characters "
-            f"without NUL, got {value!r:.80}"
+            f"serial_key must be a non-empty string of at most 1000 characters, got {value!r:.80}"
         )
-    return value
+    # NUL and lone surrogates: the same check as args' strings (a lone
+    # surrogate once reached the driver and failed there, unnamed).
+    return check_text(value, "serial_key")
 
 
 def parse_queue_share(text: str) -> tuple[str, int | None]:

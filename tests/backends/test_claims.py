@@ -10,12 +10,11 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from jobkeeper import JobStatus
-from jobkeeper.backoff import ABSOLUTE_MAX_BACKOFF, backoff_delay
 from jobkeeper.models import Claim, Completion, Failure
 from jobkeeper.outcomes import error_entry
-from support.db import count, sql
+from support.db import count
 
-from .helpers import WORKER, claim, claim_of, complete, fail, register, total_rows
+from .helpers import WORKER, claim, claim_of, complete, fail, register
 
 
 def claim_one_by_one(jq, queue="default"):
@@ -258,69 +257,6 @@ def test_every_job_is_in_exactly_one_table_through_requeue_cycles(jq):
         assert (count(jq), count(jq, "jobkeeper_dead_letters")) == (1, 0)
     final = jq.get_job(job.id)
     assert final is not None and len(final.errors) == 3
-
-
-# -- the longest backoff is storable -------------------------------------------------------
-
-
-def test_huge_backoff_is_stored_and_the_job_is_never_lost(jq):
-    job = jq.enqueue("t", {}, max_attempts=1_000_000)
-    sql(jq, "UPDATE jobkeeper_jobs SET attempt = 999998 WHERE id = ?", (job.id,))
-    (running,) = claim(jq)
-    assert running.attempt == 999_999
-    retry_in = backoff_delay(
-        running.attempt, base=10.0, max_backoff=float("inf"), rand=lambda: 0.999999
-    )
-    assert 0 < retry_in <= ABSOLUTE_MAX_BACKOFF
-    assert fail(jq, running, retry_in=retry_in) == {job.id}
-    stored = jq.get_job(job.id)
-    assert stored is not None
-    assert stored.status == JobStatus.RETRYABLE
-    expected = jq.backend.db_now() + timedelta(seconds=retry_in)
-    assert abs(stored.scheduled_at - expected) < timedelta(seconds=5)
-    assert stored.scheduled_at.year >= datetime.now(UTC).year + 99
-    assert jq.backend.job_stage_due().staged == 0
-    due_in = jq.backend.job_next_due_in(queues=["default"])
-    assert due_in is not None and due_in > 99 * 365 * 86_400
-    assert jq.stats()["default"]["retryable"] == 1
-    # The last attempt goes to the dead letters; the job is still there.
-    sql(
-        jq,
-        "UPDATE jobkeeper_jobs SET status = 'available', attempt = 999999 WHERE id = ?",
-        (job.id,),
-    )
-    (last,) = claim(jq)
-    assert last.attempt == last.max_attempts == 1_000_000
-    assert fail(jq, last, "dead") == {job.id}
-    dead = jq.get_job(job.id)
-    assert dead is not None and dead.status == JobStatus.DEAD
-    assert total_rows(jq) == 1
-
-
-def test_unstorable_discard_reason_and_error_text_are_still_recorded(jq):
-    """A Discard reason or error text with NUL / lone surrogates / megabytes
-    must not make the failure write fail (the job would stay running)."""
-    from jobkeeper.config import Settings
-    from jobkeeper.outcomes import failed_attempt
-
-    nasty = "upstream said \x00 no \ud800 " + "x" * 2_000_000
-    discarded = jq.enqueue("t", {}, queue="d")
-    retried = jq.enqueue("t", {}, queue="r")
-    (running_d,) = claim(jq, "d")
-    (running_r,) = claim(jq, "r")
-    failures = [
-        failed_attempt(running_d, Settings(), error=nasty, traceback=nasty, discard_reason=nasty),
-        failed_attempt(running_r, Settings(), error=nasty, traceback=nasty, retry_in=0),
-    ]
-    assert jq.backend.job_fail_many(failures=failures) == {discarded.id, retried.id}
-    dead = jq.get_job(discarded.id)
-    assert dead is not None and dead.status == JobStatus.DEAD
-    assert dead.dead_reason is not None and dead.dead_reason.startswith("discarded: ")
-    assert "\\x00" in dead.dead_reason
-    again = jq.get_job(retried.id)
-    assert again is not None and again.status == JobStatus.RETRYABLE
-    (entry,) = again.errors
-    assert "\\x00" in entry["error"] and len(entry["error"]) < 10_000
 
 
 def test_claimed_jobs_carry_their_own_timestamps_as_utc(jq):

@@ -5,12 +5,8 @@ scheduling and time zones (guarantees 1, 5, 7; run_at must be aware, and no time
 from __future__ import annotations
 
 import contextlib
-import json
 import math
-import os
 import sqlite3
-import subprocess
-import sys
 import threading
 import time
 from datetime import UTC, datetime, timedelta, timezone
@@ -22,7 +18,7 @@ import pytest
 from jobkeeper import ConfigError, JobQueue, JobStatus, PayloadError
 from support.db import PG_URL, count, is_pg, sql
 
-from .helpers import claim, complete, current_schema, kill, with_pg_options
+from .helpers import claim, complete, kill, with_pg_options
 
 SECOND = timedelta(seconds=1)
 
@@ -373,94 +369,6 @@ def test_negative_or_nan_delay_writes_nothing(jq, delay):
     with pytest.raises(ConfigError, match="delay"):
         jq.enqueue("t", {}, delay=delay)
     assert count(jq) == 0
-
-
-# -- the database session's or the process's time zone changes nothing ---------------------
-
-
-@pytest.mark.parametrize("zone", ["Pacific/Kiritimati", "Europe/Paris", "America/Adak"])
-def test_postgres_session_time_zone_does_not_shift_jobs(pg_url, zone):
-    with JobQueue(pg_url) as base:
-        base.migrate()
-        schema = current_schema(base)
-    url = with_pg_options(pg_url, f"-ctimezone={zone}")
-    with JobQueue(url) as jq:
-        assert current_schema(jq) == schema
-        assert sql(jq, "SHOW timezone")[0][0] == zone
-        db_now = jq.backend.db_now()
-        wall = datetime.now(UTC)
-        assert abs(db_now - wall) < timedelta(minutes=5)  # same host: no hours-long offset
-        now_job = jq.enqueue("t", {"when": "now"})
-        later = jq.enqueue("t", {"when": "later"}, delay=60)
-        assert now_job.status == JobStatus.AVAILABLE
-        assert later.status == JobStatus.SCHEDULED
-        assert abs(now_job.scheduled_at - db_now) < 5 * SECOND
-        assert abs(later.scheduled_at - (db_now + timedelta(seconds=60))) < 5 * SECOND
-        assert later.scheduled_at.utcoffset() == timedelta(0)
-        # The immediate job is claimable at once; the delayed one is not due.
-        assert jq.backend.job_stage_due().staged == 0
-        assert [j.id for j in claim(jq)] == [now_job.id]
-        assert 55 < (jq.backend.job_next_due_in(queues=["default"]) or 0) <= 60
-        # A job enqueued inside a caller's transaction with yet another zone.
-        with psycopg.connect(pg_url) as conn:
-            conn.execute("SET TIME ZONE 'Asia/Kathmandu'")
-            in_tx = jq.enqueue("t", {"when": "tx"}, delay=60, connection=conn)
-            conn.commit()
-        assert abs(in_tx.scheduled_at - (db_now + timedelta(seconds=60))) < 5 * SECOND
-    # Read back through a UTC session: the same instants.
-    with JobQueue(pg_url) as utc:
-        stored = utc.get_job(later.id)
-        assert stored is not None and stored.scheduled_at == later.scheduled_at
-
-
-ENQUEUE_SCRIPT = """
-import json, sys
-from datetime import datetime, timedelta, timezone
-from jobkeeper import JobQueue
-jq = JobQueue(sys.argv[1])
-now = jq.enqueue("t", {"when": "now"})
-later = jq.enqueue("t", {"when": "later"}, delay=60)
-local = datetime.now().astimezone() + timedelta(minutes=10)
-aware = jq.enqueue("t", {"when": "aware"}, run_at=local)
-try:
-    jq.enqueue("t", {}, run_at=datetime.now() + timedelta(minutes=10))
-    naive = "accepted"
-except Exception as exc:
-    naive = type(exc).__name__
-print(json.dumps({"ids": [now.id, later.id, aware.id], "naive": naive,
-                  "offset": local.utcoffset().total_seconds(), "local": local.isoformat()}))
-"""
-
-
-@pytest.mark.parametrize("tz", ["Asia/Tokyo", "America/Los_Angeles", "Pacific/Kiritimati"])
-def test_process_time_zone_does_not_shift_jobs(make_queue, tz):
-    """The enqueuing process runs with TZ set far from UTC (SQLite's case; on
-    PostgreSQL too)."""
-    jq = make_queue()
-    env = {**os.environ, "TZ": tz}
-    out = subprocess.run(
-        [sys.executable, "-c", ENQUEUE_SCRIPT, jq.url.url],
-        env=env,
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=60,
-    )
-    report = json.loads(out.stdout)
-    assert report["offset"] != 0  # the child really ran in another zone
-    assert report["naive"] == "ConfigError"
-    now_id, later_id, aware_id = report["ids"]
-    wall = datetime.now(UTC)
-    now_job, later, aware = (jq.get_job(i) for i in (now_id, later_id, aware_id))
-    assert now_job is not None and later is not None and aware is not None
-    assert now_job.status == JobStatus.AVAILABLE
-    assert abs(now_job.scheduled_at - wall) < timedelta(minutes=1)
-    assert later.status == JobStatus.SCHEDULED
-    assert abs(later.scheduled_at - now_job.created_at - timedelta(seconds=60)) < 5 * SECOND
-    local = datetime.fromisoformat(report["local"])
-    assert aware.status == JobStatus.SCHEDULED
-    assert abs(aware.scheduled_at - local) < timedelta(milliseconds=1)
-    assert [j.id for j in claim(jq)] == [now_id]
 
 
 # -- bulk inserts: what enqueue_many returns is what was stored -------------------------------

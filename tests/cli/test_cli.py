@@ -528,16 +528,6 @@ def test_subprocess_uses_the_environment_url(sqlite_url):
     assert_one_line_error(bad.stderr, "invalid database URL")
 
 
-@pytest.mark.parametrize("tz", ["Asia/Tokyo", "America/Los_Angeles"])
-def test_subprocess_c11_negative_delay_exits_2(sqlite_url, tz):
-    with JobQueue(sqlite_url) as jq:
-        jq.migrate()
-        bad = run_module("--database", sqlite_url, "enqueue", "t", "--delay", "-60", env={"TZ": tz})
-        assert bad.returncode == 2
-        assert_one_line_error(bad.stderr, "delay")
-        assert total_rows(jq) == 0
-
-
 def test_four_concurrent_migrate_processes(db_url):
     with ThreadPoolExecutor(4) as pool:
         results = list(pool.map(lambda _: run_module("--database", db_url, "migrate"), range(4)))

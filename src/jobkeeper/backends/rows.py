@@ -17,13 +17,35 @@ UPDATE_OUTCOMES = frozenset(set(FailureKind) - {FailureKind.DEAD})
 STAGE_LIMIT = 10_000
 
 
+class UnloadableJSON(str):
+    """JSON text the database holds and Python's ``json`` cannot load: a
+    number past Python's 4,300-digit int limit, nesting past its recursion
+    limit (both valid ``jsonb``, in rows written outside jobkeeper). The
+    driver hands it over as text instead of raising mid-fetch, which failed
+    every read that met the row (``get_job``, ``jobs list``, a limited
+    queue's claim); :func:`job_from_row` then reports it like any stored
+    args that cannot be decoded (sidekiq#3294).
+    """
+
+    __slots__ = ()
+
+
+def load_json(data: str | bytes) -> Any:
+    """``json.loads`` for the driver: never raises (see :class:`UnloadableJSON`)."""
+    try:
+        return json.loads(data)
+    except (ValueError, RecursionError):
+        text = data if isinstance(data, str) else bytes(data).decode("utf-8", "replace")
+        return UnloadableJSON(text)
+
+
 def _json(value: Any, default: Any) -> Any:
     if value is None:
         return default
     if isinstance(value, str | bytes):
         try:
             return json.loads(value)
-        except ValueError:
+        except (ValueError, RecursionError):
             return default
     return value
 
@@ -31,6 +53,12 @@ def _json(value: Any, default: Any) -> Any:
 def _errors(value: Any) -> list[dict[str, Any]]:
     decoded = _json(value, [])
     return decoded if isinstance(decoded, list) else []
+
+
+def _result(value: Any, *, json_decoded: bool) -> Any:
+    if isinstance(value, UnloadableJSON):
+        return None
+    return value if json_decoded else _json(value, None)
 
 
 def job_from_row(
@@ -46,7 +74,7 @@ def job_from_row(
     (sidekiq#3294).
     """
     raw_args = row["args"]
-    if json_decoded and isinstance(raw_args, str):
+    if json_decoded and isinstance(raw_args, str) and not isinstance(raw_args, UnloadableJSON):
         raw_args = json.dumps(raw_args)
     args, args_error = decode_args(raw_args)
     return Job(
@@ -65,7 +93,7 @@ def job_from_row(
         worker_id=None if dead else row["worker_id"],
         unique_key=row["unique_key"],
         errors=_errors(row["errors"]),
-        result=row["result"] if json_decoded else _json(row["result"], None),
+        result=_result(row["result"], json_decoded=json_decoded),
         cancel_requested=False if dead else bool(row["cancel_requested"]),
         dead_reason=row["reason"] if dead else None,
         args_error=args_error,

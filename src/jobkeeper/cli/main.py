@@ -310,8 +310,14 @@ def _serve_metrics(jq: JobQueue, port: int, host: str) -> None:
     jq.on_event(metrics, metrics.kinds)
 
 
-def _reject_constant(name: str) -> NoReturn:
-    raise BadInput(f"--args: {name} is not valid JSON (NaN and Infinity are refused)")
+class _NonJsonConstant:
+    """Stands in for a ``NaN``/``Infinity``/``-Infinity`` literal while
+    ``--args`` is parsed, so that the error can name where it is
+    (``args.a[1].b``), as the API's own check does (sidekiq#3294).
+    """
+
+    def __init__(self, name: str) -> None:
+        self.name = name
 
 
 class _TooLongInt:
@@ -325,13 +331,15 @@ class _TooLongInt:
         self.limit = limit
 
 
-def _find_too_long_int(value: Any) -> tuple[str, _TooLongInt]:
-    """The path (``args.a[1].b``) and marker of the first too-long integer."""
+def _find_marker(value: Any) -> tuple[str, _TooLongInt | _NonJsonConstant]:
+    """The path (``args.a[1].b``) and marker of the first value ``--args``
+    cannot hold (a too-long integer, a NaN/Infinity literal).
+    """
     # Iterative, in document order: the JSON may be nested deeply.
     stack: list[tuple[Any, str]] = [(value, "args")]
     while stack:
         item, path = stack.pop()
-        if isinstance(item, _TooLongInt):
+        if isinstance(item, _TooLongInt | _NonJsonConstant):
             return path, item
         children: list[tuple[Any, str]] = []
         if isinstance(item, dict):
@@ -339,7 +347,7 @@ def _find_too_long_int(value: Any) -> tuple[str, _TooLongInt]:
         elif isinstance(item, list):
             children = [(child, child_path(path, i)) for i, child in enumerate(item)]
         stack.extend(reversed(children))
-    raise AssertionError("a too-long integer was parsed but not found")  # pragma: no cover
+    raise AssertionError("a marker was parsed but not found")  # pragma: no cover
 
 
 def parse_args_json(text: str) -> dict[str, Any]:
@@ -357,21 +365,26 @@ def parse_args_json(text: str) -> dict[str, Any]:
             seen[key] = value
         return seen
 
-    too_long: list[_TooLongInt] = []
+    markers: list[_TooLongInt | _NonJsonConstant] = []
+
+    def parse_constant(name: str) -> _NonJsonConstant:
+        marker = _NonJsonConstant(name)
+        markers.append(marker)
+        return marker
 
     def parse_int(digits: str) -> int | _TooLongInt:
         limit = sys.get_int_max_str_digits()
         length = len(digits.lstrip("-"))
         if limit and length > limit:
             marker = _TooLongInt(length, limit)
-            too_long.append(marker)
+            markers.append(marker)
             return marker
         return int(digits)
 
     try:
         value = json.loads(
             text,
-            parse_constant=_reject_constant,
+            parse_constant=parse_constant,
             parse_int=parse_int,
             object_pairs_hook=no_duplicates,
         )
@@ -381,8 +394,13 @@ def parse_args_json(text: str) -> dict[str, Any]:
         raise BadInput(f"--args cannot be read: {exc}") from None
     except RecursionError:
         raise BadInput("--args: JSON nested too deeply") from None
-    if too_long:
-        path, marker = _find_too_long_int(value)
+    if markers:
+        path, marker = _find_marker(value)
+        if isinstance(marker, _NonJsonConstant):
+            raise BadInput(
+                f"--args: {path} is {marker.name}, which is not valid JSON "
+                "(NaN and Infinity are refused)"
+            )
         raise BadInput(
             f"--args: {path} is an integer of {marker.digits} digits; integers with more "
             f"than {marker.limit} digits are not supported"

@@ -18,7 +18,11 @@ import psycopg
 from psycopg.rows import tuple_row
 from psycopg_pool import AsyncConnectionPool
 
-from jobkeeper.backends.postgres.connections import _RETRY_ASKED, _describe
+from jobkeeper.backends.postgres.connections import (
+    _RETRY_ASKED,
+    _describe,
+    load_json_safely,
+)
 from jobkeeper.backends.postgres.flow import FlowNeeded
 from jobkeeper.backends.postgres.plans import (
     Plan,
@@ -37,6 +41,10 @@ logger = logging.getLogger("jobkeeper.postgres")
 #: the pause's scale (as the sync insert's).
 RETRIES = 5
 RETRY_PAUSE = 0.02
+
+
+async def _configure_async(conn: psycopg.AsyncConnection[Any]) -> None:
+    load_json_safely(conn)
 
 
 class PostgresAsync:
@@ -73,6 +81,7 @@ class PostgresAsync:
                 # per checkout (the sync pool pings only idle or suspect
                 # connections).
                 check=AsyncConnectionPool.check_connection,
+                configure=_configure_async,
             )
             self._async_pools[loop] = pool
             await pool.open(wait=False)
@@ -154,6 +163,7 @@ class PostgresAsync:
                     connection.transaction(),
                     connection.cursor(row_factory=tuple_row) as cursor,
                 ):
+                    load_json_safely(cursor)  # a unique duplicate may be any stored row
                     result: list[Job] = await run_plan_async(
                         cursor, insert_plan(jobs, channel, in_transaction=True), QUERIES
                     )

@@ -79,7 +79,10 @@ def claimed_job(row: tuple[Any, ...], worker_id: str, utc: dict[datetime, dateti
      scheduled_at, created_at, attempted_at, unique_key, errors_text, fence,
      unstarted_returns, trace_context) = row  # fmt: skip
     args, args_error = decode_args(args_text)
-    errors = [] if errors_text is None else _JSON.decode(errors_text)
+    try:
+        errors = [] if errors_text is None else _JSON.decode(errors_text)
+    except (ValueError, RecursionError):  # written by hand: the claim must not fail
+        errors = []
     aware = []
     for naive in (scheduled_at, created_at, attempted_at):
         value = utc.get(naive)

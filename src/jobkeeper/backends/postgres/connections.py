@@ -19,12 +19,14 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 import psycopg
+from psycopg.abc import AdaptContext
 from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import tuple_row
+from psycopg.types.json import set_json_loads
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from jobkeeper.backends.postgres.queries import QUERIES
-from jobkeeper.backends.rows import aware_utc, job_from_row
+from jobkeeper.backends.rows import aware_utc, job_from_row, load_json
 from jobkeeper.config import DatabaseURL
 from jobkeeper.errors import (
     DatabaseError,
@@ -133,6 +135,16 @@ def _retrying(run: Callable[[], list[Job]]) -> list[Job]:
     return run()
 
 
+def load_json_safely(context: AdaptContext) -> None:
+    """json/jsonb values read through ``context`` (a connection of ours, or
+    a cursor on a caller's connection, whose own settings we leave alone)
+    decode with :func:`~jobkeeper.backends.rows.load_json`, so a stored value
+    Python cannot load (a row written by hand) reaches the row decoder as
+    text instead of failing the fetch.
+    """
+    set_json_loads(load_json, context)
+
+
 class _SingleConnection:
     """One lazily (re)opened connection for one worker thread.
 
@@ -155,6 +167,7 @@ class _SingleConnection:
                 connect_timeout=CONNECT_TIMEOUT,
                 prepare_threshold=PREPARE_THRESHOLD,
             )
+            load_json_safely(self._conn)
         try:
             yield self._conn
         except _RETRY_ASKED:
@@ -192,6 +205,7 @@ class _PooledConnections:
             timeout=POOL_TIMEOUT,
             open=False,
             name="jobkeeper",
+            configure=load_json_safely,
         )
         self._opened = False
         #: Set after a failure that may mean the server is gone: the next

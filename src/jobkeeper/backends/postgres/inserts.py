@@ -16,6 +16,7 @@ from jobkeeper.backends.postgres.connections import (
     PostgresConnections,
     _describe,
     _retrying,
+    load_json_safely,
 )
 from jobkeeper.backends.postgres.plans import insert_plan, run_plan
 from jobkeeper.backends.postgres.queries import QUERIES
@@ -50,6 +51,8 @@ class PostgresInserts(PostgresConnections):
                 # leaves nothing behind.
                 try:
                     with connection.transaction(), connection.cursor(row_factory=tuple_row) as cur:
+                        if not own:  # a unique duplicate may be any stored row
+                            load_json_safely(cur)
                         plan = insert_plan(jobs, channel, in_transaction=True)
                         stored: list[Job] = run_plan(cur, plan, QUERIES)
                         return stored
