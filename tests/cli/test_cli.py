@@ -13,7 +13,6 @@ import re
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
 
 import pytest
 from rich.console import Console
@@ -22,6 +21,7 @@ from backends.helpers import claim, complete, fail, kill, register, total_rows
 from jobkeeper import JobQueue, JobStatus
 from jobkeeper.backends.sqlite.backend import MIGRATIONS
 from jobkeeper.cli.main import main
+from support.cli import Cli
 from support.db import count, is_pg, sql
 
 #: The newest schema version (both backends number migrations alike).
@@ -54,36 +54,9 @@ JOB_KEYS = {
 STATUSES = [s.value for s in JobStatus]
 
 
-class Cli:
-    """Runs ``jobkeeper --database URL ...`` in-process and captures the result."""
-
-    def __init__(self, url: str, capsys: pytest.CaptureFixture[str]) -> None:
-        self.url = url
-        self.capsys = capsys
-
-    def __call__(self, *args: str, database: bool = True) -> tuple[int, str, str]:
-        argv = ["--database", self.url, *args] if database else list(args)
-        self.capsys.readouterr()
-        with pytest.raises(SystemExit) as info:
-            main(argv)
-        out, err = self.capsys.readouterr()
-        code = info.value.code
-        return (code if isinstance(code, int) else 1), out, err
-
-    def ok(self, *args: str) -> str:
-        code, out, err = self(*args)
-        assert code == 0, err
-        return out
-
-    def json(self, *args: str) -> Any:
-        return json.loads(self.ok(*args, "--json"))
-
-
 @pytest.fixture
 def cli(db_url: str, capsys: pytest.CaptureFixture[str]) -> Cli:
-    runner = Cli(db_url, capsys)
-    runner.ok("migrate")
-    return runner
+    return Cli.migrated(db_url, capsys)
 
 
 @pytest.fixture
@@ -777,7 +750,7 @@ def test_status_marks_workers_without_a_recent_heartbeat_stale(cli, queue, monke
     assert workers["dead-worker"]["stale"] is True
     assert 300 <= workers["dead-worker"]["heartbeat_age"] < 360
     # A console wide enough that the table's cells are not folded.
-    monkeypatch.setattr("jobkeeper.cli.main.console", Console(width=200))
+    monkeypatch.setattr("jobkeeper.cli.admin.console", Console(width=200))
     rows = {
         line.split("│")[1].strip(): line
         for line in cli.ok("status").splitlines()

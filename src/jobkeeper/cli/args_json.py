@@ -1,0 +1,94 @@
+"""``--args``: the JSON object of a job's arguments, parsed strictly."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any, NoReturn
+
+from jobkeeper.cli.common import (
+    BadInput,
+)
+from jobkeeper.payload import child_path
+
+
+def _reject_constant(name: str) -> NoReturn:
+    raise BadInput(f"--args: {name} is not valid JSON (NaN and Infinity are refused)")
+
+
+class _TooLongInt:
+    """Stands in for a JSON integer past Python's int/str digit limit
+    (``sys.get_int_max_str_digits()``) while ``--args`` is parsed, so that the
+    error can name where it is instead of repeating Python's advice.
+    """
+
+    def __init__(self, digits: int, limit: int) -> None:
+        self.digits = digits
+        self.limit = limit
+
+
+def _find_too_long_int(value: Any) -> tuple[str, _TooLongInt]:
+    """The path (``args.a[1].b``) and marker of the first too-long integer."""
+    # Iterative, in document order: the JSON may be nested deeply.
+    stack: list[tuple[Any, str]] = [(value, "args")]
+    while stack:
+        item, path = stack.pop()
+        if isinstance(item, _TooLongInt):
+            return path, item
+        children: list[tuple[Any, str]] = []
+        if isinstance(item, dict):
+            children = [(child, child_path(path, key)) for key, child in item.items()]
+        elif isinstance(item, list):
+            children = [(child, child_path(path, i)) for i, child in enumerate(item)]
+        stack.extend(reversed(children))
+    raise AssertionError("a too-long integer was parsed but not found")  # pragma: no cover
+
+
+def parse_args_json(text: str) -> dict[str, Any]:
+    """Parse ``--args``: a JSON object, strictly (no NaN/Infinity, no duplicate keys).
+
+    Raises:
+        BadInput: naming the problem.
+    """
+
+    def no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        seen: dict[str, Any] = {}
+        for key, value in pairs:
+            if key in seen:
+                raise BadInput(f"--args: duplicate key {key!r}")
+            seen[key] = value
+        return seen
+
+    too_long: list[_TooLongInt] = []
+
+    def parse_int(digits: str) -> int | _TooLongInt:
+        limit = sys.get_int_max_str_digits()
+        length = len(digits.lstrip("-"))
+        if limit and length > limit:
+            marker = _TooLongInt(length, limit)
+            too_long.append(marker)
+            return marker
+        return int(digits)
+
+    try:
+        value = json.loads(
+            text,
+            parse_constant=_reject_constant,
+            parse_int=parse_int,
+            object_pairs_hook=no_duplicates,
+        )
+    except json.JSONDecodeError as exc:
+        raise BadInput(f"--args is not valid JSON: {exc}") from None
+    except ValueError as exc:  # e.g. an integer longer than Python's 4300-digit limit
+        raise BadInput(f"--args cannot be read: {exc}") from None
+    except RecursionError:
+        raise BadInput("--args: JSON nested too deeply") from None
+    if too_long:
+        path, marker = _find_too_long_int(value)
+        raise BadInput(
+            f"--args: {path} is an integer of {marker.digits} digits; integers with more "
+            f"than {marker.limit} digits are not supported"
+        )
+    if not isinstance(value, dict):
+        raise BadInput(f"--args must be a JSON object, got {type(value).__name__}: {text[:60]}")
+    return value
