@@ -66,7 +66,7 @@ from jobkeeper.queues import (
     parse_queue_share,
     parse_rate_limit,
 )
-from jobkeeper.tasks import ENQUEUE_OPTIONS, Task
+from jobkeeper.tasks import ENQUEUE_OPTIONS, Task, suggest
 from jobkeeper.waiting import Get, Mark, Ready, Sleep, check_timeout, wait_plan
 
 logger = logging.getLogger("jobkeeper")
@@ -116,6 +116,14 @@ class JobQueue:
         max_backoff: cap on one retry delay, seconds (default 86400).
         busy_timeout: SQLite: seconds to wait for the write lock (default 30).
         pool_size: PostgreSQL: most pooled connections for API calls (default 10).
+        dead_retention: seconds dead letters are kept before the workers'
+            pruner deletes them (default None: kept until ``jobkeeper dead
+            purge`` or :meth:`purge_dead`).
+        external_tasks: names of tasks this queue enqueues but another
+            service's workers run (``True``: any name). Once this queue has
+            tasks registered, :meth:`enqueue` refuses any other name (a typo
+            would make a job no worker runs) unless it is listed here or the
+            call passes ``external=True``.
 
     Raises:
         ConfigError: an invalid URL or setting (nothing is connected).
@@ -135,6 +143,8 @@ class JobQueue:
         max_backoff: float = 86_400.0,
         busy_timeout: float = 30.0,
         pool_size: int = 10,
+        dead_retention: float | None = None,
+        external_tasks: Iterable[str] | bool = (),
     ) -> None:
         self.url = resolve_database_url(database_url)
         self.settings = Settings(
@@ -148,8 +158,12 @@ class JobQueue:
             max_backoff=max_backoff,
             busy_timeout=busy_timeout,
             pool_size=pool_size,
+            dead_retention=dead_retention,
         )
         self.tasks: dict[str, Task[Any, Any]] = {}
+        #: Task names enqueued here but run by another service's workers
+        #: (True: any name); see :meth:`enqueue`'s ``external``.
+        self.external_tasks: frozenset[str] | bool = _external_tasks(external_tasks)
         #: The periodic jobs registered with :meth:`periodic`, by name.
         self.periodics = self._new_periodic_registry()
         #: Listeners of this queue's job events (see :meth:`on_event`).
@@ -490,6 +504,12 @@ class JobQueue:
 
     def _new_job(self, task: Any, args: Any, options: dict[str, Any]) -> NewJob:
         """Validate one job completely, writing nothing."""
+        external = False
+        if options and "external" in options:
+            options = dict(options)
+            external = options.pop("external")
+            if not isinstance(external, bool):
+                raise ConfigError(f"external must be True or False, got {external!r}")
         unknown = sorted(options.keys() - _JOB_OPTIONS) if options else None
         if unknown:
             raise ConfigError(
@@ -498,6 +518,8 @@ class JobQueue:
             )
         task_name = task.name if isinstance(task, Task) else check_name("task", task)
         registered = self.tasks.get(task_name)
+        if registered is None and self.tasks and not external:
+            self._check_external(task_name)
         if args is None:
             args = {}
         args_json = encode_args(args, max_bytes=self.settings.max_payload_bytes)
@@ -536,6 +558,21 @@ class JobQueue:
             serial_key=check_serial_key(options.get("serial_key")),
         )
 
+    def _check_external(self, task_name: str) -> None:
+        """Refuse a name that is neither registered nor declared external.
+
+        Raises:
+            ConfigError: naming the task and the closest registered name.
+        """
+        declared = self.external_tasks
+        if declared is True or (declared is not False and task_name in declared):
+            return
+        raise ConfigError(
+            f"unknown task {task_name!r}{suggest(task_name, self.tasks)}: no task of this "
+            "JobQueue has that name; if another service runs it, pass external=True "
+            "(or list it in JobQueue(external_tasks=[...]))"
+        )
+
     def enqueue(
         self,
         task: str | Task[Any, Any],
@@ -549,6 +586,7 @@ class JobQueue:
         unique_key: str | None = None,
         serial_key: str | None = None,
         connection: Any = None,
+        external: bool = False,
     ) -> Job:
         """Store one job; returns once it is durable (committed), or, with
         ``connection``, once it is written in the caller's open transaction.
@@ -575,6 +613,10 @@ class JobQueue:
                 SQLAlchemy ``Connection`` or ``Session`` (see
                 :func:`jobkeeper.connections.unwrap_connection`); the job
                 commits or rolls back with that connection's transaction.
+            external: the task is run by another service's workers: enqueue
+                ``task`` even though this queue, which has tasks registered,
+                registers none of that name (a queue with no tasks enqueues
+                any name). Also an ``enqueue_many`` option.
 
         Returns:
             The stored :class:`Job` (or the pending duplicate for ``unique_key``).
@@ -583,12 +625,14 @@ class JobQueue:
             PayloadError: args not a JSON object of JSON-native values (NaN,
                 Infinity, NUL, lone surrogates, non-str keys...), too large, or
                 not matching a registered task's parameters. Names the field.
-            ConfigError: an invalid name, option, delay, run_at or priority.
+            ConfigError: an invalid name, option, delay, run_at or priority; a
+                task name this queue does not register while it registers
+                others (with the closest one), unless ``external``.
             TypeError: ``connection`` of the wrong kind or database.
             QueueFull: the queue is at its ``max_pending``; nothing written.
             DatabaseUnavailable: the database cannot be reached; nothing written.
         """
-        new = self._new_job(task, args, _given(locals(), _JOB_OPTIONS))
+        new = self._new_job(task, args, _given(locals(), _JOB_OPTIONS | {"external"}))
         return self.backend.job_insert_many(jobs=[new], connection=unwrap_connection(connection))[0]
 
     def enqueue_many(
@@ -655,6 +699,7 @@ class JobQueue:
         unique_key: str | None = None,
         serial_key: str | None = None,
         connection: Any = None,
+        external: bool = False,
     ) -> Job:
         """:meth:`enqueue` for async code: the event loop never waits on the
         database (PostgreSQL: a psycopg async pool; SQLite: a small thread
@@ -668,7 +713,7 @@ class JobQueue:
         Raises:
             As :meth:`enqueue`.
         """
-        new = self._new_job(task, args, _given(locals(), _JOB_OPTIONS))
+        new = self._new_job(task, args, _given(locals(), _JOB_OPTIONS | {"external"}))
         jobs = await self.backend.job_insert_many_async(jobs=[new], connection=connection)
         return jobs[0]
 
@@ -748,9 +793,11 @@ class JobQueue:
         *,
         task: str | None = None,
         before: int | None = None,
+        worker_id: str | None = None,
     ) -> list[Job]:
         """Jobs newest first, filtered by ``status`` (``"dead"`` lists the dead
-        letters), ``queue`` and ``task``; at most ``limit`` (1..10,000).
+        letters), ``queue``, ``task`` and ``worker_id`` (the jobs that worker
+        holds now: claimed or running); at most ``limit`` (1..10,000).
 
         Pages by keyset: pass the smallest id of one page as ``before`` to get
         the next (``WHERE id < before ORDER BY id DESC``), so a deep page costs
@@ -773,8 +820,10 @@ class JobQueue:
             check_name("task", task)
         if before is not None:
             before = _job_id(before)
+        if worker_id is not None and (not isinstance(worker_id, str) or not worker_id):
+            raise ConfigError(f"worker_id must be a non-empty str, got {worker_id!r}")
         return self.backend.job_list(
-            status=status, queue=queue, limit=limit, task=task, before=before
+            status=status, queue=queue, limit=limit, task=task, before=before, worker_id=worker_id
         )
 
     def cancel(self, job_id: int) -> Job:
@@ -1151,9 +1200,23 @@ def _job_id(job_id: Any) -> int:
     return job_id
 
 
+def _external_tasks(value: Iterable[str] | bool) -> frozenset[str] | bool:
+    """``external_tasks`` checked: True, or a set of valid task names."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str):
+        raise ConfigError(f"external_tasks must be a list of task names or True, got {value!r}")
+    return frozenset(check_name("task", name) for name in value)
+
+
 def _given(values: dict[str, Any], names: frozenset[str]) -> dict[str, Any]:
     """The enqueue options among ``values`` (a call's ``locals()``) that were given."""
-    return {name: values[name] for name in sorted(names) if values.get(name) is not None}
+    # external=False is the default, not an option given.
+    return {
+        name: values[name]
+        for name in sorted(names)
+        if values.get(name) is not None and not (name == "external" and values[name] is False)
+    }
 
 
 def _queue_shares(

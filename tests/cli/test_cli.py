@@ -660,35 +660,66 @@ BAD_IMPORT_APPS = {
 }
 
 
+def assert_app_traceback(err: str, path: object, line: int, *needles: str) -> None:
+    """The app's traceback (its file and line, no import machinery), then
+    one error line naming the failure.
+    """
+    *trace, last = err.strip().splitlines()
+    assert trace, err
+    assert f'File "{path}", line {line}' in "\n".join(trace), err
+    assert "importlib" not in "\n".join(trace), err
+    assert_one_line_error(last, *needles)
+
+
 @pytest.mark.parametrize("command", ["worker", "enqueue"])
-def test_app_that_raises_while_imported_exits_2_with_one_line(
+def test_app_that_raises_while_imported_exits_2_with_its_traceback(
     cli, queue, tmp_path, monkeypatch, command
 ):
     for name, (source, _) in BAD_IMPORT_APPS.items():
         (tmp_path / f"{name}.py").write_text(source)
     monkeypatch.syspath_prepend(str(tmp_path))
-    for name, (_, needle) in BAD_IMPORT_APPS.items():
+    for name, (source, needle) in BAD_IMPORT_APPS.items():
         args = ["worker", "--burst"] if command == "worker" else ["enqueue", "t"]
         code, out, err = cli(*args, "--app", f"{name}:jq")
         assert code == 2, (name, err)
-        assert_one_line_error(err, f"importing app '{name}:jq' failed", needle)
+        # The line that raised: the last line of the module.
+        line = len(source.splitlines())
+        assert_app_traceback(
+            err, tmp_path / f"{name}.py", line, f"importing app '{name}:jq' failed", needle
+        )
         assert out == ""
     assert total_rows(queue) == 0
+
+
+def test_app_importing_a_missing_dependency_shows_where(cli, tmp_path, monkeypatch):
+    # A ModuleNotFoundError from inside the app is the app's bug (file and
+    # line shown); the app module itself missing stays one line.
+    (tmp_path / "depapp.py").write_text("import os\nimport no_such_dependency_xyz\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    code, _, err = cli("worker", "--burst", "--app", "depapp:jq")
+    assert code == 2
+    assert_app_traceback(err, tmp_path / "depapp.py", 2, "No module named 'no_such_dependency_xyz'")
+    code, _, err = cli("worker", "--burst", "--app", "no_such_app_module_xyz:jq")
+    assert code == 2
+    assert_one_line_error(err, "cannot import 'no_such_app_module_xyz'")
 
 
 def test_subprocess_app_that_raises_while_imported_exits_2(db_url, tmp_path):
     (tmp_path / "badapp.py").write_text("x = 1 / 0\n")
     with JobQueue(db_url) as jq:
         jq.migrate()
-    env = {"PYTHONPATH": str(tmp_path)}
+    env = {"PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path])}
     for args in (
         ["worker", "--app", "badapp:jq", "--burst"],
         ["enqueue", "t", "--app", "badapp:jq"],
     ):
         done = run_module("--database", db_url, *args, env=env)
         assert done.returncode == 2, done.stderr
-        assert_one_line_error(
-            done.stderr, "importing app 'badapp:jq' failed: ZeroDivisionError: division by zero"
+        assert_app_traceback(
+            done.stderr,
+            tmp_path / "badapp.py",
+            1,
+            "importing app 'badapp:jq' failed: ZeroDivisionError: division by zero",
         )
         assert done.stdout == ""
     with JobQueue(db_url) as jq:

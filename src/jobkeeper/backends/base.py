@@ -175,9 +175,11 @@ class Backend(Protocol):
         limit: int,
         task: str | None = None,
         before: int | None = None,
+        worker_id: str | None = None,
     ) -> list[Job]:
         """Newest first; ``status=DEAD`` lists dead letters; ``None`` lists both.
-        ``before``: only ids below it (keyset paging).
+        ``before``: only ids below it (keyset paging). ``worker_id``: only
+        the jobs that worker holds now (dead letters are held by nobody).
         """
         ...
 
@@ -294,6 +296,14 @@ class Backend(Protocol):
         """Delete dead letters: those of ``job_ids`` (all when None) that died
         more than ``older_than`` seconds ago (any age when None). Returns the
         ids deleted.
+        """
+        ...
+
+    def dead_letter_prune(
+        self, *, older_than: float, limit: int, now: datetime | None = None
+    ) -> int:
+        """Delete up to ``limit`` dead letters that died more than
+        ``older_than`` seconds ago (``dead_retention``); return how many.
         """
         ...
 

@@ -92,3 +92,25 @@ def parse_args_json(text: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise BadInput(f"--args must be a JSON object, got {type(value).__name__}: {text[:60]}")
     return value
+
+
+def read_args_text(value: str) -> str:
+    """The text of ``--args``: ``-`` reads stdin, ``@path`` reads that file
+    (UTF-8), anything else is the JSON itself.
+
+    Raises:
+        BadInput: the file cannot be read, naming it.
+    """
+    if value == "-":
+        return sys.stdin.read()
+    if value.startswith("@"):
+        path = value[1:]
+        if not path:
+            raise BadInput("--args @: give a file name after @ (or - for stdin)")
+        try:
+            with open(path, encoding="utf-8") as file:
+                return file.read()
+        except (OSError, UnicodeDecodeError) as exc:
+            detail = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+            raise BadInput(f"--args {value}: cannot read {path!r}: {detail}") from None
+    return value

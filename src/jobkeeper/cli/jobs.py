@@ -1,4 +1,4 @@
-"""``jobkeeper jobs list|show``, ``retry`` and ``cancel``: look at jobs and act on them."""
+"""``jobkeeper jobs list|show``: look at jobs."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ from jobkeeper.cli import render
 from jobkeeper.cli.common import (
     IDS_MAY_LOOK_LIKE_OPTIONS,
     BadInput,
-    Command,
     Group,
     console,
     err_console,
@@ -16,7 +15,7 @@ from jobkeeper.cli.common import (
     json_option,
     open_queue,
 )
-from jobkeeper.models import HELD_STATUSES, JobStatus
+from jobkeeper.models import JobStatus
 
 jobs_app = Group("jobs", help="Inspect jobs.", no_args_is_help=True)
 
@@ -38,18 +37,55 @@ def status_option(value: str | None) -> JobStatus | None:
     help="Only jobs in this status: " + ", ".join(s.value for s in JobStatus) + ".",
 )
 @click.option("--queue", default=None, help="Only jobs of this queue.")
+@click.option("--task", default=None, help="Only jobs of this task.")
+@click.option(
+    "--worker",
+    "worker_id",
+    default=None,
+    help="Only the jobs this worker holds now (claimed or running; ids as in `status`).",
+)
+@click.option(
+    "--after",
+    type=click.INT,
+    default=None,
+    help="The next page: jobs listed after job ID (ids below it).",
+)
 @click.option("--limit", type=click.INT, default=50, help="At most this many (1-10000).")
 @json_option
 @click.pass_context
 def jobs_list(
-    ctx: click.Context, status: str | None, queue: str | None, limit: int, as_json: bool
+    ctx: click.Context,
+    status: str | None,
+    queue: str | None,
+    task: str | None,
+    worker_id: str | None,
+    after: int | None,
+    limit: int,
+    as_json: bool,
 ) -> None:
-    """List jobs, newest first."""
-    jobs = open_queue(ctx).list_jobs(status=status_option(status), queue=queue, limit=limit)
+    """List jobs, newest first.
+
+    A full page ends (on stderr) with the --after ID of the next one.
+    """
+    jobs = open_queue(ctx).list_jobs(
+        status=status_option(status),
+        queue=queue,
+        limit=limit,
+        task=task,
+        worker_id=worker_id,
+        before=after,
+    )
     if as_json:
         render.print_json(console, [job.to_dict() for job in jobs])
-    else:
-        console.print(render.jobs_table(jobs))
+        return
+    console.print(render.jobs_table(jobs))
+    if jobs and len(jobs) == limit:
+        # Keyset paging: the next page starts below the last id shown.
+        err_console.print(
+            f"more may follow: add --after {jobs[-1].id} for the next page",
+            markup=False,
+            highlight=False,
+        )
 
 
 @jobs_app.command("show", context_settings=IDS_MAY_LOOK_LIKE_OPTIONS)
@@ -66,23 +102,3 @@ def jobs_show(ctx: click.Context, job_id: int, as_json: bool) -> None:
         render.print_json(console, job.to_dict())
     else:
         console.print(render.job_detail(job))
-
-
-@click.command("retry", cls=Command, context_settings=IDS_MAY_LOOK_LIKE_OPTIONS)
-@job_id_argument
-@click.pass_context
-def retry(ctx: click.Context, job_id: int) -> None:
-    """Run a dead, retryable, cancelled or completed job again now."""
-    job = open_queue(ctx).retry(job_id)
-    console.print(f"job {job.id} is {job.status.value}", highlight=False)
-
-
-@click.command("cancel", cls=Command, context_settings=IDS_MAY_LOOK_LIKE_OPTIONS)
-@job_id_argument
-@click.pass_context
-def cancel(ctx: click.Context, job_id: int) -> None:
-    """Cancel a pending job, or ask the worker running it to stop."""
-    job = open_queue(ctx).cancel(job_id)
-    held = job.status in HELD_STATUSES
-    note = " (cancel requested; its worker will stop it)" if held else ""
-    console.print(f"job {job.id} is {job.status.value}{note}", highlight=False)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 import os
 import sys
+import traceback
 
 from jobkeeper.api import JobQueue
 from jobkeeper.backends import resolve_database_url
@@ -12,6 +13,39 @@ from jobkeeper.cli.common import (
     BadInput,
 )
 from jobkeeper.config import DATABASE_URL_ENV
+
+
+class AppImportFailed(BadInput):
+    """The app's module raised while imported: exit 2, its traceback shown
+    above the one-line error.
+    """
+
+    def __init__(self, message: str, *, traceback_text: str) -> None:
+        super().__init__(message)
+        self.traceback_text = traceback_text
+
+
+def _names_app_module(exc: ModuleNotFoundError, module_name: str) -> bool:
+    """Whether the missing module is the app's module or one of its parents."""
+    missing = exc.name or ""
+    return module_name == missing or module_name.startswith(missing + ".")
+
+
+def _app_traceback(exc: BaseException) -> str:
+    """``exc``'s traceback without the frames of the import machinery and of
+    this module: what is left is the app's own code (file and line).
+    """
+    machinery = {os.path.abspath(__file__), os.path.abspath(importlib.__file__ or "")}
+    report = traceback.TracebackException.from_exception(exc)
+    report.stack = traceback.StackSummary.from_list(
+        [
+            frame
+            for frame in report.stack
+            if not frame.filename.startswith("<frozen importlib")
+            and os.path.abspath(frame.filename) not in machinery
+        ]
+    )
+    return "".join(report.format()).rstrip("\n")
 
 
 def load_app(spec: str, database_url: str | None) -> JobQueue:
@@ -33,16 +67,19 @@ def load_app(spec: str, database_url: str | None) -> JobQueue:
         sys.path.insert(0, os.getcwd())
     try:
         module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise BadInput(f"--app {spec!r}: cannot import {module_name!r}: {exc}") from None
     except BaseException as exc:  # any error of the app itself (re-raised: Ctrl-C)
-        # The app's own code raised while being imported (a bug at module
-        # level, a SyntaxError, a sys.exit(), its own BaseException subclass):
-        # one line, not a traceback. Ctrl-C stays Ctrl-C.
         if isinstance(exc, KeyboardInterrupt):
             raise
+        if isinstance(exc, ModuleNotFoundError) and _names_app_module(exc, module_name):
+            # The app's module itself is not there: one line says it all.
+            raise BadInput(f"--app {spec!r}: cannot import {module_name!r}: {exc}") from None
+        # The app's own code raised while being imported (a bug at module
+        # level, a SyntaxError, an import of a missing dependency, a
+        # sys.exit()): where it happened matters, so its traceback is shown.
         detail = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-        raise BadInput(f"importing app {spec!r} failed: {detail}") from None
+        raise AppImportFailed(
+            f"importing app {spec!r} failed: {detail}", traceback_text=_app_traceback(exc)
+        ) from None
     jq = getattr(module, attribute, None)
     if not isinstance(jq, JobQueue):
         raise BadInput(

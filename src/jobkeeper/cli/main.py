@@ -16,8 +16,9 @@ from typing import NoReturn
 
 import click
 
-from jobkeeper.cli import admin, dead, enqueue, jobs, periodic, queues, worker
+from jobkeeper.cli import actions, admin, dead, enqueue, jobs, periodic, queues, worker
 from jobkeeper.cli.common import BadInput, Group, err_console
+from jobkeeper.cli.loading import AppImportFailed
 from jobkeeper.errors import (
     ConfigError,
     JobkeeperError,
@@ -53,8 +54,8 @@ for _command in (
     worker.worker,
     enqueue.enqueue,
     admin.status,
-    jobs.retry,
-    jobs.cancel,
+    actions.retry,
+    actions.cancel,
     admin.dashboard,
     admin.doctor,
     admin.demo,
@@ -80,6 +81,10 @@ def main(argv: list[str] | None = None) -> None:
         code = app.main(args=argv, standalone_mode=False)
     except click.Abort:
         _fail("aborted", 130)
+    except AppImportFailed as exc:
+        # The app's traceback (file and line), then the one error line.
+        print(exc.traceback_text, file=sys.stderr)
+        _fail(str(exc).replace("\n", " "), 2)
     except (BadInput, PayloadError, ConfigError, QueueFull) as exc:
         _fail(str(exc).replace("\n", " "), 2)
     except JobkeeperError as exc:

@@ -148,7 +148,8 @@ def workers_table(workers: list[WorkerInfo], *, now: datetime, rescue_after: flo
 
 def jobs_table(jobs: list[Job], title: str = "jobs") -> Table:
     table = Table(title=title)
-    for column in ("id", "queue", "task", "status", "attempt", "prio", "scheduled", "last error"):
+    columns = ("id", "queue", "task", "status", "attempt", "prio", "scheduled", "worker")
+    for column in (*columns, "last error"):
         table.add_column(column, overflow="fold")
     for job in jobs:
         last_error = job.errors[-1].get("error", "") if job.errors else ""
@@ -160,6 +161,7 @@ def jobs_table(jobs: list[Job], title: str = "jobs") -> Table:
             f"{job.attempt}/{job.max_attempts}",
             str(job.priority),
             _when(job.scheduled_at),
+            escape(job.worker_id or ""),
             escape(_clip(str(last_error), MAX_LISTED_ERROR_CHARS)),
         )
     return table
