@@ -159,7 +159,7 @@ class Task(Generic[P, R]):
         """Check ``args`` bind to the function's keyword parameters.
 
         Raises:
-            PayloadError: a missing or unexpected argument, named.
+            PayloadError: a missing or unexpected keyword argument, named.
         """
         if self._signature is None:
             return
@@ -173,7 +173,7 @@ class Task(Generic[P, R]):
             # required one it misses ("missing 'url'" for {"ulr": ...}).
             missing = sorted(self._required - keys)
             parts = [
-                f"unexpected argument {name!r}" + suggest(name, allowed - keys)
+                f"unexpected keyword argument {name!r}" + suggest(name, allowed - keys)
                 for name in unexpected
             ]
             if missing:

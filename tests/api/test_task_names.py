@@ -83,12 +83,12 @@ def test_a_misspelled_keyword_is_named(app):
     with pytest.raises(PayloadError) as info:
         app.enqueue("send_webhook", {"ulr": "https://x"})
     message = str(info.value)
-    assert "unexpected argument 'ulr' (did you mean 'url'?)" in message
+    assert "unexpected keyword argument 'ulr' (did you mean 'url'?)" in message
     assert "missing 'url'" in message
     with pytest.raises(
-        PayloadError, match=r"unexpected argument 'retires' \(did you mean 'retries'\?\)"
+        PayloadError, match=r"unexpected keyword argument 'retires' \(did you mean 'retries'\?\)"
     ):
         app.enqueue("send_webhook", {"url": "https://x", "retires": 2})
-    with pytest.raises(PayloadError, match=r"unexpected argument 'colour'$"):
+    with pytest.raises(PayloadError, match=r"unexpected keyword argument 'colour'$"):
         app.enqueue("resize", {"path": "a", "colour": 1})
     assert total_rows(app) == 0

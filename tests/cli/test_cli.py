@@ -691,6 +691,19 @@ def test_app_that_raises_while_imported_exits_2_with_its_traceback(
     assert total_rows(queue) == 0
 
 
+def test_app_whose_jobqueue_settings_are_refused_says_where_in_one_line(cli, tmp_path, monkeypatch):
+    # jobkeeper's own refusal already says what is wrong: one line, with the
+    # app's file and line, not a traceback through jobkeeper's internals.
+    source = (
+        "from jobkeeper import JobQueue\n\njq = JobQueue(heartbeat_interval=5, rescue_after=4)\n"
+    )
+    (tmp_path / "cfgapp.py").write_text(source)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    code, _, err = cli("worker", "--burst", "--app", "cfgapp:jq")
+    assert code == 2
+    assert_one_line_error(err, "ConfigError: rescue_after=4", f"(at {tmp_path / 'cfgapp.py'}:3)")
+
+
 def test_app_importing_a_missing_dependency_shows_where(cli, tmp_path, monkeypatch):
     # A ModuleNotFoundError from inside the app is the app's bug (file and
     # line shown); the app module itself missing stays one line.

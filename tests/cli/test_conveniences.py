@@ -205,7 +205,7 @@ def test_enqueue_suggests_the_close_task_name_and_external_enqueues_anyway(cli, 
 def test_enqueue_names_a_misspelled_keyword(cli, queue, app):
     code, _, err = cli("enqueue", "send_webhook", "--app", app, "--args", '{"ulr": "https://x"}')
     assert code == 2
-    assert "unexpected argument 'ulr' (did you mean 'url'?)" in err
+    assert "unexpected keyword argument 'ulr' (did you mean 'url'?)" in err
     assert "missing 'url'" in err and len(err.strip().splitlines()) == 1
     assert total_rows(queue) == 0
 

@@ -13,6 +13,7 @@ from jobkeeper.cli.common import (
     BadInput,
 )
 from jobkeeper.config import DATABASE_URL_ENV
+from jobkeeper.errors import JobkeeperError
 
 
 class AppImportFailed(BadInput):
@@ -48,6 +49,23 @@ def _app_traceback(exc: BaseException) -> str:
     return "".join(report.format()).rstrip("\n")
 
 
+def _app_frame(exc: BaseException) -> str | None:
+    """``file:line`` of the deepest frame of ``exc`` outside jobkeeper and
+    the import machinery (and generated code, "<string>"): the app's line
+    that called into jobkeeper.
+    """
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    found = None
+    for frame in traceback.extract_tb(exc.__traceback__):
+        path = os.path.abspath(frame.filename)
+        if frame.filename.startswith("<") or path.startswith(package + os.sep):
+            continue
+        if path == os.path.abspath(importlib.__file__ or ""):
+            continue
+        found = f"{frame.filename}:{frame.lineno}"
+    return found
+
+
 def load_app(spec: str, database_url: str | None) -> JobQueue:
     """Import the app's JobQueue, on ``database_url`` when one is given.
 
@@ -73,10 +91,17 @@ def load_app(spec: str, database_url: str | None) -> JobQueue:
         if isinstance(exc, ModuleNotFoundError) and _names_app_module(exc, module_name):
             # The app's module itself is not there: one line says it all.
             raise BadInput(f"--app {spec!r}: cannot import {module_name!r}: {exc}") from None
+        detail = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        if isinstance(exc, JobkeeperError):
+            # jobkeeper refused the app's own setup (a bad JobQueue setting, a
+            # bad task option): its message says what; one line says where.
+            where = _app_frame(exc)
+            raise BadInput(
+                f"importing app {spec!r} failed: {detail}" + (f" (at {where})" if where else "")
+            ) from None
         # The app's own code raised while being imported (a bug at module
         # level, a SyntaxError, an import of a missing dependency, a
         # sys.exit()): where it happened matters, so its traceback is shown.
-        detail = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
         raise AppImportFailed(
             f"importing app {spec!r} failed: {detail}", traceback_text=_app_traceback(exc)
         ) from None
