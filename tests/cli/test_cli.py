@@ -184,11 +184,13 @@ def test_jobs_list_and_show_json(cli, queue):
     ]
     assert cli.json("jobs", "list", "--status", "running") == []
     shown = cli.json("jobs", "show", str(a.id))
-    assert set(shown) == JOB_KEYS
+    assert set(shown) == JOB_KEYS | {"waiting"}
     assert shown["id"] == a.id
     assert shown["args"] == {"n": 1}
     assert shown["status"] == "available"
     assert shown["scheduled_at"].endswith("+00:00")
+    # The job's fields, plus why it waits (issue 15: here, no worker serves "a").
+    assert shown.pop("waiting")[0]["code"] == "no_worker"
     assert shown == json.loads(json.dumps(queue.get_job(a.id).to_dict()))  # type: ignore[union-attr]
     human = cli.ok("jobs", "show", str(a.id))
     assert str(a.id) in human

@@ -307,6 +307,16 @@ class Backend(Protocol):
         """
         ...
 
+    def job_serial_holders(self, *, serial_key: str) -> list[int]:
+        """Ids of the jobs holding ``serial_key`` now (claimed or running)."""
+        ...
+
+    def queue_starts_count(self, *, queue: str, period: float) -> int:
+        """Jobs of ``queue`` started (claimed) in the last ``period`` seconds,
+        as its rate limit counts them (only rate-limited queues record starts).
+        """
+        ...
+
     def queue_counts(self, *, exact_below: int) -> QueueCounts:
         """Jobs per queue and status, dead letters as ``dead``. Live statuses
         exact; completed and cancelled exact while together at most

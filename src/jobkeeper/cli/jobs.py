@@ -16,6 +16,7 @@ from jobkeeper.cli.common import (
     open_queue,
 )
 from jobkeeper.models import JobStatus
+from jobkeeper.waits import explain_wait
 
 jobs_app = Group("jobs", help="Inspect jobs.", no_args_is_help=True)
 
@@ -93,12 +94,21 @@ def jobs_list(
 @json_option
 @click.pass_context
 def jobs_show(ctx: click.Context, job_id: int, as_json: bool) -> None:
-    """Show one job with its errors and result."""
-    job = open_queue(ctx).get_job(job_id)
+    """Show one job with its errors and result, and why it waits.
+
+    For a job that has not run: not due yet, its queue paused or at its
+    concurrency or rate limit, its serial key held by another job, claimed
+    by a worker, no live worker serving its queue.
+    """
+    jq = open_queue(ctx)
+    job = jq.get_job(job_id)
     if job is None:
         err_console.print(f"error: no job with id {job_id}", highlight=False)
         ctx.exit(1)
+    reasons = explain_wait(jq, job)
     if as_json:
-        render.print_json(console, job.to_dict())
+        render.print_json(
+            console, {**job.to_dict(), "waiting": [reason.to_dict() for reason in reasons]}
+        )
     else:
-        console.print(render.job_detail(job))
+        console.print(render.job_detail(job, waiting=[reason.message for reason in reasons]))

@@ -167,7 +167,10 @@ def jobs_table(jobs: list[Job], title: str = "jobs") -> Table:
     return table
 
 
-def job_detail(job: Job) -> Table:
+def job_detail(job: Job, waiting: list[str] | None = None) -> Table:
+    """``jobs show``: every field that is set, the args, the result, each
+    error, and the reasons it waits (``waiting``, from :mod:`jobkeeper.waits`).
+    """
     table = Table(show_header=False, title=f"job {job.id}")
     table.add_column("field", style="bold")
     table.add_column("value", overflow="fold")
@@ -207,6 +210,8 @@ def job_detail(job: Job) -> Table:
             f"error (attempt {entry.get('attempt')})",
             escape(f"{entry.get('at')}  {entry.get('error')}"),
         )
+    for reason in waiting or []:
+        table.add_row("[yellow]waiting[/]", escape(reason))
     return table
 
 

@@ -47,6 +47,7 @@ from starlette.staticfiles import StaticFiles
 from jobkeeper.api import JobQueue
 from jobkeeper.errors import ConfigError, JobkeeperError, JobNotFound, JobStateError
 from jobkeeper.models import Job, JobStatus, WorkerInfo
+from jobkeeper.waits import explain_wait
 
 #: Environment variable holding the dashboard's basic-auth password.
 PASSWORD_ENV = "JOBKEEPER_DASHBOARD_PASSWORD"
@@ -138,6 +139,13 @@ def stamp(value: datetime | None) -> str:
 def number(value: int) -> str:
     """Thousands separated: 1,234,567."""
     return f"{value:,}"
+
+
+#: The reasons of :func:`jobkeeper.waits.explain_wait` the job page adds to
+#: :func:`why_waiting`'s line.
+_LIMIT_REASONS = frozenset(
+    {"paused", "concurrency", "rate_limit", "serial_key", "holder_silent", "old_workers"}
+)
 
 
 def why_waiting(job: Job, workers: list[WorkerInfo], now: datetime) -> str | None:
@@ -345,15 +353,24 @@ class Dashboard:
             )
         now = self.jq.backend.db_now()
         waiting = None
+        limits: list[str] = []
         if job.status in (JobStatus.AVAILABLE, JobStatus.SCHEDULED, JobStatus.RETRYABLE,
                           JobStatus.CLAIMED, JobStatus.RUNNING):  # fmt: skip
             waiting = why_waiting(job, self.jq.workers(), now)
+            # What the line above cannot see: the queue's settings, its
+            # serial key's holder, a silent holder (as `jobs show` says).
+            limits = [
+                reason.message[:1].upper() + reason.message[1:] + "."
+                for reason in explain_wait(self.jq, job)
+                if reason.code in _LIMIT_REASONS
+            ]
         return self.render(
             request,
             "job.html",
             now=now,
             job=job,
             waiting=waiting,
+            limits=limits,
             can_retry=job.status.value in ("dead", "retryable", "cancelled", "completed"),
             can_cancel=job.status.value
             in ("scheduled", "available", "claimed", "running", "retryable")

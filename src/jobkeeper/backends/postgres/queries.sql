@@ -594,6 +594,21 @@ DELETE FROM jobkeeper_dead_letters AS dead
 USING expired
 WHERE dead.id = expired.id
 
+-- name: job_serial_holders
+-- Why a keyed job waits: the jobs holding its key (any queue), from the
+-- serial index.
+SELECT id FROM jobkeeper_jobs
+WHERE serial_key = %(serial_key)s AND status IN ('claimed', 'running')
+ORDER BY id
+
+-- name: queue_starts_count
+-- Starts of a rate-limited queue in the sliding window ending now (what the
+-- limited claim counts).
+SELECT coalesce(sum(jobs), 0)::bigint AS n
+FROM jobkeeper_queue_starts
+WHERE queue = %(queue)s
+  AND started_at > now() - make_interval(secs => %(period)s::float8)
+
 -- name: job_throughput
 -- Jobs finished per bucket over the last since seconds, from the finished
 -- index: the cost follows the jobs finished in the window, not the history.

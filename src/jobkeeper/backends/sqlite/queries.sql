@@ -401,6 +401,16 @@ WHERE id IN (
     WHERE finished_at < {clock} - :older_than
     LIMIT :limit)
 
+-- name: job_serial_holders
+SELECT id FROM jobkeeper_jobs
+WHERE serial_key = :serial_key AND status IN ('claimed', 'running')
+ORDER BY id
+
+-- name: queue_starts_count
+SELECT coalesce(sum(jobs), 0) AS n
+FROM jobkeeper_queue_starts
+WHERE queue = :queue AND started_at > {now} - :period
+
 -- name: job_throughput
 SELECT CAST(finished_at / :bucket AS INTEGER) * :bucket AS bucket, status, count(*) AS n
 FROM jobkeeper_jobs
