@@ -87,6 +87,9 @@ class _PeriodicDecorator(Protocol):
 
 #: Options a job may carry (``connection`` belongs to the call, not the job).
 _JOB_OPTIONS = frozenset(ENQUEUE_OPTIONS) - {"connection"}
+#: What ``enqueue``/``enqueue_async`` hand to ``_new_job``: the job options and
+#: ``external`` (the task runs in another service's code).
+_CALL_OPTIONS = _JOB_OPTIONS | {"external"}
 RETRYABLE_FROM = frozenset(
     {JobStatus.DEAD, JobStatus.RETRYABLE, JobStatus.CANCELLED, JobStatus.COMPLETED}
 )
@@ -514,7 +517,7 @@ class JobQueue:
         if unknown:
             raise ConfigError(
                 f"unknown enqueue option {unknown[0]!r}; valid options: "
-                + ", ".join(o for o in ENQUEUE_OPTIONS if o != "connection")
+                + ", ".join([*(o for o in ENQUEUE_OPTIONS if o != "connection"), "external"])
             )
         task_name = task.name if isinstance(task, Task) else check_name("task", task)
         registered = self.tasks.get(task_name)
@@ -632,7 +635,7 @@ class JobQueue:
             QueueFull: the queue is at its ``max_pending``; nothing written.
             DatabaseUnavailable: the database cannot be reached; nothing written.
         """
-        new = self._new_job(task, args, _given(locals(), _JOB_OPTIONS | {"external"}))
+        new = self._new_job(task, args, _given(locals(), _CALL_OPTIONS))
         return self.backend.job_insert_many(jobs=[new], connection=unwrap_connection(connection))[0]
 
     def enqueue_many(
@@ -713,7 +716,7 @@ class JobQueue:
         Raises:
             As :meth:`enqueue`.
         """
-        new = self._new_job(task, args, _given(locals(), _JOB_OPTIONS | {"external"}))
+        new = self._new_job(task, args, _given(locals(), _CALL_OPTIONS))
         jobs = await self.backend.job_insert_many_async(jobs=[new], connection=connection)
         return jobs[0]
 
