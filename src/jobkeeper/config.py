@@ -69,6 +69,8 @@ class Settings:
             wake-up arrives (s, default 1).
         retention: how long completed and cancelled jobs are kept (s, default
             86400; 0 deletes them on completion).
+        dead_retention: how long dead letters are kept before the pruner
+            deletes them (s; default None: forever, until ``dead purge``).
         max_payload_bytes: largest encoded args/result, in bytes (default 1 MiB).
         shutdown_grace: on SIGTERM/SIGINT, how long running jobs may still
             finish before they are interrupted and handed back (s, default 30).
@@ -92,6 +94,7 @@ class Settings:
     max_backoff: float = DEFAULT_MAX_BACKOFF
     busy_timeout: float = 30.0
     pool_size: int = 10
+    dead_retention: float | None = None
 
     def __post_init__(self) -> None:
         for name in (
@@ -114,6 +117,13 @@ class Settings:
                 # database; and thread waits that long overflow.
                 raise ConfigError(
                     f"{name}={value!r} is longer than {MAX_SETTING_SECONDS:.0f} seconds (100 years)"
+                )
+        if self.dead_retention is not None:
+            check_seconds("dead_retention", self.dead_retention)
+            if self.dead_retention > MAX_SETTING_SECONDS:
+                raise ConfigError(
+                    f"dead_retention={self.dead_retention!r} is longer than "
+                    f"{MAX_SETTING_SECONDS:.0f} seconds (100 years); None keeps them forever"
                 )
         if self.rescue_after < 3 * self.heartbeat_interval:
             raise ConfigError(

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import inspect
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from datetime import datetime
 from typing import Any, Generic, ParamSpec, Protocol, TypeVar
 
@@ -72,6 +73,14 @@ def _check_option_names(options: dict[str, Any]) -> None:
         raise ConfigError(
             f"unknown enqueue option {unknown[0]!r}; valid options: {', '.join(ENQUEUE_OPTIONS)}"
         )
+
+
+def suggest(name: str, candidates: Iterable[str]) -> str:
+    """`` (did you mean 'x'?)`` for the closest of ``candidates`` to ``name``,
+    or ``""`` when none is close (difflib's ratio, cutoff 0.6).
+    """
+    close = difflib.get_close_matches(name, sorted(candidates), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 class Task(Generic[P, R]):
@@ -150,13 +159,28 @@ class Task(Generic[P, R]):
         """Check ``args`` bind to the function's keyword parameters.
 
         Raises:
-            PayloadError: a missing or unexpected argument, named.
+            PayloadError: a missing or unexpected keyword argument, named.
         """
         if self._signature is None:
             return
         keys = args.keys()
         if self._required <= keys and (self._allowed is None or keys <= self._allowed):
             return
+        allowed = self._allowed
+        unexpected = sorted(keys - allowed) if allowed is not None else []
+        if unexpected and allowed is not None:
+            # Name the misspelled keyword first: bind() would report only the
+            # required one it misses ("missing 'url'" for {"ulr": ...}).
+            missing = sorted(self._required - keys)
+            parts = [
+                f"unexpected keyword argument {name!r}" + suggest(name, allowed - keys)
+                for name in unexpected
+            ]
+            if missing:
+                parts.append("missing " + ", ".join(repr(name) for name in missing))
+            raise PayloadError(
+                f"args do not match task {self.name!r}{self._signature}: " + "; ".join(parts)
+            )
         try:
             self._signature.bind(**args)
         except TypeError as exc:

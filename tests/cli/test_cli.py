@@ -13,7 +13,6 @@ import re
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
 
 import pytest
 from rich.console import Console
@@ -22,6 +21,7 @@ from backends.helpers import claim, complete, fail, kill, register, total_rows
 from jobkeeper import JobQueue, JobStatus
 from jobkeeper.backends.sqlite.backend import MIGRATIONS
 from jobkeeper.cli.main import main
+from support.cli import Cli
 from support.db import count, is_pg, sql
 
 #: The newest schema version (both backends number migrations alike).
@@ -55,36 +55,9 @@ JOB_KEYS = {
 STATUSES = [s.value for s in JobStatus]
 
 
-class Cli:
-    """Runs ``jobkeeper --database URL ...`` in-process and captures the result."""
-
-    def __init__(self, url: str, capsys: pytest.CaptureFixture[str]) -> None:
-        self.url = url
-        self.capsys = capsys
-
-    def __call__(self, *args: str, database: bool = True) -> tuple[int, str, str]:
-        argv = ["--database", self.url, *args] if database else list(args)
-        self.capsys.readouterr()
-        with pytest.raises(SystemExit) as info:
-            main(argv)
-        out, err = self.capsys.readouterr()
-        code = info.value.code
-        return (code if isinstance(code, int) else 1), out, err
-
-    def ok(self, *args: str) -> str:
-        code, out, err = self(*args)
-        assert code == 0, err
-        return out
-
-    def json(self, *args: str) -> Any:
-        return json.loads(self.ok(*args, "--json"))
-
-
 @pytest.fixture
 def cli(db_url: str, capsys: pytest.CaptureFixture[str]) -> Cli:
-    runner = Cli(db_url, capsys)
-    runner.ok("migrate")
-    return runner
+    return Cli.migrated(db_url, capsys)
 
 
 @pytest.fixture
@@ -212,11 +185,13 @@ def test_jobs_list_and_show_json(cli, queue):
     ]
     assert cli.json("jobs", "list", "--status", "running") == []
     shown = cli.json("jobs", "show", str(a.id))
-    assert set(shown) == JOB_KEYS
+    assert set(shown) == JOB_KEYS | {"waiting"}
     assert shown["id"] == a.id
     assert shown["args"] == {"n": 1}
     assert shown["status"] == "available"
     assert shown["scheduled_at"].endswith("+00:00")
+    # The job's fields, plus why it waits (issue 15: here, no worker serves "a").
+    assert shown.pop("waiting")[0]["code"] == "no_worker"
     assert shown == json.loads(json.dumps(queue.get_job(a.id).to_dict()))  # type: ignore[union-attr]
     human = cli.ok("jobs", "show", str(a.id))
     assert str(a.id) in human
@@ -678,35 +653,79 @@ BAD_IMPORT_APPS = {
 }
 
 
+def assert_app_traceback(err: str, path: object, line: int, *needles: str) -> None:
+    """The app's traceback (its file and line, no import machinery), then
+    one error line naming the failure.
+    """
+    *trace, last = err.strip().splitlines()
+    assert trace, err
+    assert f'File "{path}", line {line}' in "\n".join(trace), err
+    assert "importlib" not in "\n".join(trace), err
+    assert_one_line_error(last, *needles)
+
+
 @pytest.mark.parametrize("command", ["worker", "enqueue"])
-def test_app_that_raises_while_imported_exits_2_with_one_line(
+def test_app_that_raises_while_imported_exits_2_with_its_traceback(
     cli, queue, tmp_path, monkeypatch, command
 ):
     for name, (source, _) in BAD_IMPORT_APPS.items():
         (tmp_path / f"{name}.py").write_text(source)
     monkeypatch.syspath_prepend(str(tmp_path))
-    for name, (_, needle) in BAD_IMPORT_APPS.items():
+    for name, (source, needle) in BAD_IMPORT_APPS.items():
         args = ["worker", "--burst"] if command == "worker" else ["enqueue", "t"]
         code, out, err = cli(*args, "--app", f"{name}:jq")
         assert code == 2, (name, err)
-        assert_one_line_error(err, f"importing app '{name}:jq' failed", needle)
+        # The line that raised: the last line of the module.
+        line = len(source.splitlines())
+        assert_app_traceback(
+            err, tmp_path / f"{name}.py", line, f"importing app '{name}:jq' failed", needle
+        )
         assert out == ""
     assert total_rows(queue) == 0
+
+
+def test_app_whose_jobqueue_settings_are_refused_says_where_in_one_line(cli, tmp_path, monkeypatch):
+    # jobkeeper's own refusal already says what is wrong: one line, with the
+    # app's file and line, not a traceback through jobkeeper's internals.
+    source = (
+        "from jobkeeper import JobQueue\n\njq = JobQueue(heartbeat_interval=5, rescue_after=4)\n"
+    )
+    (tmp_path / "cfgapp.py").write_text(source)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    code, _, err = cli("worker", "--burst", "--app", "cfgapp:jq")
+    assert code == 2
+    assert_one_line_error(err, "ConfigError: rescue_after=4", f"(at {tmp_path / 'cfgapp.py'}:3)")
+
+
+def test_app_importing_a_missing_dependency_shows_where(cli, tmp_path, monkeypatch):
+    # A ModuleNotFoundError from inside the app is the app's bug (file and
+    # line shown); the app module itself missing stays one line.
+    (tmp_path / "depapp.py").write_text("import os\nimport no_such_dependency_xyz\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    code, _, err = cli("worker", "--burst", "--app", "depapp:jq")
+    assert code == 2
+    assert_app_traceback(err, tmp_path / "depapp.py", 2, "No module named 'no_such_dependency_xyz'")
+    code, _, err = cli("worker", "--burst", "--app", "no_such_app_module_xyz:jq")
+    assert code == 2
+    assert_one_line_error(err, "cannot import 'no_such_app_module_xyz'")
 
 
 def test_subprocess_app_that_raises_while_imported_exits_2(db_url, tmp_path):
     (tmp_path / "badapp.py").write_text("x = 1 / 0\n")
     with JobQueue(db_url) as jq:
         jq.migrate()
-    env = {"PYTHONPATH": str(tmp_path)}
+    env = {"PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path])}
     for args in (
         ["worker", "--app", "badapp:jq", "--burst"],
         ["enqueue", "t", "--app", "badapp:jq"],
     ):
         done = run_module("--database", db_url, *args, env=env)
         assert done.returncode == 2, done.stderr
-        assert_one_line_error(
-            done.stderr, "importing app 'badapp:jq' failed: ZeroDivisionError: division by zero"
+        assert_app_traceback(
+            done.stderr,
+            tmp_path / "badapp.py",
+            1,
+            "importing app 'badapp:jq' failed: ZeroDivisionError: division by zero",
         )
         assert done.stdout == ""
     with JobQueue(db_url) as jq:
@@ -768,7 +787,7 @@ def test_status_marks_workers_without_a_recent_heartbeat_stale(cli, queue, monke
     assert workers["dead-worker"]["stale"] is True
     assert 300 <= workers["dead-worker"]["heartbeat_age"] < 360
     # A console wide enough that the table's cells are not folded.
-    monkeypatch.setattr("jobkeeper.cli.main.console", Console(width=200))
+    monkeypatch.setattr("jobkeeper.cli.admin.console", Console(width=200))
     rows = {
         line.split("│")[1].strip(): line
         for line in cli.ok("status").splitlines()

@@ -80,6 +80,19 @@ def test_available_job_without_a_worker_says_so(client, jq):
     assert "No live worker serves queue &#39;nobody&#39;" in client.get(f"/jobs/{job.id}").text
 
 
+def test_job_page_says_a_paused_queue_or_a_held_serial_key_holds_a_job(client, jq):
+    # Issue 15, item 7: what `jobs show` says, the job page says too.
+    first = jq.enqueue("sync", {}, queue="users", serial_key="user:42")
+    second = jq.enqueue("sync", {}, queue="users", serial_key="user:42")
+    assert [j.id for j in jq.backend.job_claim(worker_id="w-1", queue="users", limit=5)] == [
+        first.id
+    ]
+    html = client.get(f"/jobs/{second.id}").text
+    assert f"Its serial key &#39;user:42&#39; is held by job {first.id}" in html
+    jq.pause("users")
+    assert "Queue &#39;users&#39; is paused" in client.get(f"/jobs/{second.id}").text
+
+
 def _ids(html: str) -> list[int]:
     return [int(i) for i in re.findall(r'<a class="strong" href="/jobs/(\d+)">', html)]
 

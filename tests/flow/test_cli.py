@@ -4,38 +4,16 @@ codes 0 ok, 2 bad input (one line), 1 anything else; QueueFull exits 2."""
 from __future__ import annotations
 
 import dataclasses
-import json
-from typing import Any
 
 import pytest
 
 from jobkeeper import JobQueue, QueueInfo
-from jobkeeper.cli.main import main
-
-
-class Cli:
-    def __init__(self, url: str, capsys: pytest.CaptureFixture[str]) -> None:
-        self.url, self.capsys = url, capsys
-
-    def __call__(self, *args: str) -> tuple[int, str, str]:
-        self.capsys.readouterr()
-        with pytest.raises(SystemExit) as info:
-            main(["--database", self.url, *args])
-        out, err = self.capsys.readouterr()
-        code = info.value.code
-        return (code if isinstance(code, int) else 1), out, err
-
-    def json(self, *args: str) -> Any:
-        code, out, err = self(*args, "--json")
-        assert code == 0, err
-        return json.loads(out)
+from support.cli import Cli
 
 
 @pytest.fixture
 def cli(db_url, capsys) -> Cli:
-    runner = Cli(db_url, capsys)
-    assert runner("migrate")[0] == 0
-    return runner
+    return Cli.migrated(db_url, capsys)
 
 
 def test_cli_and_api_agree(cli):

@@ -5,13 +5,11 @@ exit codes 0 ok, 2 bad input, 1 anything else.
 
 from __future__ import annotations
 
-import json
 import time
-from typing import Any
 
 import pytest
 
-from jobkeeper.cli.main import main
+from support.cli import Cli
 
 from .helpers import app, fabricate, service
 
@@ -32,29 +30,9 @@ KEYS = {
 }
 
 
-class Cli:
-    def __init__(self, url: str, capsys: pytest.CaptureFixture[str]) -> None:
-        self.url, self.capsys = url, capsys
-
-    def __call__(self, *args: str) -> tuple[int, str, str]:
-        self.capsys.readouterr()
-        with pytest.raises(SystemExit) as info:
-            main(["--database", self.url, *args])
-        out, err = self.capsys.readouterr()
-        code = info.value.code
-        return (code if isinstance(code, int) else 1), out, err
-
-    def json(self, *args: str) -> Any:
-        code, out, err = self(*args, "--json")
-        assert code == 0, err
-        return json.loads(out)
-
-
 @pytest.fixture
 def cli(db_url, capsys) -> Cli:
-    runner = Cli(db_url, capsys)
-    assert runner("migrate")[0] == 0
-    return runner
+    return Cli.migrated(db_url, capsys)
 
 
 def test_a_removed_periodic_shows_stale_and_is_pruned(cli):

@@ -83,7 +83,9 @@ def test_unknown_task_fails_its_attempt_and_worker_keeps_going(make_queue):
     def known() -> str:
         return "ok"
 
-    stranger = jq.enqueue("no_such_task", {"x": 1}, max_attempts=2)
+    # external=True: this queue registers tasks, so enqueue would refuse an
+    # unknown name; a job of another service's task must still fail cleanly.
+    stranger = jq.enqueue("no_such_task", {"x": 1}, max_attempts=2, external=True)
     first = known.enqueue()
     with running(jq.worker(concurrency=2)):
         dead = wait_status(jq, [stranger.id], {JobStatus.DEAD})[0]

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, ParamSpec, Protocol, TypeVar
 
 from jobkeeper.backends import Backend, open_backend
-from jobkeeper.config import DatabaseURL, Settings
+from jobkeeper.config import DatabaseURL, Settings, check_name
 from jobkeeper.errors import ConfigError
 from jobkeeper.events import EventBus
 from jobkeeper.models import JobStatus
@@ -31,6 +31,9 @@ class _PeriodicDecorator(Protocol):
 
 #: Options a job may carry (``connection`` belongs to the call, not the job).
 _JOB_OPTIONS = frozenset(ENQUEUE_OPTIONS) - {"connection"}
+#: What ``enqueue``/``enqueue_async`` hand to ``_new_job``: the job options and
+#: ``external`` (the task runs in another service's code).
+_CALL_OPTIONS = _JOB_OPTIONS | {"external"}
 RETRYABLE_FROM = frozenset(
     {JobStatus.DEAD, JobStatus.RETRYABLE, JobStatus.CANCELLED, JobStatus.COMPLETED}
 )
@@ -45,6 +48,7 @@ class QueueBase:
     url: DatabaseURL
     settings: Settings
     tasks: dict[str, Task[Any, Any]]
+    external_tasks: frozenset[str] | bool
     periodics: PeriodicRegistry
     events: EventBus
     _tracing: Tracing | None
@@ -74,6 +78,20 @@ def _job_id(job_id: Any) -> int:
     return job_id
 
 
+def _external_tasks(value: Iterable[str] | bool) -> frozenset[str] | bool:
+    """``external_tasks`` checked: True, or a set of valid task names."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str):
+        raise ConfigError(f"external_tasks must be a list of task names or True, got {value!r}")
+    return frozenset(check_name("task", name) for name in value)
+
+
 def _given(values: dict[str, Any], names: frozenset[str]) -> dict[str, Any]:
     """The enqueue options among ``values`` (a call's ``locals()``) that were given."""
-    return {name: values[name] for name in sorted(names) if values.get(name) is not None}
+    # external=False is the default, not an option given.
+    return {
+        name: values[name]
+        for name in sorted(names)
+        if values.get(name) is not None and not (name == "external" and values[name] is False)
+    }

@@ -7,6 +7,7 @@ from datetime import datetime
 from typing import Any
 
 from jobkeeper.api.base import (
+    _CALL_OPTIONS,
     _JOB_OPTIONS,
     DEFAULT_MAX_ATTEMPTS,
     DEFAULT_QUEUE,
@@ -26,7 +27,7 @@ from jobkeeper.errors import ConfigError, PayloadError
 from jobkeeper.models import Job, NewJob
 from jobkeeper.payload import encode_args
 from jobkeeper.queues import check_serial_key
-from jobkeeper.tasks import ENQUEUE_OPTIONS, Task
+from jobkeeper.tasks import ENQUEUE_OPTIONS, Task, suggest
 
 
 class EnqueueMixin(QueueBase):
@@ -36,14 +37,22 @@ class EnqueueMixin(QueueBase):
 
     def _new_job(self, task: Any, args: Any, options: dict[str, Any]) -> NewJob:
         """Validate one job completely, writing nothing."""
+        external = False
+        if options and "external" in options:
+            options = dict(options)
+            external = options.pop("external")
+            if not isinstance(external, bool):
+                raise ConfigError(f"external must be True or False, got {external!r}")
         unknown = sorted(options.keys() - _JOB_OPTIONS) if options else None
         if unknown:
             raise ConfigError(
                 f"unknown enqueue option {unknown[0]!r}; valid options: "
-                + ", ".join(o for o in ENQUEUE_OPTIONS if o != "connection")
+                + ", ".join([*(o for o in ENQUEUE_OPTIONS if o != "connection"), "external"])
             )
         task_name = task.name if isinstance(task, Task) else check_name("task", task)
         registered = self.tasks.get(task_name)
+        if registered is None and self.tasks and not external:
+            self._check_external(task_name)
         if args is None:
             args = {}
         args_json = encode_args(args, max_bytes=self.settings.max_payload_bytes)
@@ -82,6 +91,21 @@ class EnqueueMixin(QueueBase):
             serial_key=check_serial_key(options.get("serial_key")),
         )
 
+    def _check_external(self, task_name: str) -> None:
+        """Refuse a name that is neither registered nor declared external.
+
+        Raises:
+            ConfigError: naming the task and the closest registered name.
+        """
+        declared = self.external_tasks
+        if declared is True or (declared is not False and task_name in declared):
+            return
+        raise ConfigError(
+            f"unknown task {task_name!r}{suggest(task_name, self.tasks)}: no task of this "
+            "JobQueue has that name; if another service runs it, pass external=True "
+            "(or list it in JobQueue(external_tasks=[...]))"
+        )
+
     def enqueue(
         self,
         task: str | Task[Any, Any],
@@ -95,6 +119,7 @@ class EnqueueMixin(QueueBase):
         unique_key: str | None = None,
         serial_key: str | None = None,
         connection: Any = None,
+        external: bool = False,
     ) -> Job:
         """Store one job; returns once it is durable (committed), or, with
         ``connection``, once it is written in the caller's open transaction.
@@ -121,6 +146,10 @@ class EnqueueMixin(QueueBase):
                 SQLAlchemy ``Connection`` or ``Session`` (see
                 :func:`jobkeeper.connections.unwrap_connection`); the job
                 commits or rolls back with that connection's transaction.
+            external: the task is run by another service's workers: enqueue
+                ``task`` even though this queue, which has tasks registered,
+                registers none of that name (a queue with no tasks enqueues
+                any name). Also an ``enqueue_many`` option.
 
         Returns:
             The stored :class:`Job` (or the pending duplicate for ``unique_key``).
@@ -129,12 +158,14 @@ class EnqueueMixin(QueueBase):
             PayloadError: args not a JSON object of JSON-native values (NaN,
                 Infinity, NUL, lone surrogates, non-str keys...), too large, or
                 not matching a registered task's parameters. Names the field.
-            ConfigError: an invalid name, option, delay, run_at or priority.
+            ConfigError: an invalid name, option, delay, run_at or priority; a
+                task name this queue does not register while it registers
+                others (with the closest one), unless ``external``.
             TypeError: ``connection`` of the wrong kind or database.
             QueueFull: the queue is at its ``max_pending``; nothing written.
             DatabaseUnavailable: the database cannot be reached; nothing written.
         """
-        new = self._new_job(task, args, _given(locals(), _JOB_OPTIONS))
+        new = self._new_job(task, args, _given(locals(), _CALL_OPTIONS))
         if self._tracing is None:
             return self.backend.job_insert_many(
                 jobs=[new], connection=unwrap_connection(connection)
@@ -217,6 +248,7 @@ class EnqueueMixin(QueueBase):
         unique_key: str | None = None,
         serial_key: str | None = None,
         connection: Any = None,
+        external: bool = False,
     ) -> Job:
         """:meth:`enqueue` for async code: the event loop never waits on the
         database (PostgreSQL: a psycopg async pool; SQLite: a small thread
@@ -233,7 +265,7 @@ class EnqueueMixin(QueueBase):
         Raises:
             As :meth:`enqueue`.
         """
-        new = self._new_job(task, args, _given(locals(), _JOB_OPTIONS))
+        new = self._new_job(task, args, _given(locals(), _CALL_OPTIONS))
         connection = await unwrap_connection_async(connection)
         if self._tracing is None:
             jobs = await self.backend.job_insert_many_async(jobs=[new], connection=connection)

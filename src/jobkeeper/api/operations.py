@@ -46,9 +46,11 @@ class OperationsMixin(QueueBase):
         *,
         task: str | None = None,
         before: int | None = None,
+        worker_id: str | None = None,
     ) -> list[Job]:
         """Jobs newest first, filtered by ``status`` (``"dead"`` lists the dead
-        letters), ``queue`` and ``task``; at most ``limit`` (1..10,000).
+        letters), ``queue``, ``task`` and ``worker_id`` (the jobs that worker
+        holds now: claimed or running); at most ``limit`` (1..10,000).
 
         Pages by keyset: pass the smallest id of one page as ``before`` to get
         the next (``WHERE id < before ORDER BY id DESC``), so a deep page costs
@@ -71,8 +73,10 @@ class OperationsMixin(QueueBase):
             check_name("task", task)
         if before is not None:
             before = _job_id(before)
+        if worker_id is not None and (not isinstance(worker_id, str) or not worker_id):
+            raise ConfigError(f"worker_id must be a non-empty str, got {worker_id!r}")
         return self.backend.job_list(
-            status=status, queue=queue, limit=limit, task=task, before=before
+            status=status, queue=queue, limit=limit, task=task, before=before, worker_id=worker_id
         )
 
     def cancel(self, job_id: int) -> Job:

@@ -10,7 +10,12 @@ import threading
 from collections.abc import Callable, Iterable
 from typing import Any, ParamSpec, TypeVar, overload
 
-from jobkeeper.api.base import DEFAULT_MAX_ATTEMPTS, DEFAULT_QUEUE, _TaskDecorator
+from jobkeeper.api.base import (
+    DEFAULT_MAX_ATTEMPTS,
+    DEFAULT_QUEUE,
+    _external_tasks,
+    _TaskDecorator,
+)
 from jobkeeper.api.enqueue import EnqueueMixin
 from jobkeeper.api.operations import OperationsMixin
 from jobkeeper.api.periodics import PeriodicsMixin
@@ -50,6 +55,14 @@ class JobQueue(EnqueueMixin, ResultsMixin, OperationsMixin, RunningMixin, Period
         max_backoff: cap on one retry delay, seconds (default 86400).
         busy_timeout: SQLite: seconds to wait for the write lock (default 30).
         pool_size: PostgreSQL: most pooled connections for API calls (default 10).
+        dead_retention: seconds dead letters are kept before the workers'
+            pruner deletes them (default None: kept until ``jobkeeper dead
+            purge`` or :meth:`purge_dead`).
+        external_tasks: names of tasks this queue enqueues but another
+            service's workers run (``True``: any name). Once this queue has
+            tasks registered, :meth:`enqueue` refuses any other name (a typo
+            would make a job no worker runs) unless it is listed here or the
+            call passes ``external=True``.
         tracing: OpenTelemetry spans for enqueues and executions (see
             :mod:`jobkeeper.tracing`; needs ``pip install 'jobkeeper[otel]'``).
             ``False`` (default): none, at no cost. ``True``: spans from the
@@ -76,6 +89,8 @@ class JobQueue(EnqueueMixin, ResultsMixin, OperationsMixin, RunningMixin, Period
         max_backoff: float = 86_400.0,
         busy_timeout: float = 30.0,
         pool_size: int = 10,
+        dead_retention: float | None = None,
+        external_tasks: Iterable[str] | bool = (),
         tracing: bool | Any = False,
     ) -> None:
         self.url = resolve_database_url(database_url)
@@ -90,8 +105,12 @@ class JobQueue(EnqueueMixin, ResultsMixin, OperationsMixin, RunningMixin, Period
             max_backoff=max_backoff,
             busy_timeout=busy_timeout,
             pool_size=pool_size,
+            dead_retention=dead_retention,
         )
         self.tasks: dict[str, Task[Any, Any]] = {}
+        #: Task names enqueued here but run by another service's workers
+        #: (True: any name); see :meth:`enqueue`'s ``external``.
+        self.external_tasks: frozenset[str] | bool = _external_tasks(external_tasks)
         #: The periodic jobs registered with :meth:`periodic`, by name.
         self.periodics = self._new_periodic_registry()
         #: Listeners of this queue's job events (see :meth:`on_event`).
@@ -127,6 +146,7 @@ class JobQueue(EnqueueMixin, ResultsMixin, OperationsMixin, RunningMixin, Period
         other.url = resolve_database_url(database_url)
         other.settings = self.settings
         other.tasks = self.tasks
+        other.external_tasks = self.external_tasks
         other.periodics = self.periodics
         other.events = self.events
         other._tracing = self._tracing

@@ -196,9 +196,11 @@ class Backend(Protocol):
         limit: int,
         task: str | None = None,
         before: int | None = None,
+        worker_id: str | None = None,
     ) -> list[Job]:
         """Newest first; ``status=DEAD`` lists dead letters; ``None`` lists both.
-        ``before``: only ids below it (keyset paging).
+        ``before``: only ids below it (keyset paging). ``worker_id``: only
+        the jobs that worker holds now (dead letters are held by nobody).
         """
         ...
 
@@ -315,6 +317,24 @@ class Backend(Protocol):
         """Delete dead letters: those of ``job_ids`` (all when None) that died
         more than ``older_than`` seconds ago (any age when None). Returns the
         ids deleted.
+        """
+        ...
+
+    def dead_letter_prune(
+        self, *, older_than: float, limit: int, now: datetime | None = None
+    ) -> int:
+        """Delete up to ``limit`` dead letters that died more than
+        ``older_than`` seconds ago (``dead_retention``); return how many.
+        """
+        ...
+
+    def job_serial_holders(self, *, serial_key: str) -> list[int]:
+        """Ids of the jobs holding ``serial_key`` now (claimed or running)."""
+        ...
+
+    def queue_starts_count(self, *, queue: str, period: float) -> int:
+        """Jobs of ``queue`` started (claimed) in the last ``period`` seconds,
+        as its rate limit counts them (only rate-limited queues record starts).
         """
         ...
 

@@ -89,6 +89,15 @@ class CockpitReads:
         }
         return sorted(int(row["id"]) for row in self._fetch("dead_letter_purge", params))
 
+    def job_serial_holders(self, *, serial_key: str) -> list[int]:
+        return [
+            int(row["id"]) for row in self._fetch("job_serial_holders", {"serial_key": serial_key})
+        ]
+
+    def queue_starts_count(self, *, queue: str, period: float) -> int:
+        rows = self._fetch("queue_starts_count", {"queue": queue, "period": period})
+        return int(rows[0]["n"]) if rows else 0
+
 
 def json_ids(job_ids: Sequence[int] | None) -> str:
     """Ids as a JSON array, for SQLite's ``json_each``."""

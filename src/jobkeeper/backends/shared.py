@@ -85,6 +85,7 @@ class SharedReads:
         limit: int,
         task: str | None = None,
         before: int | None = None,
+        worker_id: str | None = None,
     ) -> list[Job]:
         jobs: list[Job] = []
         if status != JobStatus.DEAD:
@@ -93,10 +94,12 @@ class SharedReads:
                 "queue": queue,
                 "task": task,
                 "before": before,
+                "worker_id": worker_id,
                 "limit": limit,
             }
             jobs += self._jobs(self._fetch("job_list", params))
-        if status in (None, JobStatus.DEAD):
+        # A dead letter has no holder: a worker filter never matches one.
+        if status in (None, JobStatus.DEAD) and worker_id is None:
             params = {"queue": queue, "task": task, "before": before, "limit": limit}
             rows = self._fetch("job_list_dead_letters", params)
             jobs += self._jobs(rows, dead=True)

@@ -148,7 +148,8 @@ def workers_table(workers: list[WorkerInfo], *, now: datetime, rescue_after: flo
 
 def jobs_table(jobs: list[Job], title: str = "jobs") -> Table:
     table = Table(title=title)
-    for column in ("id", "queue", "task", "status", "attempt", "prio", "scheduled", "last error"):
+    columns = ("id", "queue", "task", "status", "attempt", "prio", "scheduled", "worker")
+    for column in (*columns, "last error"):
         table.add_column(column, overflow="fold")
     for job in jobs:
         last_error = job.errors[-1].get("error", "") if job.errors else ""
@@ -160,12 +161,16 @@ def jobs_table(jobs: list[Job], title: str = "jobs") -> Table:
             f"{job.attempt}/{job.max_attempts}",
             str(job.priority),
             _when(job.scheduled_at),
+            escape(job.worker_id or ""),
             escape(_clip(str(last_error), MAX_LISTED_ERROR_CHARS)),
         )
     return table
 
 
-def job_detail(job: Job) -> Table:
+def job_detail(job: Job, waiting: list[str] | None = None) -> Table:
+    """``jobs show``: every field that is set, the args, the result, each
+    error, and the reasons it waits (``waiting``, from :mod:`jobkeeper.waits`).
+    """
     table = Table(show_header=False, title=f"job {job.id}")
     table.add_column("field", style="bold")
     table.add_column("value", overflow="fold")
@@ -206,6 +211,8 @@ def job_detail(job: Job) -> Table:
             f"error (attempt {entry.get('attempt')})",
             escape(f"{entry.get('at')}  {entry.get('error')}"),
         )
+    for reason in waiting or []:
+        table.add_row("[yellow]waiting[/]", escape(reason))
     return table
 
 

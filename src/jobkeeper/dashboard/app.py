@@ -51,7 +51,13 @@ from jobkeeper.dashboard.security import (
 )
 from jobkeeper.errors import ConfigError, JobkeeperError, JobNotFound, JobStateError
 from jobkeeper.models import JobStatus
+from jobkeeper.waits import explain_wait
 
+#: The reasons of :func:`jobkeeper.waits.explain_wait` the job page adds to
+#: :func:`~jobkeeper.dashboard.present.why_waiting`'s line.
+_LIMIT_REASONS = frozenset(
+    {"paused", "concurrency", "rate_limit", "serial_key", "holder_silent", "old_workers"}
+)
 #: Rows per page of the job lists.
 PAGE_SIZE = 50
 #: The overview's throughput window and bucket, seconds.
@@ -233,15 +239,24 @@ class Dashboard:
             )
         now = self.jq.backend.db_now()
         waiting = None
+        limits: list[str] = []
         if job.status in (JobStatus.AVAILABLE, JobStatus.SCHEDULED, JobStatus.RETRYABLE,
                           JobStatus.CLAIMED, JobStatus.RUNNING):  # fmt: skip
             waiting = why_waiting(job, self.jq.workers(), now)
+            # What the line above cannot see: the queue's settings, its
+            # serial key's holder, a silent holder (as `jobs show` says).
+            limits = [
+                reason.message[:1].upper() + reason.message[1:] + "."
+                for reason in explain_wait(self.jq, job)
+                if reason.code in _LIMIT_REASONS
+            ]
         return self.render(
             request,
             "job.html",
             now=now,
             job=job,
             waiting=waiting,
+            limits=limits,
             can_retry=job.status.value in ("dead", "retryable", "cancelled", "completed"),
             can_cancel=job.status.value
             in ("scheduled", "available", "claimed", "running", "retryable")

@@ -263,6 +263,7 @@ class Worker:
             settings.retention,
             max(maintenance_interval, 1.0),
             only_when=lambda: self.leader.is_leader,
+            dead_retention=settings.dead_retention,
         )
         #: Started in this order, stopped in the reverse one.
         self._services: list[IntervalService] = [
@@ -305,10 +306,15 @@ class Worker:
         if self._stopping.is_set():
             logger.warning("%s again: handing back running jobs now", name)
         else:
+            # Ctrl-C at a terminal sends SIGINT: say what a second one does,
+            # or people reach for kill -9 (and lose the hand-back).
+            again = "Ctrl-C" if signum == signal.SIGINT else name
             logger.info(
-                "%s: stopping; running jobs get up to %ss to finish",
+                "%s: stopping; running jobs get up to %ss to finish (%s again forces the stop: "
+                "running jobs are handed back at once)",
                 name,
                 self._settings.shutdown_grace,
+                again,
             )
         self.stop()
 

@@ -355,6 +355,16 @@ class PostgresBackend(
             )
             return cursor.rowcount
 
+    def dead_letter_prune(
+        self, *, older_than: float, limit: int, now: datetime | None = None
+    ) -> int:
+        with self._cursor() as cursor:
+            cursor.execute(
+                QUERIES["dead_letter_prune"],
+                {"older_than": older_than, "limit": limit, "now": now},
+            )
+            return cursor.rowcount
+
     def job_table_maintain(self, *, vacuum: bool) -> list[str]:
         """Keep the planner's statistics fresh, and vacuum where autovacuum won't.
 

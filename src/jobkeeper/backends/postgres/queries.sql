@@ -419,6 +419,7 @@ FROM jobkeeper_jobs
 WHERE (%(status)s::text IS NULL OR status = %(status)s::text)
   AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
   AND (%(task)s::text IS NULL OR task = %(task)s::text)
+  AND (%(worker_id)s::text IS NULL OR worker_id = %(worker_id)s::text)
   -- Keyset paging: the next page starts below the last id shown, so a deep
   -- page costs what the first does (no OFFSET walking the rows before it).
   AND (%(before)s::bigint IS NULL OR id < %(before)s::bigint)
@@ -580,6 +581,36 @@ WHERE (%(ids)b::bigint[] IS NULL OR id = ANY(%(ids)b::bigint[]))
   AND (%(older_than)s::float8 IS NULL
        OR finished_at < now() - make_interval(secs => %(older_than)s::float8))
 RETURNING id
+
+
+-- name: dead_letter_prune
+-- The pruner's pass under dead_retention: dead letters that died more than
+-- older_than seconds ago, a batch at a time.
+WITH expired AS (
+    SELECT id
+    FROM jobkeeper_dead_letters
+    WHERE finished_at < {clock} - make_interval(secs => %(older_than)s::float8)
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+DELETE FROM jobkeeper_dead_letters AS dead
+USING expired
+WHERE dead.id = expired.id
+
+-- name: job_serial_holders
+-- Why a keyed job waits: the jobs holding its key (any queue), from the
+-- serial index.
+SELECT id FROM jobkeeper_jobs
+WHERE serial_key = %(serial_key)s AND status IN ('claimed', 'running')
+ORDER BY id
+
+-- name: queue_starts_count
+-- Starts of a rate-limited queue in the sliding window ending now (what the
+-- limited claim counts).
+SELECT coalesce(sum(jobs), 0)::bigint AS n
+FROM jobkeeper_queue_starts
+WHERE queue = %(queue)s
+  AND started_at > now() - make_interval(secs => %(period)s::float8)
 
 -- name: job_throughput
 -- Jobs finished per bucket over the last since seconds, from the finished

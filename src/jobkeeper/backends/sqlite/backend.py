@@ -288,6 +288,13 @@ class SqliteBackend(
         with self._write() as conn:
             return conn.execute(QUERIES["job_prune_finished"], {**params, "limit": limit}).rowcount
 
+    def dead_letter_prune(
+        self, *, older_than: float, limit: int, now: datetime | None = None
+    ) -> int:
+        params = {"older_than": older_than, "limit": limit, "now": self._now_param(now)}
+        with self._write() as conn:
+            return conn.execute(QUERIES["dead_letter_prune"], params).rowcount
+
     def job_table_maintain(self, *, vacuum: bool) -> list[str]:
         # SQLite rewrites rows in place (no dead versions pile up in indexes),
         # and its planner needs no statistics to use the claim index.

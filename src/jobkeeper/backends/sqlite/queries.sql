@@ -254,6 +254,7 @@ SELECT *
 FROM jobkeeper_jobs
 WHERE (:status IS NULL OR status = :status) AND (:queue IS NULL OR queue = :queue)
   AND (:task IS NULL OR task = :task)
+  AND (:worker_id IS NULL OR worker_id = :worker_id)
   -- Keyset paging (see the PostgreSQL twin).
   AND (:before IS NULL OR id < :before)
 ORDER BY id DESC
@@ -389,6 +390,26 @@ DELETE FROM jobkeeper_dead_letters
 WHERE (:all_ids OR id IN (SELECT value FROM json_each(:ids)))
   AND (:older_than IS NULL OR finished_at < {now} - :older_than)
 RETURNING id
+
+
+-- name: dead_letter_prune
+-- The pruner's pass under dead_retention, a batch at a time.
+DELETE FROM jobkeeper_dead_letters
+WHERE id IN (
+    SELECT id
+    FROM jobkeeper_dead_letters
+    WHERE finished_at < {clock} - :older_than
+    LIMIT :limit)
+
+-- name: job_serial_holders
+SELECT id FROM jobkeeper_jobs
+WHERE serial_key = :serial_key AND status IN ('claimed', 'running')
+ORDER BY id
+
+-- name: queue_starts_count
+SELECT coalesce(sum(jobs), 0) AS n
+FROM jobkeeper_queue_starts
+WHERE queue = :queue AND started_at > {now} - :period
 
 -- name: job_throughput
 SELECT CAST(finished_at / :bucket AS INTEGER) * :bucket AS bucket, status, count(*) AS n

@@ -219,6 +219,11 @@ class JobkeeperBackend(BaseTaskBackend):  # type: ignore[misc]
             if queue is None:
                 queue = JobQueue(self.database_url, **job_settings)
                 queue.tasks = DjangoTasks(queue, max_attempts)
+                # The registry fills lazily (a task by its dotted path, the
+                # first time it is seen), so it never holds every name: it
+                # cannot tell a misspelling from a task not loaded yet.
+                if "external_tasks" not in job_settings:
+                    queue.external_tasks = True
                 _queues[key] = queue
         #: The :class:`jobkeeper.JobQueue` behind this backend.
         self.queue: JobQueue = queue

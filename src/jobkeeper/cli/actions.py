@@ -1,0 +1,248 @@
+"""``jobkeeper retry`` and ``cancel``: one job by id, or every job a filter
+selects (``--status``, ``--queue``, ``--task``) after saying how many and
+asking (``--yes`` skips the question).
+
+A filtered action lists the matching ids first (keyset pages of
+``list_jobs``), then acts on each as ``retry ID`` / ``cancel ID`` would: a
+job that changed state in between is skipped and counted, never an error.
+These are operator actions: no queue limit (``max_pending``) refuses them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+import click
+
+from jobkeeper.api import JobQueue
+from jobkeeper.cli.common import (
+    IDS_MAY_LOOK_LIKE_OPTIONS,
+    Argument,
+    BadInput,
+    Command,
+    console,
+    open_queue,
+)
+from jobkeeper.errors import JobNotFound, JobStateError
+from jobkeeper.models import HELD_STATUSES, JobStatus
+
+#: What a filtered retry selects without --status; completed jobs only when
+#: asked (running a finished job again is rarely what a filter means).
+RETRY_DEFAULT = (JobStatus.DEAD, JobStatus.RETRYABLE, JobStatus.CANCELLED)
+RETRY_FROM = (*RETRY_DEFAULT, JobStatus.COMPLETED)
+#: Every status a cancel applies to (held jobs: their worker is asked to stop).
+CANCEL_FROM = (
+    JobStatus.SCHEDULED,
+    JobStatus.AVAILABLE,
+    JobStatus.CLAIMED,
+    JobStatus.RUNNING,
+    JobStatus.RETRYABLE,
+)
+#: Ids read per page while collecting a filter's jobs.
+PAGE = 10_000
+
+_optional_job_id = click.argument(
+    "job_id",
+    cls=Argument,
+    type=click.INT,
+    required=False,
+    doc="The job id (or select jobs with --status, --queue and --task).",
+)
+
+
+def _filter_options(
+    statuses: Iterable[JobStatus],
+) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    names = ", ".join(s.value for s in statuses)
+
+    def decorate(function: Callable[..., None]) -> Callable[..., None]:
+        for option in reversed(
+            (
+                click.option(
+                    "--status", default=None, help=f"Select jobs in this status: {names}."
+                ),
+                click.option("--queue", default=None, help="Select jobs of this queue."),
+                click.option("--task", default=None, help="Select jobs of this task."),
+                click.option(
+                    "--yes", "-y", is_flag=True, help="Act without asking for confirmation."
+                ),
+            )
+        ):
+            function = option(function)
+        return function
+
+    return decorate
+
+
+def _selected(
+    action: str,
+    allowed: tuple[JobStatus, ...],
+    default: tuple[JobStatus, ...],
+    status: str | None,
+) -> tuple[JobStatus, ...]:
+    if status is None:
+        return default
+    try:
+        chosen = JobStatus(status)
+    except ValueError:
+        chosen = None
+    if chosen not in allowed:
+        valid = ", ".join(s.value for s in allowed)
+        raise BadInput(f"{action} --status {status!r}: use one of {valid}")
+    return (chosen,)
+
+
+def _matching_ids(
+    jq: JobQueue, statuses: tuple[JobStatus, ...], queue: str | None, task: str | None
+) -> list[int]:
+    """Every id of the filter, newest first, read in keyset pages."""
+    ids: list[int] = []
+    for status in statuses:
+        before: int | None = None
+        while True:
+            page = jq.list_jobs(status=status, queue=queue, task=task, limit=PAGE, before=before)
+            ids.extend(job.id for job in page)
+            if len(page) < PAGE:
+                break
+            before = page[-1].id
+    return sorted(ids, reverse=True)
+
+
+def _describe(statuses: tuple[JobStatus, ...], queue: str | None, task: str | None) -> str:
+    parts = ["status " + "/".join(s.value for s in statuses)]
+    if queue is not None:
+        parts.append(f"queue {queue}")
+    if task is not None:
+        parts.append(f"task {task}")
+    return ", ".join(parts)
+
+
+def _plural(count: int) -> str:
+    return f"{count} job" if count == 1 else f"{count} jobs"
+
+
+def _by_filter(
+    ctx: click.Context,
+    *,
+    action: str,
+    done: str,
+    statuses: tuple[JobStatus, ...],
+    queue: str | None,
+    task: str | None,
+    yes: bool,
+    act: Callable[[JobQueue, int], bool],
+) -> None:
+    """Count the filter's jobs, ask, then ``act`` on each id (True: a job
+    whose worker was only asked, counted apart); jobs that changed state
+    meanwhile are skipped and counted.
+    """
+    jq = open_queue(ctx)
+    description = _describe(statuses, queue, task)
+    ids = _matching_ids(jq, statuses, queue, task)
+    if not ids:
+        console.print(f"no jobs match ({description})", markup=False, highlight=False)
+        return
+    if not yes:
+        click.confirm(f"{action} {_plural(len(ids))} ({description})?", abort=True)
+    acted = asked = skipped = 0
+    for job_id in ids:
+        try:
+            if act(jq, job_id):
+                asked += 1
+            else:
+                acted += 1
+        except (JobNotFound, JobStateError):
+            skipped += 1
+    line = f"{done} {_plural(acted)}"
+    if asked:
+        line += f"; asked the workers of {_plural(asked)} to stop them"
+    if skipped:
+        line += f"; skipped {skipped} that changed state meanwhile"
+    console.print(line, markup=False, highlight=False)
+
+
+def _one_or_filter(job_id: int | None, *filters: str | None) -> bool:
+    """Whether a filter selects the jobs (else ``job_id`` names the one)."""
+    given = any(value is not None for value in filters)
+    if (job_id is None) == (not given):
+        raise BadInput("give a job id, or select jobs with --status, --queue or --task (not both)")
+    return given
+
+
+@click.command("retry", cls=Command, context_settings=IDS_MAY_LOOK_LIKE_OPTIONS)
+@_optional_job_id
+@_filter_options(RETRY_FROM)
+@click.pass_context
+def retry(
+    ctx: click.Context,
+    job_id: int | None,
+    status: str | None,
+    queue: str | None,
+    task: str | None,
+    yes: bool,
+) -> None:
+    """Run a dead, retryable, cancelled or completed job again now; or the jobs a filter selects.
+
+    Attempts are reset. A filter (--status, --queue, --task) selects dead,
+    retryable and cancelled jobs unless --status says otherwise, says how
+    many match and asks before acting (--yes: no question).
+    """
+    if not _one_or_filter(job_id, status, queue, task) and job_id is not None:
+        job = open_queue(ctx).retry(job_id)
+        console.print(f"job {job.id} is {job.status.value}", highlight=False)
+        return
+
+    def act(jq: JobQueue, one: int) -> bool:
+        jq.retry(one)
+        return False
+
+    _by_filter(
+        ctx,
+        action="retry",
+        done="retried",
+        statuses=_selected("retry", RETRY_FROM, RETRY_DEFAULT, status),
+        queue=queue,
+        task=task,
+        yes=yes,
+        act=act,
+    )
+
+
+@click.command("cancel", cls=Command, context_settings=IDS_MAY_LOOK_LIKE_OPTIONS)
+@_optional_job_id
+@_filter_options(CANCEL_FROM)
+@click.pass_context
+def cancel(
+    ctx: click.Context,
+    job_id: int | None,
+    status: str | None,
+    queue: str | None,
+    task: str | None,
+    yes: bool,
+) -> None:
+    """Cancel a pending job, or ask the worker running it to stop; or the jobs a filter selects.
+
+    A filter (--status, --queue, --task) selects every unfinished job unless
+    --status says otherwise, says how many match and asks before acting
+    (--yes: no question).
+    """
+    if not _one_or_filter(job_id, status, queue, task) and job_id is not None:
+        job = open_queue(ctx).cancel(job_id)
+        held = job.status in HELD_STATUSES
+        note = " (cancel requested; its worker will stop it)" if held else ""
+        console.print(f"job {job.id} is {job.status.value}{note}", highlight=False)
+        return
+
+    def act(jq: JobQueue, one: int) -> bool:
+        return jq.cancel(one).status in HELD_STATUSES
+
+    _by_filter(
+        ctx,
+        action="cancel",
+        done="cancelled",
+        statuses=_selected("cancel", CANCEL_FROM, CANCEL_FROM, status),
+        queue=queue,
+        task=task,
+        yes=yes,
+        act=act,
+    )

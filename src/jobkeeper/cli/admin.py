@@ -1,0 +1,130 @@
+"""``jobkeeper migrate``, ``status``, ``dashboard``, ``doctor`` and ``demo``:
+the database, the fleet at a glance, and the demo.
+"""
+
+from __future__ import annotations
+
+import os
+
+import click
+
+from jobkeeper.cli import render
+from jobkeeper.cli.common import (
+    BadInput,
+    Command,
+    console,
+    json_option,
+    open_queue,
+)
+
+
+@click.command("migrate", cls=Command)
+@click.pass_context
+def migrate(ctx: click.Context) -> None:
+    """Create or upgrade the schema (idempotent; safe to run concurrently)."""
+    jq = open_queue(ctx)
+    version = jq.migrate()
+    # No markup: the URL is the user's text ("[/]" in it crashed Rich).
+    console.print(
+        f"schema at version {version} on {jq.url.redacted()}", markup=False, highlight=False
+    )
+
+
+@click.command("status", cls=Command)
+@json_option
+@click.pass_context
+def status(ctx: click.Context, as_json: bool) -> None:
+    """Job counts per queue and status, and the registered workers (a worker
+    without a heartbeat for longer than its own rescue_after is marked stale).
+    """
+    jq = open_queue(ctx)
+    stats = jq.stats()
+    workers = jq.workers()
+    # Heartbeats are written with the database clock, so their age is measured
+    # against it too (a skewed local clock cannot make a live worker look dead).
+    now = jq.backend.db_now()
+    rescue_after = jq.settings.rescue_after
+    if as_json:
+        render.print_json(
+            console, render.status_json(stats, workers, now=now, rescue_after=rescue_after)
+        )
+        return
+    console.print(render.status_table(stats))
+    console.print(render.workers_table(workers, now=now, rescue_after=rescue_after))
+
+
+@click.command("dashboard", cls=Command)
+@click.option("--host", default="127.0.0.1", help="Address to listen on.")
+@click.option("--port", type=click.IntRange(0, 65535), default=8787, help="Port to listen on.")
+@click.option("--read-only", is_flag=True, help="No actions: pages only, every POST refused.")
+@click.pass_context
+def dashboard(ctx: click.Context, host: str, port: int, read_only: bool) -> None:
+    """Serve the web dashboard (pip install 'jobkeeper[dashboard]').
+
+    Listens on loopback only, unless $JOBKEEPER_DASHBOARD_PASSWORD is set:
+    then any address, with HTTP basic auth (user jobkeeper) on every page.
+    """
+    from jobkeeper.dashboard.app import PASSWORD_ENV, is_loopback
+
+    if not is_loopback(host) and not os.environ.get(PASSWORD_ENV):
+        raise BadInput(
+            f"--host {host} is not a loopback address: set {PASSWORD_ENV} to serve it "
+            "there (with basic auth), or use --host 127.0.0.1"
+        )
+    try:
+        import uvicorn
+
+        from jobkeeper.dashboard import create_app
+    except ImportError as exc:
+        raise BadInput(
+            f"the dashboard needs its extra ({exc.name} is missing): "
+            "pip install 'jobkeeper[dashboard]'"
+        ) from None
+    jq = open_queue(ctx)
+    jq.backend.db_now()  # an unreachable database fails here, in one line
+    console.print(
+        f"jobkeeper dashboard on http://{host}:{port}/ for {jq.url.redacted()}"
+        + (" (read-only)" if read_only else ""),
+        markup=False,
+        highlight=False,
+    )
+    uvicorn.run(create_app(jq, read_only=read_only), host=host, port=port, log_level="warning")
+
+
+@click.command("doctor", cls=Command)
+@json_option
+@click.pass_context
+def doctor(ctx: click.Context, as_json: bool) -> None:
+    """Check the database and the settings: one line per check (ok, warn or
+    fail) with what to do; exit 1 when any check fails.
+    """
+    from jobkeeper import doctor as checks_module
+
+    checks = checks_module.run_checks(open_queue(ctx))
+    if as_json:
+        render.print_json(console, [check.to_dict() for check in checks])
+    else:
+        styles = {"ok": "green", "warn": "yellow", "fail": "bold red"}
+        width = max(len(check.name) for check in checks)
+        for check in checks:
+            console.print(
+                f"[{styles[check.level]}]{check.level:<4}[/] {check.name:<{width}}  ",
+                end="",
+                highlight=False,
+            )
+            console.print(check.message, markup=False, highlight=False, soft_wrap=True)
+    ctx.exit(checks_module.exit_code(checks))
+
+
+@click.command("demo", cls=Command)
+@click.option("--workers", type=click.INT, default=2, help="Worker processes (one is SIGKILLed).")
+@click.option("--concurrency", type=click.INT, default=4, help="Jobs at once per worker.")
+@click.pass_context
+def demo(ctx: click.Context, workers: int, concurrency: int) -> None:
+    """Hash every .py file of the standard library through the queue, SIGKILL a
+    worker midway, and reconcile every job (uses ./jobkeeper-demo.db unless --database).
+    """
+    from jobkeeper.demo.runner import run_demo
+
+    url = ctx.find_root().params.get("database")
+    ctx.exit(run_demo(console, database_url=url, workers=workers, concurrency=concurrency))

@@ -1,0 +1,134 @@
+"""``--args``: the JSON object of a job's arguments, parsed strictly."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any, NoReturn
+
+from jobkeeper.cli.common import (
+    BadInput,
+)
+from jobkeeper.payload import child_path
+
+
+class _NonJsonConstant:
+    """Stands in for a ``NaN``/``Infinity``/``-Infinity`` literal while
+    ``--args`` is parsed, so that the error can name where it is
+    (``args.a[1].b``), as the API's own check does (sidekiq#3294).
+    """
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+
+class _TooLongInt:
+    """Stands in for a JSON integer past Python's int/str digit limit
+    (``sys.get_int_max_str_digits()``) while ``--args`` is parsed, so that the
+    error can name where it is instead of repeating Python's advice.
+    """
+
+    def __init__(self, digits: int, limit: int) -> None:
+        self.digits = digits
+        self.limit = limit
+
+
+def _find_marker(value: Any) -> tuple[str, _TooLongInt | _NonJsonConstant]:
+    """The path (``args.a[1].b``) and marker of the first value ``--args``
+    cannot hold (a too-long integer, a NaN/Infinity literal).
+    """
+    # Iterative, in document order: the JSON may be nested deeply.
+    stack: list[tuple[Any, str]] = [(value, "args")]
+    while stack:
+        item, path = stack.pop()
+        if isinstance(item, _TooLongInt | _NonJsonConstant):
+            return path, item
+        children: list[tuple[Any, str]] = []
+        if isinstance(item, dict):
+            children = [(child, child_path(path, key)) for key, child in item.items()]
+        elif isinstance(item, list):
+            children = [(child, child_path(path, i)) for i, child in enumerate(item)]
+        stack.extend(reversed(children))
+    raise AssertionError("a marker was parsed but not found")  # pragma: no cover
+
+
+def parse_args_json(text: str) -> dict[str, Any]:
+    """Parse ``--args``: a JSON object, strictly (no NaN/Infinity, no duplicate keys).
+
+    Raises:
+        BadInput: naming the problem.
+    """
+
+    def no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        seen: dict[str, Any] = {}
+        for key, value in pairs:
+            if key in seen:
+                raise BadInput(f"--args: duplicate key {key!r}")
+            seen[key] = value
+        return seen
+
+    markers: list[_TooLongInt | _NonJsonConstant] = []
+
+    def parse_constant(name: str) -> _NonJsonConstant:
+        marker = _NonJsonConstant(name)
+        markers.append(marker)
+        return marker
+
+    def parse_int(digits: str) -> int | _TooLongInt:
+        limit = sys.get_int_max_str_digits()
+        length = len(digits.lstrip("-"))
+        if limit and length > limit:
+            marker = _TooLongInt(length, limit)
+            markers.append(marker)
+            return marker
+        return int(digits)
+
+    try:
+        value = json.loads(
+            text,
+            parse_constant=parse_constant,
+            parse_int=parse_int,
+            object_pairs_hook=no_duplicates,
+        )
+    except json.JSONDecodeError as exc:
+        raise BadInput(f"--args is not valid JSON: {exc}") from None
+    except ValueError as exc:  # e.g. an integer longer than Python's 4300-digit limit
+        raise BadInput(f"--args cannot be read: {exc}") from None
+    except RecursionError:
+        raise BadInput("--args: JSON nested too deeply") from None
+    if markers:
+        path, marker = _find_marker(value)
+        if isinstance(marker, _NonJsonConstant):
+            raise BadInput(
+                f"--args: {path} is {marker.name}, which is not valid JSON "
+                "(NaN and Infinity are refused)"
+            )
+        raise BadInput(
+            f"--args: {path} is an integer of {marker.digits} digits; integers with more "
+            f"than {marker.limit} digits are not supported"
+        )
+    if not isinstance(value, dict):
+        raise BadInput(f"--args must be a JSON object, got {type(value).__name__}: {text[:60]}")
+    return value
+
+
+def read_args_text(value: str) -> str:
+    """The text of ``--args``: ``-`` reads stdin, ``@path`` reads that file
+    (UTF-8), anything else is the JSON itself.
+
+    Raises:
+        BadInput: the file cannot be read, naming it.
+    """
+    if value == "-":
+        return sys.stdin.read()
+    if value.startswith("@"):
+        path = value[1:]
+        if not path:
+            raise BadInput("--args @: give a file name after @ (or - for stdin)")
+        try:
+            with open(path, encoding="utf-8") as file:
+                return file.read()
+        except (OSError, UnicodeDecodeError) as exc:
+            detail = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+            raise BadInput(f"--args {value}: cannot read {path!r}: {detail}") from None
+    return value

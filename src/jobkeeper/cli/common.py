@@ -1,0 +1,111 @@
+"""Shared pieces of the ``jobkeeper`` commands: Click classes that list
+arguments with their help, the consoles, ``--json``, bad input (exit 2), and
+the JobQueue a command works on.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import click
+from rich.console import Console
+
+from jobkeeper.api import JobQueue
+
+
+class Argument(click.Argument):
+    """A positional argument with a help text, which ``Command`` lists: Click
+    before 8.5 takes no ``help`` for arguments (the text is kept under another
+    name so that 8.5's own section does not list it a second time).
+    """
+
+    def __init__(self, param_decls: Sequence[str], *, doc: str, **attrs: Any) -> None:
+        super().__init__(param_decls, **attrs)
+        self.doc = doc
+
+
+def _summary(help_text: str | None) -> str:
+    """The first paragraph of a help text, on one line."""
+    return " ".join(inspect.cleandoc(help_text or "").split("\n\n")[0].split())
+
+
+class Command(click.Command):
+    """Lists its arguments with their help, before the options."""
+
+    def get_short_help_str(self, limit: int = 45) -> str:
+        # Click cuts the summary at `limit` columns with "..."; the command
+        # list shows the whole first paragraph instead (wrapped), as before.
+        return _summary(self.help)
+
+    def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        rows = [
+            (
+                " ".join(param.get_usage_pieces(ctx)),
+                f"{param.doc}  [required]" if param.required else param.doc,
+            )
+            for param in self.get_params(ctx)
+            if isinstance(param, Argument)
+        ]
+        if rows:
+            with formatter.section("Arguments"):
+                formatter.write_dl(rows)
+        super().format_options(ctx, formatter)
+
+
+class Group(click.Group):
+    command_class = Command
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        # In the order they are defined here (Click sorts them by name).
+        return list(self.commands)
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        # A group run without a command prints its help (to stdout) and then
+        # fails with exit code 2, on every Click version: 8.1 exits 0 after
+        # the help, 8.2+ raises the whole help as the error message.
+        if not args and self.no_args_is_help and not ctx.resilient_parsing:
+            click.echo(ctx.get_help(), color=ctx.color)
+            raise click.UsageError("missing command (see the usage above)", ctx)
+        return super().parse_args(ctx, args)
+
+
+#: For commands taking job ids: a mistyped ``-1`` reaches the id check (and
+#: its message) instead of failing as "No such option: -1".
+IDS_MAY_LOOK_LIKE_OPTIONS: dict[str, Any] = {"ignore_unknown_options": True}
+
+
+json_option = click.option("--json", "as_json", is_flag=True, help="Stable JSON output.")
+job_id_argument = click.argument("job_id", cls=Argument, type=click.INT, doc="The job id.")
+
+
+#: Width of tables written to a pipe or file: Rich's default there is 80
+#: columns, which cut cells short ("schedu…") in `jobs list > file`.
+PIPED_WIDTH = 200
+
+
+def _console(*, stderr: bool = False) -> Console:
+    """A console; one writing to a pipe or file (without COLUMNS set) is wide."""
+    console = Console(stderr=stderr)
+    if not console.is_terminal and "COLUMNS" not in os.environ:
+        console = Console(stderr=stderr, width=PIPED_WIDTH)
+    return console
+
+
+console = _console()
+err_console = _console(stderr=True)
+
+
+class BadInput(Exception):  # noqa: N818 - reads as what it is
+    """Raised by CLI parsing helpers: exit code 2 with this message."""
+
+
+def open_queue(ctx: click.Context) -> JobQueue:
+    """The JobQueue for ``--database`` (else $JOBKEEPER_DATABASE_URL, else the default)."""
+    url: str | None = ctx.find_root().params.get("database")
+    jq = JobQueue(url)
+    # Close its connections (PostgreSQL: a pool with threads) when the command ends.
+    ctx.call_on_close(jq.close)
+    return jq

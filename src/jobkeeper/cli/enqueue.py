@@ -1,0 +1,115 @@
+"""``jobkeeper enqueue``: add one job."""
+
+from __future__ import annotations
+
+import math
+
+import click
+
+from jobkeeper.api import JobQueue
+from jobkeeper.cli.args_json import parse_args_json, read_args_text
+from jobkeeper.cli.common import (
+    Argument,
+    BadInput,
+    Command,
+    console,
+    open_queue,
+)
+from jobkeeper.cli.loading import load_app
+from jobkeeper.tasks import suggest
+
+#: How many of an app's task names an unknown-task error lists.
+_TASKS_SHOWN = 10
+
+
+def _check_task_known(jq: JobQueue, task: str, app_spec: str) -> None:
+    """With ``--app`` the task must be one of the app's (or one it declares
+    in ``external_tasks``): a typo would otherwise enqueue a job no worker of
+    that app can run. ``--external`` skips this.
+
+    Raises:
+        BadInput: naming the task, the closest name, (up to ten of) the app's
+            task names and the switch.
+    """
+    declared = jq.external_tasks
+    if task in jq.tasks or declared is True or (declared is not False and task in declared):
+        return
+    names = sorted(jq.tasks)
+    if not names:
+        known = "it defines no tasks"
+    else:
+        shown = ", ".join(names[:_TASKS_SHOWN])
+        more = f" and {len(names) - _TASKS_SHOWN} more" if len(names) > _TASKS_SHOWN else ""
+        known = f"its tasks: {shown}{more}"
+    raise BadInput(
+        f"--app {app_spec!r} has no task {task!r}{suggest(task, names)}; {known} "
+        "(--external enqueues it anyway, for a task another service runs)"
+    )
+
+
+@click.command("enqueue", cls=Command)
+@click.argument("task", cls=Argument, doc="The task's registered name.")
+@click.option(
+    "--args",
+    default="{}",
+    help="Arguments as a JSON object; @FILE reads it from a file, - from stdin.",
+)
+@click.option(
+    "--app",
+    "app_spec",
+    default=None,
+    help="Your JobQueue (package.module:attribute): the task's own queue, "
+    "priority and max_attempts apply and its arguments are checked.",
+)
+@click.option("--queue", default=None, help="Queue (default: default).")
+@click.option("--delay", type=click.FLOAT, default=None, help="Seconds from now, >= 0.")
+@click.option("--priority", type=click.INT, default=None, help="Lower runs first.")
+@click.option("--max-attempts", type=click.INT, default=None, help="Attempts before dead.")
+@click.option(
+    "--unique-key",
+    default=None,
+    help="Skip if a job of this task with this key is scheduled, available, claimed, "
+    "running or retryable (print that job's id).",
+)
+@click.option(
+    "--external",
+    is_flag=True,
+    help="The task is run by another service's workers: enqueue it even though "
+    "--app registers no task of that name.",
+)
+@click.pass_context
+def enqueue(
+    ctx: click.Context,
+    task: str,
+    args: str,
+    app_spec: str | None,
+    queue: str | None,
+    delay: float | None,
+    priority: int | None,
+    max_attempts: int | None,
+    unique_key: str | None,
+    external: bool,
+) -> None:
+    """Enqueue one job and print its id."""
+    if delay is not None and not math.isfinite(delay):
+        raise BadInput(f"--delay {delay}: must be a finite number of seconds >= 0")
+    payload = parse_args_json(read_args_text(args))
+    database = ctx.find_root().params.get("database")
+    if app_spec is not None:
+        jq = load_app(app_spec, database)
+        ctx.call_on_close(jq.close)
+        if not external:
+            _check_task_known(jq, task, app_spec)
+    else:
+        jq = open_queue(ctx)
+    job = jq.enqueue(
+        task,
+        payload,
+        queue=queue,
+        delay=delay,
+        priority=priority,
+        max_attempts=max_attempts,
+        unique_key=unique_key,
+        external=external,
+    )
+    console.print(job.id, highlight=False)

@@ -1,0 +1,110 @@
+"""``jobkeeper queues list|pause|resume|set``: flow control across all workers."""
+
+from __future__ import annotations
+
+import click
+
+from jobkeeper.cli import render
+from jobkeeper.cli.common import (
+    Argument,
+    BadInput,
+    Group,
+    console,
+    json_option,
+    open_queue,
+)
+from jobkeeper.queues import UNSET, Unset
+
+queues_app = Group(
+    "queues",
+    help="Flow control: pause, resume and limit queues across all workers.",
+    no_args_is_help=True,
+)
+
+
+_queue_argument = click.argument("name", cls=Argument, doc="The queue's name.")
+
+
+@queues_app.command("list")
+@json_option
+@click.pass_context
+def queues_list(ctx: click.Context, as_json: bool) -> None:
+    """Every queue with jobs or settings: paused or not, its limits, its counts."""
+    queues = open_queue(ctx).queues()
+    if as_json:
+        render.print_json(console, [queue.as_dict() for queue in queues])
+    else:
+        console.print(render.queues_table(queues))
+
+
+@queues_app.command("pause")
+@_queue_argument
+@click.pass_context
+def queues_pause(ctx: click.Context, name: str) -> None:
+    """Stop every worker from starting jobs of the queue (running jobs finish)."""
+    open_queue(ctx).pause(name)
+    console.print(f"queue {name} paused", markup=False, highlight=False)
+
+
+@queues_app.command("resume")
+@_queue_argument
+@click.pass_context
+def queues_resume(ctx: click.Context, name: str) -> None:
+    """Let workers start jobs of the queue again."""
+    open_queue(ctx).resume(name)
+    console.print(f"queue {name} resumed", markup=False, highlight=False)
+
+
+def _int_or_none(option: str, text: str | None) -> int | Unset | None:
+    if text is None:
+        return UNSET
+    if text.strip().lower() == "none":
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise BadInput(f"{option} {text!r}: expected an integer or 'none'") from None
+
+
+@queues_app.command("set")
+@_queue_argument
+@click.option(
+    "--concurrency", default=None, help="Most jobs held at once, all workers ('none' lifts it)."
+)
+@click.option(
+    "--rate-limit", default=None, help="Most starts per period: N/s, N/m or N/h ('none' lifts it)."
+)
+@click.option(
+    "--max-pending",
+    default=None,
+    help="Most pending jobs before enqueues are refused ('none' lifts it).",
+)
+@click.pass_context
+def queues_set(
+    ctx: click.Context,
+    name: str,
+    concurrency: str | None,
+    rate_limit: str | None,
+    max_pending: str | None,
+) -> None:
+    """Set the queue's limits; only the options given change."""
+    if concurrency is None and rate_limit is None and max_pending is None:
+        raise BadInput("queues set: give --concurrency, --rate-limit or --max-pending")
+    rate: str | Unset | None = UNSET
+    if rate_limit is not None:
+        rate = None if rate_limit.strip().lower() == "none" else rate_limit
+    info = open_queue(ctx).configure_queue(
+        name,
+        concurrency=_int_or_none("--concurrency", concurrency),
+        rate_limit=rate,
+        max_pending=_int_or_none("--max-pending", max_pending),
+    )
+    shown = ", ".join(
+        f"{key}={'none' if value is None else value}"
+        for key, value in (
+            ("concurrency", info.concurrency),
+            ("rate_limit", info.rate_limit),
+            ("max_pending", info.max_pending),
+        )
+    )
+    console.print(f"queue {name}: {shown}", markup=False, highlight=False)

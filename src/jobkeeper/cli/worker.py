@@ -1,0 +1,115 @@
+"""``jobkeeper worker``: run a worker of the user's app."""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import click
+
+from jobkeeper.api import JobQueue
+from jobkeeper.cli.common import (
+    BadInput,
+    Command,
+)
+from jobkeeper.cli.loading import load_app
+from jobkeeper.joblog import JsonFormatter
+from jobkeeper.queues import parse_queue_share
+
+
+@click.command("worker", cls=Command)
+@click.option(
+    "--app",
+    "app_spec",
+    required=True,
+    help="Where your JobQueue lives: package.module:attribute.",
+)
+@click.option(
+    "--queue",
+    "-q",
+    "queue",
+    multiple=True,
+    help="Queue to work; repeat for several. QUEUE=N: run at most N of its jobs at once "
+    "(within --concurrency). Default: every queue the app's tasks use.",
+)
+@click.option("--concurrency", type=click.INT, default=10, help="Most jobs running at once.")
+@click.option("--burst", is_flag=True, help="Drain the queues, then exit.")
+@click.option(
+    "--prefetch",
+    type=click.INT,
+    default=None,
+    help="Jobs to claim beyond free slots (default: adaptive).",
+)
+@click.option("--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR.")
+@click.option(
+    "--log-format",
+    type=click.Choice(["text", "json"]),
+    default="text",
+    help="text, or json: one JSON object a line (time, level, logger, message, job fields).",
+)
+@click.option(
+    "--metrics-port",
+    type=click.IntRange(1, 65535),
+    default=None,
+    help="Serve this worker's Prometheus metrics at /metrics on this port "
+    "(pip install 'jobkeeper[metrics]').",
+)
+@click.option(
+    "--metrics-host",
+    default="127.0.0.1",
+    help="Address of the metrics port (default 127.0.0.1).",
+)
+@click.pass_context
+def worker(
+    ctx: click.Context,
+    app_spec: str,
+    queue: tuple[str, ...],
+    concurrency: int,
+    burst: bool,
+    prefetch: int | None,
+    log_level: str,
+    log_format: str,
+    metrics_port: int | None,
+    metrics_host: str,
+) -> None:
+    """Run a worker until SIGTERM/SIGINT (graceful) or, with --burst, until drained."""
+    level = logging.getLevelName(log_level.upper())
+    if not isinstance(level, int):
+        raise BadInput(f"--log-level {log_level!r}: use DEBUG, INFO, WARNING or ERROR")
+    handler = logging.StreamHandler(sys.stderr)
+    if log_format == "json":
+        handler.setFormatter(JsonFormatter())
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    for text in queue:
+        _, share = parse_queue_share(text)
+        if share is not None and share > concurrency:
+            raise BadInput(
+                f"--queue {text!r}: the share {share} is more than --concurrency {concurrency}"
+            )
+    logging.basicConfig(level=level, handlers=[handler])
+    jq = load_app(app_spec, ctx.find_root().params.get("database"))
+    if metrics_port is not None:
+        _serve_metrics(jq, metrics_port, metrics_host)
+    code = jq.run_worker(
+        queues=list(queue) or None, concurrency=concurrency, burst=burst, prefetch=prefetch
+    )
+    ctx.exit(code)
+
+
+def _serve_metrics(jq: JobQueue, port: int, host: str) -> None:
+    """Count this worker's jobs (an event listener) and serve them on ``host:port``."""
+    try:
+        from jobkeeper.metrics import WorkerMetrics
+
+        metrics = WorkerMetrics()
+    except ImportError as exc:
+        raise BadInput(
+            f"--metrics-port needs prometheus-client ({exc.name} is missing): "
+            "pip install 'jobkeeper[metrics]'"
+        ) from None
+    try:
+        metrics.serve(port, host)
+    except OSError as exc:
+        raise BadInput(f"--metrics-port {port}: cannot listen on {host}:{port}: {exc}") from None
+    jq.on_event(metrics, metrics.kinds)

@@ -1,0 +1,249 @@
+"""Issue 15, item 6: the CLI conveniences, on both backends.
+
+``jobs list --task/--worker/--after`` and its worker column; ``retry`` and
+``cancel`` by filter with a count and a confirmation; ``--args @file`` and
+``--args -``; ``enqueue --app`` with a misspelled task name (``--external``)
+or keyword.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from backends.helpers import claim, kill, total_rows
+from jobkeeper import JobQueue, JobStatus
+from support.cli import Cli
+from support.waiting import DEADLINE, wait_for
+
+
+@pytest.fixture
+def cli(db_url: str, capsys: pytest.CaptureFixture[str]) -> Cli:
+    return Cli.migrated(db_url, capsys)
+
+
+@pytest.fixture
+def queue(cli: Cli):
+    with JobQueue(cli.url) as jq:
+        yield jq
+
+
+def ids(listed: list[dict]) -> list[int]:
+    return [job["id"] for job in listed]
+
+
+# -- jobs list ---------------------------------------------------------------------------
+
+
+def test_jobs_list_filters_by_task_and_worker_and_pages_after_an_id(cli, queue):
+    mails = [queue.enqueue("mail", {"n": i}, queue="q") for i in range(5)]
+    other = queue.enqueue("resize", {}, queue="q")
+    held = claim(queue, "q", limit=2, worker_id="w-7")  # the two oldest mails
+    assert {job.id for job in held} == {mails[0].id, mails[1].id}
+
+    assert ids(cli.json("jobs", "list", "--task", "mail")) == [j.id for j in reversed(mails)]
+    assert ids(cli.json("jobs", "list", "--task", "resize")) == [other.id]
+    assert ids(cli.json("jobs", "list", "--worker", "w-7")) == [mails[1].id, mails[0].id]
+    assert cli.json("jobs", "list", "--worker", "w-nobody") == []
+
+    # Keyset paging: each page continues below the last id of the one before.
+    first = ids(cli.json("jobs", "list", "--task", "mail", "--limit", "2"))
+    second = ids(
+        cli.json("jobs", "list", "--task", "mail", "--limit", "2", "--after", str(first[-1]))
+    )
+    third = ids(
+        cli.json("jobs", "list", "--task", "mail", "--limit", "2", "--after", str(second[-1]))
+    )
+    assert first + second + third == [j.id for j in reversed(mails)]
+
+    # The table has a worker column, and a full page says how to get the next.
+    code, out, err = cli("jobs", "list", "--worker", "w-7", "--limit", "2")
+    assert code == 0, err
+    assert "┃ worker ┃" in out and out.count("w-7") == 2
+    assert f"--after {mails[0].id}" in err
+
+
+def test_jobs_list_worker_filter_leaves_out_dead_letters(cli, queue):
+    kill(queue, queue.enqueue("t", {}))
+    assert len(cli.json("jobs", "list")) == 1
+    assert cli.json("jobs", "list", "--worker", "w") == []
+
+
+# -- retry / cancel by filter -------------------------------------------------------------
+
+
+def test_retry_by_filter_counts_asks_and_retries(cli, queue):
+    dead = [kill(queue, queue.enqueue("mail", {"n": i}, queue="q")) for i in range(3)]
+    other = kill(queue, queue.enqueue("resize", {}, queue="q"))
+    pending = queue.enqueue("mail", {}, queue="q")
+
+    # "no" at the prompt: nothing changes.
+    code, out, _ = cli("retry", "--task", "mail", input="n\n")
+    assert "retry 3 jobs (status dead/retryable/cancelled, task mail)?" in out
+    assert code == 130
+    assert all(queue.get_job(j.id).status == JobStatus.DEAD for j in dead)
+
+    out = cli.ok("retry", "--task", "mail", input="y\n")
+    assert "retried 3 jobs" in out
+    assert all(queue.get_job(j.id).status == JobStatus.AVAILABLE for j in dead)
+    assert queue.get_job(other.id).status == JobStatus.DEAD
+    assert queue.get_job(pending.id).status == JobStatus.AVAILABLE
+
+    # --yes skips the question; nothing left to match says so.
+    assert "retried 1 job" in cli.ok("retry", "--status", "dead", "--queue", "q", "--yes")
+    assert queue.get_job(other.id).status == JobStatus.AVAILABLE
+    assert "no jobs match" in cli.ok("retry", "--queue", "q", "--yes")
+
+
+def test_cancel_by_filter_cancels_pending_and_asks_workers_of_held_jobs(cli, queue):
+    jobs = [queue.enqueue("mail", {"n": i}, queue="q") for i in range(3)]
+    elsewhere = queue.enqueue("mail", {}, queue="other")
+    (held,) = claim(queue, "q", limit=1, worker_id="w-1")
+    out = cli.ok("cancel", "--queue", "q", "--yes")
+    assert "cancelled 2 jobs; asked the workers of 1 job to stop them" in out
+    for job in jobs:
+        after = queue.get_job(job.id)
+        if job.id == held.id:
+            assert after.status == JobStatus.CLAIMED and after.cancel_requested
+        else:
+            assert after.status == JobStatus.CANCELLED
+    assert queue.get_job(elsewhere.id).status == JobStatus.AVAILABLE
+
+
+def test_retry_by_filter_is_never_refused_by_max_pending(cli, queue):
+    # Operator actions are never refused by a queue's backpressure.
+    dead = [kill(queue, queue.enqueue("mail", {}, queue="q")) for _ in range(3)]
+    queue.configure_queue("q", max_pending=1)
+    queue.enqueue("mail", {}, queue="q")  # the queue is now full
+    assert "retried 3 jobs" in cli.ok("retry", "--queue", "q", "--status", "dead", "--yes")
+    assert all(queue.get_job(j.id).status == JobStatus.AVAILABLE for j in dead)
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["retry"], "give a job id, or select jobs"),
+        (["retry", "1", "--queue", "q"], "not both"),
+        (["cancel"], "give a job id, or select jobs"),
+        (["retry", "--status", "running"], "use one of dead, retryable, cancelled, completed"),
+        (["cancel", "--status", "dead"], "use one of scheduled"),
+    ],
+)
+def test_retry_and_cancel_refuse_unclear_selections(cli, queue, args, needle):
+    queue.enqueue("t", {})
+    code, _, err = cli(*args)
+    assert code == 2, err
+    assert err.startswith("error: ") and needle in err and len(err.strip().splitlines()) == 1
+    assert queue.get_job(1).status == JobStatus.AVAILABLE
+
+
+# -- --args from a file or stdin ----------------------------------------------------------
+
+
+def test_args_from_a_file_and_from_stdin(cli, queue, tmp_path):
+    (tmp_path / "args.json").write_text('{"to": "ann@example.com", "n": 2}', encoding="utf-8")
+    job_id = int(cli.ok("enqueue", "mail", "--args", f"@{tmp_path / 'args.json'}"))
+    assert queue.get_job(job_id).args == {"to": "ann@example.com", "n": 2}
+    job_id = int(cli.ok("enqueue", "mail", "--args", "-", input='{"from": "stdin"}\n'))
+    assert queue.get_job(job_id).args == {"from": "stdin"}
+
+
+@pytest.mark.parametrize(
+    ("value", "stdin", "needle"),
+    [
+        ("@/no/such/file.json", None, "cannot read '/no/such/file.json'"),
+        ("@", None, "give a file name after @"),
+        ("-", "[1, 2]", "must be a JSON object"),
+        ("-", "{nope", "not valid JSON"),
+    ],
+)
+def test_bad_args_from_a_file_or_stdin_exit_2(cli, queue, value, stdin, needle):
+    code, _, err = cli("enqueue", "mail", "--args", value, input=stdin)
+    assert code == 2, err
+    assert needle in err and len(err.strip().splitlines()) == 1
+    assert total_rows(queue) == 0
+
+
+# -- misspelled task names and keywords with --app ---------------------------------------
+
+APP = """
+from jobkeeper import JobQueue
+
+jq = JobQueue()
+
+
+@jq.task(queue="hooks")
+def send_webhook(url: str, retries: int = 3) -> None: ...
+
+
+@jq.task
+def resize(path: str) -> None: ...
+"""
+
+
+@pytest.fixture
+def app(tmp_path, monkeypatch) -> str:
+    (tmp_path / "hookapp.py").write_text(APP)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return "hookapp:jq"
+
+
+def test_enqueue_suggests_the_close_task_name_and_external_enqueues_anyway(cli, queue, app):
+    code, out, err = cli("enqueue", "send_webhok", "--app", app)
+    assert code == 2 and out == ""
+    assert "no task 'send_webhok' (did you mean 'send_webhook'?)" in err
+    assert "--external" in err and len(err.strip().splitlines()) == 1
+    assert total_rows(queue) == 0
+    job_id = int(cli.ok("enqueue", "billing_sync", "--app", app, "--external"))
+    assert queue.get_job(job_id).task == "billing_sync"
+
+
+def test_enqueue_names_a_misspelled_keyword(cli, queue, app):
+    code, _, err = cli("enqueue", "send_webhook", "--app", app, "--args", '{"ulr": "https://x"}')
+    assert code == 2
+    assert "unexpected keyword argument 'ulr' (did you mean 'url'?)" in err
+    assert "missing 'url'" in err and len(err.strip().splitlines()) == 1
+    assert total_rows(queue) == 0
+
+
+# -- Ctrl-C -------------------------------------------------------------------------------
+
+
+def test_the_first_ctrl_c_says_a_second_forces_the_stop(db_url, tmp_path):
+    (tmp_path / "idleapp.py").write_text(
+        "from jobkeeper import JobQueue\n\njq = JobQueue()\n\n\n@jq.task\ndef t() -> None: ...\n"
+    )
+    with JobQueue(db_url) as jq:
+        jq.migrate()
+        worker = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "jobkeeper",
+                "--database",
+                db_url,
+                "worker",
+                "--app",
+                "idleapp:jq",
+            ],
+            cwd=tmp_path,
+            env={**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path])},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            wait_for(jq.workers, what="the worker to register")
+            worker.send_signal(signal.SIGINT)
+            _, err = worker.communicate(timeout=DEADLINE)
+        finally:
+            if worker.poll() is None:
+                worker.kill()
+                worker.communicate()
+    assert worker.returncode == 0, err
+    assert "SIGINT: stopping" in err
+    assert "Ctrl-C again forces the stop" in err
