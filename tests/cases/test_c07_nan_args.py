@@ -40,7 +40,7 @@ def own_connection(jq: JobQueue) -> Any:
 
 @pytest.mark.parametrize(("args", "path", "shown"), NON_FINITE)
 def test_c07_python_api_refuses_naming_path_and_value(jq, args, path, shown):
-    @jq.task
+    @jq.task(name="t")
     def anything(**kwargs: Any) -> None: ...
 
     attempts = {

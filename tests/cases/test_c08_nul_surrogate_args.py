@@ -37,7 +37,7 @@ UNSTORABLE = [
 
 @pytest.mark.parametrize(("args", "path", "says"), UNSTORABLE)
 def test_c08_nul_and_lone_surrogates_get_one_clear_error_alone_and_in_a_batch(jq, args, path, says):
-    @jq.task
+    @jq.task(name="t")
     def anything(**kwargs: Any) -> None: ...
 
     expected = f"{path}: {says}; it cannot be stored as JSON text"
