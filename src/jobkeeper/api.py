@@ -17,6 +17,7 @@ from typing import Any, ParamSpec, Protocol, TypeVar, overload
 
 from jobkeeper.backends import Backend, open_backend, resolve_database_url
 from jobkeeper.config import (
+    DEFAULT_MAX_CRASHES,
     MAX_CONCURRENCY,
     MAX_SETTING_SECONDS,
     Settings,
@@ -116,6 +117,13 @@ class JobQueue:
         max_backoff: cap on one retry delay, seconds (default 86400).
         busy_timeout: SQLite: seconds to wait for the write lock (default 30).
         pool_size: PostgreSQL: most pooled connections for API calls (default 10).
+        max_crashes: the crash budget (default 2): a job rescued from a
+            worker that went silent while running it runs its next attempt
+            alone on its worker, so a crash then is pinned on it; after this
+            many pinned crashes it goes to the dead letters ("crashed its
+            worker N times"), attempts left or not. A task's
+            ``max_crashes`` wins. Decided by the rescuing worker, from its
+            own app's task (else this setting).
 
     Raises:
         ConfigError: an invalid URL or setting (nothing is connected).
@@ -135,6 +143,7 @@ class JobQueue:
         max_backoff: float = 86_400.0,
         busy_timeout: float = 30.0,
         pool_size: int = 10,
+        max_crashes: int = DEFAULT_MAX_CRASHES,
     ) -> None:
         self.url = resolve_database_url(database_url)
         self.settings = Settings(
@@ -148,6 +157,7 @@ class JobQueue:
             max_backoff=max_backoff,
             busy_timeout=busy_timeout,
             pool_size=pool_size,
+            max_crashes=max_crashes,
         )
         self.tasks: dict[str, Task[Any, Any]] = {}
         #: The periodic jobs registered with :meth:`periodic`, by name.
@@ -270,6 +280,7 @@ class JobQueue:
         priority: int = 0,
         timeout: float | None = None,
         backoff: Callable[[int, BaseException], float] | None = None,
+        max_crashes: int | None = None,
     ) -> _TaskDecorator: ...
 
     def task(
@@ -282,6 +293,7 @@ class JobQueue:
         priority: int = 0,
         timeout: float | None = None,
         backoff: Callable[[int, BaseException], float] | None = None,
+        max_crashes: int | None = None,
     ) -> Any:
         """Register a function as a task: ``@jq.task`` or ``@jq.task(queue="emails", ...)``.
 
@@ -301,6 +313,10 @@ class JobQueue:
                 raises or returns no finite number >= 0 is logged and the
                 exponential default used. ``Retry(delay=...)`` still wins.
                 ``None`` (default): exponential with full jitter.
+            max_crashes: the task's crash budget (1..1,000,000): pinned
+                crashes (a lone attempt whose worker died under it) before
+                its job goes to the dead letters; ``None`` (default): the
+                queue's ``max_crashes``.
 
         Raises:
             ConfigError: an invalid option (a ``backoff`` that is not a
@@ -322,6 +338,7 @@ class JobQueue:
                 priority=priority,
                 timeout=timeout,
                 backoff=backoff,
+                max_crashes=max_crashes,
             )
             self.tasks[task.name] = task
             return task

@@ -76,7 +76,7 @@ def claimed_job(row: tuple[Any, ...], worker_id: str, utc: dict[datetime, dateti
     """
     (job_id, queue, task, args_text, priority, attempt, max_attempts,
      scheduled_at, created_at, attempted_at, unique_key, errors_text, fence,
-     unstarted_returns) = row  # fmt: skip
+     unstarted_returns, run_alone) = row  # fmt: skip
     args, args_error = decode_args(args_text)
     errors = [] if errors_text is None else _JSON.decode(errors_text)
     aware = []
@@ -103,6 +103,7 @@ def claimed_job(row: tuple[Any, ...], worker_id: str, utc: dict[datetime, dateti
         args_error=args_error,
         fence=fence,
         unstarted_returns=unstarted_returns,
+        run_alone=bool(run_alone),
     )
 
 
@@ -200,6 +201,15 @@ class PostgresBackend(
             return set()
         return {row["id"] for row in self._fetch("job_start_many", claim_arrays(claims))}
 
+    def job_start_alone(self, *, claim: Claim) -> bool:
+        params = {
+            "id": claim.job_id,
+            "worker_id": claim.worker_id,
+            "attempt": claim.attempt,
+            "fence": claim.fence,
+        }
+        return bool(self._fetch("job_start_alone", params))
+
     def job_complete_many(self, *, completions: Sequence[Completion], delete: bool) -> set[int]:
         if not completions:
             return set()
@@ -234,6 +244,8 @@ class PostgresBackend(
                         "outcomes": [str(f.outcome) for f in updates],
                         "errors": [f.error_json for f in updates],
                         "retry_ins": [f.retry_in for f in updates],
+                        "suspects": [f.suspect for f in updates],
+                        "crashes": [int(f.crash) for f in updates],
                         "stale_after": stale_after,
                     },
                 )
