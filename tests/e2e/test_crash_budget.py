@@ -41,9 +41,9 @@ def _ran_alone(records: list[Record], job_id: int, attempt: int) -> bool:
     open_before = {(r[0], r[1]) for r in mine[:index] if r[3] == "start"} - {
         (r[0], r[1]) for r in mine[:index] if r[3] == "end"
     }
-    # An attempt killed with its worker never ends: drop what that pid
-    # started before its last death... none can exist here: one attempt each.
-    if open_before - {(job_id, attempt)}:
+    # (A pid serves one process: an attempt it started and never ended was
+    # its last, so nothing started there before this is still open.)
+    if open_before:
         return False
     for r in mine[index + 1 :]:
         if (r[0], r[1]) == (job_id, attempt):
