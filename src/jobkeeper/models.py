@@ -115,7 +115,8 @@ class Job:
         crashes: pinned crashes: attempts it ran alone whose worker died
             under it. At ``max_crashes`` the rescuer sends it to the dead
             letters, attempts left or not. Jobs that only shared a worker
-            with a crashing job are never counted here.
+            with a crashing job are never counted here. Dead letters keep
+            the count (their ``dead_reason`` names it too).
         alone_fence: the ``fence`` of the claim whose attempt a worker
             started alone (``None``: none yet); internal to the crash budget.
         dead_reason: why it was dead-lettered (only for ``status == "dead"``).

@@ -137,7 +137,7 @@ def test_poison_job_is_dead_after_max_crashes_and_its_neighbours_are_not_charged
     # Attempt 1 ran beside the innocents (a lost attempt, not a crash); 2 and
     # 3 ran alone and were pinned: dead at attempt 3 of 20.
     assert [e["attempt"] for e in dead.errors] == [1, 2, 3], dead.errors
-    assert dead.attempt == 3
+    assert dead.attempt == 3 and dead.crashes == 2
     assert f"worker lost: {first_id}" in dead.errors[0]["error"]
     assert "not counted as a crash" in dead.errors[0]["error"]
     assert "crashed its worker 1 times" in dead.errors[1]["error"]

@@ -72,6 +72,11 @@ def test_pinned_crashes_reach_the_dead_letters_with_attempts_left(make_queue):
     assert dead.dead_reason is not None
     assert dead.dead_reason.startswith("crashed its worker 2 times (max_crashes=2)")
     assert "17 attempts were left" in dead.dead_reason
+    assert dead.crashes == 2
+    # A requeue starts the budget afresh.
+    assert jq.requeue_dead([j.id]) == [j.id]
+    again = job(jq, j.id)
+    assert again.crashes == 0 and again.attempt == 0
     assert [e["attempt"] for e in dead.errors] == [1, 2, 3]
 
 

@@ -73,10 +73,10 @@ def job_from_row(
         fence=0 if dead else int(row["fence"]),
         unstarted_returns=0 if dead else int(row["unstarted_returns"]),
         serial_key=row.get("serial_key"),
-        # Rows from before schema version 8 (and dead letters) have none of
-        # the crash budget's columns.
+        # Rows from before schema version 8 have none of the crash budget's
+        # columns; dead letters keep only the count.
         run_alone=False if dead else bool(row.get("run_alone", False)),
-        crashes=0 if dead else int(row.get("crashes") or 0),
+        crashes=int(row.get("crashes") or 0),
         alone_fence=None if dead or row.get("alone_fence") is None else int(row["alone_fence"]),
     )
 

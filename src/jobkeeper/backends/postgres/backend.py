@@ -265,6 +265,7 @@ class PostgresBackend(
                         "fences": [f.claim.fence for f in dead],
                         "errors": [f.error_json for f in dead],
                         "reasons": [f.reason or "max_attempts exhausted" for f in dead],
+                        "crashes": [int(f.crash) for f in dead],
                         "stale_after": stale_after,
                     },
                 )

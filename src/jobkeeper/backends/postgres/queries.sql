@@ -276,8 +276,9 @@ SELECT id FROM jobkeeper_jobs WHERE id = ANY(%(ids)b::bigint[]) ORDER BY id FOR 
 -- entry kept), as in job_fail_many.
 WITH failed AS (
     SELECT * FROM unnest(%(ids)b::bigint[], %(worker_ids)b::text[], %(attempts)b::int[],
-                         %(fences)b::int8[], %(errors)b::jsonb[], %(reasons)b::text[])
-                  AS failed(id, worker_id, attempt, fence, error, reason)
+                         %(fences)b::int8[], %(errors)b::jsonb[], %(reasons)b::text[],
+                         %(crashes)b::int[])
+                  AS failed(id, worker_id, attempt, fence, error, reason, crash)
 ), cancelled AS (
     UPDATE jobkeeper_jobs AS job
     SET status = 'cancelled', finished_at = now(), worker_id = NULL,
@@ -304,15 +305,16 @@ WITH failed AS (
             WHERE worker.id = job.worker_id
               AND worker.heartbeat_at > now() - make_interval(
                     secs => coalesce(worker.rescue_after, %(stale_after)s::float8))))
-    RETURNING job.*, failed.error AS new_error, failed.reason AS new_reason
+    RETURNING job.*, failed.error AS new_error, failed.reason AS new_reason,
+              failed.crash AS new_crash
 ), dead AS (
     INSERT INTO jobkeeper_dead_letters
         (id, queue, task, args, priority, attempt, max_attempts, scheduled_at, created_at,
-         attempted_at, finished_at, unique_key, errors, result, reason, serial_key)
+         attempted_at, finished_at, unique_key, errors, result, reason, serial_key, crashes)
     SELECT id, queue, task, args, priority, attempt, max_attempts, scheduled_at, created_at,
            attempted_at, now(), unique_key,
            errors || jsonb_build_array(new_error || jsonb_build_object('at', {utc_now_text})),
-           result, new_reason, serial_key
+           result, new_reason, serial_key, crashes + new_crash
     FROM moved
     RETURNING id
 )

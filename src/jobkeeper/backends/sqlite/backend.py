@@ -222,6 +222,7 @@ class SqliteBackend(
                 }
                 cancelled = dict(params)
                 del cancelled["reason"]
+                params["crash"] = int(failure.crash)
                 if conn.execute(QUERIES["job_fail_many_dead_cancelled"], cancelled).rowcount == 1:
                     written.add(failure.claim.job_id)
                 elif conn.execute(QUERIES["job_fail_many_dead"], params).rowcount == 1:

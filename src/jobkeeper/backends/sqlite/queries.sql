@@ -167,9 +167,10 @@ WHERE id = :id AND worker_id = :worker_id AND attempt = :attempt AND fence = :fe
 -- second, in the same transaction.
 INSERT INTO jobkeeper_dead_letters
     (id, queue, task, args, priority, attempt, max_attempts, scheduled_at, created_at,
-     attempted_at, finished_at, unique_key, errors, result, reason, serial_key)
+     attempted_at, finished_at, unique_key, errors, result, reason, serial_key, crashes)
 SELECT id, queue, task, args, priority, attempt, max_attempts, scheduled_at, created_at,
-       attempted_at, {now}, unique_key, {errors_plus_new}, result, :reason, serial_key
+       attempted_at, {now}, unique_key, {errors_plus_new}, result, :reason, serial_key,
+       crashes + :crash
 FROM jobkeeper_jobs
 WHERE id = :id AND worker_id = :worker_id AND attempt = :attempt AND fence = :fence
   AND status IN ('claimed', 'running') AND NOT cancel_requested

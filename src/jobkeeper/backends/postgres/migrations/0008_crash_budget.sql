@@ -17,3 +17,6 @@ ALTER TABLE jobkeeper_jobs ADD COLUMN run_alone boolean NOT NULL DEFAULT false;
 ALTER TABLE jobkeeper_jobs ADD COLUMN alone_fence bigint;
 ALTER TABLE jobkeeper_jobs ADD COLUMN crashes integer NOT NULL DEFAULT 0
     CONSTRAINT jobkeeper_jobs_crashes_valid CHECK (crashes >= 0);
+-- Kept with the dead letter (its reason names it too); a requeue starts afresh.
+-- An older worker's dead-letter move leaves it 0.
+ALTER TABLE jobkeeper_dead_letters ADD COLUMN crashes integer NOT NULL DEFAULT 0;
