@@ -172,21 +172,23 @@ def test_job_rescued_once_runs_alone_once_then_normally(
     # attempt 3 runs as any job does and completes.
     ids = [
         j.id
-        for j in jq.enqueue_many([("slept", {"seconds": 1.0, "record": record, "fail_on": 2})] * 2)
+        for j in jq.enqueue_many([("slept", {"seconds": 1.0, "record": record, "fail_on": 2})] * 4)
     ]
     with processes(tmp_path) as procs:
-        first = procs.worker(url, FAST, concurrency=2)
+        first = procs.worker(url, FAST, concurrency=4)
         wait_for(
             lambda: all(_status(jq, i) == JobStatus.RUNNING for i in ids),
-            what="both jobs running on the first worker",
+            what="all four jobs running on the first worker",
         )
         first.send_signal(signal.SIGKILL)
         assert wait_exit(first) == -signal.SIGKILL
-        supervisor = Supervisor(procs, url, count=2, concurrency=2)
+        # Two workers with room for all four: only the crash budget keeps
+        # each job's second attempt alone on its worker.
+        supervisor = Supervisor(procs, url, count=2, concurrency=4)
         wait_for(
             supervisor.until(lambda: all(_status(jq, i) == JobStatus.COMPLETED for i in ids)),
             timeout=60,
-            what="both jobs to complete",
+            what="all four jobs to complete",
         )
         assert supervisor.deaths == 0
     records = read_records(Path(record))
