@@ -5,7 +5,7 @@
 Settings come from the environment (the driver sets them), so the workers and
 the driver agree on ``rescue_after``: ``SOAK_HEARTBEAT_INTERVAL``,
 ``SOAK_RESCUE_AFTER``, ``SOAK_POLL_INTERVAL``, ``SOAK_MAX_BACKOFF``,
-``SOAK_SHUTDOWN_GRACE`` (seconds). Logged tasks append ``start``/``end``
+``SOAK_SHUTDOWN_GRACE`` (seconds), ``SOAK_MAX_CRASHES``. Logged tasks append ``start``/``end``
 events to ``$SOAK_LOG_DIR`` (see :mod:`benchmarks.soak.history`) and return
 ``{"n", "worker", "attempt"}``: the execution that produced the result.
 """
@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import os
 import random
+import signal
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -39,7 +40,7 @@ SETTINGS: dict[str, float] = {
 
 # No URL: JOBKEEPER_DATABASE_URL (the driver sets it, and the CLI's
 # --database too), so the tasks and the worker share the worker's database.
-jq = JobQueue(**SETTINGS)
+jq = JobQueue(**SETTINGS, max_crashes=int(os.environ.get("SOAK_MAX_CRASHES", "2")))
 
 _log_dir = os.environ.get("SOAK_LOG_DIR")
 LOG = ExecLog(_log_dir) if _log_dir else None
@@ -161,3 +162,15 @@ def stall(n: int, seconds: float) -> dict[str, Any]:
         if execution[1] == 1:
             time.sleep(seconds)
     return _result(n, execution)
+
+
+@jq.task(name="soak.poison", max_attempts=20)
+def poison(n: int) -> None:
+    """A poison job: SIGKILLs its own worker at every attempt. The crash
+    budget (``max_crashes``, default 2) must send it to the dead letters
+    after at most ``max_crashes + 1`` lost attempts, and charge the jobs
+    running beside it nothing.
+    """
+    _begin()
+    time.sleep(0.05)  # the jobs beside it keep running meanwhile
+    os.kill(os.getpid(), signal.SIGKILL)

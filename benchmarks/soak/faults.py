@@ -78,6 +78,10 @@ class Workers:
         self._generation = Counter[int]()
         self._crashes = Counter[int]()
         self.paused: set[int] = set()
+        #: Whether a worker that dies of SIGKILL on its own is expected (the
+        #: run has poison jobs, which kill their worker), and how many did.
+        self.self_kills_expected = False
+        self.self_kills = 0
 
     def command(self) -> list[str]:
         cmd = [sys.executable, "-m", "jobkeeper", "--database", self.url, "worker"]
@@ -155,6 +159,11 @@ class Workers:
             life.exit_code = proc.returncode
             life.died = time.time()
             life.killed = True  # not again
+            if self.self_kills_expected and proc.returncode == -signal.SIGKILL:
+                # A poison job killed it: the driver bounds how often.
+                self.self_kills += 1
+                self.start(slot)
+                continue
             tail = self.log_tail(slot)
             self.unexpected.append(
                 f"worker slot {slot} pid {proc.pid} exited {proc.returncode}:\n{tail}"

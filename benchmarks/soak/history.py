@@ -58,7 +58,7 @@ TOLERANCE = 0.05
 TERMINAL = frozenset({"completed", "dead", "cancelled"})
 PENDING = frozenset({"scheduled", "available", "retryable"})
 #: Job kinds that must end dead (their task never succeeds).
-MUST_DIE = frozenset({"fail", "discard"})
+MUST_DIE = frozenset({"fail", "discard", "poison"})
 #: Kinds whose tasks write the execution log and return ``{n, worker, attempt}``.
 LOGGED = frozenset({"ok", "flaky", "retry", "fail", "discard", "long"})
 

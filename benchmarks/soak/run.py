@@ -70,6 +70,8 @@ class SoakConfig:
     drain_timeout: float = 120.0
     probe_pool_timeout: float | None = None  # None: jobkeeper's own POOL_TIMEOUT
     rss_bound_mib: float = 32.0
+    poison_jobs: int = 2  # jobs that SIGKILL their worker at every attempt
+    max_crashes: int = 2
     seed: int = 1
     keep: bool = False
     out: Path | None = None  # where to put logs (default: a temp dir)
@@ -98,6 +100,7 @@ class SoakResult:
     unexpected_exits: list[str]
     log_problems: list[str]
     worker_starts: int
+    poison_kills: int
     rescued_holders: dict[str, Any]
     elapsed: float
     failures: list[str]
@@ -215,6 +218,13 @@ class _Enqueuer:
                 done += size
             stop.wait(0.05)
 
+    def poison(self, count: int) -> None:
+        """Jobs that kill their worker at every attempt (the crash budget)."""
+        for _ in range(count):
+            n = self.token()
+            job = self.jq.enqueue("soak.poison", {"n": n})
+            self.enqueued[job.id] = Expected(n, "poison")
+
     def special(self) -> None:
         """Jobs left pending on purpose, and pending jobs cancelled."""
         for kind in ("pending", "cancel"):
@@ -306,6 +316,7 @@ def run_soak(config: SoakConfig) -> SoakResult:
             "poll_interval": config.poll_interval,
             "max_backoff": config.max_backoff,
             "shutdown_grace": 5.0,
+            "max_crashes": config.max_crashes,
         }
         jq = JobQueue(url, **settings)
         jq.migrate()
@@ -327,6 +338,8 @@ def run_soak(config: SoakConfig) -> SoakResult:
         serial = (config.serial_share, config.serial_keys) if config.limits else None
         enqueuer = _Enqueuer(jq, rng, faults, serial)
         enqueuer.special()
+        workers.self_kills_expected = config.poison_jobs > 0
+        enqueuer.poison(config.poison_jobs)
 
         # -- the fault phase ------------------------------------------------------
         stop = threading.Event()
@@ -459,6 +472,7 @@ def run_soak(config: SoakConfig) -> SoakResult:
             failures.append(f"history checker: {len(report.violations)} violations")
         if workers.unexpected:
             failures.append(f"{len(workers.unexpected)} workers exited on their own")
+        failures.extend(_check_poison(jq, enqueuer, workers, config))
         log_problems, notes = _scan_logs(workers.logs())
         if log_problems:
             failures.append(f"{len(log_problems)} forbidden lines in worker logs")
@@ -481,6 +495,7 @@ def run_soak(config: SoakConfig) -> SoakResult:
             unexpected_exits=workers.unexpected,
             log_problems=log_problems,
             worker_starts=len(workers.lives),
+            poison_kills=workers.self_kills,
             rescued_holders=holders,
             elapsed=time.monotonic() - began,
             failures=failures,
@@ -499,6 +514,34 @@ def run_soak(config: SoakConfig) -> SoakResult:
             pg.cleanup()
         if not config.keep and config.out is None:
             shutil.rmtree(out, ignore_errors=True)
+
+
+def _check_poison(
+    jq: JobQueue, enqueuer: _Enqueuer, workers: Workers, config: SoakConfig
+) -> list[str]:
+    """The crash budget held: each poison job is dead for its crashes after at
+    most ``max_crashes + 1`` lost attempts (the first may have run beside
+    others), and the workers it killed are bounded accordingly (plus one free
+    return each, a crash before the start mark was flushed). That no other
+    job was charged is the history checker's: one dead before its
+    ``max_attempts`` is a wrong outcome.
+    """
+    out: list[str] = []
+    poisons = [i for i, e in enqueuer.enqueued.items() if e.kind == "poison"]
+    for job_id in poisons:
+        job = jq.get_job(job_id)
+        if (
+            job is None
+            or job.status != "dead"
+            or "crashed its worker" not in (job.dead_reason or "")
+        ):
+            out.append(f"poison job {job_id} not dead for its crashes: {job}")
+        elif job.attempt > config.max_crashes + 1:
+            out.append(f"poison job {job_id} dead only after {job.attempt} attempts")
+    bound = len(poisons) * (config.max_crashes + 2)
+    if workers.self_kills > bound:
+        out.append(f"poison jobs killed {workers.self_kills} workers (bound {bound})")
+    return out
 
 
 def classify_rescues(
@@ -628,6 +671,7 @@ def summarize(result: SoakResult, notes: Counter[str], refusals: list[str], out:
     lines += [
         f"  workers        {result.worker_starts} starts, "
         f"{len(result.unexpected_exits)} unexpected exits, "
+        f"{result.poison_kills} killed by the {result.config.poison_jobs} poison jobs, "
         f"final exit codes {sorted(result.exit_codes.values(), key=str)}",
         "  worker logs    "
         + (", ".join(f"{k} {v}" for k, v in sorted(notes.items())) or "nothing notable"),
@@ -685,6 +729,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fault-every", type=float, default=5.0, help="seconds between faults")
     parser.add_argument("--stop-for", type=float, help="SIGSTOP length (2 x rescue_after)")
     parser.add_argument("--rss-bound-mib", type=float, default=32.0)
+    parser.add_argument(
+        "--poison-jobs", type=int, default=2, help="jobs that SIGKILL their worker every attempt"
+    )
+    parser.add_argument("--max-crashes", type=int, default=2)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--out", type=Path, help="keep logs here")
     parser.add_argument("--keep", action="store_true", help="keep the temp dir with logs")
@@ -711,6 +759,8 @@ def main(argv: list[str] | None = None) -> int:
         stop_for=args.stop_for,
         drain_timeout=max(300.0, args.noop_jobs / 200),
         rss_bound_mib=args.rss_bound_mib,
+        poison_jobs=args.poison_jobs,
+        max_crashes=args.max_crashes,
         seed=args.seed,
         keep=args.keep,
         out=args.out,

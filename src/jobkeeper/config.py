@@ -33,6 +33,9 @@ UNIQUE_KEY_MAX_LENGTH = 500
 PRIORITY_RANGE = (-(2**31), 2**31 - 1)
 #: Largest ``max_attempts``.
 MAX_ATTEMPTS_LIMIT = 1_000_000
+#: Default ``max_crashes``: pinned crashes (a job that ran alone took its
+#: worker down) before the job goes to the dead letters (DESIGN.md, "Poison jobs").
+DEFAULT_MAX_CRASHES = 2
 #: Most execution slots of one worker (``concurrency``).
 MAX_CONCURRENCY = 10_000
 #: Largest accepted ``delay`` in seconds (100 years).
@@ -82,6 +85,11 @@ class Settings:
             (enqueue, inspection, tasks that enqueue); default 10. Workers
             use dedicated connections besides, so heartbeats and acks never
             wait for this pool (graphile-worker#497).
+        max_crashes: the crash budget (default 2): a job rescued from a
+            worker that went silent while running it runs its next attempt
+            alone on its worker; once ``max_crashes`` of its lone attempts
+            have ended with their worker dead it goes to the dead letters,
+            attempts left or not. A task's own ``max_crashes`` wins.
     """
 
     heartbeat_interval: float = 5.0
@@ -95,8 +103,10 @@ class Settings:
     busy_timeout: float = 30.0
     pool_size: int = 10
     dead_retention: float | None = None
+    max_crashes: int = DEFAULT_MAX_CRASHES
 
     def __post_init__(self) -> None:
+        check_max_crashes(self.max_crashes)
         for name in (
             "heartbeat_interval",
             "rescue_after",
@@ -205,6 +215,23 @@ def check_max_attempts(max_attempts: Any) -> int:
             f"max_attempts must be an int between 1 and {MAX_ATTEMPTS_LIMIT}, got {max_attempts!r}"
         )
     return max_attempts
+
+
+def check_max_crashes(max_crashes: Any) -> int:
+    """Validate ``max_crashes`` (1 .. ``MAX_ATTEMPTS_LIMIT``).
+
+    Raises:
+        ConfigError: not an int in that range.
+    """
+    if (
+        isinstance(max_crashes, bool)
+        or not isinstance(max_crashes, int)
+        or not 1 <= max_crashes <= MAX_ATTEMPTS_LIMIT
+    ):
+        raise ConfigError(
+            f"max_crashes must be an int between 1 and {MAX_ATTEMPTS_LIMIT}, got {max_crashes!r}"
+        )
+    return max_crashes
 
 
 def check_timeout(timeout: Any) -> float | None:

@@ -107,6 +107,18 @@ class Job:
             nothing.
         unstarted_returns: how often a claim of the job was lost before it
             started and the attempt given back (bounded by the rescuer).
+        run_alone: its last running attempt was rescued from a holder that
+            went silent, so its next attempt runs alone on its worker (no
+            other job beside it) and a crash then is pinned on it (the crash
+            budget, ``max_crashes``). Cleared once a worker writes an outcome
+            of an attempt of it.
+        crashes: pinned crashes: attempts it ran alone whose worker died
+            under it. At ``max_crashes`` the rescuer sends it to the dead
+            letters, attempts left or not. Jobs that only shared a worker
+            with a crashing job are never counted here. Dead letters keep
+            the count (their ``dead_reason`` names it too).
+        alone_fence: the ``fence`` of the claim whose attempt a worker
+            started alone (``None``: none yet); internal to the crash budget.
         dead_reason: why it was dead-lettered (only for ``status == "dead"``).
         args_error: why ``args`` could not be decoded, else ``None``.
         trace_context: the enqueuer's OpenTelemetry trace context, as the
@@ -139,6 +151,9 @@ class Job:
     #: Jobs with the same serial_key are never held at once (flow control).
     serial_key: str | None = None
     trace_context: str | None = None
+    run_alone: bool = False
+    crashes: int = 0
+    alone_fence: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """Return a JSON-ready dict (timestamps as ISO 8601 UTC strings).
@@ -292,6 +307,8 @@ class Failure:
     backends). ``retry_in`` is the delay in seconds for ``RETRYABLE`` and
     ``SNOOZED``. ``error_json``
     is the entry appended to ``errors``; None (releases only) appends none.
+    ``suspect`` and ``crash`` are the rescuer's (the crash budget): see the
+    fields.
     """
 
     claim: Claim
@@ -303,6 +320,11 @@ class Failure:
     reason: str | None = None
     #: As :attr:`Completion.completed_in`.
     completed_in: bool = False
+    #: The rescuer took it from a silent holder while it ran: its next
+    #: attempt runs alone (``run_alone``).
+    suspect: bool = False
+    #: A crash pinned on the job (it ran alone): ``crashes`` grows by one.
+    crash: bool = False
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

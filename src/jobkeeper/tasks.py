@@ -11,6 +11,7 @@ from typing import Any, Generic, ParamSpec, Protocol, TypeVar
 
 from jobkeeper.config import (
     check_max_attempts,
+    check_max_crashes,
     check_name,
     check_priority,
     check_timeout,
@@ -99,6 +100,8 @@ class Task(Generic[P, R]):
             fails with a timeout once its code has returned. ``None``: no limit.
         backoff: the task's retry policy, ``(attempt, error) -> seconds``,
             or ``None`` for the queue's exponential backoff.
+        max_crashes: the task's crash budget (pinned crashes before its job
+            goes to the dead letters), or ``None`` for the queue's setting.
         is_async: whether ``fn`` is a coroutine function.
     """
 
@@ -113,6 +116,7 @@ class Task(Generic[P, R]):
         priority: int,
         timeout: float | None,
         backoff: Callable[[int, BaseException], float] | None = None,
+        max_crashes: int | None = None,
     ) -> None:
         if not callable(fn):
             raise ConfigError(f"@task needs a function, got {fn!r}")
@@ -124,6 +128,7 @@ class Task(Generic[P, R]):
         self.priority = check_priority(priority)
         self.timeout = check_timeout(timeout)
         self.backoff = check_backoff(backoff)
+        self.max_crashes = None if max_crashes is None else check_max_crashes(max_crashes)
         self.is_async = inspect.iscoroutinefunction(fn)
         try:
             self._signature: inspect.Signature | None = inspect.signature(fn)

@@ -98,3 +98,25 @@ def suicide(record: str | None = None) -> None:
     note(record, "start")
     os.kill(os.getpid(), signal.SIGKILL)
     time.sleep(60)
+
+
+@jq.task(max_attempts=20, max_crashes=2)
+def poison(delay: float, record: str | None = None) -> None:
+    """A poison job with a crash budget: kills its own worker ``delay``
+    seconds into every attempt (long enough for jobs beside it to be running).
+    """
+    note(record, "start")
+    time.sleep(delay)
+    os.kill(os.getpid(), signal.SIGKILL)
+    time.sleep(60)
+
+
+@jq.task(max_attempts=5)
+def slept(seconds: float, record: str | None = None, fail_on: int = 0) -> int:
+    """Sleeps ``seconds``; raises on attempt ``fail_on`` (after the nap)."""
+    note(record, "start")
+    time.sleep(seconds)
+    note(record, "end")
+    if current_job().attempt == fail_on:
+        raise RuntimeError(f"fails on attempt {fail_on}")
+    return current_job().attempt

@@ -64,6 +64,10 @@ def test_short_chaos_soak(backend):
     assert result.faults.get("kill", 0) >= 2
     assert result.faults.get("stop", 0) >= 1
     assert not result.unexpected_exits
+    # The poison jobs (SIGKILL their worker every attempt) were stopped by
+    # the crash budget: at most max_crashes + 2 workers each (run_soak
+    # checks each is dead for its crashes after max_crashes + 1 attempts).
+    assert 1 <= result.poison_kills <= 2 * (2 + 2)
     if backend == "postgres":
         for kind in (
             "terminate",

@@ -22,7 +22,7 @@ from jobkeeper.api.periodics import PeriodicsMixin
 from jobkeeper.api.results import ResultsMixin
 from jobkeeper.api.running import RunningMixin
 from jobkeeper.backends import Backend, open_backend, resolve_database_url
-from jobkeeper.config import Settings
+from jobkeeper.config import DEFAULT_MAX_CRASHES, Settings
 from jobkeeper.errors import ConfigError
 from jobkeeper.events import EventBus, EventKind, JobEvent
 from jobkeeper.tasks import Task
@@ -55,6 +55,13 @@ class JobQueue(EnqueueMixin, ResultsMixin, OperationsMixin, RunningMixin, Period
         max_backoff: cap on one retry delay, seconds (default 86400).
         busy_timeout: SQLite: seconds to wait for the write lock (default 30).
         pool_size: PostgreSQL: most pooled connections for API calls (default 10).
+        max_crashes: the crash budget (default 2): a job rescued from a
+            worker that went silent while running it runs its next attempt
+            alone on its worker, so a crash then is pinned on it; after this
+            many pinned crashes it goes to the dead letters ("crashed its
+            worker N times"), attempts left or not. A task's
+            ``max_crashes`` wins. Decided by the rescuing worker, from its
+            own app's task (else this setting).
         dead_retention: seconds dead letters are kept before the workers'
             pruner deletes them (default None: kept until ``jobkeeper dead
             purge`` or :meth:`purge_dead`).
@@ -89,6 +96,7 @@ class JobQueue(EnqueueMixin, ResultsMixin, OperationsMixin, RunningMixin, Period
         max_backoff: float = 86_400.0,
         busy_timeout: float = 30.0,
         pool_size: int = 10,
+        max_crashes: int = DEFAULT_MAX_CRASHES,
         dead_retention: float | None = None,
         external_tasks: Iterable[str] | bool = (),
         tracing: bool | Any = False,
@@ -105,6 +113,7 @@ class JobQueue(EnqueueMixin, ResultsMixin, OperationsMixin, RunningMixin, Period
             max_backoff=max_backoff,
             busy_timeout=busy_timeout,
             pool_size=pool_size,
+            max_crashes=max_crashes,
             dead_retention=dead_retention,
         )
         self.tasks: dict[str, Task[Any, Any]] = {}
@@ -236,6 +245,7 @@ class JobQueue(EnqueueMixin, ResultsMixin, OperationsMixin, RunningMixin, Period
         priority: int = 0,
         timeout: float | None = None,
         backoff: Callable[[int, BaseException], float] | None = None,
+        max_crashes: int | None = None,
     ) -> _TaskDecorator: ...
 
     def task(
@@ -248,6 +258,7 @@ class JobQueue(EnqueueMixin, ResultsMixin, OperationsMixin, RunningMixin, Period
         priority: int = 0,
         timeout: float | None = None,
         backoff: Callable[[int, BaseException], float] | None = None,
+        max_crashes: int | None = None,
     ) -> Any:
         """Register a function as a task: ``@jq.task`` or ``@jq.task(queue="emails", ...)``.
 
@@ -267,6 +278,10 @@ class JobQueue(EnqueueMixin, ResultsMixin, OperationsMixin, RunningMixin, Period
                 raises or returns no finite number >= 0 is logged and the
                 exponential default used. ``Retry(delay=...)`` still wins.
                 ``None`` (default): exponential with full jitter.
+            max_crashes: the task's crash budget (1..1,000,000): pinned
+                crashes (a lone attempt whose worker died under it) before
+                its job goes to the dead letters; ``None`` (default): the
+                queue's ``max_crashes``.
 
         Raises:
             ConfigError: an invalid option (a ``backoff`` that is not a
@@ -288,6 +303,7 @@ class JobQueue(EnqueueMixin, ResultsMixin, OperationsMixin, RunningMixin, Period
                 priority=priority,
                 timeout=timeout,
                 backoff=backoff,
+                max_crashes=max_crashes,
             )
             self.tasks[task.name] = task
             return task

@@ -92,6 +92,15 @@ class Backend(Protocol):
         """
         ...
 
+    def job_start_alone(self, *, claim: Claim) -> bool:
+        """Record the start mark of a ``run_alone`` job its worker starts
+        alone (nothing else runs there until it ends): running, fenced on
+        ``claim``, and that claim's fence kept in ``alone_fence``, so that a
+        rescue of this attempt counts as a crash pinned on the job. Returns
+        whether it was written (False: the claim is no longer held).
+        """
+        ...
+
     def job_complete_many(self, *, completions: Sequence[Completion], delete: bool) -> set[int]:
         """Mark fenced held (claimed or running) jobs completed (or delete them when ``delete``);
         return the ids written.

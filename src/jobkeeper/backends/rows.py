@@ -102,6 +102,11 @@ def job_from_row(
         unstarted_returns=0 if dead else int(row["unstarted_returns"]),
         serial_key=row.get("serial_key"),
         trace_context=row.get("trace_context"),
+        # Rows from before schema version 10 have none of the crash budget's
+        # columns; dead letters keep only the count.
+        run_alone=False if dead else bool(row.get("run_alone", False)),
+        crashes=int(row.get("crashes") or 0),
+        alone_fence=None if dead or row.get("alone_fence") is None else int(row["alone_fence"]),
     )
 
 

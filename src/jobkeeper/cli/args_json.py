@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Any, NoReturn
+from typing import Any
 
 from jobkeeper.cli.common import (
     BadInput,

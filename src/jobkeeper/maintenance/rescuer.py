@@ -18,6 +18,20 @@ A held job whose holder has not heartbeaten for ``rescue_after`` seconds
   marks fail too, after ``MAX_UNSTARTED_RETURNS`` free returns its claims
   are rescued like running ones: it still reaches the dead letters (C-05).
 
+The crash budget (DESIGN.md, "Poison jobs"): a ``running`` job rescued
+this way is a crash suspect (``run_alone``): its next attempt runs alone on
+its worker (see :mod:`jobkeeper.worker.slots`), whose start mark records the
+claim's fence (``alone_fence``). A rescue of a running job whose
+``alone_fence`` is its current fence is a crash pinned on it -- nothing else
+ran on that worker -- and counts in ``crashes``; at ``max_crashes`` it goes to
+the dead letters ("crashed its worker N times"), attempts left or not. A
+rescue of an attempt that ran beside others only costs the attempt, as
+above, and makes the next one run alone: the jobs that merely shared the
+poison job's worker are never charged a crash. With ``max_crashes`` n, a job
+that kills its worker every time reaches the dead letters after n + 1 lost
+attempts (the first one unpinned), plus at most one free return of a claim
+whose start mark had not been flushed.
+
 Every rescue write is fenced on the ``(id, worker_id, attempt, fence)`` the
 rescuer read and re-checks that the holder is still silent, so a job that
 completed or was re-claimed in between is left alone (river#1302); a free
@@ -28,6 +42,7 @@ Every worker runs a rescuer; the fenced writes make concurrent passes safe.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import time
@@ -38,7 +53,7 @@ from jobkeeper.config import Settings, holder_window
 from jobkeeper.errors import DatabaseUnavailable
 from jobkeeper.events import EventBus, EventKind, JobEvent
 from jobkeeper.maintenance.service import IntervalService
-from jobkeeper.models import Failure, Job, JobStatus
+from jobkeeper.models import Failure, FailureKind, Job, JobStatus
 from jobkeeper.outcomes import (
     cancelled_attempt,
     failed_attempt,
@@ -73,6 +88,8 @@ class Rescuer(IntervalService):
             nothing).
         events: where RESCUED (and DEAD_LETTERED, for rescues that end in
             the dead letters) is emitted per job rescued.
+        max_crashes_of: a job's crash budget (its task's ``max_crashes`` in
+            this worker's app, else the setting); None: the setting for all.
     """
 
     def __init__(
@@ -82,8 +99,10 @@ class Rescuer(IntervalService):
         interval: float,
         may_judge: Callable[[float], bool] | None = None,
         events: EventBus | None = None,
+        max_crashes_of: Callable[[Job], int] | None = None,
     ) -> None:
         super().__init__("jobkeeper-rescuer", interval)
+        self._max_crashes_of = max_crashes_of
         self._events = events if events is not None else EventBus()
         self._backend = backend
         self._settings = settings
@@ -150,6 +169,9 @@ class Rescuer(IntervalService):
                 )
             else:
                 error = f"{lost} while running attempt {job.attempt}"
+                if job.status == JobStatus.RUNNING:
+                    failures.append(self._crash(job, error))
+                    continue
             failures.append(failed_attempt(job, self._settings, error=error))
         self.passes += 1
         if failures:
@@ -170,6 +192,37 @@ class Rescuer(IntervalService):
                 )
         # Rescue never depends on worker rows, so pruning them is only tidying.
         self._backend.worker_prune_stale(older_than=max(2 * rescue_after, 60.0))
+
+    def _crash(self, job: Job, lost: str) -> Failure:
+        """The rescue of a running job, under the crash budget: a suspect
+        (its next attempt runs alone), and when this attempt ran alone, a
+        crash pinned on it -- dead at ``max_crashes``.
+        """
+        if not (job.run_alone and job.alone_fence == job.fence):
+            error = f"{lost} (ran beside other jobs: not counted as a crash; next attempt alone)"
+            failure = failed_attempt(job, self._settings, error=error)
+            return dataclasses.replace(failure, suspect=True)
+        crashes = job.crashes + 1
+        limit = (
+            self._max_crashes_of(job)
+            if self._max_crashes_of is not None
+            else self._settings.max_crashes
+        )
+        error = f"{lost}, alone: crashed its worker {crashes} times (max_crashes={limit})"
+        failure = failed_attempt(job, self._settings, error=error)
+        if crashes >= limit and failure.outcome != FailureKind.DEAD:
+            reason = (
+                f"crashed its worker {crashes} times (max_crashes={limit}), each time "
+                f"running alone; {job.max_attempts - job.attempt} attempts were left"
+            )
+            failure = Failure(failure.claim, FailureKind.DEAD, failure.error_json, reason=reason)
+        elif crashes >= limit:
+            failure = dataclasses.replace(
+                failure,
+                reason=f"crashed its worker {crashes} times (max_crashes={limit}); "
+                f"{failure.reason}",
+            )
+        return dataclasses.replace(failure, suspect=True, crash=True)
 
     def _emit(self, failures: list[Failure], jobs: dict[int, Job], written: set[int]) -> None:
         """RESCUED per rescue written (the event's worker is the lost holder),

@@ -143,6 +143,8 @@ class Claims:
         """The task of a claimed job is being called: record its start mark
         (claimed -> running), batched with the outcomes, and emit STARTED.
 
+        A ``run_alone`` job (run alone by the slots) gets its start mark now,
+        with the claim's fence (``job_start_alone``): one round trip.
         A job whose earlier claim was lost before its start was recorded may
         be one that kills its worker as it starts: its mark is written before
         the task is called, so such a crash spends an attempt from the second
@@ -151,6 +153,15 @@ class Claims:
         if self._events.wants(EventKind.STARTED):
             self._events.emit(JobEvent.of(EventKind.STARTED, job))
         claim = claim_of(job)
+        if job.run_alone:
+            # Started alone (see the slots): recorded now, with its fence, so
+            # that a crash from here on is pinned on this job (the crash
+            # budget). Unrecorded, a crash is only a lost attempt.
+            try:
+                if self._backend.job_start_alone(claim=claim):
+                    return
+            except DatabaseError as exc:
+                logger.warning("job %s: lone start mark not written (%s)", job.id, exc)
         if job.unstarted_returns:
             try:
                 self._backend.job_start_many(claims=[claim])

@@ -245,6 +245,10 @@ class Executor:
 
     def _execute(self, execution: Execution) -> None:
         job = execution.job
+        for waiting in execution.beside:
+            # Suspects that would have waited on this worker behind this
+            # lone attempt: their lone attempts may run elsewhere now.
+            self._report(waiting, released_attempt(waiting, None))
         if self._may_start is not None and not self._may_start(job):
             # The claim was lost while the worker was paused (SIGSTOP, a
             # database outage): the job may be running elsewhere, or be done.

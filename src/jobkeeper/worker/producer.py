@@ -275,6 +275,10 @@ class Producer:
             self._claims_paused = True
             return 0
         self._claims_paused = False
+        if self._executor.snapshot().alone:
+            # A crash suspect waits to run, or runs, alone (the crash
+            # budget, see the slots): nothing is claimed to run beside it.
+            return 0
         capacity = self.concurrency + self.prefetch
         self._executor.set_refill_at(capacity - capacity // 2)
         state = self._executor.snapshot()

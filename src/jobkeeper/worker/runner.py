@@ -254,6 +254,7 @@ class Worker:
             maintenance_interval,
             may_judge=self._may_judge,
             events=self.events,
+            max_crashes_of=self._max_crashes_of,
         )
         self.leader = Leader(
             self._dedicated(), self.info.id, ttl=max(3 * settings.heartbeat_interval, 1.0)
@@ -321,6 +322,13 @@ class Worker:
     def _on_outcome(self, job: Job, outcome: Outcome) -> None:
         self.claims.forget(job.id)
         self.completer.add(outcome, job=job)
+
+    def _max_crashes_of(self, job: Job) -> int:
+        """A job's crash budget: its task's ``max_crashes`` here, else the setting."""
+        task = self._tasks.get(job.task)
+        if task is not None and task.max_crashes is not None:
+            return task.max_crashes
+        return self._settings.max_crashes
 
     def _may_judge(self, window: float) -> bool:
         """Whether our rescuer may declare other workers dead: not while our

@@ -6,6 +6,14 @@ finishes a job goes straight on to the next one, with no thread hand-off.
 The producer fills the ready queue in batches and is woken (``on_need_jobs``)
 only when it runs low. Everything here is guarded by one lock; what others
 may read of it is one frozen :class:`ExecutorState`.
+
+Jobs marked ``run_alone`` (rescued from a worker that went silent while
+running them: crash suspects, see :mod:`jobkeeper.maintenance.rescuer`) wait
+in a ready queue of their own and start only when nothing else runs; while
+one runs nothing else starts, and the other suspects still waiting are handed
+back (:attr:`Execution.beside`) for other workers to run, alone too. So a
+crash during a lone attempt is pinned on its job. The producer claims nothing
+while one is held (``ExecutorState.alone``), so the worker drains to it.
 """
 
 from __future__ import annotations
@@ -44,7 +52,9 @@ class Execution:
     """
 
     __slots__ = (
+        "alone",
         "async_task",
+        "beside",
         "cancel_reason",
         "completed_in",
         "deadline",
@@ -80,6 +90,11 @@ class Execution:
         #: The task's complete_in() succeeded (its transaction may or may
         #: not have committed: the outcome write finds out).
         self.completed_in = False
+        #: Started alone (a ``run_alone`` job): nothing else runs meanwhile.
+        self.alone = False
+        #: Suspects taken from the ready queue as this one started alone:
+        #: to be handed back (unstarted) before its task is called.
+        self.beside: list[Job] = []
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -96,6 +111,8 @@ class ExecutorState:
             to an empty queue (``time.monotonic()``).
         held_by_queue: ready plus running jobs of each queue that has a
             share (see ``Slots``' ``shares``); empty without shares.
+        alone: ``run_alone`` jobs held (waiting or running alone): while
+            there are any, nothing more is claimed.
     """
 
     active: int
@@ -105,6 +122,7 @@ class ExecutorState:
     last_start: float
     ready_moved: float
     held_by_queue: Mapping[str, int]
+    alone: int = 0
 
     @property
     def load(self) -> int:
@@ -150,6 +168,10 @@ class Slots:
         self._last_start = time.monotonic()
         self._ready_moved = self._last_start
         self._ready: collections.deque[Job] = collections.deque()
+        # run_alone jobs waiting for the worker to have nothing else running,
+        # and whether one runs now (then nothing else starts).
+        self._alone: collections.deque[Job] = collections.deque()
+        self._alone_running = False
         self._running: dict[int, Execution] = {}
         self._lock = threading.Lock()
         # Two conditions on one lock: runners wait for work, wait_idle() for
@@ -176,17 +198,18 @@ class Slots:
             return ExecutorState(
                 active=len(self._running) + self._delivering,
                 running=len(self._running),
-                ready=len(self._ready),
+                ready=len(self._ready) + len(self._alone),
                 mean_run_seconds=self._mean_run_seconds,
                 last_start=self._last_start,
                 ready_moved=self._ready_moved,
                 held_by_queue=dict(self._held) if self._held else NO_HELD,
+                alone=len(self._alone) + self._alone_running,
             )
 
     def held_jobs(self) -> list[Job]:
         """Jobs held here: running and ready."""
         with self._lock:
-            return [e.job for e in self._running.values()] + list(self._ready)
+            return [e.job for e in self._running.values()] + list(self._ready) + list(self._alone)
 
     def running(self, job_id: int) -> Execution | None:
         with self._lock:
@@ -219,7 +242,7 @@ class Slots:
     def offer(self, jobs: Iterable[Job]) -> None:
         """Queue claimed jobs to run."""
         with self._lock:
-            before = len(self._ready)
+            before = len(self._ready) + len(self._alone)
             if not before:
                 self._ready_moved = time.monotonic()
             if self._held:
@@ -227,10 +250,11 @@ class Slots:
                 for job in jobs:
                     if job.queue in self._held:
                         self._held[job.queue] += 1
-            self._ready.extend(jobs)
+            for job in jobs:
+                (self._alone if job.run_alone else self._ready).append(job)
             self._asked = False
             self._spawn_runners()
-            self._changed.notify(len(self._ready) - before)
+            self._changed.notify(len(self._ready) + len(self._alone) - before)
 
     def take_ready(self, *, stalled_for: float | None, stop_starting: bool) -> list[Job]:
         """Remove and return the ready jobs (to be handed back).
@@ -252,6 +276,11 @@ class Slots:
                 return []
             waiting = list(self._ready)
             self._ready.clear()
+            if stop_starting:
+                # A stalled worker keeps its suspects: it drains to them
+                # (it claims nothing meanwhile), so they cannot starve.
+                waiting.extend(self._alone)
+                self._alone.clear()
             for job in waiting:
                 self._release_share(job)
             return waiting
@@ -259,10 +288,14 @@ class Slots:
     def take_waiting(self, job_id: int, attempt: int) -> Job | None:
         """Remove and return the ready job of this attempt, if there is one."""
         with self._lock:
-            waiting = next((j for j in self._ready if j.id == job_id), None)
+            waiting = None
+            for ready in (self._ready, self._alone):
+                waiting = next((j for j in ready if j.id == job_id), None)
+                if waiting is not None:
+                    break
             if waiting is None or waiting.attempt != attempt:
                 return None
-            self._ready.remove(waiting)
+            ready.remove(waiting)
             wake = self._release_share(waiting)
         if wake:
             self._on_need_jobs()
@@ -282,7 +315,7 @@ class Slots:
 
     def _spawn_runners(self) -> None:
         """Enough runner threads for the work there is (lock held)."""
-        wanted = min(self.concurrency, len(self._running) + len(self._ready))
+        wanted = min(self.concurrency, len(self._running) + len(self._ready) + len(self._alone))
         while self._runners < wanted:
             self._runners += 1
             name = f"jobkeeper-runner-{next(self._runner_names)}"
@@ -290,7 +323,7 @@ class Slots:
 
     def _need_jobs(self) -> bool:
         """Whether to wake the producer now (lock held)."""
-        load = len(self._running) + len(self._ready)
+        load = len(self._running) + len(self._ready) + len(self._alone)
         idle = load == 0
         low = load <= self._refill_at or (not self._ready and len(self._running) < self.concurrency)
         if idle or (low and not self._asked):
@@ -305,18 +338,42 @@ class Slots:
                 if self._closed or self._runners > self.concurrency:
                     self._runners -= 1
                     return None
-                if self._starting and self._ready and len(self._running) < self.concurrency:
-                    job = self._ready.popleft()
-                    self._last_start = self._ready_moved = time.monotonic()
-                    execution = Execution(job, self._timeout_of(job))
-                    self._running[job.id] = execution
+                execution = self._start_next() if self._starting else None
+                if execution is not None:
                     wake = self._need_jobs()
                     break
-                if not self._changed.wait(RUNNER_IDLE_EXIT) and not self._ready:
+                if not self._changed.wait(RUNNER_IDLE_EXIT) and not self._ready and not self._alone:
                     self._runners -= 1
                     return None
         if wake:
             self._on_need_jobs()
+        return execution
+
+    def _start_next(self) -> Execution | None:
+        """Move the next job that may start to running (lock held), or None.
+
+        Ordinary jobs first; a ``run_alone`` job once nothing runs, and then
+        nothing else until it ends.
+        """
+        if self._alone_running:
+            return None
+        alone = False
+        if self._ready and len(self._running) < self.concurrency:
+            job = self._ready.popleft()
+        elif self._alone and not self._running:
+            job = self._alone.popleft()
+            alone = True
+        else:
+            return None
+        self._last_start = self._ready_moved = time.monotonic()
+        execution = Execution(job, self._timeout_of(job))
+        if alone:
+            self._alone_running = execution.alone = True
+            execution.beside = list(self._alone)
+            self._alone.clear()
+            for other in execution.beside:  # handed back: no longer held here
+                self._release_share(other)
+        self._running[job.id] = execution
         return execution
 
     def _runner(self) -> None:
@@ -339,6 +396,10 @@ class Slots:
                 at_share = self._release_share(execution.job)
             else:
                 at_share = False
+            if execution.alone:
+                # Jobs offered meanwhile may start now, on any waiting runner.
+                self._alone_running = False
+                self._changed.notify_all()
             mean = self._mean_run_seconds
             self._mean_run_seconds = elapsed if mean is None else mean + (elapsed - mean) * 0.05
             deliver = not self._abandoned

@@ -77,7 +77,7 @@ def claimed_job(row: tuple[Any, ...], worker_id: str, utc: dict[datetime, dateti
     """
     (job_id, queue, task, args_text, priority, attempt, max_attempts,
      scheduled_at, created_at, attempted_at, unique_key, errors_text, fence,
-     unstarted_returns, trace_context) = row  # fmt: skip
+     unstarted_returns, trace_context, run_alone) = row  # fmt: skip
     args, args_error = decode_args(args_text)
     try:
         errors = [] if errors_text is None else _JSON.decode(errors_text)
@@ -108,6 +108,7 @@ def claimed_job(row: tuple[Any, ...], worker_id: str, utc: dict[datetime, dateti
         fence=fence,
         unstarted_returns=unstarted_returns,
         trace_context=trace_context,
+        run_alone=bool(run_alone),
     )
 
 
@@ -205,6 +206,15 @@ class PostgresBackend(
             return set()
         return {row["id"] for row in self._fetch("job_start_many", claim_arrays(claims))}
 
+    def job_start_alone(self, *, claim: Claim) -> bool:
+        params = {
+            "id": claim.job_id,
+            "worker_id": claim.worker_id,
+            "attempt": claim.attempt,
+            "fence": claim.fence,
+        }
+        return bool(self._fetch("job_start_alone", params))
+
     def job_complete_many(self, *, completions: Sequence[Completion], delete: bool) -> set[int]:
         if not completions:
             return set()
@@ -285,6 +295,8 @@ class PostgresBackend(
                         "outcomes": [str(f.outcome) for f in updates],
                         "errors": [f.error_json for f in updates],
                         "retry_ins": [f.retry_in for f in updates],
+                        "suspects": [f.suspect for f in updates],
+                        "crashes": [int(f.crash) for f in updates],
                         "stale_after": stale_after,
                     },
                 )
@@ -304,6 +316,7 @@ class PostgresBackend(
                         "fences": [f.claim.fence for f in dead],
                         "errors": [f.error_json for f in dead],
                         "reasons": [f.reason or "max_attempts exhausted" for f in dead],
+                        "crashes": [int(f.crash) for f in dead],
                         "stale_after": stale_after,
                     },
                 )

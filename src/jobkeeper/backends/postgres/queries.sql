@@ -147,11 +147,11 @@ RETURNING job.id, job.queue, job.task, job.args::text, job.priority, job.attempt
           job.max_attempts, job.scheduled_at AT TIME ZONE 'UTC',
           job.created_at AT TIME ZONE 'UTC', job.attempted_at AT TIME ZONE 'UTC',
           job.unique_key, nullif(job.errors, '[]'::jsonb)::text, job.fence,
-          job.unstarted_returns, job.trace_context
+          job.unstarted_returns, job.trace_context, job.run_alone
 )
 SELECT * FROM claimed
 UNION ALL
-SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
+SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
 FROM limited WHERE yes
 
 -- name: job_start_many
@@ -164,6 +164,17 @@ FROM unnest(%(ids)b::bigint[], %(worker_ids)b::text[], %(attempts)b::int[], %(fe
 WHERE job.id = started.id AND job.worker_id = started.worker_id
   AND job.attempt = started.attempt AND job.fence = started.fence AND job.status = 'claimed'
 RETURNING job.id
+
+-- name: job_start_alone
+-- The start mark of a run_alone job its worker starts alone: also records
+-- the claim's fence in alone_fence, so a rescue of this very claim is a
+-- crash pinned on the job (see the rescuer). Written before the task is
+-- called: a job that kills its worker at once is found running, not claimed.
+UPDATE jobkeeper_jobs
+SET status = 'running', attempted_at = now(), alone_fence = fence
+WHERE id = %(id)s AND worker_id = %(worker_id)s AND attempt = %(attempt)s
+  AND fence = %(fence)s AND status = 'claimed'
+RETURNING id
 
 -- name: job_complete_many
 -- Fenced on (id, worker_id, attempt, fence): a worker whose claim was
@@ -227,11 +238,19 @@ SET status = CASE WHEN job.cancel_requested THEN 'cancelled'
     worker_id = NULL,
     errors = CASE WHEN failed.error IS NULL THEN job.errors
                   ELSE job.errors || jsonb_build_array(
-                           failed.error || jsonb_build_object('at', {utc_now_text})) END
+                           failed.error || jsonb_build_object('at', {utc_now_text})) END,
+    -- The crash budget: a rescue of a running job (suspect) makes its next
+    -- attempt run alone; a hand-back keeps what it was; any other outcome
+    -- was written by a worker the attempt did not crash, so it runs as
+    -- usual again. crash counts a pinned crash (see the rescuer).
+    run_alone = CASE WHEN failed.suspect THEN true
+                     WHEN failed.outcome IN ('released', 'returned') THEN job.run_alone
+                     ELSE false END,
+    crashes = job.crashes + failed.crash
 FROM unnest(%(ids)b::bigint[], %(worker_ids)b::text[], %(attempts)b::int[],
             %(fences)b::int8[], %(outcomes)b::text[], %(errors)b::jsonb[],
-            %(retry_ins)b::float8[])
-     AS failed(id, worker_id, attempt, fence, outcome, error, retry_in)
+            %(retry_ins)b::float8[], %(suspects)b::bool[], %(crashes)b::int[])
+     AS failed(id, worker_id, attempt, fence, outcome, error, retry_in, suspect, crash)
 WHERE job.id = failed.id AND job.worker_id = failed.worker_id AND job.attempt = failed.attempt
   AND job.fence = failed.fence
   AND (job.status = 'claimed' OR (job.status = 'running' AND failed.outcome <> 'returned'))
@@ -260,8 +279,9 @@ SELECT id FROM jobkeeper_jobs WHERE id = ANY(%(ids)b::bigint[]) ORDER BY id FOR 
 -- entry kept), as in job_fail_many.
 WITH failed AS (
     SELECT * FROM unnest(%(ids)b::bigint[], %(worker_ids)b::text[], %(attempts)b::int[],
-                         %(fences)b::int8[], %(errors)b::jsonb[], %(reasons)b::text[])
-                  AS failed(id, worker_id, attempt, fence, error, reason)
+                         %(fences)b::int8[], %(errors)b::jsonb[], %(reasons)b::text[],
+                         %(crashes)b::int[])
+                  AS failed(id, worker_id, attempt, fence, error, reason, crash)
 ), cancelled AS (
     UPDATE jobkeeper_jobs AS job
     SET status = 'cancelled', finished_at = now(), worker_id = NULL,
@@ -288,15 +308,16 @@ WITH failed AS (
             WHERE worker.id = job.worker_id
               AND worker.heartbeat_at > now() - make_interval(
                     secs => coalesce(worker.rescue_after, %(stale_after)s::float8))))
-    RETURNING job.*, failed.error AS new_error, failed.reason AS new_reason
+    RETURNING job.*, failed.error AS new_error, failed.reason AS new_reason,
+              failed.crash AS new_crash
 ), dead AS (
     INSERT INTO jobkeeper_dead_letters
         (id, queue, task, args, priority, attempt, max_attempts, scheduled_at, created_at,
-         attempted_at, finished_at, unique_key, errors, result, reason, serial_key)
+         attempted_at, finished_at, unique_key, errors, result, reason, serial_key, crashes)
     SELECT id, queue, task, args, priority, attempt, max_attempts, scheduled_at, created_at,
            attempted_at, now(), unique_key,
            errors || jsonb_build_array(new_error || jsonb_build_object('at', {utc_now_text})),
-           result, new_reason, serial_key
+           result, new_reason, serial_key, crashes + new_crash
     FROM moved
     RETURNING id
 )
@@ -448,8 +469,10 @@ WHERE id = %(id)s AND status IN ('scheduled', 'available', 'claimed', 'running',
 RETURNING *
 
 -- name: job_retry
+-- Attempts and the crash budget start afresh; run_alone is kept (a crash
+-- suspect still has its lone attempt to run).
 UPDATE jobkeeper_jobs
-SET status = 'available', attempt = 0, unstarted_returns = 0, scheduled_at = now(),
+SET status = 'available', attempt = 0, unstarted_returns = 0, crashes = 0, scheduled_at = now(),
     finished_at = NULL, cancel_requested = false
 WHERE id = %(id)s AND status IN ('retryable', 'cancelled', 'completed')
 RETURNING *

@@ -155,6 +155,16 @@ class SqliteBackend(
                     written.add(job_id)
         return written
 
+    def job_start_alone(self, *, claim: Claim) -> bool:
+        params = {
+            "id": claim.job_id,
+            "worker_id": claim.worker_id,
+            "attempt": claim.attempt,
+            "fence": claim.fence,
+        }
+        with self._write() as conn:
+            return conn.execute(QUERIES["job_start_alone"], params).fetchone() is not None
+
     def job_complete_many(self, *, completions: Sequence[Completion], delete: bool) -> set[int]:
         if not completions:
             return set()
@@ -229,6 +239,8 @@ class SqliteBackend(
                     "error": failure.error_json,
                     "retry_in": failure.retry_in,
                     "stale_after": stale_after,
+                    "suspect": failure.suspect,
+                    "crash": int(failure.crash),
                 }
                 if conn.execute(QUERIES["job_fail_many"], params).rowcount == 1:
                     written.add(failure.claim.job_id)
@@ -244,6 +256,7 @@ class SqliteBackend(
                 }
                 cancelled = dict(params)
                 del cancelled["reason"]
+                params["crash"] = int(failure.crash)
                 if conn.execute(QUERIES["job_fail_many_dead_cancelled"], cancelled).rowcount == 1:
                     written.add(failure.claim.job_id)
                 elif conn.execute(QUERIES["job_fail_many_dead"], params).rowcount == 1:

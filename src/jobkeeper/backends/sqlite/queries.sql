@@ -90,6 +90,15 @@ SET status = 'running', attempted_at = {now}
 WHERE id = :id AND worker_id = :worker_id AND attempt = :attempt AND fence = :fence
   AND status = 'claimed'
 
+-- name: job_start_alone
+-- The start mark of a run_alone job started alone; records the claim's
+-- fence in alone_fence (see the PostgreSQL twin).
+UPDATE jobkeeper_jobs
+SET status = 'running', attempted_at = {now}, alone_fence = fence
+WHERE id = :id AND worker_id = :worker_id AND attempt = :attempt AND fence = :fence
+  AND status = 'claimed'
+RETURNING id
+
 -- name: job_complete_many
 -- Fenced on (id, worker_id, attempt, fence): a worker that lost its claim
 -- (rescued, handed back, perhaps re-claimed at the same attempt) writes
@@ -127,7 +136,12 @@ SET status = CASE WHEN cancel_requested THEN 'cancelled'
     scheduled_at = CASE WHEN :outcome IN ('retryable', 'snoozed') AND NOT cancel_requested
                         THEN {now} + :retry_in ELSE scheduled_at END,
     worker_id = NULL,
-    errors = CASE WHEN :error IS NULL THEN errors ELSE {errors_plus_new} END
+    errors = CASE WHEN :error IS NULL THEN errors ELSE {errors_plus_new} END,
+    -- The crash budget (see the PostgreSQL twin).
+    run_alone = CASE WHEN :suspect THEN 1
+                     WHEN :outcome IN ('released', 'returned') THEN run_alone
+                     ELSE 0 END,
+    crashes = crashes + :crash
 WHERE id = :id AND worker_id = :worker_id AND attempt = :attempt AND fence = :fence
   AND (status = 'claimed' OR (status = 'running' AND :outcome <> 'returned'))
   AND (:stale_after IS NULL OR NOT EXISTS (
@@ -153,9 +167,10 @@ WHERE id = :id AND worker_id = :worker_id AND attempt = :attempt AND fence = :fe
 -- second, in the same transaction.
 INSERT INTO jobkeeper_dead_letters
     (id, queue, task, args, priority, attempt, max_attempts, scheduled_at, created_at,
-     attempted_at, finished_at, unique_key, errors, result, reason, serial_key)
+     attempted_at, finished_at, unique_key, errors, result, reason, serial_key, crashes)
 SELECT id, queue, task, args, priority, attempt, max_attempts, scheduled_at, created_at,
-       attempted_at, {now}, unique_key, {errors_plus_new}, result, :reason, serial_key
+       attempted_at, {now}, unique_key, {errors_plus_new}, result, :reason, serial_key,
+       crashes + :crash
 FROM jobkeeper_jobs
 WHERE id = :id AND worker_id = :worker_id AND attempt = :attempt AND fence = :fence
   AND status IN ('claimed', 'running') AND NOT cancel_requested
@@ -280,8 +295,9 @@ WHERE id = :id AND status IN ('scheduled', 'available', 'claimed', 'running', 'r
 RETURNING *
 
 -- name: job_retry
+-- Attempts and the crash budget start afresh (see the PostgreSQL twin).
 UPDATE jobkeeper_jobs
-SET status = 'available', attempt = 0, unstarted_returns = 0, scheduled_at = {now},
+SET status = 'available', attempt = 0, unstarted_returns = 0, crashes = 0, scheduled_at = {now},
     finished_at = NULL, cancel_requested = 0
 WHERE id = :id AND status IN ('retryable', 'cancelled', 'completed')
 RETURNING *
