@@ -247,7 +247,7 @@ def test_c02_rescue_paused_past_a_new_claim_writes_nothing(make_queue, tmp_path)
 
 def test_c02_jobs_finishing_at_the_rescue_horizon_never_leave_completed(db_url, tmp_path):
     # Scaled from the case's 2,000 jobs of 0.8-1.2 s, 1 s window, rescue passes
-    # every 100 ms: 100 jobs, a 0.3 s window, a pass every 30 ms.
+    # every 100 ms: 80 jobs, a 0.3 s window, a pass every 30 ms.
     settings = {**FAST, "heartbeat_interval": 0.1, "rescue_after": 0.3}
     jq = JobQueue(db_url, **settings)
     try:
@@ -260,7 +260,7 @@ def test_c02_jobs_finishing_at_the_rescue_horizon_never_leave_completed(db_url, 
         ids = [
             j.id
             for j in jq.enqueue_many(
-                [("jittered", {"low": 0.8 * window, "high": 1.2 * window})] * 100
+                [("jittered", {"low": 0.8 * window, "high": 1.2 * window})] * 80
             )
         ]
         stop = threading.Event()
@@ -289,8 +289,11 @@ def test_c02_jobs_finishing_at_the_rescue_horizon_never_leave_completed(db_url, 
         assert _changes_after_completion(url) == []
         for job_id in ids:
             done = jq.get_job(job_id)
-            attempts = [e["attempt"] for e in done.errors]
-            assert attempts == sorted(set(attempts)) and all(a < done.attempt for a in attempts)
+            # Rescue entries belong to earlier attempts, one each. (A worker
+            # may also hand a claim back unstarted, with a note and its
+            # attempt number given back, when its own beat came late.)
+            lost = [e["attempt"] for e in done.errors if "worker lost" in e["error"]]
+            assert lost == sorted(set(lost)) and all(a < done.attempt for a in lost), done
             assert done.result == done.attempt
         # The races happened: live jobs were rescued at the horizon, and
         # rescues that came after their job moved on changed nothing.
