@@ -53,9 +53,10 @@ WORKER = textwrap.dedent(
         return current_job().attempt
 
     @jq.task(max_attempts=5)
-    def nap(seconds: float) -> int:
-        time.sleep(seconds)
-        return current_job().attempt
+    def nap(seconds: float, later: float | None = None) -> int:
+        attempt = current_job().attempt
+        time.sleep(seconds if attempt == 1 or later is None else later)
+        return attempt
 
     worker = jq.worker(concurrency=1, prefetch=0)
     if not judge:
@@ -182,7 +183,8 @@ def test_c02_rescue_paused_past_a_completion_writes_nothing(make_queue, tmp_path
     install_job_audit(url)
     _install_heartbeat_gate(url, stamp_on_claim=False)
     window = jq.settings.rescue_after
-    job = jq.enqueue("nap", {"seconds": 2.5 * window})
+    # Selected once W has been silent for a window; done three windows later.
+    job = jq.enqueue("nap", {"seconds": 4 * window})
     with processes(tmp_path) as procs:
         w = _spawn(procs, url, FAST, "mute")
         held = wait_for(
@@ -209,7 +211,9 @@ def test_c02_rescue_paused_past_a_new_claim_writes_nothing(make_queue, tmp_path)
     install_job_audit(url)
     _install_heartbeat_gate(url, stamp_on_claim=False)
     window = jq.settings.rescue_after
-    job = jq.enqueue("nap", {"seconds": 2.5 * window})
+    # W1's attempt outlasts W2's start and rescue by far; W2's attempt outlasts
+    # the paused write.
+    job = jq.enqueue("nap", {"seconds": 10 * window, "later": 3 * window})
     with processes(tmp_path) as procs:
         w1 = _spawn(procs, url, FAST, "mute")
         held = wait_for(
@@ -240,7 +244,7 @@ def test_c02_rescue_paused_past_a_new_claim_writes_nothing(make_queue, tmp_path)
             what="W2 to complete attempt 2",
         )
         assert w1.poll() is None
-    # W1's attempt 1 returned too, its ack refused by the fence.
+    # (W1's attempt 1 is still asleep: if it returns, the fence refuses its ack.)
     assert (done.attempt, done.result, len(done.errors)) == (2, 2, 1)
     assert _changes_after_completion(url) == []
 
