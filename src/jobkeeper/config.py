@@ -135,7 +135,9 @@ class Settings:
                     f"dead_retention={self.dead_retention!r} is longer than "
                     f"{MAX_SETTING_SECONDS:.0f} seconds (100 years); None keeps them forever"
                 )
-        if self.rescue_after < 3 * self.heartbeat_interval:
+        # Compared with a relative tolerance: 3 * 0.1 is 0.30000000000000004
+        # in binary floating point, and rescue_after=0.3 is exactly 3 beats.
+        if self.rescue_after < 3 * self.heartbeat_interval * (1 - 1e-9):
             raise ConfigError(
                 f"rescue_after={self.rescue_after} must be at least 3 x "
                 f"heartbeat_interval={self.heartbeat_interval}: a live worker would "
