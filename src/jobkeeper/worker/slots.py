@@ -55,6 +55,7 @@ class Execution:
         "thread_id",
         "timed_out",
         "timeout",
+        "wake",
     )
 
     def __init__(self, job: Job, timeout: float | None) -> None:
@@ -73,6 +74,9 @@ class Execution:
         self.thread_id: int | None = None
         self.async_task: asyncio.Task[Any] | None = None
         self.done: threading.Event | None = None
+        #: While a sync task's code runs: what ends its ``time.sleep`` early
+        #: (:mod:`~jobkeeper.worker.sleeps`).
+        self.wake: threading.Lock | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
