@@ -100,3 +100,18 @@ def suicide(record: str | None = None) -> None:
     note(record, "start")
     os.kill(os.getpid(), signal.SIGKILL)
     time.sleep(60)
+
+
+@jq.task(max_attempts=5)
+def pool_hold(seconds: float, record: str | None = None) -> float:
+    """PostgreSQL: does ``seconds`` of server-side work on one of the queue's
+    own pooled connections (a test hook: the way a task given connections
+    from the API pool by a helper would hold them), then enqueues a follow-up
+    through the API (``followups`` queue) on the same pool. Returns when it
+    returned (Unix seconds).
+    """
+    note(record, "run")
+    with jq.backend._source.connection() as conn:  # type: ignore[attr-defined]
+        conn.execute("SELECT pg_sleep(%s)", [seconds])
+    jq.enqueue("record", {"record": "-"}, queue="followups")
+    return time.time()

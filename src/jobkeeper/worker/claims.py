@@ -36,8 +36,9 @@ class Claims:
     """Claims held by one worker and the checks before each start.
 
     Args:
-        backend: for confirming a hold and for urgent start marks (any
-            thread; a pooled or thread-local connection).
+        backend: for confirming a hold and for urgent start marks, called
+            from any runner thread one at a time (a dedicated backend: never
+            the API pool, which tasks may hold whole).
         worker_id: this worker's id.
         heartbeat: this worker's heartbeat.
         completer: where start marks are batched.
@@ -66,6 +67,8 @@ class Claims:
         self._stopping = stopping
         self._events = events
         self._lock = threading.Lock()
+        # Runner threads take turns on the backend's one connection.
+        self._db_lock = threading.Lock()
         # Job id -> the heartbeat's stale-spell count when it was claimed (or
         # its hold last confirmed).
         self._stamps: dict[int, int] = {}
@@ -125,7 +128,8 @@ class Claims:
             age, spells = self._heartbeat.liveness()
             if age <= self._fresh_for:
                 try:
-                    held = self._backend.job_held_by(worker_id=self._worker_id)
+                    with self._db_lock:
+                        held = self._backend.job_held_by(worker_id=self._worker_id)
                 except DatabaseError:
                     self._stopping.wait(0.1)
                     continue
@@ -153,7 +157,8 @@ class Claims:
         claim = claim_of(job)
         if job.unstarted_returns:
             try:
-                self._backend.job_start_many(claims=[claim])
+                with self._db_lock:
+                    self._backend.job_start_many(claims=[claim])
                 return
             except DatabaseError as exc:
                 logger.warning("job %s: start mark not written now (%s)", job.id, exc)
