@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import signal
+import threading
 import time
 
 import pytest
@@ -109,5 +110,53 @@ def test_c14_start_marks_need_no_pool_connection(pg_url, caplog):
                 took = time.monotonic() - began
         assert took < 5.0, f"the start waited on the pool for {took:.1f}s"
         assert "start mark not written" not in caplog.text
+    finally:
+        jq.close()
+
+
+def test_c14_hold_confirmation_after_a_stale_spell_needs_no_pool_connection(pg_url):
+    # A job claimed before a stale heartbeat spell starts only once the
+    # database confirms we still hold it (Claims.may_start). With every pooled
+    # connection held by task work, that read waited on the pool for ever
+    # (POOL_TIMEOUT, then again): the job could not start.
+    jq = JobQueue(pg_url, **{**FAST, "pool_size": 2, "rescue_after": 4.0})
+    try:
+        jq.migrate()
+        release = threading.Event()
+
+        @jq.task
+        def first() -> str:
+            release.wait(30)
+            return "first"
+
+        @jq.task
+        def second() -> str:
+            return "second"
+
+        a = first.enqueue()
+        b = second.enqueue()
+
+        def status(job_id: int) -> str:
+            return sql(pg_url, "SELECT status FROM jobkeeper_jobs WHERE id = ?", [job_id])[0][0]
+
+        worker = jq.worker(concurrency=1, prefetch=1)
+        with running(worker):
+            wait_for(
+                lambda: status(a.id) == "running" and status(b.id) == "claimed", what="b ready"
+            )
+            # A stale spell: the heartbeat silent past fresh_for (rescue_after / 2).
+            worker.heartbeat.paused = True
+            wait_for(lambda: worker.claims.beat_age() > 2.5, what="a stale heartbeat")
+            worker.heartbeat.paused = False
+            wait_for(lambda: worker.claims.fresh(), what="a fresh heartbeat again")
+            source = jq.backend._source  # test hook: the API pool itself
+            with contextlib.ExitStack() as hold:
+                for _ in range(2):
+                    hold.enter_context(source.connection())
+                release.set()
+                began = time.monotonic()
+                wait_for(lambda: status(b.id) == "completed", timeout=30, what="b to complete")
+                took = time.monotonic() - began
+        assert took < 5.0, f"the start waited on the pool for {took:.1f}s"
     finally:
         jq.close()
