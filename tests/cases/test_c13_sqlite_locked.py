@@ -20,6 +20,7 @@ import sqlite3
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -83,7 +84,11 @@ while time.monotonic() < end:
 
 
 def test_c13_write_lock_holds_never_reach_enqueue_heartbeats_or_status(sqlite_url, tmp_path):
-    jq = JobQueue(sqlite_url, **SETTINGS)
+    with JobQueue(sqlite_url, **SETTINGS) as jq:
+        _run_under_lock_holds(jq, sqlite_url, tmp_path)
+
+
+def _run_under_lock_holds(jq: JobQueue, sqlite_url: str, tmp_path: Path) -> None:
     jq.migrate()
     install_heartbeat_log(sqlite_url)
     path = sqlite_url.removeprefix("sqlite:///")
@@ -131,11 +136,15 @@ def test_c13_write_lock_holds_never_reach_enqueue_heartbeats_or_status(sqlite_ur
 
     holds = int(held.read_text())
     assert holds >= 4, f"the lock was held only {holds} times: the test proved nothing"
+    slowest = max(report["slowest"] for report in reports)
     for report in reports:
-        assert report["errors"] == [], report["errors"][:5]
+        assert report["errors"] == [], (slowest, report["errors"][:5])
     assert len(ids) == 2 * PER_ENQUEUER
-    # Some enqueues waited out a hold: the contention was real.
-    assert max(report["slowest"] for report in reports) >= HOLD / 4
+    # Some enqueues waited out a hold (the contention was real), and none
+    # waited through two: a waiter gets the lock in the 1.5 s between holds.
+    # SQLite's busy handler alone polled every 100 ms and lost each release
+    # to newcomers: 2.6 to 5.2 s was measured, 2.2 to 2.4 s with the fix.
+    assert HOLD / 4 <= slowest < 2 * HOLD, slowest
     assert statuses and all(rc == 0 for rc, _ in statuses), statuses
     assert not [out for _, out in statuses if "locked" in out]
 
@@ -156,7 +165,6 @@ def test_c13_write_lock_holds_never_reach_enqueue_heartbeats_or_status(sqlite_ur
     for beats in heartbeat_log(sqlite_url).values():
         gap = max(b - a for a, b in itertools.pairwise(beats))
         assert gap < SETTINGS["rescue_after"] * 0.75, gap
-    jq.close()
 
 
 def test_c13_lock_held_past_busy_timeout_fails_clearly_and_writes_nothing(sqlite_url):
