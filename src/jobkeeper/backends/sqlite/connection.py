@@ -172,14 +172,18 @@ class SqliteConnection:
                 raise
 
     def _begin_immediate(self, conn: sqlite3.Connection) -> None:
-        """``BEGIN IMMEDIATE``, waiting up to ``busy_timeout`` for the write
-        lock in attempts of ``BUSY_SLICE_MS`` (see there); every other
-        statement keeps the full busy timeout.
+        """``BEGIN IMMEDIATE``: see :meth:`_take_write_lock`."""
+        self._take_write_lock(conn, lambda: conn.execute("BEGIN IMMEDIATE"))
+
+    def _take_write_lock(self, conn: sqlite3.Connection, action: Callable[[], T]) -> T:
+        """Run ``action`` (a statement that takes the write lock), waiting up
+        to ``busy_timeout`` for the lock in attempts of ``BUSY_SLICE_MS`` (see
+        there); every other statement keeps the full busy timeout.
         """
         busy = QUERIES["connection_busy_timeout"]
         conn.execute(busy.replace("{ms}", str(BUSY_SLICE_MS)))
         try:
-            _retry_while_locked(lambda: conn.execute("BEGIN IMMEDIATE"), self.busy_timeout, 0.0)
+            return _retry_while_locked(action, self.busy_timeout, 0.0)
         finally:
             conn.execute(busy.replace("{ms}", str(int(self.busy_timeout * 1000))))
 
