@@ -59,10 +59,10 @@ def interruptible_sleep(seconds: float | SupportsIndex, /) -> None:
         # Outside a task, and what time.sleep refuses or does at once.
         _original_sleep(seconds)
         return
-    if wake.acquire(timeout=seconds):
-        # Woken: the interrupt's exception, already injected, is raised at
-        # the next bytecode. The wake is spent: later sleeps sleep in full.
-        return
+    # Acquired only when woken: the interrupt's exception, already injected,
+    # is raised at the next bytecode. The wake is spent: later sleeps sleep
+    # in full.
+    wake.acquire(timeout=seconds)
 
 
 def enter(thread_id: int) -> threading.Lock:
