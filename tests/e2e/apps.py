@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import select
 import signal
 import time
 from typing import Any
@@ -65,11 +66,12 @@ def naps(seconds: float, record: str | None = None) -> dict[str, Any]:
 @jq.task(max_attempts=5)
 def stuck_once(seconds: float, record: str | None = None) -> int:
     """The first attempt sleeps ``seconds`` in one C call, out of any
-    interrupt's reach; later attempts return at once.
+    interrupt's reach (``select``: unlike ``time.sleep``, which an interrupt
+    ends in a worker); later attempts return at once.
     """
     note(record, "start")
     if current_job().attempt == 1:
-        time.sleep(seconds)
+        select.select([], [], [], seconds)
     note(record, "end")
     return current_job().attempt
 
@@ -120,3 +122,18 @@ def slept(seconds: float, record: str | None = None, fail_on: int = 0) -> int:
     if current_job().attempt == fail_on:
         raise RuntimeError(f"fails on attempt {fail_on}")
     return current_job().attempt
+
+
+@jq.task(max_attempts=5)
+def pool_hold(seconds: float, record: str | None = None) -> float:
+    """PostgreSQL: does ``seconds`` of server-side work on one of the queue's
+    own pooled connections (a test hook: the way a task given connections
+    from the API pool by a helper would hold them), then enqueues a follow-up
+    through the API (``followups`` queue) on the same pool. Returns when it
+    returned (Unix seconds).
+    """
+    note(record, "run")
+    with jq.backend._source.connection() as conn:  # type: ignore[attr-defined]
+        conn.execute("SELECT pg_sleep(%s)", [seconds])
+    jq.enqueue("record", {"record": "-"}, queue="followups")
+    return time.time()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import select
 import threading
 import time
 from typing import Any
@@ -589,8 +590,8 @@ def test_delayed_job_runs_once_due_and_not_before(make_queue):
 
 
 def test_timed_out_sync_task_stuck_in_c_code_holds_its_slot_until_it_returns(make_queue):
-    # time.sleep cannot be interrupted: the job stays held, its slot busy,
-    # until the sleep returns; only then is the timeout recorded and the
+    # A sleep in select cannot be interrupted: the job stays held, its slot
+    # busy, until the sleep returns; only then is the timeout recorded and the
     # worker's only slot free for the next job.
     jq = make_queue()
     woke = threading.Event()
@@ -598,7 +599,7 @@ def test_timed_out_sync_task_stuck_in_c_code_holds_its_slot_until_it_returns(mak
     @jq.task(timeout=0.2, max_attempts=1)
     def stuck() -> None:
         try:
-            time.sleep(1.5)
+            select.select([], [], [], 1.5)
         finally:
             woke.set()
 

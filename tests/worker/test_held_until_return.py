@@ -2,13 +2,14 @@
 
 A timeout, a cancel request or a stop past the grace period asks the code to
 stop; the outcome is recorded only once it has returned. Code stuck where the
-interrupt cannot reach it (C code such as ``time.sleep``; an async task that
+interrupt cannot reach it (a C call such as ``select``; an async task that
 blocks its event loop) must never run beside its own retry.
 """
 
 from __future__ import annotations
 
 import itertools
+import select
 import threading
 import time
 from typing import Any
@@ -23,6 +24,11 @@ from .helpers import error_texts, running
 
 #: Seconds the stuck code sleeps in C, well past its timeout.
 STUCK = 2.0
+
+
+def sleep_in_c(seconds: float) -> None:
+    """One C call no interrupt ends (a worker ends ``time.sleep`` early)."""
+    select.select([], [], [], seconds)
 
 
 class Attempts:
@@ -99,7 +105,7 @@ def test_sync_task_stuck_in_c_code_past_the_timeout_never_overlaps_its_retry(mak
         span = attempts.start()
         try:
             if current_job().attempt == 1:
-                time.sleep(STUCK)  # the injected interrupt waits for this to return
+                sleep_in_c(STUCK)  # the injected interrupt waits for this to return
         finally:
             span["end"] = time.monotonic()
         return "done"
@@ -115,7 +121,7 @@ def test_cancel_of_code_stuck_in_c_keeps_the_job_held_until_it_returns(make_queu
     def sleeps_in_c() -> str:
         span = attempts.start()
         try:
-            time.sleep(STUCK)
+            sleep_in_c(STUCK)
         finally:
             span["end"] = time.monotonic()
         return "done"
@@ -156,7 +162,7 @@ def test_a_stop_leaves_code_that_does_not_return_held_not_released(make_queue):
     def stuck() -> str:
         started.set()
         try:
-            time.sleep(6)
+            sleep_in_c(6)
         finally:
             returned.set()
         return "late"

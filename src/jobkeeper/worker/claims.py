@@ -36,8 +36,9 @@ class Claims:
     """Claims held by one worker and the checks before each start.
 
     Args:
-        backend: for confirming a hold and for urgent start marks (any
-            thread; a pooled or thread-local connection).
+        backend: for confirming a hold and for urgent start marks, called
+            from any runner thread one at a time (a dedicated backend: never
+            the API pool, which tasks may hold whole).
         worker_id: this worker's id.
         heartbeat: this worker's heartbeat.
         completer: where start marks are batched.
@@ -66,6 +67,8 @@ class Claims:
         self._stopping = stopping
         self._events = events
         self._lock = threading.Lock()
+        # Runner threads take turns on the backend's one connection.
+        self._db_lock = threading.Lock()
         # Job id -> the heartbeat's stale-spell count when it was claimed (or
         # its hold last confirmed).
         self._stamps: dict[int, int] = {}
@@ -122,22 +125,39 @@ class Claims:
         if self.still_held(job):
             return True
         while not self._stopping.is_set():
-            age, spells = self._heartbeat.liveness()
-            if age <= self._fresh_for:
-                try:
-                    held = self._backend.job_held_by(worker_id=self._worker_id)
-                except DatabaseError:
-                    self._stopping.wait(0.1)
-                    continue
-                if any(h.id == job.id and h.fence == job.fence for h in held):
-                    # Confirmed as of a fresh heartbeat: the last check before
-                    # the call (still_held) now counts from here.
-                    with self._lock:
-                        self._stamps[job.id] = spells
-                    return True
-                return False
-            self._stopping.wait(0.05)
+            try:
+                confirmed = self._held_now()
+            except DatabaseError:
+                self._stopping.wait(0.1)
+                continue
+            if confirmed is None:
+                self._stopping.wait(0.05)
+                continue
+            held, spells = confirmed
+            if any(h.id == job.id and h.fence == job.fence for h in held):
+                # Confirmed as of a fresh heartbeat: the last check before
+                # the call (still_held) now counts from here.
+                with self._lock:
+                    self._stamps[job.id] = spells
+                return True
+            return False
         return False
+
+    def _held_now(self) -> tuple[list[Job], int] | None:
+        """The jobs the database says we hold, and the heartbeat's stale-spell
+        count as of that read; None while our heartbeat is not fresh.
+
+        Liveness is read once this thread has its turn on the connection:
+        time spent waiting for the turn must not pass for fresh.
+
+        Raises:
+            DatabaseError: the read failed.
+        """
+        with self._db_lock:
+            age, spells = self._heartbeat.liveness()
+            if age > self._fresh_for:
+                return None
+            return self._backend.job_held_by(worker_id=self._worker_id), spells
 
     def started(self, job: Job) -> None:
         """The task of a claimed job is being called: record its start mark
@@ -164,7 +184,8 @@ class Claims:
                 logger.warning("job %s: lone start mark not written (%s)", job.id, exc)
         if job.unstarted_returns:
             try:
-                self._backend.job_start_many(claims=[claim])
+                with self._db_lock:
+                    self._backend.job_start_many(claims=[claim])
                 return
             except DatabaseError as exc:
                 logger.warning("job %s: start mark not written now (%s)", job.id, exc)

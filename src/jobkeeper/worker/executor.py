@@ -5,7 +5,8 @@ ending into exactly one outcome, reported once (FINISHED, then ``on_outcome``).
 Only the code's own ending decides an execution's outcome. A timeout, a
 cancel request or a stop past the grace period *asks* the code to stop
 (``TaskInterrupted`` is injected into a sync task's thread, raised at its next
-Python bytecode; an async task is cancelled, which lands at its next await)
+Python bytecode, and a ``time.sleep`` it is in ends early; an async task is
+cancelled, which lands at its next await)
 and records why; the job stays held by this worker (heartbeats going, slot
 busy) until the code returns, and only then is the outcome written: the
 timeout failure, ``cancelled``, or the shutdown hand-back. Code stuck where
@@ -48,6 +49,7 @@ from jobkeeper.outcomes import (
 )
 from jobkeeper.payload import encode_result
 from jobkeeper.tasks import Task
+from jobkeeper.worker import sleeps
 from jobkeeper.worker.interrupts import Interrupts
 from jobkeeper.worker.slots import Execution, ExecutorState, Slots, raise_in_thread
 
@@ -161,6 +163,8 @@ class Executor:
             shares=shares,
         )
         self._interrupts = Interrupts(self._slots)
+        # Sync tasks' time.sleep ends when they are interrupted.
+        sleeps.install()
 
     # -- what others may read and ask -------------------------------------------
 
@@ -338,6 +342,8 @@ class Executor:
             )
             if start:
                 execution.thread_id = thread_id
+                if thread_id is not None:
+                    execution.wake = sleeps.enter(thread_id)
                 execution.async_task = async_task
                 execution.in_user_code = True
                 if execution.timeout:
@@ -432,6 +438,9 @@ class Executor:
             finally:
                 with execution.lock:
                     execution.in_user_code = False
+                    if execution.wake is not None and execution.thread_id is not None:
+                        sleeps.leave(execution.thread_id)
+                        execution.wake = None
                     if execution.interrupted and execution.thread_id is not None:
                         # The injected TaskInterrupted may still be pending (the
                         # code returned before it fired): clear it so it

@@ -3,7 +3,8 @@ watch) and the stop past the grace period; and the event loop async tasks
 run on, since cancelling one is how it is asked to stop.
 
 An interrupt only *asks*: ``TaskInterrupted`` is injected into a sync task's
-thread (raised at its next Python bytecode) and an async task is cancelled
+thread (raised at its next Python bytecode; a ``time.sleep`` it is in ends
+early, see :mod:`~jobkeeper.worker.sleeps`) and an async task is cancelled
 (at its next await). What asked is recorded on the execution; the executor
 decides the outcome once the code has returned.
 """
@@ -17,6 +18,7 @@ import time
 
 from jobkeeper.errors import TaskInterrupted
 from jobkeeper.models import Claim
+from jobkeeper.worker import sleeps
 from jobkeeper.worker.deadlines import DeadlineWatch
 from jobkeeper.worker.slots import Execution, Slots, raise_in_thread
 
@@ -59,6 +61,9 @@ class Interrupts:
             self._loop.call_soon_threadsafe(execution.async_task.cancel)
         elif execution.thread_id is not None:
             raise_in_thread(execution.thread_id, TaskInterrupted)
+            if execution.wake is not None:
+                # After the injection: the woken sleep returns into it.
+                sleeps.wake(execution.wake)
 
     def cancel(self, claim: Claim, reason: str) -> bool:
         """Ask the running attempt of ``claim`` to stop as cancelled. Returns

@@ -207,7 +207,9 @@ class Worker:
             on_holds=self._on_holds,
         )
         self.claims = Claims(
-            backend=self._base_backend,
+            # Not the API pool: tasks may hold every pooled connection
+            # (pool_size below concurrency), and a start must not wait on them.
+            backend=self._dedicated(),
             worker_id=self.info.id,
             heartbeat=self.heartbeat,
             completer=self.completer,

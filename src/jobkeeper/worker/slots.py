@@ -69,6 +69,7 @@ class Execution:
         "thread_id",
         "timed_out",
         "timeout",
+        "wake",
     )
 
     def __init__(self, job: Job, timeout: float | None) -> None:
@@ -95,6 +96,9 @@ class Execution:
         #: Suspects taken from the ready queue as this one started alone:
         #: to be handed back (unstarted) before its task is called.
         self.beside: list[Job] = []
+        #: While a sync task's code runs: what ends its ``time.sleep`` early
+        #: (:mod:`~jobkeeper.worker.sleeps`).
+        self.wake: threading.Lock | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

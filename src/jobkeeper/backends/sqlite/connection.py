@@ -40,10 +40,19 @@ _PASSING_CONDITIONS = ("disk is full", "readonly", "disk i/o error", "unable to 
 
 T = TypeVar("T")
 
+#: Milliseconds SQLite's busy handler may wait in one attempt at the write
+#: lock. Its handler sleeps ever longer, 100 ms at a time after 0.3 s, so a
+#: writer that had waited long looked for the lock ten times a second while
+#: newcomers took it at each release: behind 2 s holds an enqueue waited past
+#: a 5 s busy_timeout (C-13). Attempts of one slice, repeated until
+#: busy_timeout, keep a long waiter looking as often as a new one.
+BUSY_SLICE_MS = 25
 
-def _retry_while_locked(action: Callable[[], T], timeout: float) -> T:
+
+def _retry_while_locked(action: Callable[[], T], timeout: float, max_pause: float = 0.25) -> T:
     """Run ``action`` and return its result, retrying with jittered backoff
-    while SQLite reports the database locked, for up to ``timeout`` seconds.
+    (at most ``max_pause`` seconds) while SQLite reports the database locked,
+    for up to ``timeout`` seconds.
 
     For what the busy timeout does not cover: switching a new file to WAL
     needs an exclusive lock, and connections opened at the same moment (four
@@ -57,8 +66,8 @@ def _retry_while_locked(action: Callable[[], T], timeout: float) -> T:
         except sqlite3.OperationalError as exc:
             if not _is_locked(exc) or time.monotonic() >= deadline:
                 raise
-            time.sleep(pause * (0.5 + random.random()))
-            pause = min(pause * 2, 0.25)
+            time.sleep(min(pause, max_pause) * (0.5 + random.random()))
+            pause = min(pause * 2, max_pause)
 
 
 class SqliteConnection:
@@ -153,7 +162,7 @@ class SqliteConnection:
         """
         with self._errors():
             conn = self._conn(create=create)
-            _retry_while_locked(lambda: conn.execute("BEGIN IMMEDIATE"), self.busy_timeout)
+            self._begin_immediate(conn)
             try:
                 yield conn
                 conn.execute("COMMIT")
@@ -161,6 +170,22 @@ class SqliteConnection:
                 if conn.in_transaction:
                     conn.execute("ROLLBACK")
                 raise
+
+    def _begin_immediate(self, conn: sqlite3.Connection) -> None:
+        """``BEGIN IMMEDIATE``: see :meth:`_take_write_lock`."""
+        self._take_write_lock(conn, lambda: conn.execute("BEGIN IMMEDIATE"))
+
+    def _take_write_lock(self, conn: sqlite3.Connection, action: Callable[[], T]) -> T:
+        """Run ``action`` (a statement that takes the write lock), waiting up
+        to ``busy_timeout`` for the lock in attempts of ``BUSY_SLICE_MS`` (see
+        there); every other statement keeps the full busy timeout.
+        """
+        busy = QUERIES["connection_busy_timeout"]
+        conn.execute(busy.replace("{ms}", str(BUSY_SLICE_MS)))
+        try:
+            return _retry_while_locked(action, self.busy_timeout, 0.0)
+        finally:
+            conn.execute(busy.replace("{ms}", str(int(self.busy_timeout * 1000))))
 
     def _fetch(self, name: str, params: dict[str, Any] | None = None) -> list[dict[str, Any]]:
         with self._errors():

@@ -53,6 +53,11 @@ PRAGMA journal_mode = WAL
 -- Each new connection: every commit is on disk before it returns.
 PRAGMA synchronous = FULL
 
+-- name: connection_busy_timeout
+-- How long SQLite's busy handler waits for a lock: a short slice while a
+-- write asks for the write lock, busy_timeout otherwise (ms: milliseconds).
+PRAGMA busy_timeout = {ms}
+
 -- name: job_claim
 -- Runs inside BEGIN IMMEDIATE: the write lock is taken before the read, so
 -- two workers can never pick the same rows. The job is 'claimed', not yet

@@ -6,7 +6,7 @@ import json
 from datetime import UTC, datetime
 
 from jobkeeper.backends.shared import SharedReads
-from jobkeeper.backends.sqlite.connection import SqliteConnection, _retry_while_locked
+from jobkeeper.backends.sqlite.connection import SqliteConnection
 from jobkeeper.backends.sqlite.queries import QUERIES
 from jobkeeper.models import WorkerInfo
 
@@ -30,9 +30,8 @@ class SqliteWorkers(SqliteConnection, SharedReads):
                 # Only after a ROLLBACK that itself failed: a beat must never
                 # join (and vanish with) a transaction nobody will commit.
                 conn.execute("ROLLBACK")
-            updated = _retry_while_locked(
-                lambda: conn.execute(QUERIES["worker_heartbeat"], {"id": worker.id}).rowcount,
-                self.busy_timeout,
+            updated = self._take_write_lock(
+                conn, lambda: conn.execute(QUERIES["worker_heartbeat"], {"id": worker.id}).rowcount
             )
         if updated == 0:
             # Pruned while paused: come back; old claims stay fenced off.
