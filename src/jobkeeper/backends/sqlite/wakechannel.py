@@ -22,14 +22,10 @@ import os
 import secrets
 import socket
 import stat
-import threading
 
 #: What the channel directory's name adds to the database file's path.
 DIRECTORY_SUFFIX = "-wake"
 SOCKET_SUFFIX = ".sock"
-
-_sender: socket.socket | None = None
-_sender_lock = threading.Lock()
 
 
 def directory_of(path: str) -> str:
@@ -92,35 +88,26 @@ def notify(path: str) -> None:
     except OSError:
         return  # no channel: nobody listens through one
     own = f"{os.getpid()}-"
-    sender = _the_sender()
-    if sender is None:
+    targets = [n for n in names if n.endswith(SOCKET_SUFFIX) and not n.startswith(own)]
+    if not targets:
         return
-    for name in names:
-        if not name.endswith(SOCKET_SUFFIX) or name.startswith(own):
-            continue
-        address = os.path.join(directory, name)
-        try:
-            sender.sendto(b"\0", address)
-        except ConnectionRefusedError:
-            # Nobody bound to it: its process died without removing it.
-            with contextlib.suppress(OSError):
-                os.unlink(address)
-        except OSError:
-            # Its buffer full (bytes already wait there: it is being woken),
-            # removed meanwhile, or not ours to write to.
-            pass
-
-
-def _the_sender() -> socket.socket | None:
-    """One unbound datagram socket per process for every send."""
-    global _sender
-    if _sender is None:
-        with _sender_lock:
-            if _sender is None:
-                try:
-                    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-                except (OSError, AttributeError):
-                    return None
-                sock.setblocking(False)
-                _sender = sock
-    return _sender
+    try:
+        # One socket per commit: microseconds beside the commit's fsync, and
+        # nothing left open for a fork to share or an exit to warn about.
+        sender = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    except (OSError, AttributeError):
+        return
+    with sender:
+        sender.setblocking(False)
+        for name in targets:
+            address = os.path.join(directory, name)
+            try:
+                sender.sendto(b"\0", address)
+            except ConnectionRefusedError:
+                # Nobody bound to it: its process died without removing it.
+                with contextlib.suppress(OSError):
+                    os.unlink(address)
+            except OSError:
+                # Its buffer full (bytes already wait there: it is being
+                # woken), removed meanwhile, or not ours to write to.
+                pass
