@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import signal
 import sqlite3
 import threading
@@ -165,3 +166,30 @@ def _commit_elsewhere(db: Path) -> bool:
     finally:
         conn.close()
     return False
+
+
+def test_a_listener_binds_again_when_its_channel_directory_is_removed(tmp_path):
+    db = tmp_path / "jobs.db"
+    with JobQueue(_url(tmp_path)) as jq:
+        jq.migrate()
+        stop = threading.Event()
+        backend = jq.backend.dedicated()
+
+        def run() -> None:
+            try:
+                backend.listen(on_queue=lambda q: None, stop=stop)
+            finally:
+                backend.close()
+
+        thread = threading.Thread(target=run, daemon=True)
+        thread.start()
+        try:
+            (first,) = wait_for(lambda: _sockets_of(db, os.getpid()), what="the socket")
+            shutil.rmtree(first.parent)
+            (again,) = wait_for(lambda: _sockets_of(db, os.getpid()), what="a socket again")
+            assert again != first
+        finally:
+            stop.set()
+            thread.join(10)
+        assert not thread.is_alive()
+        assert not _sockets_of(db, os.getpid())

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import select
 import socket
 import threading
@@ -41,6 +42,9 @@ CHANGE_POLL = 0.01
 CHANNEL_POLL = 0.05
 #: Longest wait between two looks at the listener's ``stop``, in seconds.
 STOP_CHECK = 0.05
+#: Seconds between two looks at whether the listener's socket file is still
+#: there (someone removed the channel directory: bind again).
+CHANNEL_CHECK = 1.0
 #: Seconds a listener waits after a failed read before it reads again.
 ERROR_PAUSE = 0.1
 
@@ -91,6 +95,16 @@ class _Doorbell:
         except OSError as exc:
             return str(exc)
         return None
+
+    def check_channel(self, path: str) -> None:
+        """Bind again if the socket's file was removed (nothing could reach
+        this listener through it any more).
+        """
+        if self._channel is None or os.path.exists(self._address):
+            return
+        wakechannel.unbind(self._channel, self._address)
+        self._channel = None
+        self.open_channel(path)
 
     def ring(self) -> None:
         if self._pair is None:
@@ -158,7 +172,11 @@ def listen(
     try:
         version: int | None = None
         read_at = time.monotonic()
+        check_at = read_at + CHANNEL_CHECK
         while not stop.is_set():
+            if time.monotonic() >= check_at:
+                bell.check_channel(path)
+                check_at = time.monotonic() + CHANNEL_CHECK
             woken = bell.wait(min(max(read_at - time.monotonic(), 0.0), STOP_CHECK))
             if not woken and time.monotonic() < read_at:
                 continue
