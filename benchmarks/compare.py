@@ -47,9 +47,11 @@ def baseline(rev: str) -> tuple[Path, str]:
     python = tree / ".venv" / "bin" / "python"
     if not python.exists():
         subprocess.run([sys.executable, "-m", "venv", str(tree / ".venv")], check=True)
+        # run.py imports psycopg and psutil whatever it measures: the extras
+        # this checkout's own .venv has (make bench installs .[dev,bench]).
         subprocess.run(
             [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
-             "-e", f"{tree}[postgres]"],
+             "-e", f"{tree}[postgres,bench]"],
             check=True,
         )  # fmt: skip
     return tree, sha

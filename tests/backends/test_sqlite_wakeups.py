@@ -34,7 +34,7 @@ def _until_listening(jq: JobQueue, heard: list[float]) -> None:
     """
     deadline = time.monotonic() + 10
     while len(heard) < 2 and time.monotonic() < deadline:
-        jq.backend.wake_local()  # type: ignore[attr-defined]
+        jq.backend.wake_listeners()  # type: ignore[attr-defined]
         time.sleep(0.005)
     assert len(heard) >= 2, "the listener never started"
     heard.clear()

@@ -76,8 +76,10 @@ class SqliteBackend(
     def dedicated(self) -> SqliteBackend:
         return SqliteBackend(self.url, busy_timeout=self.busy_timeout)
 
-    def wake_local(self) -> None:
-        """Wake the workers of this process that use the same database file."""
+    def wake_listeners(self) -> None:
+        """Wake the workers that use the same database file: this process's at
+        once, other processes' through the wake channel (see :mod:`.wakeups`).
+        """
         wakeups.wake(self.path)
 
     # -- schema -------------------------------------------------------------
@@ -116,7 +118,7 @@ class SqliteBackend(
         with self._write() as conn:
             result = self._insert(conn, jobs)
         if any(job.status == JobStatus.AVAILABLE for job in result):
-            self.wake_local()
+            self.wake_listeners()
         return result
 
     def job_claim(self, *, worker_id: str, queue: str, limit: int) -> list[Job]:
@@ -263,7 +265,7 @@ class SqliteBackend(
                     conn.execute(QUERIES["job_fail_many_dead_delete"], {"id": failure.claim.job_id})
                     written.add(failure.claim.job_id)
         if any(f.outcome in HANDED_BACK and f.claim.job_id in written for f in updates):
-            self.wake_local()
+            self.wake_listeners()
         return written
 
     def job_stage_due(self, *, queues: Sequence[str] = (), now: datetime | None = None) -> Staging:
@@ -279,7 +281,7 @@ class SqliteBackend(
             params = {"limit": STAGE_LIMIT, "now": pinned}
             staged = conn.execute(QUERIES["job_stage_due"], params).rowcount
         if staged:
-            self.wake_local()
+            self.wake_listeners()
         if staged >= STAGE_LIMIT:
             return Staging(staged, 0.0)  # more may be due: stage again at once
         return Staging(staged, next_due_in)
@@ -323,7 +325,7 @@ class SqliteBackend(
             rows = _rows(conn.execute(QUERIES["job_retry"], {"id": job_id}))
             if not rows:
                 self._requeue(conn, [job_id])
-        self.wake_local()
+        self.wake_listeners()
         return self.job_get(job_id=job_id)
 
     def _requeue_params(self, job_ids: Sequence[int] | None) -> dict[str, Any]:
@@ -340,7 +342,7 @@ class SqliteBackend(
         with self._write() as conn:
             ids = self._requeue(conn, job_ids)
         if ids:
-            self.wake_local()
+            self.wake_listeners()
         return ids
 
     def queue_stats(self) -> dict[str, dict[str, int]]:
@@ -489,7 +491,7 @@ class SqliteBackend(
             if full is not None and skipped:
                 raise full  # after the commit: the tick stays given up
             return None
-        self.wake_local()
+        self.wake_listeners()
         return int(inserted[0])
 
     def periodic_skip(
