@@ -217,7 +217,8 @@ class Worker:
             stopping=self._stopping,
             events=self.events,
         )
-        self.side_effects = SideEffects(self._base_backend, settings)
+        # Not the API pool either (as the claims above).
+        self.side_effects = SideEffects(self._dedicated(), settings)
         self.executor = Executor(
             tasks=tasks,
             settings=settings,

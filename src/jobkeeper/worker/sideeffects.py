@@ -36,8 +36,8 @@ class SideEffects:
     """Binds what a worker's tasks see of their job.
 
     Args:
-        backend: a thread-safe backend (pooled, or a connection per thread):
-            tasks call it from their own threads.
+        backend: a dedicated backend (one connection, never the API pool,
+            which tasks may hold whole): tasks' threads take turns on it.
         settings: ``retention`` (0: complete_in deletes the job) and the
             payload limit of results.
     """
@@ -47,6 +47,8 @@ class SideEffects:
         self._settings = settings
         self._installation: str | None = None
         self._lock = threading.Lock()
+        # Runner threads take turns on the backend's one connection.
+        self._db_lock = threading.Lock()
 
     def installation(self) -> str:
         """The database's installation value, read once.
@@ -56,7 +58,8 @@ class SideEffects:
         """
         with self._lock:
             if self._installation is None:
-                self._installation = self._backend.installation_get()
+                with self._db_lock:
+                    self._installation = self._backend.installation_get()
             return self._installation
 
     def running_job(self, job: Job) -> RunningJob:
@@ -68,9 +71,10 @@ class SideEffects:
         """Whether ``job`` is completed at its claim's fence: its task's
         ``complete_in`` transaction committed.
         """
-        done = self._backend.job_completed_in(
-            claims=[claim_of(job)], delete=self._settings.retention == 0
-        )
+        with self._db_lock:
+            done = self._backend.job_completed_in(
+                claims=[claim_of(job)], delete=self._settings.retention == 0
+            )
         return job.id in done
 
     def complete_in(self, job: Job, connection: Any, result: Any) -> None:
@@ -84,10 +88,11 @@ class SideEffects:
         """
         result_json = encode_result(result, max_bytes=self._settings.max_payload_bytes)
         completion = Completion(claim_of(job), result_json)
-        written = self._backend.job_complete_in(
-            connection=unwrap_connection(connection),
-            completion=completion,
-            delete=self._settings.retention == 0,
-        )
+        with self._db_lock:  # the same-database check reads on our connection
+            written = self._backend.job_complete_in(
+                connection=unwrap_connection(connection),
+                completion=completion,
+                delete=self._settings.retention == 0,
+            )
         if not written:
             raise ClaimLost(job.id, job.attempt, job.fence)
