@@ -33,6 +33,8 @@ class Life:
     died: float | None = None
     killed: bool = False
     exit_code: int | None = None
+    #: Killed by a poison job it ran (not by the fault injector).
+    self_killed: bool = False
 
 
 class Workers:
@@ -82,6 +84,8 @@ class Workers:
         #: run has poison jobs, which kill their worker), and how many did.
         self.self_kills_expected = False
         self.self_kills = 0
+        # Slot -> when check() last saw its process alive.
+        self._seen_alive: dict[int, float] = {}
 
     def command(self) -> list[str]:
         cmd = [sys.executable, "-m", "jobkeeper", "--database", self.url, "worker"]
@@ -148,19 +152,28 @@ class Workers:
         """Record (and restart, a few times) any worker that exited without
         being killed: a crash or a crash loop is a soak failure.
         """
+        now = time.time()
         with self._lock:
             exited = [
                 (slot, proc)
                 for slot, proc in self.procs.items()
                 if proc.poll() is not None and not self._current[slot].killed
             ]
+            for slot in self.procs:
+                if all(slot != gone for gone, _ in exited):
+                    self._seen_alive[slot] = now
         for slot, proc in exited:
             life = self._current[slot]
             life.exit_code = proc.returncode
-            life.died = time.time()
+            life.died = now
             life.killed = True  # not again
             if self.self_kills_expected and proc.returncode == -signal.SIGKILL:
-                # A poison job killed it: the driver bounds how often.
+                # A poison job killed it: the driver bounds how often. It
+                # died after it was last seen alive, perhaps long before now
+                # (no check runs while a fault is injected): a rescue of its
+                # jobs since then is not one of a live worker's.
+                life.died = self._seen_alive.get(slot, life.started)
+                life.self_killed = True
                 self.self_kills += 1
                 self.start(slot)
                 continue

@@ -472,7 +472,7 @@ def run_soak(config: SoakConfig) -> SoakResult:
             failures.append(f"history checker: {len(report.violations)} violations")
         if workers.unexpected:
             failures.append(f"{len(workers.unexpected)} workers exited on their own")
-        failures.extend(_check_poison(jq, enqueuer, workers, config))
+        failures.extend(_check_poison(jq, enqueuer, workers, config, rows, faults.pauses))
         log_problems, notes = _scan_logs(workers.logs())
         if log_problems:
             failures.append(f"{len(log_problems)} forbidden lines in worker logs")
@@ -517,16 +517,24 @@ def run_soak(config: SoakConfig) -> SoakResult:
 
 
 def _check_poison(
-    jq: JobQueue, enqueuer: _Enqueuer, workers: Workers, config: SoakConfig
+    jq: JobQueue,
+    enqueuer: _Enqueuer,
+    workers: Workers,
+    config: SoakConfig,
+    rows: list[Row],
+    pauses: list[tuple[int, float, float]],
 ) -> list[str]:
     """The crash budget held: each poison job is dead for its crashes after at
-    most ``max_crashes + 1`` lost attempts (the first may have run beside
-    others), and the workers it killed are bounded accordingly (plus one free
-    return each, a crash before the start mark was flushed). That no other
-    job was charged is the history checker's: one dead before its
-    ``max_attempts`` is a wrong outcome.
+    most ``max_crashes + 1`` lost attempts of its own (the first may have run
+    beside others) plus those the injected faults took (a worker SIGKILLed,
+    SIGSTOPped or cut off from the database while it held the job: those
+    rescues are no crash of the job's making), and the workers it killed are
+    bounded accordingly (plus one free return each, a crash before the start
+    mark was flushed). That no other job was charged is the history
+    checker's: one dead before its ``max_attempts`` is a wrong outcome.
     """
     out: list[str] = []
+    by_id = {row.id: row for row in rows}
     poisons = [i for i, e in enqueuer.enqueued.items() if e.kind == "poison"]
     for job_id in poisons:
         job = jq.get_job(job_id)
@@ -536,12 +544,38 @@ def _check_poison(
             or "crashed its worker" not in (job.dead_reason or "")
         ):
             out.append(f"poison job {job_id} not dead for its crashes: {job}")
-        elif job.attempt > config.max_crashes + 1:
+        elif job.attempt > config.max_crashes + 1 + (
+            _lost_to_faults(by_id[job_id], workers.lives, pauses) if job_id in by_id else 0
+        ):
             out.append(f"poison job {job_id} dead only after {job.attempt} attempts")
     bound = len(poisons) * (config.max_crashes + 2)
     if workers.self_kills > bound:
         out.append(f"poison jobs killed {workers.self_kills} workers (bound {bound})")
     return out
+
+
+def _lost_to_faults(row: Row, lives: list[Life], pauses: list[tuple[int, float, float]]) -> int:
+    """Rescues of ``row``'s job from a worker the soak itself SIGKILLed or
+    SIGSTOPped at the time: attempts a fault took, no crash of the job's own.
+    """
+    taken = 0
+    for rescue in rescues_of(row):
+        try:
+            pid = int(rescue.worker.rsplit(":", 2)[1])
+        except (IndexError, ValueError):
+            continue
+        injected = any(
+            life.pid == pid
+            and life.killed
+            and not life.self_killed
+            and life.died is not None
+            and life.started <= rescue.at
+            and life.died <= rescue.at + 1.0
+            for life in lives
+        )
+        paused = any(p == pid and t0 <= rescue.at <= t1 + 1.0 for p, t0, t1 in pauses)
+        taken += injected or paused
+    return taken
 
 
 def classify_rescues(
