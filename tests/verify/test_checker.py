@@ -135,6 +135,19 @@ def test_an_overlap_before_rescue_after_had_passed_is_not_justified():
     assert kinds(history) == ["overlap"]
 
 
+def test_a_stopped_holders_silence_may_start_a_heartbeat_before_its_sigstop():
+    history = clean()
+    history.heartbeat_interval = 0.5
+    history.lives = lives(w1=Life(101, 0.0, pauses=[(10.1, 16.1)]))
+    history.events = [e for e in history.events if e.job != 1]
+    history.events += run(1, 1, W1, 10.0, 16.2, "error")
+    history.events += run(1, 1, W2, 12.85, 13.0)  # 2.75 s after the SIGSTOP
+    history.rows[0] = completed(1, 1, W2)
+    assert check(history).ok
+    history.heartbeat_interval = 0.0
+    assert kinds(history) == ["overlap"]
+
+
 def test_a_killed_holder_does_not_overlap_its_successor():
     history = clean()
     history.lives = lives(w1=Life(101, 0.0, ended=10.3, killed=True))

@@ -16,7 +16,8 @@ What is checked (each failure is a :class:`Violation`)
       cancelled, as its kind says;
     - ``overlap``: two executions of one job ran at once, and the earlier
       holder had not been silent (SIGKILLed, or SIGSTOPped) for
-      ``rescue_after`` when the later one started;
+      ``rescue_after`` when the later one started (less the one heartbeat
+      interval its last heartbeat may have come before its SIGSTOP);
     - ``rescued_live_holder``: a job was rescued from a worker that was never
       killed, stopped or paused;
     - ``bad_completion``: the completed result is not from the attempt's last
@@ -164,6 +165,10 @@ class History:
 
     Attributes:
         rescue_after: the workers' setting, seconds.
+        heartbeat_interval: the workers' setting, seconds. A holder's last
+            heartbeat may come up to one interval before it is stopped, so
+            its silence (what a rescue waits out) may start that much
+            before the SIGSTOP the driver saw.
         enqueued: job id -> its kind (a key of ``OUTCOMES``).
         rows: the final rows of the run's queue (jobs and dead letters).
         events: the execution log.
@@ -175,6 +180,7 @@ class History:
     enqueued: dict[int, str]
     rows: list[Row]
     events: list[Event]
+    heartbeat_interval: float = 0.0
     lives: list[Life] = dataclasses.field(default_factory=list)
     bad_log_lines: int = 0
 
@@ -338,7 +344,7 @@ class _Checker:
                         continue
                     since = self.silent_since(first.worker, first.start, second.start)
                     if since is not None and second.start - since >= (
-                        self.h.rescue_after - TOLERANCE
+                        self.h.rescue_after - self.h.heartbeat_interval - TOLERANCE
                     ):
                         justified += 1
                         continue

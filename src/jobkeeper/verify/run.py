@@ -296,6 +296,7 @@ def run_verify(
         events, bad = read_exec_logs(log_dir)
         history = History(
             rescue_after=config.rescue_after,
+            heartbeat_interval=config.heartbeat_interval,
             enqueued=feeder.enqueued,
             rows=read_rows(jq, run),
             events=events,
