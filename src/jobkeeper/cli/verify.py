@@ -68,7 +68,8 @@ def verify(ctx: click.Context, minutes: float) -> None:
     """Chaos-check the database: start workers on a queue of its own, enqueue
     jobs while SIGKILLing, pausing and restarting them, then check the whole
     history (none lost, no overlapping live executions, no acks by non-holders)
-    and remove everything it wrote. Exit 0 on a pass, 1 on a failed check.
+    and remove everything it wrote. Exit 0 on a pass, 1 on a failed check, 2
+    when the database is unreachable or not migrated.
     """
     url = ctx.find_root().params.get("database")
     if url is None:
