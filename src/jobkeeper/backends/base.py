@@ -329,6 +329,14 @@ class Backend(Protocol):
         """
         ...
 
+    def queue_remove(self, *, queue: str) -> int:
+        """Delete everything stored under the queue ``queue``: its jobs (in any
+        status), its dead letters, its settings and start records, and the
+        periodic rows that enqueue into it (``jobkeeper verify``'s clean-up of
+        its own queue). Returns the jobs and dead letters deleted.
+        """
+        ...
+
     def dead_letter_prune(
         self, *, older_than: float, limit: int, now: datetime | None = None
     ) -> int:

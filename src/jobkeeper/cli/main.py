@@ -16,7 +16,7 @@ from typing import NoReturn
 
 import click
 
-from jobkeeper.cli import actions, admin, dead, enqueue, jobs, periodic, queues, worker
+from jobkeeper.cli import actions, admin, dead, enqueue, jobs, periodic, queues, verify, worker
 from jobkeeper.cli.common import BadInput, Group, err_console
 from jobkeeper.cli.loading import AppImportFailed
 from jobkeeper.errors import (
@@ -59,6 +59,7 @@ for _command in (
     admin.dashboard,
     admin.doctor,
     admin.demo,
+    verify.verify,
     jobs.jobs_app,
     dead.dead_app,
     periodic.periodic_app,

@@ -112,6 +112,16 @@ def claimed_job(row: tuple[Any, ...], worker_id: str, utc: dict[datetime, dateti
     )
 
 
+#: The steps of ``queue_remove``, in one transaction.
+_QUEUE_REMOVE_STEPS = (
+    "queue_remove_jobs",
+    "queue_remove_dead_letters",
+    "queue_remove_settings",
+    "queue_remove_starts",
+    "queue_remove_periodic",
+)
+
+
 class PostgresBackend(
     PostgresInserts,
     PostgresListener,
@@ -367,6 +377,15 @@ class PostgresBackend(
                 {"older_than": older_than, "limit": limit, "now": now},
             )
             return cursor.rowcount
+
+    def queue_remove(self, *, queue: str) -> int:
+        removed = 0
+        with self._cursor(transaction=True) as cursor:
+            for name in _QUEUE_REMOVE_STEPS:
+                cursor.execute(QUERIES[name], {"queue": queue})
+                if name in ("queue_remove_jobs", "queue_remove_dead_letters"):
+                    removed += cursor.rowcount
+        return removed
 
     def dead_letter_prune(
         self, *, older_than: float, limit: int, now: datetime | None = None

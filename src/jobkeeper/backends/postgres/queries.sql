@@ -606,6 +606,22 @@ WHERE (%(ids)b::bigint[] IS NULL OR id = ANY(%(ids)b::bigint[]))
 RETURNING id
 
 
+-- name: queue_remove_jobs
+-- jobkeeper verify's clean-up of its own queue (one transaction, all steps).
+DELETE FROM jobkeeper_jobs WHERE queue = %(queue)s
+
+-- name: queue_remove_dead_letters
+DELETE FROM jobkeeper_dead_letters WHERE queue = %(queue)s
+
+-- name: queue_remove_settings
+DELETE FROM jobkeeper_queues WHERE name = %(queue)s
+
+-- name: queue_remove_starts
+DELETE FROM jobkeeper_queue_starts WHERE queue = %(queue)s
+
+-- name: queue_remove_periodic
+DELETE FROM jobkeeper_periodic WHERE queue = %(queue)s
+
 -- name: dead_letter_prune
 -- The pruner's pass under dead_retention: dead letters that died more than
 -- older_than seconds ago, a batch at a time.

@@ -53,6 +53,16 @@ from jobkeeper.periodic import Periodic, PeriodicRow, PeriodicTouch, periodic_fr
 __all__ = ["MIGRATIONS", "QUERIES", "SqliteBackend"]
 
 
+#: The steps of ``queue_remove``, in one transaction.
+_QUEUE_REMOVE_STEPS = (
+    "queue_remove_jobs",
+    "queue_remove_dead_letters",
+    "queue_remove_settings",
+    "queue_remove_starts",
+    "queue_remove_periodic",
+)
+
+
 class SqliteBackend(
     SqliteInserts,
     SqliteWorkers,
@@ -302,6 +312,15 @@ class SqliteBackend(
             return 0
         with self._write() as conn:
             return conn.execute(QUERIES["job_prune_finished"], {**params, "limit": limit}).rowcount
+
+    def queue_remove(self, *, queue: str) -> int:
+        removed = 0
+        with self._write() as conn:
+            for name in _QUEUE_REMOVE_STEPS:
+                count = conn.execute(QUERIES[name], {"queue": queue}).rowcount
+                if name in ("queue_remove_jobs", "queue_remove_dead_letters"):
+                    removed += count
+        return removed
 
     def dead_letter_prune(
         self, *, older_than: float, limit: int, now: datetime | None = None

@@ -413,6 +413,22 @@ WHERE (:all_ids OR id IN (SELECT value FROM json_each(:ids)))
 RETURNING id
 
 
+-- name: queue_remove_jobs
+-- jobkeeper verify's clean-up of its own queue (one transaction, all steps).
+DELETE FROM jobkeeper_jobs WHERE queue = :queue
+
+-- name: queue_remove_dead_letters
+DELETE FROM jobkeeper_dead_letters WHERE queue = :queue
+
+-- name: queue_remove_settings
+DELETE FROM jobkeeper_queues WHERE name = :queue
+
+-- name: queue_remove_starts
+DELETE FROM jobkeeper_queue_starts WHERE queue = :queue
+
+-- name: queue_remove_periodic
+DELETE FROM jobkeeper_periodic WHERE queue = :queue
+
 -- name: dead_letter_prune
 -- The pruner's pass under dead_retention, a batch at a time.
 DELETE FROM jobkeeper_dead_letters
