@@ -636,7 +636,7 @@ def test_an_internal_error_building_the_outcome_still_ends_the_attempt(make_queu
     # The last resort behind the above: whatever fails while an outcome is
     # built, the attempt ends as a failure under the retry policy instead of
     # holding its job and slot.
-    import jobkeeper.worker.executor as executor_module
+    import jobkeeper.worker.verdicts as executor_module
 
     def broken(exc: BaseException) -> str | None:
         raise RuntimeError("formatter bug")

@@ -15,7 +15,7 @@ from jobkeeper import JobStatus, current_job
 from jobkeeper.maintenance.rescuer import Rescuer
 from jobkeeper.models import Claim, Completion, WorkerInfo
 from jobkeeper.outcomes import claim_of, failed_attempt
-from jobkeeper.worker.runner import make_worker_id
+from jobkeeper.worker.stats import make_worker_id
 from support.db import count, is_pg, job, sql
 from support.heartbeats import heartbeat_log, install_heartbeat_log
 from support.waiting import DEADLINE, wait_for, wait_status

@@ -23,7 +23,6 @@ import dataclasses
 import logging
 import threading
 import time
-import traceback
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -35,7 +34,7 @@ from jobkeeper.context import (
     set_complete_in,
     set_current_job,
 )
-from jobkeeper.errors import DatabaseError, Discard, PayloadError, Retry, Snooze
+from jobkeeper.errors import DatabaseError, PayloadError
 from jobkeeper.events import EventBus, EventKind, JobEvent
 from jobkeeper.models import Claim, Completion, Failure, Job
 from jobkeeper.outcomes import (
@@ -45,43 +44,14 @@ from jobkeeper.outcomes import (
     outcome_error,
     outcome_kind,
     released_attempt,
-    snoozed_attempt,
 )
-from jobkeeper.payload import encode_result
 from jobkeeper.tasks import Task
 from jobkeeper.worker import sleeps
 from jobkeeper.worker.interrupts import Interrupts
 from jobkeeper.worker.slots import Execution, ExecutorState, Slots, raise_in_thread
+from jobkeeper.worker.verdicts import Outcome, Verdicts
 
 logger = logging.getLogger("jobkeeper.worker")
-
-Outcome = Completion | Failure
-
-#: A timed-out attempt that returns at least this many seconds past its
-#: deadline says so in its error text.
-LATE_NOTE_AFTER = 0.1
-
-
-def _safe_str(value: Any) -> str:
-    """``str(value)``, or a note saying why not: a task's exception (or
-    ``Discard`` reason) whose ``__str__`` raises must not stop its attempt
-    from being settled.
-    """
-    try:
-        return str(value)
-    except BaseException as exc:  # noqa: BLE001 - any failure of user code
-        return f"<str() raised {type(exc).__name__}>"
-
-
-def _exception_text(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {_safe_str(exc)}"
-
-
-def _traceback_text(exc: BaseException) -> str | None:
-    try:
-        return "".join(traceback.format_exception(exc))
-    except BaseException:  # noqa: BLE001 - a broken exception object: keep the one-liner
-        return None
 
 
 #: Why a claimed job is handed back before it started.
@@ -151,6 +121,7 @@ class Executor:
         self._still_held = still_held
         self._tasks = tasks
         self._settings = settings
+        self._verdicts = Verdicts(settings, tasks)
         self._events = events if events is not None else EventBus()
         self.concurrency = concurrency
         self._on_outcome = on_outcome
@@ -264,7 +235,7 @@ class Executor:
             return  # handed back or cancelled while may_start waited
         task = self._tasks.get(job.task)
         if task is None or job.args is None:
-            self._finish(execution, self._bad_job(job))
+            self._finish(execution, self._verdicts.bad_job(job))
             return
         try:
             task.check_args(job.args)
@@ -358,70 +329,6 @@ class Executor:
             self._interrupts.watch(execution.job.id, execution.deadline)
         return True
 
-    def _ended(
-        self, execution: Execution, *, result: Any = None, exc: BaseException | None = None
-    ) -> Outcome:
-        """The outcome of code that has returned ``result`` or raised ``exc``,
-        given what asked it to stop meanwhile.
-        """
-        job = execution.job
-        with execution.lock:
-            timed_out = execution.timed_out
-            cancel_reason = execution.cancel_reason
-            release_reason = execution.release_reason
-            cancelled = cancel_reason is not None and execution.interrupted
-        if exc is None and not timed_out and not cancelled:
-            # The work was done before anything asked it to stop. Code told
-            # to stop that returns anyway (it caught the interrupt) ended by
-            # the request, as a timed-out one does.
-            return self._success(job, result)
-        if cancel_reason is not None:
-            return cancelled_attempt(job, cancel_reason)
-        if timed_out:
-            return self._timed_out(execution)
-        if release_reason is not None:
-            return released_attempt(job, release_reason)
-        assert exc is not None
-        return self._failure(job, exc)
-
-    def _timed_out(self, execution: Execution) -> Failure:
-        job = execution.job
-        assert execution.deadline is not None and execution.timeout is not None
-        error = f"JobTimeout: task {job.task!r} exceeded its timeout of {execution.timeout:g}s"
-        late = time.monotonic() - execution.deadline
-        if late >= LATE_NOTE_AFTER:
-            error += (
-                f"; its code returned {late:.1f}s past its timeout (the job stayed held, "
-                "its retry waiting, until then)"
-            )
-            logger.warning(
-                "job %s (%s) returned %.1fs past its timeout of %gs; its timeout is recorded now",
-                job.id,
-                job.task,
-                late,
-                execution.timeout,
-            )
-        return failed_attempt(job, self._settings, error=error)
-
-    def _bad_job(self, job: Job) -> Failure:
-        if job.args is None:
-            # Straight to the dead letters: the stored args are the same at
-            # every attempt, so retries would only delay this by the backoff.
-            return failed_attempt(
-                job,
-                self._settings,
-                error=f"cannot run job: {job.args_error}",
-                discard_reason=f"{job.args_error} (written outside jobkeeper's enqueue, which "
-                "refuses such args; fix them in the row, then requeue)",
-            )
-        known = ", ".join(sorted(self._tasks)) or "none"
-        return failed_attempt(
-            job,
-            self._settings,
-            error=f"unknown task {job.task!r}: no task of that name is registered in this "
-            f"worker (known: {known})",
-        )
-
     def _run_sync(self, execution: Execution, task: Task[Any, Any]) -> None:
         job = execution.job
         assert job.args is not None
@@ -446,10 +353,10 @@ class Executor:
                         # code returned before it fired): clear it so it
                         # cannot fire in this runner's next job.
                         raise_in_thread(execution.thread_id, None)
-            outcome = self._ended(execution, result=result)
+            outcome = self._verdicts.ended(execution, result=result)
         except BaseException as exc:  # noqa: BLE001 - SystemExit in a task must not kill the worker
             raised = exc
-            outcome = self._ended(execution, exc=exc)
+            outcome = self._verdicts.ended(execution, exc=exc)
         finally:
             reset_complete_in(bound)
             reset_current_job(token)
@@ -481,10 +388,10 @@ class Executor:
             finally:
                 with execution.lock:
                     execution.in_user_code = False
-            outcome = self._ended(execution, result=result)
+            outcome = self._verdicts.ended(execution, result=result)
         except BaseException as exc:  # noqa: BLE001
             raised = exc
-            outcome = self._ended(execution, exc=exc)
+            outcome = self._verdicts.ended(execution, exc=exc)
         if execution.completed_in:
             # A database read: not on the event loop.
             outcome = await asyncio.to_thread(self._after_complete_in, execution, outcome)
@@ -534,65 +441,13 @@ class Executor:
 
         return complete_in
 
-    def _success(self, job: Job, result: Any) -> Outcome:
-        try:
-            result_json = encode_result(result, max_bytes=self._settings.max_payload_bytes)
-        except PayloadError as exc:
-            # Straight to the dead letters: the same code returns the same
-            # kind of value, so retries would only repeat the task's side
-            # effects (up to max_attempts times) to the same end.
-            error = f"result not storable: {exc}"
-            return failed_attempt(
-                job,
-                self._settings,
-                error=error,
-                discard_reason=f"{error} (the task ran to its end: fix what it returns, "
-                "then requeue)",
-            )
-        return Completion(claim_of(job), result_json)
-
-    def _failure(self, job: Job, exc: BaseException) -> Failure:
-        formatted = _traceback_text(exc)
-        if isinstance(exc, Discard):
-            reason = _safe_str(exc.reason)
-            return failed_attempt(
-                job,
-                self._settings,
-                error=f"Discard: {reason}",
-                traceback=formatted,
-                discard_reason=reason,
-            )
-        if isinstance(exc, Snooze):
-            return snoozed_attempt(job, exc.delay)
-        task = self._tasks.get(job.task)
-        backoff = task.backoff if task is not None else None
-        if isinstance(exc, Retry):
-            return failed_attempt(
-                job,
-                self._settings,
-                error=f"Retry: {_safe_str(exc.reason)}",
-                traceback=None,
-                retry_in=exc.delay,
-                backoff=backoff,
-                exc=exc,
-            )
-        return failed_attempt(
-            job,
-            self._settings,
-            error=_exception_text(exc),
-            traceback=formatted,
-            backoff=backoff,
-            exc=exc,
-        )
-
     def _settle_after_internal_error(self, execution: Execution, exc: BaseException) -> None:
         """Last resort: an attempt whose outcome could not be built (a bug
         here, or user code misbehaving where it was not expected) still ends,
         as a failed attempt under the retry policy, so the job and its slot
         are never held for good. A no-op if it was settled after all.
         """
-        error = f"internal error settling the attempt: {_exception_text(exc)}"
-        self._finish(execution, failed_attempt(execution.job, self._settings, error=error))
+        self._finish(execution, self._verdicts.internal_error(execution.job, exc))
 
     # -- stopping executions from outside -------------------------------------------
 

@@ -26,13 +26,11 @@ from __future__ import annotations
 
 import logging
 import os
-import secrets
 import signal
 import socket
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from types import FrameType
 from typing import Any
@@ -48,14 +46,16 @@ from jobkeeper.maintenance.periodic import PeriodicEnqueuer
 from jobkeeper.maintenance.pruner import Pruner
 from jobkeeper.maintenance.rescuer import Rescuer
 from jobkeeper.maintenance.service import IntervalService
-from jobkeeper.models import Claim, Completion, Failure, Job, WorkerInfo
+from jobkeeper.models import Claim, Failure, Job, WorkerInfo
 from jobkeeper.periodic import Periodic
 from jobkeeper.tasks import Task
 from jobkeeper.worker.claims import Claims
 from jobkeeper.worker.completer import Completer, Outcome
 from jobkeeper.worker.executor import Executor
+from jobkeeper.worker.listener import install_signals, restore_signals, start_listener
 from jobkeeper.worker.producer import MAX_PREFETCH, Producer
 from jobkeeper.worker.sideeffects import SideEffects
+from jobkeeper.worker.stats import WorkerStats, checked_shares, make_worker_id
 
 logger = logging.getLogger("jobkeeper.worker")
 
@@ -69,49 +69,6 @@ INTERRUPT_WAIT = 2.0
 #: a wait without end on one that refuses writes (read-only, out of disk):
 #: what is still unwritten then is rescued and run again (at-least-once).
 SHUTDOWN_FLUSH = 3.0
-
-
-def make_worker_id() -> str:
-    """``host:pid:random``: the random part means a restarted process with the
-    same host name and pid (a container's PID 1) never inherits a dead run's
-    liveness (procrastinate#1518).
-    """
-    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
-
-
-def _checked_shares(
-    shares: Mapping[str, int], queues: Sequence[str], concurrency: int
-) -> dict[str, int]:
-    """``queue_shares``, validated (see :class:`Worker`).
-
-    Raises:
-        ConfigError: naming the queue and the value.
-    """
-    for queue, share in shares.items():
-        if queue not in queues:
-            raise ConfigError(
-                f"queue_shares[{queue!r}]: the worker does not serve that queue "
-                f"(its queues: {', '.join(queues)})"
-            )
-        if isinstance(share, bool) or not isinstance(share, int) or not 1 <= share <= concurrency:
-            raise ConfigError(
-                f"queue_shares[{queue!r}]: a share must be an int between 1 and the "
-                f"worker's concurrency {concurrency}, got {share!r}"
-            )
-    return dict(shares)
-
-
-@dataclass
-class WorkerStats:
-    """What one worker did (returned by :meth:`Worker.run`)."""
-
-    claimed: int = 0
-    completed: int = 0
-    failed: int = 0
-    lost_claims: int = 0
-    released: int = 0
-    exit_code: int = 0
-    by_outcome: dict[str, int] = field(default_factory=dict)
 
 
 class Worker:
@@ -169,7 +126,7 @@ class Worker:
             raise ConfigError(
                 f"prefetch must be an int between 0 and {MAX_PREFETCH} or None, got {prefetch!r}"
             )
-        self.queue_shares = _checked_shares(queue_shares or {}, self.queues, concurrency)
+        self.queue_shares = checked_shares(queue_shares or {}, self.queues, concurrency)
         self.events = events if events is not None else EventBus()
         self.info = WorkerInfo(
             id=make_worker_id(),
@@ -186,7 +143,6 @@ class Worker:
         self._backend = self._dedicated()
         self._stopping = threading.Event()
         self._force = threading.Event()
-        self._stats_lock = threading.Lock()
         self.completer = Completer(
             self._dedicated(),
             delete_completed=settings.retention == 0,
@@ -248,7 +204,7 @@ class Worker:
             claims=self.claims,
             stopping=self._stopping,
             events=self.events,
-            on_claimed=self._count_claimed,
+            on_claimed=self.stats.count_claimed,
             shares=self.queue_shares,
         )
         self.rescuer = Rescuer(
@@ -366,12 +322,8 @@ class Worker:
         if self.executor.cancel(claim, "cancelled while running"):
             logger.info("job %s: cancel requested; asked its code to stop", claim.job_id)
 
-    def _count_claimed(self, claimed: int) -> None:
-        with self._stats_lock:
-            self.stats.claimed += claimed
-
     def _on_written(self, batch: list[Outcome], written: set[int]) -> None:
-        self._count_written(batch, written)
+        self.stats.count_written(batch, written)
         # A retry or snooze we wrote comes due retry_in seconds from now (the database
         # computed its scheduled_at as of the write, just done): no other
         # wake-up will come for it.
@@ -384,21 +336,6 @@ class Worker:
         ]
         if retry_ins:
             self.producer.stage_within(min(retry_ins))
-
-    def _count_written(self, batch: list[Outcome], written: set[int]) -> None:
-        with self._stats_lock:
-            for outcome in batch:
-                if outcome.claim.job_id not in written:
-                    self.stats.lost_claims += 1
-                    continue
-                kind = "completed" if isinstance(outcome, Completion) else outcome.outcome
-                self.stats.by_outcome[kind] = self.stats.by_outcome.get(kind, 0) + 1
-                if kind == "completed":
-                    self.stats.completed += 1
-                elif kind == "released":
-                    self.stats.released += 1
-                else:
-                    self.stats.failed += 1
 
     # -- run ----------------------------------------------------------------
 
@@ -417,7 +354,7 @@ class Worker:
             DatabaseUnavailable: with ``burst``, the database cannot be
                 reached at start.
         """
-        previous = self._install_signals()
+        previous = install_signals(self._on_signal)
         stop_logging = joblog.install(self.events)
         try:
             if not self._register_when_reachable():
@@ -439,7 +376,7 @@ class Worker:
             self.producer.run()
         finally:
             self._shutdown()
-            self._restore_signals(previous)
+            restore_signals(previous)
             stop_logging()
         return self.stats
 
@@ -471,38 +408,11 @@ class Worker:
             self._registered = True
             return True
 
-    def _install_signals(self) -> dict[int, Any]:
-        if threading.current_thread() is not threading.main_thread():
-            return {}
-        previous: dict[int, Any] = {}
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            previous[signum] = signal.signal(signum, self._on_signal)
-        return previous
-
-    @staticmethod
-    def _restore_signals(previous: dict[int, Any]) -> None:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
-
     def _start_listener(self) -> None:
         """The backend's wake-ups, on their own thread and connection."""
-        listener_backend = self._base_backend.dedicated()
-
-        def listen() -> None:
-            try:
-                listener_backend.listen(
-                    on_queue=self.producer.on_queue,
-                    stop=self._listener_stop,
-                    on_due=self.producer.on_due,
-                )
-            except Exception:
-                # Wake-ups only hasten what staging every poll_interval finds.
-                logger.exception("the wake-up listener stopped; polling every poll_interval")
-            finally:
-                listener_backend.close()
-
-        self._listener = threading.Thread(target=listen, name="jobkeeper-listener", daemon=True)
-        self._listener.start()
+        self._listener = start_listener(
+            self._base_backend.dedicated(), self.producer, self._listener_stop
+        )
 
     # -- shutdown -----------------------------------------------------------
 

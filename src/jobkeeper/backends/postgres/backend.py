@@ -19,35 +19,33 @@ from psycopg.rows import tuple_row
 from jobkeeper.backends.cockpit import CockpitReads
 from jobkeeper.backends.migrate import apply_migrations
 from jobkeeper.backends.postgres.aio import PostgresAsync
+from jobkeeper.backends.postgres.claimrows import claimed_job
 from jobkeeper.backends.postgres.connections import _retrying, _rows
 from jobkeeper.backends.postgres.flow import FlowNeeded, PostgresFlow
 from jobkeeper.backends.postgres.inserts import PostgresInserts
 from jobkeeper.backends.postgres.listener import PostgresListener
+from jobkeeper.backends.postgres.periodics import PostgresPeriodics
 from jobkeeper.backends.postgres.plans import insert_plan, is_single_statement, run_plan
 from jobkeeper.backends.postgres.queries import MIGRATIONS, QUERIES
 from jobkeeper.backends.postgres.waiters import PostgresWaiting
 from jobkeeper.backends.rows import (
     STAGE_LIMIT,
-    aware_utc,
     claim_arrays,
     completion_arrays,
     split_failures,
 )
 from jobkeeper.backends.shared import SharedReads
-from jobkeeper.errors import DatabaseError, QueueFull
+from jobkeeper.errors import DatabaseError
 from jobkeeper.models import (
     HANDED_BACK,
     Claim,
     Completion,
     Failure,
     Job,
-    JobStatus,
     NewJob,
     Staging,
     WorkerInfo,
 )
-from jobkeeper.payload import decode_args
-from jobkeeper.periodic import Periodic, PeriodicRow, PeriodicTouch, periodic_from_row
 
 __all__ = ["MIGRATIONS", "QUERIES", "PostgresBackend", "claimed_job"]
 
@@ -56,60 +54,6 @@ logger = logging.getLogger("jobkeeper.postgres")
 #: pg_advisory_xact_lock key serialising migrate() across processes
 #: (the bytes of "jobkeepr" as a big-endian int64).
 MIGRATION_LOCK_KEY = 0x6A6F626B65657072
-
-
-_JSON = json.JSONDecoder()
-
-
-def claimed_job(row: tuple[Any, ...], worker_id: str, utc: dict[datetime, datetime]) -> Job:
-    """A Job from one row of ``job_claim``'s RETURNING list (positional).
-
-    The rest is known: the job is claimed, held by ``worker_id``, has no
-    result, and no cancel was asked (a cancel flags only held jobs, and
-    cancels an available one outright).
-    Args are checked by :func:`decode_args` (PostgreSQL's json type accepts
-    a ``\\u0000`` escape that enqueue would refuse).
-
-    ``utc`` memoises naive UTC -> aware for one claim's rows: every row
-    shares ``attempted_at`` (the claim's ``now()``), ``scheduled_at`` usually
-    equals ``created_at``, and jobs enqueued together share both, so most
-    ``replace`` calls (a third of this function's time) become dict hits.
-    """
-    (job_id, queue, task, args_text, priority, attempt, max_attempts,
-     scheduled_at, created_at, attempted_at, unique_key, errors_text, fence,
-     unstarted_returns, trace_context, run_alone) = row  # fmt: skip
-    args, args_error = decode_args(args_text)
-    try:
-        errors = [] if errors_text is None else _JSON.decode(errors_text)
-    except (ValueError, RecursionError):  # written by hand: the claim must not fail
-        errors = []
-    aware = []
-    for naive in (scheduled_at, created_at, attempted_at):
-        value = utc.get(naive)
-        if value is None:
-            value = utc[naive] = naive.replace(tzinfo=UTC)
-        aware.append(value)
-    return Job(
-        id=job_id,
-        task=task,
-        args=args,
-        queue=queue,
-        status=JobStatus.CLAIMED,
-        priority=priority,
-        attempt=attempt,
-        max_attempts=max_attempts,
-        scheduled_at=aware[0],
-        created_at=aware[1],
-        attempted_at=aware[2],
-        worker_id=worker_id,
-        unique_key=unique_key,
-        errors=errors if isinstance(errors, list) else [],
-        args_error=args_error,
-        fence=fence,
-        unstarted_returns=unstarted_returns,
-        trace_context=trace_context,
-        run_alone=bool(run_alone),
-    )
 
 
 #: The steps of ``queue_remove``, in one transaction.
@@ -124,6 +68,7 @@ _QUEUE_REMOVE_STEPS = (
 
 class PostgresBackend(
     PostgresInserts,
+    PostgresPeriodics,
     PostgresListener,
     SharedReads,
     CockpitReads,
@@ -542,97 +487,3 @@ class PostgresBackend(
         facts["xmin_holders"] = self._fetch("database_health_xmin")
         facts["notify_usage"] = float(self._fetch("database_health_notify")[0]["usage"])
         return facts
-
-    # -- periodic jobs ------------------------------------------------------
-
-    def periodic_upsert(self, *, periodics: Sequence[Periodic]) -> None:
-        if not periodics:
-            return
-        self._fetch(
-            "periodic_upsert",
-            {
-                "names": [p.name for p in periodics],
-                "schedules": [str(p.schedule) for p in periodics],
-                "timezones": [p.schedule.timezone for p in periodics],
-                "tasks": [p.task for p in periodics],
-                "queues": [p.queue for p in periodics],
-                "priorities": [p.priority for p in periodics],
-                "max_attempts": [p.max_attempts for p in periodics],
-                "args": [p.args_json for p in periodics],
-                "catch_ups": [p.catch_up for p in periodics],
-            },
-        )
-
-    def periodic_enqueue_tick(
-        self,
-        *,
-        name: str,
-        schedule: str,
-        timezone: str,
-        tick: datetime,
-        next_tick: datetime | None,
-    ) -> int | None:
-        params = {
-            "name": name,
-            "schedule": schedule,
-            "timezone": timezone,
-            "tick": tick,
-            "next_tick": next_tick,
-        }
-        # A tick into a queue at its max_pending is skipped (recorded as
-        # given up, so no other worker enqueues it either) and QueueFull
-        # raised for the enqueuer to log; the queue's row lock, taken by
-        # the check, is held to the commit.
-        full: QueueFull | None = None
-        with self._cursor(transaction=True) as cursor:
-            cursor.execute(QUERIES["periodic_enqueue_tick_queue"], {"name": name})
-            found = cursor.fetchone()
-            if found is not None:
-                full = self._pending_full(cursor, found[0])
-            if full is None:
-                cursor.execute(QUERIES["periodic_enqueue_tick"], params)
-                rows = cursor.fetchall()
-                return int(rows[0][0]) if rows else None
-            skip = {k: v for k, v in params.items() if k != "tick"} | {"through": tick}
-            cursor.execute(QUERIES["periodic_skip"], skip)
-            skipped = bool(cursor.fetchall())
-        if skipped:
-            raise full
-        return None
-
-    def periodic_skip(
-        self,
-        *,
-        name: str,
-        schedule: str,
-        timezone: str,
-        through: datetime,
-        next_tick: datetime | None,
-    ) -> bool:
-        params = {
-            "name": name,
-            "schedule": schedule,
-            "timezone": timezone,
-            "through": through,
-            "next_tick": next_tick,
-        }
-        return bool(self._fetch("periodic_skip", params))
-
-    def periodic_touch(self, *, touches: Sequence[PeriodicTouch]) -> set[str]:
-        if not touches:
-            return set()
-        params = {
-            "names": [t.name for t in touches],
-            "schedules": [t.schedule for t in touches],
-            "timezones": [t.timezone for t in touches],
-            "next_ticks": [t.next_tick_at for t in touches],
-        }
-        return {row["name"] for row in self._fetch("periodic_touch", params)}
-
-    def periodic_list(self, *, stale_after: float) -> list[PeriodicRow]:
-        rows = self._fetch("periodic_list", {"stale_after": stale_after})
-        return [periodic_from_row(row, aware_utc) for row in rows]
-
-    def periodic_prune(self, *, stale_after: float) -> list[str]:
-        rows = self._fetch("periodic_prune", {"stale_after": stale_after})
-        return sorted(row["name"] for row in rows)
