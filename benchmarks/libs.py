@@ -14,6 +14,8 @@ import contextlib
 import importlib.metadata
 import importlib.util
 import json
+import os
+import shlex
 import sqlite3
 import subprocess
 import sys
@@ -34,6 +36,8 @@ from benchmarks.harness import (
 from benchmarks.oban_env import ObanEnv, child_env, ensure, run_in_venv
 
 CONCURRENCY = 10
+#: Extra ``jobkeeper worker`` options for the jobkeeper drain (see worker_command).
+WORKER_ARGS_ENV = "JOBKEEPER_BENCH_WORKER_ARGS"
 FILL_CHUNK = 10_000
 
 
@@ -197,6 +201,9 @@ class Jobkeeper(Library):
             "benchmarks.apps.jobkeeper_app:jq",
             "--concurrency",
             str(CONCURRENCY),
+            # More worker options for one run, e.g. "--metrics-port 0" to
+            # measure the drain with per-worker metrics counted.
+            *shlex.split(os.environ.get(WORKER_ARGS_ENV, "")),
         ]
         return argv, {}
 
