@@ -14,10 +14,12 @@ import sys
 import threading
 import time
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 
 import psycopg
 
+from benchmarks.soak.netns import Hosts
 from benchmarks.soak.pg import PrivatePostgres
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -46,6 +48,10 @@ class Workers:
         env: extra environment (the soak settings, ``SOAK_LOG_DIR``).
         log_dir: where each process's stderr goes.
         app: the ``--app`` spec.
+        hosts: network namespaces (:mod:`benchmarks.soak.netns`): slot ``i``
+            runs in ``hosts[i]`` and reaches the database at its gateway
+            (``url`` must then name 127.0.0.1, which is replaced).
+        extra_args: more ``worker`` options (``--prefetch 3``).
     """
 
     def __init__(
@@ -57,8 +63,12 @@ class Workers:
         env: dict[str, str],
         log_dir: Path,
         app: str = "benchmarks.soak.app:jq",
+        hosts: Hosts | None = None,
+        extra_args: Sequence[str] = (),
     ) -> None:
         self.url = url
+        self.hosts = hosts
+        self.extra_args = list(extra_args)
         self.count = count
         self.concurrency = concurrency
         self.queues = queues
@@ -83,12 +93,20 @@ class Workers:
         self.self_kills_expected = False
         self.self_kills = 0
 
-    def command(self) -> list[str]:
-        cmd = [sys.executable, "-m", "jobkeeper", "--database", self.url, "worker"]
+    def url_of(self, slot: int) -> str:
+        """The database URL as the slot's worker reaches it."""
+        if self.hosts is None:
+            return self.url
+        return self.url.replace("@127.0.0.1:", f"@{self.hosts[slot].gateway}:", 1)
+
+    def command(self, slot: int = 0) -> list[str]:
+        url = self.url_of(slot)
+        cmd = [sys.executable, "-m", "jobkeeper", "--database", url, "worker"]
         cmd += ["--app", self.app, "--concurrency", str(self.concurrency)]
         for queue in self.queues:
             cmd += ["--queue", queue]
-        return cmd
+        cmd += self.extra_args
+        return cmd if self.hosts is None else self.hosts[slot].wrap(cmd)
 
     def start(self, slot: int) -> None:
         with self._lock:
@@ -96,9 +114,9 @@ class Workers:
             log = self.log_dir / f"worker-{slot}-{self._generation[slot]}.log"
             with log.open("wb") as stderr:
                 proc = subprocess.Popen(
-                    self.command(),
+                    self.command(slot),
                     cwd=ROOT,
-                    env=self.env,
+                    env={**self.env, "JOBKEEPER_DATABASE_URL": self.url_of(slot)},
                     stdin=subprocess.DEVNULL,
                     stdout=subprocess.DEVNULL,
                     stderr=stderr,
