@@ -1,5 +1,7 @@
-"""Fault injectors: worker processes (SIGKILL + restart, SIGSTOP + SIGCONT) and
-the database (``pg_terminate_backend``, restarts of the private PostgreSQL).
+"""Fault injectors: worker processes (SIGKILL + restart, SIGSTOP + SIGCONT),
+the database (``pg_terminate_backend``, restarts of the private PostgreSQL),
+and partitions (a worker host cut off both ways, or one way, then healed; the
+workers then run in network namespaces, see :mod:`benchmarks.soak.netns`).
 """
 
 from __future__ import annotations
@@ -248,6 +250,10 @@ class Faults:
         long_outage: seconds PostgreSQL stays down in a long outage (longer
             than rescue_after: no live worker can heartbeat meanwhile).
         restart_pause: seconds PostgreSQL stays down during a restart.
+        partitions: add the partition kinds (cut a worker host off both
+            ways, only its outgoing or only its incoming packets, for
+            ``stop_for`` seconds, then heal); the workers must run in
+            namespaces (``Workers(hosts=...)``).
     """
 
     #: Every kind comes once in the first seven faults (the short soak sees all).
@@ -265,6 +271,26 @@ class Faults:
         "stop",
     )
     SQLITE_ROTATION = ("kill", "stop", "kill", "kill", "stop")
+    #: The PostgreSQL rotation with partitions: every kind in the first ten.
+    PARTITION_ROTATION = (
+        "kill",
+        "cut_both",
+        "terminate",
+        "pg_restart_fast",
+        "cut_out",
+        "stop",
+        "pg_kill9",
+        "cut_in",
+        "pg_crash_immediate",
+        "pg_outage_long",
+        "kill",
+        "cut_both",
+        "terminate",
+        "cut_in",
+        "kill",
+        "cut_out",
+        "stop",
+    )
 
     def __init__(
         self,
@@ -274,6 +300,7 @@ class Faults:
         stop_for: float,
         long_outage: float,
         restart_pause: float = 0.5,
+        partitions: bool = False,
     ) -> None:
         self.workers = workers
         self.pg = pg
@@ -288,7 +315,14 @@ class Faults:
         self.db_down = threading.Event()
         self.outages: list[tuple[float, float]] = []
         self.log: list[tuple[float, str]] = []
-        self._rotation = self.PG_ROTATION if pg is not None else self.SQLITE_ROTATION
+        #: (pid, cut, healed, kind) of every partition.
+        self.cuts: list[tuple[int, float, float, str]] = []
+        if partitions:
+            if pg is None or workers.hosts is None:
+                raise ValueError("partitions need PostgreSQL and workers in namespaces")
+            self._rotation = self.PARTITION_ROTATION
+        else:
+            self._rotation = self.PG_ROTATION if pg is not None else self.SQLITE_ROTATION
         self._next = 0
 
     def inject_next(self) -> str:
@@ -316,6 +350,32 @@ class Faults:
         time.sleep(self.stop_for)
         self.workers.resume(slot)
         self.pauses.append((pid, stopped, time.time()))
+
+    def _cut(self, kind: str) -> None:
+        assert self.workers.hosts is not None
+        slot = self._slot()
+        pid = self.workers.pids()[slot]
+        host = self.workers.hosts[slot]
+        cut = time.time()
+        host.cut(kind)
+        try:
+            time.sleep(self.stop_for)
+        finally:
+            host.heal()
+            self.cuts.append((pid, cut, time.time(), kind))
+
+    def _cut_both(self) -> None:
+        self._cut("both")
+
+    def _cut_out(self) -> None:
+        self._cut("out")
+
+    def _cut_in(self) -> None:
+        self._cut("in")
+
+    @property
+    def rotation(self) -> tuple[str, ...]:
+        return self._rotation
 
     def _terminate(self) -> None:
         assert self.pg is not None
