@@ -35,6 +35,9 @@ class Life:
     pid: int
     started: float
     died: float | None = None
+    #: When it exited, as a watcher thread saw it (the driver's main loop
+    #: notices an exit only between faults, up to a fault's length late).
+    exited_at: float | None = None
     killed: bool = False
     exit_code: int | None = None
 
@@ -127,6 +130,14 @@ class Workers:
             life = Life(slot, proc.pid, time.time())
             self.lives.append(life)
             self._current[slot] = life
+        threading.Thread(target=self._watch, args=(proc, life), daemon=True).start()
+
+    @staticmethod
+    def _watch(proc: subprocess.Popen[bytes], life: Life) -> None:
+        # A worker a poison job killed died when it did, not when check()
+        # got to it: a rescue of its jobs in between is not from a live one.
+        proc.wait()
+        life.exited_at = time.time()
 
     def start_all(self) -> None:
         for slot in range(self.count):
@@ -177,7 +188,7 @@ class Workers:
         for slot, proc in exited:
             life = self._current[slot]
             life.exit_code = proc.returncode
-            life.died = time.time()
+            life.died = life.exited_at or time.time()
             life.killed = True  # not again
             if self.self_kills_expected and proc.returncode == -signal.SIGKILL:
                 # A poison job killed it: the driver bounds how often.
