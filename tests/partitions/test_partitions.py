@@ -60,7 +60,7 @@ FRESH_FOR = RESCUE_AFTER / 2
 #: moment later on a loaded machine.
 START_SLACK = 1.0
 CUT_FOR = 2.5 * RESCUE_AFTER
-LONG_MS = 3000  # the long jobs: running when the cut comes, ending during it
+LONG_MS = 6000  # the victim's running jobs: running when the cut comes, ending during it
 WORKERS = 3
 VICTIM = 0
 
@@ -120,9 +120,11 @@ def test_a_cut_off_host_loses_its_jobs_and_is_fenced_after_the_heal(lab, cut, tm
 
     host = hosts[VICTIM]
     try:
-        workers.start_all()
-        enqueue(15, LONG_MS)
-        enqueue(30, 100)
+        # The victim first, alone: it claims its fill (3 slots + a prefetch
+        # of 3), so it runs the long jobs and holds the short ones ready.
+        workers.start(VICTIM)
+        enqueue(3, LONG_MS)
+        enqueue(3, 100)
         victim_pid = workers.pids()[VICTIM]
         victim = wait_for(lambda: _worker_of(log_dir, victim_pid), what="the victim's first start")
 
@@ -134,12 +136,22 @@ def test_a_cut_off_host_loses_its_jobs_and_is_fenced_after_the_heal(lab, cut, tm
                     held[job.status.value].add(job.id)
             return held
 
-        # Cut while it holds jobs: running, and claimed ahead (not started).
-        holding = wait_for(
-            lambda: (h := holds())["claimed"] and h["running"] and h,
+        wait_for(
+            lambda: (h := holds())["claimed"] and h["running"],
             what="the victim to hold running and claimed jobs",
             every=0.05,
         )
+        others = [slot for slot in range(WORKERS) if slot != VICTIM]
+        for slot in others:
+            workers.start(slot)
+        enqueue(30, 100)
+        wait_for(
+            lambda: len({e.worker for e in _starts(log_dir)}) == WORKERS,
+            what="every worker to start a job",
+        )
+        # Cut while it holds jobs: running, and claimed ahead (not started).
+        holding = holds()
+        assert holding["claimed"] and holding["running"], holding
         host.cut(cut)
         cut_at = time.time()
         held = holding["claimed"] | holding["running"]
