@@ -546,9 +546,8 @@ def _check_poison(
 ) -> list[str]:
     """The crash budget held: each poison job is dead for its crashes after at
     most ``max_crashes + 1`` lost attempts (the first may have run beside
-    others; attempts lost before the job started count on top), and the
-    workers it killed are bounded accordingly (plus one free return each, a
-    crash before the start mark was flushed). That no other
+    others), and the workers it killed are bounded accordingly (plus one
+    free return each, a crash before the start mark was flushed). That no other
     job was charged is the history checker's: one dead before its
     ``max_attempts`` is a wrong outcome.
     """
@@ -562,15 +561,9 @@ def _check_poison(
             or "crashed its worker" not in (job.dead_reason or "")
         ):
             out.append(f"poison job {job_id} not dead for its crashes: {job}")
-        else:
-            # Attempts a fault took before the job could even start (its
-            # claim lost unstarted more than MAX_UNSTARTED_RETURNS times, as
-            # a cut-off or SIGSTOPped holder's can be) are spent by design
-            # and are no crash of the job's doing.
-            unstarted = sum("lost unstarted" in str(e.get("error")) for e in job.errors)
-            if job.attempt > config.max_crashes + 1 + unstarted:
-                errors = "; ".join(f"#{e.get('attempt')}: {e.get('error')}" for e in job.errors)
-                out.append(f"poison job {job_id} dead only after {job.attempt} attempts ({errors})")
+        elif job.attempt > config.max_crashes + 1:
+            errors = "; ".join(f"#{e.get('attempt')}: {e.get('error')}" for e in job.errors)
+            out.append(f"poison job {job_id} dead only after {job.attempt} attempts ({errors})")
     bound = len(poisons) * (config.max_crashes + 2)
     if workers.self_kills > bound:
         out.append(f"poison jobs killed {workers.self_kills} workers (bound {bound})")
