@@ -99,12 +99,13 @@ bench: $(VENV)/.bench-installed ## Benchmark vs procrastinate, pgqueuer, oban (o
 
 # The long chaos soak with flow control on (a concurrency cap and a rate limit
 # on one queue, serial keys on another's jobs), PostgreSQL (a private server:
-# needs initdb, see benchmarks/soak/README.md) then SQLite. The plain soak
+# needs initdb, see benchmarks/soak/README.md; with partitions: workers in
+# network namespaces, so root, ip and iptables, installed when missing) then SQLite. The plain soak
 # without limits: python -m benchmarks.soak.run (same README).
 SOAK_MINUTES ?= 5
 SOAK_ARGS ?= --noop-jobs 50000
-soak: install ## Long chaos soak with queue limits on, PostgreSQL then SQLite (SOAK_MINUTES=5 each)
-	$(BIN)/python -m benchmarks.soak.run --backend postgres --minutes $(SOAK_MINUTES) --limits $(SOAK_ARGS)
+soak: install ## Long chaos soak with queue limits on (partitions too on PostgreSQL), PostgreSQL then SQLite (SOAK_MINUTES=5 each)
+	$(BIN)/python -m benchmarks.soak.run --backend postgres --minutes $(SOAK_MINUTES) --limits --partitions $(SOAK_ARGS)
 	$(BIN)/python -m benchmarks.soak.run --backend sqlite --minutes $(SOAK_MINUTES) --limits $(SOAK_ARGS)
 
 clean: ## Remove the virtualenv and caches

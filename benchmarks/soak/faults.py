@@ -1,5 +1,7 @@
-"""Fault injectors: worker processes (SIGKILL + restart, SIGSTOP + SIGCONT) and
-the database (``pg_terminate_backend``, restarts of the private PostgreSQL).
+"""Fault injectors: worker processes (SIGKILL + restart, SIGSTOP + SIGCONT),
+the database (``pg_terminate_backend``, restarts of the private PostgreSQL),
+and partitions (a worker host cut off both ways, or one way, then healed; the
+workers then run in network namespaces, see :mod:`benchmarks.soak.netns`).
 """
 
 from __future__ import annotations
@@ -14,10 +16,12 @@ import sys
 import threading
 import time
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 
 import psycopg
 
+from benchmarks.soak.netns import Hosts
 from benchmarks.soak.pg import PrivatePostgres
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -31,6 +35,9 @@ class Life:
     pid: int
     started: float
     died: float | None = None
+    #: When it exited, as a watcher thread saw it (the driver's main loop
+    #: notices an exit only between faults, up to a fault's length late).
+    exited_at: float | None = None
     killed: bool = False
     exit_code: int | None = None
     #: Killed by a poison job it ran (not by the fault injector).
@@ -48,6 +55,10 @@ class Workers:
         env: extra environment (the soak settings, ``SOAK_LOG_DIR``).
         log_dir: where each process's stderr goes.
         app: the ``--app`` spec.
+        hosts: network namespaces (:mod:`benchmarks.soak.netns`): slot ``i``
+            runs in ``hosts[i]`` and reaches the database at its gateway
+            (``url`` must then name 127.0.0.1, which is replaced).
+        extra_args: more ``worker`` options (``--prefetch 3``).
     """
 
     def __init__(
@@ -59,8 +70,12 @@ class Workers:
         env: dict[str, str],
         log_dir: Path,
         app: str = "benchmarks.soak.app:jq",
+        hosts: Hosts | None = None,
+        extra_args: Sequence[str] = (),
     ) -> None:
         self.url = url
+        self.hosts = hosts
+        self.extra_args = list(extra_args)
         self.count = count
         self.concurrency = concurrency
         self.queues = queues
@@ -87,12 +102,20 @@ class Workers:
         # Slot -> when check() last saw its process alive.
         self._seen_alive: dict[int, float] = {}
 
-    def command(self) -> list[str]:
-        cmd = [sys.executable, "-m", "jobkeeper", "--database", self.url, "worker"]
+    def url_of(self, slot: int) -> str:
+        """The database URL as the slot's worker reaches it."""
+        if self.hosts is None:
+            return self.url
+        return self.url.replace("@127.0.0.1:", f"@{self.hosts[slot].gateway}:", 1)
+
+    def command(self, slot: int = 0) -> list[str]:
+        url = self.url_of(slot)
+        cmd = [sys.executable, "-m", "jobkeeper", "--database", url, "worker"]
         cmd += ["--app", self.app, "--concurrency", str(self.concurrency)]
         for queue in self.queues:
             cmd += ["--queue", queue]
-        return cmd
+        cmd += self.extra_args
+        return cmd if self.hosts is None else self.hosts[slot].wrap(cmd)
 
     def start(self, slot: int) -> None:
         with self._lock:
@@ -100,9 +123,9 @@ class Workers:
             log = self.log_dir / f"worker-{slot}-{self._generation[slot]}.log"
             with log.open("wb") as stderr:
                 proc = subprocess.Popen(
-                    self.command(),
+                    self.command(slot),
                     cwd=ROOT,
-                    env=self.env,
+                    env={**self.env, "JOBKEEPER_DATABASE_URL": self.url_of(slot)},
                     stdin=subprocess.DEVNULL,
                     stdout=subprocess.DEVNULL,
                     stderr=stderr,
@@ -111,6 +134,14 @@ class Workers:
             life = Life(slot, proc.pid, time.time())
             self.lives.append(life)
             self._current[slot] = life
+        threading.Thread(target=self._watch, args=(proc, life), daemon=True).start()
+
+    @staticmethod
+    def _watch(proc: subprocess.Popen[bytes], life: Life) -> None:
+        # A worker a poison job killed died when it did, not when check()
+        # got to it: a rescue of its jobs in between is not from a live one.
+        proc.wait()
+        life.exited_at = time.time()
 
     def start_all(self) -> None:
         for slot in range(self.count):
@@ -165,14 +196,10 @@ class Workers:
         for slot, proc in exited:
             life = self._current[slot]
             life.exit_code = proc.returncode
-            life.died = now
+            life.died = life.exited_at or time.time()
             life.killed = True  # not again
             if self.self_kills_expected and proc.returncode == -signal.SIGKILL:
-                # A poison job killed it: the driver bounds how often. It
-                # died after it was last seen alive, perhaps long before now
-                # (no check runs while a fault is injected): a rescue of its
-                # jobs since then is not one of a live worker's.
-                life.died = self._seen_alive.get(slot, life.started)
+                # A poison job killed it: the driver bounds how often.
                 life.self_killed = True
                 self.self_kills += 1
                 self.start(slot)
@@ -243,6 +270,10 @@ class Faults:
         long_outage: seconds PostgreSQL stays down in a long outage (longer
             than rescue_after: no live worker can heartbeat meanwhile).
         restart_pause: seconds PostgreSQL stays down during a restart.
+        partitions: add the partition kinds (cut a worker host off both
+            ways, only its outgoing or only its incoming packets, for
+            ``stop_for`` seconds, then heal); the workers must run in
+            namespaces (``Workers(hosts=...)``).
     """
 
     #: Every kind comes once in the first seven faults (the short soak sees all).
@@ -260,6 +291,26 @@ class Faults:
         "stop",
     )
     SQLITE_ROTATION = ("kill", "stop", "kill", "kill", "stop")
+    #: The PostgreSQL rotation with partitions: every kind in the first ten.
+    PARTITION_ROTATION = (
+        "kill",
+        "cut_both",
+        "terminate",
+        "pg_restart_fast",
+        "cut_out",
+        "stop",
+        "pg_kill9",
+        "cut_in",
+        "pg_crash_immediate",
+        "pg_outage_long",
+        "kill",
+        "cut_both",
+        "terminate",
+        "cut_in",
+        "kill",
+        "cut_out",
+        "stop",
+    )
 
     def __init__(
         self,
@@ -269,6 +320,7 @@ class Faults:
         stop_for: float,
         long_outage: float,
         restart_pause: float = 0.5,
+        partitions: bool = False,
     ) -> None:
         self.workers = workers
         self.pg = pg
@@ -283,7 +335,14 @@ class Faults:
         self.db_down = threading.Event()
         self.outages: list[tuple[float, float]] = []
         self.log: list[tuple[float, str]] = []
-        self._rotation = self.PG_ROTATION if pg is not None else self.SQLITE_ROTATION
+        #: (pid, cut, healed, kind) of every partition.
+        self.cuts: list[tuple[int, float, float, str]] = []
+        if partitions:
+            if pg is None or workers.hosts is None:
+                raise ValueError("partitions need PostgreSQL and workers in namespaces")
+            self._rotation = self.PARTITION_ROTATION
+        else:
+            self._rotation = self.PG_ROTATION if pg is not None else self.SQLITE_ROTATION
         self._next = 0
 
     def inject_next(self) -> str:
@@ -311,6 +370,32 @@ class Faults:
         time.sleep(self.stop_for)
         self.workers.resume(slot)
         self.pauses.append((pid, stopped, time.time()))
+
+    def _cut(self, kind: str) -> None:
+        assert self.workers.hosts is not None
+        slot = self._slot()
+        pid = self.workers.pids()[slot]
+        host = self.workers.hosts[slot]
+        cut = time.time()
+        host.cut(kind)
+        try:
+            time.sleep(self.stop_for)
+        finally:
+            host.heal()
+            self.cuts.append((pid, cut, time.time(), kind))
+
+    def _cut_both(self) -> None:
+        self._cut("both")
+
+    def _cut_out(self) -> None:
+        self._cut("out")
+
+    def _cut_in(self) -> None:
+        self._cut("in")
+
+    @property
+    def rotation(self) -> tuple[str, ...]:
+        return self._rotation
 
     def _terminate(self) -> None:
         assert self.pg is not None

@@ -16,6 +16,7 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import psycopg
@@ -66,11 +67,24 @@ class PrivatePostgres:
     Args:
         bindir: PostgreSQL's binaries (initdb, pg_ctl).
         database: the database created for the soak.
+        listen: addresses to listen on besides 127.0.0.1 (the host sides of
+            :mod:`benchmarks.soak.netns` veth pairs; they must exist when
+            the server starts).
+        trusted: networks (``10.213.0.0/30``) whose clients are trusted,
+            as 127.0.0.1 is.
     """
 
-    def __init__(self, bindir: Path = PG_BIN, database: str = "soak") -> None:
+    def __init__(
+        self,
+        bindir: Path = PG_BIN,
+        database: str = "soak",
+        listen: Sequence[str] = (),
+        trusted: Sequence[str] = (),
+    ) -> None:
         self.bindir = bindir
         self.database = database
+        self.listen = list(listen)
+        self.trusted = list(trusted)
         self.root = Path(tempfile.mkdtemp(prefix="jobkeeper-soak-pg-"))
         self.data = self.root / "data"
         self.logfile = self.root / "server.log"
@@ -79,7 +93,11 @@ class PrivatePostgres:
 
     @property
     def url(self) -> str:
-        return f"postgresql://postgres@127.0.0.1:{self.port}/{self.database}"
+        return self.url_at("127.0.0.1")
+
+    def url_at(self, host: str, database: str | None = None) -> str:
+        """The URL of the soak's database (or ``database``) reached at ``host``."""
+        return f"postgresql://postgres@{host}:{self.port}/{database or self.database}"
 
     def _run(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         prefix = ["runuser", "-u", "postgres", "--"] if self._as_postgres else []
@@ -106,7 +124,7 @@ class PrivatePostgres:
         with (self.data / "postgresql.conf").open("a") as conf:
             conf.write(
                 f"\nport = {self.port}\n"
-                "listen_addresses = '127.0.0.1'\n"
+                f"listen_addresses = '{','.join(['127.0.0.1', *self.listen])}'\n"
                 f"unix_socket_directories = '{self.root}'\n"
                 "max_connections = 300\n"
                 "shared_buffers = 128MB\n"
@@ -119,6 +137,9 @@ class PrivatePostgres:
                 "log_min_messages = warning\n"
                 "log_line_prefix = '%m [%p] %d '\n"
             )
+        with (self.data / "pg_hba.conf").open("a") as hba:
+            for network in self.trusted:
+                hba.write(f"host all all {network} trust\n")
         self.start()
         with psycopg.connect(self.url.rsplit("/", 1)[0] + "/postgres", autocommit=True) as conn:
             conn.execute(f'CREATE DATABASE "{self.database}"')

@@ -47,8 +47,8 @@ sys.exit(worker.run().exit_code)
 
 
 class PrefetchWorkers(Workers):
-    def command(self) -> list[str]:
-        return [sys.executable, "-c", PREFETCH_WORKER, self.url]
+    def command(self, slot: int = 0) -> list[str]:
+        return [sys.executable, "-c", PREFETCH_WORKER, self.url_of(slot)]
 
 
 def workers_for(

@@ -2,7 +2,9 @@
 
 Worker processes run a mix of jobs while faults are injected: SIGKILL and
 restart, SIGSTOP past rescue_after, and on PostgreSQL (a private server the
-soak starts) ``pg_terminate_backend`` and restarts (fast, immediate, kill -9).
+soak starts) ``pg_terminate_backend``, restarts (fast, immediate, kill -9)
+and partitions: each worker runs in a network namespace of its own and hosts
+are cut off both ways, only outgoing and only incoming (benchmarks/soak/netns.py).
 Then the history checker must pass: nothing lost, no two live holders, every
 completion from the current holder. The long run is
 ``python -m benchmarks.soak.run`` (see benchmarks/soak/README.md).
@@ -31,10 +33,12 @@ BACKENDS = [
 ]
 
 SHORT = {
+    # 45 s: the partition kinds (4.5 s each) come into the rotation too.
     "postgres": SoakConfig(
         backend="postgres",
-        seconds=30,
-        jobs=1500,
+        seconds=45,
+        jobs=2250,
+        partitions=True,
         noop_jobs=5000,
         fault_every=1.5,
         stop_for=4.5,
@@ -75,15 +79,21 @@ def test_short_chaos_soak(backend):
             "pg_crash_immediate",
             "pg_kill9",
             "pg_outage_long",
+            "cut_both",
+            "cut_out",
+            "cut_in",
         ):
             assert result.faults.get(kind, 0) >= 1, kind
+        assert result.rescued_holders["live"] == 0, result.rescued_holders
         assert result.probe["ok"], result.probe
         assert "unavailable" in result.probe["message"]
 
 
 #: Shorter fault phases, and no no-op (memory) phase: the plain soak covers it.
 LIMITS = {
-    "postgres": dataclasses.replace(SHORT["postgres"], limits=True, jobs=1200, noop_jobs=0),
+    "postgres": dataclasses.replace(
+        SHORT["postgres"], limits=True, seconds=30, jobs=1200, noop_jobs=0, partitions=False
+    ),
     "sqlite": dataclasses.replace(SHORT["sqlite"], limits=True, jobs=700, noop_jobs=0),
 }
 
