@@ -135,22 +135,27 @@ def test_async_enqueue_never_stalls_the_loop(jq: JobQueue) -> None:
                 last = now
 
         tick = asyncio.create_task(ticker())
+        began = time.perf_counter()
         try:
             jobs = await asyncio.gather(*(noop.enqueue_async(i=i) for i in range(500)))
             many = await jq.enqueue_many_async([("noop", {"i": i}) for i in range(100)])
             got = await jq.get_job_async(jobs[0].id)
+            took = time.perf_counter() - began
         finally:
             stop.set()
             await tick
             await jq.aclose()
         assert got is not None and got.id == jobs[0].id
-        return max(gaps), [*jobs, *many]
+        return max(gaps), took, [*jobs, *many]
 
-    stall, jobs = run_async(main())
+    stall, took, jobs = run_async(main())
     assert len({j.id for j in jobs}) == 600
     # A blocking enqueue would stall the loop for its whole round trip, 500
-    # times over (seconds in all); here the loop only waits on sockets/threads.
-    assert stall < 0.25, f"event loop stalled {stall * 1000:.0f} ms"
+    # times over: the ticker would not run until the gather ended (one gap
+    # as long as the whole phase). Here the loop only waits on sockets and
+    # threads, so the longest gap is a small part of the phase, however
+    # slow a loaded machine makes both.
+    assert stall < took / 4, f"event loop stalled {stall * 1000:.0f} ms of {took * 1000:.0f} ms"
 
 
 def test_async_enqueue_with_unique_key_and_options(jq: JobQueue) -> None:
