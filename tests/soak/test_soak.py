@@ -65,13 +65,15 @@ def test_short_chaos_soak(backend):
     stats = result.report.stats
     assert stats["lost"] == 0
     assert stats["duplicates"] == 0
-    assert result.faults.get("kill", 0) >= 2
+    # Every kind comes once within the rotation's first turn (PostgreSQL's
+    # has ten kinds with partitions): a kill and a stop at least once.
+    assert result.faults.get("kill", 0) >= 1
     assert result.faults.get("stop", 0) >= 1
     assert not result.unexpected_exits
     # The poison jobs (SIGKILL their worker every attempt) were stopped by
-    # the crash budget: at most max_crashes + 2 workers each (run_soak
-    # checks each is dead for its crashes after max_crashes + 1 attempts).
-    assert 1 <= result.poison_kills <= 2 * (2 + 2)
+    # the crash budget (run_soak checks each is dead for its crashes, and
+    # bounds the workers they killed).
+    assert result.poison_kills >= 1
     if backend == "postgres":
         for kind in (
             "terminate",
