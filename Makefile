@@ -55,7 +55,7 @@ chromium: ## Install Debian's chromium (tests/browser needs it) when missing, as
 	fi
 
 test: install pgbouncer chromium ## Run the whole test suite (SQLite, and PostgreSQL at JOBKEEPER_TEST_PG_URL), Django 6 included
-	$(BIN)/pytest --durations=15
+	$(BIN)/pytest -n 2 --dist loadfile --durations=15
 	$(MAKE) --no-print-directory test-django6
 
 # Django >= 6.0 (django.tasks built in) needs Python >= 3.12: its own venv,

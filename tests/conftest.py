@@ -20,6 +20,11 @@ from typing import Any
 import psycopg
 import pytest
 
+# The CLI's tables are as wide as COLUMNS says (200 columns when unset and
+# piped): pytest-xdist's workers set it to 80, and a developer's terminal to
+# anything. The CLI tests read whole cells, so they run as CI does, unset.
+os.environ.pop("COLUMNS", None)
+
 from jobkeeper import JobQueue
 from support.db import PG_URL, pg_schema_url
 from support.settings import FAST
