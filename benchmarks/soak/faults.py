@@ -99,8 +99,6 @@ class Workers:
         #: run has poison jobs, which kill their worker), and how many did.
         self.self_kills_expected = False
         self.self_kills = 0
-        # Slot -> when check() last saw its process alive.
-        self._seen_alive: dict[int, float] = {}
 
     def url_of(self, slot: int) -> str:
         """The database URL as the slot's worker reaches it."""
@@ -183,16 +181,12 @@ class Workers:
         """Record (and restart, a few times) any worker that exited without
         being killed: a crash or a crash loop is a soak failure.
         """
-        now = time.time()
         with self._lock:
             exited = [
                 (slot, proc)
                 for slot, proc in self.procs.items()
                 if proc.poll() is not None and not self._current[slot].killed
             ]
-            for slot in self.procs:
-                if all(slot != gone for gone, _ in exited):
-                    self._seen_alive[slot] = now
         for slot, proc in exited:
             life = self._current[slot]
             life.exit_code = proc.returncode
