@@ -19,10 +19,10 @@ import random
 import signal
 import time
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
-from benchmarks.soak.history import ExecLog
 from jobkeeper import Discard, JobQueue, Retry, current_job
+from jobkeeper.verify.history import ExecLog
 
 
 def _seconds(name: str, default: float) -> float:
@@ -50,37 +50,46 @@ class InjectedError(RuntimeError):
     """The failure a soak task raises on purpose."""
 
 
-def _begin() -> tuple[int, int, str]:
+class Run(NamedTuple):
+    """One execution, as the log and the result name it."""
+
+    job: int
+    attempt: int
+    worker: str
+    fence: int
+
+
+def _begin() -> Run:
     job = current_job()
     assert job.worker_id is not None
+    run = Run(job.id, job.attempt, job.worker_id, job.fence)
     if LOG is not None:
-        LOG.start(job.id, job.attempt, job.worker_id)
-    return job.id, job.attempt, job.worker_id
+        LOG.start(*run)
+    return run
 
 
-def _end(execution: tuple[int, int, str], outcome: str) -> None:
+def _end(run: Run, outcome: str) -> None:
     if LOG is not None:
-        LOG.end(*execution, outcome)
+        LOG.end(*run, outcome)
 
 
 @contextlib.contextmanager
-def _logged() -> Iterator[tuple[int, int, str]]:
+def _logged() -> Iterator[Run]:
     """Log this execution's ``start``, then its ``end``: ``ok`` if the block
     finished, ``error`` if anything (a failure, a cancel) left it early.
-    Yields ``(job id, attempt, worker id)``.
     """
-    execution = _begin()
+    run = _begin()
     outcome = "error"
     try:
-        yield execution
+        yield run
         outcome = "ok"
     finally:
-        _end(execution, outcome)
+        _end(run, outcome)
 
 
-def _result(n: int, execution: tuple[int, int, str]) -> dict[str, Any]:
+def _result(n: int, run: Run) -> dict[str, Any]:
     """The result naming the execution that produced it."""
-    return {"n": n, "worker": execution[2], "attempt": execution[1]}
+    return {"n": n, "worker": run.worker, "attempt": run.attempt, "fence": run.fence}
 
 
 def _decide(mode: str, attempt: int, fails: int) -> None:
@@ -113,7 +122,7 @@ def work(n: int, ms: float, mode: str = "ok", fails: int = 0, cpu: bool = False)
             _burn(ms / 1000)
         else:
             time.sleep(ms / 1000)
-        _decide(mode, execution[1], fails)
+        _decide(mode, execution.attempt, fails)
     return _result(n, execution)
 
 
@@ -122,7 +131,7 @@ async def work_async(n: int, ms: float, mode: str = "ok", fails: int = 0) -> dic
     """The async variant of ``soak.work``."""
     with _logged() as execution:
         await asyncio.sleep(ms / 1000)
-        _decide(mode, execution[1], fails)
+        _decide(mode, execution.attempt, fails)
     return _result(n, execution)
 
 
@@ -159,7 +168,7 @@ def stall(n: int, seconds: float) -> dict[str, Any]:
     under, and see rescued and completed by another).
     """
     with _logged() as execution:
-        if execution[1] == 1:
+        if execution.attempt == 1:
             time.sleep(seconds)
     return _result(n, execution)
 

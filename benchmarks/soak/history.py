@@ -39,16 +39,35 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 import re
-import secrets
-import threading
-import time
 from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
 from datetime import datetime
-from pathlib import Path
 from typing import Any
+
+# The log and the report are the package's (``jobkeeper verify`` writes and
+# reads the same log); this checker is the stricter one: it also reads the
+# database's own audit of heartbeats and acks.
+from jobkeeper.verify.history import (
+    Event,
+    ExecLog,
+    Report,
+    Violation,
+    read_exec_logs,
+)
+
+__all__ = [
+    "Ack",
+    "Event",
+    "ExecLog",
+    "Expected",
+    "History",
+    "Report",
+    "Row",
+    "Violation",
+    "check",
+    "read_exec_logs",
+]
 
 #: Seconds of slack when comparing a log time (the worker's clock) with a
 #: database time (the server's clock): both are this machine's clock, read at
@@ -63,85 +82,6 @@ MUST_DIE = frozenset({"fail", "discard", "poison"})
 LOGGED = frozenset({"ok", "flaky", "retry", "fail", "discard", "long"})
 
 _RESCUE = re.compile(r"worker lost: (\S+) sent no heartbeat")
-
-
-# -- the execution log --------------------------------------------------------------
-
-
-class ExecLog:
-    """Appends execution events to ``<directory>/exec-<pid>-<random>.log``.
-
-    Thread-safe without a lock: each event is one ``os.write`` on an
-    ``O_APPEND`` descriptor. The file is opened on first use, in the process
-    that writes (a worker).
-    """
-
-    def __init__(self, directory: str | os.PathLike[str]) -> None:
-        self.directory = Path(directory)
-        self._fd: int | None = None
-        self._lock = threading.Lock()
-
-    def _open(self) -> int:
-        with self._lock:
-            if self._fd is None:
-                name = f"exec-{os.getpid()}-{secrets.token_hex(4)}.log"
-                self._fd = os.open(
-                    self.directory / name, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644
-                )
-            return self._fd
-
-    def start(self, job: int, attempt: int, worker: str) -> None:
-        self._write(f"S\t{job}\t{attempt}\t{worker}\t{time.time():.6f}\n")
-
-    def end(self, job: int, attempt: int, worker: str, outcome: str) -> None:
-        self._write(f"E\t{job}\t{attempt}\t{worker}\t{time.time():.6f}\t{outcome}\n")
-
-    def _write(self, line: str) -> None:
-        fd = self._fd if self._fd is not None else self._open()
-        os.write(fd, line.encode())
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Event:
-    kind: str  # "S" (start) or "E" (end)
-    job: int
-    attempt: int
-    worker: str
-    t: float
-    outcome: str = ""
-
-
-def read_exec_logs(directory: str | os.PathLike[str]) -> tuple[list[Event], int]:
-    """Every event in ``directory``'s ``exec-*.log`` files, and the number of
-    malformed lines (a torn last line is impossible with one write per event,
-    so any is a problem).
-    """
-    events: list[Event] = []
-    bad = 0
-    for path in sorted(Path(directory).glob("exec-*.log")):
-        for line in path.read_text().splitlines():
-            fields = line.split("\t")
-            try:
-                if fields[0] == "S" and len(fields) == 5:
-                    events.append(
-                        Event("S", int(fields[1]), int(fields[2]), fields[3], float(fields[4]))
-                    )
-                elif fields[0] == "E" and len(fields) == 6:
-                    events.append(
-                        Event(
-                            "E",
-                            int(fields[1]),
-                            int(fields[2]),
-                            fields[3],
-                            float(fields[4]),
-                            fields[5],
-                        )
-                    )
-                else:
-                    bad += 1
-            except ValueError:
-                bad += 1
-    return events, bad
 
 
 # -- the history ----------------------------------------------------------------------
@@ -184,6 +124,7 @@ class Ack:
     worker: str
     attempt: int
     at: float
+    fence: int | None = None
 
 
 @dataclasses.dataclass(slots=True)
@@ -194,9 +135,10 @@ class Execution:
     start: float
     end: float | None = None
     outcome: str | None = None
+    fence: int = 0
 
-    def key(self) -> tuple[int, int, str]:
-        return (self.job, self.attempt, self.worker)
+    def key(self) -> tuple[int, int, str, int]:
+        return (self.job, self.attempt, self.worker, self.fence)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -205,6 +147,7 @@ class Rescue:
     attempt: int
     worker: str
     at: float
+    fence: int | None = None  # None: not known (no ack audit)
 
 
 @dataclasses.dataclass
@@ -244,30 +187,6 @@ class History:
     rate_limits: dict[str, tuple[int, float]] = dataclasses.field(default_factory=dict)
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class Violation:
-    kind: str
-    job: int | None
-    detail: str
-
-    def __str__(self) -> str:
-        where = f"job {self.job}: " if self.job is not None else ""
-        return f"[{self.kind}] {where}{self.detail}"
-
-
-@dataclasses.dataclass
-class Report:
-    violations: list[Violation]
-    stats: dict[str, Any]
-
-    @property
-    def ok(self) -> bool:
-        return not self.violations
-
-    def count(self, kind: str) -> int:
-        return sum(1 for v in self.violations if v.kind == kind)
-
-
 def parse_db_time(value: Any) -> float | None:
     """An error entry's ``at`` (ISO 8601 text), a datetime or epoch seconds -> epoch seconds."""
     if value is None:
@@ -292,6 +211,34 @@ def rescues_of(row: Row) -> list[Rescue]:
     return found
 
 
+class Rescues:
+    """Rescued claims, found by the execution that held them.
+
+    A claim is ``(job, attempt, worker, fence)``. A rescue record in a row's
+    errors names no fence; the ack audit's write for the same holder gives
+    it. Without the audit a rescue matches any fence of that holder.
+    """
+
+    def __init__(self) -> None:
+        self._by_claim: dict[tuple[int, int, str, int | None], Rescue] = {}
+
+    def add(self, rescue: Rescue) -> None:
+        self._by_claim[(rescue.job, rescue.attempt, rescue.worker, rescue.fence)] = rescue
+
+    def of(self, job: int, attempt: int, worker: str, fence: int | None) -> Rescue | None:
+        """The rescue of that claim, if it was rescued."""
+        found = self._by_claim.get((job, attempt, worker, fence))
+        if found is None and fence is not None:
+            found = self._by_claim.get((job, attempt, worker, None))
+        return found
+
+    def of_run(self, run: Execution) -> Rescue | None:
+        return self.of(run.job, run.attempt, run.worker, run.fence)
+
+    def __len__(self) -> int:
+        return len(self._by_claim)
+
+
 def percentile(values: Sequence[float], q: float) -> float | None:
     """Nearest-rank percentile (``q`` in 0..100); ``None`` for no values."""
     if not values:
@@ -314,6 +261,9 @@ class _Checker:
             if history.heartbeats is not None
             else None
         )
+        self.acks_by_job: dict[int, list[Ack]] = defaultdict(list)
+        for ack in history.acks or []:
+            self.acks_by_job[ack.job].append(ack)
 
     def flag(self, kind: str, job: int | None, detail: str) -> None:
         self.violations.append(Violation(kind, job, detail))
@@ -334,10 +284,10 @@ class _Checker:
     # -- pieces -------------------------------------------------------------------
 
     def executions(self) -> dict[int, list[Execution]]:
-        by_key: dict[tuple[int, int, str], Execution] = {}
+        by_key: dict[tuple[int, int, str, int], Execution] = {}
         ends: list[Event] = []
         for event in sorted(self.h.events, key=lambda e: (e.t, e.kind != "S")):
-            key = (event.job, event.attempt, event.worker)
+            key = event.key()
             if event.kind == "S":
                 if key in by_key:
                     self.flag(
@@ -346,11 +296,13 @@ class _Checker:
                         f"attempt {event.attempt} started twice by {event.worker}",
                     )
                     continue
-                by_key[key] = Execution(event.job, event.attempt, event.worker, event.t)
+                by_key[key] = Execution(
+                    event.job, event.attempt, event.worker, event.t, fence=event.fence
+                )
             else:
                 ends.append(event)
         for event in ends:
-            execution = by_key.get((event.job, event.attempt, event.worker))
+            execution = by_key.get(event.key())
             if execution is None:
                 self.flag("bad_log", event.job, f"end without start: {event}")
             elif execution.end is not None:
@@ -443,13 +395,28 @@ class _Checker:
             if row.status == "dead" and not row.errors:
                 self.flag("wrong_outcome", row.id, "dead letter without any error recorded")
 
-    def check_rescues(self, rows: dict[int, Row]) -> dict[tuple[int, int, str], Rescue]:
-        rescues: dict[tuple[int, int, str], Rescue] = {}
+    def fence_of(self, rescue: Rescue) -> int | None:
+        """The fence of the claim a rescue record took: from the audited
+        write of that holder's attempt nearest in time (None: no audit).
+        """
+        writes = [
+            ack
+            for ack in self.acks_by_job.get(rescue.job, [])
+            if (ack.attempt, ack.worker) == (rescue.attempt, rescue.worker)
+            and ack.new_status != "completed"
+        ]
+        if not writes:
+            return None
+        return min(writes, key=lambda ack: abs(ack.at - rescue.at)).fence
+
+    def check_rescues(self, rows: dict[int, Row]) -> Rescues:
+        rescues = Rescues()
         since_heartbeat: list[float] = []
         since_death: list[float] = []
         for row in rows.values():
-            for rescue in rescues_of(row):
-                rescues[(rescue.job, rescue.attempt, rescue.worker)] = rescue
+            for record in rescues_of(row):
+                rescue = dataclasses.replace(record, fence=self.fence_of(record))
+                rescues.add(rescue)
                 if self.hb is not None:
                     silent = self.silent_for(rescue.worker, rescue.at)
                     if silent < self.h.rescue_after - TOLERANCE:
@@ -474,11 +441,12 @@ class _Checker:
         free_returns = 0
         if self.hb is not None:
             for ack in self.h.acks or []:
-                key = (ack.job, ack.attempt, ack.worker)
-                if ack.new_status != "available" or key in rescues:
+                if ack.new_status != "available":
+                    continue
+                if rescues.of(ack.job, ack.attempt, ack.worker, ack.fence) is not None:
                     continue
                 if self.silent_for(ack.worker, ack.at) >= self.h.rescue_after - TOLERANCE:
-                    rescues[key] = Rescue(ack.job, ack.attempt, ack.worker, ack.at)
+                    rescues.add(Rescue(ack.job, ack.attempt, ack.worker, ack.at, ack.fence))
                     free_returns += 1
         self.stats["free_returns"] = free_returns
         self.stats["rescues"] = len(rescues) - free_returns
@@ -489,7 +457,7 @@ class _Checker:
     def check_overlaps(
         self,
         executions: dict[int, list[Execution]],
-        rescues: dict[tuple[int, int, str], Rescue],
+        rescues: Rescues,
     ) -> None:
         justified = unjustified = stale_starts = 0
         for job, runs in executions.items():
@@ -516,7 +484,7 @@ class _Checker:
                             f"{second.start:.3f}: {reason}",
                         )
             for run in runs:
-                rescue = rescues.get(run.key())
+                rescue = rescues.of_run(run)
                 if rescue is not None and run.start > rescue.at + TOLERANCE:
                     stale_starts += 1
         self.stats["overlaps_justified"] = justified
@@ -527,9 +495,9 @@ class _Checker:
         self,
         first: Execution,
         second: Execution,
-        rescues: dict[tuple[int, int, str], Rescue],
+        rescues: Rescues,
     ) -> str | None:
-        rescue = rescues.get(first.key())
+        rescue = rescues.of_run(first)
         if rescue is None:
             return "the first holder's attempt was never rescued (two live holders)"
         if rescue.at > second.start + TOLERANCE:
@@ -540,9 +508,7 @@ class _Checker:
                 return f"the first holder had heartbeaten {silent:.3f}s before the rescue"
         return None
 
-    def held_span(
-        self, run: Execution, rescues: dict[tuple[int, int, str], Rescue]
-    ) -> tuple[float, float]:
+    def held_span(self, run: Execution, rescues: Rescues) -> tuple[float, float]:
         """When an execution counted against its queue's limits: from its
         start to its end (or its process's death), cut at the rescue of its
         claim. From the rescue on the database no longer counts it (the slot
@@ -550,7 +516,7 @@ class _Checker:
         still be frozen mid-run: that overlap is the justified kind.
         """
         end = self.effective_end(run)
-        rescue = rescues.get(run.key())
+        rescue = rescues.of_run(run)
         if rescue is not None:
             end = min(end, rescue.at - TOLERANCE)
         return run.start, end
@@ -559,7 +525,7 @@ class _Checker:
         self,
         rows: dict[int, Row],
         executions: dict[int, list[Execution]],
-        rescues: dict[tuple[int, int, str], Rescue],
+        rescues: Rescues,
     ) -> None:
         """Queue caps (``cap_exceeded``) and serial keys (``serial_overlap``),
         as the execution log saw them.
@@ -595,7 +561,7 @@ class _Checker:
                 if step > 0:
                     active.add(run.key())
                     if len(active) == cap + 1:  # once per excess, not per start
-                        shown = ", ".join(f"{j}#{a}@{w}" for j, a, w in sorted(active))
+                        shown = ", ".join(f"{j}#{a}@{w}" for j, a, w, _ in sorted(active))
                         self.flag(
                             "cap_exceeded",
                             run.job,
@@ -646,16 +612,20 @@ class _Checker:
         self,
         rows: dict[int, Row],
         executions: dict[int, list[Execution]],
-        rescues: dict[tuple[int, int, str], Rescue],
+        rescues: Rescues,
     ) -> None:
-        acks: dict[int, list[Ack]] = defaultdict(list)
-        for ack in self.h.acks or []:
-            acks[ack.job].append(ack)
+        acks = self.acks_by_job
         for row in rows.values():
             runs = {run.key(): run for run in executions.get(row.id, [])}
             if row.finished_at is not None and row.status in TERMINAL:
                 late = [r for r in runs.values() if r.start > row.finished_at + TOLERANCE]
                 for run in late:
+                    # A holder silenced (stopped, cut off) after its start
+                    # check calls the task when it resumes; its claim was
+                    # rescued and its ack is refused: a stale start, counted
+                    # in started_after_rescue.
+                    if rescues.of_run(run) is not None:
+                        continue
                     self.flag(
                         "ran_after_finish",
                         row.id,
@@ -690,16 +660,18 @@ class _Checker:
                 continue
             result = row.result if isinstance(row.result, dict) else {}
             worker, attempt = result.get("worker"), result.get("attempt")
-            if attempt != row.attempt or not isinstance(worker, str):
+            fence = result.get("fence")
+            if attempt != row.attempt or not isinstance(worker, str) or not isinstance(fence, int):
                 self.flag(
                     "bad_completion",
                     row.id,
-                    f"result from {worker}#{attempt}, but the row is at attempt {row.attempt}",
+                    f"result from {worker}#{attempt} (fence {fence}), but the row is at "
+                    f"attempt {row.attempt}",
                 )
                 continue
             if row.token is not None and result.get("n") != row.token:
                 self.flag("bad_completion", row.id, f"result of token {result.get('n')}")
-            run = runs.get((row.id, attempt, worker))
+            run = runs.get((row.id, attempt, worker, fence))
             if run is None or run.outcome != "ok":
                 state = "never ran" if run is None else f"ended {run.outcome or 'never'}"
                 self.flag(
@@ -707,18 +679,20 @@ class _Checker:
                     row.id,
                     f"completed by {worker}#{attempt}, whose execution {state}",
                 )
-            if (row.id, attempt, worker) in rescues:
+            if rescues.of(row.id, attempt, worker, fence) is not None:
                 self.flag(
                     "bad_completion",
                     row.id,
-                    f"completed by {worker}#{attempt}, whose claim had been rescued",
+                    f"completed by {worker}#{attempt} (fence {fence}), whose claim had been "
+                    "rescued",
                 )
             for ack in completions[:1]:
-                if ack.worker != worker:
+                if ack.worker != worker or ack.fence not in (None, fence):
                     self.flag(
                         "bad_completion",
                         row.id,
-                        f"result is {worker}'s but the completion was fenced on {ack.worker}",
+                        f"result is {worker}'s (fence {fence}) but the completion was fenced "
+                        f"on {ack.worker} (fence {ack.fence})",
                     )
                 if run is not None and run.end is not None and ack.at < run.end - TOLERANCE:
                     self.flag("bad_completion", row.id, "completion written before the task ended")

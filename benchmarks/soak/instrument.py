@@ -4,8 +4,9 @@ Two audit tables, filled by triggers (so they record what the database
 actually committed, on the database clock):
 
 - ``soak_heartbeats(worker_id, at)``: every heartbeat (and registration);
-- ``soak_acks(job_id, new_status, worker_id, attempt, at)``: every write that
-  took a job out of ``running``, with the holder it was fenced on.
+- ``soak_acks(job_id, new_status, worker_id, attempt, fence, at)``: every
+  write that took a job out of ``claimed``/``running``, with the claim it was
+  fenced on.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ PG_INSTRUMENT = """
 CREATE TABLE IF NOT EXISTS soak_heartbeats (worker_id text NOT NULL, at timestamptz NOT NULL);
 CREATE TABLE IF NOT EXISTS soak_acks (
     job_id bigint NOT NULL, new_status text NOT NULL, worker_id text, attempt integer,
-    at timestamptz NOT NULL);
+    fence bigint, at timestamptz NOT NULL);
 CREATE OR REPLACE FUNCTION soak_record_heartbeat() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     INSERT INTO soak_heartbeats VALUES (NEW.id, NEW.heartbeat_at);
@@ -31,9 +32,11 @@ END $$;
 CREATE OR REPLACE FUNCTION soak_record_ack() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     IF TG_OP = 'DELETE' THEN
-        INSERT INTO soak_acks VALUES (OLD.id, 'removed', OLD.worker_id, OLD.attempt, now());
+        INSERT INTO soak_acks
+            VALUES (OLD.id, 'removed', OLD.worker_id, OLD.attempt, OLD.fence, now());
     ELSE
-        INSERT INTO soak_acks VALUES (NEW.id, NEW.status, OLD.worker_id, OLD.attempt, now());
+        INSERT INTO soak_acks
+            VALUES (NEW.id, NEW.status, OLD.worker_id, OLD.attempt, OLD.fence, now());
     END IF;
     RETURN NULL;
 END $$;
@@ -56,7 +59,7 @@ SQLITE_INSTRUMENT = f"""
 CREATE TABLE IF NOT EXISTS soak_heartbeats (worker_id TEXT NOT NULL, at REAL NOT NULL);
 CREATE TABLE IF NOT EXISTS soak_acks (
     job_id INTEGER NOT NULL, new_status TEXT NOT NULL, worker_id TEXT, attempt INTEGER,
-    at REAL NOT NULL);
+    fence INTEGER, at REAL NOT NULL);
 CREATE TRIGGER IF NOT EXISTS soak_heartbeats_insert AFTER INSERT ON jobkeeper_workers
 BEGIN INSERT INTO soak_heartbeats VALUES (NEW.id, NEW.heartbeat_at); END;
 CREATE TRIGGER IF NOT EXISTS soak_heartbeats_update AFTER UPDATE OF heartbeat_at
@@ -64,11 +67,13 @@ CREATE TRIGGER IF NOT EXISTS soak_heartbeats_update AFTER UPDATE OF heartbeat_at
 BEGIN INSERT INTO soak_heartbeats VALUES (NEW.id, NEW.heartbeat_at); END;
 CREATE TRIGGER IF NOT EXISTS soak_acks_update AFTER UPDATE ON jobkeeper_jobs
     WHEN OLD.status IN ('claimed', 'running') AND NEW.status NOT IN ('claimed', 'running')
-BEGIN INSERT INTO soak_acks VALUES (NEW.id, NEW.status, OLD.worker_id, OLD.attempt, {_SQLITE_NOW});
+BEGIN INSERT INTO soak_acks
+    VALUES (NEW.id, NEW.status, OLD.worker_id, OLD.attempt, OLD.fence, {_SQLITE_NOW});
 END;
 CREATE TRIGGER IF NOT EXISTS soak_acks_delete AFTER DELETE ON jobkeeper_jobs
     WHEN OLD.status IN ('claimed', 'running')
-BEGIN INSERT INTO soak_acks VALUES (OLD.id, 'removed', OLD.worker_id, OLD.attempt, {_SQLITE_NOW});
+BEGIN INSERT INTO soak_acks
+    VALUES (OLD.id, 'removed', OLD.worker_id, OLD.attempt, OLD.fence, {_SQLITE_NOW});
 END;
 """
 
@@ -146,7 +151,7 @@ def read_state(url: str) -> tuple[list[Row], dict[str, list[float]], list[Ack]]:
         f"SELECT {_JOB_COLUMNS} FROM jobkeeper_jobs",
         f"SELECT {_DEAD_COLUMNS} FROM jobkeeper_dead_letters",
         "SELECT worker_id, at FROM soak_heartbeats",
-        "SELECT job_id, new_status, worker_id, attempt, at FROM soak_acks",
+        "SELECT job_id, new_status, worker_id, attempt, fence, at FROM soak_acks",
     )
     decode = url.startswith("sqlite")
     if decode:
@@ -164,7 +169,14 @@ def read_state(url: str) -> tuple[list[Row], dict[str, list[float]], list[Ack]]:
     for worker, at in beats:
         heartbeats.setdefault(worker, []).append(parse_db_time(at) or 0.0)
     ack_list = [
-        Ack(int(job), str(status), str(worker), int(attempt), parse_db_time(at) or 0.0)
-        for job, status, worker, attempt, at in acks
+        Ack(
+            int(job),
+            str(status),
+            str(worker),
+            int(attempt),
+            parse_db_time(at) or 0.0,
+            fence=None if fence is None else int(fence),
+        )
+        for job, status, worker, attempt, fence, at in acks
     ]
     return rows, heartbeats, ack_list

@@ -53,15 +53,15 @@ def beats(start: float, stop: float, every: float = 0.5) -> list[float]:
     return out
 
 
-def run(job, attempt, worker, start, end=None, outcome="ok") -> list[Event]:
-    events = [Event("S", job, attempt, worker, start)]
+def run(job, attempt, worker, start, end=None, outcome="ok", fence=0) -> list[Event]:
+    events = [Event("S", job, attempt, worker, start, fence=fence)]
     if end is not None:
-        events.append(Event("E", job, attempt, worker, end, outcome))
+        events.append(Event("E", job, attempt, worker, end, outcome, fence))
     return events
 
 
-def result(n, worker, attempt) -> dict:
-    return {"n": n, "worker": worker, "attempt": attempt}
+def result(n, worker, attempt, fence=0) -> dict:
+    return {"n": n, "worker": worker, "attempt": attempt, "fence": fence}
 
 
 def good_history() -> History:
@@ -310,6 +310,61 @@ def test_an_execution_after_the_job_finished_is_caught():
     assert "ran_after_finish" in kinds(check(history))
 
 
+def same_worker_reclaim_history() -> History:
+    """Job 8: W4 claims it (attempt 1, fence 1) and is SIGSTOPped before its
+    start mark is written; the claim is given back free (the attempt not
+    spent); W4 resumes, claims it again (attempt 1 again, fence 2) and
+    completes it. The claims differ only by their fence.
+    """
+    history = good_history()
+    history.enqueued[8] = Expected(8, "ok")
+    history.rows.append(Row(8, "completed", 1, 20, 8, result(8, W4, 1, fence=2), [], 111.01))
+    history.events += run(8, 1, W4, 110.0, 111.0, fence=2)
+    history.acks += [
+        Ack(8, "available", W4, 1, 103.0, fence=1),
+        Ack(8, "completed", W4, 1, 111.01, fence=2),
+    ]
+    return history
+
+
+def test_a_same_worker_reclaim_after_a_free_return_passes():
+    # The CI failure of 2026-12-01: the checker keyed claims by (job,
+    # attempt, worker), so the second claim looked rescued.
+    assert check(same_worker_reclaim_history()).violations == []
+
+
+def test_a_completion_by_the_claim_given_back_free_is_caught():
+    history = same_worker_reclaim_history()
+    history.events += run(8, 1, W4, 100.0, 109.5, fence=1)
+    r = row(history, 8)
+    r.result = result(8, W4, 1, fence=1)
+    history.acks[-1] = Ack(8, "completed", W4, 1, 111.01, fence=1)
+    assert "bad_completion" in kinds(check(history))
+
+
+def test_a_stale_start_of_a_rescued_claim_after_the_finish_is_only_counted():
+    # Job 9: W4 passed its start check at 99.7 and was SIGSTOPped before the
+    # task's first line; its claim (fence 1) was given back free, W1 ran and
+    # completed it (fence 2); W4 resumed at 109 and the task ran late, its
+    # ack refused. A paused process cannot be kept from running; the fence
+    # keeps its result out: counted, not a violation.
+    history = good_history()
+    history.enqueued[9] = Expected(9, "ok")
+    history.rows.append(Row(9, "completed", 1, 20, 9, result(9, W1, 1, fence=2), [], 104.51))
+    history.events += run(9, 1, W1, 104.0, 104.5, fence=2)
+    history.events += run(9, 1, W4, 109.1, 109.2, fence=1)
+    history.acks += [
+        Ack(9, "available", W4, 1, 103.0, fence=1),
+        Ack(9, "completed", W1, 1, 104.51, fence=2),
+    ]
+    report = check(history)
+    assert report.violations == []
+    assert report.stats["started_after_rescue"] == 1
+    # The same late start by a holder whose claim was never taken is not.
+    history.acks = [a for a in history.acks if (a.job, a.new_status) != (9, "available")]
+    assert "ran_after_finish" in kinds(check(history))
+
+
 def test_a_phantom_execution_is_caught():
     history = good_history()
     history.events += run(1234, 1, W2, 100.0, 100.1)
@@ -324,16 +379,16 @@ def test_a_malformed_log_is_caught():
 
 def test_the_exec_log_round_trips(tmp_path):
     log = ExecLog(tmp_path)
-    log.start(1, 1, W1)
-    log.end(1, 1, W1, "ok")
-    log.start(2, 3, W2)
+    log.start(1, 1, W1, 1)
+    log.end(1, 1, W1, 1, "ok")
+    log.start(2, 3, W2, 5)
     (tmp_path / "exec-999-x.log").write_text("S\tnot-a-number\n")
     events, bad = read_exec_logs(tmp_path)
     assert bad == 1
-    assert [(e.kind, e.job, e.attempt, e.worker, e.outcome) for e in events] == [
-        ("S", 1, 1, W1, ""),
-        ("E", 1, 1, W1, "ok"),
-        ("S", 2, 3, W2, ""),
+    assert [(e.kind, e.job, e.attempt, e.worker, e.fence, e.outcome) for e in events] == [
+        ("S", 1, 1, W1, 1, ""),
+        ("E", 1, 1, W1, 1, "ok"),
+        ("S", 2, 3, W2, 5, ""),
     ]
     assert os.path.basename(next(tmp_path.glob(f"exec-{os.getpid()}-*.log")))
 

@@ -29,15 +29,23 @@ def lives(**overrides: Life) -> list[Life]:
     return list(base.values())
 
 
-def run(job: int, attempt: int, worker: str, start: float, end: float | None, outcome: str = "ok"):
-    events = [Event("S", job, attempt, worker, start)]
+def run(
+    job: int,
+    attempt: int,
+    worker: str,
+    start: float,
+    end: float | None,
+    outcome: str = "ok",
+    fence: int = 0,
+):
+    events = [Event("S", job, attempt, worker, start, fence=fence)]
     if end is not None:
-        events.append(Event("E", job, attempt, worker, end, outcome))
+        events.append(Event("E", job, attempt, worker, end, outcome, fence))
     return events
 
 
-def completed(job: int, attempt: int, worker: str, errors=None) -> Row:
-    result = {"n": job, "worker": worker, "attempt": attempt}
+def completed(job: int, attempt: int, worker: str, errors=None, fence: int = 0) -> Row:
+    result = {"n": job, "worker": worker, "attempt": attempt, "fence": fence}
     return Row(job, "completed", attempt, result, errors or [])
 
 
@@ -177,9 +185,27 @@ def test_a_completion_by_the_holder_a_claim_was_taken_from_fails():
     # W1's late result was stored.
     history.lives = lives(w1=Life(101, 0.0, pauses=[(10.1, 16.1)]))
     history.events = [e for e in history.events if e.job != 1]
-    history.events += run(1, 1, W1, 10.0, 16.2)
-    history.events += run(1, 1, W2, 13.5, 13.7)
-    history.rows[0] = completed(1, 1, W1)
+    history.events += run(1, 1, W1, 10.0, 16.2, fence=1)
+    history.events += run(1, 1, W2, 13.5, 13.7, fence=2)
+    history.rows[0] = completed(1, 1, W1, fence=1)
+    assert kinds(history) == ["bad_completion"]
+
+
+def test_the_same_worker_claiming_an_attempt_again_after_a_free_return_passes():
+    # W1 was stopped holding job 1 (fence 1, never started), the claim was
+    # given back free, and W1 claimed attempt 1 again (fence 2) and ran it:
+    # one worker, one attempt number, two claims.
+    history = clean()
+    history.lives = lives(w1=Life(101, 0.0, pauses=[(9.0, 14.0)]))
+    history.events = [e for e in history.events if e.job != 1]
+    history.events += run(1, 1, W1, 14.5, 15.0, fence=2)
+    history.rows[0] = completed(1, 1, W1, fence=2)
+    assert kinds(history) == []
+    # Its first claim too started (before the stop) and ran to an end the
+    # fence refused: the stored result must be the second claim's.
+    history.events += run(1, 1, W1, 8.9, 14.2, fence=1)
+    assert kinds(history) == []
+    history.rows[0] = completed(1, 1, W1, fence=1)
     assert kinds(history) == ["bad_completion"]
 
 
@@ -208,13 +234,13 @@ def test_phantoms_and_malformed_logs_fail():
 
 def test_the_exec_log_round_trips(tmp_path: Path):
     log = ExecLog(tmp_path)
-    log.start(7, 1, W1)
-    log.end(7, 1, W1, "ok")
+    log.start(7, 1, W1, 3)
+    log.end(7, 1, W1, 3, "ok")
     with (tmp_path / "exec-garbage.log").open("w") as f:
         f.write("S\tnot-a-number\n")
     events, bad = read_exec_logs(tmp_path)
-    assert [(e.kind, e.job, e.attempt, e.worker, e.outcome) for e in events] == [
-        ("S", 7, 1, W1, ""),
-        ("E", 7, 1, W1, "ok"),
+    assert [(e.kind, e.job, e.attempt, e.worker, e.fence, e.outcome) for e in events] == [
+        ("S", 7, 1, W1, 3, ""),
+        ("E", 7, 1, W1, 3, "ok"),
     ]
     assert bad == 1

@@ -63,7 +63,7 @@ def work(n: int, ms: float, mode: str = "ok", fails: int = 0) -> dict[str, Any]:
     job = current_job()
     worker = job.worker_id or "?"
     if LOG is not None:
-        LOG.start(job.id, job.attempt, worker)
+        LOG.start(job.id, job.attempt, worker, job.fence)
     outcome = "error"
     try:
         time.sleep(ms / 1000)
@@ -76,5 +76,5 @@ def work(n: int, ms: float, mode: str = "ok", fails: int = 0) -> dict[str, Any]:
         outcome = "ok"
     finally:
         if LOG is not None:
-            LOG.end(job.id, job.attempt, worker, outcome)
-    return {"n": n, "worker": worker, "attempt": job.attempt}
+            LOG.end(job.id, job.attempt, worker, job.fence, outcome)
+    return {"n": n, "worker": worker, "attempt": job.attempt, "fence": job.fence}

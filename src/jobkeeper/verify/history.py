@@ -6,7 +6,9 @@ every time compared is this machine's clock, never the database server's).
 The log
     Each task appends ``start`` and ``end`` events to a per-process file
     opened with ``O_APPEND``, one ``write(2)`` per event: a SIGKILL leaves
-    whole lines. An execution is ``(job, attempt, worker)``.
+    whole lines. An execution is ``(job, attempt, worker, fence)``: a claim
+    given back free (its attempt not spent) and claimed again by the same
+    worker runs the same attempt number, under a new fence.
 
 What is checked (each failure is a :class:`Violation`)
     - ``lost``: an enqueued job is in neither the jobs nor the dead letters;
@@ -75,11 +77,11 @@ class ExecLog:
                 self._fd = os.open(self.directory / name, flags, 0o600)
             return self._fd
 
-    def start(self, job: int, attempt: int, worker: str) -> None:
-        self._write(f"S\t{job}\t{attempt}\t{worker}\t{time.time():.6f}\n")
+    def start(self, job: int, attempt: int, worker: str, fence: int) -> None:
+        self._write(f"S\t{job}\t{attempt}\t{worker}\t{fence}\t{time.time():.6f}\n")
 
-    def end(self, job: int, attempt: int, worker: str, outcome: str) -> None:
-        self._write(f"E\t{job}\t{attempt}\t{worker}\t{time.time():.6f}\t{outcome}\n")
+    def end(self, job: int, attempt: int, worker: str, fence: int, outcome: str) -> None:
+        self._write(f"E\t{job}\t{attempt}\t{worker}\t{fence}\t{time.time():.6f}\t{outcome}\n")
 
     def _write(self, line: str) -> None:
         fd = self._fd if self._fd is not None else self._open()
@@ -94,6 +96,11 @@ class Event:
     worker: str
     t: float
     outcome: str = ""
+    fence: int = 0
+
+    def key(self) -> tuple[int, int, str, int]:
+        """The execution this event belongs to."""
+        return (self.job, self.attempt, self.worker, self.fence)
 
 
 def read_exec_logs(directory: str | os.PathLike[str]) -> tuple[list[Event], int]:
@@ -106,12 +113,16 @@ def read_exec_logs(directory: str | os.PathLike[str]) -> tuple[list[Event], int]
         for line in path.read_text().splitlines():
             fields = line.split("\t")
             try:
-                if fields[0] == "S" and len(fields) == 5:
-                    job, attempt, worker, t = fields[1:]
-                    events.append(Event("S", int(job), int(attempt), worker, float(t)))
-                elif fields[0] == "E" and len(fields) == 6:
-                    job, attempt, worker, t, outcome = fields[1:]
-                    events.append(Event("E", int(job), int(attempt), worker, float(t), outcome))
+                if fields[0] == "S" and len(fields) == 6:
+                    job, attempt, worker, fence, t = fields[1:]
+                    events.append(
+                        Event("S", int(job), int(attempt), worker, float(t), fence=int(fence))
+                    )
+                elif fields[0] == "E" and len(fields) == 7:
+                    job, attempt, worker, fence, t, outcome = fields[1:]
+                    events.append(
+                        Event("E", int(job), int(attempt), worker, float(t), outcome, int(fence))
+                    )
                 else:
                     bad += 1
             except ValueError:
@@ -157,6 +168,10 @@ class Execution:
     start: float
     end: float | None = None
     outcome: str | None = None
+    fence: int = 0
+
+    def key(self) -> tuple[int, int, str, int]:
+        return (self.job, self.attempt, self.worker, self.fence)
 
 
 @dataclasses.dataclass
@@ -254,18 +269,20 @@ class _Checker:
         return None
 
     def executions(self) -> dict[int, list[Execution]]:
-        by_key: dict[tuple[int, int, str], Execution] = {}
+        by_key: dict[tuple[int, int, str, int], Execution] = {}
         ends: list[Event] = []
         for event in self.h.events:
-            key = (event.job, event.attempt, event.worker)
+            key = event.key()
             if event.kind == "E":
                 ends.append(event)
             elif key in by_key:
                 self.flag("bad_log", event.job, f"attempt {event.attempt} started twice")
             else:
-                by_key[key] = Execution(event.job, event.attempt, event.worker, event.t)
+                by_key[key] = Execution(
+                    event.job, event.attempt, event.worker, event.t, fence=event.fence
+                )
         for event in ends:
-            run = by_key.get((event.job, event.attempt, event.worker))
+            run = by_key.get(event.key())
             if run is None or run.end is not None:
                 self.flag(
                     "bad_log", event.job, f"an end without its start: attempt {event.attempt}"
@@ -375,6 +392,7 @@ class _Checker:
                 continue
             result = row.result if isinstance(row.result, dict) else {}
             worker, attempt = result.get("worker"), result.get("attempt")
+            fence = result.get("fence")
             if attempt != row.attempt or not isinstance(worker, str):
                 self.flag(
                     "bad_completion",
@@ -382,7 +400,14 @@ class _Checker:
                     f"result from {worker}#{attempt}, but the row is at attempt {row.attempt}",
                 )
                 continue
-            run = next((r for r in runs if (r.attempt, r.worker) == (attempt, worker)), None)
+            run = next(
+                (
+                    r
+                    for r in runs
+                    if (r.attempt, r.worker) == (attempt, worker) and fence in (None, r.fence)
+                ),
+                None,
+            )
             if run is None or run.outcome != "ok":
                 state = "never ran" if run is None else f"ended {run.outcome or 'never'}"
                 self.flag(
@@ -393,7 +418,9 @@ class _Checker:
                 self.flag(
                     "bad_completion", row.id, f"completed by {worker}, whose claim was rescued"
                 )
-            later = [r for r in runs if r.attempt == attempt and r.start > run.start + TOLERANCE]
+            # A later claim of the same attempt (a free return: the attempt
+            # not spent) has a higher fence and took the claim from this one.
+            later = [r for r in runs if r.attempt == attempt and r.fence > run.fence]
             if later:
                 self.flag(
                     "bad_completion",
