@@ -447,6 +447,17 @@ def run_soak(config: SoakConfig) -> SoakResult:
 
         # -- stop -----------------------------------------------------------------
         workers.check()
+
+        # A worker SIGTERMed before its signal handlers are installed (one a
+        # poison job killed near the end, restarted and still importing) dies
+        # of the signal: wait until every live worker has registered, so that
+        # an unclean exit means something (as jobkeeper verify does).
+        def registered() -> bool:
+            with contextlib.suppress(DatabaseError):
+                return set(workers.pids().values()) <= {w.pid for w in jq.workers()}
+            return False
+
+        _wait(registered, 60)
         exit_codes = workers.stop_all(timeout=30)
         if any(code != 0 for code in exit_codes.values()):
             failures.append(f"workers did not stop cleanly: exit codes {exit_codes}")

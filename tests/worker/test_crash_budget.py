@@ -8,10 +8,12 @@ from __future__ import annotations
 import threading
 from datetime import UTC, datetime
 
-from jobkeeper import JobStatus
+from jobkeeper import DatabaseUnavailable, JobStatus
+from jobkeeper.events import EventBus
 from jobkeeper.maintenance.rescuer import Rescuer
 from jobkeeper.models import Job
 from jobkeeper.outcomes import claim_of, failed_attempt, released_attempt
+from jobkeeper.worker.claims import Claims
 from jobkeeper.worker.slots import Execution, Slots
 from support.db import job
 from support.waiting import wait_for
@@ -178,3 +180,82 @@ def test_slots_start_a_suspect_only_alone_and_hand_back_other_suspects():
     assert started[4].job.id == 6 and not started[4].alone
     release[6].set()
     slots.close()
+
+
+class _StartAloneFails:
+    """The queue's backend, but the first ``failures`` lone start marks
+    raise (a database outage as the suspect is about to start).
+    """
+
+    def __init__(self, backend, failures: int) -> None:
+        self._backend = backend
+        self.failures = failures
+        self.calls = 0
+
+    def job_start_alone(self, *, claim):
+        self.calls += 1
+        if self.calls <= self.failures:
+            raise DatabaseUnavailable("the database went away (test)")
+        return self._backend.job_start_alone(claim=claim)
+
+
+class _FreshHeartbeat:
+    def liveness(self) -> tuple[float, int]:
+        return 0.0, 0
+
+
+class _NoBatchedMarks:
+    def add(self, item) -> None:
+        raise AssertionError(f"a lone start mark must not be batched: {item}")
+
+
+def _claims(backend, worker_id: str) -> Claims:
+    return Claims(
+        backend=backend,
+        worker_id=worker_id,
+        heartbeat=_FreshHeartbeat(),
+        completer=_NoBatchedMarks(),
+        fresh_for=1.0,
+        stopping=threading.Event(),
+        events=EventBus(),
+    )
+
+
+def test_a_suspect_starts_only_once_its_lone_start_mark_is_written(make_queue):
+    # Unwritten (the database down for a moment), a crash of the lone
+    # attempt was only a lost attempt: a poison job took down more workers
+    # than max_crashes allows (seen in the PostgreSQL soak, with restarts).
+    jq = make_queue(max_crashes=2)
+    j = jq.enqueue("poison", {}, max_attempts=20)
+    _start(jq, _claim(jq, "w1:1:aaaa"))
+    _rescue(jq)
+    suspect = _claim(jq, "w2:2:bbbb")
+    assert suspect.run_alone
+    flaky = _StartAloneFails(jq.backend, failures=2)
+    claims = _claims(flaky, "w2:2:bbbb")
+    claims.claimed([suspect], claims.stamp())
+    assert claims.may_start(suspect)
+    assert flaky.calls == 3
+    marked = job(jq, j.id)
+    assert marked.status == JobStatus.RUNNING and marked.attempt == 2
+    claims.started(suspect)  # written already: nothing batched, no second write
+    assert flaky.calls == 3
+    # Its crash now is pinned on it.
+    _rescue(jq)
+    assert job(jq, j.id).crashes == 1
+
+
+def test_a_suspect_whose_claim_was_lost_does_not_start(make_queue):
+    jq = make_queue(max_crashes=2)
+    j = jq.enqueue("poison", {}, max_attempts=20)
+    _start(jq, _claim(jq, "w1:1:aaaa"))
+    _rescue(jq)
+    suspect = _claim(jq, "w2:2:bbbb")
+    # Given back free (its holder silent, the job never started), then
+    # claimed by another worker: the first holder's fenced mark matches nothing.
+    _rescue(jq)
+    _claim(jq, "w3:3:cccc")
+    claims = _claims(_StartAloneFails(jq.backend, failures=0), "w2:2:bbbb")
+    claims.claimed([suspect], claims.stamp())
+    assert not claims.may_start(suspect)
+    assert job(jq, j.id).worker_id == "w3:3:cccc"

@@ -72,6 +72,8 @@ class Claims:
         # Job id -> the heartbeat's stale-spell count when it was claimed (or
         # its hold last confirmed).
         self._stamps: dict[int, int] = {}
+        # Lone attempts whose start mark may_start wrote: (job id, fence).
+        self._marked_alone: set[tuple[int, int]] = set()
 
     def fresh(self) -> bool:
         """Whether our heartbeat is fresh: claims made now cannot be rescued
@@ -102,6 +104,8 @@ class Claims:
         """The job's attempt has an outcome: its claim is no longer ours to check."""
         with self._lock:
             self._stamps.pop(job_id, None)
+            if self._marked_alone:  # a lone attempt settled before its call
+                self._marked_alone = {m for m in self._marked_alone if m[0] != job_id}
 
     def still_held(self, job: Job) -> bool:
         """Whether our heartbeat is fresh and has been since the job was
@@ -121,7 +125,12 @@ class Claims:
         heartbeat, then ask the database whether we still hold the job: the
         claim may have been rescued and the job be running elsewhere, or be
         done. False: the claim is lost, or the worker is stopping.
+
+        A ``run_alone`` job starts only once its start mark is written (see
+        :meth:`_mark_alone`): a crash of its attempt must be pinned on it.
         """
+        if job.run_alone:
+            return self._mark_alone(job)
         if self.still_held(job):
             return True
         while not self._stopping.is_set():
@@ -141,6 +150,40 @@ class Claims:
                     self._stamps[job.id] = spells
                 return True
             return False
+        return False
+
+    def _mark_alone(self, job: Job) -> bool:
+        """Write a lone job's start mark (``job_start_alone``) before its task
+        may be called, waiting out a database outage: unwritten, a crash of
+        the attempt would be only a lost attempt, not one charged to the
+        job's crash budget, and a poison job could take down more workers
+        than ``max_crashes`` allows. The fenced write is also the proof that
+        we still hold the claim. False: the claim is lost (the write matched
+        nothing), or the worker is stopping.
+        """
+        claim = claim_of(job)
+        while not self._stopping.is_set():
+            try:
+                with self._db_lock:
+                    age, spells = self._heartbeat.liveness()
+                    written = (
+                        self._backend.job_start_alone(claim=claim)
+                        if age <= self._fresh_for
+                        else None
+                    )
+            except DatabaseError as exc:
+                logger.warning("job %s: lone start mark not written yet (%s)", job.id, exc)
+                self._stopping.wait(0.1)
+                continue
+            if written is None:
+                self._stopping.wait(0.05)
+                continue
+            if not written:
+                return False
+            with self._lock:
+                self._stamps[job.id] = spells
+                self._marked_alone.add((job.id, job.fence))
+            return True
         return False
 
     def _held_now(self) -> tuple[list[Job], int] | None:
@@ -163,8 +206,7 @@ class Claims:
         """The task of a claimed job is being called: record its start mark
         (claimed -> running), batched with the outcomes, and emit STARTED.
 
-        A ``run_alone`` job (run alone by the slots) gets its start mark now,
-        with the claim's fence (``job_start_alone``): one round trip.
+        A ``run_alone`` job's mark was written by :meth:`may_start`.
         A job whose earlier claim was lost before its start was recorded may
         be one that kills its worker as it starts: its mark is written before
         the task is called, so such a crash spends an attempt from the second
@@ -174,14 +216,10 @@ class Claims:
             self._events.emit(JobEvent.of(EventKind.STARTED, job))
         claim = claim_of(job)
         if job.run_alone:
-            # Started alone (see the slots): recorded now, with its fence, so
-            # that a crash from here on is pinned on this job (the crash
-            # budget). Unrecorded, a crash is only a lost attempt.
-            try:
-                if self._backend.job_start_alone(claim=claim):
+            with self._lock:
+                if (job.id, job.fence) in self._marked_alone:
+                    self._marked_alone.discard((job.id, job.fence))
                     return
-            except DatabaseError as exc:
-                logger.warning("job %s: lone start mark not written (%s)", job.id, exc)
         if job.unstarted_returns:
             try:
                 with self._db_lock:
