@@ -11,14 +11,40 @@ from typing import Any
 
 from jobkeeper.models import Job
 
-#: What the worker binds for a running task: completes it on a connection.
-CompleteIn = Callable[[Any, Any], None]
 
-_current_job: contextvars.ContextVar[Job | None] = contextvars.ContextVar(
-    "jobkeeper_current_job", default=None
-)
-_complete_in: contextvars.ContextVar[CompleteIn | None] = contextvars.ContextVar(
-    "jobkeeper_complete_in", default=None
+class Binding:
+    """What a running task sees of its job (internal): bound once per
+    attempt in one context variable. The view ``current_job()`` returns is
+    built on first use, so a task that never asks costs nothing more.
+
+    Args:
+        job: the claimed job.
+        view: builds the task's view of ``job`` (the worker's adds the
+            idempotency key); None: ``job`` itself.
+    """
+
+    __slots__ = ("_built", "_view", "job")
+
+    def __init__(self, job: Job, view: Callable[[Job], Job] | None = None) -> None:
+        self.job = job
+        self._view = view
+        self._built: Job | None = None
+
+    def current_job(self) -> Job:
+        built = self._built
+        if built is None:
+            built = self._built = self._view(self.job) if self._view is not None else self.job
+        return built
+
+    def complete_in(self, conn: Any, result: Any) -> None:
+        """Overridden by the worker; here (a job context without a worker)
+        there is nothing to complete.
+        """
+        raise LookupError("complete_in() is only available inside a task run by a worker")
+
+
+_binding: contextvars.ContextVar[Binding | None] = contextvars.ContextVar(
+    "jobkeeper_binding", default=None
 )
 
 
@@ -35,10 +61,10 @@ def current_job() -> Job:
     Raises:
         LookupError: called outside a task run by a jobkeeper worker.
     """
-    job = _current_job.get()
-    if job is None:
+    binding = _binding.get()
+    if binding is None:
         raise LookupError("current_job() is only available inside a task run by a worker")
-    return job
+    return binding.current_job()
 
 
 def complete_in(conn: Any, result: Any = None) -> None:
@@ -87,27 +113,22 @@ def complete_in(conn: Any, result: Any = None) -> None:
             also have aborted the caller's transaction).
         LookupError: called outside a task run by a jobkeeper worker.
     """
-    bound = _complete_in.get()
-    if bound is None:
+    binding = _binding.get()
+    if binding is None:
         raise LookupError("complete_in() is only available inside a task run by a worker")
-    bound(conn, result)
+    binding.complete_in(conn, result)
 
 
-def set_current_job(job: Job | None) -> contextvars.Token[Job | None]:
-    """Internal: bind ``job`` for the running task (the executor calls this)."""
-    return _current_job.set(job)
+def bind(binding: Binding | None) -> contextvars.Token[Binding | None]:
+    """Internal: bind the running task's job (the executor calls this)."""
+    return _binding.set(binding)
 
 
-def reset_current_job(token: contextvars.Token[Job | None]) -> None:
-    """Internal: undo :func:`set_current_job`."""
-    _current_job.reset(token)
+def unbind(token: contextvars.Token[Binding | None]) -> None:
+    """Internal: undo :func:`bind`."""
+    _binding.reset(token)
 
 
-def set_complete_in(bound: CompleteIn | None) -> contextvars.Token[CompleteIn | None]:
-    """Internal: bind what :func:`complete_in` calls for the running task."""
-    return _complete_in.set(bound)
-
-
-def reset_complete_in(token: contextvars.Token[CompleteIn | None]) -> None:
-    """Internal: undo :func:`set_complete_in`."""
-    _complete_in.reset(token)
+def set_current_job(job: Job) -> contextvars.Token[Binding | None]:
+    """Internal: bind ``job`` as it is (``jobkeeper.testing``'s job context)."""
+    return _binding.set(Binding(job))

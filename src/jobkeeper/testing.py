@@ -50,7 +50,7 @@ from urllib.parse import quote
 import pytest
 
 from jobkeeper.api import DEFAULT_MAX_ATTEMPTS, DEFAULT_QUEUE, JobQueue
-from jobkeeper.context import reset_current_job, set_current_job
+from jobkeeper.context import set_current_job, unbind
 from jobkeeper.models import Job, JobStatus
 from jobkeeper.payload import encode_args
 from jobkeeper.periodic import PeriodicRegistry
@@ -292,7 +292,7 @@ def job_context(
     try:
         yield job
     finally:
-        reset_current_job(token)
+        unbind(token)
 
 
 def run_task(task: Task[Any, Any], /, **args: Any) -> Any:

@@ -27,13 +27,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from jobkeeper.config import Settings
-from jobkeeper.context import (
-    CompleteIn,
-    reset_complete_in,
-    reset_current_job,
-    set_complete_in,
-    set_current_job,
-)
+from jobkeeper.context import Binding, bind, unbind
 from jobkeeper.errors import DatabaseError, PayloadError
 from jobkeeper.events import EventBus, EventKind, JobEvent
 from jobkeeper.models import Claim, Completion, Failure, Job
@@ -333,8 +327,7 @@ class Executor:
         job = execution.job
         assert job.args is not None
         raised: BaseException | None = None
-        token = set_current_job(self._task_view(job))
-        bound = set_complete_in(self._bind_complete_in(execution))
+        token = bind(self._binding(execution))
         try:
             try:
                 if not self._start_user_code(execution, thread_id=threading.get_ident()):
@@ -358,8 +351,7 @@ class Executor:
             raised = exc
             outcome = self._verdicts.ended(execution, exc=exc)
         finally:
-            reset_complete_in(bound)
-            reset_current_job(token)
+            unbind(token)
         self._finish(execution, self._after_complete_in(execution, outcome), raised)
 
     async def _run_async(self, execution: Execution, task: Task[Any, Any]) -> None:
@@ -377,8 +369,7 @@ class Executor:
         if self._on_start is not None:
             self._on_start(job)
         # This asyncio task has its own context.
-        set_current_job(self._task_view(job))
-        set_complete_in(self._bind_complete_in(execution))
+        bind(self._binding(execution))
         raised: BaseException | None = None
         try:
             try:
@@ -425,21 +416,9 @@ class Executor:
         )
         return Completion(claim_of(job), None, completed_in=True)
 
-    def _task_view(self, job: Job) -> Job:
-        return self._running_job(job) if self._running_job is not None else job
-
-    def _bind_complete_in(self, execution: Execution) -> CompleteIn | None:
-        """What ``complete_in`` calls in ``execution``'s task."""
-        write = self._complete_in
-        if write is None:
-            return None
-
-        def complete_in(connection: Any, result: Any) -> None:
-            write(execution.job, connection, result)
-            with execution.lock:
-                execution.completed_in = True
-
-        return complete_in
+    def _binding(self, execution: Execution) -> Binding:
+        """What ``execution``'s task sees: ``current_job()`` and ``complete_in``."""
+        return _AttemptBinding(execution, self._running_job, self._complete_in)
 
     def _settle_after_internal_error(self, execution: Execution, exc: BaseException) -> None:
         """Last resort: an attempt whose outcome could not be built (a bug
@@ -485,3 +464,30 @@ class Executor:
         """
         self._interrupts.close()
         self._slots.close()
+
+
+class _AttemptBinding(Binding):
+    """One attempt's job context: its view is built only if the task asks
+    (``current_job()``), and ``complete_in`` writes through the worker and
+    marks the attempt so that its outcome is read back from the database.
+    """
+
+    __slots__ = ("_execution", "_write")
+
+    def __init__(
+        self,
+        execution: Execution,
+        view: Callable[[Job], Job] | None,
+        write: Callable[[Job, Any, Any], None] | None,
+    ) -> None:
+        super().__init__(execution.job, view)
+        self._execution = execution
+        self._write = write
+
+    def complete_in(self, conn: Any, result: Any) -> None:
+        if self._write is None:
+            super().complete_in(conn, result)
+            return
+        self._write(self.job, conn, result)
+        with self._execution.lock:
+            self._execution.completed_in = True
