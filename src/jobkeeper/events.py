@@ -167,6 +167,10 @@ class EventBus:
         """
         return kind in self._wanted
 
+    def wants_any(self, kinds: frozenset[EventKind]) -> bool:
+        """Whether anyone listens to any of ``kinds`` (one set operation)."""
+        return not self._wanted.isdisjoint(kinds)
+
     def wants_finished(self, outcome: OutcomeKind) -> bool:
         """Whether anyone listens to FINISHED events with ``outcome`` (the
         log, with DEBUG off, wants failures but not the completions that are

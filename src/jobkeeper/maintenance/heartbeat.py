@@ -49,20 +49,38 @@ class Heartbeat(IntervalService):
         self._on_holds = on_holds
         #: Test hook: when set, beats are skipped (simulates a stalled worker).
         self.paused = False
-        # The last acknowledged beat and the stale spells change together,
-        # under this lock, so a reader never sees one without the other.
+        # Writers of the last acknowledged beat and the stale spells.
         self._lock = threading.Lock()
-        self._last_beat = time.monotonic()
+        # (last beat, stale spells). Spells are stretches without an
+        # acknowledged beat for over ``stale_after`` seconds (a paused
+        # process, a database outage), counted when they end: the worker's
+        # claims may have been rescued during one. Each write replaces the
+        # pair whole (the count before the beat that ends a spell), so
+        # liveness(), twice for every job started, reads it without the lock
+        # and never sees a fresh beat with the count from before the spell.
+        self._liveness = (time.monotonic(), 0)
         self._stale_after = stale_after
-        # Spells without an acknowledged beat for over ``stale_after`` seconds
-        # (a paused process, a database outage), counted when they end: the
-        # worker's claims may have been rescued during one.
-        self._stale_spells = 0
         #: When a beat last failed or waited over ``interval`` to be
         #: acknowledged (``time.monotonic()``), and since when the beat now
         #: being written has been waiting (None: none is).
         self.trouble_at = -math.inf
         self._writing_since: float | None = None
+
+    @property
+    def _last_beat(self) -> float:
+        return self._liveness[0]
+
+    @_last_beat.setter
+    def _last_beat(self, value: float) -> None:
+        self._liveness = (value, self._liveness[1])
+
+    @property
+    def _stale_spells(self) -> int:
+        return self._liveness[1]
+
+    @_stale_spells.setter
+    def _stale_spells(self, value: int) -> None:
+        self._liveness = (self._liveness[0], value)
 
     def note_beat(self) -> None:
         """Record a heartbeat written elsewhere (the worker's registration)."""
@@ -78,8 +96,8 @@ class Heartbeat(IntervalService):
         counted by the same beat that ends it, so a fresh age is never seen
         with the count from before the spell that preceded it.
         """
-        with self._lock:
-            return time.monotonic() - self._last_beat, self._stale_spells
+        last_beat, spells = self._liveness
+        return time.monotonic() - last_beat, spells
 
     def troubled_within(self, seconds: float) -> bool:
         """Whether, within the last ``seconds``, a beat failed or waited over

@@ -102,9 +102,11 @@ class Claims:
 
     def forget(self, job_id: int) -> None:
         """The job's attempt has an outcome: its claim is no longer ours to check."""
-        with self._lock:
-            self._stamps.pop(job_id, None)
-            if self._marked_alone:  # a lone attempt settled before its call
+        # One dict operation needs no lock (the GIL makes it atomic); the
+        # lock orders writes that read and write together.
+        self._stamps.pop(job_id, None)
+        if self._marked_alone:  # a lone attempt settled before its call
+            with self._lock:
                 self._marked_alone = {m for m in self._marked_alone if m[0] != job_id}
 
     def still_held(self, job: Job) -> bool:
@@ -113,9 +115,7 @@ class Claims:
         it. Never blocks; the executor asks again just before calling the task.
         """
         age, spells = self._heartbeat.liveness()
-        with self._lock:
-            stamp = self._stamps.get(job.id)
-        return age <= self._fresh_for and spells == stamp
+        return age <= self._fresh_for and spells == self._stamps.get(job.id)
 
     def may_start(self, job: Job) -> bool:
         """Whether a claimed job may start (the executor asks, from a runner

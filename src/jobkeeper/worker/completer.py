@@ -34,6 +34,8 @@ from jobkeeper.payload import dumps
 logger = logging.getLogger("jobkeeper.worker")
 
 Outcome = Completion | Failure
+#: The events the completer emits once a batch is written.
+_ACK_EVENTS = frozenset({EventKind.ACKED, EventKind.CLAIM_LOST, EventKind.DEAD_LETTERED})
 #: What the buffer holds: outcomes and start marks, in arrival order.
 Entry = Completion | Failure | Start
 
@@ -71,7 +73,10 @@ class Completer:
         # while someone listens: events name them, and the outcome does not.
         self._jobs: dict[tuple[int, int], tuple[str, str]] = {}
         self._buffer: list[Entry] = []
-        self._cond = threading.Condition()
+        # A plain lock under the condition: add() runs twice a job (start
+        # mark, outcome) and takes it directly, without Condition's frames.
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
         self._stopping = False
         self._abandoned = False
         self._in_flight = 0
@@ -83,7 +88,7 @@ class Completer:
         """Queue an outcome or start mark for writing (thread-safe, never
         blocks on I/O). ``job``: the outcome's job, for its events.
         """
-        with self._cond:
+        with self._lock:
             if job is not None and self._acks_wanted():
                 self._jobs[job.id, job.fence] = (job.task, job.queue)
             self._buffer.append(outcome)
@@ -259,35 +264,41 @@ class Completer:
             self._on_written(list(outcomes), written)
 
     def _acks_wanted(self) -> bool:
-        events = self._events
-        return (
-            events.wants(EventKind.ACKED)
-            or events.wants(EventKind.CLAIM_LOST)
-            or events.wants(EventKind.DEAD_LETTERED)
-        )
+        return self._events.wants_any(_ACK_EVENTS)
 
     def _emit(self, outcomes: list[Completion] | list[Outcome], written: set[int]) -> None:
         """ACKED (with the outcome written) or CLAIM_LOST per outcome, and
-        DEAD_LETTERED per move to the dead letters written.
+        DEAD_LETTERED per move to the dead letters written; each built only
+        while someone listens to its kind.
         """
-        for outcome in outcomes:
-            claim = outcome.claim
-            with self._cond:
-                names = self._jobs.pop((claim.job_id, claim.fence), None)
-            if names is None or not self._acks_wanted():
+        with self._lock:  # once a batch, not once a job
+            names = [self._jobs.pop((o.claim.job_id, o.claim.fence), None) for o in outcomes]
+        events = self._events
+        acked = events.wants(EventKind.ACKED)
+        lost = events.wants(EventKind.CLAIM_LOST)
+        dead = events.wants(EventKind.DEAD_LETTERED)
+        for outcome, named in zip(outcomes, names, strict=True):
+            if named is None:
                 continue
-            task, queue = names
+            claim = outcome.claim
+            task, queue = named
             facts = (claim.job_id, task, queue, claim.attempt, claim.worker_id)
             if claim.job_id not in written:
-                self._events.emit(JobEvent(EventKind.CLAIM_LOST, *facts, at=time.time()))
+                if lost:
+                    events.emit(JobEvent(EventKind.CLAIM_LOST, *facts, at=time.time()))
                 continue
-            kind = outcome_kind(outcome)
-            error = outcome_error(outcome)
-            self._events.emit(
-                JobEvent(EventKind.ACKED, *facts, at=time.time(), outcome=kind, error=error)
-            )
-            if isinstance(outcome, Failure) and outcome.outcome == "dead":
-                self._events.emit(
+            if acked:
+                events.emit(
+                    JobEvent(
+                        EventKind.ACKED,
+                        *facts,
+                        at=time.time(),
+                        outcome=outcome_kind(outcome),
+                        error=outcome_error(outcome),
+                    )
+                )
+            if dead and isinstance(outcome, Failure) and outcome.outcome == "dead":
+                events.emit(
                     JobEvent(EventKind.DEAD_LETTERED, *facts, at=time.time(), error=outcome.reason)
                 )
 

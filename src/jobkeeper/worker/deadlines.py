@@ -65,6 +65,10 @@ class DeadlineWatch:
 
     def unwatch(self, key: int) -> None:
         """Forget ``key`` (a no-op if it is not watched)."""
+        if key not in self._live:
+            # Most jobs have no timeout: no lock for them. A watch racing
+            # this call is as if it came after it, lock or not.
+            return
         with self._changed:
             if self._live.pop(key, None) is not None:
                 self._compact()
