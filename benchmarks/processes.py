@@ -1,0 +1,202 @@
+"""Many worker processes on one PostgreSQL (issue 18, item 4).
+
+1, 2 and 4 jobkeeper worker processes (the CLI, ``--burst``) drain one backlog
+of no-op jobs, each with ``--concurrency`` 10 and then 50; beside them, in the
+same run, the raw batched claim+complete drain (``benchmarks/raw.py``, batch
+100) with 1, 2 and 4 clients. For each: jobs/s, the PostgreSQL server's CPU
+per job (the whole machine's busy CPU less the clients': see
+:class:`MachineCpu`) and the clients' own CPU per job (jobkeeper's worker
+processes from ``wait4``'s rusage, start-up included: about 0.35 s a process;
+the raw clients are processes of their own, their start-up included).
+
+    .venv/bin/python -m benchmarks.processes [--jobs 40000] [--rounds 3]
+
+Rounds are interleaved (every configuration once, then again); the table
+shows medians. Figures are printed, never asserted. The URL comes from
+``$JOBKEEPER_BENCH_PG_URL`` (default: the test server); every measurement
+runs in a database of its own, created for it and dropped after.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import psutil
+import psycopg
+
+from benchmarks import raw
+from benchmarks.harness import DEFAULT_PG_URL, PG_URL_ENV, PgServer, log
+
+ROOT = Path(__file__).resolve().parents[1]
+JOBKEEPER = Path(sys.executable).with_name("jobkeeper")
+FILL = """
+import sys
+from benchmarks.apps.jobkeeper_app import jq
+jq = jq.using(sys.argv[1])
+jq.migrate()
+n = int(sys.argv[2])
+for start in range(0, n, 1000):
+    jq.enqueue_many([("noop", {})] * min(1000, n - start))
+"""
+
+
+class MachineCpu:
+    """CPU seconds the whole machine spent (busy, all cores) between
+    :meth:`start` and :meth:`stop`. Less the clients' own CPU, that is the
+    server's share: a backend lives only as long as its connection, too short
+    to be sampled reliably, so the server is measured as the rest of the
+    machine (run it quiet: anything else running counts too).
+    """
+
+    def start(self) -> None:
+        self._began = self._busy()
+        self._own = self._self_cpu()
+
+    @staticmethod
+    def _busy() -> float:
+        times = psutil.cpu_times()
+        return sum(times) - times.idle - getattr(times, "iowait", 0.0)
+
+    @staticmethod
+    def _self_cpu() -> float:
+        """This process and its reaped children (the clients)."""
+        return sum(
+            usage.ru_utime + usage.ru_stime
+            for usage in (
+                resource.getrusage(resource.RUSAGE_SELF),
+                resource.getrusage(resource.RUSAGE_CHILDREN),
+            )
+        )
+
+    def stop(self) -> tuple[float, float]:
+        """``(machine busy seconds, this process's CPU seconds)`` since start."""
+        return self._busy() - self._began, self._self_cpu() - self._own
+
+
+def remaining(url: str) -> int:
+    with psycopg.connect(url, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM jobkeeper_jobs WHERE status <> 'completed'"
+        ).fetchone()
+    return int(row[0]) if row else 0
+
+
+def jobkeeper_drain(url: str, jobs: int, processes: int, concurrency: int) -> dict[str, float]:
+    """Fill ``jobs`` no-op jobs, then drain them with ``processes`` CLI workers."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    subprocess.run([sys.executable, "-c", FILL, url, str(jobs)], check=True, env=env)
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("VACUUM ANALYZE jobkeeper_jobs")
+    argv = [
+        str(JOBKEEPER),
+        "--database",
+        url,
+        "worker",
+        "--app",
+        "benchmarks.apps.jobkeeper_app:jq",
+        "--concurrency",
+        str(concurrency),
+        "--burst",
+    ]
+    machine = MachineCpu()
+    machine.start()
+    began = time.perf_counter()
+    procs = [
+        subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        for _ in range(processes)
+    ]
+    done_at: float | None = None
+    while done_at is None:
+        time.sleep(0.02)
+        if remaining(url) == 0:
+            done_at = time.perf_counter()
+        elif all(p.poll() is not None for p in procs):
+            raise RuntimeError(f"workers exited with {remaining(url)} jobs left")
+    worker_cpu = 0.0
+    for proc in procs:
+        _, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        worker_cpu += usage.ru_utime + usage.ru_stime
+    busy, own = machine.stop()
+    return {
+        "jobs_per_s": jobs / (done_at - began),
+        "server_us": (busy - own) * 1e6 / jobs,  # own: the reaped workers too
+        "worker_us": worker_cpu * 1e6 / jobs,
+    }
+
+
+def raw_drain(url: str, jobs: int, clients: int) -> dict[str, float]:
+    raw.pg_prepare(url)
+    raw.pg_fill(url, jobs)
+    machine = MachineCpu()
+    machine.start()
+    seconds, done = raw.pg_clients(url, "drain", 100, clients, jobs)
+    busy, own = machine.stop()
+    if done != jobs:
+        raise RuntimeError(f"raw drain did {done} of {jobs} jobs")
+    return {
+        "jobs_per_s": done / seconds,
+        "server_us": (busy - own) * 1e6 / done,
+        "client_us": own * 1e6 / done,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--jobs", type=int, default=40_000, help="backlog per drain")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds")
+    parser.add_argument("--pg-url", default=os.environ.get(PG_URL_ENV, DEFAULT_PG_URL))
+    args = parser.parse_args(argv)
+    server = PgServer(args.pg_url)
+    server.drop_stale()
+    configs: list[tuple[str, Callable[[str], dict[str, float]]]] = []
+    for concurrency in (10, 50):
+        for processes in (1, 2, 4):
+            configs.append(
+                (
+                    f"jobkeeper, {processes} process{'es' if processes > 1 else ''}, "
+                    f"c={concurrency}",
+                    lambda url, p=processes, c=concurrency: jobkeeper_drain(url, args.jobs, p, c),
+                )
+            )
+    for clients in (1, 2, 4):
+        configs.append(
+            (
+                f"raw claim+complete, batch 100, {clients} client{'s' if clients > 1 else ''}",
+                lambda url, c=clients: raw_drain(url, args.jobs, c),
+            )
+        )
+    figures: dict[str, list[dict[str, float]]] = {name: [] for name, _ in configs}
+    try:
+        for round_ in range(args.rounds):
+            for name, measure in configs:
+                with server.fresh("procs") as url:
+                    figures[name].append(measure(url))
+                log(f"round {round_ + 1}: {name}: {figures[name][-1]}")
+    finally:
+        server.drop_all()
+    print(
+        f"{args.jobs:,} no-op jobs per drain, medians of {args.rounds} interleaved rounds, "
+        f"{os.cpu_count()} cores, PostgreSQL on the same machine"
+    )
+    print(f"{'':58} {'jobs/s':>9} {'server us/job':>14} {'client us/job':>14}")
+    for name, runs in figures.items():
+        cells = []
+        client = "worker_us" if "worker_us" in runs[0] else "client_us"
+        for key in ("jobs_per_s", "server_us", client):
+            values = [run[key] for run in runs if key in run]
+            cells.append(f"{statistics.median(values):,.0f}" if values else "-")
+        print(f"{name:58} {cells[0]:>9} {cells[1]:>14} {cells[2]:>14}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
