@@ -51,8 +51,10 @@ from typing import Any
 from jobkeeper.verify.history import (
     Event,
     ExecLog,
+    Execution,
     Report,
     Violation,
+    executions_of,
     read_exec_logs,
 )
 
@@ -125,20 +127,6 @@ class Ack:
     attempt: int
     at: float
     fence: int | None = None
-
-
-@dataclasses.dataclass(slots=True)
-class Execution:
-    job: int
-    attempt: int
-    worker: str
-    start: float
-    end: float | None = None
-    outcome: str | None = None
-    fence: int = 0
-
-    def key(self) -> tuple[int, int, str, int]:
-        return (self.job, self.attempt, self.worker, self.fence)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -284,38 +272,9 @@ class _Checker:
     # -- pieces -------------------------------------------------------------------
 
     def executions(self) -> dict[int, list[Execution]]:
-        by_key: dict[tuple[int, int, str, int], Execution] = {}
-        ends: list[Event] = []
-        for event in sorted(self.h.events, key=lambda e: (e.t, e.kind != "S")):
-            key = event.key()
-            if event.kind == "S":
-                if key in by_key:
-                    self.flag(
-                        "bad_log",
-                        event.job,
-                        f"attempt {event.attempt} started twice by {event.worker}",
-                    )
-                    continue
-                by_key[key] = Execution(
-                    event.job, event.attempt, event.worker, event.t, fence=event.fence
-                )
-            else:
-                ends.append(event)
-        for event in ends:
-            execution = by_key.get(event.key())
-            if execution is None:
-                self.flag("bad_log", event.job, f"end without start: {event}")
-            elif execution.end is not None:
-                self.flag("bad_log", event.job, f"attempt {event.attempt} ended twice")
-            else:
-                execution.end, execution.outcome = event.t, event.outcome
-        if self.h.bad_log_lines:
-            self.flag("bad_log", None, f"{self.h.bad_log_lines} malformed log lines")
-        per_job: dict[int, list[Execution]] = defaultdict(list)
-        for execution in by_key.values():
-            per_job[execution.job].append(execution)
-        for executions in per_job.values():
-            executions.sort(key=lambda e: e.start)
+        per_job, problems = executions_of(self.h.events, self.h.bad_log_lines)
+        for job, detail in problems:
+            self.flag("bad_log", job, detail)
         return per_job
 
     def effective_end(self, execution: Execution) -> float:

@@ -174,6 +174,44 @@ class Execution:
         return (self.job, self.attempt, self.worker, self.fence)
 
 
+def executions_of(
+    events: list[Event], bad_lines: int = 0
+) -> tuple[dict[int, list[Execution]], list[tuple[int | None, str]]]:
+    """The executions in ``events``, by job, each job's in start order; and
+    what is wrong with the log: ``(job, detail)`` per problem (a second
+    start or end of one execution, an end without its start, the
+    ``bad_lines`` malformed lines read).
+    """
+    by_key: dict[tuple[int, int, str, int], Execution] = {}
+    ends: list[Event] = []
+    problems: list[tuple[int | None, str]] = []
+    for event in sorted(events, key=lambda e: (e.t, e.kind != "S")):
+        if event.kind != "S":
+            ends.append(event)
+        elif event.key() in by_key:
+            problems.append((event.job, f"attempt {event.attempt} started twice by {event.worker}"))
+        else:
+            by_key[event.key()] = Execution(
+                event.job, event.attempt, event.worker, event.t, fence=event.fence
+            )
+    for event in ends:
+        run = by_key.get(event.key())
+        if run is None:
+            problems.append((event.job, f"an end without its start: {event}"))
+        elif run.end is not None:
+            problems.append((event.job, f"attempt {event.attempt} ended twice"))
+        else:
+            run.end, run.outcome = event.t, event.outcome
+    if bad_lines:
+        problems.append((None, f"{bad_lines} malformed log lines"))
+    per_job: dict[int, list[Execution]] = defaultdict(list)
+    for run in by_key.values():
+        per_job[run.job].append(run)
+    for runs in per_job.values():
+        runs.sort(key=lambda r: r.start)
+    return per_job, problems
+
+
 @dataclasses.dataclass
 class History:
     """Everything the checker reads.
@@ -269,33 +307,9 @@ class _Checker:
         return None
 
     def executions(self) -> dict[int, list[Execution]]:
-        by_key: dict[tuple[int, int, str, int], Execution] = {}
-        ends: list[Event] = []
-        for event in self.h.events:
-            key = event.key()
-            if event.kind == "E":
-                ends.append(event)
-            elif key in by_key:
-                self.flag("bad_log", event.job, f"attempt {event.attempt} started twice")
-            else:
-                by_key[key] = Execution(
-                    event.job, event.attempt, event.worker, event.t, fence=event.fence
-                )
-        for event in ends:
-            run = by_key.get(event.key())
-            if run is None or run.end is not None:
-                self.flag(
-                    "bad_log", event.job, f"an end without its start: attempt {event.attempt}"
-                )
-            else:
-                run.end, run.outcome = event.t, event.outcome
-        if self.h.bad_log_lines:
-            self.flag("bad_log", None, f"{self.h.bad_log_lines} malformed log lines")
-        per_job: dict[int, list[Execution]] = defaultdict(list)
-        for run in by_key.values():
-            per_job[run.job].append(run)
-        for runs in per_job.values():
-            runs.sort(key=lambda r: r.start)
+        per_job, problems = executions_of(self.h.events, self.h.bad_log_lines)
+        for job, detail in problems:
+            self.flag("bad_log", job, detail)
         return per_job
 
     def effective_end(self, run: Execution) -> float:
