@@ -51,6 +51,8 @@ class Completer:
         on_written: called with each flushed batch's outcomes (tests, metrics).
         events: where ACKED, CLAIM_LOST and DEAD_LETTERED are emitted once a
             batch is written.
+        on_urgent_written: called (on the writer thread) after a batch
+            holding an urgent outcome is written.
     """
 
     def __init__(
@@ -62,6 +64,7 @@ class Completer:
         max_batch: int = 500,
         on_written: Callable[[list[Outcome], set[int]], None] | None = None,
         events: EventBus | None = None,
+        on_urgent_written: Callable[[], None] | None = None,
     ) -> None:
         self._backend = backend
         self._delete = delete_completed
@@ -69,6 +72,9 @@ class Completer:
         self._max_batch = max_batch
         self._on_written = on_written
         self._events = events if events is not None else EventBus()
+        self._on_urgent_written = on_urgent_written
+        # An urgent outcome waits in the buffer: no lingering.
+        self._urgent = False
         # (job id, fence) -> (task, queue) of an unwritten outcome, kept only
         # while someone listens: events name them, and the outcome does not.
         self._jobs: dict[tuple[int, int], tuple[str, str]] = {}
@@ -84,17 +90,22 @@ class Completer:
         self._thread = threading.Thread(target=self._run, name="jobkeeper-completer", daemon=True)
         self._thread.start()
 
-    def add(self, outcome: Entry, job: Job | None = None) -> None:
+    def add(self, outcome: Entry, job: Job | None = None, *, urgent: bool = False) -> None:
         """Queue an outcome or start mark for writing (thread-safe, never
         blocks on I/O). ``job``: the outcome's job, for its events.
+        ``urgent``: flush without lingering (see the module's docstring).
         """
         with self._lock:
             if job is not None and self._acks_wanted():
                 self._jobs[job.id, job.fence] = (job.task, job.queue)
             self._buffer.append(outcome)
-            # Wake the writer only to start a linger or to flush a full batch;
-            # waking it on every add costs a context switch per job.
-            if len(self._buffer) == 1 or len(self._buffer) >= self._max_batch:
+            # Wake the writer only to start a linger, to end one early or to
+            # flush a full batch; waking it on every add costs a context
+            # switch per job.
+            if urgent and not self._urgent:
+                self._urgent = True
+                self._cond.notify_all()
+            elif len(self._buffer) == 1 or len(self._buffer) >= self._max_batch:
                 self._cond.notify_all()
 
     @property
@@ -119,12 +130,18 @@ class Completer:
                     return
                 # Linger briefly so concurrent acks share one statement.
                 flush_at = time.monotonic() + self._flush_interval
-                while len(self._buffer) < self._max_batch and not self._stopping:
+                while (
+                    len(self._buffer) < self._max_batch and not self._stopping and not self._urgent
+                ):
                     remaining = flush_at - time.monotonic()
                     if remaining <= 0:
                         break
                     self._cond.wait(remaining)
+                # The flag is not tracked per entry: a batch taken while it
+                # is up counts as urgent, and what is left keeps it up.
+                urgent = self._urgent
                 batch = self._take_batch()
+                self._urgent = urgent and bool(self._buffer)
                 self._in_flight = len(batch)
                 self._in_flight_ids = [o.claim.job_id for o in batch]
             unwritten: list[Entry] = []
@@ -133,6 +150,8 @@ class Completer:
             except Exception:  # the writer thread must never die (outcomes would sit forever)
                 logger.exception("unexpected error writing %d outcomes; retrying", len(batch))
                 unwritten = batch
+            if not unwritten and urgent and self._on_urgent_written is not None:
+                self._on_urgent_written()
             with self._cond:
                 self._in_flight = 0
                 self._in_flight_ids = []
