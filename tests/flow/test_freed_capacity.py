@@ -4,6 +4,9 @@ capacity they free at once, not at its next poll; both backends."""
 
 from __future__ import annotations
 
+import threading
+from typing import Any
+
 from jobkeeper.models import Completion
 from jobkeeper.outcomes import claim_of
 from jobkeeper.worker.completer import Completer
@@ -54,3 +57,61 @@ def test_an_urgent_outcome_ends_the_linger_and_reports_its_write(jq):
     finally:
         completer.stop(DEADLINE)
     assert written == ["completed"]
+
+
+def test_no_claim_of_a_capped_queue_while_its_outcomes_are_unwritten(make_queue):
+    # The cap still counts the ended job until its outcome is written: a
+    # claim meanwhile mostly finds it full, and takes the queue's lock from
+    # the workers that could claim. The outcome's write is held open here
+    # until a claim pass has started and ended during it.
+    jq = make_queue(poll_interval=3600.0)
+
+    @jq.task()
+    def quick() -> None:
+        return None
+
+    jq.configure_queue("q", concurrency=1)
+    jq.enqueue_many([("quick", {}, {"queue": "q"})] * 2)
+    worker = jq.worker(queues=["q"], concurrency=2, burst=True)
+    writing, release = threading.Event(), threading.Event()
+    passes_during_write = threading.Event()
+    claims_during_write: list[str] = []
+
+    completer_backend = worker.completer._backend
+    complete_many = completer_backend.job_complete_many
+
+    def held_complete_many(**kwargs: Any) -> set[int]:
+        writing.set()
+        release.wait(DEADLINE)
+        return complete_many(**kwargs)
+
+    completer_backend.job_complete_many = held_complete_many
+    producer = worker.producer
+    claim_pass = producer._claim
+    job_claim = producer._backend.job_claim
+    in_write_pass = threading.local()
+
+    def watched_pass() -> int:
+        in_write_pass.yes = writing.is_set() and not release.is_set()
+        try:
+            return claim_pass()
+        finally:
+            if in_write_pass.yes:
+                passes_during_write.set()
+
+    def watched_claim(**kwargs: Any) -> list[Any]:
+        if getattr(in_write_pass, "yes", False):
+            claims_during_write.append(kwargs["queue"])
+        return job_claim(**kwargs)
+
+    producer._claim = watched_pass
+    producer._backend.job_claim = watched_claim
+    with running(worker) as run:
+        assert writing.wait(DEADLINE)
+        producer.wake()
+        assert passes_during_write.wait(DEADLINE)
+        release.set()
+        run.join()
+    assert claims_during_write == []
+    rows = sql(jq, "SELECT status FROM jobkeeper_jobs WHERE queue = 'q'")
+    assert [status for (status,) in rows] == ["completed"] * 2

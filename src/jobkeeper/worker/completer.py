@@ -75,6 +75,7 @@ class Completer:
         self._on_urgent_written = on_urgent_written
         # An urgent outcome waits in the buffer: no lingering.
         self._urgent = False
+        self._urgent_in_flight = False
         # (job id, fence) -> (task, queue) of an unwritten outcome, kept only
         # while someone listens: events name them, and the outcome does not.
         self._jobs: dict[tuple[int, int], tuple[str, str]] = {}
@@ -114,6 +115,13 @@ class Completer:
         with self._cond:
             return len(self._buffer) + self._in_flight
 
+    @property
+    def urgent_pending(self) -> bool:
+        """Whether an urgent outcome is unwritten: ``on_urgent_written`` is
+        still to come.
+        """
+        return self._urgent or self._urgent_in_flight
+
     def pending_ids(self) -> set[int]:
         """Ids of jobs whose outcome is not yet written."""
         with self._cond:
@@ -142,6 +150,7 @@ class Completer:
                 urgent = self._urgent
                 batch = self._take_batch()
                 self._urgent = urgent and bool(self._buffer)
+                self._urgent_in_flight = urgent
                 self._in_flight = len(batch)
                 self._in_flight_ids = [o.claim.job_id for o in batch]
             unwritten: list[Entry] = []
@@ -151,8 +160,11 @@ class Completer:
                 logger.exception("unexpected error writing %d outcomes; retrying", len(batch))
                 unwritten = batch
             if not unwritten and urgent and self._on_urgent_written is not None:
+                with self._lock:
+                    self._urgent_in_flight = False
                 self._on_urgent_written()
             with self._cond:
+                self._urgent_in_flight = False
                 self._in_flight = 0
                 self._in_flight_ids = []
                 if not unwritten:
@@ -165,6 +177,7 @@ class Completer:
                 # error here is one that passes (the database is down, read-only,
                 # out of disk...); errors about the data were settled in _write.
                 self._buffer[:0] = unwritten
+                self._urgent = self._urgent or urgent
                 if self._abandoned:
                     return
                 failing = True

@@ -320,6 +320,12 @@ class Producer:
                 limit = min(limit, self._shares[queue] - state.held_by_queue.get(queue, 0))
                 if limit <= 0:
                     continue
+            if queue in self.capped and self._completer.urgent_pending:
+                # The cap still counts our jobs that ended: a claim now would
+                # mostly find it full, and take its lock from those that
+                # can claim. The completer wakes us once their outcomes are
+                # written.
+                continue
             if queue in self.capped and self._fixed_prefetch is None:
                 # A prefetch asked for is kept; the adaptive one is not
                 # worth a slot of the cap left idle in our buffer.
