@@ -51,6 +51,8 @@ class Completer:
         on_written: called with each flushed batch's outcomes (tests, metrics).
         events: where ACKED, CLAIM_LOST and DEAD_LETTERED are emitted once a
             batch is written.
+        on_urgent_written: called (on the writer thread) after a batch
+            holding an urgent outcome is written.
     """
 
     def __init__(
@@ -62,6 +64,7 @@ class Completer:
         max_batch: int = 500,
         on_written: Callable[[list[Outcome], set[int]], None] | None = None,
         events: EventBus | None = None,
+        on_urgent_written: Callable[[], None] | None = None,
     ) -> None:
         self._backend = backend
         self._delete = delete_completed
@@ -69,6 +72,10 @@ class Completer:
         self._max_batch = max_batch
         self._on_written = on_written
         self._events = events if events is not None else EventBus()
+        self._on_urgent_written = on_urgent_written
+        # An urgent outcome waits in the buffer: no lingering.
+        self._urgent = False
+        self._urgent_in_flight = False
         # (job id, fence) -> (task, queue) of an unwritten outcome, kept only
         # while someone listens: events name them, and the outcome does not.
         self._jobs: dict[tuple[int, int], tuple[str, str]] = {}
@@ -84,17 +91,22 @@ class Completer:
         self._thread = threading.Thread(target=self._run, name="jobkeeper-completer", daemon=True)
         self._thread.start()
 
-    def add(self, outcome: Entry, job: Job | None = None) -> None:
+    def add(self, outcome: Entry, job: Job | None = None, *, urgent: bool = False) -> None:
         """Queue an outcome or start mark for writing (thread-safe, never
         blocks on I/O). ``job``: the outcome's job, for its events.
+        ``urgent``: flush without lingering (see the module's docstring).
         """
         with self._lock:
             if job is not None and self._acks_wanted():
                 self._jobs[job.id, job.fence] = (job.task, job.queue)
             self._buffer.append(outcome)
-            # Wake the writer only to start a linger or to flush a full batch;
-            # waking it on every add costs a context switch per job.
-            if len(self._buffer) == 1 or len(self._buffer) >= self._max_batch:
+            # Wake the writer only to start a linger, to end one early or to
+            # flush a full batch; waking it on every add costs a context
+            # switch per job.
+            if urgent and not self._urgent:
+                self._urgent = True
+                self._cond.notify_all()
+            elif len(self._buffer) == 1 or len(self._buffer) >= self._max_batch:
                 self._cond.notify_all()
 
     @property
@@ -102,6 +114,13 @@ class Completer:
         """Outcomes not yet written."""
         with self._cond:
             return len(self._buffer) + self._in_flight
+
+    @property
+    def urgent_pending(self) -> bool:
+        """Whether an urgent outcome is unwritten: ``on_urgent_written`` is
+        still to come.
+        """
+        return self._urgent or self._urgent_in_flight
 
     def pending_ids(self) -> set[int]:
         """Ids of jobs whose outcome is not yet written."""
@@ -119,12 +138,19 @@ class Completer:
                     return
                 # Linger briefly so concurrent acks share one statement.
                 flush_at = time.monotonic() + self._flush_interval
-                while len(self._buffer) < self._max_batch and not self._stopping:
+                while (
+                    len(self._buffer) < self._max_batch and not self._stopping and not self._urgent
+                ):
                     remaining = flush_at - time.monotonic()
                     if remaining <= 0:
                         break
                     self._cond.wait(remaining)
+                # The flag is not tracked per entry: a batch taken while it
+                # is up counts as urgent, and what is left keeps it up.
+                urgent = self._urgent
                 batch = self._take_batch()
+                self._urgent = urgent and bool(self._buffer)
+                self._urgent_in_flight = urgent
                 self._in_flight = len(batch)
                 self._in_flight_ids = [o.claim.job_id for o in batch]
             unwritten: list[Entry] = []
@@ -133,7 +159,12 @@ class Completer:
             except Exception:  # the writer thread must never die (outcomes would sit forever)
                 logger.exception("unexpected error writing %d outcomes; retrying", len(batch))
                 unwritten = batch
+            if not unwritten and urgent and self._on_urgent_written is not None:
+                with self._lock:
+                    self._urgent_in_flight = False
+                self._on_urgent_written()
             with self._cond:
+                self._urgent_in_flight = False
                 self._in_flight = 0
                 self._in_flight_ids = []
                 if not unwritten:
@@ -146,6 +177,7 @@ class Completer:
                 # error here is one that passes (the database is down, read-only,
                 # out of disk...); errors about the data were settled in _write.
                 self._buffer[:0] = unwritten
+                self._urgent = self._urgent or urgent
                 if self._abandoned:
                     return
                 failing = True

@@ -49,6 +49,10 @@ MAX_PREFETCH = 10_000
 #: of ~100 rows) at the default concurrency of 10.
 PREFETCH_PER_SLOT = 10
 MAX_ADAPTIVE_PREFETCH = 1_000
+#: Seconds between two readings of which of our queues have a concurrency
+#: cap (one small read; a cap set or lifted meanwhile only changes how
+#: promptly outcomes are written and how much is claimed, see ``capped``).
+CAPPED_RECHECK = 2.0
 #: Seconds without a job starting, every slot busy, after which an adaptive
 #: worker hands its prefetched jobs back (``Executor.hand_back``).
 PREFETCH_STALL = 1.0
@@ -121,6 +125,13 @@ class Producer:
         self._staged_at = -math.inf
         self._reconcile_needed = False
         self._claims_paused = False
+        #: Our queues with a concurrency cap, as last read. The cap counts a
+        #: job until its outcome is written, so their outcomes are written
+        #: without lingering and their claims take no adaptive prefetch: a
+        #: job waiting in our buffer holds a slot of the cap that another
+        #: worker could be running.
+        self.capped: frozenset[str] = frozenset()
+        self._capped_read_at = -math.inf
 
     # -- wake-ups (any thread) -------------------------------------------------
 
@@ -168,6 +179,8 @@ class Producer:
                     self._reconcile()
                 if time.monotonic() >= self._stage_at:
                     self._stage()
+                if time.monotonic() - self._capped_read_at >= CAPPED_RECHECK:
+                    self._read_capped()
                 if self._fixed_prefetch is None:
                     self._executor.hand_back(stalled_for=PREFETCH_STALL)
                 claimed = self._claim()
@@ -218,6 +231,11 @@ class Producer:
         with self._stage_lock:
             self._staged_at = now
             self._stage_at = min(self._stage_at, now + wait)
+
+    def _read_capped(self) -> None:
+        self._capped_read_at = time.monotonic()
+        settings = self._backend.queue_settings_list(names=self.queues)
+        self.capped = frozenset(s.name for s in settings if s.concurrency is not None)
 
     # -- sizing ------------------------------------------------------------------
 
@@ -300,6 +318,18 @@ class Producer:
                 # Only the producer adds to held_by_queue, so it cannot grow
                 # between this reading and the claim.
                 limit = min(limit, self._shares[queue] - state.held_by_queue.get(queue, 0))
+                if limit <= 0:
+                    continue
+            if queue in self.capped and self._completer.urgent_pending:
+                # The cap still counts our jobs that ended: a claim now would
+                # mostly find it full, and take its lock from those that
+                # can claim. The completer wakes us once their outcomes are
+                # written.
+                continue
+            if queue in self.capped and self._fixed_prefetch is None:
+                # A prefetch asked for is kept; the adaptive one is not
+                # worth a slot of the cap left idle in our buffer.
+                limit = min(limit, self.concurrency - state.load - claimed)
                 if limit <= 0:
                     continue
             started = time.monotonic()

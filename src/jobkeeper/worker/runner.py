@@ -148,6 +148,8 @@ class Worker:
             delete_completed=settings.retention == 0,
             on_written=self._on_written,
             events=self.events,
+            # Capacity of a capped queue was freed: claim into it now.
+            on_urgent_written=lambda: self.producer.wake(),
         )
         #: A heartbeat younger than this (seconds) means no rescuer can have
         #: taken our claims; older, and we stop claiming and starting jobs
@@ -280,7 +282,7 @@ class Worker:
 
     def _on_outcome(self, job: Job, outcome: Outcome) -> None:
         self.claims.forget(job.id)
-        self.completer.add(outcome, job=job)
+        self.completer.add(outcome, job=job, urgent=job.queue in self.producer.capped)
 
     def _max_crashes_of(self, job: Job) -> int:
         """A job's crash budget: its task's ``max_crashes`` here, else the setting."""
