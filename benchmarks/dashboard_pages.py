@@ -98,13 +98,14 @@ def fill(jq: JobQueue, rows: int) -> dict[str, int]:
     # The live part, through the API: 3,000 available, 300 scheduled.
     jq.enqueue_many([("send", {"i": i}, {"queue": QUEUES[i % 3]}) for i in range(3000)])
     jq.enqueue_many([("later", {"i": i}, {"delay": 3600}) for i in range(300)])
-    from jobkeeper.models import Claim, Failure
+    from jobkeeper.models import Failure
+    from jobkeeper.outcomes import claim_of
 
     worker = "bench-worker"
     claimed = jq.backend.job_claim(worker_id=worker, queue="reports", limit=120)
-    dead = [Failure(Claim(j.id, worker, 1), "dead", '{"error": "boom"}') for j in claimed[:100]]
+    dead = [Failure(claim_of(j), "dead", '{"error": "boom"}') for j in claimed[:100]]
     retry = [
-        Failure(Claim(j.id, worker, 1), "retryable", '{"error": "flaky"}', retry_in=600)
+        Failure(claim_of(j), "retryable", '{"error": "flaky"}', retry_in=600)
         for j in claimed[100:]
     ]
     jq.backend.job_fail_many(failures=dead + retry)
@@ -141,6 +142,8 @@ def time_pages(jq: JobQueue, repeat: int, ids: dict[str, int]) -> list[tuple[str
         f"/jobs/{ids['live_id']}",
         "/dead",
         "/workers",
+        "/queues",
+        "/periodic",
         "/metrics",
     ]
     results = []
