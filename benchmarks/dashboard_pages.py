@@ -105,8 +105,7 @@ def fill(jq: JobQueue, rows: int) -> dict[str, int]:
     claimed = jq.backend.job_claim(worker_id=worker, queue="reports", limit=120)
     dead = [Failure(claim_of(j), "dead", '{"error": "boom"}') for j in claimed[:100]]
     retry = [
-        Failure(claim_of(j), "retryable", '{"error": "flaky"}', retry_in=600)
-        for j in claimed[100:]
+        Failure(claim_of(j), "retryable", '{"error": "flaky"}', retry_in=600) for j in claimed[100:]
     ]
     jq.backend.job_fail_many(failures=dead + retry)
     jq.backend.job_claim(worker_id=worker, queue="emails", limit=20)
