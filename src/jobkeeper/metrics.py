@@ -63,6 +63,10 @@ class WorkerMetrics:
             "Jobs this worker's rescuer took back from silent holders.",
             registry=self.registry,
         )
+        # Labelled children, found once: labels() validates and locks on
+        # every call (about 2 us a job each, a tenth of a no-op job's cost).
+        self._processed_of: dict[tuple[str, str, str], Any] = {}
+        self._duration_of: dict[tuple[str, str], Any] = {}
 
     #: The events it counts (give them to ``JobQueue.on_event(metrics, kinds=...)``).
     kinds = frozenset({EventKind.FINISHED, EventKind.RESCUED})
@@ -70,9 +74,17 @@ class WorkerMetrics:
     def __call__(self, event: JobEvent) -> None:
         """Count one event (the listener given to ``JobQueue.on_event``)."""
         if event.kind is EventKind.FINISHED and event.outcome is not None:
-            self._processed.labels(event.queue, event.task, event.outcome.value).inc()
+            key = (event.queue, event.task, event.outcome.value)
+            processed = self._processed_of.get(key)
+            if processed is None:
+                processed = self._processed_of[key] = self._processed.labels(*key)
+            processed.inc()
             if event.duration is not None:
-                self._duration.labels(event.queue, event.task).observe(event.duration)
+                pair = (event.queue, event.task)
+                duration = self._duration_of.get(pair)
+                if duration is None:
+                    duration = self._duration_of[pair] = self._duration.labels(*pair)
+                duration.observe(event.duration)
         elif event.kind is EventKind.RESCUED:
             self._rescues.inc()
 
