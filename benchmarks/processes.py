@@ -34,9 +34,9 @@ import psycopg
 
 from benchmarks import raw
 from benchmarks.harness import DEFAULT_PG_URL, PG_URL_ENV, PgServer, log
+from benchmarks.libs import Jobkeeper
 
 ROOT = Path(__file__).resolve().parents[1]
-JOBKEEPER = Path(sys.executable).with_name("jobkeeper")
 FILL = """
 import sys
 from benchmarks.apps.jobkeeper_app import jq
@@ -95,17 +95,10 @@ def jobkeeper_drain(url: str, jobs: int, processes: int, concurrency: int) -> di
     subprocess.run([sys.executable, "-c", FILL, url, str(jobs)], check=True, env=env)
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute("VACUUM ANALYZE jobkeeper_jobs")
-    argv = [
-        str(JOBKEEPER),
-        "--database",
-        url,
-        "worker",
-        "--app",
-        "benchmarks.apps.jobkeeper_app:jq",
-        "--concurrency",
-        str(concurrency),
-        "--burst",
-    ]
+    # The drain benchmark's worker command, at this concurrency, draining once.
+    argv, _ = Jobkeeper().worker_command(url)
+    argv[argv.index("--concurrency") + 1] = str(concurrency)
+    argv.append("--burst")
     machine = MachineCpu()
     machine.start()
     began = time.perf_counter()
