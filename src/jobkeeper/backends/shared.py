@@ -15,6 +15,18 @@ from typing import Any
 from jobkeeper.models import Claim, Job, JobStatus, RequeueConflict, WorkerInfo
 from jobkeeper.version import __version__
 
+#: The statements of ``queue_remove``, in order, in one transaction (each
+#: backend runs them its own way), and those whose row counts are the
+#: removed jobs it returns.
+QUEUE_REMOVE_STEPS = (
+    "queue_remove_jobs",
+    "queue_remove_dead_letters",
+    "queue_remove_settings",
+    "queue_remove_starts",
+    "queue_remove_periodic",
+)
+QUEUE_REMOVE_COUNTED = frozenset({"queue_remove_jobs", "queue_remove_dead_letters"})
+
 
 class SharedReads:
     """Read operations of the Backend Protocol, written once."""

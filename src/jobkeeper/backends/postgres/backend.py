@@ -34,7 +34,7 @@ from jobkeeper.backends.rows import (
     completion_arrays,
     split_failures,
 )
-from jobkeeper.backends.shared import SharedReads
+from jobkeeper.backends.shared import QUEUE_REMOVE_COUNTED, QUEUE_REMOVE_STEPS, SharedReads
 from jobkeeper.errors import DatabaseError
 from jobkeeper.models import (
     HANDED_BACK,
@@ -54,16 +54,6 @@ logger = logging.getLogger("jobkeeper.postgres")
 #: pg_advisory_xact_lock key serialising migrate() across processes
 #: (the bytes of "jobkeepr" as a big-endian int64).
 MIGRATION_LOCK_KEY = 0x6A6F626B65657072
-
-
-#: The steps of ``queue_remove``, in one transaction.
-_QUEUE_REMOVE_STEPS = (
-    "queue_remove_jobs",
-    "queue_remove_dead_letters",
-    "queue_remove_settings",
-    "queue_remove_starts",
-    "queue_remove_periodic",
-)
 
 
 class PostgresBackend(
@@ -326,9 +316,9 @@ class PostgresBackend(
     def queue_remove(self, *, queue: str) -> int:
         removed = 0
         with self._cursor(transaction=True) as cursor:
-            for name in _QUEUE_REMOVE_STEPS:
+            for name in QUEUE_REMOVE_STEPS:
                 cursor.execute(QUERIES[name], {"queue": queue})
-                if name in ("queue_remove_jobs", "queue_remove_dead_letters"):
+                if name in QUEUE_REMOVE_COUNTED:
                     removed += cursor.rowcount
         return removed
 

@@ -27,7 +27,7 @@ from jobkeeper.backends.rows import (
     completion_arrays,
     split_failures,
 )
-from jobkeeper.backends.shared import SharedReads
+from jobkeeper.backends.shared import QUEUE_REMOVE_COUNTED, QUEUE_REMOVE_STEPS, SharedReads
 from jobkeeper.backends.sqlite import wakeups
 from jobkeeper.backends.sqlite.connection import _rows
 from jobkeeper.backends.sqlite.flow import SqliteFlow
@@ -50,16 +50,6 @@ from jobkeeper.models import (
 )
 
 __all__ = ["MIGRATIONS", "QUERIES", "SqliteBackend"]
-
-
-#: The steps of ``queue_remove``, in one transaction.
-_QUEUE_REMOVE_STEPS = (
-    "queue_remove_jobs",
-    "queue_remove_dead_letters",
-    "queue_remove_settings",
-    "queue_remove_starts",
-    "queue_remove_periodic",
-)
 
 
 class SqliteBackend(
@@ -316,9 +306,9 @@ class SqliteBackend(
     def queue_remove(self, *, queue: str) -> int:
         removed = 0
         with self._write() as conn:
-            for name in _QUEUE_REMOVE_STEPS:
+            for name in QUEUE_REMOVE_STEPS:
                 count = conn.execute(QUERIES[name], {"queue": queue}).rowcount
-                if name in ("queue_remove_jobs", "queue_remove_dead_letters"):
+                if name in QUEUE_REMOVE_COUNTED:
                     removed += count
         return removed
 
