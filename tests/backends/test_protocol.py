@@ -49,6 +49,9 @@ ONLY_IN = {
         "database_health_notify",
         "database_health_table",
         "database_health_xmin",
+        # Whether a new connection reaches the server itself or a pooler
+        # (prepared statements only on the former); SQLite has no pooler.
+        "connection_backend_pid",
     },
     "sqlite": {
         # Settings of each new connection; PostgreSQL's are the server's.
@@ -78,6 +81,7 @@ NOT_OPERATIONS = {
     "connection_journal_wal",
     "connection_synchronous_full",
     "connection_busy_timeout",
+    "connection_backend_pid",
 }
 
 

@@ -21,7 +21,10 @@ from psycopg_pool import AsyncConnectionPool
 from jobkeeper.backends.postgres.connections import (
     _RETRY_ASKED,
     _describe,
+    _retry_asked,
     load_json_safely,
+    prepare_if_direct_async,
+    stale_plan,
 )
 from jobkeeper.backends.postgres.flow import FlowNeeded
 from jobkeeper.backends.postgres.plans import (
@@ -45,6 +48,7 @@ RETRY_PAUSE = 0.02
 
 async def _configure_async(conn: psycopg.AsyncConnection[Any]) -> None:
     load_json_safely(conn)
+    await prepare_if_direct_async(conn)
 
 
 class PostgresAsync:
@@ -92,12 +96,22 @@ class PostgresAsync:
         with self._errors():
             pool = await self._async_pool()
             async with pool.connection() as conn:
-                if transaction:
-                    async with conn.transaction(), conn.cursor(row_factory=tuple_row) as cursor:
-                        yield cursor
-                else:
-                    async with conn.cursor(row_factory=tuple_row) as cursor:
-                        yield cursor
+                try:
+                    if transaction:
+                        async with (
+                            conn.transaction(),
+                            conn.cursor(row_factory=tuple_row) as cursor,
+                        ):
+                            yield cursor
+                    else:
+                        async with conn.cursor(row_factory=tuple_row) as cursor:
+                            yield cursor
+                except psycopg.errors.FeatureNotSupported as exc:
+                    if stale_plan(exc):
+                        # Every session of the pool met the same schema change.
+                        await conn.close()
+                        await pool.drain()
+                    raise
 
     async def _run_async(self, make_plan: Callable[[], Plan], *, transaction: bool) -> Any:
         async with self._async_cursor(transaction=transaction) as cursor:
@@ -216,7 +230,3 @@ class PostgresAsync:
                 continue
             with contextlib.suppress(Exception):
                 loop.run_until_complete(pool.close())
-
-
-def _retry_asked(exc: BaseException) -> bool:
-    return isinstance(exc.__cause__, _RETRY_ASKED)

@@ -49,12 +49,14 @@ POOL_TIMEOUT = 10.0
 #: Seconds between probes of the server while waiting for a pooled connection.
 POOL_SLICE = 0.5
 CONNECT_TIMEOUT = 5
-#: No server-side prepared statements (psycopg prepares a query from its 5th
-#: run otherwise): behind a pooler in transaction mode (PgBouncer before 1.21,
-#: or without max_prepared_statements) one connection's statements reach
-#: different server sessions, where a prepared name is missing, taken, or
-#: names another statement entirely.
-PREPARE_THRESHOLD = None
+#: Runs of one statement on one connection after which psycopg prepares it
+#: on the server (parsed and planned once; unprepared, planning the insert
+#: was about a third of the server's time per enqueue). Only on connections
+#: that reach PostgreSQL itself: see :func:`prepare_if_direct`.
+PREPARE_THRESHOLD = 5
+#: PostgreSQL's refusal of a prepared statement whose result columns changed
+#: under it (a migration altered a column it returns).
+_STALE_PLAN = "cached plan must not change result type"
 #: Seconds a pooled connection may sit idle before it is pinged on checkout.
 IDLE_CHECK_AFTER = 1.0
 #: An insert of our own transaction that PostgreSQL aborts asking for a retry
@@ -116,7 +118,8 @@ _RETRY_ASKED = (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFai
 
 
 def _retry_asked(exc: BaseException) -> bool:
-    return isinstance(exc.__cause__, _RETRY_ASKED)
+    cause = exc.__cause__
+    return isinstance(cause, _RETRY_ASKED) or (cause is not None and stale_plan(cause))
 
 
 def _retrying(run: Callable[[], list[Job]]) -> list[Job]:
@@ -133,6 +136,53 @@ def _retrying(run: Callable[[], list[Job]]) -> list[Job]:
             logger.debug("insert aborted (%s); running it again", exc)
         time.sleep(random.uniform(0, INSERT_RETRY_PAUSE * 2**retry))
     return run()
+
+
+def _direct(conn_pid: int, server_pid: Any) -> bool:
+    return server_pid is not None and conn_pid == server_pid
+
+
+def prepare_if_direct(conn: psycopg.Connection[Any]) -> None:
+    """Let psycopg prepare statements on ``conn`` (a new connection of ours,
+    opened with ``prepare_threshold=None``) when it is a session of
+    PostgreSQL itself.
+
+    Behind a pooler in transaction mode (PgBouncer before 1.21, or without
+    ``max_prepared_statements``) one connection's statements reach different
+    server sessions, where a prepared name is missing, taken, or names
+    another statement. A pooler answers the client's startup with a cancel
+    key of its own, so the backend PID libpq was given differs from the one
+    the server reports: only a session whose two PIDs agree prepares. One
+    round trip per new connection.
+    """
+    row = conn.execute(QUERIES["connection_backend_pid"], prepare=False).fetchone()
+    if _direct(conn.info.backend_pid, row[0] if row else None):
+        conn.prepare_threshold = PREPARE_THRESHOLD
+
+
+async def prepare_if_direct_async(conn: psycopg.AsyncConnection[Any]) -> None:
+    """:func:`prepare_if_direct` for an async connection."""
+    cursor = await conn.execute(QUERIES["connection_backend_pid"], prepare=False)
+    row = await cursor.fetchone()
+    if _direct(conn.info.backend_pid, row[0] if row else None):
+        conn.prepare_threshold = PREPARE_THRESHOLD
+
+
+def stale_plan(exc: BaseException) -> bool:
+    """Whether ``exc`` is PostgreSQL refusing a prepared statement whose
+    result type a schema change altered: the connection's prepared
+    statements are stale, and the connection is given up (the next one
+    prepares afresh). The statement itself did nothing.
+    """
+    return isinstance(exc, psycopg.errors.FeatureNotSupported) and _STALE_PLAN in str(exc)
+
+
+def configure_connection(conn: psycopg.Connection[Any]) -> None:
+    """What every new connection of ours gets: safe JSON loading and, on a
+    direct session, prepared statements.
+    """
+    load_json_safely(conn)
+    prepare_if_direct(conn)
 
 
 def load_json_safely(context: AdaptContext) -> None:
@@ -165,15 +215,19 @@ class _SingleConnection:
                 self._conninfo,
                 autocommit=True,
                 connect_timeout=CONNECT_TIMEOUT,
-                prepare_threshold=PREPARE_THRESHOLD,
+                prepare_threshold=None,
             )
-            load_json_safely(self._conn)
+            configure_connection(self._conn)
         try:
             yield self._conn
         except _RETRY_ASKED:
             raise  # the transaction failed, not the session
         except _LOST_SESSION:
             self._drop()
+            raise
+        except psycopg.errors.FeatureNotSupported as exc:
+            if stale_plan(exc):
+                self._drop()
             raise
 
     def _drop(self) -> None:
@@ -200,12 +254,12 @@ class _PooledConnections:
             kwargs={
                 "autocommit": True,
                 "connect_timeout": CONNECT_TIMEOUT,
-                "prepare_threshold": PREPARE_THRESHOLD,
+                "prepare_threshold": None,
             },
             timeout=POOL_TIMEOUT,
             open=False,
             name="jobkeeper",
-            configure=load_json_safely,
+            configure=configure_connection,
         )
         self._opened = False
         #: Set after a failure that may mean the server is gone: the next
@@ -302,6 +356,13 @@ class _PooledConnections:
         except psycopg.OperationalError:
             self._suspect = True
             raise
+        except psycopg.errors.FeatureNotSupported as exc:
+            if stale_plan(exc):
+                # The schema changed under every session of the pool:
+                # replace them all, not one per failed call.
+                conn.close()
+                self._pool.drain()
+            raise
         finally:
             # Noted here, not in a pool ``reset`` callback: with one, the
             # pool hands every returned connection to a worker thread,
@@ -347,7 +408,8 @@ class PostgresConnections:
         return {
             "autocommit": True,
             "connect_timeout": CONNECT_TIMEOUT,
-            "prepare_threshold": PREPARE_THRESHOLD,
+            # Until prepare_if_direct has seen where the connection leads.
+            "prepare_threshold": None,
         }
 
     if TYPE_CHECKING:  # the backend's async mixin (aio.py) supplies it
@@ -394,6 +456,16 @@ class PostgresConnections:
             raise DatabaseError(
                 f"{_describe(exc)} -- run `jobkeeper migrate` (or JobQueue.migrate()) first"
             ) from exc
+        except psycopg.errors.FeatureNotSupported as exc:
+            if stale_plan(exc):
+                # A migration changed what a prepared statement returns; its
+                # connection was given up, and the next one prepares afresh
+                # (callers that own the transaction run it again).
+                raise DatabaseError(
+                    f"PostgreSQL refused a statement prepared before a schema change "
+                    f"({_describe(exc)}); running it again may succeed"
+                ) from exc
+            raise DatabaseError(f"PostgreSQL error: {_describe(exc)}") from exc
         except psycopg.Error as exc:
             raise DatabaseError(f"PostgreSQL error: {_describe(exc)}") from exc
 

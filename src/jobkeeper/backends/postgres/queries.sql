@@ -3,6 +3,10 @@
 -- Batched statements take parallel arrays and unnest them, so one round trip
 -- carries any number of rows. Arrays travel in binary (%(name)b): psycopg's
 -- text-format array quoting cost more than the statement itself in profiles.
+-- Rows go back as named columns, never *: the connections prepare their
+-- statements, and PostgreSQL refuses a prepared statement whose result
+-- columns a migration changed ({job_columns}, {job_columns_qualified} with
+-- "job.", and {dead_letter_columns}: the columns this version reads).
 -- {utc_now_text} is now() as ISO 8601 text in UTC, the "at" of error entries,
 -- whatever the session's TimeZone. {clock} is now(), or the caller's
 -- %(now)s when it pinned the time (the time-dependent operations' now=).
@@ -37,7 +41,7 @@ ORDER BY new.ord
 ON CONFLICT (task, unique_key)
     WHERE unique_key IS NOT NULL AND status IN ('scheduled', 'available', 'claimed', 'running', 'retryable')
     DO NOTHING
-RETURNING *
+RETURNING {job_columns}
 
 -- name: job_insert_many_lock_keys
 -- Batches with unique keys first take a transaction-scoped advisory lock per
@@ -90,7 +94,7 @@ COPY jobkeeper_jobs
 FROM STDIN
 
 -- name: job_insert_many_pending
-SELECT job.*
+SELECT {job_columns_qualified}
 FROM jobkeeper_jobs AS job
 JOIN unnest(%(tasks)b::text[], %(unique_keys)b::text[]) AS wanted(task, unique_key)
   ON job.task = wanted.task AND job.unique_key = wanted.unique_key
@@ -377,7 +381,7 @@ END
 -- its own declared rescue_after (else %(rescue_after)s, the rescuer's window
 -- for holders that declared none): a rescuer with a shorter window than a
 -- live holder's must not take its jobs.
-SELECT job.*
+SELECT {job_columns_qualified}
 FROM jobkeeper_jobs AS job
 WHERE job.status IN ('claimed', 'running')
   AND NOT EXISTS (
@@ -394,7 +398,7 @@ FROM jobkeeper_jobs
 WHERE worker_id = %(worker_id)s AND status IN ('claimed', 'running') AND cancel_requested
 
 -- name: job_held_by
-SELECT *
+SELECT {job_columns}
 FROM jobkeeper_jobs
 WHERE worker_id = %(worker_id)s AND status IN ('claimed', 'running')
 
@@ -429,13 +433,13 @@ FROM pg_stat_user_tables
 WHERE relid = 'jobkeeper_jobs'::regclass
 
 -- name: job_get
-SELECT * FROM jobkeeper_jobs WHERE id = %(id)s
+SELECT {job_columns} FROM jobkeeper_jobs WHERE id = %(id)s
 
 -- name: job_get_dead_letter
-SELECT * FROM jobkeeper_dead_letters WHERE id = %(id)s
+SELECT {dead_letter_columns} FROM jobkeeper_dead_letters WHERE id = %(id)s
 
 -- name: job_list
-SELECT *
+SELECT {job_columns}
 FROM jobkeeper_jobs
 WHERE (%(status)s::text IS NULL OR status = %(status)s::text)
   AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
@@ -448,7 +452,7 @@ ORDER BY id DESC
 LIMIT %(limit)s
 
 -- name: job_list_dead_letters
-SELECT *
+SELECT {dead_letter_columns}
 FROM jobkeeper_dead_letters
 WHERE (%(queue)s::text IS NULL OR queue = %(queue)s::text)
   AND (%(task)s::text IS NULL OR task = %(task)s::text)
@@ -466,7 +470,7 @@ SET status = CASE WHEN status IN ('claimed', 'running') THEN status ELSE 'cancel
     finished_at = CASE WHEN status IN ('claimed', 'running') THEN finished_at ELSE now() END,
     cancel_requested = true
 WHERE id = %(id)s AND status IN ('scheduled', 'available', 'claimed', 'running', 'retryable')
-RETURNING *
+RETURNING {job_columns}
 
 -- name: job_retry
 -- Attempts and the crash budget start afresh; run_alone is kept (a crash
@@ -475,7 +479,7 @@ UPDATE jobkeeper_jobs
 SET status = 'available', attempt = 0, unstarted_returns = 0, crashes = 0, scheduled_at = now(),
     finished_at = NULL, cancel_requested = false
 WHERE id = %(id)s AND status IN ('retryable', 'cancelled', 'completed')
-RETURNING *
+RETURNING {job_columns}
 
 -- name: dead_letter_requeue
 -- Back to the jobs table with the same id, attempts reset, history kept.
@@ -549,6 +553,11 @@ FROM unnest(%(queues)b::text[], %(due_ats)b::timestamptz[]) AS due(queue, due_at
 -- name: notify_channel
 -- The schema that names the NOTIFY channel (as the insert trigger names it).
 SELECT current_schema()
+
+-- name: connection_backend_pid
+-- The server's PID for this session: a pooler's client sees another one
+-- from libpq (see prepare_if_direct).
+SELECT pg_backend_pid()
 
 -- name: db_now
 SELECT now()
@@ -866,7 +875,7 @@ RETURNING name
 -- The claim of a queue with settings: one round trip to the function the
 -- schema defines (0007), which locks the queue's row, counts with fresh
 -- snapshots and claims (see its comments).
-SELECT * FROM jobkeeper_claim_limited(%(queue)s, %(worker_id)s, %(limit)s)
+SELECT {job_columns} FROM jobkeeper_claim_limited(%(queue)s, %(worker_id)s, %(limit)s)
 
 -- name: queue_settings_list
 SELECT name, paused, concurrency, rate_limit, rate_period, max_pending, serial

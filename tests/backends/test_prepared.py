@@ -1,0 +1,166 @@
+"""Server-side prepared statements on PostgreSQL: made on connections that
+reach the server itself (never through a pooler: tests/pgbouncer), and
+kept working when a migration changes the tables under them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import psycopg
+import pytest
+
+from backends.helpers import claim, complete, fail
+from jobkeeper import JobQueue
+from jobkeeper.backends.postgres.connections import _direct
+from jobkeeper.backends.postgres.queries import DEAD_LETTER_COLUMNS, JOB_COLUMNS
+from jobkeeper.errors import DatabaseError
+from support.db import sql
+
+#: Enough runs for every statement below to pass psycopg's threshold (5) on
+#: each connection of a pool that opened two or three.
+RUNS = 16
+
+
+def _prepared_inserts(jq: JobQueue) -> int:
+    """Prepared statements of the pooled session that inserts jobs (the pool
+    of a single-threaded caller keeps one connection)."""
+    rows = jq.backend._fetch_raw(  # type: ignore[attr-defined]
+        "SELECT count(*) FROM pg_prepared_statements WHERE statement LIKE %s",
+        ("%INSERT INTO jobkeeper_jobs%",),
+    )
+    return int(rows[0][0])
+
+
+def _exercise(jq: JobQueue) -> list[int]:
+    """Every statement that returns whole job rows, RUNS times."""
+    ids = []
+    for i in range(RUNS):
+        job = jq.enqueue("anything", {"i": i})
+        ids.append(job.id)
+        assert jq.get_job(job.id) is not None
+        assert jq.list_jobs(limit=5)
+        (held,) = claim(jq, limit=1)
+        complete(jq, held)
+        jq.enqueue_many([("anything", {"i": i}), ("anything", {"i": -i})])
+        for held in claim(jq, limit=2):
+            fail(jq, held, "dead")
+            assert jq.get_job(held.id) is not None
+        assert jq.list_jobs(status="dead", limit=5)
+    return ids
+
+
+def test_a_direct_connection_prepares_its_statements(pg_url: str) -> None:
+    jq = JobQueue(pg_url)
+    jq.migrate()
+    try:
+        for i in range(RUNS):
+            jq.enqueue("anything", {"i": i})
+        assert _prepared_inserts(jq) >= 1
+    finally:
+        jq.close()
+
+
+def test_a_pooler_session_is_told_from_a_direct_one() -> None:
+    # A pooler answers the startup with a backend key of its own.
+    assert _direct(4242, 4242)
+    assert not _direct(4242, 777)
+    assert not _direct(4242, None)
+
+
+def test_statements_prepared_before_a_migration_added_columns_keep_working(
+    pg_url: str,
+) -> None:
+    # A statement returning "*" was prepared with the table's columns of the
+    # moment; once a migration adds one, PostgreSQL refuses it ("cached plan
+    # must not change result type") on every run, on every connection of
+    # every worker deployed before the migration.
+    jq = JobQueue(pg_url)
+    jq.migrate()
+    try:
+        _exercise(jq)
+        sql(pg_url, "ALTER TABLE jobkeeper_jobs ADD COLUMN added_later integer")
+        sql(pg_url, "ALTER TABLE jobkeeper_dead_letters ADD COLUMN added_later integer")
+        ids = _exercise(jq)
+        assert all(job is not None for job in (jq.get_job(i) for i in ids))
+    finally:
+        jq.close()
+
+
+def test_a_statement_made_stale_by_a_type_change_fails_once_then_works(
+    pg_url: str,
+) -> None:
+    # A changed column type alters even a named column list: the call that
+    # meets it fails (having done nothing), its connection is given up, and
+    # the next call prepares afresh instead of failing forever.
+    jq = JobQueue(pg_url)
+    jq.migrate()
+    try:
+        job = jq.enqueue("anything", {})
+        for _ in range(RUNS):
+            assert jq.get_job(job.id) is not None
+        sql(pg_url, "ALTER TABLE jobkeeper_jobs ALTER COLUMN priority TYPE bigint")
+        with pytest.raises(DatabaseError, match="schema change"):
+            jq.get_job(job.id)
+        for _ in range(RUNS):
+            fetched = jq.get_job(job.id)
+            assert fetched is not None and fetched.priority == 0
+    finally:
+        jq.close()
+
+
+def test_an_insert_made_stale_by_a_type_change_is_run_again(pg_url: str) -> None:
+    # An insert of our own transaction did nothing when refused: it is run
+    # again on a fresh connection, and the caller sees one stored job.
+    jq = JobQueue(pg_url)
+    jq.migrate()
+    try:
+        for i in range(RUNS):
+            jq.enqueue_many([("anything", {"i": i}), ("anything", {"i": -i})])
+        sql(pg_url, "ALTER TABLE jobkeeper_jobs ALTER COLUMN priority TYPE bigint")
+        jobs = jq.enqueue_many([("anything", {"n": 1}), ("anything", {"n": 2})])
+        assert [j.args for j in jobs] == [{"n": 1}, {"n": 2}]
+        stored = sql(pg_url, "SELECT args::text FROM jobkeeper_jobs WHERE (args->>'n') IS NOT NULL")
+        assert sorted(row[0] for row in stored) == ['{"n":1}', '{"n":2}']
+    finally:
+        jq.close()
+
+
+def _columns(url: str, table: str) -> tuple[Any, ...]:
+    with psycopg.connect(url, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT column_name FROM information_schema.columns "
+            "WHERE table_schema = current_schema() AND table_name = %s ORDER BY ordinal_position",
+            (table,),
+        ).fetchall()
+    return tuple(row[0] for row in rows)
+
+
+def test_the_named_columns_are_the_migrated_tables_columns(pg_url: str) -> None:
+    # A migration that adds a column must also add it to the lists the
+    # statements name, or this version never reads it.
+    JobQueue(pg_url).migrate()
+    assert _columns(pg_url, "jobkeeper_jobs") == JOB_COLUMNS
+    assert _columns(pg_url, "jobkeeper_dead_letters") == DEAD_LETTER_COLUMNS
+
+
+def test_an_async_insert_made_stale_by_a_type_change_is_run_again(pg_url: str) -> None:
+    # The async pool prepares as the sync one does, and recovers the same way.
+    jq = JobQueue(pg_url)
+    jq.migrate()
+
+    async def scenario() -> list[Any]:
+        try:
+            for i in range(RUNS):
+                await jq.enqueue_many_async([("anything", {"i": i}), ("anything", {"i": -i})])
+            sql(pg_url, "ALTER TABLE jobkeeper_jobs ALTER COLUMN priority TYPE bigint")
+            jobs = await jq.enqueue_many_async([("anything", {"n": 1}), ("anything", {"n": 2})])
+            return [j.args for j in jobs]
+        finally:
+            await jq.aclose()
+
+    try:
+        assert asyncio.run(scenario()) == [{"n": 1}, {"n": 2}]
+    finally:
+        jq.close()
