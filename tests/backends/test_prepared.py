@@ -164,3 +164,21 @@ def test_an_async_insert_made_stale_by_a_type_change_is_run_again(pg_url: str) -
         assert asyncio.run(scenario()) == [{"n": 1}, {"n": 2}]
     finally:
         jq.close()
+
+
+def test_prepared_statements_are_planned_for_their_parameters(pg_url: str) -> None:
+    # Once prepared, PostgreSQL may switch a statement to a generic plan,
+    # which guesses its parameters: the claim's LIMIT became a tenth of the
+    # table, the UPDATE hashed every row of it, and the drain of 20,000 jobs
+    # ran at half its rate. A worker's session plans each run for its values.
+    jq = JobQueue(pg_url)
+    jq.migrate()
+    try:
+        worker_backend = jq.backend.dedicated()  # type: ignore[attr-defined]
+        try:
+            (mode,) = worker_backend._fetch_raw("SHOW plan_cache_mode")[0]
+            assert mode == "force_custom_plan"
+        finally:
+            worker_backend.close()
+    finally:
+        jq.close()

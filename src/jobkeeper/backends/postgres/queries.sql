@@ -559,6 +559,13 @@ SELECT current_schema()
 -- from libpq (see prepare_if_direct).
 SELECT pg_backend_pid()
 
+-- name: connection_custom_plans
+-- Prepared statements keep being planned for their parameters: a generic
+-- plan guesses them (a claim's LIMIT as a tenth of the table, so it hashed
+-- the whole table per claim and the drain halved); what is saved is the
+-- parse and analysis. A session setting, so only on a direct session.
+SET plan_cache_mode = force_custom_plan
+
 -- name: db_now
 SELECT now()
 
