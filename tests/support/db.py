@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import time
 from collections.abc import Sequence
 from typing import Any
 from urllib.parse import quote, urlsplit, urlunsplit
@@ -82,3 +83,28 @@ def pg_schema_url(schema: str, server: str = PG_URL) -> str:
 def pg_database_url(database: str) -> str:
     """``PG_URL`` naming another database on the same server."""
     return urlunsplit(urlsplit(PG_URL)._replace(path=f"/{database}"))
+
+
+def end_sessions(application_name: str) -> None:
+    """Terminate every session of ``application_name`` (what a server restart
+    does to a client's connections) and wait until they are gone.
+    """
+    with psycopg.connect(PG_URL, autocommit=True) as admin:
+        pids = [
+            row[0]
+            for row in admin.execute(
+                "SELECT pid FROM pg_stat_activity WHERE application_name = %s",
+                (application_name,),
+            ).fetchall()
+        ]
+        assert pids, f"no session of {application_name} to end"
+        admin.execute("SELECT pg_terminate_backend(pid) FROM unnest(%s::int[]) AS pid", (pids,))
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            left = admin.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE pid = ANY(%s)", (pids,)
+            ).fetchone()
+            if left is not None and left[0] == 0:
+                return
+            time.sleep(0.01)
+    raise AssertionError(f"sessions {pids} still there after 10 s")

@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import logging
 import random
+import time
 import weakref
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
@@ -20,7 +21,9 @@ from psycopg_pool import AsyncConnectionPool
 
 from jobkeeper.backends.postgres.connections import (
     _RETRY_ASKED,
+    IDLE_CHECK_AFTER,
     _describe,
+    _has_unread_input,
     _retry_asked,
     load_json_safely,
     prepare_if_direct_async,
@@ -44,6 +47,31 @@ logger = logging.getLogger("jobkeeper.postgres")
 #: the pause's scale (as the sync insert's).
 RETRIES = 5
 RETRY_PAUSE = 0.02
+
+
+async def _check_async(conn: psycopg.AsyncConnection[Any]) -> None:
+    """The async pool's checkout check, as the sync pool's (see
+    ``_PooledConnections._alive``): a ping only for a connection that idled
+    past ``IDLE_CHECK_AFTER`` or whose socket is readable (a server ending a
+    session says why first); a ping on every checkout cost a round trip per
+    call.
+
+    Raises:
+        psycopg.Error: the ping failed (the pool then replaces the connection).
+    """
+    returned_at: float = getattr(conn, "_jobkeeper_returned_at", 0.0)
+    if time.monotonic() - returned_at <= IDLE_CHECK_AFTER and not _has_unread_input(conn):
+        return
+    await AsyncConnectionPool.check_connection(conn)
+
+
+def _reused_cursor_async(conn: psycopg.AsyncConnection[Any]) -> psycopg.AsyncCursor[Any]:
+    """As the sync ``_reused_cursor``: one tuple-row cursor per connection."""
+    cursor: psycopg.AsyncCursor[Any] | None = getattr(conn, "_jobkeeper_cursor", None)
+    if cursor is None or cursor.closed:
+        cursor = conn.cursor(row_factory=tuple_row)
+        conn._jobkeeper_cursor = cursor  # type: ignore[attr-defined]
+    return cursor
 
 
 async def _configure_async(conn: psycopg.AsyncConnection[Any]) -> None:
@@ -81,10 +109,8 @@ class PostgresAsync:
                 open=False,
                 name="jobkeeper-async",
                 # A connection cut by a server restart is found and replaced
-                # on checkout, not handed to a call that then fails. A ping
-                # per checkout (the sync pool pings only idle or suspect
-                # connections).
-                check=AsyncConnectionPool.check_connection,
+                # on checkout, not handed to a call that then fails.
+                check=_check_async,
                 configure=_configure_async,
             )
             self._async_pools[loop] = pool
@@ -97,21 +123,20 @@ class PostgresAsync:
             pool = await self._async_pool()
             async with pool.connection() as conn:
                 try:
+                    cursor = _reused_cursor_async(conn)
                     if transaction:
-                        async with (
-                            conn.transaction(),
-                            conn.cursor(row_factory=tuple_row) as cursor,
-                        ):
+                        async with conn.transaction():
                             yield cursor
                     else:
-                        async with conn.cursor(row_factory=tuple_row) as cursor:
-                            yield cursor
+                        yield cursor
                 except psycopg.errors.FeatureNotSupported as exc:
                     if stale_plan(exc):
                         # Every session of the pool met the same schema change.
                         await conn.close()
                         await pool.drain()
                     raise
+                finally:
+                    conn._jobkeeper_returned_at = time.monotonic()  # type: ignore[attr-defined]
 
     async def _run_async(self, make_plan: Callable[[], Plan], *, transaction: bool) -> Any:
         async with self._async_cursor(transaction=transaction) as cursor:

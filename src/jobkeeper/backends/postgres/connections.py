@@ -82,7 +82,7 @@ def _rows(cursor: psycopg.Cursor[Any]) -> list[dict[str, Any]]:
     return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
 
 
-def _has_unread_input(conn: psycopg.Connection[Any]) -> bool:
+def _has_unread_input(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> bool:
     """Whether the server sent anything to this idle connection (without reading it)."""
     try:
         fd = conn.fileno()
