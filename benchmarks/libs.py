@@ -140,6 +140,11 @@ class Library:
     version: str | None = None
     #: How its worker is configured, for the report.
     worker_settings = ""
+    #: Why this library has no async single-enqueue figure (None: it has one).
+    no_async_single: str | None = (
+        "jobkeeper only: its async API (the single enqueue above is already an async call "
+        "for pgqueuer and oban; procrastinate's is its sync defer)"
+    )
 
     def setup(self) -> None:
         """Make the library usable (install what it needs), or set ``unavailable``."""
@@ -150,6 +155,10 @@ class Library:
     def enqueue_single(self, url: str, n: int) -> CallTimes:
         """``n`` enqueue calls of one no-op job each, after one warm-up call."""
         raise NotImplementedError
+
+    def enqueue_single_async(self, url: str, n: int) -> CallTimes:
+        """The same through the library's async API (only if ``no_async_single`` is None)."""
+        raise NotAvailableError(self.no_async_single or "not implemented")
 
     def enqueue_bulk(self, url: str, n: int, batch: int) -> float:
         """Seconds to enqueue ``n`` no-op jobs with the bulk API, ``batch`` per call."""
@@ -182,6 +191,7 @@ class Library:
 class Jobkeeper(Library):
     name = "jobkeeper"
     worker_settings = f"jobkeeper worker --concurrency {CONCURRENCY}, defaults otherwise"
+    no_async_single = None  # enqueue_async
 
     def __init__(self) -> None:
         self.version = _version("jobkeeper")
@@ -203,6 +213,21 @@ class Jobkeeper(Library):
         try:
             queue.enqueue("noop", {})  # opens the pool
             return time_calls(lambda: queue.enqueue("noop", {}), n)
+        finally:
+            queue.close()
+
+    def enqueue_single_async(self, url: str, n: int) -> CallTimes:
+        queue = self._queue(url)
+
+        async def run() -> CallTimes:
+            try:
+                await queue.enqueue_async("noop", {})  # opens the async pool
+                return await time_calls_async(lambda: queue.enqueue_async("noop", {}), n)
+            finally:
+                await queue.aclose()
+
+        try:
+            return asyncio.run(run())
         finally:
             queue.close()
 

@@ -160,6 +160,19 @@ def enqueue_single(ctx: Context, lib: Library) -> dict[str, float]:
     return call_figures("enqueue_single", times, n)
 
 
+def enqueue_single_async(ctx: Context, lib: Library) -> dict[str, float]:
+    """jobkeeper's ``await enqueue_async`` in a loop on one event loop; the
+    peers have no such row (``Library.no_async_single`` says why).
+    """
+    if lib.no_async_single is not None:
+        raise NotAvailableError(lib.no_async_single)
+    n = ctx.sizes.single
+    with ctx.fresh(f"{lib.name}_enq1async") as url:
+        lib.prepare(url)
+        times = lib.enqueue_single_async(url, n)
+    return call_figures("enqueue_single_async", times, n)
+
+
 def enqueue_bulk(ctx: Context, lib: Library) -> dict[str, float]:
     n, batch = ctx.sizes.bulk, ctx.sizes.bulk_batch
     with ctx.fresh(f"{lib.name}_enqbulk") as url:

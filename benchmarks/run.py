@@ -194,6 +194,12 @@ class Suite:
                 "enqueue single",
                 measures.enqueue_single,
             ),
+            (
+                "enqueue",
+                ["enqueue_single_async", "enqueue_single_async_p50", "enqueue_single_async_p99"],
+                "enqueue single async",
+                measures.enqueue_single_async,
+            ),
             ("enqueue", ["enqueue_bulk"], "enqueue bulk", measures.enqueue_bulk),
             ("drain", ["drain", "drain_steady"], "drain", measures.drain),
             (
