@@ -9,7 +9,12 @@ virtualenv of its own holding that revision's jobkeeper), ``--rounds``
 times each, interleaved (base, head, base, head...) so that a machine that
 drifts (another process, a warming cache) weighs on both alike. Peers are
 left out (``--libs none``) and each round is one run (``--runs 1``); the
-table shows every round's figure and the medians, head over base.
+table shows every round's figure and the medians, head over base (for
+jobs/s above 1 is faster, for the ms metrics such as ``enqueue_single_p99``
+below 1 is faster). Every metric jobkeeper has in either side's JSON record
+is shown; one that the base revision's ``run.py`` does not record yet (the
+call latencies ``enqueue_single_p50``/``_p99`` and the ``enqueue_single_async``
+figures, added later) is shown as n/a on that side, with no ratio.
 
 A change that touches the hot path shows this table before and after
 (what issue 12's "within noise of the commit before" asks for). Figures are
@@ -100,15 +105,21 @@ def main(argv: list[str] | None = None) -> int:
     base_name, head_name = list(sides)
     print(f"\n{'metric':<44} {'side':<26} {'rounds':<40} {'median':>10}")
     for metric in metrics:
-        medians = {}
+        medians: dict[str, float | None] = {}
         for name in sides:
             values = [r[metric] for r in rounds[name] if metric in r]
-            medians[name] = statistics.median(values) if values else float("nan")
-            shown = " / ".join(f"{v:,.2f}" for v in values)
-            print(f"{metric:<44} {name:<26} {shown:<40} {medians[name]:>10,.2f}")
-        if medians[base_name]:
+            medians[name] = statistics.median(values) if values else None
+            if values:
+                shown = " / ".join(f"{v:,.2f}" for v in values)
+                print(f"{metric:<44} {name:<26} {shown:<40} {statistics.median(values):>10,.2f}")
+            else:
+                # A metric the other revision's run.py does not record (a
+                # row added since), or a figure that was n/a in every round.
+                print(f"{metric:<44} {name:<26} {'(not recorded)':<40} {'n/a':>10}")
+        base_median, head_median = medians[base_name], medians[head_name]
+        if base_median and head_median is not None:
             print(f"{'':<44} {'head / base':<26} {'':<40} "
-                  f"{medians[head_name] / medians[base_name]:>10.2f}")  # fmt: skip
+                  f"{head_median / base_median:>10.2f}")  # fmt: skip
     return 0
 
 

@@ -21,7 +21,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import psycopg
@@ -46,6 +47,42 @@ def _version(distribution: str) -> str | None:
         return importlib.metadata.version(distribution)
     except importlib.metadata.PackageNotFoundError:
         return None
+
+
+@dataclass(frozen=True)
+class CallTimes:
+    """What ``n`` enqueue calls took: ``seconds`` from before the first call
+    to after the last (the rate is ``n / seconds``, the loop included) and
+    ``durations``, each call timed around it with ``time.perf_counter``, in
+    seconds, in call order.
+    """
+
+    seconds: float
+    durations: list[float]
+
+
+def time_calls(call: Callable[[], object], n: int) -> CallTimes:
+    """``call()`` ``n`` times, each timed around it."""
+    durations: list[float] = []
+    clock = time.perf_counter
+    started = clock()
+    for _ in range(n):
+        before = clock()
+        call()
+        durations.append(clock() - before)
+    return CallTimes(clock() - started, durations)
+
+
+async def time_calls_async(call: Callable[[], Awaitable[object]], n: int) -> CallTimes:
+    """``await call()`` ``n`` times, each timed around it."""
+    durations: list[float] = []
+    clock = time.perf_counter
+    started = clock()
+    for _ in range(n):
+        before = clock()
+        await call()
+        durations.append(clock() - before)
+    return CallTimes(clock() - started, durations)
 
 
 class Probe:
@@ -103,6 +140,11 @@ class Library:
     version: str | None = None
     #: How its worker is configured, for the report.
     worker_settings = ""
+    #: Why this library has no async single-enqueue figure (None: it has one).
+    no_async_single: str | None = (
+        "jobkeeper only: its async API (the single enqueue above is already an async call "
+        "for pgqueuer and oban; procrastinate's is its sync defer)"
+    )
 
     def setup(self) -> None:
         """Make the library usable (install what it needs), or set ``unavailable``."""
@@ -110,9 +152,13 @@ class Library:
     def prepare(self, url: str) -> None:
         raise NotImplementedError
 
-    def enqueue_single(self, url: str, n: int) -> float:
-        """Seconds for ``n`` enqueue calls of one no-op job each."""
+    def enqueue_single(self, url: str, n: int) -> CallTimes:
+        """``n`` enqueue calls of one no-op job each, after one warm-up call."""
         raise NotImplementedError
+
+    def enqueue_single_async(self, url: str, n: int) -> CallTimes:
+        """The same through the library's async API (only if ``no_async_single`` is None)."""
+        raise NotAvailableError(self.no_async_single or "not implemented")
 
     def enqueue_bulk(self, url: str, n: int, batch: int) -> float:
         """Seconds to enqueue ``n`` no-op jobs with the bulk API, ``batch`` per call."""
@@ -145,6 +191,7 @@ class Library:
 class Jobkeeper(Library):
     name = "jobkeeper"
     worker_settings = f"jobkeeper worker --concurrency {CONCURRENCY}, defaults otherwise"
+    no_async_single = None  # enqueue_async
 
     def __init__(self) -> None:
         self.version = _version("jobkeeper")
@@ -161,14 +208,26 @@ class Jobkeeper(Library):
         finally:
             queue.close()
 
-    def enqueue_single(self, url: str, n: int) -> float:
+    def enqueue_single(self, url: str, n: int) -> CallTimes:
         queue = self._queue(url)
         try:
             queue.enqueue("noop", {})  # opens the pool
-            started = time.perf_counter()
-            for _ in range(n):
-                queue.enqueue("noop", {})
-            return time.perf_counter() - started
+            return time_calls(lambda: queue.enqueue("noop", {}), n)
+        finally:
+            queue.close()
+
+    def enqueue_single_async(self, url: str, n: int) -> CallTimes:
+        queue = self._queue(url)
+
+        async def run() -> CallTimes:
+            try:
+                await queue.enqueue_async("noop", {})  # opens the async pool
+                return await time_calls_async(lambda: queue.enqueue_async("noop", {}), n)
+            finally:
+                await queue.aclose()
+
+        try:
+            return asyncio.run(run())
         finally:
             queue.close()
 
@@ -262,14 +321,11 @@ class Procrastinate(Library):
     def _task(self, app: Any, name: str) -> Any:
         return app.tasks[name]
 
-    def enqueue_single(self, url: str, n: int) -> float:
+    def enqueue_single(self, url: str, n: int) -> CallTimes:
         with self._app(url) as app:
             noop = self._task(app, "noop")
             noop.defer()
-            started = time.perf_counter()
-            for _ in range(n):
-                noop.defer()
-            return time.perf_counter() - started
+            return time_calls(noop.defer, n)
 
     def enqueue_bulk(self, url: str, n: int, batch: int) -> float:
         with self._app(url) as app:
@@ -358,14 +414,11 @@ class Pgqueuer(Library):
 
         asyncio.run(run())
 
-    def enqueue_single(self, url: str, n: int) -> float:
-        async def run() -> float:
+    def enqueue_single(self, url: str, n: int) -> CallTimes:
+        async def run() -> CallTimes:
             async with self._queries(url) as queries:
                 await queries.enqueue("noop", None)
-                started = time.perf_counter()
-                for _ in range(n):
-                    await queries.enqueue("noop", None)
-                return time.perf_counter() - started
+                return await time_calls_async(lambda: queries.enqueue("noop", None), n)
 
         return asyncio.run(run())
 
@@ -473,8 +526,9 @@ class Oban(Library):
     def prepare(self, url: str) -> None:
         run_in_venv([self._env().oban_cli, "install", "--dsn", url], "oban install", timeout=300)
 
-    def enqueue_single(self, url: str, n: int) -> float:
-        return float(self._adapter("single", url, str(n))["seconds"])
+    def enqueue_single(self, url: str, n: int) -> CallTimes:
+        answer = self._adapter("single", url, str(n))
+        return CallTimes(float(answer["seconds"]), [float(d) for d in answer["durations"]])
 
     def enqueue_bulk(self, url: str, n: int, batch: int) -> float:
         return float(self._adapter("bulk", url, str(n), str(batch))["seconds"])

@@ -32,7 +32,7 @@ from benchmarks.harness import (
     wait_drained,
     wait_for,
 )
-from benchmarks.libs import Jobkeeper, Library
+from benchmarks.libs import CallTimes, Jobkeeper, Library
 
 MB = 1024 * 1024
 
@@ -138,12 +138,39 @@ class Context:
 # -- enqueue --------------------------------------------------------------------
 
 
+def call_figures(metric: str, times: CallTimes, n: int) -> dict[str, float]:
+    """``metric`` (jobs/s: calls / total seconds) and ``metric_p50``/``_p99``
+    (ms: percentiles of the per-call durations) of the same ``n`` calls.
+    """
+    if len(times.durations) != n:
+        raise NotAvailableError(f"{len(times.durations)} call durations for {n} calls")
+    ms = [d * 1000 for d in times.durations]
+    return {
+        metric: n / times.seconds,
+        f"{metric}_p50": percentile(ms, 50),
+        f"{metric}_p99": percentile(ms, 99),
+    }
+
+
 def enqueue_single(ctx: Context, lib: Library) -> dict[str, float]:
     n = ctx.sizes.single
     with ctx.fresh(f"{lib.name}_enq1") as url:
         lib.prepare(url)
-        seconds = lib.enqueue_single(url, n)
-    return {"enqueue_single": n / seconds}
+        times = lib.enqueue_single(url, n)
+    return call_figures("enqueue_single", times, n)
+
+
+def enqueue_single_async(ctx: Context, lib: Library) -> dict[str, float]:
+    """jobkeeper's ``await enqueue_async`` in a loop on one event loop; the
+    peers have no such row (``Library.no_async_single`` says why).
+    """
+    if lib.no_async_single is not None:
+        raise NotAvailableError(lib.no_async_single)
+    n = ctx.sizes.single
+    with ctx.fresh(f"{lib.name}_enq1async") as url:
+        lib.prepare(url)
+        times = lib.enqueue_single_async(url, n)
+    return call_figures("enqueue_single_async", times, n)
 
 
 def enqueue_bulk(ctx: Context, lib: Library) -> dict[str, float]:

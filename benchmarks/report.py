@@ -122,6 +122,16 @@ def rows_for(backend: str, sizes: Sizes) -> list[Row]:
             "jobs/s",
             "raw_insert_single",
         ),
+        Row("enqueue_single_p50", "  enqueue call p50", "ms"),
+        Row("enqueue_single_p99", "  enqueue call p99", "ms"),
+        Row(
+            "enqueue_single_async",
+            f"enqueue, single async ({sizes.single:,} awaited calls)",
+            "jobs/s",
+            "raw_insert_single",
+        ),
+        Row("enqueue_single_async_p50", "  enqueue call p50 (async)", "ms"),
+        Row("enqueue_single_async_p99", "  enqueue call p99 (async)", "ms"),
         Row(
             "enqueue_bulk",
             f"enqueue, bulk ({sizes.bulk_batch:,}/call, {sizes.bulk:,} jobs)",

@@ -188,7 +188,18 @@ class Suite:
             if lib.unavailable:
                 log(f"{lib.name}: n/a: {lib.unavailable}")
         per_lib = [
-            ("enqueue", ["enqueue_single"], "enqueue single", measures.enqueue_single),
+            (
+                "enqueue",
+                ["enqueue_single", "enqueue_single_p50", "enqueue_single_p99"],
+                "enqueue single",
+                measures.enqueue_single,
+            ),
+            (
+                "enqueue",
+                ["enqueue_single_async", "enqueue_single_async_p50", "enqueue_single_async_p99"],
+                "enqueue single async",
+                measures.enqueue_single_async,
+            ),
             ("enqueue", ["enqueue_bulk"], "enqueue bulk", measures.enqueue_bulk),
             ("drain", ["drain", "drain_steady"], "drain", measures.drain),
             (

@@ -2,7 +2,7 @@
 (>= 3.12) on behalf of the 3.11 harness (``benchmarks/libs.py``, class
 ``Oban``). Each command prints one JSON object on its last stdout line.
 
-    python -m benchmarks.apps.oban_adapter single URL N        {"seconds": s}
+    python -m benchmarks.apps.oban_adapter single URL N        {"seconds": s, "durations": [s, ...]}
     python -m benchmarks.apps.oban_adapter bulk URL N BATCH    {"seconds": s}
     python -m benchmarks.apps.oban_adapter fill URL N          {"enqueued": n}
     python -m benchmarks.apps.oban_adapter stamper URL         (see below)
@@ -17,7 +17,9 @@ enqueueing needs only the pool, and a started client would run oban's stager
 loop is uvloop (an oban dependency, which oban's CLI runs on too).
 
 Rates are timed here, after the pool is open and one warm-up job is in, so
-the interpreter's start-up is not in them.
+the interpreter's start-up is not in them. ``single`` also times each call
+around it (``durations``, seconds, in call order) for the call latency's
+percentiles, which the harness computes as it does for the other libraries.
 
 ``stamper`` serves the latency measurement over pipes: it prints ``ready``
 once its pool is open (and one warm-up ``Noop`` is in), then for each line
@@ -59,16 +61,20 @@ async def _client(url: str) -> tuple[Any, Any]:
     return pool, Oban(pool=pool)
 
 
-async def _single(url: str, n: int) -> dict[str, float]:
+async def _single(url: str, n: int) -> dict[str, Any]:
     from benchmarks.apps.oban_app import Noop
 
     pool, oban = await _client(url)
     try:
         await oban.enqueue(Noop.new())
-        started = time.perf_counter()
+        durations: list[float] = []
+        clock = time.perf_counter
+        started = clock()
         for _ in range(n):
+            before = clock()
             await oban.enqueue(Noop.new())
-        return {"seconds": time.perf_counter() - started}
+            durations.append(clock() - before)
+        return {"seconds": clock() - started, "durations": durations}
     finally:
         await pool.close()
 
