@@ -52,7 +52,6 @@ ONLY_IN = {
         # Whether a new connection reaches the server itself or a pooler
         # (prepared statements only on the former); SQLite has no pooler.
         "connection_backend_pid",
-        "connection_custom_plans",
     },
     "sqlite": {
         # Settings of each new connection; PostgreSQL's are the server's.
@@ -83,7 +82,6 @@ NOT_OPERATIONS = {
     "connection_synchronous_full",
     "connection_busy_timeout",
     "connection_backend_pid",
-    "connection_custom_plans",
 }
 
 

@@ -171,7 +171,6 @@ def prepare_if_direct(conn: psycopg.Connection[Any]) -> None:
     """
     row = conn.execute(QUERIES["connection_backend_pid"], prepare=False).fetchone()
     if _direct(conn.info.backend_pid, row[0] if row else None):
-        conn.execute(QUERIES["connection_custom_plans"], prepare=False)
         conn.prepare_threshold = PREPARE_THRESHOLD
 
 
@@ -180,7 +179,6 @@ async def prepare_if_direct_async(conn: psycopg.AsyncConnection[Any]) -> None:
     cursor = await conn.execute(QUERIES["connection_backend_pid"], prepare=False)
     row = await cursor.fetchone()
     if _direct(conn.info.backend_pid, row[0] if row else None):
-        await conn.execute(QUERIES["connection_custom_plans"], prepare=False)
         conn.prepare_threshold = PREPARE_THRESHOLD
 
 

@@ -142,8 +142,11 @@ SET status = 'claimed',
     attempted_at = now(),
     finished_at = NULL,
     worker_id = %(worker_id)s
-FROM candidates
-WHERE job.id = candidates.id
+-- The ids as an array, not a join: prepared, the claim may run on a generic
+-- plan, which cannot know the LIMIT (it guesses a tenth of the table) and
+-- hash-joined the whole table to update a few rows; the array is always
+-- probed through the primary key.
+WHERE job.id = ANY(ARRAY(SELECT id FROM candidates))
 -- Only what is not known already (status, holder...), times as UTC wall
 -- clock, JSON as text (decoded by one shared decoder; errors only when there
 -- are any): the claim is the worker's hottest read (see claimed_job()).
@@ -558,13 +561,6 @@ SELECT current_schema()
 -- The server's PID for this session: a pooler's client sees another one
 -- from libpq (see prepare_if_direct).
 SELECT pg_backend_pid()
-
--- name: connection_custom_plans
--- Prepared statements keep being planned for their parameters: a generic
--- plan guesses them (a claim's LIMIT as a tenth of the table, so it hashed
--- the whole table per claim and the drain halved); what is saved is the
--- parse and analysis. A session setting, so only on a direct session.
-SET plan_cache_mode = force_custom_plan
 
 -- name: db_now
 SELECT now()
