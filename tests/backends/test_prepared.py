@@ -195,3 +195,35 @@ def test_the_prepared_claim_keeps_to_the_indexes_on_a_generic_plan(pg_url: str) 
             worker_backend.close()
     finally:
         jq.close()
+
+
+def test_the_limited_claim_keeps_to_the_indexes_on_a_generic_plan(pg_url: str) -> None:
+    # jobkeeper_claim_limited's statements are PL/pgSQL's cached plans, which
+    # may go generic after five calls as prepared statements do: its claim
+    # hash-joined the whole table. auto_explain shows the plans of the
+    # function's statements (as notices to this session).
+    jq = JobQueue(pg_url)
+    jq.migrate()
+    try:
+        jq.configure_queue("default", concurrency=1000)
+        for _ in range(10):
+            jq.enqueue_many([("anything", {})] * 1000)
+        sql(pg_url, "ANALYZE jobkeeper_jobs")
+        notices: list[str] = []
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            conn.add_notice_handler(lambda diag: notices.append(diag.message_primary or ""))
+            for setting in (
+                "LOAD 'auto_explain'",
+                "SET auto_explain.log_min_duration = 0",
+                "SET auto_explain.log_nested_statements = on",
+                "SET plan_cache_mode = force_generic_plan",
+                "SET client_min_messages = log",
+            ):
+                conn.execute(setting)
+            for _ in range(3):
+                conn.execute("SELECT id FROM jobkeeper_claim_limited('default', 'w', 10)")
+        plans = [n for n in notices if "jobkeeper_jobs" in n]
+        assert plans, notices
+        assert not [p for p in plans if "Seq Scan on jobkeeper_jobs" in p], plans
+    finally:
+        jq.close()

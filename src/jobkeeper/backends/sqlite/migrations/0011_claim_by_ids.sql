@@ -1,0 +1,2 @@
+-- Version 11: nothing to change on SQLite (PostgreSQL's limited claim
+-- function changed its plan; SQLite's claims plan each statement anew).
