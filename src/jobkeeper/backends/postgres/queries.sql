@@ -164,12 +164,21 @@ FROM limited WHERE yes
 -- name: job_start_many
 -- Start marks: claimed -> running when the task is really called, fenced on
 -- the claim. A job whose outcome was written first is left alone.
+-- The fenced writes of a holder (this one, the completions, the failures)
+-- reach their rows by id, through the primary key, on any plan: they never
+-- name the held statuses in a form the planner could match to
+-- jobkeeper_jobs_held_idx, whose entries of jobs held and since finished
+-- linger until a vacuum (a plan walking that index and joining each entry
+-- with the batch took 2 s per completion in a drain). A row with the
+-- holder's worker_id is held (claimed or running: the CHECK
+-- jobkeeper_jobs_held_has_holder), so "held and not running" is "claimed".
 UPDATE jobkeeper_jobs AS job
 SET status = 'running', attempted_at = now()
 FROM unnest(%(ids)b::bigint[], %(worker_ids)b::text[], %(attempts)b::int[], %(fences)b::int8[])
      AS started(id, worker_id, attempt, fence)
-WHERE job.id = started.id AND job.worker_id = started.worker_id
-  AND job.attempt = started.attempt AND job.fence = started.fence AND job.status = 'claimed'
+WHERE job.id = ANY(%(ids)b::bigint[]) AND job.id = started.id
+  AND job.worker_id = started.worker_id AND job.attempt = started.attempt
+  AND job.fence = started.fence AND job.status <> 'running'
 RETURNING job.id
 
 -- name: job_start_alone
@@ -194,8 +203,9 @@ SET status = 'completed', finished_at = now(), worker_id = NULL, result = done.r
 FROM unnest(%(ids)b::bigint[], %(worker_ids)b::text[], %(attempts)b::int[],
             %(fences)b::int8[], %(results)b::json[])
      AS done(id, worker_id, attempt, fence, result)
-WHERE job.id = done.id AND job.worker_id = done.worker_id AND job.attempt = done.attempt
-  AND job.fence = done.fence AND job.status IN ('claimed', 'running')
+WHERE job.id = ANY(%(ids)b::bigint[]) AND job.id = done.id
+  AND job.worker_id = done.worker_id AND job.attempt = done.attempt
+  AND job.fence = done.fence
 RETURNING job.id, job.awaited
 
 -- name: job_complete_many_delete
@@ -204,8 +214,9 @@ DELETE FROM jobkeeper_jobs AS job
 USING unnest(%(ids)b::bigint[], %(worker_ids)b::text[], %(attempts)b::int[],
              %(fences)b::int8[])
      AS done(id, worker_id, attempt, fence)
-WHERE job.id = done.id AND job.worker_id = done.worker_id AND job.attempt = done.attempt
-  AND job.fence = done.fence AND job.status IN ('claimed', 'running')
+WHERE job.id = ANY(%(ids)b::bigint[]) AND job.id = done.id
+  AND job.worker_id = done.worker_id AND job.attempt = done.attempt
+  AND job.fence = done.fence
 RETURNING job.id, job.awaited
 
 -- name: job_fail_many
@@ -258,9 +269,11 @@ FROM unnest(%(ids)b::bigint[], %(worker_ids)b::text[], %(attempts)b::int[],
             %(fences)b::int8[], %(outcomes)b::text[], %(errors)b::jsonb[],
             %(retry_ins)b::float8[], %(suspects)b::bool[], %(crashes)b::int[])
      AS failed(id, worker_id, attempt, fence, outcome, error, retry_in, suspect, crash)
-WHERE job.id = failed.id AND job.worker_id = failed.worker_id AND job.attempt = failed.attempt
+WHERE job.id = ANY(%(ids)b::bigint[]) AND job.id = failed.id
+  AND job.worker_id = failed.worker_id AND job.attempt = failed.attempt
   AND job.fence = failed.fence
-  AND (job.status = 'claimed' OR (job.status = 'running' AND failed.outcome <> 'returned'))
+  -- Held (the worker_id matched): claimed, or running unless returned.
+  AND (job.status <> 'running' OR failed.outcome <> 'returned')
   AND (%(stale_after)s::float8 IS NULL OR NOT EXISTS (
         SELECT 1 FROM jobkeeper_workers AS worker
         WHERE worker.id = job.worker_id
