@@ -1,7 +1,9 @@
 """The app flow-control worker subprocesses load (``tests.flow.app:jq``).
 
-``timed`` appends ``<job id> <pid> <start> <end> <key>`` (Unix seconds) to
-``record`` with one O_APPEND write, so lines of concurrent processes never mix.
+``timed`` appends ``<job id> <pid> <start> <end> <key> <claimed>`` (Unix
+seconds; ``claimed``: the claim's ``attempted_at``, the database clock when the
+claiming statement began) to ``record`` with one O_APPEND write, so lines of
+concurrent processes never mix.
 """
 
 from __future__ import annotations
@@ -21,7 +23,11 @@ jq = JobQueue(os.environ.get("JK_E2E_DATABASE", "sqlite:///unused-flow.db"), **S
 def timed(seconds: float, record: str, key: str = "-") -> None:
     start = time.time()
     time.sleep(seconds)
-    line = f"{current_job().id} {os.getpid()} {start:.6f} {time.time():.6f} {key}\n".encode()
+    job = current_job()
+    claimed = job.attempted_at.timestamp() if job.attempted_at is not None else 0.0
+    line = (
+        f"{job.id} {os.getpid()} {start:.6f} {time.time():.6f} {key} {claimed:.6f}\n".encode()
+    )
     fd = os.open(record, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
         os.write(fd, line)

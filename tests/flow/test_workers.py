@@ -29,9 +29,14 @@ def records(path: Path) -> list[tuple[int, int, float, float, str]]:
         return []
     out = []
     for line in path.read_text().splitlines():
-        job_id, pid, start, end, key = line.split()
+        job_id, pid, start, end, key, _ = line.split()
         out.append((int(job_id), int(pid), float(start), float(end), key))
     return out
+
+
+def claim_times(path: Path) -> list[float]:
+    """The claims' times (their ``attempted_at``) of the runs in ``path``."""
+    return sorted(float(line.split()[5]) for line in path.read_text().splitlines())
 
 
 def most_overlapping(spans: list[tuple[float, float]]) -> int:
@@ -104,12 +109,17 @@ def test_rate_is_never_exceeded_in_any_window(db_url, tmp_path):
             for _ in range(3):
                 spawn(procs, db_url, concurrency=8)
             wait_for(lambda: done(db_url) == 20, timeout=60, what="all 20 jobs")
-    starts = sorted(s for _, _, s, _, _ in records(record))
-    # Each window of (a little under) one second holds at most 5 starts; the
-    # slack covers a claim-to-start delay, which a window start cannot see.
-    for i, start in enumerate(starts):
-        assert sum(1 for t in starts[i:] if t < start + 0.95) <= 5, starts
+    # The limit counts claims: each window of (a little under) one second
+    # holds at most 5. A claim's attempted_at is the database clock when its
+    # statement began, before it waited for the queue's row lock; the slack
+    # covers that wait. (Task starts follow claims by a delay that grows with
+    # the machine's load: windows of starts failed on a loaded machine.)
+    claims = claim_times(record)
+    assert len(claims) == 20
+    for i, claimed in enumerate(claims):
+        assert sum(1 for t in claims[i:] if t < claimed + 0.95) <= 5, claims
     # ...and the queue still ran at about its rate (20 jobs: at least 3 s).
+    starts = sorted(s for _, _, s, _, _ in records(record))
     assert starts[-1] - starts[0] < 6.0
 
 

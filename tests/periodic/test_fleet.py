@@ -50,6 +50,13 @@ def test_three_workers_with_sigkills_enqueue_each_tick_once(jq, tmp_path):
         assert wait_exit(fleet[0]) == -signal.SIGKILL
         fleet = [*fleet[1:], start()]
         time.sleep(2.5)
+        # A worker SIGTERMed while still importing (a loaded machine took
+        # longer than the sleep) dies of the signal before its handlers are
+        # installed: stop the fleet once every worker has registered.
+        wait_for(
+            lambda: {p.pid for p in fleet} <= {w.pid for w in jq.workers()},
+            what="every worker registered",
+        )
         for proc in fleet:
             proc.send_signal(signal.SIGTERM)
         for proc in fleet:
