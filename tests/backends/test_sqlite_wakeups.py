@@ -10,6 +10,10 @@ import threading
 import time
 
 from jobkeeper import JobQueue
+from jobkeeper.backends.sqlite import wakeups
+from support.waiting import DEADLINE
+
+HOUR = 3600.0
 
 
 def _listen(jq: JobQueue) -> tuple[list[float], threading.Event, threading.Thread]:
@@ -30,7 +34,8 @@ def _listen(jq: JobQueue) -> tuple[list[float], threading.Event, threading.Threa
 
 def _until_listening(jq: JobQueue, heard: list[float]) -> None:
     """In-process wake-ups until two were heard: the listener's loop has then
-    read its first ``data_version`` (it reads one after each wake-up).
+    read its first ``data_version`` (its first pass reads it, and a pass
+    hears at most one wake-up).
     """
     deadline = time.monotonic() + 10
     while len(heard) < 2 and time.monotonic() < deadline:
@@ -83,3 +88,38 @@ def test_an_enqueue_in_this_process_wakes_the_listener_at_once(sqlite_url):
             stop.set()
             thread.join(5)
         assert not thread.is_alive()
+
+
+def test_a_wake_up_reaches_on_queue_without_waiting_for_a_read(tmp_path, monkeypatch):
+    # The listener's data_version reads hang after the first one, and only
+    # the first is scheduled (the polls are an hour apart): a wake-up must be
+    # passed on by itself, not after a read of the file.
+    monkeypatch.setattr(wakeups, "CHANNEL_POLL", HOUR)
+    monkeypatch.setattr(wakeups, "CHANGE_POLL", HOUR)
+    path = str(tmp_path / "jobs.db")
+    first_read, release = threading.Event(), threading.Event()
+    reads = 0
+
+    def data_version() -> int:
+        nonlocal reads
+        reads += 1
+        if first_read.is_set():
+            release.wait(DEADLINE)
+        first_read.set()
+        return reads
+
+    heard, stop = threading.Event(), threading.Event()
+    thread = threading.Thread(
+        target=wakeups.listen, args=(path, data_version, lambda q: heard.set(), stop), daemon=True
+    )
+    thread.start()
+    try:
+        assert first_read.wait(DEADLINE)
+        wakeups.wake(path)
+        assert heard.wait(DEADLINE), "the wake-up waited for a read of the file"
+        assert reads == 1
+    finally:
+        release.set()
+        stop.set()
+        thread.join(DEADLINE)
+    assert not thread.is_alive()

@@ -116,6 +116,9 @@ class Producer:
         self._shares = dict(shares or {})
         self._claim_seconds = 0.002  # running mean of one claim's round trip
         self._passes = 0
+        # Whether the last claim pass filled some queue's batch: that queue
+        # may hold more, so the loop claims again at once.
+        self._batch_filled = False
         self._wake = threading.Event()
         # When (time.monotonic()) the producer stages next: at the latest
         # poll_interval after it last did, sooner when a job of ours is known
@@ -173,7 +176,6 @@ class Producer:
         outage_pause = 0.05
         while not self._stopping.is_set():
             self._wake.clear()
-            claimed = 0
             try:
                 if self._reconcile_needed:
                     self._reconcile()
@@ -200,8 +202,12 @@ class Producer:
                 logger.exception("claim failed; retrying")
                 self._stopping.wait(self._settings.poll_interval)
                 continue
-            if claimed and self._wanted() > 0:
-                continue  # a full batch came back: the queue may hold more
+            if self._batch_filled and self._wanted() > 0:
+                # A full batch came back: the queue may hold more. A short
+                # one took all there was; what comes later comes with a
+                # wake-up, and another pass now would only contend with the
+                # runner starting what was just claimed.
+                continue
             self._wake.wait(max(self._stage_at - time.monotonic(), 0.0))
 
     def _stage(self) -> None:
@@ -282,6 +288,7 @@ class Producer:
         claim one job per freed slot: it claims when its buffer is empty, or
         when at least half its capacity (slots + prefetch) can be filled.
         """
+        self._batch_filled = False
         if not self._claims.fresh():
             # Our heartbeat is stale (database trouble, a paused process):
             # anything claimed now could be rescued from under us at once.
@@ -335,6 +342,8 @@ class Producer:
             started = time.monotonic()
             jobs = self._backend.job_claim(worker_id=self._worker_id, queue=queue, limit=limit)
             self._claim_seconds += (time.monotonic() - started - self._claim_seconds) * 0.1
+            if len(jobs) >= limit:
+                self._batch_filled = True
             if jobs:
                 self._claims.claimed(jobs, stamp)
                 if self._events.wants(EventKind.CLAIMED):

@@ -131,12 +131,8 @@ class SqliteBackend(
             if settings is not None:
                 rows = self._claim_limited(conn, settings, worker_id=worker_id, limit=limit)
             else:
-                rows = _rows(
-                    conn.execute(
-                        QUERIES["job_claim"],
-                        {"worker_id": worker_id, "queue": queue, "limit": limit},
-                    )
-                )
+                params = {"queue": queue, "limit": limit}
+                rows = self._claim_picked(conn, "job_claim_pick", params, worker_id)
         return sorted(self._jobs(rows), key=lambda j: (j.priority, j.scheduled_at, j.id))
 
     def job_start_many(self, *, claims: Sequence[Claim]) -> set[int]:

@@ -45,8 +45,11 @@ T = TypeVar("T")
 #: writer that had waited long looked for the lock ten times a second while
 #: newcomers took it at each release: behind 2 s holds an enqueue waited past
 #: a 5 s busy_timeout (C-13). Attempts of one slice, repeated until
-#: busy_timeout, keep a long waiter looking as often as a new one.
-BUSY_SLICE_MS = 25
+#: busy_timeout, keep a long waiter looking as often as a new one. Within a
+#: slice the handler sleeps 1, 2, 5, 10 ms...: a slice of 5 ms keeps every
+#: look at most 2 ms from the last, so a write waiting behind a commit gets
+#: the lock about 1 ms after its release (25 ms slices: 2.7 ms, 9 ms at p90).
+BUSY_SLICE_MS = 5
 
 
 def _retry_while_locked(action: Callable[[], T], timeout: float, max_pause: float = 0.25) -> T:

@@ -48,6 +48,23 @@ class SqliteFlow:
         settings = settings_from_row(rows[0])
         return settings if settings.limits_claims else None
 
+    def _claim_picked(
+        self, conn: sqlite3.Connection, pick: str, params: dict[str, Any], worker_id: str
+    ) -> list[dict[str, Any]]:
+        """Claim for ``worker_id`` the jobs the query ``pick`` chooses (their
+        ids), in the caller's write transaction; their rows as claimed.
+        """
+        ids = [row[0] for row in conn.execute(self._queries[pick], params)]
+        if len(ids) == 1:
+            one = {"id": ids[0], "worker_id": worker_id}
+            conn.execute(self._queries["job_claim_one"], one)
+            return _rows(conn.execute(self._queries["job_claim_one_row"], one))
+        if not ids:
+            return []
+        many = {"ids": json.dumps(ids), "worker_id": worker_id}
+        conn.execute(self._queries["job_claim"], many)
+        return _rows(conn.execute(self._queries["job_claim_rows"], many))
+
     def _claim_limited(
         self,
         conn: sqlite3.Connection,
@@ -74,9 +91,8 @@ class SqliteFlow:
             allowed = min(allowed, settings.rate_limit - int(started))
         if allowed <= 0:
             return []
-        name = "job_claim_serial" if settings.serial else "job_claim"
-        params = {"worker_id": worker_id, "queue": queue, "limit": allowed}
-        rows = _rows(conn.execute(queries[name], params))
+        pick = "job_claim_serial" if settings.serial else "job_claim_pick"
+        rows = self._claim_picked(conn, pick, {"queue": queue, "limit": allowed}, worker_id)
         if settings.rate_limit is not None and rows:
             conn.execute(queries["job_claim_starts_record"], {"queue": queue, "jobs": len(rows)})
         return rows

@@ -177,8 +177,13 @@ def listen(
             if time.monotonic() >= check_at:
                 bell.check_channel(path)
                 check_at = time.monotonic() + CHANNEL_CHECK
-            woken = bell.wait(min(max(read_at - time.monotonic(), 0.0), STOP_CHECK))
-            if not woken and time.monotonic() < read_at:
+            if bell.wait(min(max(read_at - time.monotonic(), 0.0), STOP_CHECK)):
+                # A ring or a datagram comes after its commit: wake the worker
+                # now, not after a read of its own. The read stays on its
+                # schedule: the change it then sees may be this commit again
+                # (one look for nothing), never a commit it missed.
+                on_queue("*")
+            if time.monotonic() < read_at:
                 continue
             read_at = time.monotonic() + (CHANNEL_POLL if bell.has_channel else CHANGE_POLL)
             try:
@@ -191,9 +196,9 @@ def listen(
                 version = None
                 stop.wait(ERROR_PAUSE)
                 continue
-            # Read before the wake-up goes out, so a commit after the read
-            # changes the value again: one look covers both, and none is missed.
-            if woken or (version is not None and current != version):
+            # Every commit since the last read, announced or not, changed the
+            # value: this wake-up comes after all of them.
+            if version is not None and current != version:
                 on_queue("*")
             version = current
     finally:
