@@ -25,9 +25,7 @@ def timed(seconds: float, record: str, key: str = "-") -> None:
     time.sleep(seconds)
     job = current_job()
     claimed = job.attempted_at.timestamp() if job.attempted_at is not None else 0.0
-    line = (
-        f"{job.id} {os.getpid()} {start:.6f} {time.time():.6f} {key} {claimed:.6f}\n".encode()
-    )
+    line = f"{job.id} {os.getpid()} {start:.6f} {time.time():.6f} {key} {claimed:.6f}\n".encode()
     fd = os.open(record, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
         os.write(fd, line)
