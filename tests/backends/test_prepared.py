@@ -13,7 +13,7 @@ import pytest
 
 from backends.helpers import WORKER, claim, complete, fail, register
 from jobkeeper import JobQueue
-from jobkeeper.backends.postgres.connections import _direct
+from jobkeeper.backends.postgres.prepared import _direct
 from jobkeeper.backends.postgres.queries import DEAD_LETTER_COLUMNS, JOB_COLUMNS
 from jobkeeper.errors import DatabaseError
 from jobkeeper.models import Claim, Completion, Failure

@@ -26,8 +26,6 @@ from jobkeeper.backends.postgres.connections import (
     _has_unread_input,
     _retry_asked,
     load_json_safely,
-    prepare_if_direct_async,
-    stale_plan,
 )
 from jobkeeper.backends.postgres.flow import FlowNeeded
 from jobkeeper.backends.postgres.plans import (
@@ -37,6 +35,7 @@ from jobkeeper.backends.postgres.plans import (
     is_single_statement,
     run_plan_async,
 )
+from jobkeeper.backends.postgres.prepared import prepare_if_direct_async, stale_plan
 from jobkeeper.backends.postgres.queries import QUERIES
 from jobkeeper.errors import DatabaseError
 from jobkeeper.models import Job, NewJob

@@ -25,6 +25,7 @@ from psycopg.rows import tuple_row
 from psycopg.types.json import set_json_loads
 from psycopg_pool import ConnectionPool, PoolTimeout
 
+from jobkeeper.backends.postgres.prepared import prepare_if_direct, stale_plan
 from jobkeeper.backends.postgres.queries import QUERIES
 from jobkeeper.backends.rows import aware_utc, job_from_row, load_json
 from jobkeeper.config import DatabaseURL
@@ -49,14 +50,14 @@ POOL_TIMEOUT = 10.0
 #: Seconds between probes of the server while waiting for a pooled connection.
 POOL_SLICE = 0.5
 CONNECT_TIMEOUT = 5
-#: Runs of one statement on one connection after which psycopg prepares it
-#: on the server (parsed and planned once; unprepared, planning the insert
-#: was about a third of the server's time per enqueue). Only on connections
-#: that reach PostgreSQL itself: see :func:`prepare_if_direct`.
-PREPARE_THRESHOLD = 5
-#: PostgreSQL's refusal of a prepared statement whose result columns changed
-#: under it (a migration altered a column it returns).
-_STALE_PLAN = "cached plan must not change result type"
+#: What every connection of ours is opened with (the worker's own, the sync
+#: and async pools'): no prepared statements until prepare_if_direct has
+#: seen where the connection leads.
+CONNECTION_OPTIONS: dict[str, Any] = {
+    "autocommit": True,
+    "connect_timeout": CONNECT_TIMEOUT,
+    "prepare_threshold": None,
+}
 #: Seconds a pooled connection may sit idle before it is pinged on checkout.
 IDLE_CHECK_AFTER = 1.0
 #: An insert of our own transaction that PostgreSQL aborts asking for a retry
@@ -152,45 +153,6 @@ def _retrying(run: Callable[[], list[Job]]) -> list[Job]:
     return run()
 
 
-def _direct(conn_pid: int, server_pid: Any) -> bool:
-    return server_pid is not None and conn_pid == server_pid
-
-
-def prepare_if_direct(conn: psycopg.Connection[Any]) -> None:
-    """Let psycopg prepare statements on ``conn`` (a new connection of ours,
-    opened with ``prepare_threshold=None``) when it is a session of
-    PostgreSQL itself.
-
-    Behind a pooler in transaction mode (PgBouncer before 1.21, or without
-    ``max_prepared_statements``) one connection's statements reach different
-    server sessions, where a prepared name is missing, taken, or names
-    another statement. A pooler answers the client's startup with a cancel
-    key of its own, so the backend PID libpq was given differs from the one
-    the server reports: only a session whose two PIDs agree prepares. One
-    round trip per new connection.
-    """
-    row = conn.execute(QUERIES["connection_backend_pid"], prepare=False).fetchone()
-    if _direct(conn.info.backend_pid, row[0] if row else None):
-        conn.prepare_threshold = PREPARE_THRESHOLD
-
-
-async def prepare_if_direct_async(conn: psycopg.AsyncConnection[Any]) -> None:
-    """:func:`prepare_if_direct` for an async connection."""
-    cursor = await conn.execute(QUERIES["connection_backend_pid"], prepare=False)
-    row = await cursor.fetchone()
-    if _direct(conn.info.backend_pid, row[0] if row else None):
-        conn.prepare_threshold = PREPARE_THRESHOLD
-
-
-def stale_plan(exc: BaseException) -> bool:
-    """Whether ``exc`` is PostgreSQL refusing a prepared statement whose
-    result type a schema change altered: the connection's prepared
-    statements are stale, and the connection is given up (the next one
-    prepares afresh). The statement itself did nothing.
-    """
-    return isinstance(exc, psycopg.errors.FeatureNotSupported) and _STALE_PLAN in str(exc)
-
-
 def configure_connection(conn: psycopg.Connection[Any]) -> None:
     """What every new connection of ours gets: safe JSON loading and, on a
     direct session, prepared statements.
@@ -225,12 +187,7 @@ class _SingleConnection:
     def connection(self) -> Iterator[psycopg.Connection[Any]]:
         if self._conn is None or self._conn.closed or self._conn.broken:
             self._drop()
-            self._conn = psycopg.connect(
-                self._conninfo,
-                autocommit=True,
-                connect_timeout=CONNECT_TIMEOUT,
-                prepare_threshold=None,
-            )
+            self._conn = psycopg.connect(self._conninfo, **CONNECTION_OPTIONS)
             configure_connection(self._conn)
         try:
             yield self._conn
@@ -265,11 +222,7 @@ class _PooledConnections:
             conninfo,
             min_size=1,
             max_size=max_size,
-            kwargs={
-                "autocommit": True,
-                "connect_timeout": CONNECT_TIMEOUT,
-                "prepare_threshold": None,
-            },
+            kwargs=dict(CONNECTION_OPTIONS),
             timeout=POOL_TIMEOUT,
             open=False,
             name="jobkeeper",
@@ -421,12 +374,7 @@ class PostgresConnections:
 
     def _pool_kwargs(self) -> dict[str, Any]:
         """What every connection of ours is opened with."""
-        return {
-            "autocommit": True,
-            "connect_timeout": CONNECT_TIMEOUT,
-            # Until prepare_if_direct has seen where the connection leads.
-            "prepare_threshold": None,
-        }
+        return dict(CONNECTION_OPTIONS)
 
     if TYPE_CHECKING:  # the backend's async mixin (aio.py) supplies it
 
