@@ -250,15 +250,6 @@ class Claim:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class Start:
-    """A start mark to record (internal): the claimed job's task is being
-    called, so the job becomes ``running`` (fenced on ``claim``).
-    """
-
-    claim: Claim
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
 class Completion:
     """A successful attempt to record (internal)."""
 

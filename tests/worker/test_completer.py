@@ -5,13 +5,15 @@ when its own claim was, not another claim of the same job.
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 from jobkeeper import JobStatus
+from jobkeeper.errors import DatabaseUnavailable
 from jobkeeper.events import EventBus, EventKind, JobEvent
 from jobkeeper.models import Completion
 from jobkeeper.outcomes import claim_of, released_attempt
 from jobkeeper.worker.completer import Completer, Outcome
-from support.waiting import DEADLINE
+from support.waiting import DEADLINE, wait_for
 
 
 def test_a_stale_hand_back_batched_with_its_jobs_next_claim_is_reported_lost(jq):
@@ -64,3 +66,88 @@ def test_a_stale_hand_back_batched_with_its_jobs_next_claim_is_reported_lost(jq)
     seen = [(e.kind, e.outcome) for e in events]
     assert seen.count((EventKind.CLAIM_LOST, None)) == 1, seen
     assert [o for k, o in seen if k == EventKind.ACKED] == ["completed"], seen
+
+
+class _Recording:
+    """A backend wrapper that records the completer's start-mark and
+    completion writes, and fails the next ``fail_starts`` start-mark writes.
+    """
+
+    def __init__(self, backend: Any, fail_starts: int = 0) -> None:
+        self._backend = backend
+        self.fail_starts = fail_starts
+        self.calls: list[tuple[str, list[int]]] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._backend, name)
+
+    def job_start_many(self, *, claims: Any) -> set[int]:
+        self.calls.append(("start", [c.job_id for c in claims]))
+        if self.fail_starts:
+            self.fail_starts -= 1
+            raise DatabaseUnavailable("injected: start marks not written")
+        result: set[int] = self._backend.job_start_many(claims=claims)
+        return result
+
+    def job_complete_many(self, *, completions: Any, delete: bool) -> set[int]:
+        self.calls.append(("complete", [c.claim.job_id for c in completions]))
+        result: set[int] = self._backend.job_complete_many(completions=completions, delete=delete)
+        return result
+
+
+def _claimed(jq: Any, count: int) -> list[Any]:
+    @jq.task()
+    def job() -> None:
+        return None
+
+    jq.enqueue_many([("job", {})] * count)
+    worker = jq.worker()
+    jq.backend.worker_register(worker=worker.info)
+    return jq.backend.job_claim(worker_id=worker.info.id, queue="default", limit=count)
+
+
+def test_a_start_mark_whose_outcome_arrives_first_is_never_written(jq):
+    first, second = _claimed(jq, 2)
+    backend = _Recording(jq.backend)
+    completer = Completer(backend, delete_completed=False, flush_interval=3600.0)
+    try:
+        completer.add_start(claim_of(first))
+        completer.add_start(claim_of(second))
+        completer.add(Completion(claim_of(first), None), first)
+        assert completer.pending_ids() == {first.id, second.id}
+    finally:
+        assert completer.stop(DEADLINE)
+    # The linger ended with the stop: one flush, the mark of the job still
+    # running first, then the completion; none for the completed job.
+    assert backend.calls == [("start", [second.id]), ("complete", [first.id])]
+    assert jq.get_job(first.id).status == JobStatus.COMPLETED
+    assert jq.get_job(second.id).status == JobStatus.RUNNING
+
+
+def test_start_marks_not_written_are_retried_before_the_outcomes_behind_them(jq):
+    first, second = _claimed(jq, 2)
+    backend = _Recording(jq.backend, fail_starts=1)
+    done = threading.Event()
+    completer = Completer(
+        backend,
+        delete_completed=False,
+        flush_interval=0.0,
+        on_written=lambda outcomes, written: done.set(),
+    )
+    try:
+        completer.add_start(claim_of(first))
+        wait_for(lambda: backend.calls or None, what="the first start-mark write")
+        # The failed mark is put back; the outcome of the same claim, added
+        # meanwhile, takes it out again: only the other mark is written.
+        completer.add_start(claim_of(second))
+        completer.add(Completion(claim_of(first), None), first)
+        assert done.wait(DEADLINE)
+    finally:
+        assert completer.stop(DEADLINE)
+    assert backend.calls[0] == ("start", [first.id])
+    assert ("complete", [first.id]) in backend.calls
+    marks = [ids for kind, ids in backend.calls[1:] if kind == "start"]
+    assert all(first.id not in ids for ids in marks), backend.calls
+    assert [second.id] in marks, backend.calls
+    assert jq.get_job(first.id).status == JobStatus.COMPLETED
+    assert jq.get_job(second.id).status == JobStatus.RUNNING

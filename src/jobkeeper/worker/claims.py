@@ -25,7 +25,7 @@ from jobkeeper.backends.base import Backend
 from jobkeeper.errors import DatabaseError
 from jobkeeper.events import EventBus, EventKind, JobEvent
 from jobkeeper.maintenance.heartbeat import Heartbeat
-from jobkeeper.models import Job, Start
+from jobkeeper.models import Job
 from jobkeeper.outcomes import claim_of
 from jobkeeper.worker.completer import Completer
 
@@ -227,4 +227,4 @@ class Claims:
                 return
             except DatabaseError as exc:
                 logger.warning("job %s: start mark not written now (%s)", job.id, exc)
-        self._completer.add(Start(claim))
+        self._completer.add_start(claim)

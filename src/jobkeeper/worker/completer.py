@@ -10,9 +10,10 @@ If the worker dies with acks unwritten, those jobs are rescued and run again
 (rescued after a heartbeat gap); it is logged, never forced.
 
 Start marks (claimed -> running) ride in the same flushes, written before the
-batch's outcomes in one more statement; a start whose claim's outcome is in
-the same batch is skipped (the outcome makes the job final anyway), so jobs
-faster than a flush cost no extra write. A start mark lost with its worker
+batch's outcomes in one more statement. They wait apart from the outcomes,
+keyed by claim: an outcome that arrives first takes its claim's mark out (the
+outcome makes the job final anyway), so jobs faster than a flush cost no
+extra write, and a flush of outcomes alone sorts nothing out. A start mark lost with its worker
 leaves the job claimed: the rescuer then returns it without spending the
 attempt, a bounded number of times (see the rescuer).
 """
@@ -27,7 +28,7 @@ from collections.abc import Callable
 from jobkeeper.backends.base import Backend
 from jobkeeper.errors import DatabaseError, DataRejected
 from jobkeeper.events import EventBus, EventKind, JobEvent
-from jobkeeper.models import Completion, Failure, Job, Start
+from jobkeeper.models import Claim, Completion, Failure, Job
 from jobkeeper.outcomes import outcome_error, outcome_kind
 from jobkeeper.payload import dumps
 
@@ -36,8 +37,6 @@ logger = logging.getLogger("jobkeeper.worker")
 Outcome = Completion | Failure
 #: The events the completer emits once a batch is written.
 _ACK_EVENTS = frozenset({EventKind.ACKED, EventKind.CLAIM_LOST, EventKind.DEAD_LETTERED})
-#: What the buffer holds: outcomes and start marks, in arrival order.
-Entry = Completion | Failure | Start
 
 
 class Completer:
@@ -79,9 +78,11 @@ class Completer:
         # (job id, fence) -> (task, queue) of an unwritten outcome, kept only
         # while someone listens: events name them, and the outcome does not.
         self._jobs: dict[tuple[int, int], tuple[str, str]] = {}
-        self._buffer: list[Entry] = []
-        # A plain lock under the condition: add() runs twice a job (start
-        # mark, outcome) and takes it directly, without Condition's frames.
+        self._buffer: list[Outcome] = []
+        # Unwritten start marks by (job id, fence), in arrival order.
+        self._starts: dict[tuple[int, int], Claim] = {}
+        # A plain lock under the condition: add() and add_start() run once a
+        # job each and take it directly, without Condition's frames.
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
         self._stopping = False
@@ -91,14 +92,17 @@ class Completer:
         self._thread = threading.Thread(target=self._run, name="jobkeeper-completer", daemon=True)
         self._thread.start()
 
-    def add(self, outcome: Entry, job: Job | None = None, *, urgent: bool = False) -> None:
-        """Queue an outcome or start mark for writing (thread-safe, never
-        blocks on I/O). ``job``: the outcome's job, for its events.
-        ``urgent``: flush without lingering (see the module's docstring).
+    def add(self, outcome: Outcome, job: Job | None = None, *, urgent: bool = False) -> None:
+        """Queue an outcome for writing (thread-safe, never blocks on I/O).
+        ``job``: the outcome's job, for its events. ``urgent``: flush without
+        lingering (see the module's docstring).
         """
+        claim = outcome.claim
         with self._lock:
             if job is not None and self._acks_wanted():
-                self._jobs[job.id, job.fence] = (job.task, job.queue)
+                self._jobs[claim.job_id, claim.fence] = (job.task, job.queue)
+            if self._starts:
+                self._starts.pop((claim.job_id, claim.fence), None)
             self._buffer.append(outcome)
             # Wake the writer only to start a linger, to end one early or to
             # flush a full batch; waking it on every add costs a context
@@ -106,14 +110,24 @@ class Completer:
             if urgent and not self._urgent:
                 self._urgent = True
                 self._cond.notify_all()
-            elif len(self._buffer) == 1 or len(self._buffer) >= self._max_batch:
+            elif len(self._buffer) + len(self._starts) == 1 or len(self._buffer) >= self._max_batch:
+                self._cond.notify_all()
+
+    def add_start(self, claim: Claim) -> None:
+        """Queue the start mark of ``claim`` (claimed -> running) for writing
+        (thread-safe, never blocks on I/O); the claim's outcome, if it comes
+        first, takes it out unwritten.
+        """
+        with self._lock:
+            self._starts[claim.job_id, claim.fence] = claim
+            if len(self._buffer) + len(self._starts) == 1:
                 self._cond.notify_all()
 
     @property
     def pending(self) -> int:
         """Outcomes not yet written."""
         with self._cond:
-            return len(self._buffer) + self._in_flight
+            return len(self._buffer) + len(self._starts) + self._in_flight
 
     @property
     def urgent_pending(self) -> bool:
@@ -123,18 +137,22 @@ class Completer:
         return self._urgent or self._urgent_in_flight
 
     def pending_ids(self) -> set[int]:
-        """Ids of jobs whose outcome is not yet written."""
+        """Ids of jobs whose outcome or start mark is not yet written."""
         with self._cond:
-            return {o.claim.job_id for o in self._buffer} | set(self._in_flight_ids)
+            return (
+                {o.claim.job_id for o in self._buffer}
+                | {job_id for job_id, _ in self._starts}
+                | set(self._in_flight_ids)
+            )
 
     def _run(self) -> None:
         retry_pause = 0.05
         failing = False
         while True:
             with self._cond:
-                while not self._buffer and not self._stopping:
+                while not self._buffer and not self._starts and not self._stopping:
                     self._cond.wait()
-                if not self._buffer and self._stopping:
+                if not self._buffer and not self._starts and self._stopping:
                     return
                 # Linger briefly so concurrent acks share one statement.
                 flush_at = time.monotonic() + self._flush_interval
@@ -149,17 +167,20 @@ class Completer:
                 # is up counts as urgent, and what is left keeps it up.
                 urgent = self._urgent
                 batch = self._take_batch()
+                starts, self._starts = list(self._starts.values()), {}
                 self._urgent = urgent and bool(self._buffer)
                 self._urgent_in_flight = urgent
-                self._in_flight = len(batch)
+                self._in_flight = len(batch) + len(starts)
                 self._in_flight_ids = [o.claim.job_id for o in batch]
-            unwritten: list[Entry] = []
+                self._in_flight_ids += [claim.job_id for claim in starts]
+            unwritten: list[Outcome] = []
+            unmarked: list[Claim] = []
             try:
-                unwritten = self._write(batch)
+                unmarked, unwritten = self._write(batch, starts)
             except Exception:  # the writer thread must never die (outcomes would sit forever)
                 logger.exception("unexpected error writing %d outcomes; retrying", len(batch))
-                unwritten = batch
-            if not unwritten and urgent and self._on_urgent_written is not None:
+                unmarked, unwritten = starts, batch
+            if not unwritten and not unmarked and urgent and self._on_urgent_written is not None:
                 with self._lock:
                     self._urgent_in_flight = False
                 self._on_urgent_written()
@@ -167,7 +188,7 @@ class Completer:
                 self._urgent_in_flight = False
                 self._in_flight = 0
                 self._in_flight_ids = []
-                if not unwritten:
+                if not unwritten and not unmarked:
                     self._cond.notify_all()
                     if failing:
                         logger.info("outcomes are being written again")
@@ -177,6 +198,7 @@ class Completer:
                 # error here is one that passes (the database is down, read-only,
                 # out of disk...); errors about the data were settled in _write.
                 self._buffer[:0] = unwritten
+                self._restore_starts(unmarked)
                 self._urgent = self._urgent or urgent
                 if self._abandoned:
                     return
@@ -184,71 +206,78 @@ class Completer:
                 self._cond.wait(retry_pause)
             retry_pause = min(retry_pause * 2, 5.0)
 
-    def _take_batch(self) -> list[Entry]:
-        """Remove and return up to ``max_batch`` entries (lock held), at most
-        one outcome per job: the backends report what they wrote by job id,
-        and a worker may claim a job again before the outcome of its earlier,
-        lost claim is flushed (a stale hand-back the fence refuses). A later
+    def _take_batch(self) -> list[Outcome]:
+        """Remove and return up to ``max_batch`` outcomes (lock held), at most
+        one per job: the backends report what they wrote by job id, and a
+        worker may claim a job again before the outcome of its earlier, lost
+        claim is flushed (a stale hand-back the fence refuses). A later
         outcome of a job already in the batch waits for the next one.
         """
         batch = self._buffer[: self._max_batch]
-        ids = {o.claim.job_id for o in batch if not isinstance(o, Start)}
-        if len(ids) == sum(1 for o in batch if not isinstance(o, Start)):
+        ids = {o.claim.job_id for o in batch}
+        if len(ids) == len(batch):
             del self._buffer[: self._max_batch]
             return batch
         batch, rest = [], []
         ids.clear()
-        for entry in self._buffer:
-            if len(batch) < self._max_batch and (
-                isinstance(entry, Start) or entry.claim.job_id not in ids
-            ):
-                if not isinstance(entry, Start):
-                    ids.add(entry.claim.job_id)
-                batch.append(entry)
+        for outcome in self._buffer:
+            if len(batch) < self._max_batch and outcome.claim.job_id not in ids:
+                ids.add(outcome.claim.job_id)
+                batch.append(outcome)
             else:
-                rest.append(entry)
+                rest.append(outcome)
         self._buffer = rest
         return batch
 
-    def _write(self, batch: list[Entry]) -> list[Entry]:
-        """Write a batch; return the entries to try again later (nothing
-        written for them). Start marks go first, then completions, each kind
-        in one statement.
+    def _restore_starts(self, unmarked: list[Claim]) -> None:
+        """Put start marks that were not written back, ahead of newer ones,
+        unless their outcome has arrived since (lock held).
         """
-        completions = [o for o in batch if isinstance(o, Completion)]
-        failures = [o for o in batch if isinstance(o, Failure)]
-        outcomes: list[Outcome] = [o for o in batch if not isinstance(o, Start)]
-        final = {(o.claim.job_id, o.claim.fence) for o in outcomes}
-        starts = [
-            o.claim
-            for o in batch
-            if isinstance(o, Start) and (o.claim.job_id, o.claim.fence) not in final
-        ]
+        if not unmarked:
+            return
+        ended = {(o.claim.job_id, o.claim.fence) for o in self._buffer}
+        restored = {
+            (claim.job_id, claim.fence): claim
+            for claim in unmarked
+            if (claim.job_id, claim.fence) not in ended
+        }
+        restored.update(self._starts)
+        self._starts = restored
+
+    def _write(
+        self, batch: list[Outcome], starts: list[Claim]
+    ) -> tuple[list[Claim], list[Outcome]]:
+        """Write start marks, then a batch of outcomes; return the marks and
+        the outcomes to try again later (nothing written for them). Each kind
+        goes in one statement.
+        """
         if starts:
             try:
-                # Refused marks (the claim was lost, or the outcome came
-                # first) change nothing and need no report.
+                # Refused marks (the claim was lost, or its outcome was
+                # written first) change nothing and need no report.
                 self._backend.job_start_many(claims=starts)
             except DatabaseError as exc:
                 logger.warning("could not write %d start marks (%s); retrying", len(starts), exc)
-                return batch
+                return starts, batch
+        completions = [o for o in batch if isinstance(o, Completion)]
+        failures = [o for o in batch if isinstance(o, Failure)]
         written: set[int] = set()
         if completions:
             try:
                 written |= self._complete(completions, failures)
             except DatabaseError as exc:
-                logger.warning("could not write %d outcomes (%s); retrying", len(outcomes), exc)
-                return list(outcomes)
+                logger.warning("could not write %d outcomes (%s); retrying", len(batch), exc)
+                return [], list(batch)
         if failures:
             try:
                 written |= self._fail(failures)
             except DatabaseError as exc:
                 logger.warning("could not write %d failures (%s); retrying", len(failures), exc)
                 self._report(completions, written)
-                return list(failures)
-        outcomes = self._completed_in(outcomes, written)
+                return [], list(failures)
+        outcomes = self._completed_in(batch, written)
         self._report(outcomes, written)
-        return []
+        return [], []
 
     def _completed_in(self, outcomes: list[Outcome], written: set[int]) -> list[Outcome]:
         """The outcomes as they ended: a refused outcome of an attempt whose
