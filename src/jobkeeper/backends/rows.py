@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -139,6 +140,56 @@ def schedule_of(new: NewJob, now: datetime) -> tuple[JobStatus, datetime]:
     return JobStatus.AVAILABLE, now
 
 
+#: The fields :func:`job_from_new` gives a new job; every other field takes
+#: its default.
+_NEW_JOB_FIELDS = (
+    "id", "task", "args", "queue", "status", "priority", "attempt", "max_attempts",
+    "scheduled_at", "created_at", "unique_key", "serial_key", "trace_context",
+)  # fmt: skip
+
+
+def _new_job_builder() -> Callable[..., Job]:
+    """A constructor of new Jobs taking ``_NEW_JOB_FIELDS`` positionally.
+
+    ``Job(...)`` sets each of its 25 fields through ``object.__setattr__``
+    (it is frozen) after binding the keywords: 2.3 us a job, a third of a
+    bulk enqueue's CPU per row. This one sets the slots directly, defaults
+    included, generated from ``dataclasses.fields(Job)`` the way dataclasses
+    generates ``__init__``, so a field added to Job is set here too. 1.1 us.
+
+    Raises:
+        TypeError: at import, if Job gains a field without a default that
+            ``_NEW_JOB_FIELDS`` does not give.
+    """
+    env: dict[str, Any] = {"new_object": object.__new__, "Job": Job}
+    lines = []
+    for field in dataclasses.fields(Job):
+        name = field.name
+        env[f"set_{name}"] = getattr(Job, name).__set__
+        if name in _NEW_JOB_FIELDS:
+            value = name
+        elif field.default_factory is not dataclasses.MISSING:
+            env[f"make_{name}"] = field.default_factory
+            value = f"make_{name}()"
+        elif field.default is not dataclasses.MISSING:
+            env[f"default_{name}"] = field.default
+            value = f"default_{name}"
+        else:
+            raise TypeError(f"Job.{name} has no default: add it to _NEW_JOB_FIELDS")
+        lines.append(f"    set_{name}(job, {value})\n")
+    source = (
+        f"def build({', '.join(_NEW_JOB_FIELDS)}):\n    job = new_object(Job)\n"
+        + "".join(lines)
+        + "    return job\n"
+    )
+    exec(source, env)  # the source is made above from Job's own fields
+    build: Callable[..., Job] = env["build"]
+    return build
+
+
+_build_new_job = _new_job_builder()
+
+
 def job_from_new(
     new: NewJob,
     job_id: int,
@@ -151,21 +202,26 @@ def job_from_new(
     and ``scheduled_at`` are ``stored`` (as the insert returned them) or else
     follow the same rules as the ``job_insert_many`` queries.
     """
-    status, scheduled_at = stored if stored is not None else schedule_of(new, now)
-    return Job(
-        id=job_id,
-        task=new.task,
-        args=new.args if new.args is not None else json.loads(new.args_json),
-        queue=new.queue,
-        status=status,
-        priority=new.priority,
-        attempt=0,
-        max_attempts=new.max_attempts,
-        scheduled_at=scheduled_at,
-        created_at=now,
-        unique_key=new.unique_key,
-        serial_key=new.serial_key,
-        trace_context=new.trace_context,
+    if stored is not None:
+        status, scheduled_at = stored
+    elif new.delay is None and new.run_at is None:
+        status, scheduled_at = JobStatus.AVAILABLE, now
+    else:
+        status, scheduled_at = schedule_of(new, now)
+    return _build_new_job(
+        job_id,
+        new.task,
+        new.args if new.args is not None else json.loads(new.args_json),
+        new.queue,
+        status,
+        new.priority,
+        0,
+        new.max_attempts,
+        scheduled_at,
+        now,
+        new.unique_key,
+        new.serial_key,
+        new.trace_context,
     )
 
 
