@@ -239,10 +239,9 @@ def _encode_checked(value: Any, path: str, max_bytes: int) -> str:
     try:
         text = _dumps_fast(value)
         encoded = text.encode("utf-8")
-        fast_ok = (
-            "\\u0000" not in text
-            and text.count("[") + text.count("{") <= MAX_DEPTH
-            and (_is_flat_object(value) or json.loads(text) == value)
+        fast_ok = "\\u0000" not in text and (
+            _is_flat_object(value)  # one level deep: no need to count brackets
+            or (text.count("[") + text.count("{") <= MAX_DEPTH and json.loads(text) == value)
         )
     except (ValueError, TypeError, RecursionError):
         fast_ok = False

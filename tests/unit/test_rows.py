@@ -1,4 +1,5 @@
-"""The Jobs an insert returns, built from its input without a row to decode."""
+"""The Jobs an insert returns, built from its input without a row to decode,
+and the fast constructors they are built with."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from jobkeeper.backends.rows import job_from_new
-from jobkeeper.models import Job, JobStatus, NewJob
+from jobkeeper.models import Job, JobStatus, NewJob, frozen_builder
 
 NOW = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
 
@@ -75,3 +76,19 @@ def test_a_new_job_stays_frozen():
     job = job_from_new(new, 1, NOW)
     with pytest.raises(dataclasses.FrozenInstanceError):
         job.status = JobStatus.RUNNING  # type: ignore[misc]
+
+
+def test_a_plain_new_job_equals_one_made_by_the_constructor():
+    from jobkeeper.api.enqueue import _plain_new_job
+
+    built = _plain_new_job("t", '{"a":1}', {"a": 1}, "q", 2, 9)
+    assert built == NewJob(
+        task="t", args_json='{"a":1}', args={"a": 1}, queue="q", priority=2, max_attempts=9
+    )
+
+
+def test_a_builder_refuses_to_leave_a_required_field_unset_or_name_a_missing_one():
+    with pytest.raises(TypeError, match=r"Job\.id has no default"):
+        frozen_builder(Job, ("task",))
+    with pytest.raises(TypeError, match="no field 'nope'"):
+        frozen_builder(NewJob, ("task", "args_json", "queue", "priority", "max_attempts", "nope"))

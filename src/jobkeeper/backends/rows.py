@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from jobkeeper.models import Claim, Completion, Failure, FailureKind, Job, JobStatus, NewJob
+from jobkeeper.models import (
+    Claim,
+    Completion,
+    Failure,
+    FailureKind,
+    Job,
+    JobStatus,
+    NewJob,
+    frozen_builder,
+)
 from jobkeeper.payload import decode_args
 
 #: Outcomes of job_fail_many (dead goes through job_fail_many_dead).
@@ -140,54 +148,15 @@ def schedule_of(new: NewJob, now: datetime) -> tuple[JobStatus, datetime]:
     return JobStatus.AVAILABLE, now
 
 
-#: The fields :func:`job_from_new` gives a new job; every other field takes
-#: its default.
-_NEW_JOB_FIELDS = (
-    "id", "task", "args", "queue", "status", "priority", "attempt", "max_attempts",
-    "scheduled_at", "created_at", "unique_key", "serial_key", "trace_context",
+#: The fields :func:`job_from_new` gives a new job, in this order; every
+#: other field takes its default.
+_build_new_job = frozen_builder(
+    Job,
+    (
+        "id", "task", "args", "queue", "status", "priority", "attempt", "max_attempts",
+        "scheduled_at", "created_at", "unique_key", "serial_key", "trace_context",
+    ),
 )  # fmt: skip
-
-
-def _new_job_builder() -> Callable[..., Job]:
-    """A constructor of new Jobs taking ``_NEW_JOB_FIELDS`` positionally.
-
-    ``Job(...)`` sets each of its 25 fields through ``object.__setattr__``
-    (it is frozen) after binding the keywords: 2.3 us a job, a third of a
-    bulk enqueue's CPU per row. This one sets the slots directly, defaults
-    included, generated from ``dataclasses.fields(Job)`` the way dataclasses
-    generates ``__init__``, so a field added to Job is set here too. 1.1 us.
-
-    Raises:
-        TypeError: at import, if Job gains a field without a default that
-            ``_NEW_JOB_FIELDS`` does not give.
-    """
-    env: dict[str, Any] = {"new_object": object.__new__, "Job": Job}
-    lines = []
-    for field in dataclasses.fields(Job):
-        name = field.name
-        env[f"set_{name}"] = getattr(Job, name).__set__
-        if name in _NEW_JOB_FIELDS:
-            value = name
-        elif field.default_factory is not dataclasses.MISSING:
-            env[f"make_{name}"] = field.default_factory
-            value = f"make_{name}()"
-        elif field.default is not dataclasses.MISSING:
-            env[f"default_{name}"] = field.default
-            value = f"default_{name}"
-        else:
-            raise TypeError(f"Job.{name} has no default: add it to _NEW_JOB_FIELDS")
-        lines.append(f"    set_{name}(job, {value})\n")
-    source = (
-        f"def build({', '.join(_NEW_JOB_FIELDS)}):\n    job = new_object(Job)\n"
-        + "".join(lines)
-        + "    return job\n"
-    )
-    exec(source, env)  # the source is made above from Job's own fields
-    build: Callable[..., Job] = env["build"]
-    return build
-
-
-_build_new_job = _new_job_builder()
 
 
 def job_from_new(
