@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+from collections.abc import Callable
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 
 class JobStatus(enum.StrEnum):
@@ -360,3 +363,46 @@ class QueueCounts:
 
     counts: dict[str, dict[str, int]]
     estimated: frozenset[str] = frozenset()
+
+
+def frozen_builder(cls: type[T], given: tuple[str, ...]) -> Callable[..., T]:
+    """A fast constructor of the frozen, slotted dataclass ``cls`` (internal),
+    taking the fields named in ``given`` positionally, in that order; every
+    other field takes its default.
+
+    A frozen dataclass's ``__init__`` binds keywords and sets each field
+    through ``object.__setattr__``: 2.5 us for a Job, a third of a bulk
+    enqueue's CPU per row. This sets the slots directly (1.1 us), from code
+    generated out of ``dataclasses.fields(cls)`` as dataclasses generates
+    ``__init__``, so a field added later is set too. No ``__post_init__``
+    runs (none of the classes it serves has one).
+
+    Raises:
+        TypeError: a field without a default is not in ``given``, or a
+            name in ``given`` is not a field (at import, where it is used).
+    """
+    fields = dataclasses.fields(cls)  # type: ignore[arg-type]
+    unknown = set(given) - {field.name for field in fields}
+    if unknown:
+        raise TypeError(f"{cls.__name__} has no field {sorted(unknown)[0]!r}")
+    env: dict[str, Any] = {"new_object": object.__new__, "cls": cls}
+    lines = []
+    for field in fields:
+        name = field.name
+        env[f"set_{name}"] = getattr(cls, name).__set__
+        if name in given:
+            value = name
+        elif field.default_factory is not dataclasses.MISSING:
+            env[f"make_{name}"] = field.default_factory
+            value = f"make_{name}()"
+        elif field.default is not dataclasses.MISSING:
+            env[f"default_{name}"] = field.default
+            value = f"default_{name}"
+        else:
+            raise TypeError(f"{cls.__name__}.{name} has no default: pass it in given")
+        lines.append(f"    set_{name}(obj, {value})\n")
+    header = f"def build({', '.join(given)}):\n    obj = new_object(cls)\n"
+    source = header + "".join(lines) + "    return obj\n"
+    exec(source, env)  # the source is made above from the class's own fields
+    build: Callable[..., T] = env["build"]
+    return build

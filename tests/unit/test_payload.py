@@ -7,6 +7,7 @@ import decimal
 import json
 import math
 import re
+import sys
 import uuid
 from typing import Any
 
@@ -14,6 +15,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from jobkeeper import payload
 from jobkeeper.errors import PayloadError
 from jobkeeper.payload import (
     MAX_DEPTH,
@@ -250,6 +252,14 @@ def test_self_reference_is_refused():
     items.append(items)
     with pytest.raises(PayloadError, match=r"^args\.l(\[0\])+: nested deeper"):
         encode_args({"l": items}, max_bytes=MiB)
+
+
+def test_encoding_reuses_one_c_encoder_on_cpython():
+    # Made once at import (JSONEncoder.encode makes one per call); a
+    # self-reference, which it does not check, is still refused (above).
+    if sys.implementation.name == "cpython":
+        assert payload._C_ENCODER is not None
+    assert payload._dumps_fast({"a": [1.5, "é"]}) == dumps({"a": [1.5, "é"]})
 
 
 # -- size limit -----------------------------------------------------------------------------

@@ -24,10 +24,16 @@ from jobkeeper.config import (
 )
 from jobkeeper.connections import unwrap_connection, unwrap_connection_async
 from jobkeeper.errors import ConfigError, PayloadError
-from jobkeeper.models import Job, NewJob
+from jobkeeper.models import Job, NewJob, frozen_builder
 from jobkeeper.payload import encode_args
 from jobkeeper.queues import check_serial_key
 from jobkeeper.tasks import ENQUEUE_OPTIONS, Task, suggest
+
+#: A NewJob of the task's defaults (the common case: no options), built
+#: without the frozen ``__init__``'s keyword binding (see frozen_builder).
+_plain_new_job = frozen_builder(
+    NewJob, ("task", "args_json", "args", "queue", "priority", "max_attempts")
+)
 
 
 class EnqueueMixin(QueueBase):
@@ -35,8 +41,16 @@ class EnqueueMixin(QueueBase):
 
     # -- enqueue -----------------------------------------------------------------
 
-    def _new_job(self, task: Any, args: Any, options: dict[str, Any]) -> NewJob:
-        """Validate one job completely, writing nothing."""
+    def _new_job(
+        self,
+        task: Any,
+        args: Any,
+        options: dict[str, Any],
+        known: dict[str, tuple[str, Task[Any, Any] | None]] | None = None,
+    ) -> NewJob:
+        """Validate one job completely, writing nothing. ``known``: task
+        names already resolved in this batch (see :meth:`_task_of`).
+        """
         external = False
         if options and "external" in options:
             options = dict(options)
@@ -49,10 +63,13 @@ class EnqueueMixin(QueueBase):
                 f"unknown enqueue option {unknown[0]!r}; valid options: "
                 + ", ".join([*(o for o in ENQUEUE_OPTIONS if o != "connection"), "external"])
             )
-        task_name = task.name if isinstance(task, Task) else check_name("task", task)
-        registered = self.tasks.get(task_name)
-        if registered is None and self.tasks and not external:
-            self._check_external(task_name)
+        if known is not None and type(task) is str and not external:
+            resolved = known.get(task)
+            if resolved is None:
+                resolved = known[task] = self._task_of(task, external=False)
+            task_name, registered = resolved
+        else:
+            task_name, registered = self._task_of(task, external=external)
         if args is None:
             args = {}
         args_json = encode_args(args, max_bytes=self.settings.max_payload_bytes)
@@ -60,13 +77,17 @@ class EnqueueMixin(QueueBase):
             registered.check_args(args)
         if not options:
             # The common bulk case: the task's (or the global) defaults.
-            return NewJob(
-                task=task_name,
-                args_json=args_json,
-                args=args,
-                queue=registered.queue if registered else DEFAULT_QUEUE,
-                priority=registered.priority if registered else 0,
-                max_attempts=registered.max_attempts if registered else DEFAULT_MAX_ATTEMPTS,
+            if registered is None:
+                return _plain_new_job(
+                    task_name, args_json, args, DEFAULT_QUEUE, 0, DEFAULT_MAX_ATTEMPTS
+                )
+            return _plain_new_job(
+                task_name,
+                args_json,
+                args,
+                registered.queue,
+                registered.priority,
+                registered.max_attempts,
             )
         queue = options.get("queue")
         priority = options.get("priority")
@@ -90,6 +111,20 @@ class EnqueueMixin(QueueBase):
             unique_key=check_unique_key(options.get("unique_key")),
             serial_key=check_serial_key(options.get("serial_key")),
         )
+
+    def _task_of(self, task: Any, *, external: bool) -> tuple[str, Task[Any, Any] | None]:
+        """The name of ``task`` and this queue's Task of that name (None: not
+        registered here).
+
+        Raises:
+            ConfigError: an invalid name, or one that is neither registered
+                nor external (see :meth:`_check_external`).
+        """
+        task_name = task.name if isinstance(task, Task) else check_name("task", task)
+        registered = self.tasks.get(task_name)
+        if registered is None and self.tasks and not external:
+            self._check_external(task_name)
+        return task_name, registered
 
     def _check_external(self, task_name: str) -> None:
         """Refuse a name that is neither registered nor declared external.
@@ -216,6 +251,7 @@ class EnqueueMixin(QueueBase):
     def _new_jobs(self, jobs: Iterable[Any]) -> list[NewJob]:
         """Validate every item of an ``enqueue_many``, writing nothing."""
         new_jobs: list[NewJob] = []
+        known: dict[str, tuple[str, Task[Any, Any] | None]] = {}
         for index, item in enumerate(jobs):
             try:
                 if not isinstance(item, tuple) or len(item) not in (2, 3):
@@ -228,7 +264,7 @@ class EnqueueMixin(QueueBase):
                     raise ConfigError(f"options must be a dict, got {type(options).__name__}")
                 if "connection" in options:
                     raise ConfigError("pass connection= to enqueue_many itself, not per job")
-                new_jobs.append(self._new_job(item[0], item[1], options))
+                new_jobs.append(self._new_job(item[0], item[1], options, known))
             except (PayloadError, ConfigError) as exc:
                 raise type(exc)(f"jobs[{index}]: {exc}") from None
         return new_jobs

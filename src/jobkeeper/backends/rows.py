@@ -7,7 +7,16 @@ from collections.abc import Iterable, Iterator, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from jobkeeper.models import Claim, Completion, Failure, FailureKind, Job, JobStatus, NewJob
+from jobkeeper.models import (
+    Claim,
+    Completion,
+    Failure,
+    FailureKind,
+    Job,
+    JobStatus,
+    NewJob,
+    frozen_builder,
+)
 from jobkeeper.payload import decode_args
 
 #: Outcomes of job_fail_many (dead goes through job_fail_many_dead).
@@ -139,6 +148,17 @@ def schedule_of(new: NewJob, now: datetime) -> tuple[JobStatus, datetime]:
     return JobStatus.AVAILABLE, now
 
 
+#: The fields :func:`job_from_new` gives a new job, in this order; every
+#: other field takes its default.
+_build_new_job = frozen_builder(
+    Job,
+    (
+        "id", "task", "args", "queue", "status", "priority", "attempt", "max_attempts",
+        "scheduled_at", "created_at", "unique_key", "serial_key", "trace_context",
+    ),
+)  # fmt: skip
+
+
 def job_from_new(
     new: NewJob,
     job_id: int,
@@ -151,21 +171,26 @@ def job_from_new(
     and ``scheduled_at`` are ``stored`` (as the insert returned them) or else
     follow the same rules as the ``job_insert_many`` queries.
     """
-    status, scheduled_at = stored if stored is not None else schedule_of(new, now)
-    return Job(
-        id=job_id,
-        task=new.task,
-        args=new.args if new.args is not None else json.loads(new.args_json),
-        queue=new.queue,
-        status=status,
-        priority=new.priority,
-        attempt=0,
-        max_attempts=new.max_attempts,
-        scheduled_at=scheduled_at,
-        created_at=now,
-        unique_key=new.unique_key,
-        serial_key=new.serial_key,
-        trace_context=new.trace_context,
+    if stored is not None:
+        status, scheduled_at = stored
+    elif new.delay is None and new.run_at is None:
+        status, scheduled_at = JobStatus.AVAILABLE, now
+    else:
+        status, scheduled_at = schedule_of(new, now)
+    return _build_new_job(
+        job_id,
+        new.task,
+        new.args if new.args is not None else json.loads(new.args_json),
+        new.queue,
+        status,
+        new.priority,
+        0,
+        new.max_attempts,
+        scheduled_at,
+        now,
+        new.unique_key,
+        new.serial_key,
+        new.trace_context,
     )
 
 

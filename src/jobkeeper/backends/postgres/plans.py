@@ -43,10 +43,14 @@ Row = dict[str, Any]
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Execute:
-    """Run the named query (``queries.sql``) with ``params``; reply: its rows."""
+    """Run the named query (``queries.sql``) with ``params``; reply: its rows,
+    as dicts by column name, or as tuples when ``tuples`` (a statement whose
+    columns the plan reads by position: no names to decode per call).
+    """
 
     query: str
     params: dict[str, Any]
+    tuples: bool = False
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -58,7 +62,8 @@ class Copy:
 
 
 Step = Execute | Copy
-Plan = Generator[Step, list[Row], Any]
+#: A plan receives each step's rows: ``Row`` dicts, or tuples (``Execute.tuples``).
+Plan = Generator[Step, list[Any], Any]
 
 
 def unique_lock_key(task: str, unique_key: str) -> int:
@@ -214,12 +219,12 @@ def _insert_one(new: NewJob, *, checked: bool) -> Plan:
     """The single enqueue: one statement, and no row to decode (the args
     go back as the caller gave them, like the COPY path's).
     """
-    rows = yield Execute(
-        "job_insert_many_one", {**insert_params(new, new.run_at), "checked": checked}
-    )
+    params = insert_params(new, new.run_at)
+    params["checked"] = checked
+    rows = yield Execute("job_insert_many_one", params, tuples=True)
     if not rows:
         raise FlowNeeded
-    job_id, status, scheduled_at, created_at = rows[0].values()
+    job_id, status, scheduled_at, created_at = rows[0]
     return job_from_new(
         new, job_id, created_at.astimezone(UTC), (JobStatus(status), scheduled_at.astimezone(UTC))
     )
@@ -276,7 +281,7 @@ def _names(cursor: psycopg.Cursor[Any] | psycopg.AsyncCursor[Any]) -> list[str] 
 
 def run_plan(cursor: psycopg.Cursor[Any], plan: Plan, queries: dict[str, str]) -> Any:
     """Drive ``plan`` on a sync cursor (tuple rows); returns what it returns."""
-    reply: list[Row] | None = None
+    reply: list[Any] | None = None
     while True:
         try:
             step = plan.send(reply) if reply is not None else next(plan)
@@ -290,16 +295,19 @@ def run_plan(cursor: psycopg.Cursor[Any], plan: Plan, queries: dict[str, str]) -
             continue
         cursor.execute(queries[step.query], step.params)
         names = _names(cursor)
-        reply = (
-            [] if names is None else [dict(zip(names, r, strict=True)) for r in cursor.fetchall()]
-        )
+        if names is None:
+            reply = []
+        elif step.tuples:
+            reply = cursor.fetchall()
+        else:
+            reply = [dict(zip(names, r, strict=True)) for r in cursor.fetchall()]
 
 
 async def run_plan_async(
     cursor: psycopg.AsyncCursor[Any], plan: Plan, queries: dict[str, str]
 ) -> Any:
     """Drive ``plan`` on an async cursor (tuple rows); returns what it returns."""
-    reply: list[Row] | None = None
+    reply: list[Any] | None = None
     while True:
         try:
             step = plan.send(reply) if reply is not None else next(plan)
@@ -314,4 +322,7 @@ async def run_plan_async(
         await cursor.execute(queries[step.query], step.params)
         names = _names(cursor)
         rows = await cursor.fetchall() if names is not None else []
-        reply = [] if names is None else [dict(zip(names, r, strict=True)) for r in rows]
+        if names is None or step.tuples:
+            reply = rows
+        else:
+            reply = [dict(zip(names, r, strict=True)) for r in rows]
