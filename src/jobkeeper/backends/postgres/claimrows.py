@@ -9,10 +9,18 @@ import json
 from datetime import UTC, datetime
 from typing import Any
 
-from jobkeeper.models import Job, JobStatus
+from jobkeeper.models import Job, JobStatus, frozen_builder
 from jobkeeper.payload import decode_args
 
 _JSON = json.JSONDecoder()
+#: Job's constructor without the frozen ``__init__``'s keyword binding (see
+#: frozen_builder): a claim builds one Job per row.
+_claimed = frozen_builder(
+    Job,
+    ("id", "task", "args", "queue", "status", "priority", "attempt", "max_attempts",
+     "scheduled_at", "created_at", "attempted_at", "worker_id", "unique_key", "errors",
+     "args_error", "fence", "unstarted_returns", "trace_context", "run_alone"),
+)  # fmt: skip
 
 
 def claimed_job(row: tuple[Any, ...], worker_id: str, utc: dict[datetime, datetime]) -> Job:
@@ -43,24 +51,24 @@ def claimed_job(row: tuple[Any, ...], worker_id: str, utc: dict[datetime, dateti
         if value is None:
             value = utc[naive] = naive.replace(tzinfo=UTC)
         aware.append(value)
-    return Job(
-        id=job_id,
-        task=task,
-        args=args,
-        queue=queue,
-        status=JobStatus.CLAIMED,
-        priority=priority,
-        attempt=attempt,
-        max_attempts=max_attempts,
-        scheduled_at=aware[0],
-        created_at=aware[1],
-        attempted_at=aware[2],
-        worker_id=worker_id,
-        unique_key=unique_key,
-        errors=errors if isinstance(errors, list) else [],
-        args_error=args_error,
-        fence=fence,
-        unstarted_returns=unstarted_returns,
-        trace_context=trace_context,
-        run_alone=bool(run_alone),
+    return _claimed(
+        job_id,
+        task,
+        args,
+        queue,
+        JobStatus.CLAIMED,
+        priority,
+        attempt,
+        max_attempts,
+        aware[0],
+        aware[1],
+        aware[2],
+        worker_id,
+        unique_key,
+        errors if isinstance(errors, list) else [],
+        args_error,
+        fence,
+        unstarted_returns,
+        trace_context,
+        bool(run_alone),
     )

@@ -14,7 +14,7 @@ import select
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -486,7 +486,9 @@ class PostgresConnections:
             return hashlib.md5(schema.encode()).hexdigest()
         return schema
 
-    def _fetch_raw(self, query: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+    def _fetch_raw(
+        self, query: str, params: Sequence[Any] | Mapping[str, Any] = ()
+    ) -> list[tuple[Any, ...]]:
         with self._cursor() as cursor:
             cursor.execute(query, params)
             return cursor.fetchall() if cursor.description else []
