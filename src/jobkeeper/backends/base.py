@@ -46,6 +46,9 @@ class Backend(Protocol):
     name: str
     #: The database (logs name it with :meth:`DatabaseURL.redacted`).
     url: DatabaseURL
+    #: Most jobs per slot a worker's adaptive prefetch may hold: the deeper
+    #: the buffer, the longer a claim may take before the slots run dry.
+    prefetch_per_slot: int
 
     def dedicated(self) -> Backend:
         """A backend on the same database with its own single connection, for

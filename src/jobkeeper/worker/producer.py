@@ -44,10 +44,8 @@ logger = logging.getLogger("jobkeeper.worker")
 CHANGE_RESTAGE_GAP = 0.1
 #: Most jobs a worker may hold beyond its free slots (``prefetch``).
 MAX_PREFETCH = 10_000
-#: The adaptive prefetch holds at most this many jobs per slot, and at most
-#: ``MAX_ADAPTIVE_PREFETCH`` in all: about what the raw-SQL limit needs (claims
-#: of ~100 rows) at the default concurrency of 10.
-PREFETCH_PER_SLOT = 10
+#: The adaptive prefetch holds at most the backend's ``prefetch_per_slot``
+#: jobs per slot, and at most this many in all.
 MAX_ADAPTIVE_PREFETCH = 1_000
 #: Seconds between two readings of which of our queues have a concurrency
 #: cap (one small read; a cap set or lifted meanwhile only changes how
@@ -255,14 +253,15 @@ class Producer:
         """Jobs to hold beyond the free slots.
 
         Adaptive unless fixed: enough to keep every slot busy for one claim's
-        round trip (``concurrency x claim time / run time``), at most
-        ``PREFETCH_PER_SLOT`` per slot. Fast jobs get a deep buffer, so claims
-        come in large batches; jobs that run longer than a claim takes get
-        none, so no job waits behind a long one while another worker is idle,
-        and a crash (which costs every claimed job an attempt) takes only what
-        was running. The run time is the running mean, or, while every slot
-        is busy, the time since a job last started if that is longer: slots
-        held by slow jobs shrink the buffer before any of them finishes.
+        round trip (``concurrency x claim time / run time``), at most the
+        backend's ``prefetch_per_slot`` per slot. Fast jobs get a deep buffer,
+        so claims come in large batches; jobs that run longer than a claim
+        takes get none, so no job waits behind a long one while another
+        worker is idle, and a crash leaves only what was running to be run
+        again (unstarted claims go back unspent, but only once rescued).
+        The run time is the running mean, or, while every slot is busy, the
+        time since a job last started if that is longer: slots held by slow
+        jobs shrink the buffer before any of them finishes.
         Prefetched jobs that still wait ``PREFETCH_STALL`` seconds with no
         job starting are handed back (see :meth:`run`).
         """
@@ -275,7 +274,8 @@ class Producer:
         if state.active >= self.concurrency:
             run_seconds = max(run_seconds, time.monotonic() - state.last_start)
         wanted = self.concurrency * self._claim_seconds / max(run_seconds, 1e-6)
-        return min(round(wanted), PREFETCH_PER_SLOT * self.concurrency, MAX_ADAPTIVE_PREFETCH)
+        per_slot = self._backend.prefetch_per_slot
+        return min(round(wanted), per_slot * self.concurrency, MAX_ADAPTIVE_PREFETCH)
 
     def _wanted(self) -> int:
         """Jobs to claim now: free slots plus the prefetch, less what is buffered."""

@@ -72,6 +72,9 @@ class SqliteBackend(
 
     name = "sqlite"
     _queries = QUERIES
+    # A claim runs in process but holds the one write lock for its length,
+    # which the completer waits on: deeper buffers drained slower.
+    prefetch_per_slot = 10
 
     def dedicated(self) -> SqliteBackend:
         return SqliteBackend(self.url, busy_timeout=self.busy_timeout)
