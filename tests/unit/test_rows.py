@@ -8,7 +8,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from jobkeeper.backends.rows import job_from_new
+from jobkeeper.backends.postgres.claimrows import claimed_job
+from jobkeeper.backends.rows import job_from_new, job_from_row
 from jobkeeper.models import Job, JobStatus, NewJob, frozen_builder
 
 NOW = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
@@ -92,3 +93,35 @@ def test_a_builder_refuses_to_leave_a_required_field_unset_or_name_a_missing_one
         frozen_builder(Job, ("task",))
     with pytest.raises(TypeError, match="no field 'nope'"):
         frozen_builder(NewJob, ("task", "args_json", "queue", "priority", "max_attempts", "nope"))
+
+
+def test_a_claimed_row_equals_the_job_the_constructor_makes():
+    naive = NOW.replace(tzinfo=None)
+    row = (7, "q", "t", '{"a": 1}', 2, 3, 5, naive, naive, naive, "u", '[{"attempt": 1}]', 4, 1,
+           '{"traceparent": "x"}', True)  # fmt: skip
+    built = claimed_job(row, "w1", {})
+    assert built == Job(
+        id=7, task="t", args={"a": 1}, queue="q", status=JobStatus.CLAIMED, priority=2,
+        attempt=3, max_attempts=5, scheduled_at=NOW, created_at=NOW, attempted_at=NOW,
+        worker_id="w1", unique_key="u", errors=[{"attempt": 1}], fence=4, unstarted_returns=1,
+        trace_context='{"traceparent": "x"}', run_alone=True,
+    )  # fmt: skip
+    assert type(built) is Job
+
+
+def test_a_stored_row_equals_the_job_the_constructor_makes():
+    row = {
+        "id": 9, "task": "t", "args": '{"b": 2}', "queue": "q", "status": "running",
+        "priority": 1, "attempt": 2, "max_attempts": 4, "scheduled_at": NOW, "created_at": NOW,
+        "attempted_at": NOW, "finished_at": None, "worker_id": "w", "unique_key": None,
+        "errors": "[]", "result": None, "cancel_requested": 1, "fence": 3,
+        "unstarted_returns": 0, "serial_key": "s", "trace_context": None, "run_alone": 0,
+        "crashes": 1, "alone_fence": 2,
+    }  # fmt: skip
+    built = job_from_row(row, lambda value: value)
+    assert built == Job(
+        id=9, task="t", args={"b": 2}, queue="q", status=JobStatus.RUNNING, priority=1,
+        attempt=2, max_attempts=4, scheduled_at=NOW, created_at=NOW, attempted_at=NOW,
+        worker_id="w", cancel_requested=True, fence=3, serial_key="s", crashes=1, alone_fence=2,
+    )  # fmt: skip
+    assert type(built) is Job

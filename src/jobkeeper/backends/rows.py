@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Iterable, Iterator, Sequence
 from datetime import UTC, datetime, timedelta
@@ -70,6 +71,11 @@ def _result(value: Any, *, json_decoded: bool) -> Any:
     return value if json_decoded else _json(value, None)
 
 
+#: Job's constructor taking every field (see frozen_builder): SQLite's claim
+#: builds a Job per row through job_from_row.
+_job_of_row = frozen_builder(Job, tuple(field.name for field in dataclasses.fields(Job)))
+
+
 def job_from_row(
     row: dict[str, Any], to_datetime: Any, *, dead: bool = False, json_decoded: bool = False
 ) -> Job:
@@ -86,7 +92,7 @@ def job_from_row(
     if json_decoded and isinstance(raw_args, str) and not isinstance(raw_args, UnloadableJSON):
         raw_args = json.dumps(raw_args)
     args, args_error = decode_args(raw_args)
-    return Job(
+    return _job_of_row(
         id=int(row["id"]),
         task=row["task"],
         args=args,
