@@ -46,8 +46,7 @@ class Backend(Protocol):
     name: str
     #: The database (logs name it with :meth:`DatabaseURL.redacted`).
     url: DatabaseURL
-    #: Most jobs per slot a worker's adaptive prefetch may hold: the deeper
-    #: the buffer, the longer a claim may take before the slots run dry.
+    #: Most jobs per slot a worker's adaptive prefetch may hold.
     prefetch_per_slot: int
 
     def dedicated(self) -> Backend:
@@ -469,9 +468,7 @@ class Backend(Protocol):
     # -- waiting for results and the async producer API ----------------------
 
     def job_mark_awaited(self, *, job_id: int) -> None:
-        """Mark the job as waited for, so that its end wakes the waiters of
-        :meth:`completion_watch` (a no-op where the watch needs no mark).
-        """
+        """Mark the job as waited for: its end wakes :meth:`completion_watch`'s waiters."""
         ...
 
     def completion_watch(self) -> CompletionWatch:
