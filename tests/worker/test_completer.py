@@ -13,7 +13,7 @@ from jobkeeper.events import EventBus, EventKind, JobEvent
 from jobkeeper.models import Completion
 from jobkeeper.outcomes import claim_of, released_attempt
 from jobkeeper.worker.completer import Completer, Outcome
-from support.waiting import DEADLINE, wait_for
+from support.waiting import DEADLINE
 
 
 def test_a_stale_hand_back_batched_with_its_jobs_next_claim_is_reported_lost(jq):
@@ -73,9 +73,11 @@ class _Recording:
     completion writes, and fails the next ``fail_starts`` start-mark writes.
     """
 
-    def __init__(self, backend: Any, fail_starts: int = 0) -> None:
+    def __init__(self, backend: Any, fail_starts: int = 0, before_failing: Any = None) -> None:
         self._backend = backend
         self.fail_starts = fail_starts
+        #: Called (on the writer thread) as a start-mark write fails.
+        self.before_failing = before_failing
         self.calls: list[tuple[str, list[int]]] = []
 
     def __getattr__(self, name: str) -> Any:
@@ -85,6 +87,8 @@ class _Recording:
         self.calls.append(("start", [c.job_id for c in claims]))
         if self.fail_starts:
             self.fail_starts -= 1
+            if self.before_failing is not None:
+                self.before_failing()
             raise DatabaseUnavailable("injected: start marks not written")
         result: set[int] = self._backend.job_start_many(claims=claims)
         return result
@@ -126,8 +130,17 @@ def test_a_start_mark_whose_outcome_arrives_first_is_never_written(jq):
 
 def test_start_marks_not_written_are_retried_before_the_outcomes_behind_them(jq):
     first, second = _claimed(jq, 2)
-    backend = _Recording(jq.backend, fail_starts=1)
     done = threading.Event()
+    completer: Completer
+
+    def meanwhile() -> None:
+        # While the first mark's write fails: another job starts, and the
+        # first one's outcome arrives. The failed mark is put back only for
+        # the claim still without an outcome.
+        completer.add_start(claim_of(second))
+        completer.add(Completion(claim_of(first), None), first)
+
+    backend = _Recording(jq.backend, fail_starts=1, before_failing=meanwhile)
     completer = Completer(
         backend,
         delete_completed=False,
@@ -136,18 +149,14 @@ def test_start_marks_not_written_are_retried_before_the_outcomes_behind_them(jq)
     )
     try:
         completer.add_start(claim_of(first))
-        wait_for(lambda: backend.calls or None, what="the first start-mark write")
-        # The failed mark is put back; the outcome of the same claim, added
-        # meanwhile, takes it out again: only the other mark is written.
-        completer.add_start(claim_of(second))
-        completer.add(Completion(claim_of(first), None), first)
         assert done.wait(DEADLINE)
     finally:
         assert completer.stop(DEADLINE)
-    assert backend.calls[0] == ("start", [first.id])
-    assert ("complete", [first.id]) in backend.calls
-    marks = [ids for kind, ids in backend.calls[1:] if kind == "start"]
-    assert all(first.id not in ids for ids in marks), backend.calls
-    assert [second.id] in marks, backend.calls
+    # The mark first, then the outcome behind it; the first job's mark never again.
+    assert backend.calls == [
+        ("start", [first.id]),
+        ("start", [second.id]),
+        ("complete", [first.id]),
+    ]
     assert jq.get_job(first.id).status == JobStatus.COMPLETED
     assert jq.get_job(second.id).status == JobStatus.RUNNING
