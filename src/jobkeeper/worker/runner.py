@@ -52,7 +52,7 @@ from jobkeeper.tasks import Task
 from jobkeeper.worker.claims import Claims
 from jobkeeper.worker.completer import Completer, Outcome
 from jobkeeper.worker.executor import Executor
-from jobkeeper.worker.listener import install_signals, restore_signals, start_listener
+from jobkeeper.worker.listener import SignalRelay, start_listener
 from jobkeeper.worker.producer import MAX_PREFETCH, Producer
 from jobkeeper.worker.sideeffects import SideEffects
 from jobkeeper.worker.stats import WorkerStats, checked_shares, make_worker_id
@@ -356,7 +356,8 @@ class Worker:
             DatabaseUnavailable: with ``burst``, the database cannot be
                 reached at start.
         """
-        previous = install_signals(self._on_signal)
+        signals = SignalRelay(self._on_signal)
+        signals.install()
         stop_logging = joblog.install(self.events)
         try:
             if not self._register_when_reachable():
@@ -378,7 +379,7 @@ class Worker:
             self.producer.run()
         finally:
             self._shutdown()
-            restore_signals(previous)
+            signals.restore()
             stop_logging()
         return self.stats
 
