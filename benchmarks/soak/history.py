@@ -84,6 +84,8 @@ MUST_DIE = frozenset({"fail", "discard", "poison"})
 LOGGED = frozenset({"ok", "flaky", "retry", "fail", "discard", "long"})
 
 _RESCUE = re.compile(r"worker lost: (\S+) sent no heartbeat")
+#: In a rescue record whose crash was pinned on the job.
+_PINNED = ", alone: crashed its worker "
 
 
 # -- the history ----------------------------------------------------------------------
@@ -160,6 +162,10 @@ class History:
         rate_limits: queue -> ``(count, period seconds)``: reported (the
             most starts seen in any window), not checked: a start follows
             its claim, which is what the limit counts, by a varying delay.
+        faulted: worker pid -> the spans (log clock) in which the soak's own
+            faults (a SIGKILL, a SIGSTOP, a partition; never a poison job's
+            self-kill) kept that process from heartbeating. A crash pinned on
+            a job in such a span was the soak's doing, not the job's.
     """
 
     rescue_after: float
@@ -173,6 +179,7 @@ class History:
     bad_log_lines: int = 0
     caps: dict[str, int] = dataclasses.field(default_factory=dict)
     rate_limits: dict[str, tuple[int, float]] = dataclasses.field(default_factory=dict)
+    faulted: dict[int, list[tuple[float, float]]] = dataclasses.field(default_factory=dict)
 
 
 def parse_db_time(value: Any) -> float | None:
@@ -186,17 +193,35 @@ def parse_db_time(value: Any) -> float | None:
     return datetime.fromisoformat(str(value).replace("Z", "+00:00")).timestamp()
 
 
-def rescues_of(row: Row) -> list[Rescue]:
-    """The rescue records in a row's ``errors`` (written by the rescuer)."""
+def rescues_of(row: Row, *, pinned_only: bool = False) -> list[Rescue]:
+    """The rescue records in a row's ``errors`` (written by the rescuer);
+    ``pinned_only``: those that pinned a crash on the job (a lone attempt).
+    """
     found = []
     for entry in row.errors:
         if not isinstance(entry, dict):
             continue
-        match = _RESCUE.match(str(entry.get("error") or ""))
+        error = str(entry.get("error") or "")
+        if pinned_only and _PINNED not in error:
+            continue
+        match = _RESCUE.match(error)
         at = parse_db_time(entry.get("at"))
         if match and at is not None:
             found.append(Rescue(row.id, int(entry.get("attempt") or 0), match.group(1), at))
     return found
+
+
+def faulted_at(
+    faulted: Mapping[int, Sequence[tuple[float, float]]], worker: str, at: float
+) -> bool:
+    """Whether the soak's faults kept ``worker`` (``host:pid:random``) silent
+    at ``at``, by ``faulted`` (see :attr:`History.faulted`).
+    """
+    try:
+        pid = int(worker.rsplit(":", 2)[1])
+    except (IndexError, ValueError):
+        return False
+    return any(start - TOLERANCE <= at <= end for start, end in faulted.get(pid, ()))
 
 
 class Rescues:
@@ -346,13 +371,42 @@ class _Checker:
             elif kind in MUST_DIE and row.status != "dead":
                 self.flag("wrong_outcome", row.id, f"its task never succeeds, is {row.status}")
             elif row.status == "dead" and kind not in MUST_DIE and row.attempt < row.max_attempts:
+                self.check_crash_budget(row, kind)
+            if row.status == "dead" and not row.errors:
+                self.flag("wrong_outcome", row.id, "dead letter without any error recorded")
+
+    def check_crash_budget(self, row: Row, kind: str | None) -> None:
+        """A job whose task succeeds died before its ``max_attempts``: only
+        the crash budget may do that, and only for crashes the soak caused.
+
+        A crash is pinned on a job when its worker is lost while it runs
+        alone (see :mod:`jobkeeper.maintenance.rescuer`); the rescuer cannot
+        tell a poison job from a SIGKILL the soak sent, so an innocent
+        suspect hit by faults in ``max_crashes`` of its lone attempts is
+        dead letters by design. Each of its pinned crashes must be a rescue
+        from a worker the soak had killed, stopped or cut off at that moment;
+        one that is not (a poison job beside a lone attempt) is flagged.
+        """
+        pinned = rescues_of(row, pinned_only=True)
+        if not pinned:
+            self.flag(
+                "wrong_outcome",
+                row.id,
+                f"dead after {row.attempt} of {row.max_attempts} attempts (kind {kind}), "
+                "no crash pinned on it",
+            )
+            return
+        for rescue in pinned:
+            if not faulted_at(self.h.faulted, rescue.worker, rescue.at):
                 self.flag(
                     "wrong_outcome",
                     row.id,
-                    f"dead after {row.attempt} of {row.max_attempts} attempts (kind {kind})",
+                    f"dead after {row.attempt} of {row.max_attempts} attempts (kind {kind}): "
+                    f"a crash pinned on it at attempt {rescue.attempt} when its worker "
+                    f"{rescue.worker} was neither killed, stopped nor cut off by the soak",
                 )
-            if row.status == "dead" and not row.errors:
-                self.flag("wrong_outcome", row.id, "dead letter without any error recorded")
+                return
+        self.stats["dead_for_faults"] = [*self.stats.get("dead_for_faults", []), row.id]
 
     def fence_of(self, rescue: Rescue) -> int | None:
         """The fence of the claim a rescue record took: from the audited

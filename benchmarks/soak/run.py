@@ -20,6 +20,7 @@ import contextlib
 import dataclasses
 import functools
 import logging
+import math
 import random
 import shutil
 import signal
@@ -27,8 +28,8 @@ import sys
 import tempfile
 import threading
 import time
-from collections import Counter
-from collections.abc import Sequence
+from collections import Counter, defaultdict
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +42,7 @@ from benchmarks.soak.history import (
     Row,
     check,
     deaths_by_pid,
+    faulted_at,
     percentile,
     read_exec_logs,
     rescues_of,
@@ -482,8 +484,10 @@ def run_soak(config: SoakConfig) -> SoakResult:
             if beats:
                 first_seen[worker] = min(first_seen.get(worker, beats[0]), min(beats))
         lives = [(life.pid, life.started, life.died) for life in workers.lives]
+        faulted = fault_windows(workers.lives, faults.pauses, faults.cuts)
         history = History(
             rescue_after=config.rescue_after,
+            faulted=faulted,
             enqueued=enqueuer.enqueued,
             ambiguous=enqueuer.ambiguous,
             rows=rows,
@@ -506,9 +510,7 @@ def run_soak(config: SoakConfig) -> SoakResult:
             failures.append(f"history checker: {len(report.violations)} violations")
         if workers.unexpected:
             failures.append(f"{len(workers.unexpected)} workers exited on their own")
-        poison_failures, poison_notes = _check_poison(
-            jq, enqueuer, workers, config, rows, faults.pauses
-        )
+        poison_failures, poison_notes = _check_poison(jq, enqueuer, workers, config, rows, faulted)
         failures.extend(poison_failures)
         log_problems, notes = _scan_logs(workers.logs())
         for text in poison_notes:
@@ -563,7 +565,7 @@ def _check_poison(
     workers: Workers,
     config: SoakConfig,
     rows: list[Row],
-    pauses: list[tuple[int, float, float]],
+    faulted: Mapping[int, Sequence[tuple[float, float]]],
 ) -> tuple[list[str], list[str]]:
     """The crash budget held: each poison job is dead for its crashes after at
     most ``max_crashes + 1`` lost attempts of its own (the first may have run
@@ -590,7 +592,7 @@ def _check_poison(
         elif job.attempt > (
             allowed := config.max_crashes
             + 1
-            + (_lost_to_faults(by_id[job_id], workers.lives, pauses) if job_id in by_id else 0)
+            + (_lost_to_faults(by_id[job_id], faulted) if job_id in by_id else 0)
         ):
             unpinned += job.attempt - allowed
             # Reported, not failed: a lone attempt whose start mark could not
@@ -604,28 +606,35 @@ def _check_poison(
     return out, notes
 
 
-def _lost_to_faults(row: Row, lives: list[Life], pauses: list[tuple[int, float, float]]) -> int:
-    """Rescues of ``row``'s job from a worker the soak itself SIGKILLed or
-    SIGSTOPped at the time: attempts a fault took, no crash of the job's own.
+def fault_windows(
+    lives: list[Life],
+    pauses: Sequence[tuple[int, float, float]],
+    cuts: Sequence[tuple[int, float, float, str]] = (),
+) -> dict[int, list[tuple[float, float]]]:
+    """Worker pid -> the spans in which the soak's own faults kept it from
+    heartbeating (:attr:`History.faulted`): from a SIGKILL the injector sent
+    (a poison job's self-kill is not the soak's), the length of a SIGSTOP,
+    and a partition until as long after its heal as it lasted (see
+    :func:`classify_rescues`); each with a second of slack for the rescuer's
+    pass to land.
     """
-    taken = 0
-    for rescue in rescues_of(row):
-        try:
-            pid = int(rescue.worker.rsplit(":", 2)[1])
-        except (IndexError, ValueError):
-            continue
-        injected = any(
-            life.pid == pid
-            and life.killed
-            and not life.self_killed
-            and life.died is not None
-            and life.started <= rescue.at
-            and life.died <= rescue.at + 1.0
-            for life in lives
-        )
-        paused = any(p == pid and t0 <= rescue.at <= t1 + 1.0 for p, t0, t1 in pauses)
-        taken += injected or paused
-    return taken
+    windows: dict[int, list[tuple[float, float]]] = defaultdict(list)
+    for life in lives:
+        if life.killed and not life.self_killed and life.died is not None:
+            windows[life.pid].append((max(life.started, life.died - 1.0), math.inf))
+    for pid, t0, t1 in pauses:
+        windows[pid].append((t0, t1 + 1.0))
+    for pid, t0, t1, _ in cuts:
+        windows[pid].append((t0, t1 + (t1 - t0) + 1.0))
+    return dict(windows)
+
+
+def _lost_to_faults(row: Row, faulted: Mapping[int, Sequence[tuple[float, float]]]) -> int:
+    """Rescues of ``row``'s job from a worker the soak itself had killed,
+    stopped or cut off at the time: attempts a fault took, no crash of the
+    job's own.
+    """
+    return sum(faulted_at(faulted, r.worker, r.at) for r in rescues_of(row))
 
 
 def classify_rescues(
@@ -749,6 +758,9 @@ def summarize(result: SoakResult, notes: Counter[str], refusals: list[str], out:
         f"p50 {_secs(percentile(since_hb, 50))}, p99 {_secs(percentile(since_hb, 99))}, "
         f"max {_secs(max(since_hb, default=None))}; after SIGKILL: p50 "
         f"{_secs(percentile(since_kill, 50))}, p99 {_secs(percentile(since_kill, 99))}",
+        f"  crash budget   {len(s.get('dead_for_faults', []))} jobs whose task succeeds dead "
+        f"for crashes pinned on them in lone attempts, every one of them a worker the soak "
+        f"killed, stopped or cut off {s.get('dead_for_faults', [])}",
         f"  duplicates     {s['duplicates']} overlapping live executions "
         f"({s['overlaps_justified']} overlaps after a holder was silent > rescue_after; "
         f"{s['started_after_rescue']} executions started after their claim was rescued)",

@@ -6,6 +6,7 @@ overlapping live executions, completion by a non-holder, ...) is caught.
 from __future__ import annotations
 
 import copy
+import math
 import os
 from datetime import UTC, datetime
 
@@ -302,6 +303,56 @@ def test_a_job_that_must_die_but_completed_is_caught():
     history = good_history()
     history.enqueued[1] = Expected(1, "fail")
     assert "wrong_outcome" in kinds(check(history))
+
+
+W5, W6 = "host:105:eeee", "host:106:ffff"
+
+
+def crash_budget_history() -> History:
+    """Job 8, whose task succeeds, dead after 3 of 20 attempts for its crash
+    budget: lost beside others on W3, then in two lone attempts on W5 and W6,
+    each of which died under it (the soak's SIGKILLs, as ``faulted`` says).
+    """
+    history = good_history()
+    history.enqueued[8] = Expected(8, "ok")
+    history.events += run(8, 1, W3, 100.0) + run(8, 2, W5, 104.5) + run(8, 3, W6, 110.0)
+    pinned = [lost_error(W5, 2, 109.5), lost_error(W6, 3, 114.0)]
+    for n, entry in enumerate(pinned, 1):
+        entry["error"] += f", alone: crashed its worker {n} times (max_crashes=2)"
+    history.rows.append(Row(8, "dead", 3, 20, 8, None, [lost_error(W3, 1, 104.0), *pinned], 114.0))
+    history.acks += [
+        Ack(8, "retryable", W3, 1, 104.0),
+        Ack(8, "retryable", W5, 2, 109.5),
+        Ack(8, "removed", W6, 3, 114.0),
+    ]
+    history.heartbeats.update({W5: beats(95, 105.9), W6: beats(95, 110.4)})
+    history.deaths.update({W5: 106.0, W6: 110.5})
+    history.faulted = {103: [(100.0, math.inf)], 105: [(105.5, math.inf)], 106: [(110.0, math.inf)]}
+    return history
+
+
+def test_an_innocent_job_dead_for_crashes_the_soak_caused_passes():
+    report = check(crash_budget_history())
+    assert report.ok, report.violations
+    assert report.stats["dead_for_faults"] == [8]
+
+
+def test_an_innocent_job_charged_a_crash_nobody_injected_is_caught():
+    history = crash_budget_history()
+    # W6 died, but not by the soak's hand: a poison job ran beside the lone attempt.
+    del history.faulted[106]
+    report = check(history)
+    assert kinds(report) == {"wrong_outcome"}
+    assert "neither killed, stopped nor cut off" in str(report.violations[0])
+
+
+def test_an_innocent_job_dead_early_without_pinned_crashes_is_caught():
+    history = crash_budget_history()
+    r = row(history, 8)
+    r.errors = [lost_error(W3, 1, 104.0), lost_error(W5, 2, 109.5), lost_error(W6, 3, 114.0)]
+    report = check(history)
+    assert kinds(report) == {"wrong_outcome"}
+    assert "no crash pinned" in str(report.violations[0])
 
 
 def test_an_execution_after_the_job_finished_is_caught():
