@@ -421,6 +421,10 @@ class Worker:
 
     def _shutdown(self) -> None:
         self._stopping.set()
+        # A stopping worker leads nothing: resigned now, the lease goes to a
+        # worker that stays instead of waiting out the grace period, and a
+        # stopping worker never takes it up on the way out.
+        self.leader.stop()
         # Claimed but never started: handed back at once, with no errors
         # entry (with a deep prefetch a stop would add one to every buffered job).
         self.executor.hand_back(stop_starting=True)
