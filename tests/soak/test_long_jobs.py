@@ -5,7 +5,8 @@ sleep; a CPU-bound loop), each running several times ``rescue_after`` on a
 live worker process, keep their claims: heartbeats run on their own thread and
 connection, so they never wait for a task to yield. Each job runs exactly
 once, nothing is rescued, and every worker's heartbeat (recorded by a trigger)
-advances at least twice per rescue window. A job held by a worker that does
+never pauses for a whole rescue window (a heartbeat that waited for a task
+would pause for the task's length, several windows). A job held by a worker that does
 not exist is rescued meanwhile, proving the rescuers were at work.
 """
 
@@ -104,7 +105,10 @@ def test_long_jobs_keep_their_claims_on_live_workers(db_url, tmp_path):
         0,
         1,
     ), rescued
-    # Heartbeats advanced at least twice per rescue window while the jobs ran.
+    # No gap in the heartbeats reached the rescue window while the jobs ran.
+    # Every heartbeat_interval is the aim; on two loaded cores the scheduler
+    # can delay one beat by a few intervals, which is no danger to the
+    # claims: only a silence of rescue_after is.
     _, heartbeats, _ = instrument.read_state(db_url)
     for worker in {e.worker for e in starts}:
         own = [e.t for e in events if e.worker == worker]
@@ -112,4 +116,4 @@ def test_long_jobs_keep_their_claims_on_live_workers(db_url, tmp_path):
         beats = sorted(t for t in heartbeats[worker] if busy[0] - 1 <= t <= busy[1] + 1)
         assert beats[0] <= busy[0] and beats[-1] >= busy[1] - RESCUE_AFTER / 2, (busy, beats)
         gaps = [b - a for a, b in itertools.pairwise(beats)]
-        assert max(gaps) <= RESCUE_AFTER / 2, (worker, max(gaps), gaps)
+        assert max(gaps) < RESCUE_AFTER, (worker, max(gaps), gaps)
