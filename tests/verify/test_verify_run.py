@@ -170,13 +170,20 @@ def test_ctrl_c_stops_its_workers_and_cleans_up(user_db: JobQueue, tmp_path: Pat
     before = snapshot(user_db)
     tmp = tmp_path / "tmp"
     tmp.mkdir()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "jobkeeper", "--database", user_db.url.url, "verify"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "TMPDIR": str(tmp)},
-    )
+    # Started as from a terminal, where Ctrl-C interrupts: a suite run in the
+    # background (nohup, `cmd &` without job control) ignores SIGINT, and a
+    # child inherits that, so Python would install no KeyboardInterrupt.
+    inherited = signal.signal(signal.SIGINT, signal.SIG_DFL)
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "jobkeeper", "--database", user_db.url.url, "verify"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "TMPDIR": str(tmp)},
+        )
+    finally:
+        signal.signal(signal.SIGINT, inherited)
     try:
 
         def running_jobs() -> list[int]:
