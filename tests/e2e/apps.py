@@ -89,7 +89,12 @@ def busy(seconds: float, record: str | None = None) -> dict[str, Any]:
 
 
 @jq.task(max_attempts=5)
-def record(record: str, n: int = 0) -> int:
+def record(record: str, n: int = 0, gate: str | None = None) -> int:
+    """Notes its run; with ``gate``, first waits (up to a minute) for that file."""
+    if gate is not None:
+        deadline = time.monotonic() + 60
+        while not os.path.exists(gate) and time.monotonic() < deadline:
+            time.sleep(0.01)
     note(record, "run")
     return n
 

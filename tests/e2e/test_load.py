@@ -24,12 +24,19 @@ pytestmark = pytest.mark.slow
 def test_four_workers_drain_2000_jobs_each_exactly_once(make_queue, tmp_path):
     jq = make_queue(retention=3600)
     url = jq.url.url
-    record = tmp_path / "runs.log"
-    jobs = jq.enqueue_many([("record", {"record": str(record), "n": n}) for n in range(2000)])
+    record, gate = tmp_path / "runs.log", tmp_path / "go"
+    jobs = jq.enqueue_many(
+        [("record", {"record": str(record), "n": n, "gate": str(gate)}) for n in range(2000)]
+    )
     ids = sorted(j.id for j in jobs)
     settings = {**FAST, "rescue_after": 10.0, "retention": 3600}
+    held = "SELECT DISTINCT worker_id FROM jobkeeper_jobs WHERE status IN ('claimed', 'running')"
     with processes(tmp_path) as procs:
         workers = [procs.worker(url, settings, concurrency=8, burst=True) for _ in range(4)]
+        # The jobs wait at the gate until every worker holds some, so the
+        # drain is shared whichever worker process came up first.
+        holders = wait_for(lambda: len(sql(url, held)) == 4 and sql(url, held), what="4 holders")
+        gate.touch()
         for proc in workers:
             assert wait_exit(proc, timeout=120) == 0, procs.log(proc)
     assert counts(url) == {"completed": 2000, "dead": 0}
@@ -40,8 +47,8 @@ def test_four_workers_drain_2000_jobs_each_exactly_once(make_queue, tmp_path):
     assert {r[1] for r in runs} == {1}
     rows = sql(url, "SELECT count(*) FROM jobkeeper_jobs WHERE attempt = 1 AND result IS NOT NULL")
     assert rows[0][0] == 2000
-    # The work was actually shared.
-    assert len({r[2] for r in runs}) >= 2
+    # The work was actually shared: every worker that held jobs ran some.
+    assert {r[2] for r in runs} == {int(str(h[0]).split(":")[-2]) for h in holders}
 
 
 def test_heartbeat_not_below_rescue_window_is_rejected_at_start(db_url, tmp_path):
