@@ -55,6 +55,7 @@ from jobkeeper.verify.history import (
     Report,
     Violation,
     executions_of,
+    pid_of,
     read_exec_logs,
 )
 
@@ -217,11 +218,8 @@ def faulted_at(
     """Whether the soak's faults kept ``worker`` (``host:pid:random``) silent
     at ``at``, by ``faulted`` (see :attr:`History.faulted`).
     """
-    try:
-        pid = int(worker.rsplit(":", 2)[1])
-    except (IndexError, ValueError):
-        return False
-    return any(start - TOLERANCE <= at <= end for start, end in faulted.get(pid, ()))
+    pid = pid_of(worker)
+    return pid is not None and any(start <= at <= end for start, end in faulted.get(pid, ()))
 
 
 class Rescues:
@@ -406,7 +404,7 @@ class _Checker:
                     f"{rescue.worker} was neither killed, stopped nor cut off by the soak",
                 )
                 return
-        self.stats["dead_for_faults"] = [*self.stats.get("dead_for_faults", []), row.id]
+        self.stats.setdefault("dead_for_faults", []).append(row.id)
 
     def fence_of(self, rescue: Rescue) -> int | None:
         """The fence of the claim a rescue record took: from the audited
@@ -762,11 +760,8 @@ def deaths_by_pid(
         by_pid[pid].append((started, died))
     deaths: dict[str, float] = {}
     for worker, seen in first_seen.items():
-        try:
-            pid = int(worker.rsplit(":", 2)[1])
-        except (IndexError, ValueError):
-            continue
-        for started, died in by_pid.get(pid, []):
+        own = pid_of(worker)
+        for started, died in by_pid.get(own, []) if own is not None else []:
             if started - 1.0 <= seen and (died is None or seen <= died + 1.0):
                 if died is not None:
                     deaths[worker] = died

@@ -49,6 +49,7 @@ from benchmarks.soak.history import (
 )
 from benchmarks.soak.pg import PrivatePostgres
 from jobkeeper import DatabaseError, DatabaseUnavailable, JobQueue
+from jobkeeper.verify.history import pid_of
 
 QUEUES = ["default", "bulk", "noop"]
 #: Worker log lines that are a failure wherever they appear.
@@ -606,27 +607,44 @@ def _check_poison(
     return out, notes
 
 
+def silences(
+    lives: list[Life],
+    pauses: Sequence[tuple[int, float, float]],
+    cuts: Sequence[tuple[int, float, float, str]] = (),
+) -> dict[int, list[tuple[float, float, str]]]:
+    """Worker pid -> ``(from, until, why)``: the spans in which a worker was
+    silent for a reason other than a fault of its own making, each with a
+    second of slack for the rescuer's pass to land. ``why``: ``"dead"``
+    (SIGKILLed by the injector), ``"poisoned"`` (a poison job's self-kill),
+    ``"stopped"`` (SIGSTOP until SIGCONT), ``"cut"`` (a partition, until as
+    long after its heal as it lasted: its connections' packets were dropped,
+    and TCP's retransmission backoff, doubling, may wait about that long
+    before it sends again).
+    """
+    spans: dict[int, list[tuple[float, float, str]]] = defaultdict(list)
+    for life in lives:
+        if life.died is not None:
+            why = "poisoned" if life.self_killed else "dead"
+            spans[life.pid].append((max(life.started, life.died - 1.0), math.inf, why))
+    for pid, t0, t1 in pauses:
+        spans[pid].append((t0, t1 + 1.0, "stopped"))
+    for pid, t0, t1, _ in cuts:
+        spans[pid].append((t0, t1 + (t1 - t0) + 1.0, "cut"))
+    return dict(spans)
+
+
 def fault_windows(
     lives: list[Life],
     pauses: Sequence[tuple[int, float, float]],
     cuts: Sequence[tuple[int, float, float, str]] = (),
 ) -> dict[int, list[tuple[float, float]]]:
-    """Worker pid -> the spans in which the soak's own faults kept it from
-    heartbeating (:attr:`History.faulted`): from a SIGKILL the injector sent
-    (a poison job's self-kill is not the soak's), the length of a SIGSTOP,
-    and a partition until as long after its heal as it lasted (see
-    :func:`classify_rescues`); each with a second of slack for the rescuer's
-    pass to land.
+    """:attr:`History.faulted`: the :func:`silences` the soak's own faults
+    caused (a poison job's self-kill is not the soak's).
     """
-    windows: dict[int, list[tuple[float, float]]] = defaultdict(list)
-    for life in lives:
-        if life.killed and not life.self_killed and life.died is not None:
-            windows[life.pid].append((max(life.started, life.died - 1.0), math.inf))
-    for pid, t0, t1 in pauses:
-        windows[pid].append((t0, t1 + 1.0))
-    for pid, t0, t1, _ in cuts:
-        windows[pid].append((t0, t1 + (t1 - t0) + 1.0))
-    return dict(windows)
+    return {
+        pid: [(start, until) for start, until, why in spans if why != "poisoned"]
+        for pid, spans in silences(lives, pauses, cuts).items()
+    }
 
 
 def _lost_to_faults(row: Row, faulted: Mapping[int, Sequence[tuple[float, float]]]) -> int:
@@ -644,31 +662,22 @@ def classify_rescues(
     cuts: Sequence[tuple[int, float, float, str]] = (),
 ) -> dict[str, Any]:
     """Who each rescue took a job from: a SIGKILLed worker, a SIGSTOPped one,
-    one cut off by a partition, or a live one. A live holder (running, not
-    stopped, reachable) must never lose its jobs, not even after a database
-    outage longer than rescue_after.
-
-    A cut-off host counts as cut off until as long after the heal as the cut
-    lasted: its connections' packets were dropped, and TCP's retransmission
-    backoff (doubling) may wait about that long before it sends again.
+    one cut off by a partition (see :func:`silences`), or a live one. A live
+    holder (running, not stopped, reachable) must never lose its jobs, not
+    even after a database outage longer than rescue_after.
     """
     counts: dict[str, Any] = {"dead": 0, "stopped": 0, "cut": 0, "live": 0, "examples": []}
+    spans = silences(lives, pauses, cuts)
     for row in rows:
         for rescue in rescues_of(row):
-            try:
-                pid = int(rescue.worker.rsplit(":", 2)[1])
-            except (IndexError, ValueError):
-                pid = -1
-            died = [
-                life.died
-                for life in lives
-                if life.pid == pid and life.died is not None and life.started <= rescue.at
-            ]
-            if any(d <= rescue.at + 1.0 for d in died):
+            pid = pid_of(rescue.worker)
+            held = spans.get(pid, []) if pid is not None else []
+            whys = {why for start, until, why in held if start <= rescue.at <= until}
+            if whys & {"dead", "poisoned"}:
                 counts["dead"] += 1
-            elif any(p == pid and t0 <= rescue.at <= t1 + 1.0 for p, t0, t1 in pauses):
+            elif "stopped" in whys:
                 counts["stopped"] += 1
-            elif any(p == pid and t0 <= rescue.at <= t1 + (t1 - t0) + 1.0 for p, t0, t1, _ in cuts):
+            elif "cut" in whys:
                 counts["cut"] += 1
             else:
                 counts["live"] += 1

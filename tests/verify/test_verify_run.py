@@ -117,7 +117,7 @@ def test_a_broken_history_fails_with_exit_1(
             for key, events in runs.items()
             if len(events) == 2
             and abs(events[1].t - events[0].t) > 0.2
-            and int(key[2].rsplit(":", 2)[1]) in untouched
+            and verify_history.pid_of(key[2]) in untouched
         )
         middle = (start + end) / 2
         history.events += [

@@ -262,8 +262,8 @@ class Report:
         return sum(1 for v in self.violations if v.kind == kind)
 
 
-def _pid(worker: str) -> int | None:
-    """The pid in a worker id (``host:pid:random``)."""
+def pid_of(worker: str) -> int | None:
+    """The pid in a worker id (``host:pid:random``); None if it has none."""
     try:
         return int(worker.rsplit(":", 2)[1])
     except (IndexError, ValueError):
@@ -281,7 +281,7 @@ class _Checker:
 
     def life_of(self, worker: str, at: float) -> Life | None:
         """The process that ran as ``worker`` around ``at`` (pids may be reused)."""
-        pid = _pid(worker)
+        pid = pid_of(worker)
         for life in self.h.lives:
             ended = math.inf if life.ended is None else life.ended
             if life.pid == pid and life.started - 1.0 <= at <= ended + 1.0:
