@@ -8,12 +8,14 @@ from __future__ import annotations
 import inspect
 import os
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
-from rich.console import Console
 
 from jobkeeper.api import JobQueue
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 
 class Argument(click.Argument):
@@ -88,14 +90,26 @@ PIPED_WIDTH = 200
 
 def _console(*, stderr: bool = False) -> Console:
     """A console; one writing to a pipe or file (without COLUMNS set) is wide."""
+    from rich.console import Console
+
     console = Console(stderr=stderr)
     if not console.is_terminal and "COLUMNS" not in os.environ:
         console = Console(stderr=stderr, width=PIPED_WIDTH)
     return console
 
 
-console = _console()
-err_console = _console(stderr=True)
+_consoles: dict[str, Console] = {}
+
+
+def __getattr__(name: str) -> Console:
+    # ``console`` and ``err_console``, made on first use: importing Rich took
+    # a quarter of the CLI's imports, which `jobkeeper worker` never prints with.
+    if name not in ("console", "err_console"):
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    made = _consoles.get(name)
+    if made is None:
+        made = _consoles[name] = _console(stderr=name == "err_console")
+    return made
 
 
 class BadInput(Exception):  # noqa: N818 - reads as what it is
