@@ -20,6 +20,7 @@ runs in a database of its own, created for it and dropped after.
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import resource
 import statistics
@@ -142,6 +143,94 @@ def raw_drain(url: str, jobs: int, clients: int) -> dict[str, float]:
     }
 
 
+#: Worker processes and client counts measured, in the table's order.
+PROCESS_COUNTS = (1, 2, 4)
+CONCURRENCIES = (10, 50)
+
+
+def jobkeeper_label(processes: int, concurrency: int) -> str:
+    return f"jobkeeper, {processes} process{'es' if processes > 1 else ''}, c={concurrency}"
+
+
+def raw_label(clients: int) -> str:
+    return f"raw claim+complete, batch 100, {clients} client{'s' if clients > 1 else ''}"
+
+
+def measure(server: PgServer, jobs: int, rounds: int) -> dict[str, list[dict[str, float]]]:
+    """Every configuration once per round, rounds interleaved, each drain in a
+    fresh database on ``server``; returns each configuration's figures by label.
+    """
+    configs: list[tuple[str, Callable[[str], dict[str, float]]]] = []
+    for concurrency in CONCURRENCIES:
+        for processes in PROCESS_COUNTS:
+            configs.append(
+                (
+                    jobkeeper_label(processes, concurrency),
+                    lambda url, p=processes, c=concurrency: jobkeeper_drain(url, jobs, p, c),
+                )
+            )
+    for clients in PROCESS_COUNTS:
+        configs.append((raw_label(clients), lambda url, c=clients: raw_drain(url, jobs, c)))
+    figures: dict[str, list[dict[str, float]]] = {name: [] for name, _ in configs}
+    for round_ in range(rounds):
+        for name, run in configs:
+            with server.fresh("procs") as url:
+                figures[name].append(run(url))
+            log(f"processes, round {round_ + 1}: {name}: {figures[name][-1]}")
+    return figures
+
+
+def medians(figures: dict[str, list[dict[str, float]]], key: str) -> dict[str, float]:
+    """Each configuration's median of ``key`` (configurations without it left out)."""
+    out: dict[str, float] = {}
+    for name, runs in figures.items():
+        values = [run[key] for run in runs if key in run]
+        if values:
+            out[name] = statistics.median(values)
+    return out
+
+
+def scaling_steps(figures: dict[str, list[dict[str, float]]]) -> list[tuple[str, float, float]]:
+    """For each step that adds processes (1 to 2, 2 to 4) at each concurrency:
+    ``(step, jobkeeper's jobs/s ratio, the raw drain's ratio for as many clients)``.
+    The raw ratio says whether the database itself still had room at that step.
+    """
+    rates = medians(figures, "jobs_per_s")
+    steps = []
+    for concurrency in CONCURRENCIES:
+        for before, after in itertools.pairwise(PROCESS_COUNTS):
+            jk_before = rates.get(jobkeeper_label(before, concurrency))
+            jk_after = rates.get(jobkeeper_label(after, concurrency))
+            raw_before, raw_after = rates.get(raw_label(before)), rates.get(raw_label(after))
+            if jk_before and jk_after and raw_before and raw_after:
+                steps.append(
+                    (
+                        f"c={concurrency}, {before}->{after}",
+                        jk_after / jk_before,
+                        raw_after / raw_before,
+                    )
+                )
+    return steps
+
+
+def render(figures: dict[str, list[dict[str, float]]], jobs: int, rounds: int) -> str:
+    lines = [
+        f"many worker processes: {jobs:,} no-op jobs per drain, medians of {rounds} interleaved "
+        f"round(s), {os.cpu_count()} cores, PostgreSQL on the same machine",
+        f"{'':58} {'jobs/s':>9} {'server us/job':>14} {'client us/job':>14}",
+    ]
+    for name, runs in figures.items():
+        client = "worker_us" if runs and "worker_us" in runs[0] else "client_us"
+        cells = []
+        for key in ("jobs_per_s", "server_us", client):
+            values = [run[key] for run in runs if key in run]
+            cells.append(f"{statistics.median(values):,.0f}" if values else "-")
+        lines.append(f"{name:58} {cells[0]:>9} {cells[1]:>14} {cells[2]:>14}")
+    for step, jk_ratio, raw_ratio in scaling_steps(figures):
+        lines.append(f"  adding processes, {step}: jobkeeper x{jk_ratio:.2f}, raw x{raw_ratio:.2f}")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--jobs", type=int, default=40_000, help="backlog per drain")
@@ -150,44 +239,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     server = PgServer(args.pg_url)
     server.drop_stale()
-    configs: list[tuple[str, Callable[[str], dict[str, float]]]] = []
-    for concurrency in (10, 50):
-        for processes in (1, 2, 4):
-            configs.append(
-                (
-                    f"jobkeeper, {processes} process{'es' if processes > 1 else ''}, "
-                    f"c={concurrency}",
-                    lambda url, p=processes, c=concurrency: jobkeeper_drain(url, args.jobs, p, c),
-                )
-            )
-    for clients in (1, 2, 4):
-        configs.append(
-            (
-                f"raw claim+complete, batch 100, {clients} client{'s' if clients > 1 else ''}",
-                lambda url, c=clients: raw_drain(url, args.jobs, c),
-            )
-        )
-    figures: dict[str, list[dict[str, float]]] = {name: [] for name, _ in configs}
     try:
-        for round_ in range(args.rounds):
-            for name, measure in configs:
-                with server.fresh("procs") as url:
-                    figures[name].append(measure(url))
-                log(f"round {round_ + 1}: {name}: {figures[name][-1]}")
+        figures = measure(server, args.jobs, args.rounds)
     finally:
         server.drop_all()
-    print(
-        f"{args.jobs:,} no-op jobs per drain, medians of {args.rounds} interleaved rounds, "
-        f"{os.cpu_count()} cores, PostgreSQL on the same machine"
-    )
-    print(f"{'':58} {'jobs/s':>9} {'server us/job':>14} {'client us/job':>14}")
-    for name, runs in figures.items():
-        cells = []
-        client = "worker_us" if "worker_us" in runs[0] else "client_us"
-        for key in ("jobs_per_s", "server_us", client):
-            values = [run[key] for run in runs if key in run]
-            cells.append(f"{statistics.median(values):,.0f}" if values else "-")
-        print(f"{name:58} {cells[0]:>9} {cells[1]:>14} {cells[2]:>14}")
+    print(render(figures, args.jobs, args.rounds))
     return 0
 
 

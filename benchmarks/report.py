@@ -398,8 +398,94 @@ def targets(results: Results, sizes: Sizes, peers: list[str]) -> list[dict[str, 
     return out
 
 
-def render_targets(items: list[dict[str, Any]]) -> str:
-    lines = ["targets of issue 3 (PostgreSQL, medians of this run):"]
+def speed_targets(
+    results: Results, sizes: Sizes, processes: dict[str, list[dict[str, float]]] | None
+) -> list[dict[str, Any]]:
+    """Issue 18's targets ("speed, round two"), from this run's medians:
+    single and bulk enqueue against pgqueuer's and a COPY into jobkeeper's
+    table, one worker against the 1-client batched raw drain, adding worker
+    processes (benchmarks/processes.py), and SQLite's enqueue->start latency.
+    """
+    pg = "postgres"
+    out: list[dict[str, Any]] = []
+
+    def ratio(a: float | None, b: float | None) -> float | None:
+        return a / b if a and b else None
+
+    def add(name: str, value: float | None, goal: str, met: Any, note: str = "") -> None:
+        met_or_none = None if value is None else bool(met(value))
+        out.append({"target": name, "value": value, "goal": goal, "met": met_or_none, "note": note})
+
+    def jk(metric: str, backend: str = pg) -> float | None:
+        return results.median(backend, "jobkeeper", metric)
+
+    def pgq(metric: str) -> float | None:
+        return results.median(pg, "pgqueuer", metric)
+
+    add(
+        "single enqueue >= 1.25x pgqueuer's rate",
+        ratio(jk("enqueue_single"), pgq("enqueue_single")),
+        ">= 1.25",
+        lambda v: v >= 1.25,
+    )
+    for kind, prefix in (("", "enqueue_single"), (" (async API)", "enqueue_single_async")):
+        for q in ("p50", "p99"):
+            add(
+                f"single enqueue call {q}{kind} <= pgqueuer's",
+                ratio(jk(f"{prefix}_{q}"), pgq(f"enqueue_single_{q}")),
+                "<= 1.00 (jk/pgqueuer)",
+                lambda v: v <= 1.0,
+            )
+    add(
+        "bulk enqueue >= 1.5x pgqueuer",
+        ratio(jk("enqueue_bulk"), pgq("enqueue_bulk")),
+        ">= 1.50",
+        lambda v: v >= 1.5,
+    )
+    add(
+        "bulk enqueue >= 0.8 of a COPY into jobkeeper's table",
+        ratio(jk("enqueue_bulk"), results.median(pg, RAW, "raw_copy_jobkeeper_table")),
+        ">= 0.80",
+        lambda v: v >= 0.8,
+    )
+    add(
+        "one worker >= 0.6 of the 1-client raw drain",
+        ratio(jk("drain"), results.median(pg, RAW, f"raw_drain_b{sizes.raw_batch}_c1")),
+        ">= 0.60",
+        lambda v: v >= 0.6,
+        "start-up included; the 'from first job done' row is the steady rate",
+    )
+    if processes:
+        from benchmarks.processes import scaling_steps
+
+        steps = scaling_steps(processes)
+        # A step passes if it adds throughput, holds it (within 5 %), or
+        # does no worse than the raw drain's same step (the database full).
+        worst = min(steps, key=lambda s: s[1] - min(0.95, 0.95 * s[2]), default=None)
+        add(
+            "no drop as worker processes are added (until the database is saturated)",
+            worst[1] if worst else None,
+            ">= 0.95, or >= 0.95x the raw drain's same step",
+            lambda v: worst is not None and v >= min(0.95, 0.95 * worst[2]),
+            f"worst step {worst[0]}: raw x{worst[2]:.2f}" if worst else "",
+        )
+    else:
+        add("no drop as worker processes are added", None, ">= 0.95", None, "not measured")
+    for q, limit in (("p50", 3.0), ("p99", 10.0)):
+        add(
+            f"SQLite enqueue->start latency {q} <= {limit:g} ms",
+            jk(f"latency_{q}", "sqlite"),
+            f"<= {limit:g}",
+            lambda v, limit=limit: v <= limit,
+        )
+    return out
+
+
+def render_targets(
+    items: list[dict[str, Any]],
+    title: str = "targets of issue 3 (PostgreSQL, medians of this run):",
+) -> str:
+    lines = [title]
     for item in items:
         state = {True: "met", False: "NOT met", None: "n/a"}[item["met"]]
         value = "" if item["value"] is None else f"{item['value']:.2f}"

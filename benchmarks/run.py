@@ -29,7 +29,7 @@ from typing import Any
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks import measures
+from benchmarks import measures, processes
 from benchmarks.harness import (
     DEFAULT_PG_URL,
     PG_URL_ENV,
@@ -48,10 +48,11 @@ from benchmarks.report import (
     raw_references,
     render,
     render_targets,
+    speed_targets,
     targets,
 )
 
-MEASUREMENTS = ("enqueue", "drain", "latency", "raw", "scale", "rss", "profile")
+MEASUREMENTS = ("enqueue", "drain", "latency", "raw", "processes", "scale", "rss", "profile")
 BACKENDS = ("postgres", "sqlite")
 
 
@@ -119,6 +120,8 @@ class Suite:
         self.sizes: Sizes = QUICK if args.quick else FULL
         self.results = Results()
         self.profile: dict[str, Any] | None = None
+        #: benchmarks/processes.py's figures by configuration (None: not run).
+        self.processes: dict[str, list[dict[str, float]]] | None = None
         self.stamp = time.strftime("%Y%m%d-%H%M%S")
         self.jobkeeper = Jobkeeper()
         wanted = {n.strip() for n in args.libs.split(",") if n.strip()}
@@ -249,6 +252,14 @@ class Suite:
                 "worker RSS",
                 lambda: measures.rss(ctx, self.jobkeeper),
             )
+        if "processes" in selected and backend == "postgres":
+            jobs, rounds = (10_000, 1) if self.args.quick else (40_000, self.args.runs)
+            try:
+                self.processes = processes.measure(self.server, jobs, rounds)
+                self.processes_size = (jobs, rounds)
+            except Exception as exc:
+                log(f"processes: failed: {type(exc).__name__}: {exc}")
+                traceback.print_exc(file=sys.stderr)
         if "profile" in selected and backend == "postgres":
             RESULTS_DIR.mkdir(parents=True, exist_ok=True)
             output = RESULTS_DIR / f"{self.stamp}-jobkeeper-drain.pyspy.txt"
@@ -297,11 +308,17 @@ class Suite:
         lib_names = ["jobkeeper", *[p.name for p in self.peers]]
         table = render(self.results, self.backends, lib_names, self.sizes, self.header())
         goal = targets(self.results, self.sizes, [p.name for p in self.peers])
+        speed = speed_targets(self.results, self.sizes, self.processes)
         goals_text = render_targets(goal) if "postgres" in self.backends else ""
         print(table)
+        if self.processes:
+            print()
+            print(processes.render(self.processes, *self.processes_size))
         if goals_text:
             print()
             print(goals_text)
+            print()
+            print(render_targets(speed, "targets of issue 18 (medians of this run):"))
         if self.profile:
             print()
             print(render_profile(self.profile))
@@ -333,6 +350,8 @@ class Suite:
             "sizes": self.sizes.__dict__,
             "results": self.results.as_json(),
             "targets": goal,
+            "speed_targets": speed,
+            "processes": self.processes,
             "profile": self.profile,
             "table": table,
         }
