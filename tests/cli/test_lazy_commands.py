@@ -41,3 +41,15 @@ def test_an_unknown_command_is_a_usage_error(capsys):
         main(["no-such-command"])
     assert exit_.value.code == 2
     assert "No such command 'no-such-command'" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(
+    not hasattr(click.exceptions, "NoSuchCommand"), reason="Click < 8.4 suggests no names"
+)
+def test_a_misspelled_command_gets_a_suggestion(capsys):
+    from jobkeeper.cli.main import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["statsu"])
+    assert exit_.value.code == 2
+    assert "Did you mean 'status'?" in capsys.readouterr().err

@@ -60,6 +60,10 @@ class Command(click.Command):
 class Group(click.Group):
     command_class = Command
 
+    def get_short_help_str(self, limit: int = 45) -> str:
+        # As Command's: the whole first paragraph in the command list.
+        return _summary(self.help)
+
     def list_commands(self, ctx: click.Context) -> list[str]:
         # In the order they are defined here (Click sorts them by name).
         return list(self.commands)

@@ -59,6 +59,19 @@ class LazyGroup(Group):
     def list_commands(self, ctx: click.Context) -> list[str]:
         return list(COMMANDS)
 
+    def resolve_command(
+        self, ctx: click.Context, args: list[str]
+    ) -> tuple[str | None, click.Command | None, list[str]]:
+        try:
+            return super().resolve_command(ctx, args)
+        except click.UsageError as exc:
+            # Click (8.4+) suggests close names from ``self.commands``, which
+            # a lazy group leaves empty: suggest from COMMANDS instead.
+            no_such = getattr(click.exceptions, "NoSuchCommand", None)
+            if no_such is None or not isinstance(exc, no_such):
+                raise
+            raise no_such(exc.command_name, possibilities=list(COMMANDS), ctx=ctx) from None
+
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
         where = COMMANDS.get(cmd_name)
         if where is None:
