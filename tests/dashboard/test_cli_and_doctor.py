@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import socket
+import sys
 import time
 from typing import Any
 
@@ -196,3 +198,24 @@ def test_throughput_and_oldest_due(jq):
     oldest = jq.oldest_due()
     assert oldest["emails"][0] == seeded.available[0] and oldest["emails"][1] >= 0
     assert "reports" not in oldest
+
+
+def test_dashboard_on_a_port_in_use_fails_in_one_line(jq, capsys, monkeypatch, served):
+    monkeypatch.delenv(PASSWORD_ENV, raising=False)
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = str(taken.getsockname()[1])
+        code, out, err = run(capsys, "--database", jq.url.url, "dashboard", "--port", port)
+    assert code == 1
+    assert err.count("\n") == 1 and f"--port {port}" in err and "cannot listen" in err
+    assert "dashboard on" not in out
+    assert served == []
+
+
+def test_dashboard_without_its_extra_says_which_package_is_missing(jq, capsys, monkeypatch):
+    # A base install: the dashboard's own modules import jinja2, which is absent.
+    for name in [m for m in sys.modules if m.startswith("jobkeeper.dashboard")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "jinja2", None)
+    code, _, err = run(capsys, "--database", jq.url.url, "dashboard")
+    assert code == 2
+    assert err.count("\n") == 1 and "jinja2" in err and "jobkeeper[dashboard]" in err

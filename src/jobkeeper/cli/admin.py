@@ -5,6 +5,7 @@ the database, the fleet at a glance, and the demo.
 from __future__ import annotations
 
 import os
+import socket
 
 import click
 
@@ -53,6 +54,20 @@ def status(ctx: click.Context, as_json: bool) -> None:
     console.print(render.workers_table(workers, now=now, rescue_after=rescue_after))
 
 
+def _check_listen(host: str, port: int) -> None:
+    """Fail in one line (exit 1) when ``host:port`` cannot be listened on:
+    uvicorn logs a bind failure and exits 3, after the "serving" line.
+    """
+    family = socket.AF_INET6 if ":" in host.strip("[]") else socket.AF_INET
+    try:
+        with socket.create_server((host.strip("[]"), port), family=family):
+            pass
+    except OSError as exc:
+        raise click.ClickException(
+            f"--host {host} --port {port}: cannot listen there ({exc.strerror or exc})"
+        ) from None
+
+
 @click.command("dashboard", cls=Command)
 @click.option("--host", default="127.0.0.1", help="Address to listen on.")
 @click.option("--port", type=click.IntRange(0, 65535), default=8787, help="Port to listen on.")
@@ -64,24 +79,24 @@ def dashboard(ctx: click.Context, host: str, port: int, read_only: bool) -> None
     Listens on loopback only, unless $JOBKEEPER_DASHBOARD_PASSWORD is set:
     then any address, with HTTP basic auth (user jobkeeper) on every page.
     """
-    from jobkeeper.dashboard.app import PASSWORD_ENV, is_loopback
-
-    if not is_loopback(host) and not os.environ.get(PASSWORD_ENV):
-        raise BadInput(
-            f"--host {host} is not a loopback address: set {PASSWORD_ENV} to serve it "
-            "there (with basic auth), or use --host 127.0.0.1"
-        )
     try:
         import uvicorn
 
         from jobkeeper.dashboard import create_app
+        from jobkeeper.dashboard.app import PASSWORD_ENV, is_loopback
     except ImportError as exc:
         raise BadInput(
             f"the dashboard needs its extra ({exc.name} is missing): "
             "pip install 'jobkeeper[dashboard]'"
         ) from None
+    if not is_loopback(host) and not os.environ.get(PASSWORD_ENV):
+        raise BadInput(
+            f"--host {host} is not a loopback address: set {PASSWORD_ENV} to serve it "
+            "there (with basic auth), or use --host 127.0.0.1"
+        )
     jq = open_queue(ctx)
     jq.backend.db_now()  # an unreachable database fails here, in one line
+    _check_listen(host, port)
     console.print(
         f"jobkeeper dashboard on http://{host}:{port}/ for {jq.url.redacted()}"
         + (" (read-only)" if read_only else ""),
