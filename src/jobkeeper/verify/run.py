@@ -167,6 +167,25 @@ class _Feeder:
             stop.wait(0.05)
 
 
+def stop_feeding(
+    feeder: threading.Thread,
+    stop: threading.Event,
+    tick: Callable[[], None],
+    timeout: float = 60.0,
+) -> None:
+    """Stop the feeder thread and wait for it, ticking the fleet meanwhile.
+
+    The fault phase can end with a worker still SIGSTOPped; on SQLite one
+    stopped inside a write holds the lock the feeder's last enqueue waits
+    for, and only a tick sends its SIGCONT. Waits up to ``timeout`` seconds.
+    """
+    stop.set()
+    deadline = time.monotonic() + timeout
+    while feeder.is_alive() and time.monotonic() < deadline:
+        tick()
+        feeder.join(0.05)
+
+
 def _wait(predicate: Callable[[], bool], timeout: float, tick: Callable[[], None]) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -269,8 +288,7 @@ def run_verify(
                 say(f"{time.monotonic() - began:6.1f}s fault: {kind}")
                 next_fault = time.monotonic() + config.fault_every * rng.uniform(0.5, 1.5)
             time.sleep(0.1)
-        stop.set()
-        thread.join(timeout=60)
+        stop_feeding(thread, stop, fleet.tick)
         say(f"{time.monotonic() - began:6.1f}s faults over; draining")
 
         def drained() -> bool:
