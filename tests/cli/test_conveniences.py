@@ -247,3 +247,11 @@ def test_the_first_ctrl_c_says_a_second_forces_the_stop(db_url, tmp_path):
     assert worker.returncode == 0, err
     assert "SIGINT: stopping" in err
     assert "Ctrl-C again forces the stop" in err
+
+
+def test_a_filter_with_no_answer_on_stdin_asks_for_yes(cli, queue):
+    job = kill(queue, queue.enqueue("mail", {}, queue="q"))
+    code, _, err = cli("retry", "--task", "mail", input="")
+    assert code == 2
+    assert err.count("\n") == 1 and "no answer on stdin" in err and "--yes" in err
+    assert queue.get_job(job.id).status == JobStatus.DEAD

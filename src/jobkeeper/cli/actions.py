@@ -143,7 +143,18 @@ def _by_filter(
         console.print(f"no jobs match ({description})", markup=False, highlight=False)
         return
     if not yes:
-        click.confirm(f"{action} {_plural(len(ids))} ({description})?", abort=True)
+        question = f"{action} {_plural(len(ids))} ({description})?"
+        try:
+            confirmed = click.confirm(question)
+        except click.Abort as exc:
+            # End of input, not Ctrl-C: a script or a pipe with no answer in it.
+            if isinstance(exc.__context__, EOFError):
+                raise BadInput(
+                    f"{question} no answer on stdin: pass --yes to {action} without asking"
+                ) from None
+            raise
+        if not confirmed:
+            raise click.Abort
     acted = asked = skipped = 0
     for job_id in ids:
         try:
