@@ -180,10 +180,7 @@ def stop_feeding(
     for, and only a tick sends its SIGCONT. Waits up to ``timeout`` seconds.
     """
     stop.set()
-    deadline = time.monotonic() + timeout
-    while feeder.is_alive() and time.monotonic() < deadline:
-        tick()
-        feeder.join(0.05)
+    _wait(lambda: not feeder.is_alive(), timeout, tick)
 
 
 def _wait(predicate: Callable[[], bool], timeout: float, tick: Callable[[], None]) -> bool:
