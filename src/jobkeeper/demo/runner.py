@@ -33,7 +33,7 @@ from jobkeeper.config import MAX_CONCURRENCY
 from jobkeeper.demo.tasks import count_file
 from jobkeeper.demo.tasks import jq as demo_jq
 from jobkeeper.errors import ConfigError
-from jobkeeper.models import Job, JobStatus
+from jobkeeper.models import TERMINAL_STATUSES, Job, JobStatus
 
 DEFAULT_DEMO_URL = "sqlite:///jobkeeper-demo.db"
 #: Each run uses a queue of its own, so a reused database (PostgreSQL with
@@ -111,8 +111,9 @@ def finished_by_others(held_ids: list[int], found: dict[int, Job]) -> int:
     dead or cancelled) by the other workers. Counted by id, not by a "worker
     lost" error: a claimed job that had not started is handed back without one.
     """
-    ended = (JobStatus.COMPLETED, JobStatus.DEAD, JobStatus.CANCELLED)
-    return sum(1 for job_id in held_ids if job_id in found and found[job_id].status in ended)
+    return sum(
+        1 for job_id in held_ids if job_id in found and found[job_id].status in TERMINAL_STATUSES
+    )
 
 
 def run_demo(console: Console, *, database_url: str | None, workers: int, concurrency: int) -> int:
