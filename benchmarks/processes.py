@@ -219,12 +219,11 @@ def render(figures: dict[str, list[dict[str, float]]], jobs: int, rounds: int) -
         f"round(s), {os.cpu_count()} cores, PostgreSQL on the same machine",
         f"{'':58} {'jobs/s':>9} {'server us/job':>14} {'client us/job':>14}",
     ]
-    for name, runs in figures.items():
-        client = "worker_us" if runs and "worker_us" in runs[0] else "client_us"
-        cells = []
-        for key in ("jobs_per_s", "server_us", client):
-            values = [run[key] for run in runs if key in run]
-            cells.append(f"{statistics.median(values):,.0f}" if values else "-")
+    # The client column: the workers' CPU for jobkeeper, the clients' for raw.
+    clients = {**medians(figures, "worker_us"), **medians(figures, "client_us")}
+    columns = [medians(figures, "jobs_per_s"), medians(figures, "server_us"), clients]
+    for name in figures:
+        cells = [f"{column[name]:,.0f}" if name in column else "-" for column in columns]
         lines.append(f"{name:58} {cells[0]:>9} {cells[1]:>14} {cells[2]:>14}")
     for step, jk_ratio, raw_ratio in scaling_steps(figures):
         lines.append(f"  adding processes, {step}: jobkeeper x{jk_ratio:.2f}, raw x{raw_ratio:.2f}")

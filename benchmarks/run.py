@@ -120,8 +120,10 @@ class Suite:
         self.sizes: Sizes = QUICK if args.quick else FULL
         self.results = Results()
         self.profile: dict[str, Any] | None = None
-        #: benchmarks/processes.py's figures by configuration (None: not run).
+        #: benchmarks/processes.py's figures by configuration (None: not run),
+        #: and its size: jobs per drain, rounds.
         self.processes: dict[str, list[dict[str, float]]] | None = None
+        self.processes_size = (10_000, 1) if args.quick else (40_000, args.runs)
         self.stamp = time.strftime("%Y%m%d-%H%M%S")
         self.jobkeeper = Jobkeeper()
         wanted = {n.strip() for n in args.libs.split(",") if n.strip()}
@@ -239,10 +241,8 @@ class Suite:
         # server writing back dirty pages for minutes, which slows any drain
         # measured meanwhile.
         if "processes" in selected and backend == "postgres":
-            jobs, rounds = (10_000, 1) if self.args.quick else (40_000, self.args.runs)
             try:
-                self.processes = processes.measure(self.server, jobs, rounds)
-                self.processes_size = (jobs, rounds)
+                self.processes = processes.measure(self.server, *self.processes_size)
             except Exception as exc:
                 log(f"processes: failed: {type(exc).__name__}: {exc}")
                 traceback.print_exc(file=sys.stderr)
