@@ -58,9 +58,10 @@ def _check_listen(host: str, port: int) -> None:
     """Fail in one line (exit 1) when ``host:port`` cannot be listened on:
     uvicorn logs a bind failure and exits 3, after the "serving" line.
     """
-    family = socket.AF_INET6 if ":" in host.strip("[]") else socket.AF_INET
+    address = host.strip("[]")
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
     try:
-        with socket.create_server((host.strip("[]"), port), family=family):
+        with socket.create_server((address, port), family=family):
             pass
     except OSError as exc:
         raise click.ClickException(

@@ -34,13 +34,19 @@ def _summary(help_text: str | None) -> str:
     return " ".join(inspect.cleandoc(help_text or "").split("\n\n")[0].split())
 
 
-class Command(click.Command):
-    """Lists its arguments with their help, before the options."""
+class _WholeSummary:
+    """In the command list, a command's or group's whole first paragraph."""
+
+    help: str | None
 
     def get_short_help_str(self, limit: int = 45) -> str:
         # Click cuts the summary at `limit` columns with "..."; the command
         # list shows the whole first paragraph instead (wrapped), as before.
         return _summary(self.help)
+
+
+class Command(_WholeSummary, click.Command):
+    """Lists its arguments with their help, before the options."""
 
     def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         rows = [
@@ -57,12 +63,8 @@ class Command(click.Command):
         super().format_options(ctx, formatter)
 
 
-class Group(click.Group):
+class Group(_WholeSummary, click.Group):
     command_class = Command
-
-    def get_short_help_str(self, limit: int = 45) -> str:
-        # As Command's: the whole first paragraph in the command list.
-        return _summary(self.help)
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         # In the order they are defined here (Click sorts them by name).
