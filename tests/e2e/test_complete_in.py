@@ -69,6 +69,12 @@ def test_row_and_completion_commit_together(make_queue, tmp_path):
     with processes(tmp_path) as procs:
         a = worker(procs, url, FAST, concurrency=2)
         finished = [wait_for(lambda j=j: done(jq, j.id), what=f"job {j.id}") for j in jobs]
+        # The task notes "committed" after its commit, which the test may
+        # see first: the worker is stopped only once every task noted it.
+        wait_for(
+            lambda: len([r for r in records(record) if r[4] == "committed"]) == 3,
+            what="three committed notes",
+        )
         assert a.poll() is None
         assert "claim lost" not in procs.log(a)
     # Exactly one row per job, each from the attempt that completed it.
