@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from collections.abc import Callable
+import itertools
+from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import Any, TypeVar, overload
 
 T = TypeVar("T")
 
@@ -236,6 +237,64 @@ class NewJob:
     #: The enqueuer's trace context (JSON text of the propagator's carrier),
     #: or None when it traced nothing.
     trace_context: str | None = None
+
+
+class NewJobStream(Sequence[NewJob]):
+    """The jobs of one ``enqueue_many``, validated as they are read (internal).
+
+    ``validate(index, item)`` turns the caller's ``item`` into a NewJob or
+    raises the error that names it. A backend that writes rows while it
+    reads them (PostgreSQL's COPY) lets the server parse the first rows
+    while the later ones are validated; its transaction rolls back when an
+    item is refused, so nothing is written either way. Any other reader
+    validates every job first (``list(stream)``). Jobs read once are kept:
+    reading again (a retried transaction) validates nothing twice.
+
+    Attributes:
+        keyed: some item's options name ``unique_key`` or ``serial_key``
+            (their paths resolve keys before writing: read it whole first).
+        delayed: some item's options name ``delay`` or ``run_at``.
+    """
+
+    __slots__ = ("_items", "_read", "_validate", "delayed", "keyed")
+
+    def __init__(
+        self,
+        items: list[Any],
+        validate: Callable[[int, Any], NewJob],
+        *,
+        keyed: bool,
+        delayed: bool,
+    ) -> None:
+        self._items = items
+        self._validate = validate
+        self._read: list[NewJob] = []
+        self.keyed = keyed
+        self.delayed = delayed
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __iter__(self) -> Iterator[NewJob]:
+        read, items, validate = self._read, self._items, self._validate
+        done = len(read)
+        yield from read[:done]
+        for index in range(done, len(items)):
+            if index == len(read):
+                read.append(validate(index, items[index]))
+            yield read[index]
+
+    @overload
+    def __getitem__(self, index: int) -> NewJob: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[NewJob]: ...
+    def __getitem__(self, index: int | slice) -> NewJob | list[NewJob]:
+        if isinstance(index, slice):
+            return list(self)[index]
+        position = index + len(self) if index < 0 else index
+        if not 0 <= position < len(self):
+            raise IndexError(f"NewJobStream index {index} out of range")
+        return next(itertools.islice(self, position, None))  # validates up to it
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -1,8 +1,8 @@
-"""Enqueueing, sync and async: every input validated before anything is written."""
+"""Enqueueing, sync and async: every input validated before anything is committed."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -15,6 +15,7 @@ from jobkeeper.api.base import (
     _given,
     _job_id,
 )
+from jobkeeper.backends import BACKENDS
 from jobkeeper.config import (
     check_max_attempts,
     check_name,
@@ -24,7 +25,7 @@ from jobkeeper.config import (
 )
 from jobkeeper.connections import unwrap_connection, unwrap_connection_async
 from jobkeeper.errors import ConfigError, PayloadError
-from jobkeeper.models import Job, NewJob, frozen_builder
+from jobkeeper.models import Job, NewJob, NewJobStream, frozen_builder
 from jobkeeper.payload import encode_args
 from jobkeeper.queues import check_serial_key
 from jobkeeper.tasks import ENQUEUE_OPTIONS, Task, suggest
@@ -34,6 +35,17 @@ from jobkeeper.tasks import ENQUEUE_OPTIONS, Task, suggest
 _plain_new_job = frozen_builder(
     NewJob, ("task", "args_json", "args", "queue", "priority", "max_attempts")
 )
+
+
+def _named_options(items: list[Any]) -> set[str]:
+    """Every option name the items' own options dicts give (malformed items
+    are left to validation, which names them).
+    """
+    named: set[str] = set()
+    for item in items:
+        if type(item) is tuple and len(item) == 3 and isinstance(item[2], dict):
+            named.update(item[2])
+    return named
 
 
 class EnqueueMixin(QueueBase):
@@ -233,12 +245,14 @@ class EnqueueMixin(QueueBase):
 
         Raises:
             PayloadError, ConfigError: naming the item (``jobs[3]: args.x: ...``);
-                every item is validated before anything is written.
+                nothing is written. (PostgreSQL validates a large batch while
+                it copies it in, in the transaction that a refused item
+                rolls back; SQLite validates every item first.)
             QueueFull: the batch would take a queue past its ``max_pending``;
                 nothing was written.
             DatabaseUnavailable: nothing was written.
         """
-        new_jobs = self._new_jobs(jobs)  # validated before the backend is opened
+        new_jobs = self._new_jobs(jobs)
         if self._tracing is None or not new_jobs:
             return self.backend.job_insert_many(
                 jobs=new_jobs, connection=unwrap_connection(connection)
@@ -248,11 +262,14 @@ class EnqueueMixin(QueueBase):
                 jobs=span.jobs, connection=unwrap_connection(connection)
             )
 
-    def _new_jobs(self, jobs: Iterable[Any]) -> list[NewJob]:
-        """Validate every item of an ``enqueue_many``, writing nothing."""
-        new_jobs: list[NewJob] = []
+    def _new_jobs(self, jobs: Iterable[Any]) -> Sequence[NewJob]:
+        """The jobs of an ``enqueue_many``, writing nothing: validated whole
+        (a list), or, when the backend streams inserts and no span needs
+        them first, as the backend reads them (:class:`NewJobStream`).
+        """
         known: dict[str, tuple[str, Task[Any, Any] | None]] = {}
-        for index, item in enumerate(jobs):
+
+        def validate(index: int, item: Any) -> NewJob:
             try:
                 if not isinstance(item, tuple) or len(item) not in (2, 3):
                     raise ConfigError(
@@ -264,10 +281,20 @@ class EnqueueMixin(QueueBase):
                     raise ConfigError(f"options must be a dict, got {type(options).__name__}")
                 if "connection" in options:
                     raise ConfigError("pass connection= to enqueue_many itself, not per job")
-                new_jobs.append(self._new_job(item[0], item[1], options, known))
+                return self._new_job(item[0], item[1], options, known)
             except (PayloadError, ConfigError) as exc:
                 raise type(exc)(f"jobs[{index}]: {exc}") from None
-        return new_jobs
+
+        items = list(jobs)
+        if self._tracing is None and BACKENDS[self.url.scheme].streams_inserts:
+            named = _named_options(items)
+            return NewJobStream(
+                items,
+                validate,
+                keyed=not named.isdisjoint(("unique_key", "serial_key")),
+                delayed=not named.isdisjoint(("delay", "run_at")),
+            )
+        return [validate(index, item) for index, item in enumerate(items)]
 
     # -- async producers -------------------------------------------------------------
 

@@ -57,13 +57,17 @@ class BackendEntry:
 
     parse: Callable[[str], DatabaseURL]
     open: Callable[[DatabaseURL, Settings], Backend]
+    #: Its ``job_insert_many`` takes a :class:`~jobkeeper.models.NewJobStream`
+    #: and writes rows while it validates them; otherwise the API hands it
+    #: a list, validated whole before the backend is opened.
+    streams_inserts: bool = False
 
 
 #: URL scheme -> backend.
 BACKENDS: dict[str, BackendEntry] = {
     "sqlite": BackendEntry(_parse_sqlite, _open_sqlite),
-    "postgresql": BackendEntry(_parse_postgres, _open_postgres),
-    "postgres": BackendEntry(_parse_postgres, _open_postgres),
+    "postgresql": BackendEntry(_parse_postgres, _open_postgres, streams_inserts=True),
+    "postgres": BackendEntry(_parse_postgres, _open_postgres, streams_inserts=True),
 }
 #: Schemes users ask for that no backend serves yet.
 PLANNED = ("mysql", "mariadb")

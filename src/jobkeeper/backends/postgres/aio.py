@@ -33,6 +33,7 @@ from jobkeeper.backends.postgres.plans import (
     get_plan,
     insert_plan,
     is_single_statement,
+    read_for_insert,
     run_plan_async,
 )
 from jobkeeper.backends.postgres.prepared import prepare_if_direct_async, stale_plan
@@ -159,7 +160,7 @@ class PostgresAsync:
     ) -> list[Job]:
         if not jobs:
             return []
-        delayed = any(j.delay is not None or j.run_at is not None for j in jobs)
+        jobs, delayed = read_for_insert(jobs)
         channel = await self._channel_async() if delayed else None
         if connection is not None:
             return await self._insert_on_async(connection, jobs, channel)

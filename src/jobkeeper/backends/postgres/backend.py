@@ -25,7 +25,12 @@ from jobkeeper.backends.postgres.flow import FlowNeeded, PostgresFlow
 from jobkeeper.backends.postgres.inserts import PostgresInserts
 from jobkeeper.backends.postgres.listener import PostgresListener
 from jobkeeper.backends.postgres.periodics import PostgresPeriodics
-from jobkeeper.backends.postgres.plans import insert_plan, is_single_statement, run_plan
+from jobkeeper.backends.postgres.plans import (
+    insert_plan,
+    is_single_statement,
+    read_for_insert,
+    run_plan,
+)
 from jobkeeper.backends.postgres.queries import MIGRATIONS, QUERIES
 from jobkeeper.backends.postgres.waiters import PostgresWaiting
 from jobkeeper.backends.rows import (
@@ -113,7 +118,7 @@ class PostgresBackend(
     def job_insert_many(self, *, jobs: Sequence[NewJob], connection: Any = None) -> list[Job]:
         if not jobs:
             return []
-        delayed = any(j.delay is not None or j.run_at is not None for j in jobs)
+        jobs, delayed = read_for_insert(jobs)
         channel = self.channel() if delayed else None  # looked up before a cursor is held
         if connection is not None:
             return self._insert_on(connection, jobs, channel)

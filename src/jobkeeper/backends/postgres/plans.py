@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-from collections.abc import Generator, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -28,13 +28,17 @@ from jobkeeper.backends.rows import (
     insert_params,
     job_from_new,
     job_from_row,
+    jobs_from_new,
     match_inserted,
 )
 from jobkeeper.errors import DatabaseError
-from jobkeeper.models import Job, JobStatus, NewJob
+from jobkeeper.models import Job, JobStatus, NewJob, NewJobStream
 
 #: Batches at least this large (and without unique keys) are written with COPY.
 COPY_MIN_JOBS = 64
+#: Rows per chunk the COPY path hands psycopg: small enough that the server
+#: parses the first rows while later ones are still being validated.
+COPY_CHUNK_ROWS = 128
 #: Rounds of insert-then-look-up before unique-key conflicts are given up on.
 UNIQUE_ROUNDS = 5
 
@@ -61,7 +65,19 @@ class Copy:
     rows: list[tuple[Any, ...]]
 
 
-Step = Execute | Copy
+@dataclasses.dataclass(frozen=True, slots=True)
+class CopyText:
+    """``COPY ... FROM STDIN`` in text format, writing ``chunks`` (whole
+    lines) as they come; then, with the data sent, ``meanwhile()`` runs
+    while the server inserts the rows, before the COPY is ended. Reply: [].
+    """
+
+    query: str
+    chunks: Iterable[str]
+    meanwhile: Callable[[], None]
+
+
+Step = Execute | Copy | CopyText
 #: A plan receives each step's rows: ``Row`` dicts, or tuples (``Execute.tuples``).
 Plan = Generator[Step, list[Any], Any]
 
@@ -94,27 +110,59 @@ def insert_plan(jobs: Sequence[NewJob], channel: str | None, *, in_transaction: 
     input order (a pending duplicate for a taken ``unique_key``). ``channel``:
     where to announce delayed jobs' due times (None: no delayed job).
     ``in_transaction``: the plan runs in a transaction, so it checks serial
-    keys and ``max_pending`` first; outside one, a statement that meets a
-    limited queue inserts nothing and :class:`FlowNeeded` is raised.
+    keys and ``max_pending``; outside one, a statement that meets a limited
+    queue inserts nothing and :class:`FlowNeeded` is raised. A
+    :class:`NewJobStream` must be :func:`copyable` (it is read once, as the
+    rows are copied).
 
     Raises:
         QueueFull: the batch would take a queue past its ``max_pending``.
         FlowNeeded: see ``in_transaction``.
+        PayloadError, ConfigError: an item of a NewJobStream was refused.
     """
-    if in_transaction:
-        yield from _flow_check(jobs)
-    stored = yield from _insert(jobs, checked=in_transaction)
+    if copyable(jobs):
+        assert in_transaction, "the COPY path checks max_pending in its transaction"
+        stored = yield from _insert_copy(jobs)
+    else:
+        if in_transaction:
+            yield from _flow_check(jobs)
+        stored = yield from _insert(jobs, checked=in_transaction)
     yield from _notify_due(channel, stored)
     return stored
 
 
-def _flow_check(jobs: Sequence[NewJob]) -> Plan:
-    """Before the rows go in: mark queues that get serial-keyed jobs, and
-    refuse the batch with :class:`QueueFull` if it would take a queue past
-    ``max_pending``. The queues' rows are locked first, and counted in a
-    later statement whose snapshot is taken with the locks held.
+def read_for_insert(jobs: Sequence[NewJob]) -> tuple[Sequence[NewJob], bool]:
+    """``jobs`` as the insert plan reads them, and whether any is delayed: a
+    :class:`NewJobStream` stays one only for the COPY path; any other path
+    gets it validated whole, before a connection is taken.
     """
-    serial = sorted({job.queue for job in jobs if job.serial_key is not None})
+    if isinstance(jobs, NewJobStream):
+        if copyable(jobs):
+            return jobs, jobs.delayed
+        jobs = list(jobs)
+    return jobs, any(j.delay is not None or j.run_at is not None for j in jobs)
+
+
+def copyable(jobs: Sequence[NewJob]) -> bool:
+    """Whether ``jobs`` go in with COPY: a large batch without unique or
+    serial keys (a stream's keys are judged by its items' options).
+    """
+    if len(jobs) < COPY_MIN_JOBS:
+        return False
+    if isinstance(jobs, NewJobStream):
+        return not jobs.keyed
+    return all(job.unique_key is None and job.serial_key is None for job in jobs)
+
+
+def _flow_check(jobs: Sequence[NewJob], *, inserted: bool = False) -> Plan:
+    """Mark queues that get serial-keyed jobs, and refuse the batch with
+    :class:`QueueFull` if it takes a queue past ``max_pending``: the limited
+    queues' rows are locked, and counted in a later statement whose snapshot
+    is taken with the locks held. Before the rows go in, or, ``inserted``,
+    after (the COPY path: its jobs are known once copied; the count then
+    holds them, and any batch that waited on the lock is counted too).
+    """
+    serial = [] if inserted else sorted({j.queue for j in jobs if j.serial_key is not None})
     if serial:
         yield Execute("job_insert_many_mark_serial", {"queues": serial})
     locked = yield Execute(
@@ -124,7 +172,7 @@ def _flow_check(jobs: Sequence[NewJob]) -> Plan:
     if not limits:
         return
     counted = yield Execute("job_insert_many_count_pending", {"queues": sorted(limits)})
-    check_pending(limits, {row["queue"]: int(row["n"]) for row in counted}, jobs)
+    check_pending(limits, {row["queue"]: int(row["n"]) for row in counted}, jobs, inserted=inserted)
 
 
 def get_plan(job_id: int) -> Plan:
@@ -145,21 +193,19 @@ def _notify_due(channel: str | None, jobs: list[Job]) -> Plan:
     due (one NOTIFY per queue, in the insert's transaction), so that they
     stage them then rather than at their next poll.
     """
+    if channel is None:
+        return
     due: dict[str, datetime] = {}
     for job in jobs:
         if job.status == JobStatus.SCHEDULED:
             due[job.queue] = min(due.get(job.queue, job.scheduled_at), job.scheduled_at)
-    if channel is not None and due:
+    if due:
         yield Execute(
             "notify_due", {"channel": channel, "queues": list(due), "due_ats": list(due.values())}
         )
 
 
 def _insert(jobs: Sequence[NewJob], *, checked: bool) -> Plan:
-    if len(jobs) >= COPY_MIN_JOBS and all(
-        job.unique_key is None and job.serial_key is None for job in jobs
-    ):
-        return (yield from _insert_copy(jobs))
     if len(jobs) == 1 and jobs[0].unique_key is None:
         return [(yield from _insert_one(jobs[0], checked=checked))]
     lock_keys = sorted(
@@ -231,40 +277,74 @@ def _insert_one(new: NewJob, *, checked: bool) -> Plan:
 
 
 def _insert_copy(jobs: Sequence[NewJob]) -> Plan:
-    """Bulk insert with COPY (no unique keys to resolve): three round trips
-    whatever the count. The insert trigger still sends one NOTIFY per queue.
+    """Bulk insert with COPY (no unique keys to resolve): a fixed number of
+    round trips whatever the count. The ids are reserved first, so each row
+    is written (and, for a stream, validated) in one pass; the Jobs are
+    built while the server inserts the rows. ``max_pending`` is checked
+    after the rows are in. The insert trigger sends one NOTIFY per queue.
     """
     rows = yield Execute("job_insert_many_reserve_ids", {"count": len(jobs)})
     reserved_now, ids = rows[0].values()
     now = reserved_now.astimezone(UTC)
-    built = [job_from_new(new, job_id, now) for new, job_id in zip(jobs, ids, strict=True)]
-    pairs = list(zip(jobs, built, strict=True))
-    immediate = [
-        (
-            job.id,
-            new.queue,
-            new.task,
-            new.args_json,
-            new.priority,
-            new.max_attempts,
-            new.trace_context,
-        )
-        for new, job in pairs
-        if new.delay is None and new.run_at is None
-    ]
-    if immediate:
-        yield Copy("job_insert_many_copy", immediate)
-    if len(immediate) < len(pairs):
+    read: list[NewJob] = []
+    built: list[Job] = []
+    delayed: list[bool] = []  # set once a delayed job is read
+
+    def immediate_lines() -> Iterator[str]:
+        lines: list[str] = []
+        for new, job_id in zip(jobs, ids, strict=True):
+            read.append(new)
+            if new.delay is None and new.run_at is None:
+                lines.append(_copy_line(job_id, new))
+                if len(lines) == COPY_CHUNK_ROWS:
+                    yield "".join(lines)
+                    lines = []
+            elif not delayed:
+                delayed.append(True)
+        if lines:
+            yield "".join(lines)
+
+    def build() -> None:
+        built.extend(jobs_from_new(read, ids, now))
+
+    yield CopyText("job_insert_many_copy", immediate_lines(), build)
+    if delayed:
         yield Copy(
             "job_insert_many_copy_scheduled",
             [
                 (job.id, new.queue, new.task, new.args_json, job.status.value,
                  new.priority, new.max_attempts, job.scheduled_at, now, new.trace_context)
-                for new, job in pairs
+                for new, job in zip(read, built, strict=True)
                 if new.delay is not None or new.run_at is not None
             ],
         )  # fmt: skip
+    yield from _flow_check(read, inserted=True)
     return built
+
+
+#: COPY's text format escapes these; JSON text holds no raw control
+#: characters, so for args only the backslash ever occurs.
+_COPY_ESCAPES = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"})
+
+
+def _copy_text(value: str | None) -> str:
+    if value is None:
+        return "\\N"
+    if "\\" in value or "\t" in value or "\n" in value or "\r" in value:
+        return value.translate(_COPY_ESCAPES)
+    return value
+
+
+def _copy_line(job_id: int, new: NewJob) -> str:
+    """One ``job_insert_many_copy`` row in COPY's text format. Queue and task
+    names are validated to letters, digits and ``_ . : - /``: nothing to escape.
+    (psycopg's ``write_row`` formats any value; this row's few types cost a
+    third of its time.).
+    """
+    return (
+        f"{job_id}\t{new.queue}\t{new.task}\t{_copy_text(new.args_json)}\t"
+        f"{new.priority}\t{new.max_attempts}\t{_copy_text(new.trace_context)}\n"
+    )
 
 
 # -- runners -------------------------------------------------------------------
@@ -279,6 +359,14 @@ def _names(cursor: psycopg.Cursor[Any] | psycopg.AsyncCursor[Any]) -> list[str] 
     return [(result.fname(i) or b"").decode() for i in range(result.nfields)]
 
 
+def _send_buffered(cursor: psycopg.Cursor[Any] | psycopg.AsyncCursor[Any]) -> None:
+    """Hand the socket what libpq still buffers of a COPY's data (it sends
+    in 8 kB blocks), so the server inserts every row while the client does
+    its own work; a socket that takes less now gets the rest at COPY's end.
+    """
+    cursor.connection.pgconn.flush()
+
+
 def run_plan(cursor: psycopg.Cursor[Any], plan: Plan, queries: dict[str, str]) -> Any:
     """Drive ``plan`` on a sync cursor (tuple rows); returns what it returns."""
     reply: list[Any] | None = None
@@ -291,6 +379,14 @@ def run_plan(cursor: psycopg.Cursor[Any], plan: Plan, queries: dict[str, str]) -
             with cursor.copy(queries[step.query]) as copy:
                 for row in step.rows:
                     copy.write_row(row)
+            reply = []
+            continue
+        if isinstance(step, CopyText):
+            with cursor.copy(queries[step.query]) as copy:
+                for chunk in step.chunks:
+                    copy.write(chunk)
+                _send_buffered(cursor)
+                step.meanwhile()
             reply = []
             continue
         cursor.execute(queries[step.query], step.params)
@@ -317,6 +413,14 @@ async def run_plan_async(
             async with cursor.copy(queries[step.query]) as copy:
                 for row in step.rows:
                     await copy.write_row(row)
+            reply = []
+            continue
+        if isinstance(step, CopyText):
+            async with cursor.copy(queries[step.query]) as copy:
+                for chunk in step.chunks:
+                    await copy.write(chunk)
+                _send_buffered(cursor)
+                step.meanwhile()
             reply = []
             continue
         await cursor.execute(queries[step.query], step.params)

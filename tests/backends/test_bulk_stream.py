@@ -1,0 +1,188 @@
+"""The bulk path that validates items while it copies them in (PostgreSQL's
+COPY, issue 18): a refused item, wherever it sits, writes nothing; awkward
+text survives COPY's text format; ``max_pending`` holds though it is checked
+after the rows are in. Run on both backends: SQLite validates the whole
+batch first, and must give the same answers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from jobkeeper import ConfigError, JobQueue, PayloadError, QueueFull
+from jobkeeper.models import NewJob, NewJobStream
+from support.db import count, is_pg, sql
+
+BATCH = 300  # several of the COPY path's chunks (COPY_CHUNK_ROWS)
+
+
+def pending(jq: JobQueue, queue: str) -> int:
+    return count(jq, where=f"queue = '{queue}' AND status IN ('available', 'scheduled')")
+
+
+@pytest.mark.parametrize("position", [0, 127, 128, 250, BATCH - 1])
+def test_a_refused_item_anywhere_in_a_bulk_batch_writes_nothing(jq, position):
+    jq.enqueue("t", {"before": True})
+    items = [("t", {"i": i}) for i in range(BATCH)]
+    items[position] = ("t", {"x": float("nan")})
+    with pytest.raises(PayloadError, match=rf"^jobs\[{position}\]: args\.x: nan"):
+        jq.enqueue_many(items)
+    assert count(jq) == 1
+    # The connection that carried the refused COPY is fine, and ids stay right.
+    jobs = jq.enqueue_many([("t", {"i": i}) for i in range(BATCH)])
+    assert count(jq) == 1 + BATCH
+    for job in jobs[::37]:
+        stored = jq.get_job(job.id)
+        assert stored is not None and stored.to_dict() == job.to_dict()
+
+
+def test_a_refused_option_late_in_a_bulk_batch_names_the_item(jq):
+    items: list[tuple] = [("t", {"i": i}, {"priority": 1}) for i in range(BATCH)]
+    items[BATCH - 2] = ("t", {}, {"priority": "high"})
+    with pytest.raises(ConfigError, match=rf"^jobs\[{BATCH - 2}\]: priority"):
+        jq.enqueue_many(items)
+    items[BATCH - 2] = "not a tuple"  # type: ignore[call-overload]
+    with pytest.raises(ConfigError, match=rf"^jobs\[{BATCH - 2}\]: each item"):
+        jq.enqueue_many(items)
+    assert count(jq) == 0
+
+
+def test_a_bulk_batch_from_a_generator_is_read_once(jq):
+    jobs = jq.enqueue_many(("t", {"i": i}) for i in range(BATCH))
+    assert [job.args for job in jobs] == [{"i": i} for i in range(BATCH)]
+    assert count(jq) == BATCH
+
+
+def test_a_refused_item_in_the_callers_transaction_keeps_the_callers_work(jq):
+    sql(jq, "CREATE TABLE app_orders (n integer)")
+    items = [("t", {"i": i}) for i in range(BATCH)]
+    items[200] = ("t", {"s": "a\x00b"})
+    if is_pg(jq):
+        import psycopg
+
+        conn = psycopg.connect(jq.url.url)
+    else:
+        import sqlite3
+
+        conn = sqlite3.connect(jq.url.path, timeout=30)  # type: ignore[assignment]
+    try:
+        conn.execute("INSERT INTO app_orders VALUES (1)")
+        kept = jq.enqueue("t", {"kept": True}, connection=conn)
+        with pytest.raises(PayloadError, match=r"^jobs\[200\]: args\.s: .*NUL"):
+            jq.enqueue_many(items, connection=conn)
+        conn.commit()
+    finally:
+        conn.close()
+    assert count(jq, "app_orders") == 1
+    assert jq.get_job(kept.id) is not None
+    assert count(jq) == 1
+
+
+def test_async_bulk_refuses_a_late_item_writing_nothing(jq):
+    items = [("t", {"i": i}) for i in range(BATCH)]
+    items[280] = ("t", {"t": (1, 2)})
+
+    async def main() -> None:
+        try:
+            with pytest.raises(PayloadError, match=r"^jobs\[280\]: args\.t: .*tuple"):
+                await jq.enqueue_many_async(items)
+            items[280] = ("t", {"i": 280})
+            jobs = await jq.enqueue_many_async(items)
+            assert [job.args for job in jobs] == [{"i": i} for i in range(BATCH)]
+        finally:
+            await jq.aclose()
+
+    asyncio.run(main())
+    assert count(jq) == BATCH
+
+
+# COPY's text format escapes backslash, tab, newline and carriage return;
+# JSON escapes control characters itself. Every other character passes as is.
+_AWKWARD = st.lists(
+    st.sampled_from(["\\", "\t", "\n", "\r", "\n\\.\n", '"', "\x01", "é", "\u2028", "😀", "a"]),
+    max_size=12,
+).map("".join)
+
+
+@settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(values=st.lists(_AWKWARD, min_size=1, max_size=5))
+def test_awkward_text_round_trips_through_the_bulk_path(jq, values):
+    items = [("t", {"v": values, "k": values[0], "i": i}) for i in range(70)]
+    jobs = jq.enqueue_many(items)
+    for job, (_, args) in zip(jobs[::23], items[::23], strict=False):
+        assert job.args == args
+        stored = jq.get_job(job.id)
+        assert stored is not None and stored.args == args
+
+
+def test_max_pending_holds_for_bulk_batches_checked_after_the_copy(jq):
+    jq.configure_queue("q", max_pending=200)
+    jq.enqueue_many([("t", {}, {"queue": "q"})] * 100)
+    with pytest.raises(QueueFull) as caught:
+        jq.enqueue_many([("t", {}, {"queue": "q"})] * 101 + [("t", {}, {"queue": "other"})] * 70)
+    assert (caught.value.queue, caught.value.limit, caught.value.count) == ("q", 200, 100)
+    assert pending(jq, "q") == 100 and pending(jq, "other") == 0
+    jq.enqueue_many([("t", {}, {"queue": "q"})] * 100)
+    assert pending(jq, "q") == 200
+
+
+def test_concurrent_bulk_enqueuers_never_pass_max_pending(make_queue):
+    jq = make_queue()
+    jq.configure_queue("q", max_pending=500)
+    queues = [make_queue() for _ in range(4)]
+    refused: list[int] = []
+    errors: list[BaseException] = []
+
+    def enqueue(mine: JobQueue) -> None:
+        try:
+            for i in range(4):
+                try:
+                    if i % 2:
+                        mine.enqueue("t", {}, queue="q")
+                    else:
+                        mine.enqueue_many([("t", {}, {"queue": "q"})] * 90)
+                except QueueFull:
+                    refused.append(i)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=enqueue, args=(q,)) for q in queues]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert errors == []
+    assert refused
+    assert 500 - 90 < pending(jq, "q") <= 500
+
+
+def test_a_stream_validates_each_item_once_however_often_it_is_read():
+    seen: list[int] = []
+
+    def validate(index: int, item: int) -> NewJob:
+        seen.append(index)
+        if item < 0:
+            raise PayloadError(f"jobs[{index}]: negative")
+        return NewJob(task="t", args_json="{}", queue="default", priority=0, max_attempts=1)
+
+    stream = NewJobStream([1, 2, 3, -1], validate, keyed=False, delayed=False)
+    assert len(stream) == 4
+    reader = iter(stream)
+    next(reader)
+    next(reader)
+    with pytest.raises(PayloadError, match=r"jobs\[3\]"):
+        list(stream)
+    assert seen == [0, 1, 2, 3]
+    assert stream[1].task == "t" and seen == [0, 1, 2, 3]  # read before: kept
+    with pytest.raises(PayloadError):
+        stream[-1]  # refused: asked again
+    assert seen == [0, 1, 2, 3, 3]
+    with pytest.raises(IndexError):
+        stream[4]
