@@ -195,7 +195,9 @@ def check_name(kind: str, name: Any) -> str:
             f"{kind} name {name[:80]!r} is invalid: use 1-{NAME_MAX_LENGTH} characters "
             "from letters, digits and _ . : - /, starting with a letter, digit or _"
         )
-    return name
+    # A str subclass (a str Enum member) is stored as its plain value: its
+    # own __str__/__format__ may say "Queue.EMAILS".
+    return name if type(name) is str else str.__str__(name)
 
 
 def check_priority(priority: Any) -> int:
@@ -203,7 +205,7 @@ def check_priority(priority: Any) -> int:
     low, high = PRIORITY_RANGE
     if isinstance(priority, bool) or not isinstance(priority, int) or not low <= priority <= high:
         raise ConfigError(f"priority must be an int between {low} and {high}, got {priority!r}")
-    return priority
+    return int(priority)  # an IntEnum member: its plain value
 
 
 def check_max_attempts(max_attempts: Any) -> int:
@@ -216,7 +218,7 @@ def check_max_attempts(max_attempts: Any) -> int:
         raise ConfigError(
             f"max_attempts must be an int between 1 and {MAX_ATTEMPTS_LIMIT}, got {max_attempts!r}"
         )
-    return max_attempts
+    return int(max_attempts)  # an IntEnum member: its plain value
 
 
 def check_max_crashes(max_crashes: Any) -> int:
@@ -255,7 +257,7 @@ def check_unique_key(unique_key: Any) -> str | None:
         )
     if "\x00" in unique_key or any("\ud800" <= c <= "\udfff" for c in unique_key):
         raise PayloadError(f"unique_key {unique_key!r} contains a NUL or lone surrogate")
-    return unique_key
+    return unique_key if type(unique_key) is str else str.__str__(unique_key)
 
 
 def check_schedule(delay: Any, run_at: Any) -> tuple[float | None, datetime | None]:

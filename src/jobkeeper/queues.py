@@ -191,7 +191,8 @@ def check_serial_key(value: Any) -> str | None:
         )
     # NUL and lone surrogates: the same check as args' strings (a lone
     # surrogate once reached the driver and failed there, unnamed).
-    return check_text(value, "serial_key")
+    text = check_text(value, "serial_key")
+    return text if type(text) is str else str.__str__(text)  # a str Enum member: its value
 
 
 def parse_queue_share(text: str) -> tuple[str, int | None]:

@@ -8,13 +8,15 @@ batch first, and must give the same answers.
 from __future__ import annotations
 
 import asyncio
+import collections
+import enum
 import threading
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from jobkeeper import ConfigError, JobQueue, PayloadError, QueueFull
+from jobkeeper import ConfigError, JobQueue, JobStatus, PayloadError, QueueFull
 from jobkeeper.models import NewJob, NewJobStream
 from support.db import count, is_pg, sql
 
@@ -186,3 +188,45 @@ def test_a_stream_validates_each_item_once_however_often_it_is_read():
     assert seen == [0, 1, 2, 3, 3]
     with pytest.raises(IndexError):
         stream[4]
+
+
+class Names(str, enum.Enum):
+    EMAILS = "emails"
+    SEND = "send"
+
+
+class Numbers(enum.IntEnum):
+    HIGH = 1
+    FEW = 3
+
+
+@pytest.mark.parametrize("size", [10, 70])
+def test_enum_options_are_stored_as_their_values(jq, size):
+    """A str Enum member formats as "Names.EMAILS" in an f-string (Python
+    3.11): the COPY path once stored that as the queue name, where no
+    worker of "emails" would ever look."""
+    options = {"queue": Names.EMAILS, "priority": Numbers.HIGH, "max_attempts": Numbers.FEW}
+    jobs = jq.enqueue_many([(Names.SEND, {"i": i}, options) for i in range(size)])
+    for job in (jobs[0], jobs[-1]):
+        assert (job.queue, job.task, job.priority, job.max_attempts) == ("emails", "send", 1, 3)
+        assert type(job.queue) is str and type(job.priority) is int
+        stored = jq.get_job(job.id)
+        assert stored is not None and stored.to_dict() == job.to_dict()
+    single = jq.enqueue(Names.SEND, {}, queue=Names.EMAILS, unique_key=Names.EMAILS)
+    assert (single.queue, single.unique_key) == ("emails", "emails")
+
+
+Item = collections.namedtuple("Item", "task args options")
+
+
+@pytest.mark.parametrize("size", [10, 70])
+def test_namedtuple_items_keep_their_keys_and_delays(jq, size):
+    """Items that are tuple subclasses are items: their unique_key, serial_key
+    and delay count, whatever path the batch takes."""
+    keyed = [Item("t", {"i": i}, {"unique_key": "u", "serial_key": "s"}) for i in range(size)]
+    jobs = jq.enqueue_many(keyed)
+    assert len({job.id for job in jobs}) == 1
+    stored = jq.get_job(jobs[0].id)
+    assert stored is not None and (stored.unique_key, stored.serial_key) == ("u", "s")
+    delayed = jq.enqueue_many([Item("t", {"i": i}, {"delay": 60}) for i in range(size)])
+    assert {jq.get_job(job.id).status for job in delayed} == {JobStatus.SCHEDULED}

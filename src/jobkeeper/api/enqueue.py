@@ -43,7 +43,9 @@ def _named_options(items: list[Any]) -> set[str]:
     """
     named: set[str] = set()
     for item in items:
-        if type(item) is tuple and len(item) == 3 and isinstance(item[2], dict):
+        # The same tests validate() applies: a tuple subclass (a namedtuple)
+        # is an item, and its options count.
+        if isinstance(item, tuple) and len(item) == 3 and isinstance(item[2], dict):
             named.update(item[2])
     return named
 

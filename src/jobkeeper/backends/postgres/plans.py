@@ -293,6 +293,12 @@ def _insert_copy(jobs: Sequence[NewJob]) -> Plan:
     def immediate_lines() -> Iterator[str]:
         lines: list[str] = []
         for new, job_id in zip(jobs, ids, strict=True):
+            if new.unique_key is not None or new.serial_key is not None:
+                # A stream is copied only when no item's options name a key;
+                # a key here means that check missed one: never drop it.
+                raise DatabaseError(
+                    "internal error: a keyed job reached the COPY path; nothing was written"
+                )
             read.append(new)
             if new.delay is None and new.run_at is None:
                 lines.append(_copy_line(job_id, new))
