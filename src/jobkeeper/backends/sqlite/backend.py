@@ -127,7 +127,11 @@ class SqliteBackend(
     def job_claim(self, *, worker_id: str, queue: str, limit: int) -> list[Job]:
         if not self._probe("job_claim_probe", {"queue": queue}):
             return []
-        with self._write() as conn:
+        # Not synced: a claim a power cut takes back leaves its job
+        # available again, and the cut stopped its holder too (at-least-once
+        # as always). Every outcome write is synced, so it never outlives
+        # the claim it is fenced on. One fsync fewer between enqueue and start.
+        with self._write(synced=False) as conn:
             # A queue with claim settings (a primary-key read) is claimed
             # under its limits, inside the same write lock.
             settings = self._claim_settings(conn, queue)

@@ -156,23 +156,37 @@ class SqliteConnection:
             raise DatabaseError(f"SQLite error: {exc}") from exc
 
     @contextlib.contextmanager
-    def _write(self, *, create: bool = False) -> Iterator[sqlite3.Connection]:
+    def _write(self, *, create: bool = False, synced: bool = True) -> Iterator[sqlite3.Connection]:
         """One BEGIN IMMEDIATE transaction, retried while the lock is busy.
 
         The connection's busy timeout already waits for the lock; the loop
         adds jittered retries for the cases SQLite reports BUSY at once, up
         to the same deadline (huey#445, solid_queue#309).
+
+        ``synced=False``: the commit returns before the WAL is fsynced
+        (``synchronous=NORMAL`` for this transaction). Only for a write whose
+        loss is harmless: a process crash loses nothing either way (the
+        frames are in the file); only a power loss or an OS crash can, and
+        that stops every worker on this machine too. The next synced commit
+        on the file fsyncs these frames with its own, so no later write is
+        ever durable without this one.
         """
         with self._errors():
             conn = self._conn(create=create)
-            self._begin_immediate(conn)
+            if not synced:
+                conn.execute(QUERIES["connection_synchronous_normal"])
             try:
-                yield conn
-                conn.execute("COMMIT")
-            except BaseException:
-                if conn.in_transaction:
-                    conn.execute("ROLLBACK")
-                raise
+                self._begin_immediate(conn)
+                try:
+                    yield conn
+                    conn.execute("COMMIT")
+                except BaseException:
+                    if conn.in_transaction:
+                        conn.execute("ROLLBACK")
+                    raise
+            finally:
+                if not synced:
+                    conn.execute(QUERIES["connection_synchronous_full"])
 
     def _begin_immediate(self, conn: sqlite3.Connection) -> None:
         """``BEGIN IMMEDIATE``: see :meth:`_take_write_lock`."""

@@ -53,6 +53,11 @@ PRAGMA journal_mode = WAL
 -- Each new connection: every commit is on disk before it returns.
 PRAGMA synchronous = FULL
 
+-- name: connection_synchronous_normal
+-- For one write whose loss on a power cut is harmless (a claim: see
+-- SqliteConnection._write); connection_synchronous_full follows it.
+PRAGMA synchronous = NORMAL
+
 -- name: connection_busy_timeout
 -- How long SQLite's busy handler waits for a lock: a short slice while a
 -- write asks for the write lock, busy_timeout otherwise (ms: milliseconds).
