@@ -57,6 +57,7 @@ ONLY_IN = {
         # Settings of each new connection; PostgreSQL's are the server's.
         "connection_journal_wal",
         "connection_synchronous_full",
+        "connection_synchronous_normal",
         "connection_busy_timeout",
         # The wake-up listener's cue that another connection committed;
         # PostgreSQL's listener is told by NOTIFY.
@@ -80,6 +81,7 @@ NOT_OPERATIONS = {
     "notify_done",
     "connection_journal_wal",
     "connection_synchronous_full",
+    "connection_synchronous_normal",
     "connection_busy_timeout",
     "connection_backend_pid",
 }
