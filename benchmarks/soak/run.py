@@ -223,6 +223,11 @@ class _Enqueuer:
             due = min(total, int(total * (time.monotonic() - started) / seconds) + 1)
             while done < due and not stop.is_set():
                 size = min(due - done, self.rng.choice((1, 1, 5, 20, 50)))
+                if self.rng.random() < 0.01:
+                    # Now and then a batch past COPY_MIN_JOBS, ahead of the
+                    # schedule: PostgreSQL copies it in while validating it,
+                    # the path whose transaction faults must not split.
+                    size = min(total - done, 100)
                 self.enqueue_batch(size)
                 done += size
             stop.wait(0.05)
