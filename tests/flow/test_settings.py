@@ -6,9 +6,10 @@ from __future__ import annotations
 import threading
 import warnings
 
+import psycopg
 import pytest
 
-from jobkeeper import ConfigError, JobQueue, JobStatus, QueueFull, QueueInfo
+from jobkeeper import ConfigError, DatabaseError, JobQueue, JobStatus, QueueFull, QueueInfo
 from jobkeeper.models import WorkerInfo
 from jobkeeper.outcomes import failed_attempt, released_attempt
 from support.db import sql
@@ -229,3 +230,32 @@ def test_workers_record_their_version(jq):
     now = datetime.now(UTC)
     jq.backend.worker_register(worker=WorkerInfo("w", "h", 1, ["q"], now, now))
     assert [w.version for w in jq.workers()] == [jobkeeper.__version__]
+
+
+@pytest.mark.parametrize("size", [40, 600])
+def test_max_pending_holds_inside_callers_repeatable_read_transactions(pg_url, size):
+    """Two callers' REPEATABLE READ transactions whose snapshots predate each
+    other's batch: the count in the second one's snapshot misses the first
+    batch, so the queue row's newer version must fail it (a newcomer's
+    break-test: both 600-job batches passed a limit of 1000)."""
+    jq = JobQueue(pg_url)
+    jq.migrate()
+    jq.configure_queue("q", max_pending=int(size * 1.5))
+    first, second = psycopg.connect(pg_url), psycopg.connect(pg_url)
+    try:
+        for conn in (first, second):
+            conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
+            conn.execute("SELECT 1")  # both snapshots taken now
+        jq.enqueue_many([("t", {}, {"queue": "q"})] * size, connection=first)
+        first.commit()
+        with pytest.raises(DatabaseError, match="retry the whole transaction"):
+            jq.enqueue_many([("t", {}, {"queue": "q"})] * size, connection=second)
+        second.rollback()
+        with pytest.raises(QueueFull):  # run again, in a new snapshot
+            jq.enqueue_many([("t", {}, {"queue": "q"})] * size, connection=second)
+        second.rollback()
+    finally:
+        first.close()
+        second.close()
+    assert pending(jq, "q") == size
+    jq.close()

@@ -17,10 +17,10 @@ from typing import Any
 
 import psycopg
 
-from jobkeeper.backends.flow import check_pending, configure_params, settings_from_row
+from jobkeeper.backends.flow import configure_params, settings_from_row
 from jobkeeper.backends.rows import aware_utc, job_from_row
 from jobkeeper.errors import QueueFull
-from jobkeeper.models import Job, NewJob
+from jobkeeper.models import Job
 from jobkeeper.queues import QueueSettings
 
 #: Seconds a backend keeps claiming a queue it found limited through the
@@ -62,24 +62,6 @@ class PostgresFlow:
         )
         jobs = [job_from_row(row, aware_utc, json_decoded=True) for row in rows]
         return sorted(jobs, key=lambda j: (j.priority, j.scheduled_at, j.id))
-
-    def _flow_check(self, cursor: psycopg.Cursor[Any], jobs: Sequence[NewJob]) -> None:
-        """Inside the insert's transaction, before the rows go in: mark
-        queues that get serial-keyed jobs, and refuse the batch with
-        :class:`QueueFull` if it would take a queue past ``max_pending``.
-        """
-        serial = sorted({job.queue for job in jobs if job.serial_key is not None})
-        if serial:
-            cursor.execute(self._queries["job_insert_many_mark_serial"], {"queues": serial})
-        queues = sorted({job.queue for job in jobs})
-        cursor.execute(self._queries["job_insert_many_lock_pending"], {"queues": queues})
-        limits = {name: int(limit) for name, limit in cursor.fetchall()}
-        if not limits:
-            return
-        # A statement of its own: its snapshot is taken with the rows locked.
-        cursor.execute(self._queries["job_insert_many_count_pending"], {"queues": sorted(limits)})
-        counts = {name: int(n) for name, n in cursor.fetchall()}
-        check_pending(limits, counts, jobs)
 
     def _pending_full(self, cursor: psycopg.Cursor[Any], queue: str) -> QueueFull | None:
         """Whether one more job would take ``queue`` past ``max_pending``

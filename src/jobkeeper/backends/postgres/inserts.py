@@ -6,7 +6,7 @@ own connection or in the caller's transaction.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import psycopg
 from psycopg.rows import tuple_row
@@ -79,7 +79,3 @@ class PostgresInserts(PostgresConnections):
                 f"this queue's {tuple(ours)!r}"
             )
         self._checked_connections.add(connection)
-
-    if TYPE_CHECKING:  # the backend's flow mixin supplies it
-
-        def _flow_check(self, cursor: psycopg.Cursor[Any], jobs: Sequence[NewJob]) -> None: ...

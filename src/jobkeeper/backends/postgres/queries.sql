@@ -944,10 +944,20 @@ ON CONFLICT (name) DO UPDATE SET serial = true
 -- Enqueues into queues with max_pending serialise on the queue's row, so
 -- two cannot both pass the check; the count follows in the next statement
 -- (job_insert_many_count_pending), whose snapshot is taken after the lock is held.
-SELECT name, max_pending FROM jobkeeper_queues
-WHERE name = ANY(%(queues)s::text[]) AND max_pending IS NOT NULL
-ORDER BY name
-FOR UPDATE
+-- The row is also written (to itself): a caller's REPEATABLE READ or
+-- SERIALIZABLE transaction counts in its own snapshot, and a limited enqueue
+-- committed since then has left a newer version of the row, which fails it
+-- with a serialization error (retry the transaction) where a row only locked
+-- would have let it count too few and pass the limit.
+WITH locked AS (
+    SELECT name FROM jobkeeper_queues
+    WHERE name = ANY(%(queues)s::text[]) AND max_pending IS NOT NULL
+    ORDER BY name
+    FOR UPDATE
+)
+UPDATE jobkeeper_queues AS q SET max_pending = q.max_pending
+FROM locked WHERE q.name = locked.name
+RETURNING q.name, q.max_pending
 
 -- name: job_insert_many_count_pending
 SELECT queue, count(*) AS n FROM jobkeeper_jobs
