@@ -44,7 +44,7 @@ def test_only_the_claim_skips_the_fsync(jq, monkeypatch):
     jq.enqueue("t", {})
     conn = backend._conn()
     assert synchronous(conn) == FULL  # the enqueue
-    (job,) = backend.job_claim(worker_id="w", queue="default", limit=5)
+    assert len(backend.job_claim(worker_id="w", queue="default", limit=5)) == 1
     assert seen == [NORMAL]
     assert synchronous(conn) == FULL  # back for the outcome
     jq.configure_queue("default", concurrency=3)  # the limited claim, same transaction
