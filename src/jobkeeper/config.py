@@ -195,9 +195,15 @@ def check_name(kind: str, name: Any) -> str:
             f"{kind} name {name[:80]!r} is invalid: use 1-{NAME_MAX_LENGTH} characters "
             "from letters, digits and _ . : - /, starting with a letter, digit or _"
         )
-    # A str subclass (a str Enum member) is stored as its plain value: its
-    # own __str__/__format__ may say "Queue.EMAILS".
-    return name if type(name) is str else str.__str__(name)
+    return plain_str(name)
+
+
+def plain_str(text: str) -> str:
+    """``text`` as a plain ``str``: a subclass (a str Enum member) is stored
+    as its value, since its own ``__str__``/``__format__`` may say
+    ``"Queue.EMAILS"``.
+    """
+    return text if type(text) is str else str.__str__(text)
 
 
 def check_priority(priority: Any) -> int:
@@ -257,7 +263,7 @@ def check_unique_key(unique_key: Any) -> str | None:
         )
     if "\x00" in unique_key or any("\ud800" <= c <= "\udfff" for c in unique_key):
         raise PayloadError(f"unique_key {unique_key!r} contains a NUL or lone surrogate")
-    return unique_key if type(unique_key) is str else str.__str__(unique_key)
+    return plain_str(unique_key)
 
 
 def check_schedule(delay: Any, run_at: Any) -> tuple[float | None, datetime | None]:

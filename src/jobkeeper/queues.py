@@ -27,7 +27,7 @@ import math
 import re
 from typing import Any
 
-from jobkeeper.config import MAX_CONCURRENCY, check_name
+from jobkeeper.config import MAX_CONCURRENCY, check_name, plain_str
 from jobkeeper.errors import ConfigError
 from jobkeeper.payload import check_text
 from jobkeeper.version import __version__
@@ -191,8 +191,7 @@ def check_serial_key(value: Any) -> str | None:
         )
     # NUL and lone surrogates: the same check as args' strings (a lone
     # surrogate once reached the driver and failed there, unnamed).
-    text = check_text(value, "serial_key")
-    return text if type(text) is str else str.__str__(text)  # a str Enum member: its value
+    return plain_str(check_text(value, "serial_key"))
 
 
 def parse_queue_share(text: str) -> tuple[str, int | None]:

@@ -77,9 +77,8 @@ class Backend(Protocol):
         """Insert jobs in one transaction (or in the caller's ``connection``'s
         transaction, uncommitted). A job whose ``(task, unique_key)`` matches a
         pending job is not inserted; the pending job is returned in its place.
-        Returns one Job per input, in input order. ``jobs`` may be a
-        :class:`~jobkeeper.models.NewJobStream` (see ``BackendEntry.streams_inserts``):
-        the error of an item it refuses propagates, and nothing is written.
+        Returns one Job per input, in input order. A ``NewJobStream`` (see
+        ``BackendEntry.streams_inserts``) that refuses an item writes nothing.
         """
         ...
 

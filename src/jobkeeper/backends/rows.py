@@ -200,26 +200,6 @@ def job_from_new(
     )
 
 
-def jobs_from_new(news: Sequence[NewJob], ids: Sequence[int], now: datetime) -> list[Job]:
-    """:func:`job_from_new` for a batch written at ``now`` (the bulk path's
-    loop, with the common case, a job to run now, built inline).
-    """
-    build, available = _build_new_job, JobStatus.AVAILABLE
-    out: list[Job] = []
-    keep = out.append
-    for new, job_id in zip(news, ids, strict=True):
-        if new.delay is not None or new.run_at is not None or new.args is None:
-            keep(job_from_new(new, job_id, now))
-            continue
-        keep(
-            build(
-                job_id, new.task, new.args, new.queue, available, new.priority, 0,
-                new.max_attempts, now, now, new.unique_key, new.serial_key, new.trace_context,
-            )
-        )  # fmt: skip
-    return out
-
-
 def aware_utc(value: datetime | None) -> Any:
     """PostgreSQL timestamptz (aware, in the session zone) -> aware UTC."""
     if value is None or value.tzinfo is UTC:

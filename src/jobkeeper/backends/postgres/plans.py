@@ -28,7 +28,6 @@ from jobkeeper.backends.rows import (
     insert_params,
     job_from_new,
     job_from_row,
-    jobs_from_new,
     match_inserted,
 )
 from jobkeeper.errors import DatabaseError
@@ -288,7 +287,7 @@ def _insert_copy(jobs: Sequence[NewJob]) -> Plan:
     now = reserved_now.astimezone(UTC)
     read: list[NewJob] = []
     built: list[Job] = []
-    delayed: list[bool] = []  # set once a delayed job is read
+    delayed: list[int] = []  # positions of the jobs that wait: the second COPY's
 
     def immediate_lines() -> Iterator[str]:
         lines: list[str] = []
@@ -299,19 +298,19 @@ def _insert_copy(jobs: Sequence[NewJob]) -> Plan:
                 raise DatabaseError(
                     "internal error: a keyed job reached the COPY path; nothing was written"
                 )
-            read.append(new)
             if new.delay is None and new.run_at is None:
                 lines.append(_copy_line(job_id, new))
                 if len(lines) == COPY_CHUNK_ROWS:
                     yield "".join(lines)
                     lines = []
-            elif not delayed:
-                delayed.append(True)
+            else:
+                delayed.append(len(read))
+            read.append(new)
         if lines:
             yield "".join(lines)
 
     def build() -> None:
-        built.extend(jobs_from_new(read, ids, now))
+        built.extend(job_from_new(new, job_id, now) for new, job_id in zip(read, ids, strict=True))
 
     yield CopyText("job_insert_many_copy", immediate_lines(), build)
     if delayed:
@@ -320,8 +319,7 @@ def _insert_copy(jobs: Sequence[NewJob]) -> Plan:
             [
                 (job.id, new.queue, new.task, new.args_json, job.status.value,
                  new.priority, new.max_attempts, job.scheduled_at, now, new.trace_context)
-                for new, job in zip(read, built, strict=True)
-                if new.delay is not None or new.run_at is not None
+                for new, job in ((read[i], built[i]) for i in delayed)
             ],
         )  # fmt: skip
     yield from _flow_check(read, inserted=True)
