@@ -1,8 +1,9 @@
 """The bulk path that validates items while it copies them in (PostgreSQL's
 COPY, issue 18): a refused item, wherever it sits, writes nothing; awkward
 text survives COPY's text format; ``max_pending`` holds though it is checked
-after the rows are in. Run on both backends: SQLite validates the whole
-batch first, and must give the same answers.
+after the rows are in (four threads of such batches: tests/flow/test_settings.py).
+Run on both backends: SQLite validates the whole batch first, and must give
+the same answers.
 """
 
 from __future__ import annotations
@@ -10,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import enum
-import threading
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -133,36 +133,6 @@ def test_max_pending_holds_for_bulk_batches_checked_after_the_copy(jq):
     assert pending(jq, "q") == 100 and pending(jq, "other") == 0
     jq.enqueue_many([("t", {}, {"queue": "q"})] * 100)
     assert pending(jq, "q") == 200
-
-
-def test_concurrent_bulk_enqueuers_never_pass_max_pending(make_queue):
-    jq = make_queue()
-    jq.configure_queue("q", max_pending=500)
-    queues = [make_queue() for _ in range(4)]
-    refused: list[int] = []
-    errors: list[BaseException] = []
-
-    def enqueue(mine: JobQueue) -> None:
-        try:
-            for i in range(4):
-                try:
-                    if i % 2:
-                        mine.enqueue("t", {}, queue="q")
-                    else:
-                        mine.enqueue_many([("t", {}, {"queue": "q"})] * 90)
-                except QueueFull:
-                    refused.append(i)
-        except BaseException as exc:
-            errors.append(exc)
-
-    threads = [threading.Thread(target=enqueue, args=(q,)) for q in queues]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(120)
-    assert errors == []
-    assert refused
-    assert 500 - 90 < pending(jq, "q") <= 500
 
 
 def test_a_stream_validates_each_item_once_however_often_it_is_read():

@@ -13,6 +13,7 @@ from jobkeeper import ConfigError, DatabaseError, JobQueue, JobStatus, QueueFull
 from jobkeeper.models import WorkerInfo
 from jobkeeper.outcomes import failed_attempt, released_attempt
 from support.db import sql
+from support.threads import run_threads
 
 
 def claim(jq: JobQueue, queue: str, limit: int = 100, worker: str = "w1") -> list[int]:
@@ -157,29 +158,29 @@ def test_operator_actions_are_never_refused(jq):
     assert pending(jq, "q") == 3
 
 
-def test_concurrent_enqueuers_never_pass_max_pending(make_queue):
+@pytest.mark.parametrize(
+    ("limit", "rounds", "batch"),
+    [(25, 15, 2), (500, 4, 90)],  # 90: past COPY_MIN_JOBS, checked after the COPY
+)
+def test_concurrent_enqueuers_never_pass_max_pending(make_queue, limit, rounds, batch):
     jq = make_queue()
-    jq.configure_queue("q", max_pending=25)
+    jq.configure_queue("q", max_pending=limit)
     queues = [make_queue() for _ in range(4)]
     refused = []
 
     def enqueue(mine: JobQueue) -> None:
-        for i in range(15):
+        for i in range(rounds):
             try:
                 if i % 2:
                     mine.enqueue("t", {}, queue="q")
                 else:
-                    mine.enqueue_many([("t", {}, {"queue": "q"})] * 2)
+                    mine.enqueue_many([("t", {}, {"queue": "q"})] * batch)
             except QueueFull:
                 refused.append(i)
 
-    threads = [threading.Thread(target=enqueue, args=(q,)) for q in queues]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    assert run_threads(enqueue, [(q,) for q in queues]) == []
     assert refused
-    assert 24 <= pending(jq, "q") <= 25
+    assert limit - batch < pending(jq, "q") <= limit
 
 
 def test_concurrent_claims_never_pass_the_cap(make_queue):
@@ -196,13 +197,10 @@ def test_concurrent_claims_never_pass_the_cap(make_queue):
             with lock:
                 claimed.extend(j.id for j in jobs)
 
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(6)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    errors = run_threads(work, [(i,) for i in range(6)])
     for backend in backends:
         backend.close()
+    assert errors == []
     assert len(claimed) == 7 == len(set(claimed))
 
 

@@ -15,6 +15,7 @@ import pytest
 
 from jobkeeper import Schedule
 from support.db import sql
+from support.threads import run_threads
 
 from .helpers import aligned, app, fabricate, per_task, service, ticks
 
@@ -200,29 +201,20 @@ def test_twin_tick_statements_insert_one_job(jq, racers):
             tick = Schedule(every=1).next_after(row.since_at) + round_ * SECOND
             barrier = threading.Barrier(racers)
             results: list[int | None] = []
-            errors: list[BaseException] = []
 
-            def race(backend, tick=tick, barrier=barrier, results=results, errors=errors):
-                try:
-                    barrier.wait()
-                    results.append(
-                        backend.periodic_enqueue_tick(
-                            name="beat",
-                            schedule="every 1s",
-                            timezone="UTC",
-                            tick=tick,
-                            next_tick=tick + SECOND,
-                        )
+            def race(backend, tick=tick, barrier=barrier, results=results):
+                barrier.wait()
+                results.append(
+                    backend.periodic_enqueue_tick(
+                        name="beat",
+                        schedule="every 1s",
+                        timezone="UTC",
+                        tick=tick,
+                        next_tick=tick + SECOND,
                     )
-                except BaseException as exc:
-                    errors.append(exc)
+                )
 
-            threads = [threading.Thread(target=race, args=(b,)) for b in backends]
-            for thread in threads:
-                thread.start()
-            for thread in threads:
-                thread.join(30)
-            assert errors == []
+            assert run_threads(race, [(b,) for b in backends], timeout=30) == []
             assert len([r for r in results if r is not None]) == 1, results
             assert ticks(jq.url.url)[-1] == tick
         assert len(ticks(jq.url.url)) == 5
