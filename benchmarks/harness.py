@@ -254,6 +254,8 @@ class DrainTrace:
     first_progress: float | None
     done: float | None
     remaining: int
+    #: Jobs still left when ``first_progress`` was seen: the jobs done after it.
+    left_at_first: int | None = None
 
 
 def wait_drained(
@@ -263,10 +265,15 @@ def wait_drained(
     *,
     timeout: float,
     interval: float = 0.05,
+    start_interval: float = 0.01,
     on_sample: Callable[[float, int], None] | None = None,
 ) -> DrainTrace:
-    """Poll ``remaining()`` until it is 0 (or ``timeout`` passes)."""
+    """Poll ``remaining()`` until it is 0 (or ``timeout`` passes); every
+    ``start_interval`` seconds until the first jobs are done (the start-up is
+    timed to that), every ``interval`` after.
+    """
     first: float | None = None
+    left_at_first: int | None = None
     left = total
     deadline = worker.started + timeout
     while True:
@@ -275,13 +282,13 @@ def wait_drained(
         if on_sample is not None:
             on_sample(now, left)
         if first is None and left < total:
-            first = now
+            first, left_at_first = now, left
         if left == 0:
-            return DrainTrace(worker.started, first, now, 0)
+            return DrainTrace(worker.started, first, now, 0, left_at_first)
         if now > deadline:
-            return DrainTrace(worker.started, first, None, left)
+            return DrainTrace(worker.started, first, None, left, left_at_first)
         worker.check_alive()
-        time.sleep(interval)
+        time.sleep(start_interval if first is None else interval)
 
 
 def wait_for(predicate: Callable[[], bool], timeout: float, interval: float = 0.02) -> bool:

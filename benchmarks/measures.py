@@ -227,10 +227,14 @@ def _drain(
         finished = probe.finished()
         if finished != n:
             raise NotAvailableError(f"backlog gone but {finished} of {n} jobs recorded as done")
-    assert trace.first_progress is not None
+    assert trace.first_progress is not None and trace.left_at_first is not None
+    # The steady rate counts only the jobs done after the first were seen
+    # (as the raw drain is timed from its clients' first claim, after their
+    # start-up); the start-up, spawn to first jobs done, is its own figure.
     return {
         "drain": n / (trace.done - trace.started),
-        "drain_steady": n / max(trace.done - trace.first_progress, 1e-9),
+        "drain_steady": trace.left_at_first / max(trace.done - trace.first_progress, 1e-9),
+        "drain_startup": (trace.first_progress - trace.started) * 1000,
     }
 
 
@@ -566,15 +570,15 @@ def raw_limit(ctx: Context) -> dict[str, float]:
         for clients in client_counts:
             with ctx.fresh(f"raw_life_b{batch}_c{clients}") as url:
                 prepare(url)
-                seconds, done = clients_of(url, "lifecycle", batch, clients, jobs)
-                out[f"raw_lifecycle_b{batch}_c{clients}"] = done / seconds
+                run = clients_of(url, "lifecycle", batch, clients, jobs)
+                out[f"raw_lifecycle_b{batch}_c{clients}"] = run.done / run.seconds
             with ctx.fresh(f"raw_drain_b{batch}_c{clients}") as url:
                 prepare(url)
                 fill(url, jobs)
-                seconds, done = clients_of(url, "drain", batch, clients, jobs)
-                if done != jobs:
-                    raise NotAvailableError(f"raw drain did {done} of {jobs} jobs")
-                out[f"raw_drain_b{batch}_c{clients}"] = done / seconds
+                run = clients_of(url, "drain", batch, clients, jobs)
+                if run.done != jobs:
+                    raise NotAvailableError(f"raw drain did {run.done} of {jobs} jobs")
+                out[f"raw_drain_b{batch}_c{clients}"] = run.done / run.seconds
     return out
 
 

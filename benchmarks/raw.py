@@ -12,7 +12,7 @@ from __future__ import annotations
 import multiprocessing
 import sqlite3
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 from benchmarks.harness import connect_patiently, sqlite_connect
 
@@ -185,7 +185,7 @@ def _pg_client(
     with connect_patiently(url) as conn:
         conn.execute("SELECT 1")
         barrier.wait()
-        started = time.time()
+        started, cpu_started = time.time(), time.process_time()
         done = 0
         if mode == "lifecycle":
             while done < jobs:
@@ -205,10 +205,22 @@ def _pg_client(
                     break
                 conn.execute(PG_COMPLETE, ([row[0] for row in claimed],))
                 done += len(claimed)
-        out.put((index, started, time.time(), done))
+        out.put((index, started, time.time(), done, time.process_time() - cpu_started))
 
 
-def pg_clients(url: str, mode: str, batch: int, clients: int, jobs: int) -> tuple[float, int]:
+class ClientsRun(NamedTuple):
+    """What :func:`pg_clients` / :func:`sqlite_clients` measured: ``seconds``
+    from the first client's start (after every client connected) to the last
+    one's end, the jobs ``done``, and the clients' ``cpu`` seconds in that
+    loop (their start-up left out, as it is from ``seconds``).
+    """
+
+    seconds: float
+    done: int
+    cpu: float
+
+
+def pg_clients(url: str, mode: str, batch: int, clients: int, jobs: int) -> ClientsRun:
     """Run ``clients`` processes; returns (seconds, jobs done). For ``lifecycle``,
     ``jobs`` is the total split between the clients; for ``drain`` the backlog
     must be filled first.
@@ -218,7 +230,7 @@ def pg_clients(url: str, mode: str, batch: int, clients: int, jobs: int) -> tupl
 
 def _run_clients(
     target: Any, url: str, mode: str, batch: int, clients: int, jobs: int
-) -> tuple[float, int]:
+) -> ClientsRun:
     context = multiprocessing.get_context("spawn")
     barrier = context.Barrier(clients)
     out = context.Queue()
@@ -236,7 +248,7 @@ def _run_clients(
             raise RuntimeError(f"raw client exited with code {process.exitcode}")
     first = min(r[1] for r in results)
     last = max(r[2] for r in results)
-    return last - first, sum(r[3] for r in results)
+    return ClientsRun(last - first, sum(r[3] for r in results), sum(r[4] for r in results))
 
 
 # -- SQLite ---------------------------------------------------------------------
@@ -319,7 +331,7 @@ def _sqlite_client(
     conn = _sqlite(url)
     try:
         barrier.wait()
-        started = time.time()
+        started, cpu_started = time.time(), time.process_time()
         done = 0
         if mode == "lifecycle":
             while done < jobs:
@@ -338,10 +350,10 @@ def _sqlite_client(
                     break
                 _sqlite_complete(conn, ids)
                 done += len(ids)
-        out.put((index, started, time.time(), done))
+        out.put((index, started, time.time(), done, time.process_time() - cpu_started))
     finally:
         conn.close()
 
 
-def sqlite_clients(url: str, mode: str, batch: int, clients: int, jobs: int) -> tuple[float, int]:
+def sqlite_clients(url: str, mode: str, batch: int, clients: int, jobs: int) -> ClientsRun:
     return _run_clients(_sqlite_client, url, mode, batch, clients, jobs)

@@ -144,7 +144,8 @@ def rows_for(backend: str, sizes: Sizes) -> list[Row]:
             "jobs/s",
             "raw_drain_best",
         ),
-        Row("drain_steady", "  same, from first job done", "jobs/s", "raw_drain_best"),
+        Row("drain_steady", "  same, after the first jobs are done", "jobs/s", "raw_drain_best"),
+        Row("drain_startup", "  worker start-up: spawn to first jobs done", "ms"),
         Row("latency_p50", f"latency p50 (idle, {sizes.latency_jobs} jobs 20 ms apart)", "ms"),
         Row("latency_p95", "latency p95", "ms"),
         Row("latency_p99", "latency p99", "ms"),
@@ -448,12 +449,22 @@ def speed_targets(
         ">= 0.80",
         lambda v: v >= 0.8,
     )
+    raw_drain = results.median(pg, RAW, f"raw_drain_b{sizes.raw_batch}_c1")
     add(
         "one worker >= 0.6 of the 1-client raw drain",
-        ratio(jk("drain"), results.median(pg, RAW, f"raw_drain_b{sizes.raw_batch}_c1")),
+        ratio(jk("drain_steady"), raw_drain),
         ">= 0.60",
         lambda v: v >= 0.6,
-        "start-up included; the 'from first job done' row is the steady rate",
+        "both timed once working: the raw clients from their first claim, the worker "
+        "after its first jobs are done",
+    )
+    add(
+        "  same, the worker's start-up included",
+        ratio(jk("drain"), raw_drain),
+        ">= 0.60",
+        lambda v: v >= 0.6,
+        f"start-up {jk('drain_startup') or 0:.0f} ms of the worker's drain; the raw "
+        "clients' start-up is outside their time",
     )
     if processes:
         from benchmarks.processes import scaling_steps

@@ -206,7 +206,7 @@ class Suite:
                 measures.enqueue_single_async,
             ),
             ("enqueue", ["enqueue_bulk"], "enqueue bulk", measures.enqueue_bulk),
-            ("drain", ["drain", "drain_steady"], "drain", measures.drain),
+            ("drain", ["drain", "drain_steady", "drain_startup"], "drain", measures.drain),
             (
                 "latency",
                 [
