@@ -43,6 +43,21 @@ def test_cli_and_api_agree(cli):
         assert code == 0 and "emails" in out and "100/m" in out
 
 
+def test_resume_of_a_queue_that_is_not_paused_writes_nothing_and_says_so(cli):
+    with JobQueue(cli.url) as jq:
+        code, out, _ = cli("queues", "resume", "typo")
+        assert code == 0 and "queue typo not paused (no job or setting names it)" in out
+        jq.configure_queue("limited", concurrency=3)
+        code, out, _ = cli("queues", "resume", "limited")
+        assert code == 0 and "queue limited not paused (it was not paused)" in out
+        assert [(q.name, q.paused, q.concurrency) for q in jq.queues()] == [("limited", False, 3)]
+        code, out, _ = cli("queues", "pause", "later")
+        assert code == 0 and "the pause holds for its jobs to come" in out
+        code, out, _ = cli("queues", "resume", "later")
+        assert code == 0 and out.strip() == "queue later resumed"
+        assert [q.name for q in jq.queues()] == ["limited"]
+
+
 @pytest.mark.parametrize(
     "args",
     [
@@ -52,6 +67,7 @@ def test_cli_and_api_agree(cli):
         ("queues", "set", "q", "--max-pending", "-3"),
         ("queues", "set", "q"),
         ("queues", "pause", "bad name"),
+        ("queues", "resume", "bad name"),
     ],
 )
 def test_bad_input_exits_2_with_one_line(cli, args):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from jobkeeper import JobQueue
 from jobkeeper.cli import render
 from jobkeeper.cli.common import (
     Argument,
@@ -13,7 +14,8 @@ from jobkeeper.cli.common import (
     json_option,
     open_queue,
 )
-from jobkeeper.queues import UNSET, Unset
+from jobkeeper.config import check_name
+from jobkeeper.queues import UNSET, QueueInfo, Unset
 
 queues_app = Group(
     "queues",
@@ -23,6 +25,11 @@ queues_app = Group(
 
 
 _queue_argument = click.argument("name", cls=Argument, doc="The queue's name.")
+
+
+def _known(queue: JobQueue, name: str) -> QueueInfo | None:
+    """The queue as ``queues list`` shows it, or None: no job or setting names it."""
+    return next((info for info in queue.queues() if info.name == name), None)
 
 
 @queues_app.command("list")
@@ -42,8 +49,13 @@ def queues_list(ctx: click.Context, as_json: bool) -> None:
 @click.pass_context
 def queues_pause(ctx: click.Context, name: str) -> None:
     """Stop every worker from starting jobs of the queue (running jobs finish)."""
-    open_queue(ctx).pause(name)
-    console.print(f"queue {name} paused", markup=False, highlight=False)
+    queue = open_queue(ctx)
+    known = _known(queue, name)
+    queue.pause(name)
+    note = (
+        "" if known else " (no job or setting named it yet: the pause holds for its jobs to come)"
+    )
+    console.print(f"queue {name} paused{note}", markup=False, highlight=False)
 
 
 @queues_app.command("resume")
@@ -51,7 +63,17 @@ def queues_pause(ctx: click.Context, name: str) -> None:
 @click.pass_context
 def queues_resume(ctx: click.Context, name: str) -> None:
     """Let workers start jobs of the queue again."""
-    open_queue(ctx).resume(name)
+    queue = open_queue(ctx)
+    check_name("queue", name)
+    before = _known(queue, name)
+    if before is None or not before.paused:
+        # Nothing to write: a resume must not create settings for a typo.
+        what = "no job or setting names it" if before is None else "it was not paused"
+        console.print(
+            f"queue {name} not paused ({what}): nothing to resume", markup=False, highlight=False
+        )
+        return
+    queue.resume(name)
     console.print(f"queue {name} resumed", markup=False, highlight=False)
 
 
