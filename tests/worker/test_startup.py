@@ -8,7 +8,7 @@ import time
 import psycopg
 import pytest
 
-from jobkeeper import DatabaseUnavailable, JobQueue, JobStatus
+from jobkeeper import DatabaseError, DatabaseUnavailable, JobQueue, JobStatus
 from support.db import PG_URL, pg_database_url
 from support.settings import FAST
 from support.waiting import wait_status
@@ -64,6 +64,7 @@ def test_a_worker_waits_for_the_database_then_runs_its_jobs(refusing_database, c
 
 
 def test_a_waiting_worker_stops_cleanly(refusing_database, caplog):
+    caplog.set_level("INFO", logger="jobkeeper")
     url, _, _ = refusing_database
     jq = JobQueue(url, **FAST)
     try:
@@ -73,6 +74,9 @@ def test_a_waiting_worker_stops_cleanly(refusing_database, caplog):
                 assert time.monotonic() < deadline
                 time.sleep(0.05)
         assert handle.stats.claimed == 0
+        # It never started: no tally of zeros, which would read as a run.
+        assert "stopped before it started" in caplog.text
+        assert "stopped: 0 claimed" not in caplog.text
     finally:
         jq.close()
 
@@ -85,3 +89,15 @@ def test_a_burst_worker_fails_at_once(refusing_database):
             jq.run_worker(burst=True)
     finally:
         jq.close()
+
+
+def test_a_worker_on_a_missing_sqlite_file_says_it_never_started(tmp_path, caplog):
+    caplog.set_level("INFO", logger="jobkeeper")
+    jq = JobQueue(f"sqlite:///{tmp_path / 'never-migrated.db'}", **FAST)
+    try:
+        with pytest.raises(DatabaseError, match="does not exist"):
+            jq.run_worker(burst=True)
+    finally:
+        jq.close()
+    assert "stopped before it started" in caplog.text
+    assert " started on " not in caplog.text and "stopped: 0 claimed" not in caplog.text

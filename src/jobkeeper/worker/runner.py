@@ -458,6 +458,11 @@ class Worker:
         self.executor.close()
         for backend in self._backends:
             backend.close()
+        if not self._registered:
+            # Stopped, or failed, before its start: no "started" line came,
+            # and a tally of zeros would read as a worker that ran.
+            logger.info("worker %s stopped before it started: no job was claimed", self.info.id)
+            return
         logger.info(
             "worker %s stopped: %d claimed, %d completed, %d failed, %d handed back, %d left held",
             self.info.id,
