@@ -55,9 +55,11 @@ class IntervalService:
         retry = min(self.interval, 0.1)
         while not self._stop.is_set():
             started = time.monotonic()
+            ran = False
             try:
                 if self._only_when is None or self._only_when():
                     self.run_once()
+                    ran = True
             except DatabaseError as exc:
                 if not self._failing:
                     logger.warning("%s: %s; retrying", self.name, exc)
@@ -69,9 +71,11 @@ class IntervalService:
                 logger.exception("%s: unexpected error; retrying", self.name)
                 self._stop.wait(self.interval)
                 continue
-            if self._failing:
+            # Only a pass that ran says the database answered: a skipped one
+            # (not the leader) said nothing while the server was still down.
+            if ran and self._failing:
                 logger.info("%s: database reachable again", self.name)
-            self._failing = False
+                self._failing = False
             with self._passed:
                 self.loop_passes += 1
                 self._passed.notify_all()
