@@ -103,8 +103,10 @@ class Schedule:
         timezone: str | ZoneInfo = "UTC",
         every: int | float | None = None,
     ) -> None:
-        if (cron is None) == (every is None):
+        if cron is not None and every is not None:
             raise ConfigError("a Schedule takes either a cron expression or every=, not both")
+        if cron is None and every is None:
+            raise ConfigError("a Schedule needs a cron expression or every=, and neither was given")
         self._every: timedelta | None = None
         self._expression: str | None = None
         self._fields = ""
