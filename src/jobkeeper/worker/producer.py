@@ -350,8 +350,10 @@ class Producer:
                     for job in jobs:
                         self._events.emit(JobEvent.of(EventKind.CLAIMED, job))
                 self._executor.offer(jobs)
+                # Counted per claim: a later queue's claim that raises must
+                # not leave these out of the worker's tally.
+                self._on_claimed(len(jobs))
             claimed += len(jobs)
-        self._on_claimed(claimed)
         return claimed
 
     def _reconcile(self) -> None:
