@@ -5,8 +5,12 @@ sessions (a restart, a failover, ``pg_terminate_backend``).
 from __future__ import annotations
 
 import secrets
+import threading
+import time
 
-from jobkeeper import JobQueue
+import pytest
+
+from jobkeeper import DatabaseUnavailable, JobQueue
 from support.db import end_sessions
 
 
@@ -30,5 +34,37 @@ def test_api_calls_right_after_the_server_ends_the_pooled_sessions(pg_url):
             fetched = jq.get_job(again.id)
             assert fetched is not None and fetched.args == {"round": round_, "again": True}
         assert len(jq.list_jobs(limit=100)) == 10
+    finally:
+        jq.close()
+
+
+def test_a_connection_lost_mid_call_says_the_write_may_have_committed(pg_url):
+    # A caller who retries on DatabaseUnavailable must be able to tell a
+    # failed connect (nothing written) from a call whose connection died
+    # with a statement in flight (its commit may have landed: a retry can
+    # enqueue the job twice). Found by a newcomer break-test.
+    name = f"jk_lost_{secrets.token_hex(4)}"
+    jq = JobQueue(f"{pg_url}&application_name={name}")
+    jq.migrate()
+    ended: list[BaseException] = []
+
+    def end_soon() -> None:
+        time.sleep(0.5)
+        try:
+            end_sessions(name)
+        except BaseException as exc:
+            ended.append(exc)
+
+    try:
+        jq.enqueue("anything", {})  # the pool is open and a session is warm
+        thread = threading.Thread(target=end_soon)
+        thread.start()
+        with pytest.raises(DatabaseUnavailable) as caught:
+            jq.backend._fetch_raw("SELECT pg_sleep(30)")
+        thread.join()
+        assert ended == []
+        assert "lost during the call" in str(caught.value)
+        assert "may have committed" in str(caught.value)
+        assert jq.get_job(1) is not None  # the next call reconnects
     finally:
         jq.close()

@@ -435,13 +435,26 @@ class PostgresConnections:
 
     @contextlib.contextmanager
     def _cursor(self, *, transaction: bool = False) -> Iterator[psycopg.Cursor[Any]]:
-        with self._errors(), self._source.connection() as conn:
-            cursor = _reused_cursor(conn)
-            if transaction:
-                with conn.transaction():
+        checked_out = False
+        try:
+            with self._errors(), self._source.connection() as conn:
+                checked_out = True
+                cursor = _reused_cursor(conn)
+                if transaction:
+                    with conn.transaction():
+                        yield cursor
+                else:
                     yield cursor
-            else:
-                yield cursor
+        except DatabaseUnavailable as exc:
+            if not (checked_out and isinstance(exc.__cause__, psycopg.OperationalError)):
+                raise
+            # Lost with a statement in flight: unlike a failed connect, its
+            # commit may have landed, and a caller that simply runs it again
+            # can write it twice.
+            raise DatabaseUnavailable(
+                f"{exc} (the connection was lost during the call: what it was writing may "
+                "have committed; check before running it again)"
+            ) from exc.__cause__
 
     def _fetch(
         self, name: str, params: dict[str, Any] | None = None, *, binary: bool = False
