@@ -189,6 +189,33 @@ def log_start(
             )
 
 
+class _StopTally(Protocol):
+    claimed: int
+    completed: int
+    failed: int
+    released: int
+
+
+def log_stop(*, worker_id: str, started: bool, tally: _StopTally, left_held: int) -> None:
+    """The worker's stop line (INFO on ``jobkeeper.worker``): its tally; for
+    a worker that never ``started`` (registered), that it stopped before its
+    start instead: no "started" line came, and a tally of zeros would read as
+    a worker that ran.
+    """
+    if not started:
+        _worker_logger.info("worker %s stopped before it started: no job was claimed", worker_id)
+        return
+    _worker_logger.info(
+        "worker %s stopped: %d claimed, %d completed, %d failed, %d handed back, %d left held",
+        worker_id,
+        tally.claimed,
+        tally.completed,
+        tally.failed,
+        tally.released,
+        left_held,
+    )
+
+
 class JsonFormatter(logging.Formatter):
     """One JSON object a line: ``time`` (ISO 8601, UTC), ``level``,
     ``logger``, ``message``, then each of :data:`JOB_FIELDS` the record

@@ -458,19 +458,8 @@ class Worker:
         self.executor.close()
         for backend in self._backends:
             backend.close()
-        if not self._registered:
-            # Stopped, or failed, before its start: no "started" line came,
-            # and a tally of zeros would read as a worker that ran.
-            logger.info("worker %s stopped before it started: no job was claimed", self.info.id)
-            return
-        logger.info(
-            "worker %s stopped: %d claimed, %d completed, %d failed, %d handed back, %d left held",
-            self.info.id,
-            self.stats.claimed,
-            self.stats.completed,
-            self.stats.failed,
-            self.stats.released,
-            len(stuck),
+        joblog.log_stop(
+            worker_id=self.info.id, started=self._registered, tally=self.stats, left_held=len(stuck)
         )
 
     def _interrupt_running(self, grace: float) -> list[Job]:
