@@ -697,12 +697,12 @@ def _probe_down(
     pg: PrivatePostgres, config: SoakConfig, settings: dict[str, float]
 ) -> dict[str, Any]:
     """Stop PostgreSQL, enqueue, expect DatabaseUnavailable; start it again."""
-    from jobkeeper.backends.postgres import connections as pg_connections
+    from jobkeeper.backends.postgres import sources as pg_sources
 
     token = 10**12
-    saved = pg_connections.POOL_TIMEOUT
+    saved = pg_sources.POOL_TIMEOUT
     if config.probe_pool_timeout is not None:
-        pg_connections.POOL_TIMEOUT = config.probe_pool_timeout
+        pg_sources.POOL_TIMEOUT = config.probe_pool_timeout
     pg.stop("fast")
     probe_jq = JobQueue(pg.url, **settings)
     started = time.monotonic()
@@ -714,7 +714,7 @@ def _probe_down(
     except Exception as exc:
         outcome = {"ok": False, "detail": f"raised {type(exc).__name__}: {exc}"}
     finally:
-        pg_connections.POOL_TIMEOUT = saved
+        pg_sources.POOL_TIMEOUT = saved
         probe_jq.close()
     outcome["seconds"] = time.monotonic() - started
     outcome["token"] = token

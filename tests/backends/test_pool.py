@@ -4,6 +4,7 @@ sessions (a restart, a failover, ``pg_terminate_backend``).
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 import threading
 import time
@@ -66,5 +67,57 @@ def test_a_connection_lost_mid_call_says_the_write_may_have_committed(pg_url):
         assert "lost during the call" in str(caught.value)
         assert "may have committed" in str(caught.value)
         assert jq.get_job(1) is not None  # the next call reconnects
+    finally:
+        jq.close()
+
+
+def test_an_async_call_whose_connection_is_lost_says_the_write_may_have_committed(pg_url):
+    # The async API meets the same choice as the sync one above: its caller
+    # must be told a lost connection from a failed connect.
+    name = f"jk_lost_async_{secrets.token_hex(4)}"
+    jq = JobQueue(f"{pg_url}&application_name={name}")
+    jq.migrate()
+
+    async def lose_a_call() -> DatabaseUnavailable:
+        await jq.enqueue_async("anything", {})  # the loop's pool is open and warm
+        backend = jq.backend
+
+        async def sleep_on_the_server() -> None:
+            async with backend._async_cursor(transaction=False) as cursor:
+                await cursor.execute("SELECT pg_sleep(30)")
+
+        call = asyncio.ensure_future(sleep_on_the_server())
+        await asyncio.sleep(0.5)
+        await asyncio.to_thread(end_sessions, name)
+        with pytest.raises(DatabaseUnavailable) as caught:
+            await asyncio.wait_for(call, timeout=20)
+        assert (await jq.get_job_async(1)) is not None  # the next call reconnects
+        await jq.aclose()
+        return caught.value
+
+    try:
+        lost = asyncio.run(lose_a_call())
+        assert "lost during the call" in str(lost)
+        assert "may have committed" in str(lost)
+    finally:
+        jq.close()
+
+
+def test_an_async_call_with_the_server_down_fails_at_once_without_the_commit_warning():
+    # Nothing was sent: the plain "unavailable" message, without the warning.
+    # The async pool used to retry its connects in the background for its own
+    # 30 s timeout before failing (the sync pool probes and fails at once);
+    # the 20 s bound here is that difference, not a speed figure.
+    jq = JobQueue("postgresql://postgres@127.0.0.1:1/test?connect_timeout=1")
+
+    async def fail_to_enqueue() -> DatabaseUnavailable:
+        with pytest.raises(DatabaseUnavailable) as caught:
+            await asyncio.wait_for(jq.enqueue_async("anything", {}), timeout=20)
+        await jq.aclose()
+        return caught.value
+
+    try:
+        failed = asyncio.run(fail_to_enqueue())
+        assert "is unavailable" in str(failed) and "may have committed" not in str(failed)
     finally:
         jq.close()

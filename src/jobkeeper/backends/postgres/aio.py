@@ -17,16 +17,9 @@ from typing import Any
 
 import psycopg
 from psycopg.rows import tuple_row
-from psycopg_pool import AsyncConnectionPool
+from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
-from jobkeeper.backends.postgres.connections import (
-    _RETRY_ASKED,
-    IDLE_CHECK_AFTER,
-    _describe,
-    _has_unread_input,
-    _retry_asked,
-    load_json_safely,
-)
+from jobkeeper.backends.postgres.connections import describe, lost_during_call, retry_asked
 from jobkeeper.backends.postgres.flow import FlowNeeded
 from jobkeeper.backends.postgres.plans import (
     Plan,
@@ -38,7 +31,16 @@ from jobkeeper.backends.postgres.plans import (
 )
 from jobkeeper.backends.postgres.prepared import prepare_if_direct_async, stale_plan
 from jobkeeper.backends.postgres.queries import QUERIES
-from jobkeeper.errors import DatabaseError
+from jobkeeper.backends.postgres.sources import (
+    CONNECT_TIMEOUT,
+    IDLE_CHECK_AFTER,
+    POOL_SLICE,
+    POOL_TIMEOUT,
+    RETRY_ASKED,
+    has_unread_input,
+    load_json_safely,
+)
+from jobkeeper.errors import DatabaseError, DatabaseUnavailable
 from jobkeeper.models import Job, NewJob
 
 logger = logging.getLogger("jobkeeper.postgres")
@@ -51,7 +53,7 @@ RETRY_PAUSE = 0.02
 
 async def _check_async(conn: psycopg.AsyncConnection[Any]) -> None:
     """The async pool's checkout check, as the sync pool's (see
-    ``_PooledConnections._alive``): a ping only for a connection that idled
+    ``PooledConnections._alive``): a ping only for a connection that idled
     past ``IDLE_CHECK_AFTER`` or whose socket is readable (a server ending a
     session says why first); a ping on every checkout cost a round trip per
     call.
@@ -60,13 +62,13 @@ async def _check_async(conn: psycopg.AsyncConnection[Any]) -> None:
         psycopg.Error: the ping failed (the pool then replaces the connection).
     """
     returned_at: float = getattr(conn, "_jobkeeper_returned_at", 0.0)
-    if time.monotonic() - returned_at <= IDLE_CHECK_AFTER and not _has_unread_input(conn):
+    if time.monotonic() - returned_at <= IDLE_CHECK_AFTER and not has_unread_input(conn):
         return
     await AsyncConnectionPool.check_connection(conn)
 
 
 def _reused_cursor_async(conn: psycopg.AsyncConnection[Any]) -> psycopg.AsyncCursor[Any]:
-    """As the sync ``_reused_cursor``: one tuple-row cursor per connection."""
+    """As the sync ``reused_cursor``: one tuple-row cursor per connection."""
     cursor: psycopg.AsyncCursor[Any] | None = getattr(conn, "_jobkeeper_cursor", None)
     if cursor is None or cursor.closed:
         cursor = conn.cursor(row_factory=tuple_row)
@@ -79,12 +81,84 @@ async def _configure_async(conn: psycopg.AsyncConnection[Any]) -> None:
     await prepare_if_direct_async(conn)
 
 
+class _ServerProbe:
+    """Whether an async pool's server may be gone, and one direct connect at
+    a time to find out (the sync pool's ``_probe``, for a loop's many tasks:
+    500 concurrent enqueues must not open 500 probe connections).
+
+    Args:
+        conninfo: where the pool connects.
+    """
+
+    def __init__(self, conninfo: str) -> None:
+        self._conninfo = conninfo
+        #: Probe before the first checkout, as the sync pool does.
+        self.suspect = True
+        self._lock = asyncio.Lock()
+        # (when, error) of the last failed probe: tasks that waited for it
+        # share its answer instead of each connecting in turn.
+        self._failed: tuple[float, psycopg.OperationalError] | None = None
+
+    async def check(self) -> None:
+        """Return at once unless suspect; else connect directly once.
+
+        Raises:
+            psycopg.OperationalError: the server refused the connection.
+        """
+        if not self.suspect:
+            return
+        asked = time.monotonic()
+        async with self._lock:
+            if not self.suspect:
+                return
+            if self._failed is not None and self._failed[0] >= asked:
+                raise self._failed[1]
+            try:
+                probe = await psycopg.AsyncConnection.connect(
+                    self._conninfo, connect_timeout=CONNECT_TIMEOUT
+                )
+            except psycopg.OperationalError as exc:
+                self._failed = (time.monotonic(), exc)
+                raise
+            await probe.close()
+            self.suspect = False
+            self._failed = None
+
+
+async def _getconn_async(
+    pool: AsyncConnectionPool, probe: _ServerProbe
+) -> psycopg.AsyncConnection[Any]:
+    """A connection from ``pool``, as the sync pool's ``_getconn``: waits up
+    to ``POOL_TIMEOUT`` while the pool is busy, but fails within about
+    ``POOL_SLICE`` when the server is down. The pool alone retried its
+    connects in the background until its own timeout, so an async enqueue
+    with the server down hung for 30 seconds where the sync one failed at once.
+
+    Raises:
+        psycopg.OperationalError: the server refused a direct connection.
+        psycopg_pool.PoolTimeout: no connection within ``POOL_TIMEOUT``.
+    """
+    deadline = time.monotonic() + POOL_TIMEOUT
+    while True:
+        await probe.check()
+        remaining = deadline - time.monotonic()
+        try:
+            return await pool.getconn(timeout=max(min(POOL_SLICE, remaining), 0.001))
+        except PoolTimeout:
+            if time.monotonic() >= deadline:
+                raise
+            # Busy, or the server went away: a probe tells which.
+            probe.suspect = True
+
+
 class PostgresAsync:
     """The async half of the PostgreSQL backend (mixed into it)."""
 
     _conninfo: str
     _pool_size: int
-    _async_pools: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, AsyncConnectionPool]
+    _async_pools: weakref.WeakKeyDictionary[
+        asyncio.AbstractEventLoop, tuple[AsyncConnectionPool, _ServerProbe]
+    ]
     _async_checked: weakref.WeakSet[psycopg.AsyncConnection[Any]]
 
     def _errors(self) -> contextlib.AbstractContextManager[None]:
@@ -96,11 +170,11 @@ class PostgresAsync:
     def _pool_kwargs(self) -> dict[str, Any]:
         raise NotImplementedError
 
-    async def _async_pool(self) -> AsyncConnectionPool:
+    async def _async_pool(self) -> tuple[AsyncConnectionPool, _ServerProbe]:
         # A pool's background tasks belong to the loop that opened it.
         loop = asyncio.get_running_loop()
-        pool = self._async_pools.get(loop)
-        if pool is None:
+        found = self._async_pools.get(loop)
+        if found is None:
             pool = AsyncConnectionPool(
                 self._conninfo,
                 min_size=1,
@@ -113,21 +187,35 @@ class PostgresAsync:
                 check=_check_async,
                 configure=_configure_async,
             )
-            self._async_pools[loop] = pool
+            found = (pool, _ServerProbe(self._conninfo))
+            self._async_pools[loop] = found
             await pool.open(wait=False)
-        return pool
+        return found
 
     @contextlib.asynccontextmanager
     async def _async_cursor(self, *, transaction: bool) -> AsyncIterator[psycopg.AsyncCursor[Any]]:
+        checked_out = False
+        try:
+            async with self._pool_cursor(transaction) as cursor:
+                checked_out = True
+                yield cursor
+        except DatabaseUnavailable as exc:
+            lost = lost_during_call(exc) if checked_out else None
+            if lost is None:
+                raise
+            raise lost from exc.__cause__
+
+    @contextlib.asynccontextmanager
+    async def _pool_cursor(self, transaction: bool) -> AsyncIterator[psycopg.AsyncCursor[Any]]:
         with self._errors():
-            pool = await self._async_pool()
+            pool, probe = await self._async_pool()
             # getconn/putconn, not ``pool.connection()``: that one wraps the
             # call in ``async with conn``, whose commit has nothing to do in
             # autocommit (transactions are ``conn.transaction()`` blocks) but
             # took the connection's lock and a wait, ~4% of an enqueue's CPU.
             # putconn rolls back and warns about a transaction left open, as
             # the sync pool's does.
-            conn = await pool.getconn()
+            conn = await _getconn_async(pool, probe)
             try:
                 cursor = _reused_cursor_async(conn)
                 if transaction:
@@ -135,6 +223,9 @@ class PostgresAsync:
                         yield cursor
                 else:
                     yield cursor
+            except psycopg.OperationalError:
+                probe.suspect = True
+                raise
             except psycopg.errors.FeatureNotSupported as exc:
                 if stale_plan(exc):
                     # Every session of the pool met the same schema change.
@@ -180,7 +271,7 @@ class PostgresAsync:
                 in_transaction = True
                 continue
             except DatabaseError as exc:
-                if retry == RETRIES or not _retry_asked(exc):
+                if retry == RETRIES or not retry_asked(exc):
                     raise
                 logger.debug("insert aborted (%s); running it again", exc)
             await asyncio.sleep(random.uniform(0, RETRY_PAUSE * 2**retry))
@@ -214,11 +305,11 @@ class PostgresAsync:
                         cursor, insert_plan(jobs, channel, in_transaction=True), QUERIES
                     )
                     return result
-            except _RETRY_ASKED as exc:
+            except RETRY_ASKED as exc:
                 if connection.autocommit:
                     raise
                 raise DatabaseError(
-                    f"PostgreSQL aborted the caller's transaction ({_describe(exc)}): "
+                    f"PostgreSQL aborted the caller's transaction ({describe(exc)}): "
                     "roll it back and retry the whole transaction (none of it was committed)"
                 ) from exc
 
@@ -248,15 +339,15 @@ class PostgresAsync:
 
     async def aclose(self) -> None:
         """Close the async pool of the running loop."""
-        pool = self._async_pools.pop(asyncio.get_running_loop(), None)
-        if pool is not None:
-            await pool.close()
+        found = self._async_pools.pop(asyncio.get_running_loop(), None)
+        if found is not None:
+            await found[0].close()
 
     def _close_async_pools(self) -> None:
         """From the sync ``close``: pools whose loop is gone are dropped; a
         pool of a loop that is not running is closed on it.
         """
-        for loop, pool in list(self._async_pools.items()):
+        for loop, (pool, _probe) in list(self._async_pools.items()):
             self._async_pools.pop(loop, None)
             if loop.is_closed() or loop.is_running():
                 continue

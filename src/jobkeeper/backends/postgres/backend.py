@@ -20,7 +20,7 @@ from jobkeeper.backends.cockpit import CockpitReads
 from jobkeeper.backends.migrate import apply_migrations
 from jobkeeper.backends.postgres.aio import PostgresAsync
 from jobkeeper.backends.postgres.claimrows import claimed_job
-from jobkeeper.backends.postgres.connections import _retrying, _rows
+from jobkeeper.backends.postgres.connections import retrying, rows_of
 from jobkeeper.backends.postgres.flow import FlowNeeded, PostgresFlow
 from jobkeeper.backends.postgres.inserts import PostgresInserts
 from jobkeeper.backends.postgres.listener import PostgresListener
@@ -134,10 +134,10 @@ class PostgresBackend(
 
         if is_single_statement(jobs):
             try:
-                return _retrying(lambda: insert(False))
+                return retrying(lambda: insert(False))
             except FlowNeeded:
                 pass
-        return _retrying(lambda: insert(True))
+        return retrying(lambda: insert(True))
 
     def job_claim(self, *, worker_id: str, queue: str, limit: int) -> list[Job]:
         if self._claim_is_limited(queue):
@@ -290,7 +290,7 @@ class PostgresBackend(
 
     def _released_queues(self, cursor: psycopg.Cursor[Any], ids: set[int]) -> list[dict[str, Any]]:
         cursor.execute(QUERIES["job_fail_many_released_queues"], {"ids": sorted(ids)})
-        return _rows(cursor)
+        return rows_of(cursor)
 
     def job_stage_due(self, *, queues: Sequence[str] = (), now: datetime | None = None) -> Staging:
         params = {

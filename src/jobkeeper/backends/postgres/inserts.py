@@ -11,15 +11,10 @@ from typing import Any
 import psycopg
 from psycopg.rows import tuple_row
 
-from jobkeeper.backends.postgres.connections import (
-    _RETRY_ASKED,
-    PostgresConnections,
-    _describe,
-    _retrying,
-    load_json_safely,
-)
+from jobkeeper.backends.postgres.connections import PostgresConnections, describe, retrying
 from jobkeeper.backends.postgres.plans import insert_plan, run_plan
 from jobkeeper.backends.postgres.queries import QUERIES
+from jobkeeper.backends.postgres.sources import RETRY_ASKED, load_json_safely
 from jobkeeper.errors import DatabaseError
 from jobkeeper.models import Job, NewJob
 
@@ -56,15 +51,15 @@ class PostgresInserts(PostgresConnections):
                         plan = insert_plan(jobs, channel, in_transaction=True)
                         stored: list[Job] = run_plan(cur, plan, QUERIES)
                         return stored
-                except _RETRY_ASKED as exc:
+                except RETRY_ASKED as exc:
                     if own:
                         raise
                     raise DatabaseError(
-                        f"PostgreSQL aborted the caller's transaction ({_describe(exc)}): "
+                        f"PostgreSQL aborted the caller's transaction ({describe(exc)}): "
                         "roll it back and retry the whole transaction (none of it was committed)"
                     ) from exc
 
-        return _retrying(insert) if own else insert()
+        return retrying(insert) if own else insert()
 
     def _check_same_database(self, connection: psycopg.Connection[Any]) -> None:
         """Refuse a caller's connection to another database or schema."""

@@ -11,13 +11,9 @@ from collections.abc import Callable
 import psycopg
 from psycopg import sql
 
-from jobkeeper.backends.postgres.connections import (
-    CONNECT_TIMEOUT,
-    PostgresConnections,
-    _describe,
-    _SingleConnection,
-)
+from jobkeeper.backends.postgres.connections import PostgresConnections, describe
 from jobkeeper.backends.postgres.queries import QUERIES
+from jobkeeper.backends.postgres.sources import CONNECT_TIMEOUT, SingleConnection
 from jobkeeper.errors import DatabaseError
 
 logger = logging.getLogger("jobkeeper.postgres")
@@ -51,7 +47,7 @@ class PostgresListener(PostgresConnections):
         supported), the listener says so once and stops; workers then find
         jobs by polling every ``poll_interval``.
         """
-        sender = _SingleConnection(self._conninfo)
+        sender = SingleConnection(self._conninfo)
         delay = 0.1
         silent_connections = 0
         try:
@@ -62,7 +58,7 @@ class PostgresListener(PostgresConnections):
                     echoed = self._listen_once(self.channel(), sender, on_queue, on_due, stop)
                 except Exception as exc:
                     if isinstance(exc, psycopg.Error | DatabaseError):
-                        reason = _describe(exc) if isinstance(exc, psycopg.Error) else str(exc)
+                        reason = describe(exc) if isinstance(exc, psycopg.Error) else str(exc)
                         logger.warning("LISTEN connection lost (%s); reconnecting", reason)
                     else:
                         # Wake-ups are an optimisation; polling covers for
@@ -90,7 +86,7 @@ class PostgresListener(PostgresConnections):
     def _listen_once(
         self,
         channel: str,
-        sender: _SingleConnection,
+        sender: SingleConnection,
         on_queue: Callable[[str], None],
         on_due: Callable[[str, float], None] | None,
         stop: threading.Event,

@@ -1,0 +1,292 @@
+"""Where a PostgreSQL backend's connections come from (internal): one
+lazily reopened connection for a worker thread, a pool for API calls that
+checks connections on checkout, and what every connection of ours is opened
+and configured with. ``connections.py`` runs statements on them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import select
+import threading
+import time
+import weakref
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+from psycopg.abc import AdaptContext
+from psycopg.conninfo import conninfo_to_dict
+from psycopg.rows import tuple_row
+from psycopg.types.json import set_json_loads
+from psycopg_pool import ConnectionPool, PoolTimeout
+
+from jobkeeper.backends.postgres.prepared import prepare_if_direct, stale_plan
+from jobkeeper.backends.rows import load_json
+
+# The pool logs every failed reconnect during an outage. An application that
+# configured logging still gets those records (they propagate to its
+# handlers); one that did not would get them dumped raw on stderr by
+# logging's last-resort handler, beside the DatabaseUnavailable it catches.
+logging.getLogger("psycopg.pool").addHandler(logging.NullHandler())
+
+#: Seconds an API call waits for a pooled connection (or a connection to be
+#: made) before raising DatabaseUnavailable.
+POOL_TIMEOUT = 10.0
+#: Seconds between probes of the server while waiting for a pooled connection.
+POOL_SLICE = 0.5
+CONNECT_TIMEOUT = 5
+#: What every connection of ours is opened with (the worker's own, the sync
+#: and async pools'): no prepared statements until prepare_if_direct has
+#: seen where the connection leads.
+CONNECTION_OPTIONS: dict[str, Any] = {
+    "autocommit": True,
+    "connect_timeout": CONNECT_TIMEOUT,
+    "prepare_threshold": None,
+}
+#: Seconds a pooled connection may sit idle before it is pinged on checkout.
+IDLE_CHECK_AFTER = 1.0
+#: What jobkeeper asks of libpq unless the URL (or ``PGTARGETSESSIONATTRS``)
+#: says otherwise: a session that can write. A demoted primary, a standby, a
+#: server with ``default_transaction_read_only`` is refused at connect (and,
+#: with several hosts in the URL, the writable one is found), instead of
+#: failing every write of a session that looks healthy.
+TARGET_SESSION_ATTRS = "read-write"
+
+
+def has_unread_input(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> bool:
+    """Whether the server sent anything to this idle connection (without reading it)."""
+    try:
+        fd = conn.fileno()
+        if not hasattr(select, "poll"):  # Windows
+            return bool(select.select([fd], [], [fd], 0)[0])
+        poller = select.poll()
+        poller.register(fd, select.POLLIN | select.POLLERR | select.POLLHUP)
+        return bool(poller.poll(0))
+    except (OSError, ValueError, psycopg.Error):
+        return True  # no usable socket: let the ping decide
+
+
+def reused_cursor(conn: psycopg.Connection[Any]) -> psycopg.Cursor[Any]:
+    """The one tuple-row cursor of a connection of ours, made on first use
+    (a new cursor per call cost about 7 us of CPU, a few percent of an
+    enqueue). It holds the last result until the next statement. Kept on
+    the connection, not in a map keyed by it, which the cursor's own
+    reference would keep alive for good.
+    """
+    cursor: psycopg.Cursor[Any] | None = getattr(conn, "_jobkeeper_cursor", None)
+    if cursor is None or cursor.closed:
+        cursor = conn.cursor(row_factory=tuple_row)
+        conn._jobkeeper_cursor = cursor  # type: ignore[attr-defined]
+    return cursor
+
+
+def with_session_attrs(conninfo: str) -> str:
+    """``conninfo`` asking for a writable session, unless the user chose."""
+    if "PGTARGETSESSIONATTRS" in os.environ or "target_session_attrs" in conninfo_to_dict(conninfo):
+        return conninfo
+    separator = "&" if "?" in conninfo else "?"
+    return f"{conninfo}{separator}target_session_attrs={TARGET_SESSION_ATTRS}"
+
+
+#: Errors after which a session is given up. A read-only session stays so for
+#: its whole life (PostgreSQL reads default_transaction_read_only at session
+#: start; a server in recovery stays in it): retrying on it wedged workers
+#: after a failover even once the address led to a writable server again.
+LOST_SESSION = (psycopg.OperationalError, psycopg.errors.ReadOnlySqlTransaction)
+#: What PostgreSQL aborts a transaction with, asking for it to be run again.
+RETRY_ASKED = (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure)
+
+
+def configure_connection(conn: psycopg.Connection[Any]) -> None:
+    """What every new connection of ours gets: safe JSON loading and, on a
+    direct session, prepared statements.
+    """
+    load_json_safely(conn)
+    prepare_if_direct(conn)
+
+
+def load_json_safely(context: AdaptContext) -> None:
+    """json/jsonb values read through ``context`` (a connection of ours, or
+    a cursor on a caller's connection, whose own settings we leave alone)
+    decode with :func:`~jobkeeper.backends.rows.load_json`, so a stored value
+    Python cannot load (a row written by hand) reaches the row decoder as
+    text instead of failing the fetch.
+    """
+    set_json_loads(load_json, context)
+
+
+class SingleConnection:
+    """One lazily (re)opened connection for one worker thread.
+
+    After a connection error the connection is dropped and the next use
+    reconnects, so a worker survives a database restart or
+    ``pg_terminate_backend`` by retrying its loop.
+    """
+
+    def __init__(self, conninfo: str) -> None:
+        self._conninfo = conninfo
+        self._conn: psycopg.Connection[Any] | None = None
+
+    @contextlib.contextmanager
+    def connection(self) -> Iterator[psycopg.Connection[Any]]:
+        if self._conn is None or self._conn.closed or self._conn.broken:
+            self._drop()
+            self._conn = psycopg.connect(self._conninfo, **CONNECTION_OPTIONS)
+            configure_connection(self._conn)
+        try:
+            yield self._conn
+        except RETRY_ASKED:
+            raise  # the transaction failed, not the session
+        except LOST_SESSION:
+            self._drop()
+            raise
+        except psycopg.errors.FeatureNotSupported as exc:
+            if stale_plan(exc):
+                self._drop()
+            raise
+
+    def _drop(self) -> None:
+        if self._conn is not None:
+            with contextlib.suppress(Exception):
+                self._conn.close()
+        self._conn = None
+
+    def close(self) -> None:
+        self._drop()
+
+
+class PooledConnections:
+    """A psycopg_pool pool, opened on first use, checking connections on
+    checkout so a restarted server costs no failed API call.
+    """
+
+    def __init__(self, conninfo: str, max_size: int) -> None:
+        self._conninfo = conninfo
+        self._pool = ConnectionPool(
+            conninfo,
+            min_size=1,
+            max_size=max_size,
+            kwargs=dict(CONNECTION_OPTIONS),
+            timeout=POOL_TIMEOUT,
+            open=False,
+            name="jobkeeper",
+            configure=configure_connection,
+        )
+        self._opened = False
+        #: Set after a failure that may mean the server is gone: the next
+        #: checkout probes with a direct connection first.
+        self._suspect = False
+        self._lock = threading.Lock()
+        self._returned_at: weakref.WeakKeyDictionary[psycopg.Connection[Any], float] = (
+            weakref.WeakKeyDictionary()
+        )
+
+    def _alive(self, conn: psycopg.Connection[Any]) -> bool:
+        """Whether a connection just checked out can be used, pinging it only
+        when it may have been cut.
+
+        A connection that idled for a while may have been cut by a server
+        restart or failover without a word. One used a moment ago was alive
+        then, and a server that ends a session (restart, ``pg_terminate_
+        backend``, an idle timeout) first sends the reason on the socket: an
+        idle connection whose socket is readable is suspect. Both get a ping.
+        The readability test is one ``poll`` system call; a ping on every
+        checkout cost a round trip per enqueue.
+        """
+        idle = time.monotonic() - self._returned_at.get(conn, 0.0) > IDLE_CHECK_AFTER
+        if not idle and not has_unread_input(conn):
+            return True
+        try:
+            ConnectionPool.check_connection(conn)
+        except psycopg.Error:
+            return False
+        return True
+
+    def _probe(self) -> None:
+        """Connect directly once: raises at once (libpq's own reason) when
+        the server is unreachable, instead of letting the caller wait out
+        the pool's timeout while it retries in the background.
+        """
+        psycopg.connect(self._conninfo, connect_timeout=CONNECT_TIMEOUT).close()
+        self._suspect = False
+
+    def _getconn(self) -> psycopg.Connection[Any]:
+        """A live pooled connection; waits up to ``POOL_TIMEOUT`` when the
+        pool is busy, but fails within about ``POOL_SLICE`` when the server
+        is down.
+
+        Dead connections (see :meth:`_alive`) are closed and handed back, and
+        the pool opens replacements at once. The pool's own ``check`` hook is
+        not used for this: after two failed checks it backs off for a second,
+        so the first call after a restart waited out a whole slice.
+        """
+        deadline = time.monotonic() + POOL_TIMEOUT
+        while True:
+            if self._suspect:
+                self._probe()
+            remaining = deadline - time.monotonic()
+            try:
+                conn = self._pool.getconn(timeout=max(min(POOL_SLICE, remaining), 0.001))
+            except PoolTimeout:
+                if time.monotonic() >= deadline:
+                    raise
+                # Busy, or the server went away: a probe tells which.
+                self._suspect = True
+                continue
+            if self._alive(conn):
+                return conn
+            # Cut: the server may be gone; the probe says so at once if it is.
+            self._suspect = True
+            conn.close()
+            self._pool.putconn(conn)
+            if time.monotonic() >= deadline:
+                raise PoolTimeout(f"no live connection within {POOL_TIMEOUT:g}s")
+
+    @contextlib.contextmanager
+    def connection(self) -> Iterator[psycopg.Connection[Any]]:
+        if not self._opened:
+            with self._lock:
+                if not self._opened:
+                    self._probe()
+                    self._pool.open(wait=False)
+                    self._opened = True
+        conn = self._getconn()
+        try:
+            # Not ``with conn``: in autocommit its commit has nothing to do
+            # (transactions are ``conn.transaction()`` blocks, which end
+            # themselves), and it cost a lock and a wait per call.
+            yield conn
+        except RETRY_ASKED:
+            raise
+        except psycopg.errors.ReadOnlySqlTransaction:
+            # Every session of the pool was opened to the server that now
+            # refuses writes: replace them all, not one per failed call.
+            # The probe on the next checkout reports read-only at once.
+            self._suspect = True
+            conn.close()
+            self._pool.drain()
+            raise
+        except psycopg.OperationalError:
+            self._suspect = True
+            raise
+        except psycopg.errors.FeatureNotSupported as exc:
+            if stale_plan(exc):
+                # The schema changed under every session of the pool:
+                # replace them all, not one per failed call.
+                conn.close()
+                self._pool.drain()
+            raise
+        finally:
+            # Noted here, not in a pool ``reset`` callback: with one, the
+            # pool hands every returned connection to a worker thread,
+            # which cost ~150 us of CPU and latency per API call.
+            self._returned_at[conn] = time.monotonic()
+            self._pool.putconn(conn)
+
+    def close(self) -> None:
+        if self._opened:
+            self._pool.close()
+            self._opened = False
