@@ -19,7 +19,7 @@ import psycopg
 from psycopg.rows import tuple_row
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
-from jobkeeper.backends.postgres.connections import describe, lost_during_call, retry_asked
+from jobkeeper.backends.postgres.connections import LostCallNote, describe, retry_asked
 from jobkeeper.backends.postgres.flow import FlowNeeded
 from jobkeeper.backends.postgres.plans import (
     Plan,
@@ -40,7 +40,7 @@ from jobkeeper.backends.postgres.sources import (
     has_unread_input,
     load_json_safely,
 )
-from jobkeeper.errors import DatabaseError, DatabaseUnavailable
+from jobkeeper.errors import DatabaseError
 from jobkeeper.models import Job, NewJob
 
 logger = logging.getLogger("jobkeeper.postgres")
@@ -194,16 +194,10 @@ class PostgresAsync:
 
     @contextlib.asynccontextmanager
     async def _async_cursor(self, *, transaction: bool) -> AsyncIterator[psycopg.AsyncCursor[Any]]:
-        checked_out = False
-        try:
+        with LostCallNote() as call:
             async with self._pool_cursor(transaction) as cursor:
-                checked_out = True
+                call.checked_out = True
                 yield cursor
-        except DatabaseUnavailable as exc:
-            lost = lost_during_call(exc) if checked_out else None
-            if lost is None:
-                raise
-            raise lost from exc.__cause__
 
     @contextlib.asynccontextmanager
     async def _pool_cursor(self, transaction: bool) -> AsyncIterator[psycopg.AsyncCursor[Any]]:

@@ -83,18 +83,31 @@ def retrying(run: Callable[[], list[Job]]) -> list[Job]:
     return run()
 
 
-def lost_during_call(exc: DatabaseUnavailable) -> DatabaseUnavailable | None:
-    """What to raise instead of ``exc``, raised with a connection checked
-    out, when that connection was lost (None when it was not): unlike a
-    failed connect, a statement in flight may have committed, and a caller
-    that simply runs it again can write it twice.
+class LostCallNote:
+    """Around a call on a connection of ours: a DatabaseUnavailable raised
+    after :attr:`checked_out` was set, because the connection was lost (not
+    refused by the server), is raised again saying so. Unlike a failed
+    connect, a statement in flight may have committed, and a caller that
+    simply runs it again can write it twice.
     """
-    if not isinstance(exc.__cause__, psycopg.OperationalError):
-        return None
-    return DatabaseUnavailable(
-        f"{exc} (the connection was lost during the call: what it was writing may "
-        "have committed; check before running it again)"
-    )
+
+    def __init__(self) -> None:
+        #: Set by the caller once it holds a connection.
+        self.checked_out = False
+
+    def __enter__(self) -> LostCallNote:
+        return self
+
+    def __exit__(self, kind: object, exc: BaseException | None, traceback: object) -> None:
+        if (
+            self.checked_out
+            and isinstance(exc, DatabaseUnavailable)
+            and isinstance(exc.__cause__, psycopg.OperationalError)
+        ):
+            raise DatabaseUnavailable(
+                f"{exc} (the connection was lost during the call: what it was writing may "
+                "have committed; check before running it again)"
+            ) from exc.__cause__
 
 
 class PostgresConnections:
@@ -187,21 +200,14 @@ class PostgresConnections:
 
     @contextlib.contextmanager
     def _cursor(self, *, transaction: bool = False) -> Iterator[psycopg.Cursor[Any]]:
-        checked_out = False
-        try:
-            with self._errors(), self._source.connection() as conn:
-                checked_out = True
-                cursor = reused_cursor(conn)
-                if transaction:
-                    with conn.transaction():
-                        yield cursor
-                else:
+        with LostCallNote() as call, self._errors(), self._source.connection() as conn:
+            call.checked_out = True
+            cursor = reused_cursor(conn)
+            if transaction:
+                with conn.transaction():
                     yield cursor
-        except DatabaseUnavailable as exc:
-            lost = lost_during_call(exc) if checked_out else None
-            if lost is None:
-                raise
-            raise lost from exc.__cause__
+            else:
+                yield cursor
 
     def _fetch(
         self, name: str, params: dict[str, Any] | None = None, *, binary: bool = False
