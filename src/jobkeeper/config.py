@@ -191,8 +191,14 @@ def check_name(kind: str, name: Any) -> str:
     if not isinstance(name, str):
         raise ConfigError(f"{kind} name must be a string, got {type(name).__name__} {name!r}")
     if not _valid_name(name):
+        if len(name) > NAME_MAX_LENGTH:
+            # Not the whole value: it may be a payload pasted in by mistake.
+            raise ConfigError(
+                f"{kind} name {name[:60]!r}... is too long: {len(name)} characters, "
+                f"at most {NAME_MAX_LENGTH} (use 1-{NAME_MAX_LENGTH} characters)"
+            )
         raise ConfigError(
-            f"{kind} name {name[:80]!r} is invalid: use 1-{NAME_MAX_LENGTH} characters "
+            f"{kind} name {name!r} is invalid: use 1-{NAME_MAX_LENGTH} characters "
             "from letters, digits and _ . : - /, starting with a letter, digit or _"
         )
     return plain_str(name)

@@ -271,8 +271,11 @@ def test_valid_names(kind, name):
 def test_name_limit_is_200_characters():
     assert NAME_MAX_LENGTH == 200
     assert check_name("queue", "q" * 200) == "q" * 200
-    with pytest.raises(ConfigError, match="1-200 characters"):
+    with pytest.raises(ConfigError, match="1-200 characters") as info:
         check_name("queue", "q" * 201)
+    # The length is the reason given, and the value shown is marked as cut.
+    assert "too long: 201 characters, at most 200" in str(info.value)
+    assert "'" + "q" * 60 + "'..." in str(info.value)
 
 
 @pytest.mark.parametrize(
