@@ -100,13 +100,12 @@ class _ServerProbe:
         self._failed: tuple[float, psycopg.OperationalError] | None = None
 
     async def check(self) -> None:
-        """Return at once unless suspect; else connect directly once.
+        """Connect directly once, unless another task's probe just succeeded
+        (or just failed: its error is raised again).
 
         Raises:
             psycopg.OperationalError: the server refused the connection.
         """
-        if not self.suspect:
-            return
         asked = time.monotonic()
         async with self._lock:
             if not self.suspect:
@@ -140,7 +139,8 @@ async def _getconn_async(
     """
     deadline = time.monotonic() + POOL_TIMEOUT
     while True:
-        await probe.check()
+        if probe.suspect:
+            await probe.check()
         remaining = deadline - time.monotonic()
         try:
             return await pool.getconn(timeout=max(min(POOL_SLICE, remaining), 0.001))
@@ -194,14 +194,7 @@ class PostgresAsync:
 
     @contextlib.asynccontextmanager
     async def _async_cursor(self, *, transaction: bool) -> AsyncIterator[psycopg.AsyncCursor[Any]]:
-        with LostCallNote() as call:
-            async with self._pool_cursor(transaction) as cursor:
-                call.checked_out = True
-                yield cursor
-
-    @contextlib.asynccontextmanager
-    async def _pool_cursor(self, transaction: bool) -> AsyncIterator[psycopg.AsyncCursor[Any]]:
-        with self._errors():
+        with LostCallNote() as call, self._errors():
             pool, probe = await self._async_pool()
             # getconn/putconn, not ``pool.connection()``: that one wraps the
             # call in ``async with conn``, whose commit has nothing to do in
@@ -210,6 +203,7 @@ class PostgresAsync:
             # putconn rolls back and warns about a transaction left open, as
             # the sync pool's does.
             conn = await _getconn_async(pool, probe)
+            call.checked_out = True
             try:
                 cursor = _reused_cursor_async(conn)
                 if transaction:
