@@ -19,7 +19,7 @@ import psycopg
 from psycopg.rows import tuple_row
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
-from jobkeeper.backends.postgres.connections import LostCallNote, describe, retry_asked
+from jobkeeper.backends.postgres.connections import describe, retry_asked
 from jobkeeper.backends.postgres.flow import FlowNeeded
 from jobkeeper.backends.postgres.plans import (
     Plan,
@@ -194,7 +194,7 @@ class PostgresAsync:
 
     @contextlib.asynccontextmanager
     async def _async_cursor(self, *, transaction: bool) -> AsyncIterator[psycopg.AsyncCursor[Any]]:
-        with LostCallNote() as call, self._errors():
+        with self._errors() as call:
             pool, probe = await self._async_pool()
             # getconn/putconn, not ``pool.connection()``: that one wraps the
             # call in ``async with conn``, whose commit has nothing to do in

@@ -83,31 +83,93 @@ def retrying(run: Callable[[], list[Job]]) -> list[Job]:
     return run()
 
 
-class LostCallNote:
-    """Around a call on a connection of ours: a DatabaseUnavailable raised
-    after :attr:`checked_out` was set, because the connection was lost (not
-    refused by the server), is raised again saying so. Unlike a failed
-    connect, a statement in flight may have committed, and a caller that
-    simply runs it again can write it twice.
+def translated(exc: BaseException, url: DatabaseURL) -> Exception | None:
+    """The error jobkeeper raises for a driver error of a statement on
+    ``url``'s server (None: ``exc`` is not the driver's, and goes up as it is).
+    """
+    if isinstance(exc, RETRY_ASKED):
+        # Not the server's health: the transaction lost a race (callers
+        # that own the transaction retry it, see job_insert_many).
+        return DatabaseError(
+            f"PostgreSQL aborted the transaction ({describe(exc)}); running it again may succeed"
+        )
+    if isinstance(exc, psycopg.errors.ReadOnlySqlTransaction):
+        return DatabaseUnavailable(
+            f"PostgreSQL at {url.redacted()} is read-only (a standby, a demoted "
+            f"primary, or default_transaction_read_only=on): {describe(exc)}; "
+            "the session was dropped and the next call reconnects"
+        )
+    if isinstance(
+        exc,
+        psycopg.OperationalError
+        | PoolTimeout
+        # Conditions that pass, not properties of the call: a full disk, no memory.
+        | psycopg.errors.InsufficientResources,
+    ):
+        return DatabaseUnavailable(
+            f"PostgreSQL at {url.redacted()} is unavailable: {describe(exc)}"
+        )
+    if isinstance(exc, psycopg.errors.UniqueViolation):
+        if exc.diag.constraint_name == "jobkeeper_jobs_unique_idx":
+            return UniqueKeyConflict(f"PostgreSQL refused the data: {describe(exc)}")
+        return DataRejected(f"PostgreSQL refused the data: {describe(exc)}")
+    if isinstance(exc, psycopg.DataError | psycopg.IntegrityError):
+        return DataRejected(f"PostgreSQL refused the data: {describe(exc)}")
+    if isinstance(exc, psycopg.errors.UndefinedTable | psycopg.errors.UndefinedColumn):
+        return DatabaseError(
+            f"{describe(exc)} -- run `jobkeeper migrate` (or JobQueue.migrate()) first"
+        )
+    if isinstance(exc, psycopg.errors.FeatureNotSupported) and stale_plan(exc):
+        # A migration changed what a prepared statement returns; its
+        # connection was given up, and the next one prepares afresh
+        # (callers that own the transaction run it again).
+        return DatabaseError(
+            f"PostgreSQL refused a statement prepared before a schema change "
+            f"({describe(exc)}); running it again may succeed"
+        )
+    if isinstance(exc, psycopg.Error):
+        return DatabaseError(f"PostgreSQL error: {describe(exc)}")
+    return None
+
+
+class DriverErrors:
+    """Around statements: a driver error goes up as jobkeeper's (see
+    :func:`translated`), caused by it. A class, not a generator: it wraps
+    every statement, and a generator context manager's set-up cost more
+    than most of what it wraps on the client.
+
+    A connection lost once :attr:`checked_out` was set (not refused by the
+    server) is said to be lost during the call: unlike a failed connect, a
+    statement in flight may have committed, and a caller that simply runs
+    it again can write it twice.
     """
 
-    def __init__(self) -> None:
+    __slots__ = ("_url", "checked_out")
+
+    def __init__(self, url: DatabaseURL) -> None:
+        self._url = url
         #: Set by the caller once it holds a connection.
         self.checked_out = False
 
-    def __enter__(self) -> LostCallNote:
+    def __enter__(self) -> DriverErrors:
         return self
 
     def __exit__(self, kind: object, exc: BaseException | None, traceback: object) -> None:
+        if exc is None:
+            return
+        error = translated(exc, self._url)
+        if error is None:
+            return
         if (
             self.checked_out
-            and isinstance(exc, DatabaseUnavailable)
-            and isinstance(exc.__cause__, psycopg.OperationalError)
+            and isinstance(error, DatabaseUnavailable)
+            and isinstance(exc, psycopg.OperationalError)
         ):
-            raise DatabaseUnavailable(
-                f"{exc} (the connection was lost during the call: what it was writing may "
+            error = DatabaseUnavailable(
+                f"{error} (the connection was lost during the call: what it was writing may "
                 "have committed; check before running it again)"
-            ) from exc.__cause__
+            )
+        raise error from exc
 
 
 class PostgresConnections:
@@ -147,60 +209,13 @@ class PostgresConnections:
 
     # -- plumbing -----------------------------------------------------------
 
-    @contextlib.contextmanager
-    def _errors(self) -> Iterator[None]:
+    def _errors(self) -> DriverErrors:
         """Translate driver errors into jobkeeper's, naming the server."""
-        try:
-            yield
-        except RETRY_ASKED as exc:
-            # Not the server's health: the transaction lost a race (callers
-            # that own the transaction retry it, see job_insert_many).
-            raise DatabaseError(
-                f"PostgreSQL aborted the transaction ({describe(exc)}); running it again "
-                "may succeed"
-            ) from exc
-        except psycopg.errors.ReadOnlySqlTransaction as exc:
-            raise DatabaseUnavailable(
-                f"PostgreSQL at {self.url.redacted()} is read-only (a standby, a demoted "
-                f"primary, or default_transaction_read_only=on): {describe(exc)}; "
-                "the session was dropped and the next call reconnects"
-            ) from exc
-        except (
-            psycopg.OperationalError,
-            PoolTimeout,
-            # Conditions that pass, not properties of the call: a full
-            # disk, no memory.
-            psycopg.errors.InsufficientResources,
-        ) as exc:
-            raise DatabaseUnavailable(
-                f"PostgreSQL at {self.url.redacted()} is unavailable: {describe(exc)}"
-            ) from exc
-        except psycopg.errors.UniqueViolation as exc:
-            if exc.diag.constraint_name == "jobkeeper_jobs_unique_idx":
-                raise UniqueKeyConflict(f"PostgreSQL refused the data: {describe(exc)}") from exc
-            raise DataRejected(f"PostgreSQL refused the data: {describe(exc)}") from exc
-        except (psycopg.DataError, psycopg.IntegrityError) as exc:
-            raise DataRejected(f"PostgreSQL refused the data: {describe(exc)}") from exc
-        except (psycopg.errors.UndefinedTable, psycopg.errors.UndefinedColumn) as exc:
-            raise DatabaseError(
-                f"{describe(exc)} -- run `jobkeeper migrate` (or JobQueue.migrate()) first"
-            ) from exc
-        except psycopg.errors.FeatureNotSupported as exc:
-            if stale_plan(exc):
-                # A migration changed what a prepared statement returns; its
-                # connection was given up, and the next one prepares afresh
-                # (callers that own the transaction run it again).
-                raise DatabaseError(
-                    f"PostgreSQL refused a statement prepared before a schema change "
-                    f"({describe(exc)}); running it again may succeed"
-                ) from exc
-            raise DatabaseError(f"PostgreSQL error: {describe(exc)}") from exc
-        except psycopg.Error as exc:
-            raise DatabaseError(f"PostgreSQL error: {describe(exc)}") from exc
+        return DriverErrors(self.url)
 
     @contextlib.contextmanager
     def _cursor(self, *, transaction: bool = False) -> Iterator[psycopg.Cursor[Any]]:
-        with LostCallNote() as call, self._errors(), self._source.connection() as conn:
+        with self._errors() as call, self._source.connection() as conn:
             call.checked_out = True
             cursor = reused_cursor(conn)
             if transaction:

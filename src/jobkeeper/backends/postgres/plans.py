@@ -97,11 +97,18 @@ def is_single_statement(jobs: Sequence[NewJob]) -> bool:
     refuses a queue with ``max_pending`` itself (:class:`FlowNeeded`: run
     the plan again in a transaction, with the check).
     """
-    return (
-        len(jobs) < COPY_MIN_JOBS
-        and all(j.delay is None and j.run_at is None for j in jobs)
-        and all(j.unique_key is None and j.serial_key is None for j in jobs)
-    )
+    if len(jobs) >= COPY_MIN_JOBS:
+        return False
+    # A loop, not all() over generators: this runs on every single enqueue.
+    for job in jobs:
+        if (
+            job.delay is not None
+            or job.run_at is not None
+            or job.unique_key is not None
+            or job.serial_key is not None
+        ):
+            return False
+    return True
 
 
 def insert_plan(jobs: Sequence[NewJob], channel: str | None, *, in_transaction: bool) -> Plan:
@@ -139,7 +146,10 @@ def read_for_insert(jobs: Sequence[NewJob]) -> tuple[Sequence[NewJob], bool]:
         if copyable(jobs):
             return jobs, jobs.delayed
         jobs = list(jobs)
-    return jobs, any(j.delay is not None or j.run_at is not None for j in jobs)
+    for job in jobs:
+        if job.delay is not None or job.run_at is not None:
+            return jobs, True
+    return jobs, False
 
 
 def copyable(jobs: Sequence[NewJob]) -> bool:
@@ -264,6 +274,20 @@ def _insert_one(new: NewJob, *, checked: bool) -> Plan:
     """The single enqueue: one statement, and no row to decode (the args
     go back as the caller gave them, like the COPY path's).
     """
+    if not checked and new.delay is None and new.run_at is None and new.serial_key is None:
+        params = {
+            "queue": new.queue,
+            "task": new.task,
+            "args": new.args_json,
+            "priority": new.priority,
+            "max_attempts": new.max_attempts,
+            "trace_context": new.trace_context,
+        }
+        rows = yield Execute("job_insert_many_now", params, tuples=True)
+        if not rows:
+            raise FlowNeeded
+        job_id, created_at = rows[0]
+        return job_from_new(new, job_id, created_at.astimezone(UTC))
     params = insert_params(new, new.run_at)
     params["checked"] = checked
     rows = yield Execute("job_insert_many_one", params, tuples=True)

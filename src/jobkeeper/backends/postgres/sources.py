@@ -12,7 +12,6 @@ import os
 import select
 import threading
 import time
-import weakref
 from collections.abc import Iterator
 from typing import Any
 
@@ -62,9 +61,15 @@ def has_unread_input(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any
         fd = conn.fileno()
         if not hasattr(select, "poll"):  # Windows
             return bool(select.select([fd], [], [fd], 0)[0])
-        poller = select.poll()
-        poller.register(fd, select.POLLIN | select.POLLERR | select.POLLHUP)
-        return bool(poller.poll(0))
+        # One poll object per connection, kept on it (a connection's socket
+        # is its own for life): making and registering one on every checkout
+        # cost as much as the poll.
+        poller: Any = getattr(conn, "_jobkeeper_poller", None)
+        if poller is None or poller[0] != fd:
+            poller = (fd, select.poll())
+            poller[1].register(fd, select.POLLIN | select.POLLERR | select.POLLHUP)
+            conn._jobkeeper_poller = poller  # type: ignore[union-attr]
+        return bool(poller[1].poll(0))
     except (OSError, ValueError, psycopg.Error):
         return True  # no usable socket: let the ping decide
 
@@ -180,9 +185,6 @@ class PooledConnections:
         #: checkout probes with a direct connection first.
         self._suspect = False
         self._lock = threading.Lock()
-        self._returned_at: weakref.WeakKeyDictionary[psycopg.Connection[Any], float] = (
-            weakref.WeakKeyDictionary()
-        )
 
     def _alive(self, conn: psycopg.Connection[Any]) -> bool:
         """Whether a connection just checked out can be used, pinging it only
@@ -196,7 +198,8 @@ class PooledConnections:
         The readability test is one ``poll`` system call; a ping on every
         checkout cost a round trip per enqueue.
         """
-        idle = time.monotonic() - self._returned_at.get(conn, 0.0) > IDLE_CHECK_AFTER
+        returned_at: float = getattr(conn, "_jobkeeper_returned_at", 0.0)
+        idle = time.monotonic() - returned_at > IDLE_CHECK_AFTER
         if not idle and not has_unread_input(conn):
             return True
         try:
@@ -245,48 +248,75 @@ class PooledConnections:
             if time.monotonic() >= deadline:
                 raise PoolTimeout(f"no live connection within {POOL_TIMEOUT:g}s")
 
-    @contextlib.contextmanager
-    def connection(self) -> Iterator[psycopg.Connection[Any]]:
+    def connection(self) -> PooledCheckout:
+        """A context manager: a live pooled connection, given back on exit."""
+        return PooledCheckout(self)
+
+    def checkout(self) -> psycopg.Connection[Any]:
+        """A live pooled connection (opening the pool on first use); give it
+        back with :meth:`checkin`.
+        """
         if not self._opened:
             with self._lock:
                 if not self._opened:
                     self._probe()
                     self._pool.open(wait=False)
                     self._opened = True
-        conn = self._getconn()
+        return self._getconn()
+
+    def checkin(self, conn: psycopg.Connection[Any], error: BaseException | None) -> None:
+        """Give back ``conn``, used without a transaction of its own
+        (``with conn`` would commit nothing in autocommit, and cost a lock and
+        a wait per call), after ``error`` (None: the call succeeded).
+        """
         try:
-            # Not ``with conn``: in autocommit its commit has nothing to do
-            # (transactions are ``conn.transaction()`` blocks, which end
-            # themselves), and it cost a lock and a wait per call.
-            yield conn
-        except RETRY_ASKED:
-            raise
-        except psycopg.errors.ReadOnlySqlTransaction:
-            # Every session of the pool was opened to the server that now
-            # refuses writes: replace them all, not one per failed call.
-            # The probe on the next checkout reports read-only at once.
-            self._suspect = True
-            conn.close()
-            self._pool.drain()
-            raise
-        except psycopg.OperationalError:
-            self._suspect = True
-            raise
-        except psycopg.errors.FeatureNotSupported as exc:
-            if stale_plan(exc):
+            if error is None or isinstance(error, RETRY_ASKED):
+                pass
+            elif isinstance(error, psycopg.errors.ReadOnlySqlTransaction):
+                # Every session of the pool was opened to the server that now
+                # refuses writes: replace them all, not one per failed call.
+                # The probe on the next checkout reports read-only at once.
+                self._suspect = True
+                conn.close()
+                self._pool.drain()
+            elif isinstance(error, psycopg.OperationalError):
+                self._suspect = True
+            elif isinstance(error, psycopg.errors.FeatureNotSupported) and stale_plan(error):
                 # The schema changed under every session of the pool:
                 # replace them all, not one per failed call.
                 conn.close()
                 self._pool.drain()
-            raise
         finally:
             # Noted here, not in a pool ``reset`` callback: with one, the
             # pool hands every returned connection to a worker thread,
             # which cost ~150 us of CPU and latency per API call.
-            self._returned_at[conn] = time.monotonic()
+            conn._jobkeeper_returned_at = time.monotonic()  # type: ignore[attr-defined]
             self._pool.putconn(conn)
 
     def close(self) -> None:
         if self._opened:
             self._pool.close()
             self._opened = False
+
+
+class PooledCheckout:
+    """``with source.connection() as conn``: :meth:`PooledConnections.checkout`
+    on entry, :meth:`~PooledConnections.checkin` on exit. A class, not a
+    generator: every API call goes through one, and a generator context
+    manager's set-up cost a tenth of an enqueue's Python.
+    """
+
+    __slots__ = ("_conn", "_source")
+
+    def __init__(self, source: PooledConnections) -> None:
+        self._source = source
+        self._conn: psycopg.Connection[Any] | None = None
+
+    def __enter__(self) -> psycopg.Connection[Any]:
+        self._conn = self._source.checkout()
+        return self._conn
+
+    def __exit__(self, kind: object, error: BaseException | None, traceback: object) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            self._source.checkin(conn, error)
