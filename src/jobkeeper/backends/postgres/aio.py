@@ -19,7 +19,7 @@ import psycopg
 from psycopg.rows import tuple_row
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
-from jobkeeper.backends.postgres.connections import describe, retry_asked
+from jobkeeper.backends.postgres.connections import DriverErrors, describe, retry_asked
 from jobkeeper.backends.postgres.flow import FlowNeeded
 from jobkeeper.backends.postgres.plans import (
     Plan,
@@ -161,7 +161,7 @@ class PostgresAsync:
     ]
     _async_checked: weakref.WeakSet[psycopg.AsyncConnection[Any]]
 
-    def _errors(self) -> contextlib.AbstractContextManager[None]:
+    def _errors(self) -> DriverErrors:
         raise NotImplementedError
 
     def channel(self) -> str:
