@@ -121,3 +121,40 @@ def test_an_async_call_with_the_server_down_fails_at_once_without_the_commit_war
         assert "is unavailable" in str(failed) and "may have committed" not in str(failed)
     finally:
         jq.close()
+
+
+def test_an_async_call_on_a_busy_pool_waits_as_long_as_the_sync_pool_would(pg_url, monkeypatch):
+    # The async checkout read the pool timeout once, at import, so a setting
+    # changed at run time (the soak shortens it) reached only the sync pool:
+    # here the async call would have waited out the default 10 s.
+    from jobkeeper.backends.postgres import aio, sources
+
+    assert aio  # imported before the setting changes, as in a running application
+    monkeypatch.setattr(sources, "POOL_TIMEOUT", 1.0)
+    jq = JobQueue(pg_url, pool_size=1)
+    jq.migrate()
+
+    async def wait_on_a_busy_pool() -> tuple[DatabaseUnavailable, float]:
+        await jq.enqueue_async("anything", {})  # the loop's pool is open
+        backend = jq.backend
+
+        async def hold_the_only_connection() -> None:
+            async with backend._async_cursor(transaction=False) as cursor:
+                await cursor.execute("SELECT pg_sleep(6)")
+
+        holder = asyncio.ensure_future(hold_the_only_connection())
+        await asyncio.sleep(0.3)
+        started = time.monotonic()
+        with pytest.raises(DatabaseUnavailable) as caught:
+            await jq.enqueue_async("anything", {})
+        waited = time.monotonic() - started
+        await holder
+        await jq.aclose()
+        return caught.value, waited
+
+    try:
+        failed, waited = asyncio.run(wait_on_a_busy_pool())
+        assert "unavailable" in str(failed)
+        assert waited < 5, f"waited {waited:.1f}s for a 1 s pool timeout"
+    finally:
+        jq.close()

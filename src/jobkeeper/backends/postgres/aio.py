@@ -19,6 +19,7 @@ import psycopg
 from psycopg.rows import tuple_row
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
+from jobkeeper.backends.postgres import sources
 from jobkeeper.backends.postgres.connections import DriverErrors, describe, retry_asked
 from jobkeeper.backends.postgres.flow import FlowNeeded
 from jobkeeper.backends.postgres.plans import (
@@ -34,8 +35,6 @@ from jobkeeper.backends.postgres.queries import QUERIES
 from jobkeeper.backends.postgres.sources import (
     CONNECT_TIMEOUT,
     IDLE_CHECK_AFTER,
-    POOL_SLICE,
-    POOL_TIMEOUT,
     RETRY_ASKED,
     has_unread_input,
     load_json_safely,
@@ -137,13 +136,15 @@ async def _getconn_async(
         psycopg.OperationalError: the server refused a direct connection.
         psycopg_pool.PoolTimeout: no connection within ``POOL_TIMEOUT``.
     """
-    deadline = time.monotonic() + POOL_TIMEOUT
+    # Read from the module at each call, as the sync pool does: a setting
+    # changed at run time (the soak shortens it) reaches both.
+    deadline = time.monotonic() + sources.POOL_TIMEOUT
     while True:
         if probe.suspect:
             await probe.check()
         remaining = deadline - time.monotonic()
         try:
-            return await pool.getconn(timeout=max(min(POOL_SLICE, remaining), 0.001))
+            return await pool.getconn(timeout=max(min(sources.POOL_SLICE, remaining), 0.001))
         except PoolTimeout:
             if time.monotonic() >= deadline:
                 raise
