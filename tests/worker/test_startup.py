@@ -81,7 +81,7 @@ def test_a_waiting_worker_stops_cleanly(refusing_database, caplog):
         jq.close()
 
 
-def test_a_burst_worker_fails_at_once(refusing_database):
+def test_a_burst_worker_fails_at_once(refusing_database, caplog):
     url, _, _ = refusing_database
     jq = JobQueue(url, **FAST)
     try:
@@ -89,6 +89,18 @@ def test_a_burst_worker_fails_at_once(refusing_database):
             jq.run_worker(burst=True)
     finally:
         jq.close()
+    # The reason is a log record too (a log pipeline never sees the raise).
+    assert _error_records(caplog, "not currently accepting connections")
+
+
+def _error_records(caplog: pytest.LogCaptureFixture, text: str) -> list[str]:
+    return [
+        record.getMessage()
+        for record in caplog.records
+        if record.levelname == "ERROR"
+        and record.name == "jobkeeper.worker"
+        and text in record.getMessage()
+    ]
 
 
 def test_a_worker_on_a_missing_sqlite_file_says_it_never_started(tmp_path, caplog):
@@ -101,3 +113,5 @@ def test_a_worker_on_a_missing_sqlite_file_says_it_never_started(tmp_path, caplo
         jq.close()
     assert "stopped before it started" in caplog.text
     assert " started on " not in caplog.text and "stopped: 0 claimed" not in caplog.text
+    (error,) = _error_records(caplog, "does not exist")
+    assert "stopped on an error" in error
