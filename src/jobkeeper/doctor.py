@@ -48,11 +48,21 @@ class Check:
         return {"check": self.name, "level": self.level, "message": self.message}
 
 
-def run_checks(jq: JobQueue, *, xmin_warn_after: float = XMIN_WARN_AFTER) -> list[Check]:
+def run_checks(
+    jq: JobQueue, *, xmin_warn_after: float = XMIN_WARN_AFTER, app_settings: bool = True
+) -> list[Check]:
     """Every check that applies to ``jq``'s database, in a fixed order.
 
     Never raises for the database's state: an unreachable database is a
     ``fail`` of the first check (and the others are skipped).
+
+    Args:
+        jq: the queue whose database and settings are checked.
+        xmin_warn_after: seconds an open transaction may hold back vacuum
+            before it is a warning.
+        app_settings: ``jq`` is the application's own queue (False: one
+            made with jobkeeper's defaults, which the settings check says,
+            since the workers may run with others).
     """
     try:
         facts = jq.health()
@@ -68,7 +78,7 @@ def run_checks(jq: JobQueue, *, xmin_warn_after: float = XMIN_WARN_AFTER) -> lis
     else:
         checks += _sqlite(facts)
     checks.append(_workers(jq))
-    checks.append(_settings(jq))
+    checks.append(_settings(jq, app_settings))
     return checks
 
 
@@ -232,8 +242,15 @@ def _workers(jq: JobQueue) -> Check:
     return Check("workers", "ok", f"{len(workers)} alive")
 
 
-def _settings(jq: JobQueue) -> Check:
+def _settings(jq: JobQueue, app_settings: bool) -> Check:
     settings = jq.settings
+    # Without the app, only the defaults can be judged: say so, or a
+    # worker's own rescue_after of 2 s would pass as checked.
+    whose = (
+        ""
+        if app_settings
+        else (" (jobkeeper's defaults: pass --app package.module:jq to check your app's settings)")
+    )
     beats = settings.rescue_after / settings.heartbeat_interval
     if beats < SAFE_BEATS:
         return Check(
@@ -247,7 +264,7 @@ def _settings(jq: JobQueue) -> Check:
         "settings",
         "ok",
         f"heartbeat every {settings.heartbeat_interval:g} s, rescue after "
-        f"{settings.rescue_after:g} s",
+        f"{settings.rescue_after:g} s{whose}",
     )
 
 

@@ -147,6 +147,29 @@ def test_doctor_warns_about_settings_that_barely_work(db_url):
         jq.close()
 
 
+def test_doctor_checks_the_settings_of_the_app_it_is_given(db_url, capsys, tmp_path, monkeypatch):
+    # Without --app, doctor judged a JobQueue of jobkeeper's defaults and said
+    # "ok" whatever the workers ran with. With it, the app's own settings are
+    # judged; without it, the line says whose settings those were.
+    (tmp_path / "doctorapp.py").write_text(
+        "from jobkeeper import JobQueue\n"
+        "jq = JobQueue(heartbeat_interval=5, rescue_after=16)\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    setup = JobQueue(db_url)
+    setup.migrate()
+    setup.close()
+    code, out, _ = run(capsys, "--database", db_url, "doctor", "--json")
+    settings = {d["check"]: d for d in json.loads(out)}["settings"]
+    assert code == 0 and settings["level"] == "ok"
+    assert "jobkeeper's defaults" in settings["message"] and "--app" in settings["message"]
+    code, out, _ = run(capsys, "--database", db_url, "doctor", "--app", "doctorapp:jq", "--json")
+    settings = {d["check"]: d for d in json.loads(out)}["settings"]
+    assert settings["level"] == "warn" and "rescue_after=16 s" in settings["message"]
+    code, _, err = run(capsys, "--database", db_url, "doctor", "--app", "nowhere:jq")
+    assert code == 2 and "nowhere" in err
+
+
 def test_dead_purge(jq, capsys):
     seeded = seed(jq)
     url = jq.url.url

@@ -17,6 +17,7 @@ from jobkeeper.cli.common import (
     json_option,
     open_queue,
 )
+from jobkeeper.cli.loading import load_app
 
 
 @click.command("migrate", cls=Command)
@@ -108,15 +109,27 @@ def dashboard(ctx: click.Context, host: str, port: int, read_only: bool) -> None
 
 
 @click.command("doctor", cls=Command)
+@click.option(
+    "--app",
+    "app_spec",
+    default=None,
+    help="Your JobQueue (package.module:attribute), to check the settings your "
+    "workers run with; default: jobkeeper's defaults.",
+)
 @json_option
 @click.pass_context
-def doctor(ctx: click.Context, as_json: bool) -> None:
+def doctor(ctx: click.Context, app_spec: str | None, as_json: bool) -> None:
     """Check the database and the settings: one line per check (ok, warn or
     fail) with what to do; exit 1 when any check fails.
     """
     from jobkeeper import doctor as checks_module
 
-    checks = checks_module.run_checks(open_queue(ctx))
+    if app_spec is None:
+        jq = open_queue(ctx)
+    else:
+        jq = load_app(app_spec, ctx.find_root().params.get("database"))
+        ctx.call_on_close(jq.close)
+    checks = checks_module.run_checks(jq, app_settings=app_spec is not None)
     if as_json:
         render.print_json(console, [check.to_dict() for check in checks])
     else:
