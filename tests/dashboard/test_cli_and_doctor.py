@@ -152,8 +152,7 @@ def test_doctor_checks_the_settings_of_the_app_it_is_given(db_url, capsys, tmp_p
     # "ok" whatever the workers ran with. With it, the app's own settings are
     # judged; without it, the line says whose settings those were.
     (tmp_path / "doctorapp.py").write_text(
-        "from jobkeeper import JobQueue\n"
-        "jq = JobQueue(heartbeat_interval=5, rescue_after=16)\n"
+        "from jobkeeper import JobQueue\njq = JobQueue(heartbeat_interval=5, rescue_after=16)\n"
     )
     monkeypatch.syspath_prepend(str(tmp_path))
     setup = JobQueue(db_url)
