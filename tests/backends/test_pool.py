@@ -9,10 +9,11 @@ import secrets
 import threading
 import time
 
+import psycopg
 import pytest
 
 from jobkeeper import DatabaseUnavailable, JobQueue
-from support.db import end_sessions
+from support.db import PG_URL, end_sessions
 
 
 def test_api_calls_right_after_the_server_ends_the_pooled_sessions(pg_url):
@@ -154,7 +155,44 @@ def test_an_async_call_on_a_busy_pool_waits_as_long_as_the_sync_pool_would(pg_ur
 
     try:
         failed, waited = asyncio.run(wait_on_a_busy_pool())
-        assert "unavailable" in str(failed)
+        # The whole wait is named, not the pool's last 0.5 s slice of it.
+        assert "within 1 s: all 1 stayed in use" in str(failed)
         assert waited < 5, f"waited {waited:.1f}s for a 1 s pool timeout"
     finally:
         jq.close()
+
+
+def test_a_statement_timeout_is_not_called_a_lost_connection(pg_url):
+    # A statement the server cancels (statement_timeout, lock_timeout) ran on
+    # a live session and committed nothing; it was reported as "lost during
+    # the call ... may have committed" because its error is an
+    # OperationalError, like a cut connection's.
+    jq = JobQueue(pg_url, pool_size=1)
+    jq.migrate()
+    jq.enqueue("anything", {})
+    source = jq.backend._source
+    conn = source.checkout()
+    conn.execute("SET statement_timeout = 300")
+    source.checkin(conn, None)
+    schema = pg_url.split("search_path%3D")[-1]
+    try:
+        with psycopg.connect(PG_URL, autocommit=True) as locker, locker.transaction():
+            locker.execute(f'LOCK TABLE "{schema}".jobkeeper_jobs IN ACCESS EXCLUSIVE MODE')
+            with pytest.raises(DatabaseUnavailable) as caught:
+                jq.enqueue("anything", {})
+        assert "statement timeout" in str(caught.value)
+        assert "lost during the call" not in str(caught.value)
+        assert len(jq.list_jobs(limit=10)) == 1  # and the session still works
+    finally:
+        jq.close()
+
+
+def test_only_an_ended_session_counts_as_lost():
+    from jobkeeper.backends.postgres.connections import session_lost
+
+    assert session_lost(psycopg.OperationalError("server closed the connection unexpectedly"))
+    assert session_lost(psycopg.errors.AdminShutdown("terminating connection"))
+    assert session_lost(psycopg.errors.ConnectionFailure("connection failure"))
+    assert not session_lost(psycopg.errors.QueryCanceled("canceling statement"))
+    assert not session_lost(psycopg.errors.LockNotAvailable("could not obtain lock"))
+    assert not session_lost(psycopg.DataError("bad value"))

@@ -15,6 +15,7 @@ ends them); the shared ``test`` database is never touched.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import secrets
 import signal
@@ -177,6 +178,43 @@ def test_enqueue_while_read_only_says_so_and_works_once_writable(ro_db):
         job = jq.enqueue("t", {})
         assert jq.get_job(job.id).status == JobStatus.AVAILABLE
         assert len(jq.enqueue_many([("t", {"n": n}) for n in range(3)])) == 3
+    finally:
+        jq.close()
+
+
+def test_async_enqueue_while_read_only_says_so_and_works_once_writable(ro_db):
+    # The async pool kept a session that had turned read-only and handed it
+    # to every later call: with a URL that lets read-only sessions connect,
+    # enqueue_async failed 30 times in 15 s after the server took writes
+    # again, while the sync API recovered at once.
+    url = f"{pg_database_url(ro_db)}?target_session_attrs=any"
+    jq = JobQueue(url, **{**READ_ONLY, "pool_size": 2})
+    jq.migrate()
+
+    async def scenario() -> list[str]:
+        outcomes = []
+        await jq.enqueue_async("t", {})  # the loop's pool holds a writable session
+        read_only(ro_db, terminate=True)
+        for _ in range(3):
+            with pytest.raises(DatabaseUnavailable, match="read-only"):
+                await jq.enqueue_async("t", {})
+        writable(ro_db)
+        # A session the pool reopened while the server was still read-only
+        # may fail one more call; it is then dropped with the others.
+        for _ in range(4):
+            try:
+                await jq.enqueue_async("t", {"after": True})
+                outcomes.append("ok")
+            except DatabaseUnavailable as exc:
+                assert "read-only" in str(exc)
+                outcomes.append("read-only")
+        await jq.aclose()
+        return outcomes
+
+    try:
+        outcomes = asyncio.run(scenario())
+        assert outcomes.count("read-only") <= 1 and outcomes[-3:] == ["ok"] * 3, outcomes
+        assert statuses(url)["available"] == 1 + outcomes.count("ok")
     finally:
         jq.close()
 

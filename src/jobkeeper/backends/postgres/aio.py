@@ -147,7 +147,7 @@ async def _getconn_async(
             return await pool.getconn(timeout=max(min(sources.POOL_SLICE, remaining), 0.001))
         except PoolTimeout:
             if time.monotonic() >= deadline:
-                raise
+                raise PoolTimeout(sources.busy_pool_message(pool.max_size)) from None
             # Busy, or the server went away: a probe tells which.
             probe.suspect = True
 
@@ -212,6 +212,14 @@ class PostgresAsync:
                         yield cursor
                 else:
                     yield cursor
+            except psycopg.errors.ReadOnlySqlTransaction:
+                # As the sync pool: every session of the pool was opened to
+                # the server that now refuses writes; kept, each would fail
+                # every later call, writable server or not.
+                probe.suspect = True
+                await conn.close()
+                await pool.drain()
+                raise
             except psycopg.OperationalError:
                 probe.suspect = True
                 raise

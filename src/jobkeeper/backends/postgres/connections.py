@@ -132,6 +132,18 @@ def translated(exc: BaseException, url: DatabaseURL) -> Exception | None:
     return None
 
 
+def session_lost(exc: BaseException) -> bool:
+    """Whether ``exc`` means the session itself ended (the socket closed, the
+    server shut the backend down: SQLSTATE class 08 or 57P), not that a live
+    server refused or cancelled the statement (a statement or lock timeout:
+    nothing of it committed).
+    """
+    if not isinstance(exc, psycopg.OperationalError):
+        return False
+    sqlstate = exc.sqlstate
+    return sqlstate is None or sqlstate.startswith(("08", "57P"))
+
+
 class DriverErrors:
     """Around statements: a driver error goes up as jobkeeper's (see
     :func:`translated`), caused by it. A class, not a generator: it wraps
@@ -160,11 +172,7 @@ class DriverErrors:
         error = translated(exc, self._url)
         if error is None:
             return
-        if (
-            self.checked_out
-            and isinstance(error, DatabaseUnavailable)
-            and isinstance(exc, psycopg.OperationalError)
-        ):
+        if self.checked_out and isinstance(error, DatabaseUnavailable) and session_lost(exc):
             error = DatabaseUnavailable(
                 f"{error} (the connection was lost during the call: what it was writing may "
                 "have committed; check before running it again)"

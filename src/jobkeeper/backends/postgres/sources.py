@@ -74,6 +74,16 @@ def has_unread_input(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any
         return True  # no usable socket: let the ping decide
 
 
+def busy_pool_message(max_size: int) -> str:
+    """Why a checkout gave up with the server up: the whole wait, not the
+    pool's last slice of it.
+    """
+    return (
+        f"no pooled connection came free within {POOL_TIMEOUT:g} s: all {max_size} stayed "
+        "in use (JobQueue's pool_size)"
+    )
+
+
 def reused_cursor(conn: psycopg.Connection[Any]) -> psycopg.Cursor[Any]:
     """The one tuple-row cursor of a connection of ours, made on first use
     (a new cursor per call cost about 7 us of CPU, a few percent of an
@@ -235,7 +245,7 @@ class PooledConnections:
                 conn = self._pool.getconn(timeout=max(min(POOL_SLICE, remaining), 0.001))
             except PoolTimeout:
                 if time.monotonic() >= deadline:
-                    raise
+                    raise PoolTimeout(busy_pool_message(self._pool.max_size)) from None
                 # Busy, or the server went away: a probe tells which.
                 self._suspect = True
                 continue
