@@ -32,6 +32,10 @@ NOTIFY_WARN, NOTIFY_FAIL = 0.5, 0.9
 WAL_WARN_BYTES = 256 << 20
 #: rescue_after below this many heartbeat intervals is one slow beat from a false rescue.
 SAFE_BEATS = 5
+#: Said after a check of settings made without the app's JobQueue.
+DEFAULTS_JUDGED = (
+    " (jobkeeper's defaults: pass --app package.module:jq to check your app's settings)"
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,14 +65,17 @@ def run_checks(
         xmin_warn_after: seconds an open transaction may hold back vacuum
             before it is a warning.
         app_settings: ``jq`` is the application's own queue (False: one
-            made with jobkeeper's defaults, which the settings check says,
-            since the workers may run with others).
+            made with jobkeeper's defaults, which the checks of settings
+            say, since the workers may run with others).
     """
     try:
         facts = jq.health()
     except JobkeeperError as exc:
         return [Check("database", "fail", f"cannot reach {jq.url.redacted()}: {exc}")]
     checks = [Check("database", "ok", f"{facts['backend']} at {jq.url.redacted()} answers")]
+    # Without the app, only the defaults can be judged: say so, or a
+    # worker's own rescue_after of 2 s would pass as checked.
+    whose = "" if app_settings else DEFAULTS_JUDGED
     checks.append(_schema(facts))
     if facts["schema_version"] == 0:
         return checks
@@ -76,9 +83,9 @@ def run_checks(
     if facts["backend"] == "postgresql":
         checks += _postgres(facts, xmin_warn_after)
     else:
-        checks += _sqlite(facts)
+        checks += _sqlite(facts, whose)
     checks.append(_workers(jq))
-    checks.append(_settings(jq, app_settings))
+    checks.append(_settings(jq, whose))
     return checks
 
 
@@ -180,7 +187,7 @@ def _postgres(facts: dict[str, Any], xmin_warn_after: float) -> list[Check]:
     return checks
 
 
-def _sqlite(facts: dict[str, Any]) -> list[Check]:
+def _sqlite(facts: dict[str, Any], whose: str) -> list[Check]:
     checks = []
     mode = facts.get("journal_mode", "")
     if mode.lower() == "wal":
@@ -212,11 +219,11 @@ def _sqlite(facts: dict[str, Any]) -> list[Check]:
             Check(
                 "busy timeout",
                 "warn",
-                f"{busy} ms: writes fail at once under contention; set busy_timeout >= 5 s",
+                f"{busy} ms: writes fail at once under contention; set busy_timeout >= 5 s" + whose,
             )
         )
     else:
-        checks.append(Check("busy timeout", "ok", f"{busy / 1000:g} s"))
+        checks.append(Check("busy timeout", "ok", f"{busy / 1000:g} s{whose}"))
     return checks
 
 
@@ -242,15 +249,8 @@ def _workers(jq: JobQueue) -> Check:
     return Check("workers", "ok", f"{len(workers)} alive")
 
 
-def _settings(jq: JobQueue, app_settings: bool) -> Check:
+def _settings(jq: JobQueue, whose: str) -> Check:
     settings = jq.settings
-    # Without the app, only the defaults can be judged: say so, or a
-    # worker's own rescue_after of 2 s would pass as checked.
-    whose = (
-        ""
-        if app_settings
-        else (" (jobkeeper's defaults: pass --app package.module:jq to check your app's settings)")
-    )
     beats = settings.rescue_after / settings.heartbeat_interval
     if beats < SAFE_BEATS:
         return Check(

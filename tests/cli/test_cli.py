@@ -687,6 +687,30 @@ def test_app_that_raises_while_imported_exits_2_with_its_traceback(
     assert total_rows(queue) == 0
 
 
+@pytest.mark.parametrize("command", ["worker", "doctor"])
+def test_app_that_migrates_at_import_with_the_database_down_is_a_database_error(
+    tmp_path, monkeypatch, capsys, command
+):
+    # The README's own pattern (migrate() at module level) with the database
+    # down: this was "bad input" (exit 2) located in contextlib.py, a frame
+    # of jobkeeper's own context managers, instead of the app's line.
+    (tmp_path / "migratingapp.py").write_text(
+        "from jobkeeper import JobQueue\n\njq = JobQueue()\njq.migrate()\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    down = "postgresql://postgres@127.0.0.1:1/test?connect_timeout=1"
+    args = ["--burst"] if command == "worker" else []
+    with pytest.raises(SystemExit) as info:
+        main(["--database", down, command, "--app", "migratingapp:jq", *args])
+    assert info.value.code == 1
+    assert_one_line_error(
+        capsys.readouterr().err,
+        "importing app 'migratingapp:jq' failed",
+        "is unavailable",
+        f"(at {tmp_path / 'migratingapp.py'}:4)",
+    )
+
+
 def test_app_whose_jobqueue_settings_are_refused_says_where_in_one_line(cli, tmp_path, monkeypatch):
     # jobkeeper's own refusal already says what is wrong: one line, with the
     # app's file and line, not a traceback through jobkeeper's internals.

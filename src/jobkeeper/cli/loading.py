@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 import sys
@@ -13,7 +14,7 @@ from jobkeeper.cli.common import (
     BadInput,
 )
 from jobkeeper.config import DATABASE_URL_ENV
-from jobkeeper.errors import JobkeeperError
+from jobkeeper.errors import DatabaseError, JobkeeperError
 
 
 class AppImportFailed(BadInput):
@@ -55,12 +56,15 @@ def _app_frame(exc: BaseException) -> str | None:
     that called into jobkeeper.
     """
     package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    # jobkeeper's own context managers run in contextlib's frames: those are
+    # not the app's line either.
+    skipped = {os.path.abspath(module.__file__ or "") for module in (importlib, contextlib)}
     found = None
     for frame in traceback.extract_tb(exc.__traceback__):
         path = os.path.abspath(frame.filename)
         if frame.filename.startswith("<") or path.startswith(package + os.sep):
             continue
-        if path == os.path.abspath(importlib.__file__ or ""):
+        if path in skipped:
             continue
         found = f"{frame.filename}:{frame.lineno}"
     return found
@@ -92,6 +96,14 @@ def load_app(spec: str, database_url: str | None) -> JobQueue:
             # The app's module itself is not there: one line says it all.
             raise BadInput(f"--app {spec!r}: cannot import {module_name!r}: {exc}") from None
         detail = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        if isinstance(exc, DatabaseError):
+            # The app used the database at import (a migrate() at module
+            # level) and the database failed: a database error (exit 1, as
+            # for any command), saying where, not bad input.
+            where = _app_frame(exc)
+            raise type(exc)(
+                f"importing app {spec!r} failed: {exc}" + (f" (at {where})" if where else "")
+            ) from None
         if isinstance(exc, JobkeeperError):
             # jobkeeper refused the app's own setup (a bad JobQueue setting, a
             # bad task option): its message says what; one line says where.
