@@ -16,6 +16,20 @@ from jobkeeper import DatabaseUnavailable, JobQueue
 from support.db import PG_URL, end_sessions
 
 
+async def sleeping_call(jq: JobQueue, seconds: float) -> asyncio.Future[None]:
+    """A call on ``jq``'s async pool (opened and warmed first) that holds its
+    connection for ``seconds`` on the server.
+    """
+    await jq.enqueue_async("anything", {})
+    backend = jq.backend
+
+    async def sleep_on_the_server() -> None:
+        async with backend._async_cursor(transaction=False) as cursor:
+            await cursor.execute(f"SELECT pg_sleep({seconds})")
+
+    return asyncio.ensure_future(sleep_on_the_server())
+
+
 def test_api_calls_right_after_the_server_ends_the_pooled_sessions(pg_url):
     # The pool pinged a connection on checkout only after it sat idle for a
     # second, so the first call within that second after a restart failed
@@ -80,14 +94,7 @@ def test_an_async_call_whose_connection_is_lost_says_the_write_may_have_committe
     jq.migrate()
 
     async def lose_a_call() -> DatabaseUnavailable:
-        await jq.enqueue_async("anything", {})  # the loop's pool is open and warm
-        backend = jq.backend
-
-        async def sleep_on_the_server() -> None:
-            async with backend._async_cursor(transaction=False) as cursor:
-                await cursor.execute("SELECT pg_sleep(30)")
-
-        call = asyncio.ensure_future(sleep_on_the_server())
+        call = await sleeping_call(jq, 30)
         await asyncio.sleep(0.5)
         await asyncio.to_thread(end_sessions, name)
         with pytest.raises(DatabaseUnavailable) as caught:
@@ -136,14 +143,7 @@ def test_an_async_call_on_a_busy_pool_waits_as_long_as_the_sync_pool_would(pg_ur
     jq.migrate()
 
     async def wait_on_a_busy_pool() -> tuple[DatabaseUnavailable, float]:
-        await jq.enqueue_async("anything", {})  # the loop's pool is open
-        backend = jq.backend
-
-        async def hold_the_only_connection() -> None:
-            async with backend._async_cursor(transaction=False) as cursor:
-                await cursor.execute("SELECT pg_sleep(6)")
-
-        holder = asyncio.ensure_future(hold_the_only_connection())
+        holder = await sleeping_call(jq, 6)  # on the pool's only connection
         await asyncio.sleep(0.3)
         started = time.monotonic()
         with pytest.raises(DatabaseUnavailable) as caught:
