@@ -13,6 +13,7 @@ import re
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
 
 import pytest
 from rich.console import Console
@@ -135,6 +136,16 @@ def test_enqueue_options(cli, queue):
     assert (job.queue, job.priority, job.max_attempts, job.unique_key) == ("emails", -4, 3, "k1")
     assert job.status == JobStatus.SCHEDULED
     assert int(cli.ok("enqueue", "mail", "--unique-key", "k1")) == job.id
+
+
+def test_enqueue_run_at_takes_an_iso_time_with_its_offset(cli, queue):
+    out = cli.ok("enqueue", "mail", "--run-at", "2030-01-01T09:00:00+01:00")
+    job = queue.get_job(int(out))
+    assert job is not None and job.status == JobStatus.SCHEDULED
+    assert job.scheduled_at == datetime(2030, 1, 1, 8, 0, tzinfo=UTC)
+    out = cli.ok("enqueue", "mail", "--run-at", "2000-01-01T00:00:00Z")  # past: runs now
+    job = queue.get_job(int(out))
+    assert job is not None and job.status == JobStatus.AVAILABLE
 
 
 def test_status_json_is_stable(cli, queue):
@@ -307,6 +318,9 @@ BAD_ENQUEUES = [
     (["--delay", "nan"], "--delay"),
     (["--delay", "inf"], "--delay"),
     (["--delay", "soon"], "--delay"),
+    (["--run-at", "2030-01-01T09:00:00"], "--run-at '2030-01-01T09:00:00': give its offset"),
+    (["--run-at", "tomorrow"], "--run-at 'tomorrow': not an ISO 8601 time"),
+    (["--run-at", "2030-01-01T09:00:00Z", "--delay", "5"], "run_at"),
     (["--priority", "99999999999"], "priority"),
     (["--max-attempts", "0"], "max_attempts"),
     (["--queue", "has space"], "queue name"),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from datetime import datetime
 
 import click
 
@@ -47,6 +48,27 @@ def _check_task_known(jq: JobQueue, task: str, app_spec: str) -> None:
     )
 
 
+def _parse_run_at(text: str) -> datetime:
+    """``--run-at`` as an aware datetime.
+
+    Raises:
+        BadInput: not ISO 8601, or without an offset (a time without one
+            would be read in some machine's zone: case C-11).
+    """
+    try:
+        when = datetime.fromisoformat(text)
+    except ValueError:
+        raise BadInput(
+            f"--run-at {text!r}: not an ISO 8601 time, e.g. 2026-12-24T09:00:00+01:00"
+        ) from None
+    if when.tzinfo is None or when.utcoffset() is None:
+        raise BadInput(
+            f"--run-at {text!r}: give its offset (+01:00, or Z for UTC): a time without one "
+            "means different moments on different machines"
+        )
+    return when
+
+
 @click.command("enqueue", cls=Command)
 @click.argument("task", cls=Argument, doc="The task's registered name.")
 @click.option(
@@ -63,6 +85,12 @@ def _check_task_known(jq: JobQueue, task: str, app_spec: str) -> None:
 )
 @click.option("--queue", default=None, help="Queue (default: default).")
 @click.option("--delay", type=click.FLOAT, default=None, help="Seconds from now, >= 0.")
+@click.option(
+    "--run-at",
+    default=None,
+    help="Not before this time: ISO 8601 with its offset, e.g. 2026-12-24T09:00:00+01:00 "
+    "or ...Z (not with --delay).",
+)
 @click.option("--priority", type=click.INT, default=None, help="Lower runs first.")
 @click.option("--max-attempts", type=click.INT, default=None, help="Attempts before dead.")
 @click.option(
@@ -85,6 +113,7 @@ def enqueue(
     app_spec: str | None,
     queue: str | None,
     delay: float | None,
+    run_at: str | None,
     priority: int | None,
     max_attempts: int | None,
     unique_key: str | None,
@@ -93,6 +122,7 @@ def enqueue(
     """Enqueue one job and print its id."""
     if delay is not None and not math.isfinite(delay):
         raise BadInput(f"--delay {delay}: must be a finite number of seconds >= 0")
+    when = None if run_at is None else _parse_run_at(run_at)
     payload = parse_args_json(read_args_text(args))
     database = ctx.find_root().params.get("database")
     if app_spec is not None:
@@ -107,6 +137,7 @@ def enqueue(
         payload,
         queue=queue,
         delay=delay,
+        run_at=when,
         priority=priority,
         max_attempts=max_attempts,
         unique_key=unique_key,
