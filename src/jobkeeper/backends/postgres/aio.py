@@ -30,7 +30,7 @@ from jobkeeper.backends.postgres.plans import (
     read_for_insert,
     run_plan_async,
 )
-from jobkeeper.backends.postgres.prepared import prepare_if_direct_async, stale_plan
+from jobkeeper.backends.postgres.prepared import prepare_if_direct_async
 from jobkeeper.backends.postgres.queries import QUERIES
 from jobkeeper.backends.postgres.sources import (
     CONNECT_TIMEOUT,
@@ -212,20 +212,10 @@ class PostgresAsync:
                         yield cursor
                 else:
                     yield cursor
-            except psycopg.errors.ReadOnlySqlTransaction:
-                # As the sync pool: every session of the pool was opened to
-                # the server that now refuses writes; kept, each would fail
-                # every later call, writable server or not.
-                probe.suspect = True
-                await conn.close()
-                await pool.drain()
-                raise
-            except psycopg.OperationalError:
-                probe.suspect = True
-                raise
-            except psycopg.errors.FeatureNotSupported as exc:
-                if stale_plan(exc):
-                    # Every session of the pool met the same schema change.
+            except BaseException as exc:
+                suspect, replace_all = sources.pool_repair(exc)
+                probe.suspect = probe.suspect or suspect
+                if replace_all:
                     await conn.close()
                     await pool.drain()
                 raise

@@ -74,6 +74,27 @@ def has_unread_input(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any
         return True  # no usable socket: let the ping decide
 
 
+def pool_repair(error: BaseException | None) -> tuple[bool, bool]:
+    """What a call's ``error`` (None: it succeeded) asks of the pool, sync or
+    async, that lent its connection: ``(suspect, replace_all)``: probe the
+    server before the next checkout; close this session and replace every
+    other one too.
+    """
+    if error is None or isinstance(error, RETRY_ASKED):
+        return False, False  # a lost race, not the server's health
+    if isinstance(error, psycopg.errors.ReadOnlySqlTransaction):
+        # Every session of the pool was opened to the server that now refuses
+        # writes: kept, each would fail every later call, writable or not.
+        # The probe on the next checkout reports read-only at once.
+        return True, True
+    if isinstance(error, psycopg.OperationalError):
+        return True, False
+    if isinstance(error, psycopg.errors.FeatureNotSupported) and stale_plan(error):
+        # The schema changed under every session of the pool.
+        return False, True
+    return False, False
+
+
 def busy_pool_message(max_size: int) -> str:
     """Why a checkout gave up with the server up: the whole wait, not the
     pool's last slice of it.
@@ -280,20 +301,9 @@ class PooledConnections:
         a wait per call), after ``error`` (None: the call succeeded).
         """
         try:
-            if error is None or isinstance(error, RETRY_ASKED):
-                pass
-            elif isinstance(error, psycopg.errors.ReadOnlySqlTransaction):
-                # Every session of the pool was opened to the server that now
-                # refuses writes: replace them all, not one per failed call.
-                # The probe on the next checkout reports read-only at once.
-                self._suspect = True
-                conn.close()
-                self._pool.drain()
-            elif isinstance(error, psycopg.OperationalError):
-                self._suspect = True
-            elif isinstance(error, psycopg.errors.FeatureNotSupported) and stale_plan(error):
-                # The schema changed under every session of the pool:
-                # replace them all, not one per failed call.
+            suspect, replace_all = pool_repair(error)
+            self._suspect = self._suspect or suspect
+            if replace_all:
                 conn.close()
                 self._pool.drain()
         finally:
