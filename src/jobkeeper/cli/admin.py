@@ -17,7 +17,7 @@ from jobkeeper.cli.common import (
     json_option,
     open_queue,
 )
-from jobkeeper.cli.loading import load_app
+from jobkeeper.cli.loading import open_app_queue
 
 
 @click.command("migrate", cls=Command)
@@ -124,11 +124,7 @@ def doctor(ctx: click.Context, app_spec: str | None, as_json: bool) -> None:
     """
     from jobkeeper import doctor as checks_module
 
-    if app_spec is None:
-        jq = open_queue(ctx)
-    else:
-        jq = load_app(app_spec, ctx.find_root().params.get("database"))
-        ctx.call_on_close(jq.close)
+    jq = open_queue(ctx) if app_spec is None else open_app_queue(ctx, app_spec)
     checks = checks_module.run_checks(jq, app_settings=app_spec is not None)
     if as_json:
         render.print_json(console, [check.to_dict() for check in checks])

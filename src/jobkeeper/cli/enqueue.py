@@ -16,7 +16,7 @@ from jobkeeper.cli.common import (
     console,
     open_queue,
 )
-from jobkeeper.cli.loading import load_app
+from jobkeeper.cli.loading import open_app_queue
 from jobkeeper.tasks import suggest
 
 #: How many of an app's task names an unknown-task error lists.
@@ -124,10 +124,8 @@ def enqueue(
         raise BadInput(f"--delay {delay}: must be a finite number of seconds >= 0")
     when = None if run_at is None else _parse_run_at(run_at)
     payload = parse_args_json(read_args_text(args))
-    database = ctx.find_root().params.get("database")
     if app_spec is not None:
-        jq = load_app(app_spec, database)
-        ctx.call_on_close(jq.close)
+        jq = open_app_queue(ctx, app_spec)
         if not external:
             _check_task_known(jq, task, app_spec)
     else:

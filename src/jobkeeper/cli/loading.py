@@ -8,6 +8,8 @@ import os
 import sys
 import traceback
 
+import click
+
 from jobkeeper.api import JobQueue
 from jobkeeper.backends import resolve_database_url
 from jobkeeper.cli.common import (
@@ -125,4 +127,13 @@ def load_app(spec: str, database_url: str | None) -> JobQueue:
         )
     if wanted is not None and jq.url.url != wanted.url:
         jq.use_database(wanted.url)
+    return jq
+
+
+def open_app_queue(ctx: click.Context, spec: str) -> JobQueue:
+    """:func:`load_app` for a command: on the root's ``--database``, closed
+    when the command ends (as :func:`~jobkeeper.cli.common.open_queue`).
+    """
+    jq = load_app(spec, ctx.find_root().params.get("database"))
+    ctx.call_on_close(jq.close)
     return jq
