@@ -23,6 +23,7 @@ from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from jobkeeper.config import Settings
+from jobkeeper.errors import JobkeeperError
 from jobkeeper.events import EventBus, EventKind, JobEvent, OutcomeKind
 
 #: The logger of job outcomes.
@@ -194,6 +195,18 @@ class _StopTally(Protocol):
     completed: int
     failed: int
     released: int
+
+
+def log_stopped_on_error(*, worker_id: str, error: Exception) -> None:
+    """The worker's ERROR line when its start or run ends on ``error`` (the
+    caller hears of it too, but a log pipeline reading only the worker's
+    records must see why it ended); the traceback when it is not one of
+    jobkeeper's errors.
+    """
+    if isinstance(error, JobkeeperError):
+        _worker_logger.error("worker %s stopped on an error: %s", worker_id, error)
+    else:
+        _worker_logger.error("worker %s stopped on an unexpected error", worker_id, exc_info=error)
 
 
 def log_stop(*, worker_id: str, started: bool, tally: _StopTally, left_held: int) -> None:

@@ -38,7 +38,7 @@ from typing import Any
 from jobkeeper import joblog
 from jobkeeper.backends.base import Backend
 from jobkeeper.config import Settings
-from jobkeeper.errors import ConfigError, DatabaseError, DatabaseUnavailable, JobkeeperError
+from jobkeeper.errors import ConfigError, DatabaseError, DatabaseUnavailable
 from jobkeeper.events import EventBus
 from jobkeeper.maintenance.heartbeat import Heartbeat
 from jobkeeper.maintenance.leader import Leader
@@ -378,13 +378,7 @@ class Worker:
             self._start_listener()
             self.producer.run()
         except Exception as exc:
-            # The caller hears of it too (the CLI prints it as text), but a
-            # log pipeline reading only this worker's records must see why
-            # it ended: one ERROR record, with the traceback when unexpected.
-            if isinstance(exc, JobkeeperError):
-                logger.error("worker %s stopped on an error: %s", self.info.id, exc)
-            else:
-                logger.exception("worker %s stopped on an unexpected error", self.info.id)
+            joblog.log_stopped_on_error(worker_id=self.info.id, error=exc)
             raise
         finally:
             self._shutdown()
