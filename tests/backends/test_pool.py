@@ -131,6 +131,35 @@ def test_an_async_call_with_the_server_down_fails_at_once_without_the_commit_war
         jq.close()
 
 
+def test_asyncio_run_returns_when_the_app_never_awaited_aclose(pg_url):
+    # psycopg_pool's worker tasks swallow a cancel that reaches them while
+    # they run a job (a background connect, a connection's return) and then
+    # wait on their queue for good: asyncio.run(), which cancels what is left
+    # and waits for it, hung in about one run in four after a successful
+    # enqueue_async. Twenty runs; each must return (the bound is a hang's
+    # detector, generous for twenty short runs on a slow machine).
+    jq = JobQueue(pg_url)
+    jq.migrate()
+    finished: list[int] = []
+
+    async def enqueue_and_leave(i: int) -> None:
+        await jq.enqueue_async("anything", {"i": i})
+
+    def runs() -> None:
+        for i in range(20):
+            asyncio.run(enqueue_and_leave(i))
+            finished.append(i)
+
+    runner = threading.Thread(target=runs, daemon=True)
+    runner.start()
+    runner.join(timeout=60)
+    try:
+        assert not runner.is_alive(), f"asyncio.run() hung after {len(finished)} runs"
+        assert len(jq.list_jobs(task="anything")) == 20
+    finally:
+        jq.close()
+
+
 def test_an_async_call_on_a_busy_pool_waits_as_long_as_the_sync_pool_would(pg_url, monkeypatch):
     # The async checkout read the pool timeout once, at import, so a setting
     # changed at run time (the soak shortens it) reached only the sync pool:

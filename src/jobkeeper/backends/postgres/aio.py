@@ -152,14 +152,45 @@ async def _getconn_async(
             probe.suspect = True
 
 
+class _LoopPool:
+    """One event loop's pool, its server probe, and the task that closes the
+    pool when the loop ends (see :func:`_close_at_loop_end`).
+    """
+
+    __slots__ = ("closer", "pool", "probe")
+
+    def __init__(self, pool: AsyncConnectionPool, probe: _ServerProbe) -> None:
+        self.pool = pool
+        self.probe = probe
+        self.closer: asyncio.Task[None] | None = None
+
+
+async def _close_at_loop_end(pool: AsyncConnectionPool, forget: Callable[[], None]) -> None:
+    """Wait until cancelled, then close ``pool`` (``forget`` drops it first).
+
+    ``asyncio.run()`` cancels the tasks left when its coroutine returns and
+    waits for them all. A psycopg_pool worker task that a cancel reaches
+    while it runs a job (a background connect, a connection's return)
+    swallows it -- the worker's loop catches ``CancelledError`` with the
+    job's errors (``psycopg_pool/pool_async.py``, ``worker``) -- and waits on
+    its queue again: ``asyncio.run()`` never returned, in about one run in
+    four, for an app that enqueued and did not await ``aclose()``. Closing
+    the pool sends every worker a stop that its queue does deliver.
+    """
+    try:
+        await asyncio.get_running_loop().create_future()
+    except asyncio.CancelledError:
+        forget()
+        await pool.close()
+        raise
+
+
 class PostgresAsync:
     """The async half of the PostgreSQL backend (mixed into it)."""
 
     _conninfo: str
     _pool_size: int
-    _async_pools: weakref.WeakKeyDictionary[
-        asyncio.AbstractEventLoop, tuple[AsyncConnectionPool, _ServerProbe]
-    ]
+    _async_pools: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopPool]
     _async_checked: weakref.WeakSet[psycopg.AsyncConnection[Any]]
 
     def _errors(self) -> DriverErrors:
@@ -171,7 +202,7 @@ class PostgresAsync:
     def _pool_kwargs(self) -> dict[str, Any]:
         raise NotImplementedError
 
-    async def _async_pool(self) -> tuple[AsyncConnectionPool, _ServerProbe]:
+    async def _async_pool(self) -> _LoopPool:
         # A pool's background tasks belong to the loop that opened it.
         loop = asyncio.get_running_loop()
         found = self._async_pools.get(loop)
@@ -188,15 +219,23 @@ class PostgresAsync:
                 check=_check_async,
                 configure=_configure_async,
             )
-            found = (pool, _ServerProbe(self._conninfo))
-            self._async_pools[loop] = found
+            found = self._async_pools[loop] = _LoopPool(pool, _ServerProbe(self._conninfo))
+
+            def forget(loop_pool: _LoopPool = found) -> None:
+                if self._async_pools.get(loop) is loop_pool:
+                    del self._async_pools[loop]
+
+            found.closer = loop.create_task(
+                _close_at_loop_end(pool, forget), name="jobkeeper-async-pool-closer"
+            )
             await pool.open(wait=False)
         return found
 
     @contextlib.asynccontextmanager
     async def _async_cursor(self, *, transaction: bool) -> AsyncIterator[psycopg.AsyncCursor[Any]]:
         with self._errors() as call:
-            pool, probe = await self._async_pool()
+            loop_pool = await self._async_pool()
+            pool, probe = loop_pool.pool, loop_pool.probe
             # getconn/putconn, not ``pool.connection()``: that one wraps the
             # call in ``async with conn``, whose commit has nothing to do in
             # autocommit (transactions are ``conn.transaction()`` blocks) but
@@ -328,15 +367,17 @@ class PostgresAsync:
         """Close the async pool of the running loop."""
         found = self._async_pools.pop(asyncio.get_running_loop(), None)
         if found is not None:
-            await found[0].close()
+            await found.pool.close()
+            if found.closer is not None:
+                found.closer.cancel()
 
     def _close_async_pools(self) -> None:
         """From the sync ``close``: pools whose loop is gone are dropped; a
         pool of a loop that is not running is closed on it.
         """
-        for loop, (pool, _probe) in list(self._async_pools.items()):
+        for loop, found in list(self._async_pools.items()):
             self._async_pools.pop(loop, None)
             if loop.is_closed() or loop.is_running():
                 continue
             with contextlib.suppress(Exception):
-                loop.run_until_complete(pool.close())
+                loop.run_until_complete(found.pool.close())
