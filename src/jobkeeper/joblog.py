@@ -210,10 +210,12 @@ def log_stopped_on_error(*, worker_id: str, error: Exception) -> None:
 
 
 def log_stop(*, worker_id: str, started: bool, tally: _StopTally, left_held: int) -> None:
-    """The worker's stop line (INFO on ``jobkeeper.worker``): its tally; for
-    a worker that never ``started`` (registered), that it stopped before its
-    start instead: no "started" line came, and a tally of zeros would read as
-    a worker that ran.
+    """The worker's stop line (INFO on ``jobkeeper.worker``): its tally and
+    ``left_held``, the jobs it still holds in the database (code that would
+    not return, outcomes it could not write: rescued later); for a worker
+    that never ``started`` (registered), that it stopped before its start
+    instead: no "started" line came, and a tally of zeros would read as a
+    worker that ran.
     """
     if not started:
         _worker_logger.info("worker %s stopped before it started: no job was claimed", worker_id)

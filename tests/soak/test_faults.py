@@ -105,6 +105,35 @@ def test_a_database_outage_longer_than_rescue_after_rescues_no_live_worker(tmp_p
         pg.cleanup()
 
 
+def test_a_worker_stopped_during_an_outage_counts_what_it_left_held(tmp_path):
+    # SIGTERM while the database is down: the jobs finish, but their outcomes
+    # cannot be written, so they stay held (to be rescued). The stop line
+    # said "0 left held" (it counted only code that would not return) right
+    # after the ERROR line saying two outcomes were unwritten.
+    pg = PrivatePostgres()
+    workers = None
+    try:
+        pg.init()
+        jq = JobQueue(pg.url, **SOAK)
+        jq.migrate()
+        ids = [
+            j.id for j in jq.enqueue_many([("soak.work", {"n": i, "ms": 1500}) for i in range(2)])
+        ]
+        workers = workers_for(pg.url, tmp_path, count=1, concurrency=2)
+        workers.start_all()
+        wait_for(lambda: statuses(jq, ids) == ["running"] * 2, timeout=30, what="both to run")
+        jq.close()
+        pg.stop("fast")
+        assert workers.stop_all(timeout=30) == {0: 1}
+        log = logs(tmp_path)
+        assert "2 outcomes still unwritten at shutdown" in log, log[-3000:]
+        assert "0 completed, 0 failed, 0 handed back, 2 left held" in log, log[-3000:]
+    finally:
+        if workers is not None:
+            workers.stop_all(timeout=10)
+        pg.cleanup()
+
+
 def test_sqlite_write_lock_held_past_rescue_after_rescues_no_live_worker(tmp_path):
     path = tmp_path / "jobs.db"
     jq = JobQueue(f"sqlite:///{path}", **SOAK)

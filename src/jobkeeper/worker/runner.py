@@ -441,6 +441,9 @@ class Worker:
         stuck = self._interrupt_running(grace) if self.executor.snapshot().active else []
         flush_for = SHUTDOWN_FLUSH if self._force.is_set() else deadline - time.monotonic()
         flushed = self.completer.stop(timeout=max(flush_for, SHUTDOWN_FLUSH))
+        # Still held in the database: code that would not return, and jobs
+        # whose outcome, hand-back or start mark could not be written.
+        left_held = len({job.id for job in stuck} | self.completer.pending_ids())
         self._listener_stop.set()
         for service in reversed(self._services):
             service.stop()
@@ -462,7 +465,7 @@ class Worker:
         for backend in self._backends:
             backend.close()
         joblog.log_stop(
-            worker_id=self.info.id, started=self._registered, tally=self.stats, left_held=len(stuck)
+            worker_id=self.info.id, started=self._registered, tally=self.stats, left_held=left_held
         )
 
     def _interrupt_running(self, grace: float) -> list[Job]:
