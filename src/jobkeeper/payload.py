@@ -10,6 +10,7 @@ lone surrogates.
 from __future__ import annotations
 
 import json
+import json.scanner
 import math
 import re
 from typing import Any
@@ -268,6 +269,57 @@ def encode_result(result: Any, *, max_bytes: int) -> str | None:
     return _encode_checked(result, "result", max_bytes)
 
 
+class _UnusualTextError(Exception):
+    """Raised by the fast decoder's hooks: the text needs the full check."""
+
+
+def _refuse_constant(name: str) -> Any:
+    raise _UnusualTextError(name)
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):  # 1e400 overflows to inf
+        raise _UnusualTextError(text)
+    return value
+
+
+def _fast_scanner() -> Any:
+    """``json``'s C scanner, decoding as ``json.loads`` does, except that
+    NaN/Infinity and floats that overflow raise :class:`_UnusualTextError`; None
+    where the interpreter has no C scanner.
+    """
+    make = getattr(json.scanner, "c_make_scanner", None)
+    if make is None:
+        return None
+    return make(json.JSONDecoder(parse_constant=_refuse_constant, parse_float=_finite_float))
+
+
+_SCAN = _fast_scanner()
+
+
+def _decode_plain(text: str) -> Any:
+    """The value of ``text`` when it is plainly JSON that enqueue would have
+    written -- no NaN/Infinity, no float that overflows, no NUL or surrogate
+    escape, nothing around the value -- else :class:`_UnusualTextError`.
+
+    ``json.loads`` took 2.2 us for a 40-byte object and the regex that looked
+    for the unusual 1.4 us, where the C scanner alone takes 0.3 us: a claim
+    decodes every job's args. Numbers and constants are judged by the
+    scanner's hooks as it meets them, and only ``\\u`` needs a look at
+    the text (non-ASCII is stored as itself: an escape is rare).
+    """
+    if _SCAN is None or "\\u" in text:
+        raise _UnusualTextError(text)
+    try:
+        value, end = _SCAN(text, 0)
+    except (StopIteration, ValueError, RecursionError):
+        raise _UnusualTextError(text) from None
+    if end != len(text):
+        raise _UnusualTextError(text)
+    return value
+
+
 def decode_args(raw: Any) -> tuple[dict[str, Any] | None, str | None]:
     """Decode stored args; never raises.
 
@@ -275,6 +327,14 @@ def decode_args(raw: Any) -> tuple[dict[str, Any] | None, str | None]:
         ``(args, None)`` when ``raw`` is (or parses to) a JSON object, else
         ``(None, reason)`` so the worker can fail the attempt with the reason.
     """
+    if type(raw) is str:
+        try:
+            plain = _decode_plain(raw)
+        except _UnusualTextError:
+            pass
+        else:
+            if type(plain) is dict:
+                return plain, None
     value = raw
     suspicious = False
     if isinstance(raw, str | bytes):

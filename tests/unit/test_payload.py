@@ -340,6 +340,64 @@ def test_decode_args_accepts_text_bytes_and_decoded_dicts():
     assert decode_args({"a": 1}) == ({"a": 1}, None)
 
 
+class _Text(str):
+    """A str that is not exactly ``str``: decode_args takes its full path
+    (json.loads, then the check of anything unusual) for it.
+    """
+
+
+json_text_values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(10**400), max_value=10**400)
+    | st.floats(allow_nan=True, allow_infinity=True)
+    | st.sampled_from([1e308, 1e-320, 0.1, -0.0])
+    | st.text(st.characters(codec=None, exclude_categories=()), max_size=8),
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=4), children, max_size=4)
+    ),
+    max_leaves=12,
+)
+# Number texts json.dumps never writes: overflowing exponents, 400 digits.
+odd_numbers = st.sampled_from(["1e400", "-1E+999", "9" * 400 + ".5", "1e-400", "2.5E+100", "1E3"])
+
+
+@st.composite
+def stored_args_texts(draw: st.DrawFn) -> str:
+    """Text a json/TEXT column may hold: jobkeeper's own compact JSON, or
+    JSON written by hand (NaN, escapes, spacing, odd numbers), or not JSON.
+    """
+    kind = draw(st.sampled_from(["dumped", "odd_number", "spaced", "garbage"]))
+    if kind == "garbage":
+        return draw(st.text(max_size=20))
+    value = {"k": draw(json_text_values), "n": 1}
+    text = json.dumps(
+        value,
+        allow_nan=True,
+        ensure_ascii=draw(st.booleans()),
+        separators=(",", ":") if kind != "spaced" else (", ", ": "),
+    )
+    if kind == "odd_number":
+        text = text.replace('"n":1', '"n":' + draw(odd_numbers), 1)
+    if kind == "spaced":
+        text = draw(st.sampled_from(["", " ", "\n"])) + text + draw(st.sampled_from(["", " "]))
+    return text
+
+
+@given(stored_args_texts())
+@settings(max_examples=400)
+def test_decode_args_fast_path_decides_as_the_full_path_does(text):
+    # The claim decodes args with the C scanner alone, unless the text holds
+    # something unusual; every text must get the answer the full path gives.
+    fast_args, fast_error = decode_args(text)
+    full_args, full_error = decode_args(_Text(text))
+    assert (fast_error is None) == (full_error is None), (fast_error, full_error)
+    if fast_error is None:
+        assert same(fast_args, full_args)
+    else:
+        assert fast_error == full_error
+
+
 # -- clean_text: any error text is storable ------------------------------------------------
 
 

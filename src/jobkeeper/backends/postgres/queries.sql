@@ -3,6 +3,8 @@
 -- Batched statements take parallel arrays and unnest them, so one round trip
 -- carries any number of rows. Arrays travel in binary (%(name)b): psycopg's
 -- text-format array quoting cost more than the statement itself in profiles.
+-- The worker's per-job writes (job_start_many, job_complete_many*) take
+-- literals built in C instead (%(name)s::type[], see arrays.py): cheaper still.
 -- Rows go back as named columns, never *: the connections prepare their
 -- statements, and PostgreSQL refuses a prepared statement whose result
 -- columns a migration changed ({job_columns}, {job_columns_qualified} with
@@ -186,9 +188,9 @@ FROM limited WHERE yes
 -- jobkeeper_jobs_held_has_holder), so "held and not running" is "claimed".
 UPDATE jobkeeper_jobs AS job
 SET status = 'running', attempted_at = now()
-FROM unnest(%(ids)b::bigint[], %(worker_ids)b::text[], %(attempts)b::int[], %(fences)b::int8[])
+FROM unnest(%(ids)s::bigint[], %(worker_ids)s::text[], %(attempts)s::int[], %(fences)s::int8[])
      AS started(id, worker_id, attempt, fence)
-WHERE job.id = ANY(%(ids)b::bigint[]) AND job.id = started.id
+WHERE job.id = ANY(%(ids)s::bigint[]) AND job.id = started.id
   AND job.worker_id = started.worker_id AND job.attempt = started.attempt
   AND job.fence = started.fence AND job.status <> 'running'
 RETURNING job.id
@@ -212,10 +214,10 @@ RETURNING id
 -- cancel request: the work was done.
 UPDATE jobkeeper_jobs AS job
 SET status = 'completed', finished_at = now(), worker_id = NULL, result = done.result
-FROM unnest(%(ids)b::bigint[], %(worker_ids)b::text[], %(attempts)b::int[],
-            %(fences)b::int8[], %(results)b::json[])
+FROM unnest(%(ids)s::bigint[], %(worker_ids)s::text[], %(attempts)s::int[],
+            %(fences)s::int8[], %(results)s::json[])
      AS done(id, worker_id, attempt, fence, result)
-WHERE job.id = ANY(%(ids)b::bigint[]) AND job.id = done.id
+WHERE job.id = ANY(%(ids)s::bigint[]) AND job.id = done.id
   AND job.worker_id = done.worker_id AND job.attempt = done.attempt
   AND job.fence = done.fence
 RETURNING job.id, job.awaited
@@ -223,10 +225,10 @@ RETURNING job.id, job.awaited
 -- name: job_complete_many_delete
 -- retention = 0: completed jobs are deleted at once, with the same fence.
 DELETE FROM jobkeeper_jobs AS job
-USING unnest(%(ids)b::bigint[], %(worker_ids)b::text[], %(attempts)b::int[],
-             %(fences)b::int8[])
+USING unnest(%(ids)s::bigint[], %(worker_ids)s::text[], %(attempts)s::int[],
+             %(fences)s::int8[])
      AS done(id, worker_id, attempt, fence)
-WHERE job.id = ANY(%(ids)b::bigint[]) AND job.id = done.id
+WHERE job.id = ANY(%(ids)s::bigint[]) AND job.id = done.id
   AND job.worker_id = done.worker_id AND job.attempt = done.attempt
   AND job.fence = done.fence
 RETURNING job.id, job.awaited
