@@ -210,7 +210,7 @@ def encode_args(args: Any, *, max_bytes: int) -> str:
             f"args: must be a JSON object (a dict of keyword arguments), got "
             f"{type(args).__name__} {_short_repr(args)}"
         )
-    return _encode_checked(args, "args", max_bytes)
+    return encode_checked(args, "args", max_bytes)
 
 
 _SCALARS = frozenset({str, int, float, bool, type(None)})
@@ -227,8 +227,19 @@ def _is_flat_object(value: Any) -> bool:
     )
 
 
-def _encode_checked(value: Any, path: str, max_bytes: int) -> str:
+def encode_checked(value: Any, path: str, max_bytes: int) -> str:
     """Encode ``value``, refusing what :func:`check_json_value` refuses.
+
+    Args:
+        value: any value (:func:`encode_args` first requires a dict).
+        path: how errors name it (``"args"``).
+        max_bytes: largest accepted size of the UTF-8 encoded JSON, in bytes.
+
+    Returns:
+        The canonical JSON text.
+
+    Raises:
+        PayloadError: a non-JSON value (named by its path), or too large.
 
     Fast path, all in C: encode, then decode and compare. ``json.dumps``
     quietly turns tuples into lists and int keys into strings, and the round
@@ -266,7 +277,7 @@ def encode_result(result: Any, *, max_bytes: int) -> str | None:
     """
     if result is None:
         return None
-    return _encode_checked(result, "result", max_bytes)
+    return encode_checked(result, "result", max_bytes)
 
 
 class _UnusualTextError(Exception):
