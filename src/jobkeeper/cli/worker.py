@@ -33,7 +33,12 @@ from jobkeeper.queues import parse_queue_share
     "(within --concurrency). Default: every queue the app's tasks use.",
 )
 @click.option("--concurrency", type=click.INT, default=10, help="Most jobs running at once.")
-@click.option("--burst", is_flag=True, help="Drain the queues, then exit.")
+@click.option(
+    "--burst",
+    is_flag=True,
+    help="Run what is due, then exit; jobs that come due later than poll_interval "
+    "(delayed, or waiting out a retry's backoff) stay for the next worker.",
+)
 @click.option(
     "--prefetch",
     type=click.INT,
