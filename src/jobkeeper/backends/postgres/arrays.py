@@ -5,8 +5,8 @@ few hundred, as parallel arrays the statement unnests. psycopg dumps a
 Python list element by element in Python, binary or text alike: the four
 arrays of 100 completions cost about 150 us of client CPU a batch more than
 the same arrays written here as ``{1,2,3}`` literals, whose work is
-``str.join`` over ``map(str, ...)`` in C (``benchmarks``: a drain's
-completer spent a third of its time dumping them). The statements cast each
+``str.join`` over ``map(str, ...)`` in C (py-spy on a drain: a quarter of
+the completer's time went to dumping them). The statements cast each
 literal (``%(ids)s::bigint[]``), so the server parses it as the array type.
 """
 
