@@ -76,7 +76,9 @@ class QueueInfo:
             ``"N/h"``, or None.
         max_pending: most pending jobs before enqueues are refused, or None.
         counts: its jobs per status (every status, zeros included; dead
-            letters as ``"dead"``).
+            letters as ``"dead"``), counted as ``JobQueue.queue_counts``
+            counts: live statuses exact, finished ones estimated past
+            100,000 rows.
     """
 
     name: str
