@@ -5,6 +5,7 @@ sessions (a restart, a failover, ``pg_terminate_backend``).
 from __future__ import annotations
 
 import asyncio
+import gc
 import secrets
 import threading
 import time
@@ -158,6 +159,60 @@ def test_asyncio_run_returns_when_the_app_never_awaited_aclose(pg_url):
         assert len(jq.list_jobs(task="anything")) == 20
     finally:
         jq.close()
+
+
+def test_loops_ended_without_aclose_leave_no_session_open(pg_url):
+    # The pool's close() at a loop's end stopped at its cancelled workers,
+    # before closing the idle connections: they stayed open until the
+    # garbage collector ran (51 sessions after ten runs of 30 enqueues).
+    name = f"jk_loop_end_{secrets.token_hex(4)}"
+    JobQueue(pg_url).migrate()
+    jq = JobQueue(f"{pg_url}&application_name={name}")
+
+    async def enqueue_thirty() -> None:
+        await asyncio.gather(*(jq.enqueue_async("anything", {"i": i}) for i in range(30)))
+
+    def sessions() -> int:
+        with psycopg.connect(PG_URL) as conn:
+            row = conn.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s", [name]
+            ).fetchone()
+        assert row is not None
+        return int(row[0])
+
+    try:
+        for _ in range(5):
+            asyncio.run(enqueue_thirty())
+        # A closed session leaves pg_stat_activity as its backend exits. One
+        # may stay in about one test run in ten: a connect that the loop's
+        # end cancelled half-way, out of the pool's hands, which the
+        # collector frees; the leak this test is about left 7 to 9.
+        deadline = time.monotonic() + 10
+        while sessions() > 1 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert sessions() <= 1
+    finally:
+        jq.close()
+
+
+def test_a_loop_closed_after_close_has_no_task_left_pending(pg_url, caplog):
+    # jq.close() closed a loop's pool but left its closer task pending, and
+    # the loop's close then reported "Task was destroyed but it is pending!".
+    jq = JobQueue(pg_url)
+    jq.migrate()
+    for ending in ("close", "aclose"):
+        loop = asyncio.new_event_loop()
+        loop.run_until_complete(jq.enqueue_async("anything", {}))
+        if ending == "close":
+            jq.close()
+        else:
+            loop.run_until_complete(jq.aclose())
+        loop.close()
+        del loop
+        gc.collect()
+    jq.close()
+    destroyed = [r for r in caplog.records if "destroyed but it is pending" in r.getMessage()]
+    assert not destroyed, [r.getMessage() for r in destroyed]
 
 
 def test_an_async_call_on_a_busy_pool_waits_as_long_as_the_sync_pool_would(pg_url, monkeypatch):
