@@ -115,9 +115,14 @@ def test_c07_cli_entry_point_exits_2(cli):
 # -- rows written outside enqueue ------------------------------------------------------------
 
 
-def insert_raw_args(jq: JobQueue, raw: str, *, task: str = "t", max_attempts: int = 20) -> int:
-    """A row written outside jobkeeper (by hand, by another tool) with ``raw`` args."""
-    cast = "?::jsonb" if is_pg(jq) else "?"
+def insert_raw_args(
+    jq: JobQueue, raw: str, *, task: str = "t", max_attempts: int = 20, pg_type: str = "jsonb"
+) -> int:
+    """A row written outside jobkeeper (by hand, by another tool) with ``raw``
+    args; on PostgreSQL parsed as ``pg_type`` first (``json`` keeps the text
+    as written, escapes and exponents included; ``jsonb`` normalises it).
+    """
+    cast = f"?::{pg_type}" if is_pg(jq) else "?"
     sql(
         jq,
         "INSERT INTO jobkeeper_jobs (queue, task, args, max_attempts) "
@@ -200,6 +205,43 @@ def test_c07_a_real_worker_dead_letters_unloadable_rows_and_goes_on(make_queue, 
         assert entry["error"].startswith("cannot run job: stored args"), raw
         assert "written outside jobkeeper's enqueue" in (dead.dead_reason or ""), raw
     assert total_rows(jq) == len(raws) + 1
+
+
+#: Loadable by json.loads, refused by enqueue: a float that overflows with a
+#: short exponent (300 mantissa digits), nesting past MAX_DEPTH (64), NUL and
+#: a lone surrogate escaped. A break-test found each reaching the task: the
+#: first two past the old text check, all of them on a queue with limits,
+#: whose claim decodes args in the driver.
+REFUSED_BY_ENQUEUE = [
+    ('{"x": 2' + "0" * 300 + "e8}", "args.x: inf"),
+    ('{"a": ' + "[" * 69 + "]" * 69 + "}", "nested deeper than 64"),
+    ('{"x": "a\\u0000b"}', "args.x"),
+    ('{"x": "\\ud800"}', "args.x"),
+]
+
+
+@pytest.mark.parametrize("limited", [False, True], ids=["plain", "limited-queue"])
+def test_c07_stored_args_enqueue_would_refuse_never_reach_the_task(make_queue, limited):
+    jq = make_queue()
+    if limited:
+        jq.configure_queue("default", concurrency=5)
+    ran: list[dict[str, Any]] = []
+
+    @jq.task(max_attempts=5)
+    def t(**kwargs: Any) -> None:
+        ran.append(kwargs)
+
+    bad = [
+        insert_raw_args(jq, raw, max_attempts=5, pg_type="json") for raw, _ in REFUSED_BY_ENQUEUE
+    ]
+    assert jq.worker(concurrency=2, burst=True).run().exit_code == 0
+    assert ran == []
+    for job_id, (raw, shown) in zip(bad, REFUSED_BY_ENQUEUE, strict=True):
+        dead = jq.get_job(job_id)
+        assert dead is not None and dead.status == JobStatus.DEAD, raw[:40]
+        (entry,) = dead.errors
+        assert entry["error"].startswith("cannot run job: stored args are not valid job args")
+        assert shown in entry["error"], (raw[:40], entry["error"])
 
 
 def test_c07_the_dead_letter_names_the_path_of_a_stored_nan(make_queue):

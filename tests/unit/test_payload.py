@@ -359,7 +359,9 @@ json_text_values = st.recursive(
     max_leaves=12,
 )
 # Number texts json.dumps never writes: overflowing exponents, 400 digits.
-odd_numbers = st.sampled_from(["1e400", "-1E+999", "9" * 400 + ".5", "1e-400", "2.5E+100", "1E3"])
+odd_numbers = st.sampled_from(
+    ["1e400", "-1E+999", "9" * 400 + ".5", "1e-400", "2.5E+100", "1E3", "2" + "0" * 300 + "e8"]
+)
 
 
 @st.composite
@@ -367,9 +369,14 @@ def stored_args_texts(draw: st.DrawFn) -> str:
     """Text a json/TEXT column may hold: jobkeeper's own compact JSON, or
     JSON written by hand (NaN, escapes, spacing, odd numbers), or not JSON.
     """
-    kind = draw(st.sampled_from(["dumped", "odd_number", "spaced", "garbage"]))
+    kind = draw(st.sampled_from(["dumped", "odd_number", "spaced", "garbage", "deep"]))
     if kind == "garbage":
         return draw(st.text(max_size=20))
+    if kind == "deep":  # around MAX_DEPTH (64), brackets of both kinds
+        depth = draw(st.integers(min_value=60, max_value=70))
+        opener = draw(st.sampled_from(["[", '{"k":']))
+        closer = "]" if opener == "[" else "}"
+        return '{"n":' + opener * (depth - 1) + "1" + closer * (depth - 1) + "}"
     value = {"k": draw(json_text_values), "n": 1}
     text = json.dumps(
         value,
