@@ -176,8 +176,10 @@ def test_c07_hand_inserted_unparseable_args_never_raise_on_read_or_claim(jq):
     assert claimed[-1].args == {"fine": True} and claimed[-1].args_error is None
 
 
-@pytest.mark.parametrize("limited", [False, True], ids=["plain", "limited-queue"])
-def test_c07_a_real_worker_dead_letters_unloadable_rows_and_goes_on(make_queue, limited):
+def recording_queue(make_queue: Any, *, limited: bool) -> tuple[JobQueue, list[dict[str, Any]]]:
+    """A queue with task ``t`` (5 attempts), which records the args it gets;
+    ``limited``: its queue has a concurrency cap.
+    """
     jq = make_queue()
     if limited:
         # Queues with limits claim through their own path (backends/*/flow.py).
@@ -188,9 +190,15 @@ def test_c07_a_real_worker_dead_letters_unloadable_rows_and_goes_on(make_queue, 
     def t(**kwargs: Any) -> None:
         ran.append(kwargs)
 
+    return jq, ran
+
+
+@pytest.mark.parametrize("limited", [False, True], ids=["plain", "limited-queue"])
+def test_c07_a_real_worker_dead_letters_unloadable_rows_and_goes_on(make_queue, limited):
+    jq, ran = recording_queue(make_queue, limited=limited)
     raws = raw_args_cases(jq)
     bad = [insert_raw_args(jq, raw, max_attempts=5) for raw in raws]
-    good = t.enqueue(fine=True)
+    good = jq.enqueue("t", {"fine": True})
     stats = jq.worker(concurrency=2, burst=True).run()
     assert stats.exit_code == 0
     assert ran == [{"fine": True}]  # the task never saw the bad rows
@@ -222,15 +230,7 @@ REFUSED_BY_ENQUEUE = [
 
 @pytest.mark.parametrize("limited", [False, True], ids=["plain", "limited-queue"])
 def test_c07_stored_args_enqueue_would_refuse_never_reach_the_task(make_queue, limited):
-    jq = make_queue()
-    if limited:
-        jq.configure_queue("default", concurrency=5)
-    ran: list[dict[str, Any]] = []
-
-    @jq.task(max_attempts=5)
-    def t(**kwargs: Any) -> None:
-        ran.append(kwargs)
-
+    jq, ran = recording_queue(make_queue, limited=limited)
     bad = [
         insert_raw_args(jq, raw, max_attempts=5, pg_type="json") for raw, _ in REFUSED_BY_ENQUEUE
     ]

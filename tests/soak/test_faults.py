@@ -15,10 +15,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 import sys
 import time
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -68,21 +70,41 @@ def logs(out: Path) -> str:
     return "\n".join(p.read_text(errors="replace") for p in sorted(out.glob("worker-*.log")))
 
 
-def test_a_database_outage_longer_than_rescue_after_rescues_no_live_worker(tmp_path):
+@contextlib.contextmanager
+def running_on_private_postgres(
+    tmp_path: Path, *, jobs: int, ms: int, count: int, concurrency: int
+) -> Iterator[tuple[PrivatePostgres, JobQueue, list[int], Workers]]:
+    """A private PostgreSQL server with ``jobs`` soak jobs of ``ms``
+    milliseconds, all running on ``count`` worker processes; yields the
+    server, a queue on it, the job ids and the workers, and cleans up.
+    """
     pg = PrivatePostgres()
     workers = None
     try:
         pg.init()
         jq = JobQueue(pg.url, **SOAK)
         jq.migrate()
-        ids = [
-            j.id for j in jq.enqueue_many([("soak.work", {"n": i, "ms": 5000}) for i in range(4)])
-        ]
-        workers = workers_for(pg.url, tmp_path, count=2, concurrency=2)
+        batch = [("soak.work", {"n": i, "ms": ms}) for i in range(jobs)]
+        ids = [j.id for j in jq.enqueue_many(batch)]
+        workers = workers_for(pg.url, tmp_path, count=count, concurrency=concurrency)
         workers.start_all()
         wait_for(
-            lambda: statuses(jq, ids) == ["running"] * 4, timeout=30, what="all four jobs to run"
+            lambda: statuses(jq, ids) == ["running"] * jobs, timeout=30, what="every job to run"
         )
+        yield pg, jq, ids, workers
+    finally:
+        if workers is not None:
+            workers.stop_all(timeout=10)
+        pg.cleanup()
+
+
+def test_a_database_outage_longer_than_rescue_after_rescues_no_live_worker(tmp_path):
+    with running_on_private_postgres(tmp_path, jobs=4, ms=5000, count=2, concurrency=2) as (
+        pg,
+        jq,
+        ids,
+        workers,
+    ):
         jq.close()
         pg.stop("fast")
         time.sleep(2.5 * SOAK["rescue_after"])  # every heartbeat is now stale
@@ -99,10 +121,6 @@ def test_a_database_outage_longer_than_rescue_after_rescues_no_live_worker(tmp_p
         assert "rescued" not in logs(tmp_path)
         assert workers.stop_all(timeout=30) == {0: 0, 1: 0}
         jq.close()
-    finally:
-        if workers is not None:
-            workers.stop_all(timeout=10)
-        pg.cleanup()
 
 
 def test_a_worker_stopped_during_an_outage_counts_what_it_left_held(tmp_path):
@@ -110,28 +128,18 @@ def test_a_worker_stopped_during_an_outage_counts_what_it_left_held(tmp_path):
     # cannot be written, so they stay held (to be rescued). The stop line
     # said "0 left held" (it counted only code that would not return) right
     # after the ERROR line saying two outcomes were unwritten.
-    pg = PrivatePostgres()
-    workers = None
-    try:
-        pg.init()
-        jq = JobQueue(pg.url, **SOAK)
-        jq.migrate()
-        ids = [
-            j.id for j in jq.enqueue_many([("soak.work", {"n": i, "ms": 1500}) for i in range(2)])
-        ]
-        workers = workers_for(pg.url, tmp_path, count=1, concurrency=2)
-        workers.start_all()
-        wait_for(lambda: statuses(jq, ids) == ["running"] * 2, timeout=30, what="both to run")
+    with running_on_private_postgres(tmp_path, jobs=2, ms=1500, count=1, concurrency=2) as (
+        pg,
+        jq,
+        _ids,
+        workers,
+    ):
         jq.close()
         pg.stop("fast")
         assert workers.stop_all(timeout=30) == {0: 1}
         log = logs(tmp_path)
         assert "2 outcomes still unwritten at shutdown" in log, log[-3000:]
         assert "0 completed, 0 failed, 0 handed back, 2 left held" in log, log[-3000:]
-    finally:
-        if workers is not None:
-            workers.stop_all(timeout=10)
-        pg.cleanup()
 
 
 def test_sqlite_write_lock_held_past_rescue_after_rescues_no_live_worker(tmp_path):

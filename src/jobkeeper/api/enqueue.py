@@ -37,6 +37,24 @@ _plain_new_job = frozen_builder(
 )
 
 
+def _plain_job(
+    task_name: str, args_json: str, args: dict[str, Any], registered: Task[Any, Any] | None
+) -> NewJob:
+    """The checked job with no options: the task's defaults, or the global
+    ones for a task not registered here.
+    """
+    if registered is None:
+        return _plain_new_job(task_name, args_json, args, DEFAULT_QUEUE, 0, DEFAULT_MAX_ATTEMPTS)
+    return _plain_new_job(
+        task_name,
+        args_json,
+        args,
+        registered.queue,
+        registered.priority,
+        registered.max_attempts,
+    )
+
+
 def _named_options(items: list[Any]) -> set[str]:
     """Every option name the items' own options dicts give (malformed items
     are left to validation, which names them).
@@ -90,19 +108,7 @@ class EnqueueMixin(QueueBase):
         if registered is not None:
             registered.check_args(args)
         if not options:
-            # The common bulk case: the task's (or the global) defaults.
-            if registered is None:
-                return _plain_new_job(
-                    task_name, args_json, args, DEFAULT_QUEUE, 0, DEFAULT_MAX_ATTEMPTS
-                )
-            return _plain_new_job(
-                task_name,
-                args_json,
-                args,
-                registered.queue,
-                registered.priority,
-                registered.max_attempts,
-            )
+            return _plain_job(task_name, args_json, args, registered)
         queue = options.get("queue")
         priority = options.get("priority")
         max_attempts = options.get("max_attempts")
@@ -283,19 +289,9 @@ class EnqueueMixin(QueueBase):
                         task_name, registered = resolved
                         args = item[1]
                         args_json = encode_checked(args, "args", max_bytes)
-                        if registered is None:
-                            return _plain_new_job(
-                                task_name, args_json, args, DEFAULT_QUEUE, 0, DEFAULT_MAX_ATTEMPTS
-                            )
-                        registered.check_args(args)
-                        return _plain_new_job(
-                            task_name,
-                            args_json,
-                            args,
-                            registered.queue,
-                            registered.priority,
-                            registered.max_attempts,
-                        )
+                        if registered is not None:
+                            registered.check_args(args)
+                        return _plain_job(task_name, args_json, args, registered)
                 if not isinstance(item, tuple) or len(item) not in (2, 3):
                     raise ConfigError(
                         "each item must be a (task, args) or (task, args, options) tuple, "
