@@ -392,14 +392,12 @@ class PostgresAsync:
     async def aclose(self) -> None:
         """Close the async pool of the running loop."""
         found = self._async_pools.pop(asyncio.get_running_loop(), None)
-        if found is not None:
-            await found.pool.close()
-            await found.close_connections()
-            if found.closer is not None:
-                # Ended here, not left pending: a loop closed right after
-                # this call would report it destroyed while pending.
-                found.closer.cancel()
-                await asyncio.wait({found.closer})
+        if found is not None and found.closer is not None:
+            # The closer closes the pool and its connections once cancelled;
+            # awaited to its end, not left pending: a loop closed right after
+            # this call would report it destroyed while pending.
+            found.closer.cancel()
+            await asyncio.wait({found.closer})
 
     def _close_async_pools(self) -> None:
         """From the sync ``close``: pools whose loop is gone are dropped; a

@@ -15,8 +15,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from jobkeeper.models import Claim, Completion
-
 
 def int_array(values: Sequence[int]) -> str:
     """``{1,2,3}``: the literal of an array of ints."""
@@ -43,21 +41,15 @@ def text_array(values: Sequence[str | None]) -> str:
     return "{" + ",".join(["NULL" if v is None else _quoted(v) for v in values]) + "}"
 
 
-def claim_literals(claims: Sequence[Claim]) -> dict[str, Any]:
-    """``job_start_many``'s parameters: the claims' fences."""
-    return {
-        "ids": int_array([c.job_id for c in claims]),
-        "worker_ids": text_array([c.worker_id for c in claims]),
-        "attempts": int_array([c.attempt for c in claims]),
-        "fences": int_array([c.fence for c in claims]),
-    }
+#: The arrays of texts among the batched writes' parameters; the rest hold ints.
+_TEXT_ARRAYS = frozenset({"worker_ids", "results"})
 
 
-def completion_literals(completions: Sequence[Completion], *, results: bool) -> dict[str, Any]:
-    """``job_complete_many``'s parameters (``results``: with the results,
-    else ``job_complete_many_delete``'s).
+def array_literals(arrays: dict[str, list[Any]]) -> dict[str, str]:
+    """The parallel arrays of :func:`~jobkeeper.backends.rows.claim_arrays`
+    or :func:`~jobkeeper.backends.rows.completion_arrays` as literals.
     """
-    params = claim_literals([c.claim for c in completions])
-    if results:
-        params["results"] = text_array([c.result_json for c in completions])
-    return params
+    return {
+        name: text_array(values) if name in _TEXT_ARRAYS else int_array(values)
+        for name, values in arrays.items()
+    }

@@ -19,7 +19,7 @@ from psycopg.rows import tuple_row
 from jobkeeper.backends.cockpit import CockpitReads
 from jobkeeper.backends.migrate import apply_migrations
 from jobkeeper.backends.postgres.aio import PostgresAsync
-from jobkeeper.backends.postgres.arrays import claim_literals, completion_literals
+from jobkeeper.backends.postgres.arrays import array_literals
 from jobkeeper.backends.postgres.claimrows import claimed_job
 from jobkeeper.backends.postgres.connections import retrying, rows_of
 from jobkeeper.backends.postgres.flow import FlowNeeded, PostgresFlow
@@ -34,7 +34,12 @@ from jobkeeper.backends.postgres.plans import (
 )
 from jobkeeper.backends.postgres.queries import MIGRATIONS, QUERIES
 from jobkeeper.backends.postgres.waiters import PostgresWaiting
-from jobkeeper.backends.rows import STAGE_LIMIT, split_failures
+from jobkeeper.backends.rows import (
+    STAGE_LIMIT,
+    claim_arrays,
+    completion_arrays,
+    split_failures,
+)
 from jobkeeper.backends.shared import QUEUE_REMOVE_COUNTED, QUEUE_REMOVE_STEPS, SharedReads
 from jobkeeper.errors import DatabaseError
 from jobkeeper.models import (
@@ -153,9 +158,8 @@ class PostgresBackend(
     def job_start_many(self, *, claims: Sequence[Claim]) -> set[int]:
         if not claims:
             return set()
-        return {
-            row[0] for row in self._fetch_raw(QUERIES["job_start_many"], claim_literals(claims))
-        }
+        params = array_literals(claim_arrays(claims))
+        return {row[0] for row in self._fetch_raw(QUERIES["job_start_many"], params)}
 
     def job_start_alone(self, *, claim: Claim) -> bool:
         params = {
@@ -169,7 +173,10 @@ class PostgresBackend(
     def job_complete_many(self, *, completions: Sequence[Completion], delete: bool) -> set[int]:
         if not completions:
             return set()
-        params = completion_literals(completions, results=not delete)
+        arrays = completion_arrays(completions)
+        if delete:
+            del arrays["results"]
+        params = array_literals(arrays)
         name = "job_complete_many_delete" if delete else "job_complete_many"
         # Tuples: a dict per row cost more than reading its two columns.
         rows = self._fetch_raw(QUERIES[name], params)  # (id, awaited)
