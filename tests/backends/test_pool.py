@@ -186,7 +186,7 @@ def test_loops_ended_without_aclose_leave_no_session_open(pg_url):
         # A closed session leaves pg_stat_activity as its backend exits. One
         # may stay in about one test run in ten: a connect that the loop's
         # end cancelled half-way, out of the pool's hands, which the
-        # collector frees; the leak this test is about left 7 to 9.
+        # collector frees; the leak this test is about left 7 to 10.
         deadline = time.monotonic() + 10
         while sessions() > 1 and time.monotonic() < deadline:
             time.sleep(0.1)
