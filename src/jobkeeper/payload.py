@@ -244,20 +244,24 @@ def encode_checked(value: Any, path: str, max_bytes: int) -> str:
     (or nesting that could exceed ``MAX_DEPTH``) takes the slow walk, which
     also produces the error message naming the path.
     """
-    try:
-        text = _dumps_fast(value)
-        encoded = text.encode("utf-8")
-        fast_ok = "\\u0000" not in text and (
-            _is_flat_object(value)  # one level deep: no need to count brackets
-            or (text.count("[") + text.count("{") <= MAX_DEPTH and json.loads(text) == value)
-        )
-    except (ValueError, TypeError, RecursionError):
-        fast_ok = False
+    if type(value) is dict and not value:
+        text, size, fast_ok = "{}", 2, True  # a task without arguments
+    else:
+        try:
+            text = _dumps_fast(value)
+            # Only ASCII has one byte per character; anything else is
+            # encoded, which also refuses lone surrogates.
+            size = len(text) if text.isascii() else len(text.encode("utf-8"))
+            fast_ok = "\\u0000" not in text and (
+                _is_flat_object(value)  # one level deep: no need to count brackets
+                or (text.count("[") + text.count("{") <= MAX_DEPTH and json.loads(text) == value)
+            )
+        except (ValueError, TypeError, RecursionError):
+            fast_ok = False
     if not fast_ok:
         check_json_value(value, path)
         text = dumps(value)
-        encoded = text.encode("utf-8")
-    size = len(encoded)
+        size = len(text.encode("utf-8"))
     if size > max_bytes:
         raise PayloadError(
             f"{path}: encoded size {size} bytes exceeds max_payload_bytes={max_bytes} bytes"

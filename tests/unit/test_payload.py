@@ -278,6 +278,20 @@ def test_size_limit_is_exact_in_utf8_bytes(args):
         assert f"max_payload_bytes={size - 1}" in message
 
 
+@pytest.mark.parametrize(
+    "args",
+    [{}, {"a": 1}, {"s": "é"}, {"s": "\U0001f600"}, {"l": [1, {"b": "ü"}]}],
+    ids=["empty", "ascii", "two-byte", "four-byte", "nested"],
+)
+def test_size_limit_holds_on_every_fast_path(args):
+    # The empty object, ASCII text (measured in characters) and other text
+    # (measured encoded) are each sized on a path of their own.
+    size = len(dumps(args).encode("utf-8"))
+    assert encode_args(args, max_bytes=size) == dumps(args)
+    with pytest.raises(PayloadError, match=f"encoded size {size} bytes"):
+        encode_args(args, max_bytes=size - 1)
+
+
 def test_size_error_names_size_and_limit():
     args = {"s": "é" * 600}  # 1200 bytes of text, 600 characters
     with pytest.raises(PayloadError) as info:

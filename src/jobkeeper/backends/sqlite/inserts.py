@@ -11,7 +11,12 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from jobkeeper.backends.rows import insert_params, job_from_new, match_inserted, schedule_of
+from jobkeeper.backends.rows import (
+    insert_params,
+    jobs_from_new,
+    match_inserted,
+    schedule_of,
+)
 from jobkeeper.backends.sqlite.connection import SqliteConnection, _rows
 from jobkeeper.backends.sqlite.queries import QUERIES
 from jobkeeper.errors import DatabaseError
@@ -120,4 +125,4 @@ class SqliteInserts(SqliteConnection):
         conn.executemany(QUERIES["job_insert_many_bulk"], rows)
         last = int(conn.execute(QUERIES["job_insert_many_last_id"]).fetchone()[0])
         first = last - len(jobs) + 1
-        return [job_from_new(new, first + i, now) for i, new in enumerate(jobs)]
+        return jobs_from_new(jobs, range(first, last + 1), now)
