@@ -29,6 +29,19 @@ from jobkeeper.payload import (
 
 MiB = 1 << 20
 
+
+@pytest.fixture(autouse=True, params=["orjson", "json"])
+def encoder(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every test here runs twice: with the ``fast`` extra's orjson path
+    (the dev install has it: its absence fails, never skips) and without.
+    """
+    if request.param == "json":
+        monkeypatch.setattr(payload, "_orjson_dumps", None)
+    else:
+        assert payload._orjson_dumps is not None, "orjson missing: pip install -e '.[dev]'"
+    return str(request.param)
+
+
 # -- strategies -----------------------------------------------------------------
 
 #: Storable text: anything but NUL (surrogates are excluded by default).
@@ -260,6 +273,42 @@ def test_encoding_reuses_one_c_encoder_on_cpython():
     if sys.implementation.name == "cpython":
         assert payload._C_ENCODER is not None
     assert payload._dumps_fast({"a": [1.5, "é"]}) == dumps({"a": [1.5, "é"]})
+
+
+def test_orjson_writes_dumps_text_for_every_code_point():
+    # The orjson path serves dicts of str/int/bool/None: its text must be
+    # dumps' byte for byte, escapes included, or stored args would differ
+    # with the extra installed.
+    import orjson
+
+    assert {str, int, bool, type(None)} == payload._ORJSON_SCALARS
+    chunk = 4096
+    for start in range(0, 0x110000, chunk):
+        text = "".join(
+            chr(cp) for cp in range(start, start + chunk) if cp and not 0xD800 <= cp <= 0xDFFF
+        )
+        args = {
+            text[:64]: text,
+            "n": start,
+            "big": 2**64 - 1,
+            "neg": -(2**63),
+            "f": False,
+            "z": None,
+        }
+        assert orjson.dumps(args).decode() == dumps(args)
+        assert payload.encode_checked(args, "args", 256 * MiB) == dumps(args)
+
+
+@given(
+    st.dictionaries(
+        storable_text,
+        st.none() | st.booleans() | st.integers() | storable_text,
+        max_size=8,
+    )
+)
+@settings(max_examples=200)
+def test_flat_args_encode_to_the_same_text_either_way(args):
+    assert encode_args(args, max_bytes=256 * MiB) == dumps(args)
 
 
 # -- size limit -----------------------------------------------------------------------------
