@@ -115,3 +115,25 @@ def test_a_worker_on_a_missing_sqlite_file_says_it_never_started(tmp_path, caplo
     assert " started on " not in caplog.text and "stopped: 0 claimed" not in caplog.text
     (error,) = _error_records(caplog, "does not exist")
     assert "stopped on an error" in error
+
+
+def test_a_file_that_is_not_a_database_fails_at_once_and_is_left_alone(tmp_path, caplog):
+    # "file is not a database" will not pass with time: a worker that took
+    # it for an outage (DatabaseUnavailable) would wait on it forever.
+    path = tmp_path / "notes.txt"
+    content = b"not a database, " * 512
+    path.write_bytes(content)
+    jq = JobQueue(f"sqlite:///{path}", **FAST)
+    try:
+        with pytest.raises(DatabaseError, match="is not a SQLite database") as raised:
+            jq.enqueue("t", {})
+        assert not isinstance(raised.value, DatabaseUnavailable)
+        started = time.monotonic()
+        with pytest.raises(DatabaseError, match="is not a SQLite database") as raised:
+            jq.run_worker()  # not burst: an outage would be waited out
+        assert not isinstance(raised.value, DatabaseUnavailable)
+        assert time.monotonic() - started < 10
+    finally:
+        jq.close()
+    assert path.read_bytes() == content
+    assert "database unavailable at start" not in caplog.text

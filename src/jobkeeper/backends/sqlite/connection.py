@@ -110,6 +110,7 @@ class SqliteConnection:
                 raise DatabaseUnavailable(
                     f"SQLite database {self.path!r}: directory {directory!r} does not exist"
                 )
+            conn = None
             try:
                 conn = sqlite3.connect(
                     self.path,
@@ -122,6 +123,15 @@ class SqliteConnection:
                 )
                 conn.execute(QUERIES["connection_synchronous_full"])
             except sqlite3.Error as exc:
+                if conn is not None:
+                    conn.close()
+                if getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_NOTADB:
+                    # Not a passing condition: waiting will not make the file
+                    # a database, so it is not DatabaseUnavailable (retried).
+                    raise DatabaseError(
+                        f"SQLite: {self.path!r} is not a SQLite database ({exc}); check the "
+                        "URL -- the file was left as it is"
+                    ) from exc
                 raise DatabaseUnavailable(f"SQLite database {self.path!r}: {exc}") from exc
             self._local.conn = conn
             with self._connections_lock:
