@@ -55,6 +55,72 @@ def test_api_calls_right_after_the_server_ends_the_pooled_sessions(pg_url):
         jq.close()
 
 
+def test_async_calls_right_after_the_server_ends_the_sessions(pg_url):
+    # As above, for the async API, whose calls one at a time are served by
+    # the loop's spare connection: it is checked as a pooled one is.
+    name = f"jk_pool_async_{secrets.token_hex(4)}"
+    jq = JobQueue(f"{pg_url}&application_name={name}")
+    jq.migrate()
+
+    async def rounds() -> int:
+        for round_ in range(5):
+            job = await jq.enqueue_async("anything", {"round": round_})
+            await asyncio.to_thread(end_sessions, name)
+            again = await jq.enqueue_async("anything", {"round": round_, "again": True})
+            assert await jq.get_job_async(job.id) is not None
+            await asyncio.to_thread(end_sessions, name)
+            fetched = await jq.get_job_async(again.id)
+            assert fetched is not None and fetched.args == {"round": round_, "again": True}
+        await jq.aclose()
+        return len(jq.list_jobs(limit=100))
+
+    try:
+        assert asyncio.run(rounds()) == 10
+    finally:
+        jq.close()
+
+
+def test_the_spare_serves_calls_in_turn_and_goes_back_to_the_pool(pg_url, monkeypatch):
+    from jobkeeper.backends.postgres import aio
+
+    jq = JobQueue(pg_url)
+    jq.migrate()
+
+    async def calls() -> None:
+        await jq.enqueue_async("anything", {})
+        loop_pool = jq.backend._async_pools[asyncio.get_running_loop()]
+        spare = loop_pool.spare
+        assert spare is not None
+        for _ in range(5):  # one at a time: the spare each time, not the pool
+            await jq.enqueue_async("anything", {})
+            assert loop_pool.spare is spare
+        # Overlapping calls take pooled connections besides it; all land.
+        jobs = await asyncio.gather(*(jq.enqueue_async("anything", {}) for _ in range(20)))
+        assert len({job.id for job in jobs}) == 20
+        assert loop_pool.spare is not None
+        # Past SPARE_RETURN the pool has it back (its max_lifetime renews it).
+        monkeypatch.setattr(aio, "SPARE_RETURN", 0.0)
+        returned = loop_pool.spare
+        await jq.enqueue_async("anything", {})
+        assert loop_pool.spare is None and not returned.closed
+        # A failed call does not leave its connection as the spare.
+        monkeypatch.setattr(aio, "SPARE_RETURN", 60.0)
+        with pytest.raises(Exception, match="division by zero"):
+            async with jq.backend._async_cursor(transaction=False) as cursor:
+                await cursor.execute("SELECT 1 / 0")
+        assert loop_pool.spare is None
+        await jq.enqueue_async("anything", {})
+        assert loop_pool.spare is not None
+        await jq.aclose()
+        assert loop_pool.spare is None
+
+    try:
+        asyncio.run(calls())
+        assert len(jq.list_jobs(limit=100)) == 28
+    finally:
+        jq.close()
+
+
 def test_a_connection_lost_mid_call_says_the_write_may_have_committed(pg_url):
     # A caller who retries on DatabaseUnavailable must be able to tell a
     # failed connect (nothing written) from a call whose connection died

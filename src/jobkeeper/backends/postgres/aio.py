@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 import psycopg
+from psycopg import pq
 from psycopg.rows import tuple_row
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
@@ -48,6 +49,9 @@ logger = logging.getLogger("jobkeeper.postgres")
 #: the pause's scale (as the sync insert's).
 RETRIES = 5
 RETRY_PAUSE = 0.02
+#: Seconds a connection may serve as a loop's spare (see ``_LoopPool``)
+#: before it goes back to the pool, which renews it past its ``max_lifetime``.
+SPARE_RETURN = 60.0
 
 
 async def _check_async(conn: psycopg.AsyncConnection[Any]) -> None:
@@ -154,10 +158,21 @@ async def _getconn_async(
 
 class _LoopPool:
     """One event loop's pool, its server probe, the connections it opened,
-    and the task that closes it when the loop ends (:func:`_close_at_loop_end`).
+    the task that closes it when the loop ends (:func:`_close_at_loop_end`),
+    and the spare: one connection kept out of the pool between calls.
+
+    The spare serves calls one at a time without the pool: psycopg_pool's
+    async ``getconn`` and ``putconn`` (its lock, its waiting list, its
+    return path) cost ~85k instructions a call, a fifth of an
+    ``enqueue_async`` (callgrind), where taking the spare costs a field
+    read. Calls that overlap take the pool's other connections. The spare
+    is checked on checkout as a pooled connection is (``_check_async``),
+    never kept after an error, and given back to the pool every
+    ``SPARE_RETURN`` seconds so that the pool's ``max_lifetime`` still
+    renews it.
     """
 
-    __slots__ = ("closer", "opened", "pool", "probe")
+    __slots__ = ("closed", "closer", "opened", "pool", "probe", "spare", "spare_since")
 
     def __init__(
         self,
@@ -170,9 +185,60 @@ class _LoopPool:
         #: Every connection the pool opened (its ``configure`` notes them).
         self.opened = opened
         self.closer: asyncio.Task[None] | None = None
+        self.spare: psycopg.AsyncConnection[Any] | None = None
+        #: When (``time.monotonic()``) the spare was taken from the pool.
+        self.spare_since = 0.0
+        #: Set once the closer runs: nothing is kept as the spare after it.
+        self.closed = False
+
+    async def checkout(self) -> psycopg.AsyncConnection[Any]:
+        """The spare when it is free and alive, else a pooled connection.
+
+        Raises:
+            As :func:`_getconn_async`.
+        """
+        conn = self.spare
+        if conn is not None:
+            self.spare = None
+            if not self.probe.suspect:
+                try:
+                    await _check_async(conn)
+                    return conn
+                except psycopg.Error:
+                    self.probe.suspect = True  # cut: the server may be gone
+            await conn.close()
+            await self.pool.putconn(conn)  # the pool replaces it
+        conn = await _getconn_async(self.pool, self.probe)
+        conn._jobkeeper_taken_at = time.monotonic()  # type: ignore[attr-defined]
+        return conn
+
+    async def checkin(self, conn: psycopg.AsyncConnection[Any], failed: bool) -> None:
+        """Keep ``conn`` as the spare after a call that succeeded, unless
+        there is one or it is time the pool had it back; else give it back.
+        """
+        now = conn._jobkeeper_returned_at = time.monotonic()  # type: ignore[attr-defined]
+        if (
+            not failed
+            and self.spare is None
+            and not self.closed
+            and not conn.closed
+            and conn.pgconn.transaction_status == pq.TransactionStatus.IDLE
+            and now - getattr(conn, "_jobkeeper_taken_at", now) < SPARE_RETURN
+        ):
+            self.spare = conn
+            return
+        await self.pool.putconn(conn)
+
+    async def drop_spare(self) -> None:
+        """Close the spare (a session the whole pool is replacing)."""
+        conn, self.spare = self.spare, None
+        if conn is not None:
+            await conn.close()
+            await self.pool.putconn(conn)
 
     async def close_connections(self) -> None:
         """Close what the pool opened and left open (see :func:`_close_at_loop_end`)."""
+        self.spare = None
         for conn in list(self.opened):
             if not conn.closed:
                 await conn.close()
@@ -198,6 +264,7 @@ async def _close_at_loop_end(loop_pool: _LoopPool, forget: Callable[[], None]) -
         await asyncio.get_running_loop().create_future()
     except asyncio.CancelledError:
         forget()
+        loop_pool.closed = True
         with contextlib.suppress(asyncio.CancelledError):
             await loop_pool.pool.close()
         await loop_pool.close_connections()
@@ -262,14 +329,16 @@ class PostgresAsync:
         with self._errors() as call:
             loop_pool = await self._async_pool()
             pool, probe = loop_pool.pool, loop_pool.probe
-            # getconn/putconn, not ``pool.connection()``: that one wraps the
-            # call in ``async with conn``, whose commit has nothing to do in
-            # autocommit (transactions are ``conn.transaction()`` blocks) but
-            # took the connection's lock and a wait, ~4% of an enqueue's CPU.
-            # putconn rolls back and warns about a transaction left open, as
-            # the sync pool's does.
-            conn = await _getconn_async(pool, probe)
+            # The spare or getconn/putconn, not ``pool.connection()``: that
+            # one wraps the call in ``async with conn``, whose commit has
+            # nothing to do in autocommit (transactions are
+            # ``conn.transaction()`` blocks) but took the connection's lock
+            # and a wait, ~4% of an enqueue's CPU. A connection left in a
+            # transaction is never kept as the spare: putconn rolls it back
+            # and warns, as the sync pool's does.
+            conn = await loop_pool.checkout()
             call.checked_out = True
+            failed = True
             try:
                 cursor = _reused_cursor_async(conn)
                 if transaction:
@@ -277,16 +346,17 @@ class PostgresAsync:
                         yield cursor
                 else:
                     yield cursor
+                failed = False
             except BaseException as exc:
                 suspect, replace_all = sources.pool_repair(exc)
                 probe.suspect = probe.suspect or suspect
                 if replace_all:
                     await conn.close()
+                    await loop_pool.drop_spare()
                     await pool.drain()
                 raise
             finally:
-                conn._jobkeeper_returned_at = time.monotonic()  # type: ignore[attr-defined]
-                await pool.putconn(conn)
+                await loop_pool.checkin(conn, failed)
 
     async def _run_async(self, make_plan: Callable[[], Plan], *, transaction: bool) -> Any:
         async with self._async_cursor(transaction=transaction) as cursor:
