@@ -117,23 +117,52 @@ def test_a_worker_on_a_missing_sqlite_file_says_it_never_started(tmp_path, caplo
     assert "stopped on an error" in error
 
 
-def test_a_file_that_is_not_a_database_fails_at_once_and_is_left_alone(tmp_path, caplog):
-    # "file is not a database" will not pass with time: a worker that took
-    # it for an outage (DatabaseUnavailable) would wait on it forever.
-    path = tmp_path / "notes.txt"
-    content = b"not a database, " * 512
-    path.write_bytes(content)
+def _text_file(path):
+    path.write_bytes(b"not a database, " * 512)
+
+
+def _truncated_database(path):
+    whole = path.with_suffix(".whole")
+    setup = JobQueue(f"sqlite:///{whole}")
+    setup.migrate()
+    setup.close()  # the last connection out checkpoints the WAL into the file
+    data = whole.read_bytes()
+    assert len(data) > 16384
+    path.write_bytes(data[: len(data) // 2])
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (_text_file, "is not a SQLite database"),
+        (_truncated_database, "is (damaged|not a SQLite database)"),
+        (lambda path: path.mkdir(), "is a directory"),
+        (lambda path: path.write_bytes(b""), r"is empty \(0 bytes\)"),
+    ],
+    ids=["text", "truncated", "directory", "empty"],
+)
+def test_a_file_that_is_not_a_database_fails_at_once_and_is_left_alone(
+    tmp_path, caplog, make, message
+):
+    # None of these passes with time: a worker that took it for an outage
+    # (DatabaseUnavailable) would wait on it forever. SQLite would make an
+    # empty file a database: only migrate may.
+    path = tmp_path / "jobs.db"
+    make(path)
+    before = path.read_bytes() if path.is_file() else None
     jq = JobQueue(f"sqlite:///{path}", **FAST)
     try:
-        with pytest.raises(DatabaseError, match="is not a SQLite database") as raised:
+        with pytest.raises(DatabaseError, match=message) as raised:
             jq.enqueue("t", {})
         assert not isinstance(raised.value, DatabaseUnavailable)
+        with pytest.raises(DatabaseError, match=message):
+            jq.stats()
         started = time.monotonic()
-        with pytest.raises(DatabaseError, match="is not a SQLite database") as raised:
+        with pytest.raises(DatabaseError, match=message) as raised:
             jq.run_worker()  # not burst: an outage would be waited out
         assert not isinstance(raised.value, DatabaseUnavailable)
         assert time.monotonic() - started < 10
     finally:
         jq.close()
-    assert path.read_bytes() == content
+    assert (path.read_bytes() if path.is_file() else None) == before
     assert "database unavailable at start" not in caplog.text

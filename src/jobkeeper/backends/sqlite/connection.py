@@ -73,6 +73,13 @@ def _retry_while_locked(action: Callable[[], T], timeout: float, max_pause: floa
             pause = min(pause * 2, max_pause)
 
 
+def _is_empty_file(path: str) -> bool:
+    try:
+        return os.stat(path).st_size == 0
+    except OSError:
+        return False  # gone meanwhile, or unreadable: the connect says which
+
+
 class SqliteConnection:
     """Where a SQLite backend's statements run: this thread's connection,
     with driver errors translated (the base of every part of the backend).
@@ -105,6 +112,17 @@ class SqliteConnection:
                     f"SQLite database {self.path!r} does not exist -- run `jobkeeper migrate` "
                     "(or JobQueue.migrate()) first"
                 )
+            if os.path.isdir(self.path):
+                raise DatabaseError(
+                    f"SQLite: {self.path!r} is a directory, not a database file; check the URL"
+                )
+            if not create and _is_empty_file(self.path):
+                # SQLite would take it for an empty database and make it one
+                # (WAL mode, a header): a command that only reads must not.
+                raise DatabaseError(
+                    f"SQLite database {self.path!r} is empty (0 bytes) -- run `jobkeeper "
+                    "migrate` (or JobQueue.migrate()) first; the file was left as it is"
+                )
             directory = os.path.dirname(self.path)
             if directory and not os.path.isdir(directory):
                 raise DatabaseUnavailable(
@@ -125,12 +143,14 @@ class SqliteConnection:
             except sqlite3.Error as exc:
                 if conn is not None:
                     conn.close()
-                if getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_NOTADB:
+                code = getattr(exc, "sqlite_errorcode", None)
+                if code in (sqlite3.SQLITE_NOTADB, sqlite3.SQLITE_CORRUPT):
                     # Not a passing condition: waiting will not make the file
                     # a database, so it is not DatabaseUnavailable (retried).
+                    what = "not a SQLite database" if code == sqlite3.SQLITE_NOTADB else "damaged"
                     raise DatabaseError(
-                        f"SQLite: {self.path!r} is not a SQLite database ({exc}); check the "
-                        "URL -- the file was left as it is"
+                        f"SQLite: {self.path!r} is {what} ({exc}); check the URL -- the "
+                        "file was left as it is"
                     ) from exc
                 raise DatabaseUnavailable(f"SQLite database {self.path!r}: {exc}") from exc
             self._local.conn = conn
