@@ -411,11 +411,15 @@ class Completer:
                     }
                 )
                 outcome = "retryable" if failure.outcome == "released" else failure.outcome
+                # The reason repeats the error's text: in ASCII escapes, as
+                # any database encoding holds them (a LATIN1 one refused an
+                # emoji in it, and the job was never written).
+                reason = failure.reason
+                if reason is not None:
+                    reason = reason.encode("ascii", "backslashreplace").decode("ascii")
                 written |= self._backend.job_fail_many(
                     failures=[
-                        Failure(
-                            failure.claim, outcome, minimal, retry_in=60.0, reason=failure.reason
-                        )
+                        Failure(failure.claim, outcome, minimal, retry_in=60.0, reason=reason)
                     ]
                 )
         return written

@@ -39,11 +39,15 @@ POOL_SLICE = 0.5
 CONNECT_TIMEOUT = 5
 #: What every connection of ours is opened with (the worker's own, the sync
 #: and async pools'): no prepared statements until prepare_if_direct has
-#: seen where the connection leads.
+#: seen where the connection leads; UTF-8 whatever the database's encoding,
+#: because stored JSON is read back as UTF-8 (in a LATIN1 database the
+#: session spoke LATIN1, and "é" came back as U+FFFD); the server converts,
+#: and refuses a character its encoding lacks.
 CONNECTION_OPTIONS: dict[str, Any] = {
     "autocommit": True,
     "connect_timeout": CONNECT_TIMEOUT,
     "prepare_threshold": None,
+    "client_encoding": "UTF8",
 }
 #: Seconds a pooled connection may sit idle before it is pinged on checkout.
 IDLE_CHECK_AFTER = 1.0

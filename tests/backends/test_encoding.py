@@ -1,0 +1,100 @@
+"""A PostgreSQL database whose encoding is not UTF-8 stores and returns args
+and results as given, and refuses what its encoding cannot hold.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+
+import psycopg
+import pytest
+
+from jobkeeper import DataRejected, JobQueue, JobStatus
+from support.db import PG_URL, pg_database_url
+from support.settings import FAST
+from support.waiting import wait_status
+
+TEXT = "café, naïve, ½ £ ß"  # all in LATIN1
+
+
+@pytest.fixture
+def latin1_url():
+    name = f"jk_latin1_{secrets.token_hex(4)}"
+    with psycopg.connect(PG_URL, autocommit=True) as admin:
+        admin.execute(
+            f"CREATE DATABASE \"{name}\" ENCODING 'LATIN1' LC_COLLATE 'C' LC_CTYPE 'C' "
+            "TEMPLATE template0"
+        )
+    try:
+        yield pg_database_url(name)
+    finally:
+        with psycopg.connect(PG_URL, autocommit=True) as admin:
+            admin.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+
+
+def test_args_and_results_round_trip_in_a_latin1_database(latin1_url):
+    # Our sessions spoke the database's encoding; stored JSON is read as
+    # UTF-8, so "é" came back as U+FFFD from get_job and to the task.
+    jq = JobQueue(latin1_url, **FAST)
+    seen: list[str] = []
+
+    @jq.task(name="enc.echo")
+    def echo(s: str) -> str:
+        seen.append(s)
+        return s
+
+    jq.migrate()
+    try:
+        single = jq.enqueue("enc.echo", {"s": TEXT})
+        bulk = jq.enqueue_many([("enc.echo", {"s": TEXT})] * 70)
+
+        async def enqueue_async() -> int:
+            job = await jq.enqueue_async("enc.echo", {"s": TEXT})
+            await jq.aclose()
+            return job.id
+
+        async_id = asyncio.run(enqueue_async())
+        ids = [single.id, bulk[0].id, bulk[-1].id, async_id]
+        for job_id in ids:
+            stored = jq.get_job(job_id)
+            assert stored is not None and stored.args == {"s": TEXT}
+        jq.run_worker(burst=True, concurrency=4)
+        done = wait_status(jq, ids, {JobStatus.COMPLETED})
+        assert all(job.result == TEXT for job in done)
+        assert set(seen) == {TEXT} and len(seen) == 72
+    finally:
+        jq.close()
+
+
+def test_a_character_the_database_cannot_hold_is_refused_and_nothing_written(latin1_url):
+    jq = JobQueue(latin1_url, **FAST)
+    jq.migrate()
+    try:
+        with pytest.raises(DataRejected, match="LATIN1"):
+            jq.enqueue("enc.echo", {"s": "emoji 😀"})
+        with pytest.raises(DataRejected, match="LATIN1"):
+            jq.enqueue_many([("enc.echo", {"s": TEXT})] * 69 + [("enc.echo", {"s": "😀"})])
+        assert jq.list_jobs(limit=10) == []
+    finally:
+        jq.close()
+
+
+def test_a_failure_whose_text_the_database_cannot_hold_still_ends_the_job(latin1_url):
+    # The last-resort failure write kept the error's text as the dead
+    # reason, which the database refused too: the job stayed held, and a
+    # burst worker left it unwritten.
+    jq = JobQueue(latin1_url, **FAST)
+
+    @jq.task(name="enc.boom", max_attempts=1)
+    def boom() -> None:
+        raise ValueError("bad 😀 thing")
+
+    jq.migrate()
+    try:
+        job = jq.enqueue("enc.boom")
+        jq.run_worker(burst=True)
+        (dead,) = wait_status(jq, [job.id], {JobStatus.DEAD})
+        assert dead.dead_reason is not None and "bad \\U0001f600 thing" in dead.dead_reason
+    finally:
+        jq.close()
