@@ -816,3 +816,24 @@ def test_an_idle_worker_never_hands_back_the_jobs_it_claims(make_queue):
             time.sleep(1.2)  # idle for longer than PREFETCH_STALL
             wait_status(jq, [noop.enqueue().id], {JobStatus.COMPLETED}, timeout=10)
     assert handed_back and sum(handed_back) == 0
+
+
+def test_a_burst_worker_runs_what_its_own_rescuer_hands_back(make_queue):
+    # Jobs a dead worker held: the burst worker's first claim found nothing,
+    # it decided it was drained, and its rescuer then made them available
+    # on its way out -- "nothing left to run" with jobs left to run.
+    jq = make_queue()
+
+    @jq.task
+    def noop(i: int) -> int:
+        return i
+
+    jobs = jq.enqueue_many([("noop", {"i": i}) for i in range(20)])
+    held = jq.backend.job_claim(worker_id="ghost:1:dead", queue="default", limit=20)
+    assert len(held) == 20
+    time.sleep(jq.settings.rescue_after * 1.5)  # the holder is silent past rescue_after
+    worker = jq.worker(concurrency=5, burst=True)
+    with running(worker) as handle:
+        stats = handle.join()
+    assert stats.exit_code == 0
+    assert [job(jq, j.id).status for j in jobs] == [JobStatus.COMPLETED] * 20

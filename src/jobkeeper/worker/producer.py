@@ -54,6 +54,10 @@ CAPPED_RECHECK = 2.0
 #: Seconds without a job starting, every slot busy, after which an adaptive
 #: worker hands its prefetched jobs back (``Executor.hand_back``).
 PREFETCH_STALL = 1.0
+#: Longest wait, in seconds, of a drained burst worker for its rescuer's
+#: first pass (see ``drain_after``): a rescuer that cannot finish one must
+#: not keep a script's worker from ever ending.
+BURST_RESCUE_WAIT = 10.0
 
 
 class Producer:
@@ -78,6 +82,10 @@ class Producer:
             and running together (``--queue emails=5``): each claim of such a
             queue is cut to what is left of its share, prefetch included, so
             a slow queue cannot take every slot nor hoard jobs it cannot run.
+        drain_after: burst mode: whether the worker's rescuer has finished
+            a pass (may block briefly). A burst worker is not drained before
+            then: jobs of dead workers that its rescuer hands back are run,
+            not left behind as it exits. At most ``BURST_RESCUE_WAIT`` s.
     """
 
     def __init__(
@@ -97,8 +105,11 @@ class Producer:
         events: EventBus,
         on_claimed: Callable[[int], None],
         shares: Mapping[str, int] | None = None,
+        drain_after: Callable[[], bool] | None = None,
     ) -> None:
         self._backend = backend
+        self._drain_after = drain_after
+        self._drain_asked_at: float | None = None
         self._worker_id = worker_id
         self._settings = settings
         self.queues = list(queues)
@@ -376,9 +387,22 @@ class Producer:
         self._reconcile_needed = False
 
     def _drained(self) -> bool:
-        """Burst mode: nothing running, nothing unwritten, nothing due soon."""
+        """Burst mode: nothing running, nothing unwritten, nothing due soon,
+        and the rescuer has had its pass (see ``drain_after``).
+        """
         if self._executor.snapshot().load or self._completer.pending:
             return False
+        if self._drain_after is not None and not self._drain_after():
+            now = time.monotonic()
+            if self._drain_asked_at is None:
+                self._drain_asked_at = now
+            if now - self._drain_asked_at < BURST_RESCUE_WAIT:
+                return False
+            logger.warning(
+                "burst: the rescuer finished no pass in %gs; stopping without it",
+                BURST_RESCUE_WAIT,
+            )
+            self._drain_after = None
         due_in = self._backend.job_next_due_in(queues=self.queues)
         if due_in is None or due_in > self._settings.poll_interval:
             return True

@@ -208,6 +208,7 @@ class Worker:
             events=self.events,
             on_claimed=self.stats.count_claimed,
             shares=self.queue_shares,
+            drain_after=(lambda: self.rescuer.wait_passes(1, 0.05)) if burst else None,
         )
         self.rescuer = Rescuer(
             self._dedicated(),
