@@ -9,6 +9,7 @@ import gc
 import secrets
 import threading
 import time
+from typing import Any
 
 import psycopg
 import pytest
@@ -25,8 +26,10 @@ async def sleeping_call(jq: JobQueue, seconds: float) -> asyncio.Future[None]:
     backend = jq.backend
 
     async def sleep_on_the_server() -> None:
-        async with backend._async_cursor(transaction=False) as cursor:
+        async def sleep(cursor: psycopg.AsyncCursor[Any]) -> None:
             await cursor.execute(f"SELECT pg_sleep({seconds})")
+
+        await backend._with_cursor(sleep, transaction=False)
 
     return asyncio.ensure_future(sleep_on_the_server())
 
@@ -105,9 +108,12 @@ def test_the_spare_serves_calls_in_turn_and_goes_back_to_the_pool(pg_url, monkey
         assert loop_pool.spare is None and not returned.closed
         # A failed call does not leave its connection as the spare.
         monkeypatch.setattr(aio, "SPARE_RETURN", 60.0)
+
+        async def divide(cursor: psycopg.AsyncCursor[Any]) -> None:
+            await cursor.execute("SELECT 1 / 0")
+
         with pytest.raises(Exception, match="division by zero"):
-            async with jq.backend._async_cursor(transaction=False) as cursor:
-                await cursor.execute("SELECT 1 / 0")
+            await jq.backend._with_cursor(divide, transaction=False)
         assert loop_pool.spare is None
         await jq.enqueue_async("anything", {})
         assert loop_pool.spare is not None
