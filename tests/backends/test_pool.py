@@ -127,6 +127,38 @@ def test_the_spare_serves_calls_in_turn_and_goes_back_to_the_pool(pg_url, monkey
         jq.close()
 
 
+def test_calls_cancelled_while_the_spare_is_checked_give_it_back(pg_url, monkeypatch):
+    # A cancel that landed during the spare's ping left the connection
+    # neither kept nor given back: after pool_size of them every call
+    # waited out the pool's timeout ("all 2 stayed in use").
+    from jobkeeper.backends.postgres import aio, sources
+
+    jq = JobQueue(pg_url, pool_size=2)
+    jq.migrate()
+    monkeypatch.setattr(sources, "POOL_TIMEOUT", 3.0)
+    check = aio._check_async
+
+    async def slow_ping(conn: psycopg.AsyncConnection[Any]) -> None:
+        await asyncio.sleep(30)
+
+    async def calls() -> None:
+        await jq.enqueue_async("anything", {})
+        for _ in range(4):
+            monkeypatch.setattr(aio, "_check_async", slow_ping)
+            with pytest.raises(asyncio.TimeoutError):
+                await asyncio.wait_for(jq.enqueue_async("anything", {}), 0.2)
+            monkeypatch.setattr(aio, "_check_async", check)
+            # A lost slot each time: this one raised "all 2 stayed in use".
+            await jq.enqueue_async("anything", {})
+        await jq.aclose()
+
+    try:
+        asyncio.run(calls())
+        assert len(jq.list_jobs(limit=100)) == 5
+    finally:
+        jq.close()
+
+
 def test_a_connection_lost_mid_call_says_the_write_may_have_committed(pg_url):
     # A caller who retries on DatabaseUnavailable must be able to tell a
     # failed connect (nothing written) from a call whose connection died

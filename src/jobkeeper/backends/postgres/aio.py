@@ -202,14 +202,20 @@ class _LoopPool:
         conn = self.spare
         if conn is not None:
             self.spare = None
-            if not self.probe.suspect:
-                try:
+            alive = False
+            try:
+                if not self.probe.suspect:
                     await _check_async(conn)
-                    return conn
-                except psycopg.Error:
-                    self.probe.suspect = True  # cut: the server may be gone
-            await conn.close()
-            await self.pool.putconn(conn)  # the pool replaces it
+                    alive = True
+            except psycopg.Error:
+                self.probe.suspect = True  # cut: the server may be gone
+            finally:
+                # Also when the call is cancelled during the ping: a spare
+                # neither kept nor given back held a pool slot for good.
+                if not alive:
+                    await self._discard(conn)
+            if alive:
+                return conn
         conn = await _getconn_async(self.pool, self.probe)
         conn._jobkeeper_taken_at = time.monotonic()  # type: ignore[attr-defined]
         return conn
@@ -235,7 +241,13 @@ class _LoopPool:
         """Close the spare (a session the whole pool is replacing)."""
         conn, self.spare = self.spare, None
         if conn is not None:
+            await self._discard(conn)
+
+    async def _discard(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        """Close ``conn`` and give it back: the pool opens a replacement."""
+        try:
             await conn.close()
+        finally:
             await self.pool.putconn(conn)
 
     async def close_connections(self) -> None:
