@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from jobkeeper.api import JobQueue
 from jobkeeper.config import holder_window
-from jobkeeper.errors import JobkeeperError
+from jobkeeper.errors import DatabaseUnavailable, JobkeeperError
 
 Level = Literal["ok", "warn", "fail"]
 
@@ -70,8 +70,10 @@ def run_checks(
     """
     try:
         facts = jq.health()
-    except JobkeeperError as exc:
+    except DatabaseUnavailable as exc:
         return [Check("database", "fail", f"cannot reach {jq.url.redacted()}: {exc}")]
+    except JobkeeperError as exc:  # reached, but not usable as it is (a file that is no database)
+        return [Check("database", "fail", f"cannot use {jq.url.redacted()}: {exc}")]
     checks = [Check("database", "ok", f"{facts['backend']} at {jq.url.redacted()} answers")]
     # Without the app, only the defaults can be judged: say so, or a
     # worker's own rescue_after of 2 s would pass as checked.
