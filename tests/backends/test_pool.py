@@ -84,7 +84,7 @@ def test_async_calls_right_after_the_server_ends_the_sessions(pg_url):
 
 
 def test_the_spare_serves_calls_in_turn_and_goes_back_to_the_pool(pg_url, monkeypatch):
-    from jobkeeper.backends.postgres import aio
+    from jobkeeper.backends.postgres import loop_pools
 
     jq = JobQueue(pg_url)
     jq.migrate()
@@ -102,12 +102,12 @@ def test_the_spare_serves_calls_in_turn_and_goes_back_to_the_pool(pg_url, monkey
         assert len({job.id for job in jobs}) == 20
         assert loop_pool.spare is not None
         # Past SPARE_RETURN the pool has it back (its max_lifetime renews it).
-        monkeypatch.setattr(aio, "SPARE_RETURN", 0.0)
+        monkeypatch.setattr(loop_pools, "SPARE_RETURN", 0.0)
         returned = loop_pool.spare
         await jq.enqueue_async("anything", {})
         assert loop_pool.spare is None and not returned.closed
         # A failed call does not leave its connection as the spare.
-        monkeypatch.setattr(aio, "SPARE_RETURN", 60.0)
+        monkeypatch.setattr(loop_pools, "SPARE_RETURN", 60.0)
 
         async def divide(cursor: psycopg.AsyncCursor[Any]) -> None:
             await cursor.execute("SELECT 1 / 0")
@@ -131,12 +131,12 @@ def test_calls_cancelled_while_the_spare_is_checked_give_it_back(pg_url, monkeyp
     # A cancel that landed during the spare's ping left the connection
     # neither kept nor given back: after pool_size of them every call
     # waited out the pool's timeout ("all 2 stayed in use").
-    from jobkeeper.backends.postgres import aio, sources
+    from jobkeeper.backends.postgres import loop_pools, sources
 
     jq = JobQueue(pg_url, pool_size=2)
     jq.migrate()
     monkeypatch.setattr(sources, "POOL_TIMEOUT", 3.0)
-    check = aio._check_async
+    check = loop_pools.check_async
 
     async def slow_ping(conn: psycopg.AsyncConnection[Any]) -> None:
         await asyncio.sleep(30)
@@ -144,10 +144,10 @@ def test_calls_cancelled_while_the_spare_is_checked_give_it_back(pg_url, monkeyp
     async def calls() -> None:
         await jq.enqueue_async("anything", {})
         for _ in range(4):
-            monkeypatch.setattr(aio, "_check_async", slow_ping)
+            monkeypatch.setattr(loop_pools, "check_async", slow_ping)
             with pytest.raises(asyncio.TimeoutError):
                 await asyncio.wait_for(jq.enqueue_async("anything", {}), 0.2)
-            monkeypatch.setattr(aio, "_check_async", check)
+            monkeypatch.setattr(loop_pools, "check_async", check)
             # A lost slot each time: this one raised "all 2 stayed in use".
             await jq.enqueue_async("anything", {})
         await jq.aclose()

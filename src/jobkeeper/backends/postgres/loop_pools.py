@@ -1,0 +1,240 @@
+"""Each event loop's psycopg ``AsyncConnectionPool`` for the async producer
+API (internal): the checkout check, the probe that tells a busy pool from a
+server that is gone, the loop's spare connection, and the task that closes
+it all when the loop ends. Used by :mod:`jobkeeper.backends.postgres.aio`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import psycopg
+from psycopg import pq
+from psycopg_pool import AsyncConnectionPool, PoolTimeout
+
+from jobkeeper.backends.postgres import sources
+from jobkeeper.backends.postgres.sources import CONNECT_TIMEOUT, IDLE_CHECK_AFTER, has_unread_input
+
+#: Seconds a connection may serve as a loop's spare (see ``LoopPool``)
+#: before it goes back to the pool, which renews it past its ``max_lifetime``.
+SPARE_RETURN = 60.0
+
+
+async def check_async(conn: psycopg.AsyncConnection[Any]) -> None:
+    """The async pool's checkout check, as the sync pool's (see
+    ``PooledConnections._alive``): a ping only for a connection that idled
+    past ``IDLE_CHECK_AFTER`` or whose socket is readable (a server ending a
+    session says why first); a ping on every checkout cost a round trip per
+    call.
+
+    Raises:
+        psycopg.Error: the ping failed (the pool then replaces the connection).
+    """
+    returned_at: float = getattr(conn, "_jobkeeper_returned_at", 0.0)
+    if time.monotonic() - returned_at <= IDLE_CHECK_AFTER and not has_unread_input(conn):
+        return
+    await AsyncConnectionPool.check_connection(conn)
+
+
+class ServerProbe:
+    """Whether an async pool's server may be gone, and one direct connect at
+    a time to find out (the sync pool's ``_probe``, for a loop's many tasks:
+    500 concurrent enqueues must not open 500 probe connections).
+
+    Args:
+        conninfo: where the pool connects.
+    """
+
+    def __init__(self, conninfo: str) -> None:
+        self._conninfo = conninfo
+        #: Probe before the first checkout, as the sync pool does.
+        self.suspect = True
+        self._lock = asyncio.Lock()
+        # (when, error) of the last failed probe: tasks that waited for it
+        # share its answer instead of each connecting in turn.
+        self._failed: tuple[float, psycopg.OperationalError] | None = None
+
+    async def check(self) -> None:
+        """Connect directly once, unless another task's probe just succeeded
+        (or just failed: its error is raised again).
+
+        Raises:
+            psycopg.OperationalError: the server refused the connection.
+        """
+        asked = time.monotonic()
+        async with self._lock:
+            if not self.suspect:
+                return
+            if self._failed is not None and self._failed[0] >= asked:
+                raise self._failed[1]
+            try:
+                probe = await psycopg.AsyncConnection.connect(
+                    self._conninfo, connect_timeout=CONNECT_TIMEOUT
+                )
+            except psycopg.OperationalError as exc:
+                self._failed = (time.monotonic(), exc)
+                raise
+            await probe.close()
+            self.suspect = False
+            self._failed = None
+
+
+async def getconn_async(
+    pool: AsyncConnectionPool, probe: ServerProbe
+) -> psycopg.AsyncConnection[Any]:
+    """A connection from ``pool``, as the sync pool's ``_getconn``: waits up
+    to ``POOL_TIMEOUT`` while the pool is busy, but fails within about
+    ``POOL_SLICE`` when the server is down. The pool alone retried its
+    connects in the background until its own timeout, so an async enqueue
+    with the server down hung for 30 seconds where the sync one failed at once.
+
+    Raises:
+        psycopg.OperationalError: the server refused a direct connection.
+        psycopg_pool.PoolTimeout: no connection within ``POOL_TIMEOUT``.
+    """
+    # Read from the module at each call, as the sync pool does: a setting
+    # changed at run time (the soak shortens it) reaches both.
+    deadline = time.monotonic() + sources.POOL_TIMEOUT
+    while True:
+        if probe.suspect:
+            await probe.check()
+        remaining = deadline - time.monotonic()
+        try:
+            return await pool.getconn(timeout=max(min(sources.POOL_SLICE, remaining), 0.001))
+        except PoolTimeout:
+            if time.monotonic() >= deadline:
+                raise PoolTimeout(sources.busy_pool_message(pool.max_size)) from None
+            # Busy, or the server went away: a probe tells which.
+            probe.suspect = True
+
+
+class LoopPool:
+    """One event loop's pool, its server probe, the connections it opened,
+    the task that closes it when the loop ends (:func:`close_at_loop_end`),
+    and the spare: one connection kept out of the pool between calls.
+
+    The spare serves calls one at a time without the pool: psycopg_pool's
+    async ``getconn`` and ``putconn`` (its lock, its waiting list, its
+    return path) cost ~85k instructions a call, a fifth of an
+    ``enqueue_async`` (callgrind), where taking the spare costs a field
+    read. Calls that overlap take the pool's other connections. The spare
+    is checked on checkout as a pooled connection is (``check_async``),
+    never kept after an error, and given back to the pool every
+    ``SPARE_RETURN`` seconds so that the pool's ``max_lifetime`` still
+    renews it.
+    """
+
+    __slots__ = ("closed", "closer", "opened", "pool", "probe", "spare", "spare_since")
+
+    def __init__(
+        self,
+        pool: AsyncConnectionPool,
+        probe: ServerProbe,
+        opened: weakref.WeakSet[psycopg.AsyncConnection[Any]],
+    ) -> None:
+        self.pool = pool
+        self.probe = probe
+        #: Every connection the pool opened (its ``configure`` notes them).
+        self.opened = opened
+        self.closer: asyncio.Task[None] | None = None
+        self.spare: psycopg.AsyncConnection[Any] | None = None
+        #: When (``time.monotonic()``) the spare was taken from the pool.
+        self.spare_since = 0.0
+        #: Set once the closer runs: nothing is kept as the spare after it.
+        self.closed = False
+
+    async def checkout(self) -> psycopg.AsyncConnection[Any]:
+        """The spare when it is free and alive, else a pooled connection.
+
+        Raises:
+            As :func:`getconn_async`.
+        """
+        conn = self.spare
+        if conn is not None:
+            self.spare = None
+            alive = False
+            try:
+                if not self.probe.suspect:
+                    await check_async(conn)
+                    alive = True
+            except psycopg.Error:
+                self.probe.suspect = True  # cut: the server may be gone
+            finally:
+                # Also when the call is cancelled during the ping: a spare
+                # neither kept nor given back held a pool slot for good.
+                if not alive:
+                    await self._discard(conn)
+            if alive:
+                return conn
+        conn = await getconn_async(self.pool, self.probe)
+        conn._jobkeeper_taken_at = time.monotonic()  # type: ignore[attr-defined]
+        return conn
+
+    async def checkin(self, conn: psycopg.AsyncConnection[Any], failed: bool) -> None:
+        """Keep ``conn`` as the spare after a call that succeeded, unless
+        there is one or it is time the pool had it back; else give it back.
+        """
+        now = conn._jobkeeper_returned_at = time.monotonic()  # type: ignore[attr-defined]
+        if (
+            not failed
+            and self.spare is None
+            and not self.closed
+            and not conn.closed
+            and conn.pgconn.transaction_status == pq.TransactionStatus.IDLE
+            and now - getattr(conn, "_jobkeeper_taken_at", now) < SPARE_RETURN
+        ):
+            self.spare = conn
+            return
+        await self.pool.putconn(conn)
+
+    async def drop_spare(self) -> None:
+        """Close the spare (a session the whole pool is replacing)."""
+        conn, self.spare = self.spare, None
+        if conn is not None:
+            await self._discard(conn)
+
+    async def _discard(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        """Close ``conn`` and give it back: the pool opens a replacement."""
+        try:
+            await conn.close()
+        finally:
+            await self.pool.putconn(conn)
+
+    async def close_connections(self) -> None:
+        """Close what the pool opened and left open (see :func:`close_at_loop_end`)."""
+        self.spare = None
+        for conn in list(self.opened):
+            if not conn.closed:
+                await conn.close()
+
+
+async def close_at_loop_end(loop_pool: LoopPool, forget: Callable[[], None]) -> None:
+    """Wait until cancelled, then close ``loop_pool`` (``forget`` drops it first).
+
+    ``asyncio.run()`` cancels the tasks left when its coroutine returns and
+    waits for them all. A psycopg_pool worker task that a cancel reaches
+    while it runs a job (a background connect, a connection's return)
+    swallows it -- the worker's loop catches ``CancelledError`` with the
+    job's errors (``psycopg_pool/pool_async.py``, ``worker``) -- and waits on
+    its queue again: ``asyncio.run()`` never returned, in about one run in
+    four, for an app that enqueued and did not await ``aclose()``. Closing
+    the pool sends every worker a stop that its queue does deliver. The
+    other workers were cancelled with every task, so ``close()`` ends in
+    their ``CancelledError`` before it closes the idle connections, which
+    would then stay open until the garbage collector found them (51 server
+    sessions after ten runs of 30 enqueues): they are closed here.
+    """
+    try:
+        await asyncio.get_running_loop().create_future()
+    except asyncio.CancelledError:
+        forget()
+        loop_pool.closed = True
+        with contextlib.suppress(asyncio.CancelledError):
+            await loop_pool.pool.close()
+        await loop_pool.close_connections()
+        raise
