@@ -187,7 +187,10 @@ def test_thirty_periodics_all_fire(jq):
     worker.run_once(now=now + 2.5 * SECOND)
     counts = per_task(jq.url.url)
     assert sorted(counts) == [f"t{i:02}" for i in range(30)]
-    assert len(set(counts.values())) == 1 and min(counts.values()) >= 2
+    # Each periodic owes ticks from its own registration (the database's
+    # now() then): thirty registrations may straddle a second, so some owe
+    # one tick more than others (a clean-clone run saw 13 at 3, 17 at 2).
+    assert min(counts.values()) >= 2 and max(counts.values()) - min(counts.values()) <= 1
 
 
 @pytest.mark.parametrize("racers", [8])
