@@ -18,7 +18,6 @@ import psycopg
 from psycopg.rows import tuple_row
 from psycopg_pool import AsyncConnectionPool
 
-from jobkeeper.backends.postgres import sources
 from jobkeeper.backends.postgres.connections import DriverErrors, describe, retry_asked
 from jobkeeper.backends.postgres.flow import FlowNeeded
 from jobkeeper.backends.postgres.loop_pools import (
@@ -152,12 +151,7 @@ class PostgresAsync:
                 failed = False
                 return result
             except BaseException as exc:
-                suspect, replace_all = sources.pool_repair(exc)
-                loop_pool.probe.suspect = loop_pool.probe.suspect or suspect
-                if replace_all:
-                    await conn.close()
-                    await loop_pool.drop_spare()
-                    await loop_pool.pool.drain()
+                await loop_pool.repair(conn, exc)
                 raise
             finally:
                 await loop_pool.checkin(conn, failed)

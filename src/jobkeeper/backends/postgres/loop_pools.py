@@ -129,7 +129,7 @@ class LoopPool:
     renews it.
     """
 
-    __slots__ = ("closed", "closer", "opened", "pool", "probe", "spare", "spare_since")
+    __slots__ = ("closed", "closer", "opened", "pool", "probe", "spare")
 
     def __init__(
         self,
@@ -143,8 +143,6 @@ class LoopPool:
         self.opened = opened
         self.closer: asyncio.Task[None] | None = None
         self.spare: psycopg.AsyncConnection[Any] | None = None
-        #: When (``time.monotonic()``) the spare was taken from the pool.
-        self.spare_since = 0.0
         #: Set once the closer runs: nothing is kept as the spare after it.
         self.closed = False
 
@@ -192,11 +190,19 @@ class LoopPool:
             return
         await self.pool.putconn(conn)
 
-    async def drop_spare(self) -> None:
-        """Close the spare (a session the whole pool is replacing)."""
-        conn, self.spare = self.spare, None
-        if conn is not None:
-            await self._discard(conn)
+    async def repair(self, conn: psycopg.AsyncConnection[Any], error: BaseException) -> None:
+        """After a call on ``conn`` failed with ``error``: probe the server
+        before the next checkout, or replace every session, as the error
+        asks (``sources.pool_repair``); ``conn`` is checked in after.
+        """
+        suspect, replace_all = sources.pool_repair(error)
+        self.probe.suspect = self.probe.suspect or suspect
+        if replace_all:
+            await conn.close()
+            spare, self.spare = self.spare, None
+            if spare is not None:
+                await self._discard(spare)
+            await self.pool.drain()
 
     async def _discard(self, conn: psycopg.AsyncConnection[Any]) -> None:
         """Close ``conn`` and give it back: the pool opens a replacement."""
