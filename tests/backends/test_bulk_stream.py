@@ -17,6 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from jobkeeper import ConfigError, JobQueue, JobStatus, PayloadError, QueueFull
+from jobkeeper.api.enqueue import _named_options
 from jobkeeper.models import NewJob, NewJobStream
 from support.db import count, is_pg, sql
 
@@ -133,6 +134,75 @@ def test_max_pending_holds_for_bulk_batches_checked_after_the_copy(jq):
     assert pending(jq, "q") == 100 and pending(jq, "other") == 0
     jq.enqueue_many([("t", {}, {"queue": "q"})] * 100)
     assert pending(jq, "q") == 200
+
+
+def test_max_pending_holds_for_a_bulk_batch_going_to_its_tasks_default_queue(jq):
+    """The queues a stream's items go to are judged before validation (the
+    COPY path locks the limited ones with its id reservation): a task's own
+    default queue, given by no item's options, is one of them.
+    """
+
+    @jq.task(queue="limited")
+    def t() -> None:
+        pass
+
+    jq.configure_queue("limited", max_pending=150)
+    jq.enqueue_many([("t", {})] * 100)
+    with pytest.raises(QueueFull) as caught:
+        jq.enqueue_many([(t, {})] * 30 + [("t", {})] * 30)
+    assert (caught.value.queue, caught.value.count) == ("limited", 100)
+    assert "batch of 60" in str(caught.value)
+    assert pending(jq, "limited") == 100
+    jq.enqueue_many([("t", {})] * 50)
+    assert pending(jq, "limited") == 150
+
+
+@pytest.mark.parametrize("room", [True, False])
+def test_max_pending_holds_for_a_queue_the_streams_judgement_missed(jq, room):
+    """A queue the reader meets that the stream did not expect (its
+    judgement is made before validation) is locked and counted after the
+    rows, so the limit holds for it too.
+    """
+    jq.configure_queue("q", max_pending=150 if room else 120)
+    jq.enqueue_many([("t", {}, {"queue": "q"})] * 100)
+
+    def validate(index: int, item: str) -> NewJob:
+        return NewJob(task="t", args_json="{}", queue=item, priority=0, max_attempts=1)
+
+    items = ["q"] * 30 + ["default"] * 70
+    stream = NewJobStream(
+        items, validate, keyed=False, delayed=False, queues=frozenset({"default"})
+    )
+    if room:
+        assert len(jq.backend.job_insert_many(jobs=stream)) == 100
+        assert (pending(jq, "q"), pending(jq, "default")) == (130, 70)
+    else:
+        with pytest.raises(QueueFull) as caught:
+            jq.backend.job_insert_many(jobs=stream)
+        assert (caught.value.queue, caught.value.count) == ("q", 100)
+        assert (pending(jq, "q"), pending(jq, "default")) == (100, 0)
+
+
+def test_a_streams_queues_are_judged_from_options_tasks_and_defaults(tmp_path):
+    jq = JobQueue(f"sqlite:///{tmp_path}/jobs.db")
+
+    @jq.task(queue="mail")
+    def send() -> None:
+        pass
+
+    items = [
+        ("send", {}),
+        (send, {}),
+        ("send", {}, {"queue": "urgent"}),
+        ("unknown", {}),
+        ("send", {}, {"queue": 5}),  # refused by validation: its task's queue is judged
+        ("bad",),
+        ([], {}),  # an unhashable task: refused by validation
+        "not a tuple",
+    ]
+    named, queues = _named_options(items, jq.tasks)
+    assert named == {"queue"}
+    assert queues == {"mail", "urgent", "default"}
 
 
 def test_a_stream_validates_each_item_once_however_often_it_is_read():
