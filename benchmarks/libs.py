@@ -73,6 +73,11 @@ def time_calls(call: Callable[[], object], n: int) -> CallTimes:
     return CallTimes(clock() - started, durations)
 
 
+#: ``block(k)``: ``k`` more enqueue calls on an open client, timed as
+#: :func:`time_calls` times them (see ``Library.single_enqueuer``).
+Block = Callable[[int], CallTimes]
+
+
 async def time_calls_async(call: Callable[[], Awaitable[object]], n: int) -> CallTimes:
     """``await call()`` ``n`` times, each timed around it."""
     durations: list[float] = []
@@ -152,13 +157,20 @@ class Library:
     def prepare(self, url: str) -> None:
         raise NotImplementedError
 
-    def enqueue_single(self, url: str, n: int) -> CallTimes:
-        """``n`` enqueue calls of one no-op job each, after one warm-up call."""
+    @contextlib.contextmanager
+    def single_enqueuer(self, url: str) -> Iterator[Block]:
+        """Open a client on ``url``, make one warm-up call, and yield
+        ``block(k)``: ``k`` enqueue calls of one no-op job each. Blocks of
+        several libraries are interleaved by ``benchmarks/single.py``.
+        """
         raise NotImplementedError
+        yield
 
-    def enqueue_single_async(self, url: str, n: int) -> CallTimes:
+    @contextlib.contextmanager
+    def single_enqueuer_async(self, url: str) -> Iterator[Block]:
         """The same through the library's async API (only if ``no_async_single`` is None)."""
         raise NotAvailableError(self.no_async_single or "not implemented")
+        yield
 
     def enqueue_bulk(self, url: str, n: int, batch: int) -> float:
         """Seconds to enqueue ``n`` no-op jobs with the bulk API, ``batch`` per call."""
@@ -208,28 +220,30 @@ class Jobkeeper(Library):
         finally:
             queue.close()
 
-    def enqueue_single(self, url: str, n: int) -> CallTimes:
+    @contextlib.contextmanager
+    def single_enqueuer(self, url: str) -> Iterator[Block]:
         queue = self._queue(url)
         try:
             queue.enqueue("noop", {})  # opens the pool
-            return time_calls(lambda: queue.enqueue("noop", {}), n)
+            yield lambda k: time_calls(lambda: queue.enqueue("noop", {}), k)
         finally:
             queue.close()
 
-    def enqueue_single_async(self, url: str, n: int) -> CallTimes:
+    @contextlib.contextmanager
+    def single_enqueuer_async(self, url: str) -> Iterator[Block]:
         queue = self._queue(url)
-
-        async def run() -> CallTimes:
-            try:
-                await queue.enqueue_async("noop", {})  # opens the async pool
-                return await time_calls_async(lambda: queue.enqueue_async("noop", {}), n)
-            finally:
-                await queue.aclose()
-
+        loop = asyncio.new_event_loop()
         try:
-            return asyncio.run(run())
+            loop.run_until_complete(queue.enqueue_async("noop", {}))  # opens the async pool
+            yield lambda k: loop.run_until_complete(
+                time_calls_async(lambda: queue.enqueue_async("noop", {}), k)
+            )
         finally:
-            queue.close()
+            try:
+                loop.run_until_complete(queue.aclose())
+            finally:
+                loop.close()
+                queue.close()
 
     def enqueue_bulk(self, url: str, n: int, batch: int) -> float:
         queue = self._queue(url)
@@ -321,11 +335,12 @@ class Procrastinate(Library):
     def _task(self, app: Any, name: str) -> Any:
         return app.tasks[name]
 
-    def enqueue_single(self, url: str, n: int) -> CallTimes:
+    @contextlib.contextmanager
+    def single_enqueuer(self, url: str) -> Iterator[Block]:
         with self._app(url) as app:
             noop = self._task(app, "noop")
             noop.defer()
-            return time_calls(noop.defer, n)
+            yield lambda k: time_calls(noop.defer, k)
 
     def enqueue_bulk(self, url: str, n: int, batch: int) -> float:
         with self._app(url) as app:
@@ -414,13 +429,21 @@ class Pgqueuer(Library):
 
         asyncio.run(run())
 
-    def enqueue_single(self, url: str, n: int) -> CallTimes:
-        async def run() -> CallTimes:
-            async with self._queries(url) as queries:
-                await queries.enqueue("noop", None)
-                return await time_calls_async(lambda: queries.enqueue("noop", None), n)
-
-        return asyncio.run(run())
+    @contextlib.contextmanager
+    def single_enqueuer(self, url: str) -> Iterator[Block]:
+        loop = asyncio.new_event_loop()
+        manager = self._queries(url)
+        try:
+            queries = loop.run_until_complete(manager.__aenter__())
+            try:
+                loop.run_until_complete(queries.enqueue("noop", None))
+                yield lambda k: loop.run_until_complete(
+                    time_calls_async(lambda: queries.enqueue("noop", None), k)
+                )
+            finally:
+                loop.run_until_complete(manager.__aexit__(None, None, None))
+        finally:
+            loop.close()
 
     async def _bulk(self, queries: Any, n: int, batch: int) -> None:
         for done in range(0, n, batch):
@@ -526,9 +549,17 @@ class Oban(Library):
     def prepare(self, url: str) -> None:
         run_in_venv([self._env().oban_cli, "install", "--dsn", url], "oban install", timeout=300)
 
-    def enqueue_single(self, url: str, n: int) -> CallTimes:
-        answer = self._adapter("single", url, str(n))
-        return CallTimes(float(answer["seconds"]), [float(d) for d in answer["durations"]])
+    @contextlib.contextmanager
+    def single_enqueuer(self, url: str) -> Iterator[Block]:
+        """The calls are timed in the adapter (``blocks``): the pipe's hops
+        are in no figure."""
+        with self._served("blocks", url) as ask:
+
+            def block(k: int) -> CallTimes:
+                answer = json.loads(ask(str(k)))
+                return CallTimes(float(answer["seconds"]), [float(d) for d in answer["durations"]])
+
+            yield block
 
     def enqueue_bulk(self, url: str, n: int, batch: int) -> float:
         return float(self._adapter("bulk", url, str(n), str(batch))["seconds"])
@@ -559,14 +590,12 @@ class Oban(Library):
         )
 
     @contextlib.contextmanager
-    def stamper(self, url: str) -> Iterator[Callable[[int, float], float | None]]:
-        """Enqueues through a long-lived adapter process over pipes: each call
-        writes ``<i> <t>`` and returns once it has read ``ok <returned>``
-        (sent once the insert committed). The adapter stamps the job with its
-        own ``time.time()`` just before its enqueue call, and the call returns
-        the adapter's time just after it, so the pipe's hops are left out.
+    def _served(self, command: str, url: str) -> Iterator[Callable[[str], str]]:
+        """A long-lived adapter process (``stamper`` or ``blocks``), once it
+        has said ``ready``; yields ``ask(line)``: writes ``line`` to it and
+        returns its one-line answer. End of input ends it.
         """
-        argv = [self._env().python, "-m", "benchmarks.apps.oban_adapter", "stamper", url]
+        argv = [self._env().python, "-m", "benchmarks.apps.oban_adapter", command, url]
         with tempfile.TemporaryFile() as errors:
             proc = subprocess.Popen(
                 argv,
@@ -586,23 +615,22 @@ class Oban(Library):
                 errors.seek(0)
                 lines = errors.read().decode(errors="replace").strip().splitlines()
                 return NotAvailableError(
-                    f"oban adapter stamper {what} (exit {proc.returncode}): "
+                    f"oban adapter {command} {what} (exit {proc.returncode}): "
                     f"{lines[-1] if lines else '(no output)'}"
                 )
+
+            def ask(line: str) -> str:
+                stdin.write(f"{line}\n")
+                stdin.flush()
+                answer = stdout.readline()
+                if not answer:
+                    raise fail(f"gave no answer to {line!r}")
+                return answer
 
             try:
                 if stdout.readline().strip() != "ready":
                     raise fail("did not start")
-
-                def enqueue(i: int, t: float) -> float:
-                    stdin.write(f"{i} {t!r}\n")
-                    stdin.flush()
-                    answer = stdout.readline().split()
-                    if len(answer) != 2 or answer[0] != "ok":
-                        raise fail(f"failed to enqueue job {i}")
-                    return float(answer[1])
-
-                yield enqueue
+                yield ask
             finally:
                 with contextlib.suppress(OSError):
                     stdin.close()
@@ -611,6 +639,24 @@ class Oban(Library):
                 except subprocess.TimeoutExpired:
                     proc.kill()
                     proc.wait()
+
+    @contextlib.contextmanager
+    def stamper(self, url: str) -> Iterator[Callable[[int, float], float | None]]:
+        """Enqueues through a long-lived adapter process over pipes: each call
+        writes ``<i> <t>`` and returns once it has read ``ok <returned>``
+        (sent once the insert committed). The adapter stamps the job with its
+        own ``time.time()`` just before its enqueue call, and the call returns
+        the adapter's time just after it, so the pipe's hops are left out.
+        """
+        with self._served("stamper", url) as ask:
+
+            def enqueue(i: int, t: float) -> float:
+                answer = ask(f"{i} {t!r}").split()
+                if len(answer) != 2 or answer[0] != "ok":
+                    raise NotAvailableError(f"oban adapter stamper failed to enqueue job {i}")
+                return float(answer[1])
+
+            yield enqueue
 
 
 def peers() -> list[Library]:

@@ -152,27 +152,6 @@ def call_figures(metric: str, times: CallTimes, n: int) -> dict[str, float]:
     }
 
 
-def enqueue_single(ctx: Context, lib: Library) -> dict[str, float]:
-    n = ctx.sizes.single
-    with ctx.fresh(f"{lib.name}_enq1") as url:
-        lib.prepare(url)
-        times = lib.enqueue_single(url, n)
-    return call_figures("enqueue_single", times, n)
-
-
-def enqueue_single_async(ctx: Context, lib: Library) -> dict[str, float]:
-    """jobkeeper's ``await enqueue_async`` in a loop on one event loop; the
-    peers have no such row (``Library.no_async_single`` says why).
-    """
-    if lib.no_async_single is not None:
-        raise NotAvailableError(lib.no_async_single)
-    n = ctx.sizes.single
-    with ctx.fresh(f"{lib.name}_enq1async") as url:
-        lib.prepare(url)
-        times = lib.enqueue_single_async(url, n)
-    return call_figures("enqueue_single_async", times, n)
-
-
 def enqueue_bulk(ctx: Context, lib: Library) -> dict[str, float]:
     n, batch = ctx.sizes.bulk, ctx.sizes.bulk_batch
     with ctx.fresh(f"{lib.name}_enqbulk") as url:
@@ -544,10 +523,6 @@ def raw_limit(ctx: Context) -> dict[str, float]:
     clients_of = raw.pg_clients if pg else raw.sqlite_clients
     client_counts = sizes.raw_clients if pg else sizes.sqlite_raw_clients
 
-    with ctx.fresh("raw_insert1") as url:
-        prepare(url)
-        insert_single = raw.pg_insert_single if pg else raw.sqlite_insert_single
-        out["raw_insert_single"] = sizes.single / insert_single(url, sizes.single)
     if pg:
         with ctx.fresh("raw_multirow") as url:
             prepare(url)

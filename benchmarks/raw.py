@@ -9,9 +9,11 @@ each records its own start and end; a rate is jobs / (last end - first start).
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import sqlite3
 import time
+from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
 from benchmarks.harness import connect_patiently, sqlite_connect
@@ -117,13 +119,21 @@ def pg_fill(url: str, n: int) -> None:
         conn.execute("ANALYZE raw_jobs")
 
 
-def pg_insert_single(url: str, n: int) -> float:
+@contextlib.contextmanager
+def pg_single_inserter(url: str) -> Iterator[Callable[[int], float]]:
+    """Yields ``block(k)``: the seconds ``k`` one-row INSERTs take (each its
+    own transaction), on a connection opened (and warmed up) before.
+    """
     with connect_patiently(url) as conn:
         conn.execute(PG_INSERT_ONE)
-        started = time.perf_counter()
-        for _ in range(n):
-            conn.execute(PG_INSERT_ONE)
-        return time.perf_counter() - started
+
+        def block(k: int) -> float:
+            started = time.perf_counter()
+            for _ in range(k):
+                conn.execute(PG_INSERT_ONE)
+            return time.perf_counter() - started
+
+        yield block
 
 
 def pg_insert_multirow(url: str, n: int, batch: int) -> float:
@@ -280,14 +290,20 @@ def sqlite_fill(url: str, n: int) -> None:
         conn.close()
 
 
-def sqlite_insert_single(url: str, n: int) -> float:
+@contextlib.contextmanager
+def sqlite_single_inserter(url: str) -> Iterator[Callable[[int], float]]:
+    """:func:`pg_single_inserter` on SQLite."""
     conn = _sqlite(url)
     try:
         conn.execute(SQLITE_INSERT)
-        started = time.perf_counter()
-        for _ in range(n):
-            conn.execute(SQLITE_INSERT)  # autocommit: one transaction each
-        return time.perf_counter() - started
+
+        def block(k: int) -> float:
+            started = time.perf_counter()
+            for _ in range(k):
+                conn.execute(SQLITE_INSERT)  # autocommit: one transaction each
+            return time.perf_counter() - started
+
+        yield block
     finally:
         conn.close()
 

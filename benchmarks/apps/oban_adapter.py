@@ -61,20 +61,43 @@ async def _client(url: str) -> tuple[Any, Any]:
     return pool, Oban(pool=pool)
 
 
+async def _calls(oban: Any, n: int) -> dict[str, Any]:
+    """``n`` enqueue calls of one Noop, each timed around it."""
+    from benchmarks.apps.oban_app import Noop
+
+    durations: list[float] = []
+    clock = time.perf_counter
+    started = clock()
+    for _ in range(n):
+        before = clock()
+        await oban.enqueue(Noop.new())
+        durations.append(clock() - before)
+    return {"seconds": clock() - started, "durations": durations}
+
+
 async def _single(url: str, n: int) -> dict[str, Any]:
     from benchmarks.apps.oban_app import Noop
 
     pool, oban = await _client(url)
     try:
         await oban.enqueue(Noop.new())
-        durations: list[float] = []
-        clock = time.perf_counter
-        started = clock()
-        for _ in range(n):
-            before = clock()
-            await oban.enqueue(Noop.new())
-            durations.append(clock() - before)
-        return {"seconds": clock() - started, "durations": durations}
+        return await _calls(oban, n)
+    finally:
+        await pool.close()
+
+
+async def _blocks(url: str) -> dict[str, int]:
+    from benchmarks.apps.oban_app import Noop
+
+    pool, oban = await _client(url)
+    served = 0
+    try:
+        await oban.enqueue(Noop.new())
+        print("ready", flush=True)
+        for line in sys.stdin:  # blocking reads: see _stamper
+            print(json.dumps(await _calls(oban, int(line))), flush=True)
+            served += 1
+        return {"served": served}
     finally:
         await pool.close()
 
@@ -148,6 +171,8 @@ def main(argv: list[str]) -> int:
         result = _run(lambda: _fill(rest[0], int(rest[1])))
     elif command == "stamper":
         result = _run(lambda: _stamper(rest[0]))
+    elif command == "blocks":
+        result = _run(lambda: _blocks(rest[0]))
     elif command == "version":
         result = _version()
     else:
