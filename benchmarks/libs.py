@@ -172,9 +172,14 @@ class Library:
         raise NotAvailableError(self.no_async_single or "not implemented")
         yield
 
-    def enqueue_bulk(self, url: str, n: int, batch: int) -> float:
-        """Seconds to enqueue ``n`` no-op jobs with the bulk API, ``batch`` per call."""
+    @contextlib.contextmanager
+    def bulk_enqueuer(self, url: str, batch: int) -> Iterator[Block]:
+        """Open a client on ``url``, make one warm-up call, and yield
+        ``block(k)``: ``k`` calls of the bulk API, ``batch`` no-op jobs each
+        (only its ``seconds`` are used).
+        """
         raise NotImplementedError
+        yield
 
     def fill(self, url: str, n: int) -> None:
         """Enqueue ``n`` no-op jobs (not timed)."""
@@ -245,14 +250,12 @@ class Jobkeeper(Library):
                 loop.close()
                 queue.close()
 
-    def enqueue_bulk(self, url: str, n: int, batch: int) -> float:
+    @contextlib.contextmanager
+    def bulk_enqueuer(self, url: str, batch: int) -> Iterator[Block]:
         queue = self._queue(url)
         try:
             queue.enqueue("noop", {})
-            started = time.perf_counter()
-            for done in range(0, n, batch):
-                queue.enqueue_many([("noop", {})] * min(batch, n - done))
-            return time.perf_counter() - started
+            yield lambda k: time_calls(lambda: queue.enqueue_many([("noop", {})] * batch), k)
         finally:
             queue.close()
 
@@ -342,14 +345,12 @@ class Procrastinate(Library):
             noop.defer()
             yield lambda k: time_calls(noop.defer, k)
 
-    def enqueue_bulk(self, url: str, n: int, batch: int) -> float:
+    @contextlib.contextmanager
+    def bulk_enqueuer(self, url: str, batch: int) -> Iterator[Block]:
         with self._app(url) as app:
             noop = self._task(app, "noop")
             noop.defer()
-            started = time.perf_counter()
-            for done in range(0, n, batch):
-                noop.batch_defer(*([{}] * min(batch, n - done)))
-            return time.perf_counter() - started
+            yield lambda k: time_calls(lambda: noop.batch_defer(*([{}] * batch)), k)
 
     def fill(self, url: str, n: int) -> None:
         with self._app(url) as app:
@@ -431,34 +432,39 @@ class Pgqueuer(Library):
 
     @contextlib.contextmanager
     def single_enqueuer(self, url: str) -> Iterator[Block]:
-        loop = asyncio.new_event_loop()
-        manager = self._queries(url)
-        try:
-            queries = loop.run_until_complete(manager.__aenter__())
-            try:
-                loop.run_until_complete(queries.enqueue("noop", None))
-                yield lambda k: loop.run_until_complete(
-                    time_calls_async(lambda: queries.enqueue("noop", None), k)
-                )
-            finally:
-                loop.run_until_complete(manager.__aexit__(None, None, None))
-        finally:
-            loop.close()
+        with self._on_loop(url) as (loop, queries):
+            yield lambda k: loop.run_until_complete(
+                time_calls_async(lambda: queries.enqueue("noop", None), k)
+            )
 
     async def _bulk(self, queries: Any, n: int, batch: int) -> None:
         for done in range(0, n, batch):
             size = min(batch, n - done)
             await queries.enqueue(["noop"] * size, [None] * size, [0] * size)
 
-    def enqueue_bulk(self, url: str, n: int, batch: int) -> float:
-        async def run() -> float:
-            async with self._queries(url) as queries:
-                await queries.enqueue("noop", None)
-                started = time.perf_counter()
-                await self._bulk(queries, n, batch)
-                return time.perf_counter() - started
+    @contextlib.contextmanager
+    def _on_loop(self, url: str) -> Iterator[tuple[asyncio.AbstractEventLoop, Any]]:
+        """Its ``Queries`` on an event loop of their own, one warm-up job in."""
+        loop = asyncio.new_event_loop()
+        manager = self._queries(url)
+        try:
+            queries = loop.run_until_complete(manager.__aenter__())
+            try:
+                loop.run_until_complete(queries.enqueue("noop", None))
+                yield loop, queries
+            finally:
+                loop.run_until_complete(manager.__aexit__(None, None, None))
+        finally:
+            loop.close()
 
-        return asyncio.run(run())
+    @contextlib.contextmanager
+    def bulk_enqueuer(self, url: str, batch: int) -> Iterator[Block]:
+        with self._on_loop(url) as (loop, queries):
+            yield lambda k: loop.run_until_complete(
+                time_calls_async(
+                    lambda: queries.enqueue(["noop"] * batch, [None] * batch, [0] * batch), k
+                )
+            )
 
     def fill(self, url: str, n: int) -> None:
         async def run() -> None:
@@ -561,8 +567,10 @@ class Oban(Library):
 
             yield block
 
-    def enqueue_bulk(self, url: str, n: int, batch: int) -> float:
-        return float(self._adapter("bulk", url, str(n), str(batch))["seconds"])
+    @contextlib.contextmanager
+    def bulk_enqueuer(self, url: str, batch: int) -> Iterator[Block]:
+        with self._served("blocks", url, str(batch)) as ask:
+            yield lambda k: CallTimes(float(json.loads(ask(str(k)))["seconds"]), [])
 
     def fill(self, url: str, n: int) -> None:
         self._adapter("fill", url, str(n))
@@ -590,12 +598,12 @@ class Oban(Library):
         )
 
     @contextlib.contextmanager
-    def _served(self, command: str, url: str) -> Iterator[Callable[[str], str]]:
+    def _served(self, command: str, url: str, *more: str) -> Iterator[Callable[[str], str]]:
         """A long-lived adapter process (``stamper`` or ``blocks``), once it
         has said ``ready``; yields ``ask(line)``: writes ``line`` to it and
         returns its one-line answer. End of input ends it.
         """
-        argv = [self._env().python, "-m", "benchmarks.apps.oban_adapter", command, url]
+        argv = [self._env().python, "-m", "benchmarks.apps.oban_adapter", command, url, *more]
         with tempfile.TemporaryFile() as errors:
             proc = subprocess.Popen(
                 argv,

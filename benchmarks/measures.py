@@ -152,14 +152,6 @@ def call_figures(metric: str, times: CallTimes, n: int) -> dict[str, float]:
     }
 
 
-def enqueue_bulk(ctx: Context, lib: Library) -> dict[str, float]:
-    n, batch = ctx.sizes.bulk, ctx.sizes.bulk_batch
-    with ctx.fresh(f"{lib.name}_enqbulk") as url:
-        lib.prepare(url)
-        seconds = lib.enqueue_bulk(url, n, batch)
-    return {"enqueue_bulk": n / seconds}
-
-
 # -- drain ----------------------------------------------------------------------
 
 
@@ -503,7 +495,7 @@ def rss(ctx: Context, lib: Jobkeeper) -> dict[str, Any]:
 # -- raw limit ------------------------------------------------------------------
 
 
-def _migrate_jobkeeper(url: str) -> None:
+def migrate_jobkeeper(url: str) -> None:
     from jobkeeper import JobQueue
 
     queue = JobQueue(url)
@@ -514,7 +506,8 @@ def _migrate_jobkeeper(url: str) -> None:
 
 
 def raw_limit(ctx: Context) -> dict[str, float]:
-    """One run of every raw figure on ``ctx.backend``."""
+    """One run of the raw claim and drain figures on ``ctx.backend`` (the raw
+    inserts are measured with the enqueues: benchmarks/turns.py)."""
     sizes = ctx.sizes
     out: dict[str, float] = {}
     pg = ctx.backend == "postgres"
@@ -523,23 +516,6 @@ def raw_limit(ctx: Context) -> dict[str, float]:
     clients_of = raw.pg_clients if pg else raw.sqlite_clients
     client_counts = sizes.raw_clients if pg else sizes.sqlite_raw_clients
 
-    if pg:
-        with ctx.fresh("raw_multirow") as url:
-            prepare(url)
-            seconds = raw.pg_insert_multirow(url, sizes.bulk, sizes.bulk_batch)
-            out["raw_insert_multirow"] = sizes.bulk / seconds
-        with ctx.fresh("raw_copy") as url:
-            prepare(url)
-            out["raw_copy"] = sizes.bulk / raw.pg_copy(url, sizes.bulk, sizes.bulk_batch)
-        with ctx.fresh("raw_copy_jk") as url:
-            _migrate_jobkeeper(url)
-            seconds = raw.pg_copy_jobkeeper_table(url, sizes.bulk, sizes.bulk_batch)
-            out["raw_copy_jobkeeper_table"] = sizes.bulk / seconds
-    else:
-        with ctx.fresh("raw_many") as url:
-            prepare(url)
-            seconds = raw.sqlite_insert_many(url, sizes.bulk, sizes.bulk_batch)
-            out["raw_insert_multirow"] = sizes.bulk / seconds
     for batch in (1, sizes.raw_batch):
         jobs = sizes.raw_per_job if batch == 1 else sizes.raw_batched
         for clients in client_counts:

@@ -16,6 +16,8 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
+import psycopg
+
 from benchmarks.harness import connect_patiently, sqlite_connect
 
 PG_SCHEMA = """
@@ -119,6 +121,18 @@ def pg_fill(url: str, n: int) -> None:
         conn.execute("ANALYZE raw_jobs")
 
 
+def _timed(call: Callable[[], object]) -> Callable[[int], float]:
+    """``block(k)``: the seconds ``k`` calls of ``call`` take."""
+
+    def block(k: int) -> float:
+        started = time.perf_counter()
+        for _ in range(k):
+            call()
+        return time.perf_counter() - started
+
+    return block
+
+
 @contextlib.contextmanager
 def pg_single_inserter(url: str) -> Iterator[Callable[[int], float]]:
     """Yields ``block(k)``: the seconds ``k`` one-row INSERTs take (each its
@@ -126,62 +140,48 @@ def pg_single_inserter(url: str) -> Iterator[Callable[[int], float]]:
     """
     with connect_patiently(url) as conn:
         conn.execute(PG_INSERT_ONE)
-
-        def block(k: int) -> float:
-            started = time.perf_counter()
-            for _ in range(k):
-                conn.execute(PG_INSERT_ONE)
-            return time.perf_counter() - started
-
-        yield block
+        yield _timed(lambda: conn.execute(PG_INSERT_ONE))
 
 
-def pg_insert_multirow(url: str, n: int, batch: int) -> float:
-    """One multi-row INSERT (unnest of an array parameter) per ``batch`` rows."""
+@contextlib.contextmanager
+def pg_multirow_inserter(url: str, batch: int) -> Iterator[Callable[[int], float]]:
+    """:func:`pg_single_inserter`, each call one multi-row INSERT (unnest of
+    an array parameter) of ``batch`` rows."""
     with connect_patiently(url) as conn:
         conn.execute(PG_INSERT_ONE)
-        started = time.perf_counter()
-        for done in range(0, n, batch):
-            conn.execute(PG_INSERT_MANY, (["{}"] * min(batch, n - done),))
-        return time.perf_counter() - started
+        args = ["{}"] * batch
+        yield _timed(lambda: conn.execute(PG_INSERT_MANY, (args,)))
 
 
-def pg_copy(url: str, n: int, batch: int) -> float:
-    """One COPY (in its own transaction) per ``batch`` rows."""
+def _copy(conn: psycopg.Connection[Any], statement: str, row: tuple[Any, ...], n: int) -> None:
+    """One COPY of ``n`` times ``row``, in its own transaction."""
+    with conn.transaction(), conn.cursor() as cursor, cursor.copy(statement) as copy:
+        for _ in range(n):
+            copy.write_row(row)
+
+
+@contextlib.contextmanager
+def pg_copier(url: str, batch: int) -> Iterator[Callable[[int], float]]:
+    """:func:`pg_single_inserter`, each call one COPY of ``batch`` rows."""
     with connect_patiently(url) as conn:
         conn.execute(PG_INSERT_ONE)
-        started = time.perf_counter()
-        for done in range(0, n, batch):
-            with (
-                conn.transaction(),
-                conn.cursor() as cursor,
-                cursor.copy("COPY raw_jobs (queue, args) FROM STDIN") as copy,
-            ):
-                for _ in range(min(batch, n - done)):
-                    copy.write_row(("default", "{}"))
-        return time.perf_counter() - started
+        yield _timed(
+            lambda: _copy(conn, "COPY raw_jobs (queue, args) FROM STDIN", ("default", "{}"), batch)
+        )
 
 
-def pg_copy_jobkeeper_table(url: str, n: int, batch: int) -> float:
-    """:func:`pg_copy`, but into jobkeeper's own ``jobkeeper_jobs`` (migrated
+@contextlib.contextmanager
+def pg_jobkeeper_table_copier(url: str, batch: int) -> Iterator[Callable[[int], float]]:
+    """:func:`pg_copier`, but into jobkeeper's own ``jobkeeper_jobs`` (migrated
     by the caller): the columns jobkeeper's COPY writes, its partial indexes
     and its per-statement NOTIFY trigger, ids from the identity default. The
     server's share of a bulk enqueue: what is left of jobkeeper's time is the
     client's (validation, encoding, building the returned jobs).
     """
+    statement = "COPY jobkeeper_jobs (queue, task, args, priority, max_attempts) FROM STDIN"
     with connect_patiently(url) as conn:
-        started = time.perf_counter()
-        for done in range(0, n, batch):
-            with (
-                conn.transaction(),
-                conn.cursor() as cursor,
-                cursor.copy(
-                    "COPY jobkeeper_jobs (queue, task, args, priority, max_attempts) FROM STDIN"
-                ) as copy,
-            ):
-                for _ in range(min(batch, n - done)):
-                    copy.write_row(("default", "noop", "{}", 0, 20))
-        return time.perf_counter() - started
+        _copy(conn, statement, ("default", "noop", "{}", 0, 20), 1)
+        yield _timed(lambda: _copy(conn, statement, ("default", "noop", "{}", 0, 20), batch))
 
 
 def _pg_client(
@@ -292,33 +292,28 @@ def sqlite_fill(url: str, n: int) -> None:
 
 @contextlib.contextmanager
 def sqlite_single_inserter(url: str) -> Iterator[Callable[[int], float]]:
-    """:func:`pg_single_inserter` on SQLite."""
+    """:func:`pg_single_inserter` on SQLite (autocommit: one transaction each)."""
     conn = _sqlite(url)
     try:
         conn.execute(SQLITE_INSERT)
-
-        def block(k: int) -> float:
-            started = time.perf_counter()
-            for _ in range(k):
-                conn.execute(SQLITE_INSERT)  # autocommit: one transaction each
-            return time.perf_counter() - started
-
-        yield block
+        yield _timed(lambda: conn.execute(SQLITE_INSERT))
     finally:
         conn.close()
 
 
-def sqlite_insert_many(url: str, n: int, batch: int) -> float:
-    """``executemany`` of ``batch`` rows in one transaction per batch."""
+@contextlib.contextmanager
+def sqlite_many_inserter(url: str, batch: int) -> Iterator[Callable[[int], float]]:
+    """Each call an ``executemany`` of ``batch`` rows in one transaction."""
     conn = _sqlite(url)
+
+    def insert_many() -> None:
+        conn.execute("BEGIN IMMEDIATE")
+        conn.executemany(SQLITE_INSERT, ([] for _ in range(batch)))
+        conn.execute("COMMIT")
+
     try:
         conn.execute(SQLITE_INSERT)
-        started = time.perf_counter()
-        for done in range(0, n, batch):
-            conn.execute("BEGIN IMMEDIATE")
-            conn.executemany(SQLITE_INSERT, ([] for _ in range(min(batch, n - done))))
-            conn.execute("COMMIT")
-        return time.perf_counter() - started
+        yield _timed(insert_many)
     finally:
         conn.close()
 

@@ -29,7 +29,7 @@ from typing import Any
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks import measures, processes, single
+from benchmarks import measures, processes, turns
 from benchmarks.harness import (
     DEFAULT_PG_URL,
     PG_URL_ENV,
@@ -156,11 +156,11 @@ class Suite:
             log(f"{backend}/{lib}: {what}: {shown} ({time.perf_counter() - started:.1f}s)")
         return figures
 
-    def single_enqueues(self, backend: str, ctx: Context, libs: list[Library]) -> None:
-        """One run of every single-enqueue figure, the libraries taking turns
-        (benchmarks/single.py), and of the raw one-row INSERT beside them.
+    def enqueues(self, backend: str, ctx: Context, libs: list[Library]) -> None:
+        """One run of every enqueue figure and of the raw inserts beside them,
+        the clients taking turns (benchmarks/turns.py): the single enqueues,
+        then the bulk ones.
         """
-        started = time.perf_counter()
 
         def fail(lib: str, metrics: list[str], reason: str) -> None:
             log(f"{backend}/{lib}: {metrics[0]}: n/a: {reason}")
@@ -168,13 +168,15 @@ class Suite:
 
         for lib in libs:
             if lib.unavailable:
-                fail(lib.name, ["enqueue_single*"], lib.unavailable)
-        figures = single.measure(ctx, libs, fail)
-        for name, values in figures.items():
-            self.results.add(backend, name, values)
-            shown = {k: round(v, 2) for k, v in values.items()}
-            log(f"{backend}/{name}: enqueue single, taking turns: {shown}")
-        log(f"{backend}: single enqueues took {time.perf_counter() - started:.1f}s")
+                fail(lib.name, ["enqueue_*"], lib.unavailable)
+        for what, rotation in (("single", turns.singles), ("bulk", turns.bulks)):
+            started = time.perf_counter()
+            figures = rotation(ctx, libs, fail)
+            for name, values in figures.items():
+                self.results.add(backend, name, values)
+                shown = {k: round(v, 2) for k, v in values.items()}
+                log(f"{backend}/{name}: enqueue {what}, taking turns: {shown}")
+            log(f"{backend}: {what} enqueues took {time.perf_counter() - started:.1f}s")
 
     def run(self) -> int:
         selected = self.args.selected
@@ -213,7 +215,6 @@ class Suite:
             if lib.unavailable:
                 log(f"{lib.name}: n/a: {lib.unavailable}")
         per_lib = [
-            ("enqueue", ["enqueue_bulk"], "enqueue bulk", measures.enqueue_bulk),
             ("drain", ["drain", "drain_steady", "drain_startup"], "drain", measures.drain),
             (
                 "latency",
@@ -234,7 +235,7 @@ class Suite:
         for run in range(self.args.runs):
             log(f"== {backend}: run {run + 1} of {self.args.runs} ==")
             if "enqueue" in selected:
-                self.single_enqueues(backend, ctx, libs)
+                self.enqueues(backend, ctx, libs)
             for name, metrics, what, fn in per_lib:
                 if name not in selected:
                     continue
@@ -311,8 +312,8 @@ class Suite:
             state = f"n/a: {lib.unavailable}" if lib.unavailable else lib.worker_settings
             lines.append(f"  {lib.name} {lib.version or '-'}: {state}")
         lines.append(
-            f"single enqueues and the raw one-row INSERT: in turns of {single.BLOCK} calls each, "
-            "round after round, in every run (benchmarks/single.py)"
+            f"enqueues and the raw inserts: the clients take turns, {turns.SINGLE_BLOCK} single "
+            f"calls or {turns.BULK_BLOCK} bulk call each, round after round (benchmarks/turns.py)"
         )
         lines.append(
             "scale and RSS: one fill each (scale: median of each run's median claim time); "

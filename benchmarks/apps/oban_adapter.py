@@ -2,10 +2,9 @@
 (>= 3.12) on behalf of the 3.11 harness (``benchmarks/libs.py``, class
 ``Oban``). Each command prints one JSON object on its last stdout line.
 
-    python -m benchmarks.apps.oban_adapter single URL N        {"seconds": s, "durations": [s, ...]}
-    python -m benchmarks.apps.oban_adapter bulk URL N BATCH    {"seconds": s}
     python -m benchmarks.apps.oban_adapter fill URL N          {"enqueued": n}
     python -m benchmarks.apps.oban_adapter stamper URL         (see below)
+    python -m benchmarks.apps.oban_adapter blocks URL [BATCH]  (see below)
     python -m benchmarks.apps.oban_adapter version             {"oban": v, "python": v}
 
 The client is what oban's docs show: ``pool = await Oban.create_pool(dsn)``
@@ -17,9 +16,7 @@ enqueueing needs only the pool, and a started client would run oban's stager
 loop is uvloop (an oban dependency, which oban's CLI runs on too).
 
 Rates are timed here, after the pool is open and one warm-up job is in, so
-the interpreter's start-up is not in them. ``single`` also times each call
-around it (``durations``, seconds, in call order) for the call latency's
-percentiles, which the harness computes as it does for the other libraries.
+the interpreter's start-up and the pipes are not in them.
 
 ``stamper`` serves the latency measurement over pipes: it prints ``ready``
 once its pool is open (and one warm-up ``Noop`` is in), then for each line
@@ -30,6 +27,14 @@ caller's ``<t>`` is ignored), so the pipe's hops between the harness and this
 process (0.2 ms typically, a few ms on a busy 2-core machine) are in neither
 the latency nor the pickup figure: what is measured is what a caller of
 ``oban.enqueue`` in this process would see, as for the other libraries.
+
+``blocks`` serves the rotations of ``benchmarks/turns.py`` the same way:
+``ready`` once its pool is open and one warm-up job is in, then for each line
+``<k>`` it makes ``k`` enqueue calls of one job, each timed around it, and
+prints ``{"seconds": s, "durations": [s, ...]}`` (from before the first call
+to after the last; each call's, in call order) on one line; end of input
+ends it. With ``BATCH``, each call is an ``enqueue_many`` of ``BATCH`` jobs
+and only ``{"seconds": s}`` is printed.
 """
 
 from __future__ import annotations
@@ -75,18 +80,7 @@ async def _calls(oban: Any, n: int) -> dict[str, Any]:
     return {"seconds": clock() - started, "durations": durations}
 
 
-async def _single(url: str, n: int) -> dict[str, Any]:
-    from benchmarks.apps.oban_app import Noop
-
-    pool, oban = await _client(url)
-    try:
-        await oban.enqueue(Noop.new())
-        return await _calls(oban, n)
-    finally:
-        await pool.close()
-
-
-async def _blocks(url: str) -> dict[str, int]:
+async def _blocks(url: str, batch: int | None) -> dict[str, int]:
     from benchmarks.apps.oban_app import Noop
 
     pool, oban = await _client(url)
@@ -95,7 +89,14 @@ async def _blocks(url: str) -> dict[str, int]:
         await oban.enqueue(Noop.new())
         print("ready", flush=True)
         for line in sys.stdin:  # blocking reads: see _stamper
-            print(json.dumps(await _calls(oban, int(line))), flush=True)
+            k = int(line)
+            if batch is None:
+                answer = await _calls(oban, k)
+            else:
+                started = time.perf_counter()
+                await _insert_all(oban, k * batch, batch)
+                answer = {"seconds": time.perf_counter() - started}
+            print(json.dumps(answer), flush=True)
             served += 1
         return {"served": served}
     finally:
@@ -107,19 +108,6 @@ async def _insert_all(oban: Any, n: int, batch: int) -> None:
 
     for done in range(0, n, batch):
         await oban.enqueue_many([Noop.new() for _ in range(min(batch, n - done))])
-
-
-async def _bulk(url: str, n: int, batch: int) -> dict[str, float]:
-    from benchmarks.apps.oban_app import Noop
-
-    pool, oban = await _client(url)
-    try:
-        await oban.enqueue(Noop.new())
-        started = time.perf_counter()
-        await _insert_all(oban, n, batch)
-        return {"seconds": time.perf_counter() - started}
-    finally:
-        await pool.close()
 
 
 async def _fill(url: str, n: int) -> dict[str, int]:
@@ -163,16 +151,12 @@ def _version() -> dict[str, str]:
 
 def main(argv: list[str]) -> int:
     command, *rest = argv
-    if command == "single":
-        result = _run(lambda: _single(rest[0], int(rest[1])))
-    elif command == "bulk":
-        result = _run(lambda: _bulk(rest[0], int(rest[1]), int(rest[2])))
-    elif command == "fill":
+    if command == "fill":
         result = _run(lambda: _fill(rest[0], int(rest[1])))
     elif command == "stamper":
         result = _run(lambda: _stamper(rest[0]))
     elif command == "blocks":
-        result = _run(lambda: _blocks(rest[0]))
+        result = _run(lambda: _blocks(rest[0], int(rest[1]) if len(rest) > 1 else None))
     elif command == "version":
         result = _version()
     else:

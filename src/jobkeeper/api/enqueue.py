@@ -66,19 +66,29 @@ def _named_options(
     named: set[str] = set()
     queues: set[str] = set()
     defaults: dict[Any, str] = {}
+    last_task: Any = None  # the task of the item before, if it had no options
     for item in items:
-        # The same tests validate() applies: a tuple subclass (a namedtuple)
-        # is an item, and its options count.
-        if not isinstance(item, tuple) or len(item) not in (2, 3):
-            continue
-        options = item[2] if len(item) == 3 else None
-        if isinstance(options, dict):
-            named.update(options)
-            queue = options.get("queue")
-            if type(queue) is str:
-                queues.add(queue)
+        if type(item) is tuple and len(item) == 2:
+            # The usual item, (task, args): a batch repeats one task, whose
+            # queue is judged once.
+            task = item[0]
+            if task is last_task:
                 continue
-        task = item[0]
+            last_task = task
+        else:
+            last_task = None
+            # The same tests validate() applies: a tuple subclass (a
+            # namedtuple) is an item, and its options count.
+            if not isinstance(item, tuple) or len(item) not in (2, 3):
+                continue
+            options = item[2] if len(item) == 3 else None
+            if isinstance(options, dict):
+                named.update(options)
+                queue = options.get("queue")
+                if type(queue) is str:
+                    queues.add(queue)
+                    continue
+            task = item[0]
         try:
             queues.add(defaults[task])
         except KeyError:
