@@ -129,6 +129,13 @@ class PgServer:
         parts = urlsplit(self.admin_url)
         return {"host": parts.hostname, "port": parts.port or 5432, "settings": settings}
 
+    def checkpoint(self) -> None:
+        """Write back every dirty page now (``CHECKPOINT``, a superuser's or a
+        pg_checkpoint member's), so that what came before (databases made
+        and dropped, fills) is not written back during what comes next."""
+        with self.admin() as conn:
+            conn.execute("CHECKPOINT")
+
     def drop_stale(self) -> None:
         """Drop benchmark databases left by runs that are no longer alive."""
         with self.admin() as conn:

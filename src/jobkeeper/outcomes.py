@@ -38,9 +38,13 @@ def claim_of(job: Job) -> Claim:
 
 def error_entry(job: Job, error: str, traceback: str | None) -> str:
     """One entry of ``errors`` as JSON; the database fills in ``at``."""
+    return _entry(job.attempt, error, traceback)
+
+
+def _entry(attempt: int, error: str, traceback: str | None) -> str:
     return dumps(
         {
-            "attempt": job.attempt,
+            "attempt": attempt,
             "at": None,
             "error": clean_text(error, max_chars=MAX_ERROR_CHARS),
             "traceback": None
@@ -102,6 +106,23 @@ def failed_attempt(
     # and the failure could then never be written: cap it like the backoff.
     return Failure(
         claim, FailureKind.RETRYABLE, entry, retry_in=min(retry_in, ABSOLUTE_MAX_BACKOFF)
+    )
+
+
+def unstorable_result(claim: Claim, exc: BaseException) -> Failure:
+    """The attempt of a task whose result cannot be stored, refused by the
+    encoder (:class:`PayloadError`) or by the database (:class:`DataRejected`,
+    a character its encoding cannot hold): straight to the dead letters,
+    whatever ``max_attempts``. The same code returns the same kind of value,
+    so retries would only repeat the task's side effects to the same end.
+    """
+    error = f"result not storable: {exc}"
+    reason = f"discarded: {error} (the task ran to its end: fix what it returns, then requeue)"
+    return Failure(
+        claim,
+        FailureKind.DEAD,
+        _entry(claim.attempt, error, None),
+        reason=clean_text(reason, max_chars=1000),
     )
 
 

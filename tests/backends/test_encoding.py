@@ -98,3 +98,33 @@ def test_a_failure_whose_text_the_database_cannot_hold_still_ends_the_job(latin1
         assert dead.dead_reason is not None and "bad \\U0001f600 thing" in dead.dead_reason
     finally:
         jq.close()
+
+
+@pytest.mark.parametrize("max_attempts", [1, 3])
+def test_a_result_the_database_cannot_hold_sends_the_job_to_the_dead_letters(
+    latin1_url, max_attempts
+):
+    # The completer made such a job retryable whatever its max_attempts: a
+    # max_attempts=1 task ran twice, and every retry ran the task's side
+    # effects again to the same refused result. A result the encoder
+    # refuses goes to the dead letters at once; one the database refuses
+    # now does too.
+    jq = JobQueue(latin1_url, **FAST)
+    runs: list[int] = []
+
+    @jq.task(name="enc.smile", max_attempts=max_attempts)
+    def smile() -> str:
+        runs.append(1)
+        return "😀"
+
+    jq.migrate()
+    try:
+        job = jq.enqueue("enc.smile")
+        jq.run_worker(burst=True)
+        (dead,) = wait_status(jq, [job.id], {JobStatus.DEAD})
+        assert len(runs) == 1 and dead.attempt == 1
+        assert "result not storable" in dead.errors[0]["error"]
+        assert dead.dead_reason is not None and "result not storable" in dead.dead_reason
+        assert "fix what it returns" in dead.dead_reason
+    finally:
+        jq.close()

@@ -29,7 +29,7 @@ from jobkeeper.backends.base import Backend
 from jobkeeper.errors import DatabaseError, DataRejected
 from jobkeeper.events import EventBus, EventKind, JobEvent
 from jobkeeper.models import Claim, Completion, Failure, Job
-from jobkeeper.outcomes import outcome_error, outcome_kind
+from jobkeeper.outcomes import outcome_error, outcome_kind, unstorable_result
 from jobkeeper.payload import dumps
 
 logger = logging.getLogger("jobkeeper.worker")
@@ -365,7 +365,9 @@ class Completer:
 
     def _complete(self, completions: list[Completion], failures: list[Failure]) -> set[int]:
         """Write completions. A result the database refuses (and only that)
-        becomes a failed attempt, appended to ``failures``.
+        sends its job to the dead letters, as one the encoder refuses does
+        (:func:`~jobkeeper.outcomes.unstorable_result`): the failure is
+        appended to ``failures``.
         """
         try:
             return self._backend.job_complete_many(completions=completions, delete=self._delete)
@@ -378,15 +380,7 @@ class Completer:
                     completions=[completion], delete=self._delete
                 )
             except DataRejected as exc:
-                error = dumps(
-                    {
-                        "attempt": completion.claim.attempt,
-                        "at": None,
-                        "error": f"result not storable: {exc}"[:4000],
-                        "traceback": None,
-                    }
-                )
-                failures.append(Failure(completion.claim, "retryable", error, retry_in=1.0))
+                failures.append(unstorable_result(completion.claim, exc))
         return written
 
     def _fail(self, failures: list[Failure]) -> set[int]:

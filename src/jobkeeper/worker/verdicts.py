@@ -22,6 +22,7 @@ from jobkeeper.outcomes import (
     failed_attempt,
     released_attempt,
     snoozed_attempt,
+    unstorable_result,
 )
 from jobkeeper.payload import encode_result
 from jobkeeper.tasks import Task
@@ -138,17 +139,7 @@ class Verdicts:
         try:
             result_json = encode_result(result, max_bytes=self._settings.max_payload_bytes)
         except PayloadError as exc:
-            # Straight to the dead letters: the same code returns the same
-            # kind of value, so retries would only repeat the task's side
-            # effects (up to max_attempts times) to the same end.
-            error = f"result not storable: {exc}"
-            return failed_attempt(
-                job,
-                self._settings,
-                error=error,
-                discard_reason=f"{error} (the task ran to its end: fix what it returns, "
-                "then requeue)",
-            )
+            return unstorable_result(claim_of(job), exc)
         return Completion(claim_of(job), result_json)
 
     def failure(self, job: Job, exc: BaseException) -> Failure:
