@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import secrets
+import sqlite3
 import time
 
 import psycopg
 import pytest
 
 from jobkeeper import DatabaseError, DatabaseUnavailable, JobQueue, JobStatus
+from jobkeeper.worker.producer import BURST_CLAIM_FAILURES
 from support.db import PG_URL, pg_database_url
 from support.settings import FAST
 from support.waiting import wait_status
@@ -166,3 +168,34 @@ def test_a_file_that_is_not_a_database_fails_at_once_and_is_left_alone(
         jq.close()
     assert (path.read_bytes() if path.is_file() else None) == before
     assert "database unavailable at start" not in caplog.text
+
+
+def test_a_burst_worker_stops_on_a_table_damaged_under_it(tmp_path, caplog):
+    # The file opens and the worker registers, but every claim reads a
+    # damaged page of the jobs table: a burst worker retried the claim
+    # every poll_interval for ever ("claim failed; retrying"), hanging the
+    # script that ran it. It now stops with the error after a few claims.
+    path = tmp_path / "jobs.db"
+    setup = JobQueue(f"sqlite:///{path}", **FAST)
+    setup.migrate()
+    setup.enqueue_many([("t", {"pad": "x" * 200})] * 500)
+    setup.close()  # the last connection out checkpoints the WAL into the file
+    with sqlite3.connect(path) as conn:
+        root = conn.execute(
+            "SELECT rootpage FROM sqlite_master WHERE name = 'jobkeeper_jobs'"
+        ).fetchone()[0]
+        page_size = conn.execute("PRAGMA page_size").fetchone()[0]
+    conn.close()
+    with path.open("r+b") as file:
+        file.seek((root - 1) * page_size)
+        file.write(b"\xff" * 64)
+    jq = JobQueue(f"sqlite:///{path}", **FAST)
+    try:
+        started = time.monotonic()
+        with pytest.raises(DatabaseError, match="malformed") as raised:
+            jq.run_worker(burst=True)
+        assert not isinstance(raised.value, DatabaseUnavailable)
+        assert time.monotonic() - started < 30
+    finally:
+        jq.close()
+    assert f"{BURST_CLAIM_FAILURES} claims in a row failed" in caplog.text

@@ -58,6 +58,11 @@ PREFETCH_STALL = 1.0
 #: first pass (see ``drain_after``): a rescuer that cannot finish one must
 #: not keep a script's worker from ever ending.
 BURST_RESCUE_WAIT = 10.0
+#: Claims in a row that a burst worker lets fail with an error that is not
+#: an outage (a damaged SQLite file, a schema it cannot use) before it stops
+#: with that error: a script must not wait forever on what no retry mends. A
+#: worker that is not burst goes on retrying, logging each failure.
+BURST_CLAIM_FAILURES = 3
 
 
 class Producer:
@@ -181,8 +186,14 @@ class Producer:
     # -- the loop ------------------------------------------------------------------
 
     def run(self) -> None:
-        """Claim until the worker stops (or, in burst mode, until drained)."""
+        """Claim until the worker stops (or, in burst mode, until drained).
+
+        Raises:
+            DatabaseError: in burst mode, ``BURST_CLAIM_FAILURES`` claims in
+                a row failed with an error that is not an outage.
+        """
         outage_pause = 0.05
+        failures = 0
         while not self._stopping.is_set():
             self._wake.clear()
             try:
@@ -199,6 +210,7 @@ class Producer:
                     logger.info("burst: nothing left to run; stopping")
                     return
                 outage_pause = 0.05
+                failures = 0
             except DatabaseUnavailable as exc:
                 # A claim may have committed with its reply lost: look for
                 # jobs held under our id that nobody here runs once back.
@@ -208,6 +220,10 @@ class Producer:
                 outage_pause = min(outage_pause * 2, 5.0)
                 continue
             except DatabaseError:
+                failures += 1
+                if self._burst and failures >= BURST_CLAIM_FAILURES:
+                    logger.error("burst: %d claims in a row failed; stopping", failures)
+                    raise
                 logger.exception("claim failed; retrying")
                 self._stopping.wait(self._settings.poll_interval)
                 continue
