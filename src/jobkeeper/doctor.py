@@ -126,6 +126,18 @@ def _claim_plan(facts: dict[str, Any]) -> Check:
     )
 
 
+def _encoding(encoding: str | None) -> Check:
+    if encoding is None or encoding == "UTF8":
+        return Check("encoding", "ok", encoding or "unknown")
+    return Check(
+        "encoding",
+        "warn",
+        f"the database's encoding is {encoding}, not UTF8: args, results and errors with a "
+        f"character {encoding} lacks are refused (DataRejected); a database made with "
+        "ENCODING 'UTF8' holds them all",
+    )
+
+
 def _postgres(facts: dict[str, Any], xmin_warn_after: float) -> list[Check]:
     checks = []
     table = facts.get("table") or {}
@@ -155,6 +167,7 @@ def _postgres(facts: dict[str, Any], xmin_warn_after: float) -> list[Check]:
         )
     else:
         checks.append(Check("autovacuum", "ok", "on"))
+    checks.append(_encoding(facts.get("encoding")))
     holders = [h for h in facts.get("xmin_holders", []) if (h["open_for"] or 0) > xmin_warn_after]
     if holders:
         oldest = holders[0]

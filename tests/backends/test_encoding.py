@@ -11,6 +11,7 @@ import psycopg
 import pytest
 
 from jobkeeper import DataRejected, JobQueue, JobStatus
+from jobkeeper.doctor import run_checks
 from support.db import PG_URL, pg_database_url
 from support.settings import FAST
 from support.waiting import wait_status
@@ -128,3 +129,19 @@ def test_a_result_the_database_cannot_hold_sends_the_job_to_the_dead_letters(
         assert "fix what it returns" in dead.dead_reason
     finally:
         jq.close()
+
+
+def test_doctor_warns_about_a_database_not_in_utf8(latin1_url, pg_url):
+    jq = JobQueue(latin1_url, **FAST)
+    jq.migrate()
+    utf8 = JobQueue(pg_url, **FAST)
+    utf8.migrate()
+    try:
+        check = {c.name: c for c in run_checks(jq)}["encoding"]
+        assert check.level == "warn" and "LATIN1" in check.message, check
+        assert "DataRejected" in check.message
+        check = {c.name: c for c in run_checks(utf8)}["encoding"]
+        assert (check.level, check.message) == ("ok", "UTF8")
+    finally:
+        jq.close()
+        utf8.close()

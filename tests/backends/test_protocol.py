@@ -45,7 +45,8 @@ ONLY_IN = {
         # waiters watch data_version instead and need no flag.
         "job_mark_awaited",
         # Facts doctor judges only on a server: table bloat, old snapshots,
-        # the NOTIFY queue.
+        # the NOTIFY queue, the database's encoding (SQLite's text is UTF-8).
+        "database_health_encoding",
         "database_health_notify",
         "database_health_table",
         "database_health_xmin",

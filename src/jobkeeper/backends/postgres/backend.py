@@ -488,4 +488,5 @@ class PostgresBackend(
             facts["claim_uses_index"] = "jobkeeper_jobs_claim_idx" in facts["claim_plan"]
         facts["xmin_holders"] = self._fetch("database_health_xmin")
         facts["notify_usage"] = float(self._fetch("database_health_notify")[0]["usage"])
+        facts["encoding"] = self._fetch("database_health_encoding")[0]["encoding"]
         return facts

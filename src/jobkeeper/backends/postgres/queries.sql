@@ -810,6 +810,12 @@ LIMIT 5
 -- listener stops reading inside an open transaction.
 SELECT pg_notification_queue_usage() AS usage
 
+-- name: database_health_encoding
+-- doctor: the database's encoding (jobkeeper's sessions speak UTF-8, which
+-- the server converts; a character the encoding lacks is refused).
+SELECT pg_encoding_to_char(encoding) AS encoding
+FROM pg_database WHERE datname = current_database()
+
 
 -- name: periodic_upsert
 -- A worker's start: its code's definitions replace the stored ones (code is
