@@ -254,11 +254,9 @@ class NewJobStream(Sequence[NewJob]):
         keyed: some item's options name ``unique_key`` or ``serial_key``
             (their paths resolve keys before writing: read it whole first).
         delayed: some item's options name ``delay`` or ``run_at``.
-        queues: the queues its items are expected to go to, judged before
-            validation (a reader that relies on it checks what it read).
     """
 
-    __slots__ = ("_items", "_read", "_validate", "delayed", "keyed", "queues")
+    __slots__ = ("_items", "_read", "_validate", "delayed", "keyed")
 
     def __init__(
         self,
@@ -267,14 +265,12 @@ class NewJobStream(Sequence[NewJob]):
         *,
         keyed: bool,
         delayed: bool,
-        queues: frozenset[str] = frozenset(),
     ) -> None:
         self._items = items
         self._validate = validate
         self._read: list[NewJob] = []
         self.keyed = keyed
         self.delayed = delayed
-        self.queues = queues
 
     def __len__(self) -> int:
         return len(self._items)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -55,53 +55,17 @@ def _plain_job(
     )
 
 
-def _named_options(
-    items: list[Any], tasks: Mapping[str, Task[Any, Any]]
-) -> tuple[set[str], set[str]]:
-    """Every option name the items' own options dicts give, and the queues
-    the items name or their tasks' defaults (a task not registered: the
-    default queue), read before validation (malformed items are left to
-    it, which names them; a queue missed here is checked after the rows).
+def _named_options(items: list[Any]) -> set[str]:
+    """Every option name the items' own options dicts give (malformed items
+    are left to validation, which names them).
     """
     named: set[str] = set()
-    queues: set[str] = set()
-    defaults: dict[Any, str] = {}
-    last_task: Any = None  # the task of the item before, if it had no options
     for item in items:
-        if type(item) is tuple and len(item) == 2:
-            # The usual item, (task, args): a batch repeats one task, whose
-            # queue is judged once.
-            task = item[0]
-            if task is last_task:
-                continue
-            last_task = task
-        else:
-            last_task = None
-            # The same tests validate() applies: a tuple subclass (a
-            # namedtuple) is an item, and its options count.
-            if not isinstance(item, tuple) or len(item) not in (2, 3):
-                continue
-            options = item[2] if len(item) == 3 else None
-            if isinstance(options, dict):
-                named.update(options)
-                queue = options.get("queue")
-                if type(queue) is str:
-                    queues.add(queue)
-                    continue
-            task = item[0]
-        try:
-            queues.add(defaults[task])
-        except KeyError:
-            if isinstance(task, Task):
-                default = task.queue
-            else:
-                registered = tasks.get(task) if type(task) is str else None
-                default = registered.queue if registered is not None else DEFAULT_QUEUE
-            defaults[task] = default
-            queues.add(default)
-        except TypeError:  # an unhashable task: validation refuses it
-            continue
-    return named, queues
+        # The same tests validate() applies: a tuple subclass (a namedtuple)
+        # is an item, and its options count.
+        if isinstance(item, tuple) and len(item) == 3 and isinstance(item[2], dict):
+            named.update(item[2])
+    return named
 
 
 class EnqueueMixin(QueueBase):
@@ -344,13 +308,12 @@ class EnqueueMixin(QueueBase):
 
         items = list(jobs)
         if self._tracing is None and BACKENDS[self.url.scheme].streams_inserts:
-            named, queues = _named_options(items, self.tasks)
+            named = _named_options(items)
             return NewJobStream(
                 items,
                 validate,
                 keyed=not named.isdisjoint(("unique_key", "serial_key")),
                 delayed=not named.isdisjoint(("delay", "run_at")),
-                queues=frozenset(queues),
             )
         return [validate(index, item) for index, item in enumerate(items)]
 

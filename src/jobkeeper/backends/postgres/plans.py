@@ -179,13 +179,6 @@ def _flow_check(jobs: Sequence[NewJob], *, inserted: bool = False) -> Plan:
         "job_insert_many_lock_pending", {"queues": sorted({j.queue for j in jobs})}
     )
     limits = {row["name"]: int(row["max_pending"]) for row in locked}
-    yield from _count_pending(limits, jobs, inserted=inserted)
-
-
-def _count_pending(limits: dict[str, int], jobs: Sequence[NewJob], *, inserted: bool) -> Plan:
-    """The count half of :func:`_flow_check`, in a statement of its own (a
-    snapshot taken with the limited queues' rows locked).
-    """
     if not limits:
         return
     counted = yield Execute("job_insert_many_count_pending", {"queues": sorted(limits)})
@@ -311,20 +304,11 @@ def _insert_copy(jobs: Sequence[NewJob]) -> Plan:
     """Bulk insert with COPY (no unique keys to resolve): a fixed number of
     round trips whatever the count. The ids are reserved first, so each row
     is written (and, for a stream, validated) in one pass; the Jobs are
-    built while the server inserts the rows. The round trip that reserves
-    the ids also locks the rows of the batch's limited queues (for a stream,
-    the queues judged before validation; any other it reads is locked after
-    the rows, in a statement of its own), and ``max_pending`` is counted
-    after the rows are in: a batch that meets no limited queue takes no
-    round trip for it. The insert trigger sends one NOTIFY per queue.
+    built while the server inserts the rows. ``max_pending`` is checked
+    after the rows are in. The insert trigger sends one NOTIFY per queue.
     """
-    expected = jobs.queues if isinstance(jobs, NewJobStream) else {job.queue for job in jobs}
-    rows = yield Execute(
-        "job_insert_many_reserve_ids_lock_pending",
-        {"count": len(jobs), "queues": sorted(expected)},
-        tuples=True,
-    )
-    reserved_now, ids, limited, limits = rows[0]
+    rows = yield Execute("job_insert_many_reserve_ids", {"count": len(jobs)})
+    reserved_now, ids = rows[0].values()
     ids.sort()  # ascending in input order: FIFO among equal priorities
     now = reserved_now.astimezone(UTC)
     read: list[NewJob] = []
@@ -375,11 +359,7 @@ def _insert_copy(jobs: Sequence[NewJob]) -> Plan:
                 for new, job in ((read[i], built[i]) for i in delayed)
             ],
         )  # fmt: skip
-    if limited:
-        yield from _count_pending(dict(zip(limited, limits, strict=True)), read, inserted=True)
-    unexpected = [new for new in read if new.queue not in expected]
-    if unexpected:
-        yield from _flow_check(unexpected, inserted=True)
+    yield from _flow_check(read, inserted=True)
     return built
 
 
