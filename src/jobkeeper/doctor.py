@@ -129,6 +129,14 @@ def _claim_plan(facts: dict[str, Any]) -> Check:
 def _encoding(encoding: str | None) -> Check:
     if encoding is None or encoding == "UTF8":
         return Check("encoding", "ok", encoding or "unknown")
+    if encoding == "SQL_ASCII":
+        return Check(
+            "encoding",
+            "warn",
+            "the database's encoding is SQL_ASCII: the server neither checks nor converts "
+            "text, so jobkeeper's UTF-8 is stored as bytes no one validates; a database made "
+            "with ENCODING 'UTF8' checks what it stores",
+        )
     return Check(
         "encoding",
         "warn",

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import secrets
+from collections.abc import Iterator
 
 import psycopg
 import pytest
@@ -19,12 +20,11 @@ from support.waiting import wait_status
 TEXT = "café, naïve, ½ £ ß"  # all in LATIN1
 
 
-@pytest.fixture
-def latin1_url():
-    name = f"jk_latin1_{secrets.token_hex(4)}"
+def _database_in(encoding: str) -> Iterator[str]:
+    name = f"jk_{encoding.lower()}_{secrets.token_hex(4)}"
     with psycopg.connect(PG_URL, autocommit=True) as admin:
         admin.execute(
-            f"CREATE DATABASE \"{name}\" ENCODING 'LATIN1' LC_COLLATE 'C' LC_CTYPE 'C' "
+            f"CREATE DATABASE \"{name}\" ENCODING '{encoding}' LC_COLLATE 'C' LC_CTYPE 'C' "
             "TEMPLATE template0"
         )
     try:
@@ -32,6 +32,16 @@ def latin1_url():
     finally:
         with psycopg.connect(PG_URL, autocommit=True) as admin:
             admin.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
+def latin1_url() -> Iterator[str]:
+    yield from _database_in("LATIN1")
+
+
+@pytest.fixture
+def sql_ascii_url() -> Iterator[str]:
+    yield from _database_in("SQL_ASCII")
 
 
 def test_args_and_results_round_trip_in_a_latin1_database(latin1_url):
@@ -145,3 +155,16 @@ def test_doctor_warns_about_a_database_not_in_utf8(latin1_url, pg_url):
     finally:
         jq.close()
         utf8.close()
+
+
+def test_doctor_says_a_sql_ascii_database_checks_nothing(sql_ascii_url):
+    # SQL_ASCII refuses nothing (the server stores bytes unchecked): the
+    # LATIN1 wording ("... are refused") would be wrong for it.
+    jq = JobQueue(sql_ascii_url, **FAST)
+    jq.migrate()
+    try:
+        check = {c.name: c for c in run_checks(jq)}["encoding"]
+        assert check.level == "warn" and "neither checks nor converts" in check.message, check
+        assert "refused" not in check.message
+    finally:
+        jq.close()
