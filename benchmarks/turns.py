@@ -5,8 +5,9 @@ a raw one-row INSERT; or every library's bulk enqueue and the raw multi-row
 INSERT and COPYs) gets a fresh database and a client opened before any clock
 starts. After a first, untimed turn each, they take turns: a block of calls
 of one, then a block of the next, round after round, until each has made its
-``n`` calls; each round starts one participant further along, so none always
-follows the same other.
+``n`` calls; each round's order is shuffled (a fixed seed: the same order
+every run), so that no participant always follows the same other, whose
+writes the server may still be busy with.
 
 Why turns rather than each library's calls one after another: an enqueue
 ends in a commit, and how long a commit's fsync takes on a shared machine
@@ -22,6 +23,7 @@ ratios compare the clients, which is what they are for.
 from __future__ import annotations
 
 import contextlib
+import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
@@ -39,6 +41,8 @@ SINGLE_WARMUP = 20
 #: Bulk enqueues: calls (of ``bulk_batch`` jobs) a turn, and untimed calls.
 BULK_BLOCK = 1
 BULK_WARMUP = 2
+#: The seed of the turns' order (shuffled each round).
+ORDER_SEED = 18
 
 Fail = Callable[[str, list[str], str], None]
 
@@ -200,15 +204,19 @@ class _Table:
             # rotation's) leaves pages to write back: done before the clock.
             self.ctx.server.checkpoint()
         done = 0
+        order = random.Random(ORDER_SEED)
         while done < n and self.participants:
             k = min(block, n - done)
-            start = (done // block) % len(self.participants)
-            for participant in self.participants[start:] + self.participants[:start]:
-                self._turn(participant, k, timed=True)
+            for participant in order.sample(self.participants, len(self.participants)):
+                if participant in self.participants:  # not dropped this round
+                    self._turn(participant, k, timed=True)
             done += k
         figures: dict[str, dict[str, float]] = {}
         for participant in self.participants:
-            figures.setdefault(participant.lib, {}).update(participant.figures(n))
+            try:
+                figures.setdefault(participant.lib, {}).update(participant.figures(n))
+            except Exception as exc:
+                self.fail(participant.lib, participant.metrics(), _reason(exc))
         return figures
 
     def _turn(self, participant: Participant, k: int, *, timed: bool) -> None:
