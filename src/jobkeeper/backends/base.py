@@ -385,9 +385,8 @@ class Backend(Protocol):
         """Facts ``doctor`` judges: ``backend``, ``schema_version``,
         ``schema_expected``, ``claim_uses_index`` and ``claim_plan``; on
         PostgreSQL ``table`` (live/dead tuples, seconds since the last vacuum,
-        autovacuum switches), ``xmin_holders``, ``notify_usage`` and
-        ``encoding`` (the database's, e.g. ``UTF8``); on SQLite
-        ``journal_mode``, ``busy_timeout_ms`` and ``wal_bytes``.
+        autovacuum switches), ``xmin_holders``, ``notify_usage`` and ``encoding``
+        (e.g. ``UTF8``); on SQLite ``journal_mode``, ``busy_timeout_ms``, ``wal_bytes``.
         """
         ...
 
