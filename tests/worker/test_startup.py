@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import secrets
 import sqlite3
+import threading
 import time
 
 import psycopg
 import pytest
 
 from jobkeeper import DatabaseError, DatabaseUnavailable, JobQueue, JobStatus
+from jobkeeper.worker import producer
 from jobkeeper.worker.producer import BURST_CLAIM_FAILURES
 from support.db import PG_URL, pg_database_url
 from support.settings import FAST
@@ -199,3 +201,44 @@ def test_a_burst_worker_stops_on_a_table_damaged_under_it(tmp_path, caplog):
     finally:
         jq.close()
     assert f"{BURST_CLAIM_FAILURES} claims in a row failed" in caplog.text
+
+
+def test_a_burst_worker_stops_when_an_outage_outlasts_its_wait(tmp_path, caplog, monkeypatch):
+    # A database dropped (or locked) under a burst worker mid-drain was
+    # waited on for ever: the script that ran it hung. After
+    # BURST_OUTAGE_WAIT it stops with the error; nothing is lost (what it
+    # held is rescued and run by the next worker).
+    monkeypatch.setattr(producer, "BURST_OUTAGE_WAIT", 1.0)
+    jq = JobQueue(f"sqlite:///{tmp_path}/jobs.db", **{**FAST, "busy_timeout": 0.2})
+    started = threading.Event()
+
+    @jq.task(name="slow")
+    def slow() -> None:
+        started.set()
+        time.sleep(0.5)
+
+    jq.migrate()
+    ids = [job.id for job in jq.enqueue_many([("slow", {})] * 6)]
+    raised: list[BaseException] = []
+
+    def burst() -> None:
+        try:
+            jq.run_worker(burst=True, concurrency=1)
+        except BaseException as exc:
+            raised.append(exc)
+
+    worker = threading.Thread(target=burst)
+    worker.start()
+    assert started.wait(10)
+    with sqlite3.connect(tmp_path / "jobs.db", isolation_level=None) as locker:
+        locker.execute("BEGIN IMMEDIATE")  # every write waits, then is an outage
+        worker.join(30)
+        locker.execute("ROLLBACK")
+    locker.close()
+    assert not worker.is_alive(), "the burst worker still waits on the outage"
+    assert raised and isinstance(raised[0], DatabaseUnavailable), raised
+    assert "stopping" in caplog.text and "burst:" in caplog.text
+    jq.run_worker(burst=True)  # after rescue_after: what it held is run now
+    done = wait_status(jq, ids, {JobStatus.COMPLETED}, timeout=30)
+    assert len(done) == 6
+    jq.close()

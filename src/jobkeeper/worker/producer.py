@@ -63,6 +63,11 @@ BURST_RESCUE_WAIT = 10.0
 #: with that error: a script must not wait forever on what no retry mends. A
 #: worker that is not burst goes on retrying, logging each failure.
 BURST_CLAIM_FAILURES = 3
+#: Longest a burst worker waits out an outage that began after it started
+#: (seconds); then it stops with the error, as it does when the database is
+#: unreachable at its start. A script must not wait forever on a database
+#: that was dropped; the jobs it held are rescued once the database is back.
+BURST_OUTAGE_WAIT = 60.0
 
 
 class Producer:
@@ -191,8 +196,11 @@ class Producer:
         Raises:
             DatabaseError: in burst mode, ``BURST_CLAIM_FAILURES`` claims in
                 a row failed with an error that is not an outage.
+            DatabaseUnavailable: in burst mode, the database has been
+                unavailable for ``BURST_OUTAGE_WAIT`` seconds.
         """
         outage_pause = 0.05
+        outage_since: float | None = None
         failures = 0
         while not self._stopping.is_set():
             self._wake.clear()
@@ -210,11 +218,20 @@ class Producer:
                     logger.info("burst: nothing left to run; stopping")
                     return
                 outage_pause = 0.05
+                outage_since = None
                 failures = 0
             except DatabaseUnavailable as exc:
                 # A claim may have committed with its reply lost: look for
                 # jobs held under our id that nobody here runs once back.
                 self._reconcile_needed = True
+                now = time.monotonic()
+                outage_since = now if outage_since is None else outage_since
+                if self._burst and now - outage_since >= BURST_OUTAGE_WAIT:
+                    logger.error(
+                        "burst: the database has been unavailable for %.0fs; stopping",
+                        now - outage_since,
+                    )
+                    raise
                 logger.warning("database unavailable (%s); retrying in %.2fs", exc, outage_pause)
                 self._stopping.wait(outage_pause)
                 outage_pause = min(outage_pause * 2, 5.0)
@@ -227,6 +244,8 @@ class Producer:
                 logger.exception("claim failed; retrying")
                 self._stopping.wait(self._settings.poll_interval)
                 continue
+            if self._burst and self._claims_paused:
+                self._stop_after_outage()
             if self._batch_filled and self._wanted() > 0:
                 # A full batch came back: the queue may hold more. A short
                 # one took all there was; what comes later comes with a
@@ -234,6 +253,21 @@ class Producer:
                 # runner starting what was just claimed.
                 continue
             self._wake.wait(max(self._stage_at - time.monotonic(), 0.0))
+
+    def _stop_after_outage(self) -> None:
+        """A burst worker whose heartbeat has failed for ``BURST_OUTAGE_WAIT``
+        seconds (it claims nothing meanwhile, so no claim fails): stop.
+
+        Raises:
+            DatabaseUnavailable: naming how long no heartbeat was acknowledged.
+        """
+        age = self._claims.beat_age()
+        if age >= BURST_OUTAGE_WAIT:
+            logger.error("burst: no heartbeat acknowledged for %.0fs; stopping", age)
+            raise DatabaseUnavailable(
+                f"the database has acknowledged no heartbeat for {age:.0f}s "
+                f"(a burst worker waits at most {BURST_OUTAGE_WAIT:g}s for it)"
+            )
 
     def _stage(self) -> None:
         """Stage due jobs, and set when to stage next: when the next job of our
