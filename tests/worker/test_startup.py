@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import secrets
+import signal
 import sqlite3
+import subprocess
+import sys
+import textwrap
 import threading
 import time
 
@@ -241,4 +245,49 @@ def test_a_burst_worker_stops_when_an_outage_outlasts_its_wait(tmp_path, caplog,
     jq.run_worker(burst=True)  # after rescue_after: what it held is run now
     done = wait_status(jq, ids, {JobStatus.COMPLETED}, timeout=30)
     assert len(done) == 6
+    jq.close()
+
+
+def test_a_burst_worker_paused_past_its_outage_wait_goes_on(tmp_path):
+    # A pause is no outage: a burst worker SIGSTOPped past its outage wait
+    # (3 s against a 1 s bound) finishes its work on SIGCONT. The bound
+    # counts from when the producer saw its heartbeat stale, by its own
+    # clock; whether the producer looks before the heartbeat thread beats
+    # again is a race, so this run does not always catch a bound counted
+    # from the heartbeat's age instead.
+    url = f"sqlite:///{tmp_path}/jobs.db"
+    jq = JobQueue(url, **FAST)
+    jq.migrate()
+    ids = [job.id for job in jq.enqueue_many([("slow", {})] * 20)]
+    script = textwrap.dedent(
+        f"""
+        import time
+        from jobkeeper import JobQueue
+        from jobkeeper.worker import producer
+        producer.BURST_OUTAGE_WAIT = 1.0
+        jq = JobQueue({url!r}, heartbeat_interval=0.1, rescue_after=30.0, poll_interval=0.05)
+
+        @jq.task(name="slow")
+        def slow() -> None:
+            time.sleep(0.1)
+
+        print("started", flush=True)
+        jq.run_worker(burst=True, concurrency=1)
+        """
+    )
+    with subprocess.Popen(
+        [sys.executable, "-c", script], stdout=subprocess.PIPE, text=True
+    ) as proc:
+        try:
+            assert proc.stdout is not None and proc.stdout.readline().strip() == "started"
+            time.sleep(0.5)
+            proc.send_signal(signal.SIGSTOP)
+            time.sleep(3.0)
+            proc.send_signal(signal.SIGCONT)
+            assert proc.wait(60) == 0
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    done = wait_status(jq, ids, {JobStatus.COMPLETED}, timeout=30)
+    assert len(done) == 20
     jq.close()

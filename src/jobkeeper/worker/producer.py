@@ -147,6 +147,9 @@ class Producer:
         self._staged_at = -math.inf
         self._reconcile_needed = False
         self._claims_paused = False
+        # When this thread first saw claims paused (its own clock: a process
+        # paused meanwhile does not count as an outage).
+        self._paused_since = 0.0
         #: Our queues with a concurrency cap, as last read. The cap counts a
         #: job until its outcome is written, so their outcomes are written
         #: without lingering and their claims take no adaptive prefetch: a
@@ -255,17 +258,19 @@ class Producer:
             self._wake.wait(max(self._stage_at - time.monotonic(), 0.0))
 
     def _stop_after_outage(self) -> None:
-        """A burst worker whose heartbeat has failed for ``BURST_OUTAGE_WAIT``
-        seconds (it claims nothing meanwhile, so no claim fails): stop.
+        """A burst worker that has seen its heartbeat stale for
+        ``BURST_OUTAGE_WAIT`` seconds (it claims nothing meanwhile, so no claim
+        fails): stop. Counted from when this thread first saw it, so that a
+        process paused (SIGSTOP) past the wait does not stop on waking.
 
         Raises:
             DatabaseUnavailable: naming how long no heartbeat was acknowledged.
         """
-        age = self._claims.beat_age()
-        if age >= BURST_OUTAGE_WAIT:
-            logger.error("burst: no heartbeat acknowledged for %.0fs; stopping", age)
+        waited = time.monotonic() - self._paused_since
+        if waited >= BURST_OUTAGE_WAIT:
+            logger.error("burst: no heartbeat acknowledged for %.0fs; stopping", waited)
             raise DatabaseUnavailable(
-                f"the database has acknowledged no heartbeat for {age:.0f}s "
+                f"the database has acknowledged no heartbeat for {waited:.0f}s "
                 f"(a burst worker waits at most {BURST_OUTAGE_WAIT:g}s for it)"
             )
 
@@ -354,6 +359,7 @@ class Producer:
             # Our heartbeat is stale (database trouble, a paused process):
             # anything claimed now could be rescued from under us at once.
             if not self._claims_paused:
+                self._paused_since = time.monotonic()
                 logger.warning(
                     "no heartbeat acknowledged for %.1fs; not claiming until one is",
                     self._claims.beat_age(),
