@@ -69,9 +69,11 @@ class Claims:
         self._lock = threading.Lock()
         # Runner threads take turns on the backend's one connection.
         self._db_lock = threading.Lock()
-        # Job id -> the heartbeat's stale-spell count when it was claimed (or
-        # its hold last confirmed).
-        self._stamps: dict[int, int] = {}
+        # (job id, fence) -> the heartbeat's stale-spell count when it was
+        # claimed (or its hold last confirmed). By claim, not by job: a job
+        # handed back while we were silent and claimed by us again must not
+        # lend its new claim's stamp to the old one still in our buffer.
+        self._stamps: dict[tuple[int, int], int] = {}
         # Lone attempts whose start mark may_start wrote: (job id, fence).
         self._marked_alone: set[tuple[int, int]] = set()
 
@@ -98,16 +100,17 @@ class Claims:
         """Record ``jobs`` as claimed under ``stamp`` (see :meth:`stamp`)."""
         with self._lock:
             for job in jobs:
-                self._stamps[job.id] = stamp
+                self._stamps[job.id, job.fence] = stamp
 
-    def forget(self, job_id: int) -> None:
-        """The job's attempt has an outcome: its claim is no longer ours to check."""
+    def forget(self, job: Job) -> None:
+        """The claim's attempt has an outcome: it is no longer ours to check."""
         # One dict operation needs no lock (the GIL makes it atomic); the
         # lock orders writes that read and write together.
-        self._stamps.pop(job_id, None)
+        claim = (job.id, job.fence)
+        self._stamps.pop(claim, None)
         if self._marked_alone:  # a lone attempt settled before its call
             with self._lock:
-                self._marked_alone = {m for m in self._marked_alone if m[0] != job_id}
+                self._marked_alone.discard(claim)
 
     def still_held(self, job: Job) -> bool:
         """Whether our heartbeat is fresh and has been since the job was
@@ -115,7 +118,7 @@ class Claims:
         it. Never blocks; the executor asks again just before calling the task.
         """
         age, spells = self._heartbeat.liveness()
-        return age <= self._fresh_for and spells == self._stamps.get(job.id)
+        return age <= self._fresh_for and spells == self._stamps.get((job.id, job.fence))
 
     def may_start(self, job: Job) -> bool:
         """Whether a claimed job may start (the executor asks, from a runner
@@ -147,7 +150,7 @@ class Claims:
                 # Confirmed as of a fresh heartbeat: the last check before
                 # the call (still_held) now counts from here.
                 with self._lock:
-                    self._stamps[job.id] = spells
+                    self._stamps[job.id, job.fence] = spells
                 return True
             return False
         return False
@@ -181,7 +184,7 @@ class Claims:
             if not written:
                 return False
             with self._lock:
-                self._stamps[job.id] = spells
+                self._stamps[job.id, job.fence] = spells
                 self._marked_alone.add((job.id, job.fence))
             return True
         return False

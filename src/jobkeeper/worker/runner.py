@@ -282,7 +282,7 @@ class Worker:
         self.stop()
 
     def _on_outcome(self, job: Job, outcome: Outcome) -> None:
-        self.claims.forget(job.id)
+        self.claims.forget(job)
         self.completer.add(outcome, job=job, urgent=job.queue in self.producer.capped)
 
     def _max_crashes_of(self, job: Job) -> int:
