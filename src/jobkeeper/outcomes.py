@@ -89,10 +89,7 @@ def failed_attempt(
     entry = error_entry(job, error, traceback)
     claim = claim_of(job)
     if discard_reason is not None:
-        # Cleaned like the error text: a NUL or lone surrogate in the reason
-        # would make the dead-letter write fail and leave the job running.
-        reason = clean_text(f"discarded: {discard_reason}", max_chars=1000)
-        return Failure(claim, FailureKind.DEAD, entry, reason=reason)
+        return _discarded(claim, entry, discard_reason)
     if job.attempt >= job.max_attempts:
         reason = f"max_attempts={job.max_attempts} exhausted; last error: {error}"
         return Failure(claim, FailureKind.DEAD, entry, reason=clean_text(reason, max_chars=1000))
@@ -117,13 +114,19 @@ def unstorable_result(claim: Claim, exc: BaseException) -> Failure:
     so retries would only repeat the task's side effects to the same end.
     """
     error = f"result not storable: {exc}"
-    reason = f"discarded: {error} (the task ran to its end: fix what it returns, then requeue)"
-    return Failure(
+    return _discarded(
         claim,
-        FailureKind.DEAD,
         _entry(claim.attempt, error, None),
-        reason=clean_text(reason, max_chars=1000),
+        f"{error} (the task ran to its end: fix what it returns, then requeue)",
     )
+
+
+def _discarded(claim: Claim, entry: str, discard_reason: str) -> Failure:
+    """The attempt sends its job to the dead letters at once."""
+    # Cleaned like the error text: a NUL or lone surrogate in the reason
+    # would make the dead-letter write fail and leave the job running.
+    reason = clean_text(f"discarded: {discard_reason}", max_chars=1000)
+    return Failure(claim, FailureKind.DEAD, entry, reason=reason)
 
 
 def cancelled_attempt(job: Job, reason: str) -> Failure:
