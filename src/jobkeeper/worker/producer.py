@@ -147,9 +147,6 @@ class Producer:
         self._staged_at = -math.inf
         self._reconcile_needed = False
         self._claims_paused = False
-        # When this thread first saw claims paused (its own clock: a process
-        # paused meanwhile does not count as an outage).
-        self._paused_since = 0.0
         #: Our queues with a concurrency cap, as last read. The cap counts a
         #: job until its outcome is written, so their outcomes are written
         #: without lingering and their claims take no adaptive prefetch: a
@@ -203,6 +200,9 @@ class Producer:
                 unavailable for ``BURST_OUTAGE_WAIT`` seconds.
         """
         outage_pause = 0.05
+        # When this thread first saw the outage (claims failing as
+        # unavailable, or paused for a stale heartbeat), by its own clock: a
+        # process paused meanwhile (SIGSTOP) does not count as one.
         outage_since: float | None = None
         failures = 0
         while not self._stopping.is_set():
@@ -221,20 +221,19 @@ class Producer:
                     logger.info("burst: nothing left to run; stopping")
                     return
                 outage_pause = 0.05
-                outage_since = None
                 failures = 0
+                if not self._claims_paused:
+                    outage_since = None
+                elif outage_since is None:
+                    outage_since = time.monotonic()
             except DatabaseUnavailable as exc:
                 # A claim may have committed with its reply lost: look for
                 # jobs held under our id that nobody here runs once back.
                 self._reconcile_needed = True
-                now = time.monotonic()
-                outage_since = now if outage_since is None else outage_since
-                if self._burst and now - outage_since >= BURST_OUTAGE_WAIT:
-                    logger.error(
-                        "burst: the database has been unavailable for %.0fs; stopping",
-                        now - outage_since,
-                    )
-                    raise
+                if outage_since is None:
+                    outage_since = time.monotonic()
+                if self._burst:
+                    self._stop_after_outage(outage_since, exc)
                 logger.warning("database unavailable (%s); retrying in %.2fs", exc, outage_pause)
                 self._stopping.wait(outage_pause)
                 outage_pause = min(outage_pause * 2, 5.0)
@@ -247,8 +246,10 @@ class Producer:
                 logger.exception("claim failed; retrying")
                 self._stopping.wait(self._settings.poll_interval)
                 continue
-            if self._burst and self._claims_paused:
-                self._stop_after_outage()
+            if self._burst and outage_since is not None:
+                # Claims paused for a stale heartbeat: no claim is made, so
+                # none fails.
+                self._stop_after_outage(outage_since, None)
             if self._batch_filled and self._wanted() > 0:
                 # A full batch came back: the queue may hold more. A short
                 # one took all there was; what comes later comes with a
@@ -257,22 +258,25 @@ class Producer:
                 continue
             self._wake.wait(max(self._stage_at - time.monotonic(), 0.0))
 
-    def _stop_after_outage(self) -> None:
-        """A burst worker that has seen its heartbeat stale for
-        ``BURST_OUTAGE_WAIT`` seconds (it claims nothing meanwhile, so no claim
-        fails): stop. Counted from when this thread first saw it, so that a
-        process paused (SIGSTOP) past the wait does not stop on waking.
+    def _stop_after_outage(self, since: float, error: DatabaseUnavailable | None) -> None:
+        """A burst worker in an outage since ``since`` (monotonic seconds)
+        stops once it has lasted ``BURST_OUTAGE_WAIT``: with ``error``, the
+        claim's, or, when no claim was made (its heartbeat stale), one that
+        says so.
 
         Raises:
-            DatabaseUnavailable: naming how long no heartbeat was acknowledged.
+            DatabaseUnavailable: the outage has lasted ``BURST_OUTAGE_WAIT``.
         """
-        waited = time.monotonic() - self._paused_since
-        if waited >= BURST_OUTAGE_WAIT:
-            logger.error("burst: no heartbeat acknowledged for %.0fs; stopping", waited)
-            raise DatabaseUnavailable(
-                f"the database has acknowledged no heartbeat for {waited:.0f}s "
-                f"(a burst worker waits at most {BURST_OUTAGE_WAIT:g}s for it)"
-            )
+        waited = time.monotonic() - since
+        if waited < BURST_OUTAGE_WAIT:
+            return
+        logger.error("burst: the database has been unavailable for %.0fs; stopping", waited)
+        if error is not None:
+            raise error
+        raise DatabaseUnavailable(
+            f"the database has acknowledged no heartbeat for {waited:.0f}s "
+            f"(a burst worker waits at most {BURST_OUTAGE_WAIT:g}s for it)"
+        )
 
     def _stage(self) -> None:
         """Stage due jobs, and set when to stage next: when the next job of our
@@ -359,7 +363,6 @@ class Producer:
             # Our heartbeat is stale (database trouble, a paused process):
             # anything claimed now could be rescued from under us at once.
             if not self._claims_paused:
-                self._paused_since = time.monotonic()
                 logger.warning(
                     "no heartbeat acknowledged for %.1fs; not claiming until one is",
                     self._claims.beat_age(),
