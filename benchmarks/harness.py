@@ -35,6 +35,15 @@ class NotAvailableError(Exception):
     """A figure that could not be measured; the message says why (printed as n/a)."""
 
 
+def failure_reason(exc: BaseException) -> str:
+    """How a measurement that raised ``exc`` is reported: a NotAvailableError's
+    own words, else the exception's type and the first line of its text."""
+    if isinstance(exc, NotAvailableError):
+        return str(exc)
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"
+
+
 def log(message: str) -> None:
     """Progress goes to stderr; the table goes to stdout."""
     print(f"[bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)

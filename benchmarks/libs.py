@@ -157,7 +157,7 @@ class Library:
     def single_enqueuer(self, url: str) -> Iterator[Block]:
         """Open a client on ``url``, make one warm-up call, and yield
         ``block(k)``: ``k`` enqueue calls of one no-op job each. Blocks of
-        several libraries are interleaved by ``benchmarks/single.py``.
+        several libraries are interleaved by ``benchmarks/turns.py``.
         """
         raise NotImplementedError
         yield
@@ -483,20 +483,13 @@ class Pgqueuer(Library):
 
     @contextlib.contextmanager
     def stamper(self, url: str) -> Iterator[Callable[[int, float], None]]:
-        loop = asyncio.new_event_loop()
-        manager = self._queries(url)
-        try:
-            queries = loop.run_until_complete(manager.__aenter__())
-            loop.run_until_complete(queries.enqueue("noop", None))
+        with self._on_loop(url) as (loop, queries):
 
             def enqueue(i: int, t: float) -> None:
                 payload = json.dumps({"i": i, "t": t}).encode()
                 loop.run_until_complete(queries.enqueue("stamp", payload))
 
             yield enqueue
-        finally:
-            loop.run_until_complete(manager.__aexit__(None, None, None))
-            loop.close()
 
 
 def peers() -> list[Library]:

@@ -37,6 +37,7 @@ from benchmarks.harness import (
     ROOT,
     NotAvailableError,
     PgServer,
+    failure_reason,
     log,
 )
 from benchmarks.libs import Jobkeeper, Library, peers
@@ -144,8 +145,7 @@ class Suite:
             self.results.fail(backend, lib, metrics, str(exc))
             return None
         except Exception as exc:
-            text = str(exc).strip()
-            reason = f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"
+            reason = failure_reason(exc)
             log(f"{backend}/{lib}: {what}: failed: {reason}")
             traceback.print_exc(file=sys.stderr)
             self.results.fail(backend, lib, metrics, reason)

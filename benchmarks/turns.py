@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from functools import partial
 
 from benchmarks import raw
-from benchmarks.harness import NotAvailableError
+from benchmarks.harness import failure_reason
 from benchmarks.libs import Block, CallTimes, Library
 from benchmarks.measures import Context, call_figures, migrate_jobkeeper
 from benchmarks.report import RAW
@@ -69,7 +69,12 @@ class Participant:
         return call_figures(self.metric, CallTimes(self.seconds, self.durations), n)
 
     def metrics(self) -> list[str]:
-        return [self.metric, f"{self.metric}_p50", f"{self.metric}_p99"]
+        return _metrics(self.metric)
+
+
+def _metrics(metric: str) -> list[str]:
+    """The names a participant of ``metric`` reports (or fails)."""
+    return [metric, f"{metric}_p50", f"{metric}_p99"]
 
 
 def _seconds_only(timed: Callable[[int], float]) -> Block:
@@ -154,7 +159,7 @@ class _Table:
             url = self.stack.enter_context(self.ctx.fresh(f"{lib}_{metric}"))
             block = open_block(url)
         except Exception as exc:
-            self.fail(lib, [metric, f"{metric}_p50", f"{metric}_p99"], _reason(exc))
+            self.fail(lib, _metrics(metric), failure_reason(exc))
             return
         self.participants.append(Participant(lib, metric, block, calls, per_call))
 
@@ -216,7 +221,7 @@ class _Table:
             try:
                 figures.setdefault(participant.lib, {}).update(participant.figures(n))
             except Exception as exc:
-                self.fail(participant.lib, participant.metrics(), _reason(exc))
+                self.fail(participant.lib, participant.metrics(), failure_reason(exc))
         return figures
 
     def _turn(self, participant: Participant, k: int, *, timed: bool) -> None:
@@ -224,15 +229,8 @@ class _Table:
             times = participant.block(k)
         except Exception as exc:
             self.participants.remove(participant)
-            self.fail(participant.lib, participant.metrics(), _reason(exc))
+            self.fail(participant.lib, participant.metrics(), failure_reason(exc))
             return
         if timed:
             participant.seconds += times.seconds
             participant.durations += times.durations
-
-
-def _reason(exc: BaseException) -> str:
-    if isinstance(exc, NotAvailableError):
-        return str(exc)
-    text = str(exc).strip()
-    return f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"
