@@ -253,10 +253,9 @@ class NewJobStream(Sequence[NewJob]):
     Attributes:
         keyed: some item's options name ``unique_key`` or ``serial_key``
             (their paths resolve keys before writing: read it whole first).
-        delayed: some item's options name ``delay`` or ``run_at``.
     """
 
-    __slots__ = ("_items", "_read", "_validate", "delayed", "keyed")
+    __slots__ = ("_items", "_read", "_validate", "keyed")
 
     def __init__(
         self,
@@ -264,13 +263,11 @@ class NewJobStream(Sequence[NewJob]):
         validate: Callable[[int, Any], NewJob],
         *,
         keyed: bool,
-        delayed: bool,
     ) -> None:
         self._items = items
         self._validate = validate
         self._read: list[NewJob] = []
         self.keyed = keyed
-        self.delayed = delayed
 
     def __len__(self) -> int:
         return len(self._items)

@@ -201,7 +201,7 @@ def test_a_stream_validates_each_item_once_however_often_it_is_read():
             raise PayloadError(f"jobs[{index}]: negative")
         return NewJob(task="t", args_json="{}", queue="default", priority=0, max_attempts=1)
 
-    stream = NewJobStream([1, 2, 3, -1], validate, keyed=False, delayed=False)
+    stream = NewJobStream([1, 2, 3, -1], validate, keyed=False)
     assert len(stream) == 4
     reader = iter(stream)
     next(reader)

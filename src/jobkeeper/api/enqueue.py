@@ -308,13 +308,8 @@ class EnqueueMixin(QueueBase):
 
         items = list(jobs)
         if self._tracing is None and BACKENDS[self.url.scheme].streams_inserts:
-            named = _named_options(items)
-            return NewJobStream(
-                items,
-                validate,
-                keyed=not named.isdisjoint(("unique_key", "serial_key")),
-                delayed=not named.isdisjoint(("delay", "run_at")),
-            )
+            keyed = not _named_options(items).isdisjoint(("unique_key", "serial_key"))
+            return NewJobStream(items, validate, keyed=keyed)
         return [validate(index, item) for index, item in enumerate(items)]
 
     # -- async producers -------------------------------------------------------------

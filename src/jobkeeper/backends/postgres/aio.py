@@ -78,6 +78,9 @@ class PostgresAsync:
     def channel(self) -> str:
         raise NotImplementedError
 
+    def _remember_schema(self, schema: str | None) -> str:
+        raise NotImplementedError
+
     def _pool_kwargs(self) -> dict[str, Any]:
         raise NotImplementedError
 
@@ -162,9 +165,15 @@ class PostgresAsync:
         )
 
     async def _channel_async(self) -> str:
-        if getattr(self, "_channel", None) is None:
-            # Looked up once per backend; a thread keeps the loop free.
-            await asyncio.to_thread(self.channel)
+        if getattr(self, "_schema", None) is None:
+            # Looked up once per backend, on this loop's pool: the sync pool
+            # would open sessions an async application never uses otherwise.
+            async def current_schema(cursor: psycopg.AsyncCursor[Any]) -> str | None:
+                await cursor.execute(QUERIES["notify_channel"])
+                row = await cursor.fetchone()
+                return None if row is None else row[0]
+
+            self._remember_schema(await self._with_cursor(current_schema, transaction=False))
         return self.channel()
 
     async def job_insert_many_async(
@@ -172,8 +181,8 @@ class PostgresAsync:
     ) -> list[Job]:
         if not jobs:
             return []
-        jobs, delayed = read_for_insert(jobs)
-        channel = await self._channel_async() if delayed else None
+        jobs = read_for_insert(jobs)
+        channel = await self._channel_async()
         if connection is not None:
             return await self._insert_on_async(connection, jobs, channel)
         # As the sync insert: one statement when it can be, again in a
@@ -199,7 +208,7 @@ class PostgresAsync:
         raise AssertionError("unreachable")
 
     async def _insert_on_async(
-        self, connection: Any, jobs: Sequence[NewJob], channel: str | None
+        self, connection: Any, jobs: Sequence[NewJob], channel: str
     ) -> list[Job]:
         """The insert in the caller's ``AsyncConnection``: a savepoint in its
         open transaction (or a transaction of its own when it autocommits),

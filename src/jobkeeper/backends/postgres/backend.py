@@ -119,8 +119,8 @@ class PostgresBackend(
     def job_insert_many(self, *, jobs: Sequence[NewJob], connection: Any = None) -> list[Job]:
         if not jobs:
             return []
-        jobs, delayed = read_for_insert(jobs)
-        channel = self.channel() if delayed else None  # looked up before a cursor is held
+        jobs = read_for_insert(jobs)
+        channel = self.channel()  # looked up (once) before a cursor is held
         if connection is not None:
             return self._insert_on(connection, jobs, channel)
 
@@ -383,7 +383,9 @@ class PostgresBackend(
 
     def job_retry(self, *, job_id: int) -> Job | None:
         rows = self._fetch("job_retry", {"id": job_id})
-        if not rows and self.dead_letter_requeue(job_ids=[job_id]) == []:
+        if not rows:
+            # A dead letter: its requeue announces it itself.
+            self.dead_letter_requeue(job_ids=[job_id])
             return self.job_get(job_id=job_id)
         job = self.job_get(job_id=job_id)
         if job is not None:
@@ -394,7 +396,7 @@ class PostgresBackend(
         self._fetch("notify_queues", {"channel": self.channel(), "queues": list(queues)})
 
     def dead_letter_requeue(self, *, job_ids: Sequence[int] | None) -> list[int]:
-        params = {"all": job_ids is None, "ids": list(job_ids or [])}
+        params = self._requeue_params(job_ids) | {"channel": self.channel()}
         return sorted(row["id"] for row in self._fetch("dead_letter_requeue", params))
 
     def _requeue_params(self, job_ids: Sequence[int] | None) -> dict[str, Any]:

@@ -265,14 +265,16 @@ class PostgresConnections:
         schema: str | None = getattr(self, "_schema", None)
         if schema is None:
             rows = self._fetch_raw(QUERIES["notify_channel"])
-            schema = rows[0][0] if rows else None
-            if schema is None:
-                raise DatabaseError(
-                    "PostgreSQL has no current schema (check search_path in the URL)"
-                )
-            self._schema: str = schema
+            schema = self._remember_schema(rows[0][0] if rows else None)
         if len(schema.encode()) > longest:
             return hashlib.md5(schema.encode()).hexdigest()
+        return schema
+
+    def _remember_schema(self, schema: str | None) -> str:
+        """Keep ``schema`` (what ``notify_channel`` read) for the channels."""
+        if schema is None:
+            raise DatabaseError("PostgreSQL has no current schema (check search_path in the URL)")
+        self._schema: str = schema
         return schema
 
     def _fetch_raw(

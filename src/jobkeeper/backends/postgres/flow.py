@@ -67,7 +67,10 @@ class PostgresFlow:
         """Whether one more job would take ``queue`` past ``max_pending``
         (the queue's row stays locked to the end of the transaction).
         """
-        cursor.execute(self._queries["job_insert_many_lock_pending"], {"queues": [queue]})
+        cursor.execute(
+            self._queries["job_insert_many_lock_pending"],
+            {"queues": [queue], "channel": None, "woken": []},
+        )
         rows = cursor.fetchall()
         if not rows:
             return None

@@ -22,7 +22,7 @@ from jobkeeper.models import Job, NewJob
 class PostgresInserts(PostgresConnections):
     """The insert paths behind ``job_insert_many``."""
 
-    def _insert_on(self, connection: Any, jobs: Sequence[NewJob], channel: str | None) -> list[Job]:
+    def _insert_on(self, connection: Any, jobs: Sequence[NewJob], channel: str) -> list[Job]:
         """``job_insert_many`` on the caller's connection (``connection=``)."""
         if not isinstance(connection, psycopg.Connection):
             raise TypeError(

@@ -51,6 +51,7 @@ class PostgresPeriodics(PostgresConnections, PostgresFlow):
             "timezone": timezone,
             "tick": tick,
             "next_tick": next_tick,
+            "channel": self.channel(),
         }
         # A tick into a queue at its max_pending is skipped (recorded as
         # given up, so no other worker enqueues it either) and QueueFull
@@ -88,6 +89,7 @@ class PostgresPeriodics(PostgresConnections, PostgresFlow):
             "timezone": timezone,
             "through": through,
             "next_tick": next_tick,
+            "channel": self.channel(),
         }
         return bool(self._fetch("periodic_skip", params))
 

@@ -5,7 +5,7 @@ and receives each one's rows; it returns its result. It does no I/O, so
 one plan serves the sync backend (``run_plan`` on a psycopg ``Cursor``) and
 the async producer API (``run_plan_async`` on an ``AsyncCursor``): the
 logic of an enqueue (unique-key resolution, COPY for large batches, the
-NOTIFY for delayed jobs) is written once. The idea is psycopg's own: its
+NOTIFYs announcing the jobs) is written once. The idea is psycopg's own: its
 sync code is generated from the async source (``tools/async_to_sync.py``)
 and its connection logic is written as generators driven by sync and async
 waiters (``psycopg/generators.py``).
@@ -112,10 +112,11 @@ def is_single_statement(jobs: Sequence[NewJob]) -> bool:
     return True
 
 
-def insert_plan(jobs: Sequence[NewJob], channel: str | None, *, in_transaction: bool) -> Plan:
+def insert_plan(jobs: Sequence[NewJob], channel: str, *, in_transaction: bool) -> Plan:
     """Store ``jobs`` (one transaction, or the caller's); returns the Jobs in
     input order (a pending duplicate for a taken ``unique_key``). ``channel``:
-    where to announce delayed jobs' due times (None: no delayed job).
+    where the insert announces its available jobs' queues and its delayed
+    jobs' due times (NOTIFY, delivered at the commit).
     ``in_transaction``: the plan runs in a transaction, so it checks serial
     keys and ``max_pending``; outside one, a statement that meets a limited
     queue inserts nothing and :class:`FlowNeeded` is raised. A
@@ -129,28 +130,23 @@ def insert_plan(jobs: Sequence[NewJob], channel: str | None, *, in_transaction: 
     """
     if copyable(jobs):
         assert in_transaction, "the COPY path checks max_pending in its transaction"
-        stored = yield from _insert_copy(jobs)
+        stored = yield from _insert_copy(jobs, channel)
     else:
         if in_transaction:
             yield from _flow_check(jobs)
-        stored = yield from _insert(jobs, checked=in_transaction)
+        stored = yield from _insert(jobs, channel, checked=in_transaction)
     yield from _notify_due(channel, stored)
     return stored
 
 
-def read_for_insert(jobs: Sequence[NewJob]) -> tuple[Sequence[NewJob], bool]:
-    """``jobs`` as the insert plan reads them, and whether any is delayed: a
-    :class:`NewJobStream` stays one only for the COPY path; any other path
-    gets it validated whole, before a connection is taken.
+def read_for_insert(jobs: Sequence[NewJob]) -> Sequence[NewJob]:
+    """``jobs`` as the insert plan reads them: a :class:`NewJobStream` stays
+    one only for the COPY path; any other path gets it validated whole,
+    before a connection is taken.
     """
-    if isinstance(jobs, NewJobStream):
-        if copyable(jobs):
-            return jobs, jobs.delayed
-        jobs = list(jobs)
-    for job in jobs:
-        if job.delay is not None or job.run_at is not None:
-            return jobs, True
-    return jobs, False
+    if isinstance(jobs, NewJobStream) and not copyable(jobs):
+        return list(jobs)
+    return jobs
 
 
 def copyable(jobs: Sequence[NewJob]) -> bool:
@@ -164,19 +160,28 @@ def copyable(jobs: Sequence[NewJob]) -> bool:
     return all(job.unique_key is None and job.serial_key is None for job in jobs)
 
 
-def _flow_check(jobs: Sequence[NewJob], *, inserted: bool = False) -> Plan:
+def _flow_check(
+    jobs: Sequence[NewJob],
+    *,
+    inserted: bool = False,
+    channel: str | None = None,
+    woken: Sequence[str] = (),
+) -> Plan:
     """Mark queues that get serial-keyed jobs, and refuse the batch with
     :class:`QueueFull` if it takes a queue past ``max_pending``: the limited
     queues' rows are locked, and counted in a later statement whose snapshot
     is taken with the locks held. Before the rows go in, or, ``inserted``,
     after (the COPY path: its jobs are known once copied; the count then
-    holds them, and any batch that waited on the lock is counted too).
+    holds them, and any batch that waited on the lock is counted too). The
+    lock's statement also announces the ``woken`` queues on ``channel`` (the
+    COPY path's available jobs: no statement of their own could).
     """
     serial = [] if inserted else sorted({j.queue for j in jobs if j.serial_key is not None})
     if serial:
         yield Execute("job_insert_many_mark_serial", {"queues": serial})
     locked = yield Execute(
-        "job_insert_many_lock_pending", {"queues": sorted({j.queue for j in jobs})}
+        "job_insert_many_lock_pending",
+        {"queues": sorted({j.queue for j in jobs}), "channel": channel, "woken": list(woken)},
     )
     limits = {row["name"]: int(row["max_pending"]) for row in locked}
     if not limits:
@@ -198,13 +203,11 @@ def _jobs(rows: list[Row], *, dead: bool = False) -> list[Job]:
     return [job_from_row(row, aware_utc, dead=dead, json_decoded=True) for row in rows]
 
 
-def _notify_due(channel: str | None, jobs: list[Job]) -> Plan:
+def _notify_due(channel: str, jobs: list[Job]) -> Plan:
     """Tell listening workers when the scheduled jobs among ``jobs`` come
     due (one NOTIFY per queue, in the insert's transaction), so that they
     stage them then rather than at their next poll.
     """
-    if channel is None:
-        return
     due: dict[str, datetime] = {}
     for job in jobs:
         if job.status == JobStatus.SCHEDULED:
@@ -215,9 +218,9 @@ def _notify_due(channel: str | None, jobs: list[Job]) -> Plan:
         )
 
 
-def _insert(jobs: Sequence[NewJob], *, checked: bool) -> Plan:
+def _insert(jobs: Sequence[NewJob], channel: str, *, checked: bool) -> Plan:
     if len(jobs) == 1 and jobs[0].unique_key is None:
-        return [(yield from _insert_one(jobs[0], checked=checked))]
+        return [(yield from _insert_one(jobs[0], channel, checked=checked))]
     lock_keys = sorted(
         {unique_lock_key(j.task, j.unique_key) for j in jobs if j.unique_key is not None}
     )
@@ -247,6 +250,7 @@ def _insert(jobs: Sequence[NewJob], *, checked: bool) -> Plan:
                 "serial_keys": [j.serial_key for j in batch],
                 "trace_contexts": [j.trace_context for j in batch],
                 "checked": checked,
+                "channel": channel,
             },
         )
         inserted = _jobs(rows)
@@ -271,7 +275,7 @@ def _insert(jobs: Sequence[NewJob], *, checked: bool) -> Plan:
     raise DatabaseError(f"could not resolve unique_key conflicts after {UNIQUE_ROUNDS} rounds")
 
 
-def _insert_one(new: NewJob, *, checked: bool) -> Plan:
+def _insert_one(new: NewJob, channel: str, *, checked: bool) -> Plan:
     """The single enqueue: one statement, and no row to decode (the args
     go back as the caller gave them, like the COPY path's).
     """
@@ -283,29 +287,32 @@ def _insert_one(new: NewJob, *, checked: bool) -> Plan:
             "priority": new.priority,
             "max_attempts": new.max_attempts,
             "trace_context": new.trace_context,
+            "channel": channel,
         }
         rows = yield Execute("job_insert_many_now", params, tuples=True)
         if not rows:
             raise FlowNeeded
-        job_id, created_at = rows[0]
+        job_id, created_at, _ = rows[0]
         return job_from_new(new, job_id, created_at.astimezone(UTC))
     params = insert_params(new, new.run_at)
     params["checked"] = checked
+    params["channel"] = channel
     rows = yield Execute("job_insert_many_one", params, tuples=True)
     if not rows:
         raise FlowNeeded
-    job_id, status, scheduled_at, created_at = rows[0]
+    job_id, status, scheduled_at, created_at, _ = rows[0]
     return job_from_new(
         new, job_id, created_at.astimezone(UTC), (JobStatus(status), scheduled_at.astimezone(UTC))
     )
 
 
-def _insert_copy(jobs: Sequence[NewJob]) -> Plan:
+def _insert_copy(jobs: Sequence[NewJob], channel: str) -> Plan:
     """Bulk insert with COPY (no unique keys to resolve): a fixed number of
     round trips whatever the count. The ids are reserved first, so each row
     is written (and, for a stream, validated) in one pass; the Jobs are
     built while the server inserts the rows. ``max_pending`` is checked
-    after the rows are in. The insert trigger sends one NOTIFY per queue.
+    after the rows are in, by the statement that announces the available
+    jobs' queues.
     """
     rows = yield Execute("job_insert_many_reserve_ids", {"count": len(jobs)})
     reserved_now, ids = rows[0].values()
@@ -359,7 +366,8 @@ def _insert_copy(jobs: Sequence[NewJob]) -> Plan:
                 for new, job in ((read[i], built[i]) for i in delayed)
             ],
         )  # fmt: skip
-    yield from _flow_check(read, inserted=True)
+    woken = {job.queue for job in built if job.status is JobStatus.AVAILABLE}
+    yield from _flow_check(read, inserted=True, channel=channel, woken=sorted(woken))
     return built
 
 

@@ -20,6 +20,10 @@
 -- Outside a transaction that checked max_pending (%(checked)s), a batch for
 -- a queue with max_pending inserts nothing: the caller runs it again with
 -- the check (see the PostgreSQL inserts).
+-- One NOTIFY per queue of the jobs that are available (see
+-- 0012_notify_from_inserts.sql): the one-time filter runs it once, after the
+-- insert, and it is delivered at the commit.
+WITH inserted AS (
 INSERT INTO jobkeeper_jobs
     (queue, task, args, status, priority, max_attempts, scheduled_at, unique_key, serial_key,
      trace_context)
@@ -44,6 +48,10 @@ ON CONFLICT (task, unique_key)
     WHERE unique_key IS NOT NULL AND status IN ('scheduled', 'available', 'claimed', 'running', 'retryable')
     DO NOTHING
 RETURNING {job_columns}
+)
+SELECT * FROM inserted
+WHERE (SELECT count(pg_notify(%(channel)s, queue))
+       FROM (SELECT DISTINCT queue FROM inserted WHERE status = 'available') AS woken) >= 0
 
 -- name: job_insert_many_lock_keys
 -- Batches with unique keys first take a transaction-scoped advisory lock per
@@ -57,7 +65,10 @@ SELECT pg_advisory_xact_lock(key) FROM unnest(%(keys)s::bigint[]) AS key;
 -- parameters plan and travel faster than eight one-element arrays, and the
 -- caller builds the Job from its input plus what the server decided.
 -- Nothing is inserted into a queue with max_pending unless the caller
--- checked it in this transaction (%(checked)s; see job_insert_many).
+-- checked it in this transaction (%(checked)s; see job_insert_many). An
+-- available job is announced on the queue's channel; the caller ignores the
+-- last column.
+WITH inserted AS (
 INSERT INTO jobkeeper_jobs
     (queue, task, args, status, priority, max_attempts, scheduled_at, serial_key, trace_context)
 SELECT
@@ -71,18 +82,26 @@ SELECT
 WHERE %(checked)s OR NOT EXISTS (
     SELECT 1 FROM jobkeeper_queues WHERE name = %(queue)s AND max_pending IS NOT NULL)
 RETURNING id, status, scheduled_at, created_at
+)
+SELECT id, status, scheduled_at, created_at,
+       CASE WHEN status = 'available' THEN pg_notify(%(channel)s, %(queue)s) END
+FROM inserted
 
 -- name: job_insert_many_now
 -- The single enqueue's usual job, outside a transaction: to run now, with no
 -- key (see plans.is_single_statement). Half job_insert_many_one's parameters
 -- and columns: on the client, binding and reading them was a tenth of the
--- call. The job is available, scheduled at created_at (both now()).
+-- call. The job is available, scheduled at created_at (both now()), and
+-- announced on the queue's channel; the caller ignores the last column.
+WITH inserted AS (
 INSERT INTO jobkeeper_jobs (queue, task, args, priority, max_attempts, trace_context)
 SELECT %(queue)s, %(task)s, %(args)s::json, %(priority)s, %(max_attempts)s,
        %(trace_context)s::text
 WHERE NOT EXISTS (
     SELECT 1 FROM jobkeeper_queues WHERE name = %(queue)s AND max_pending IS NOT NULL)
 RETURNING id, created_at
+)
+SELECT id, created_at, pg_notify(%(channel)s, %(queue)s) FROM inserted
 
 -- name: job_insert_many_reserve_ids
 -- The bulk path (COPY) takes its ids up front, ascending, and the
@@ -514,19 +533,24 @@ WHERE id = %(id)s AND status IN ('retryable', 'cancelled', 'completed')
 RETURNING {job_columns}
 
 -- name: dead_letter_requeue
--- Back to the jobs table with the same id, attempts reset, history kept.
+-- Back to the jobs table with the same id, attempts reset, history kept;
+-- one NOTIFY per queue (as job_insert_many).
 WITH revived AS (
     DELETE FROM jobkeeper_dead_letters
     WHERE %(all)s OR id = ANY(%(ids)b::bigint[])
     RETURNING *
-)
+), inserted AS (
 INSERT INTO jobkeeper_jobs
     (id, queue, task, args, status, priority, attempt, max_attempts, scheduled_at,
      created_at, attempted_at, finished_at, unique_key, errors, result, serial_key)
 SELECT id, queue, task, args, 'available', priority, 0, max_attempts, now(),
        created_at, attempted_at, NULL, unique_key, errors, result, serial_key
 FROM revived
-RETURNING id
+RETURNING id, queue
+)
+SELECT id FROM inserted
+WHERE (SELECT count(pg_notify(%(channel)s, queue))
+       FROM (SELECT DISTINCT queue FROM inserted) AS woken) >= 0
 
 -- name: dead_letter_requeue_conflicts
 -- Why a requeue hit the unique index (it wrote nothing): the dead letters
@@ -577,13 +601,14 @@ SELECT pg_notify(%(channel)s, queue) FROM unnest(%(queues)b::text[]) AS queue
 -- name: notify_due
 -- Delayed jobs were inserted: per queue, the earliest due time as seconds
 -- from now by this clock ("queue seconds"), so that a listening worker
--- stages then instead of at its next poll. The insert trigger announces only
+-- stages then instead of at its next poll. The inserts announce only
 -- available jobs; a payload with a space is one older workers ignore.
 SELECT pg_notify(%(channel)s, queue || ' ' || greatest(extract(epoch FROM due_at - now()), 0))
 FROM unnest(%(queues)b::text[], %(due_ats)b::timestamptz[]) AS due(queue, due_at)
 
 -- name: notify_channel
--- The schema that names the NOTIFY channel (as the insert trigger names it).
+-- The schema that names the NOTIFY channel (as the insert trigger of schema
+-- versions 1-11 named it: workers of either version listen on the same one).
 SELECT current_schema()
 
 -- name: connection_backend_pid
@@ -846,8 +871,8 @@ SET since_at = CASE WHEN p.schedule = excluded.schedule AND p.timezone = exclude
 -- changes nothing); the INSERT adds the job only if the UPDATE returned the
 -- row. One statement, so both commit or neither does. A twin statement for
 -- the same tick waits on the row lock, then re-checks the WHERE against the
--- committed row (READ COMMITTED) and finds nothing to do. The job's insert
--- fires the NOTIFY trigger like any enqueue.
+-- committed row (READ COMMITTED) and finds nothing to do. A job due now is
+-- announced on its queue's channel like any enqueue.
 WITH tick AS (
     UPDATE jobkeeper_periodic
     SET last_tick_at = %(tick)s, next_tick_at = %(next_tick)s
@@ -855,13 +880,15 @@ WITH tick AS (
       AND since_at < %(tick)s
       AND (last_tick_at IS NULL OR last_tick_at < %(tick)s)
     RETURNING task, queue, args, priority, max_attempts
-)
+), inserted AS (
 INSERT INTO jobkeeper_jobs (queue, task, args, status, priority, max_attempts, scheduled_at)
 SELECT queue, task, args,
        CASE WHEN %(tick)s::timestamptz > now() THEN 'scheduled' ELSE 'available' END,
        priority, max_attempts, %(tick)s
 FROM tick
-RETURNING id
+RETURNING id, queue, status
+)
+SELECT id, CASE WHEN status = 'available' THEN pg_notify(%(channel)s, queue) END FROM inserted
 
 -- name: periodic_skip
 -- Missed ticks too old for catch_up: not owed any more. Only ever moves
@@ -971,15 +998,22 @@ ON CONFLICT (name) DO UPDATE SET serial = true
 -- committed since then has left a newer version of the row, which fails it
 -- with a serialization error (retry the transaction) where a row only locked
 -- would have let it count too few and pass the limit.
+-- It also sends one NOTIFY per queue in %(woken)s on %(channel)s: the COPY
+-- path's, whose rows go in by no statement that could (the other inserts
+-- announce their jobs themselves and pass none); the one-time filter runs
+-- once whether or not any queue is limited.
 WITH locked AS (
     SELECT name FROM jobkeeper_queues
     WHERE name = ANY(%(queues)s::text[]) AND max_pending IS NOT NULL
     ORDER BY name
     FOR UPDATE
+), written AS (
+    UPDATE jobkeeper_queues AS q SET max_pending = q.max_pending
+    FROM locked WHERE q.name = locked.name
+    RETURNING q.name, q.max_pending
 )
-UPDATE jobkeeper_queues AS q SET max_pending = q.max_pending
-FROM locked WHERE q.name = locked.name
-RETURNING q.name, q.max_pending
+SELECT name, max_pending FROM written
+WHERE (SELECT count(pg_notify(%(channel)s, queue)) FROM unnest(%(woken)s::text[]) AS queue) >= 0
 
 -- name: job_insert_many_count_pending
 SELECT queue, count(*) AS n FROM jobkeeper_jobs

@@ -1,0 +1,3 @@
+-- Version 12: nothing to change on SQLite (PostgreSQL's inserts announce their
+-- jobs themselves instead of through a trigger; SQLite wakes workers through
+-- the wake channel, not NOTIFY).
