@@ -173,8 +173,11 @@ def pg_copier(url: str, batch: int) -> Iterator[Callable[[int], float]]:
 @contextlib.contextmanager
 def pg_jobkeeper_table_copier(url: str, batch: int) -> Iterator[Callable[[int], float]]:
     """:func:`pg_copier`, but into jobkeeper's own ``jobkeeper_jobs`` (migrated
-    by the caller): the columns jobkeeper's COPY writes, its partial indexes
-    and its per-statement NOTIFY trigger, ids from the identity default. The
+    by the caller): the columns jobkeeper's COPY writes and its partial
+    indexes, ids from the identity default (since schema version 12 the table
+    has no trigger: jobkeeper's bulk enqueue sends its NOTIFYs from the
+    statement that checks ``max_pending`` after the rows, which it runs
+    anyway). The
     server's share of a bulk enqueue: what is left of jobkeeper's time is the
     client's (validation, encoding, building the returned jobs).
     """
