@@ -19,6 +19,7 @@ from typing import Any, NamedTuple
 import psycopg
 
 from benchmarks.harness import connect_patiently, sqlite_connect
+from benchmarks.libs import time_calls
 
 PG_SCHEMA = """
 CREATE TABLE raw_jobs (
@@ -122,15 +123,9 @@ def pg_fill(url: str, n: int) -> None:
 
 
 def _timed(call: Callable[[], object]) -> Callable[[int], float]:
-    """``block(k)``: the seconds ``k`` calls of ``call`` take."""
-
-    def block(k: int) -> float:
-        started = time.perf_counter()
-        for _ in range(k):
-            call()
-        return time.perf_counter() - started
-
-    return block
+    """``block(k)``: the seconds ``k`` calls of ``call`` take (timed as the
+    libraries' calls are, :func:`benchmarks.libs.time_calls`)."""
+    return lambda k: time_calls(call, k).seconds
 
 
 @contextlib.contextmanager

@@ -29,7 +29,7 @@ from typing import Any
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks import measures, processes, turns
+from benchmarks import measures, processes, sampling, scale, turns
 from benchmarks.harness import (
     DEFAULT_PG_URL,
     PG_URL_ENV,
@@ -264,7 +264,7 @@ class Suite:
                 "jobkeeper",
                 sizes,
                 "scale",
-                lambda: measures.scale(ctx, self.jobkeeper),
+                lambda: scale.scale(ctx, self.jobkeeper),
             )
         if "rss" in selected:
             self.attempt(
@@ -278,7 +278,7 @@ class Suite:
             RESULTS_DIR.mkdir(parents=True, exist_ok=True)
             output = RESULTS_DIR / f"{self.stamp}-jobkeeper-drain.pyspy.txt"
             try:
-                self.profile = measures.profile_drain(ctx, self.jobkeeper, output)
+                self.profile = sampling.profile_drain(ctx, self.jobkeeper, output)
             except Exception as exc:
                 log(f"profile: n/a: {exc}")
                 self.profile = {"n/a": f"{type(exc).__name__}: {exc}"}
