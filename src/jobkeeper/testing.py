@@ -92,6 +92,9 @@ def drain(
     if they are due). No periodic ticks are enqueued while draining. The
     worker's threads have all ended when ``drain`` returns.
 
+    Queue settings hold: the jobs of a paused queue are left alone, and a
+    rate-limited queue runs as many as its window allows now.
+
     Without ``include_scheduled``, a job delayed into the future, or a failed
     one waiting out its backoff, is left waiting (unless it comes due within
     ``DRAIN_HORIZON`` seconds while the drain runs). With it, such jobs are

@@ -159,9 +159,12 @@ class Backend(Protocol):
     def job_next_due_in(
         self, *, queues: Sequence[str], now: datetime | None = None
     ) -> float | None:
-        """Seconds until the next job of ``queues`` can run: 0 while one is
-        available, else until the earliest scheduled/retryable one is due
-        (<= 0 when overdue), or ``None`` when there is none.
+        """Seconds until a job of ``queues`` could be claimed: 0 while one is
+        available in a queue that is not paused nor at its ``concurrency``
+        and whose ``serial_key`` nobody holds; until its rate window frees a
+        start in a queue at its ``rate_limit``; else until the earliest
+        scheduled/retryable one is due (<= 0 when overdue). ``None``: none
+        could without a queue being resumed or a held job ending.
         """
         ...
 

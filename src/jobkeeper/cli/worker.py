@@ -37,7 +37,8 @@ from jobkeeper.queues import parse_queue_share
     "--burst",
     is_flag=True,
     help="Run what is due, then exit; jobs that come due later than poll_interval "
-    "(delayed, or waiting out a retry's backoff) stay for the next worker.",
+    "(delayed, or waiting out a retry's backoff), and jobs of paused queues or held back "
+    "by limits for longer, stay for the next worker.",
 )
 @click.option(
     "--prefetch",

@@ -415,15 +415,46 @@ SELECT (SELECT coalesce(sum(staged), 0) FROM per_queue)::bigint AS staged,
           AND queue = ANY(%(queues)b::text[])) AS next_due_in
 
 -- name: job_next_due_in
--- 0 while any job of these queues is available (a claim that came back empty
--- is not proof the queue is: burst mode must not stop on it).
-SELECT CASE
-    WHEN EXISTS (SELECT 1 FROM jobkeeper_jobs
-                 WHERE status = 'available' AND queue = ANY(%(queues)b::text[])) THEN 0
-    ELSE (SELECT extract(epoch FROM min(scheduled_at) - {clock})::float8
-          FROM jobkeeper_jobs
-          WHERE status IN ('scheduled', 'retryable') AND queue = ANY(%(queues)b::text[]))
-END
+-- Seconds until a job of these queues could be claimed (a burst worker stops
+-- when none could within poll_interval). 0 while one is available in a queue
+-- that is not paused nor at its concurrency, and whose serial key, if any,
+-- nobody holds: a claim that came back empty is not proof there is none.
+-- In a queue whose rate window is full, until the window's oldest start
+-- leaves it. Else until the earliest scheduled or retryable job is due. NULL
+-- when nothing could run before a queue is resumed or a held job ends (a
+-- burst worker does not wait for other workers' jobs).
+WITH open AS (
+    SELECT served.name, settings.rate_limit, settings.rate_period
+    FROM unnest(%(queues)b::text[]) AS served(name)
+    LEFT JOIN jobkeeper_queues AS settings ON settings.name = served.name
+    WHERE NOT coalesce(settings.paused, false)
+      AND (settings.concurrency IS NULL OR settings.concurrency > (
+            SELECT count(*) FROM jobkeeper_jobs AS held
+            WHERE held.queue = served.name AND held.status IN ('claimed', 'running')))
+      AND EXISTS (
+            SELECT 1 FROM jobkeeper_jobs AS job
+            WHERE job.status = 'available' AND job.queue = served.name
+              AND (job.serial_key IS NULL OR NOT EXISTS (
+                    SELECT 1 FROM jobkeeper_jobs AS holder
+                    WHERE holder.serial_key = job.serial_key
+                      AND holder.status IN ('claimed', 'running'))))
+), ready AS (
+    SELECT CASE WHEN open.rate_limit IS NULL THEN 0 ELSE (
+        SELECT CASE WHEN coalesce(sum(starts.jobs), 0) < open.rate_limit THEN 0
+                    ELSE extract(epoch FROM min(starts.started_at)
+                                 + make_interval(secs => open.rate_period) - {clock})::float8
+               END
+        FROM jobkeeper_queue_starts AS starts
+        WHERE starts.queue = open.name
+          AND starts.started_at > {clock} - make_interval(secs => open.rate_period))
+    END AS due_in
+    FROM open
+)
+SELECT least(
+    (SELECT min(due_in) FROM ready),
+    (SELECT extract(epoch FROM min(scheduled_at) - {clock})::float8
+     FROM jobkeeper_jobs
+     WHERE status IN ('scheduled', 'retryable') AND queue = ANY(%(queues)b::text[])))
 
 -- name: job_rescue_candidates
 -- Held jobs (claimed or running) of silent holders. Rescue does not depend on the holder's worker row existing: a job whose

@@ -243,16 +243,42 @@ SELECT (SELECT 1
           AND queue IN (SELECT value FROM json_each(:queues))) AS next_due_in
 
 -- name: job_next_due_in
--- 0 while any job of these queues is available (see the PostgreSQL twin).
-SELECT CASE
-    WHEN EXISTS (SELECT 1 FROM jobkeeper_jobs
-                 WHERE status = 'available' AND queue IN (SELECT value FROM json_each(:queues)))
-    THEN 0
-    ELSE (SELECT min(scheduled_at) - {clock}
-          FROM jobkeeper_jobs
-          WHERE status IN ('scheduled', 'retryable')
-            AND queue IN (SELECT value FROM json_each(:queues)))
-END
+-- Seconds until a job of these queues could be claimed, NULL when none could
+-- before a queue is resumed or a held job ends (see the PostgreSQL twin).
+WITH open AS (
+    SELECT served.value AS name, settings.rate_limit, settings.rate_period
+    FROM json_each(:queues) AS served
+    LEFT JOIN jobkeeper_queues AS settings ON settings.name = served.value
+    WHERE NOT coalesce(settings.paused, 0)
+      AND (settings.concurrency IS NULL OR settings.concurrency > (
+            SELECT count(*) FROM jobkeeper_jobs AS held
+            WHERE held.queue = served.value AND held.status IN ('claimed', 'running')))
+      AND EXISTS (
+            SELECT 1 FROM jobkeeper_jobs AS job
+            WHERE job.status = 'available' AND job.queue = served.value
+              AND (job.serial_key IS NULL OR NOT EXISTS (
+                    SELECT 1 FROM jobkeeper_jobs AS holder
+                    WHERE holder.serial_key = job.serial_key
+                      AND holder.status IN ('claimed', 'running'))))
+), ready AS (
+    SELECT CASE WHEN open.rate_limit IS NULL THEN 0 ELSE (
+        SELECT CASE WHEN coalesce(sum(starts.jobs), 0) < open.rate_limit THEN 0
+                    ELSE min(starts.started_at) + open.rate_period - {clock} END
+        FROM jobkeeper_queue_starts AS starts
+        WHERE starts.queue = open.name AND starts.started_at > {clock} - open.rate_period)
+    END AS due_in
+    FROM open
+), next AS (
+    SELECT (SELECT min(due_in) FROM ready) AS available,
+           (SELECT min(scheduled_at) - {clock}
+            FROM jobkeeper_jobs
+            WHERE status IN ('scheduled', 'retryable')
+              AND queue IN (SELECT value FROM json_each(:queues))) AS scheduled
+)
+SELECT CASE WHEN available IS NULL THEN scheduled
+            WHEN scheduled IS NULL THEN available
+            ELSE min(available, scheduled) END
+FROM next
 
 -- name: job_rescue_candidates
 -- Held jobs (claimed or running) of silent holders. Rescue does not depend on the holder's worker row existing (procrastinate#1518).
