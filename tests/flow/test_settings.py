@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import warnings
 
@@ -146,6 +147,59 @@ def test_max_pending_refuses_single_and_batch_writing_nothing(jq):
     with pytest.raises(QueueFull):
         jq.enqueue("t", {}, queue="q", unique_key="u")
     assert pending(jq, "q") == 3
+
+
+def test_a_duplicate_of_a_pending_job_is_returned_at_max_pending(jq):
+    """Found by a break-test: on PostgreSQL the retry of an enqueue that had
+    committed (the README's advice after a lost connection: retry with a
+    unique_key) got QueueFull from a queue at its limit, with the job there.
+    Only the rows an enqueue adds count against max_pending."""
+    jq.configure_queue("q", max_pending=1)
+    first = jq.enqueue("t", {}, queue="q", unique_key="order-7")
+    assert jq.enqueue("t", {}, queue="q", unique_key="order-7").id == first.id
+    (again,) = jq.enqueue_many([("t", {}, {"queue": "q", "unique_key": "order-7"})])
+    assert again.id == first.id
+    waited = asyncio.run(jq.enqueue_async("t", {}, queue="q", unique_key="order-7"))
+    assert waited.id == first.id
+    # A batch that would add a row past the limit is refused whole.
+    batch = [("t", {}, {"queue": "q", "unique_key": key}) for key in ("order-7", "order-8")]
+    with pytest.raises(QueueFull) as caught:
+        jq.enqueue_many(batch)
+    assert (caught.value.limit, caught.value.count) == (1, 1)
+    assert pending(jq, "q") == 1
+    # Under a limit lowered past what is pending, a duplicate still adds nothing.
+    jq.configure_queue("q", max_pending=0)
+    assert jq.enqueue("t", {}, queue="q", unique_key="order-7").id == first.id
+    with pytest.raises(QueueFull):
+        jq.enqueue("t", {}, queue="q", unique_key="order-9")
+    assert pending(jq, "q") == 1
+
+
+@pytest.mark.parametrize("keyed", [False, True])
+def test_concurrent_keyed_enqueuers_never_pass_max_pending(make_queue, keyed):
+    """Batches with unique keys are counted after their rows are in: racing
+    ones still never take the queue past its limit."""
+    jq = make_queue()
+    jq.configure_queue("q", max_pending=30)
+    queues = [make_queue() for _ in range(4)]
+    refused: list[int] = []
+
+    def enqueue(mine: JobQueue, index: int) -> None:
+        for i in range(12):
+            # Each key twice, so half the calls resolve to a pending duplicate.
+            key = f"{index}-{i // 2}" if keyed else None
+            try:
+                if i % 3:
+                    mine.enqueue("t", {}, queue="q", unique_key=key)
+                else:
+                    options = {"queue": "q", "unique_key": key} if keyed else {"queue": "q"}
+                    mine.enqueue_many([("t", {}, options), ("t", {}, {"queue": "q"})])
+            except QueueFull:
+                refused.append(i)
+
+    assert run_threads(enqueue, [(q, n) for n, q in enumerate(queues)]) == []
+    assert refused
+    assert 30 - 2 < pending(jq, "q") <= 30
 
 
 def test_operator_actions_are_never_refused(jq):

@@ -54,9 +54,9 @@ def check_pending(
     inserted: bool = False,
 ) -> None:
     """Raise :class:`QueueFull` for the first queue (by name) that ``jobs``
-    would take past its ``max_pending``. A job that resolves to a pending
-    duplicate (``unique_key``) is counted as added: the check is conservative.
-    ``inserted``: ``counts`` already include ``jobs``.
+    would take past its ``max_pending``. ``inserted``: ``counts`` already
+    include ``jobs``, the rows the batch added (a job that resolved to its
+    pending duplicate added none, so it is not among them).
     """
     adding = Counter(job.queue for job in jobs)
     for queue in sorted(limits):

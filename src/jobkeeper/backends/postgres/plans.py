@@ -132,9 +132,18 @@ def insert_plan(jobs: Sequence[NewJob], channel: str, *, in_transaction: bool) -
         assert in_transaction, "the COPY path checks max_pending in its transaction"
         stored = yield from _insert_copy(jobs, channel)
     else:
-        if in_transaction:
+        # A job that resolves to its pending duplicate adds nothing, so a
+        # batch with unique keys is counted after its rows are in (as on
+        # SQLite): the retry of an enqueue that did commit gets its job back
+        # from a queue at its max_pending instead of QueueFull.
+        keyed = any(job.unique_key is not None for job in jobs)
+        if in_transaction and not keyed:
             yield from _flow_check(jobs)
-        stored = yield from _insert(jobs, channel, checked=in_transaction)
+        added: set[int] = set()
+        stored = yield from _insert(jobs, channel, checked=in_transaction, added=added)
+        if in_transaction and keyed:
+            new_rows = [new for new, job in zip(jobs, stored, strict=True) if job.id in added]
+            yield from _flow_check(new_rows, inserted=True)
     yield from _notify_due(channel, stored)
     return stored
 
@@ -172,11 +181,12 @@ def _flow_check(
     queues' rows are locked, and counted in a later statement whose snapshot
     is taken with the locks held. Before the rows go in, or, ``inserted``,
     after (the COPY path: its jobs are known once copied; the count then
-    holds them, and any batch that waited on the lock is counted too). The
-    lock's statement also announces the ``woken`` queues on ``channel`` (the
-    COPY path's available jobs: no statement of their own could).
+    holds them, and any batch that waited on the lock is counted too; the
+    COPY path's and a batch's with unique keys). The lock's statement also
+    announces the ``woken`` queues on ``channel`` (the COPY path's available
+    jobs: no statement of their own could).
     """
-    serial = [] if inserted else sorted({j.queue for j in jobs if j.serial_key is not None})
+    serial = sorted({j.queue for j in jobs if j.serial_key is not None})
     if serial:
         yield Execute("job_insert_many_mark_serial", {"queues": serial})
     locked = yield Execute(
@@ -218,7 +228,12 @@ def _notify_due(channel: str, jobs: list[Job]) -> Plan:
         )
 
 
-def _insert(jobs: Sequence[NewJob], channel: str, *, checked: bool) -> Plan:
+def _insert(
+    jobs: Sequence[NewJob], channel: str, *, checked: bool, added: set[int] | None = None
+) -> Plan:
+    """The jobs' rows (no COPY); ``added`` gets the ids of the rows
+    inserted (not a pending duplicate's).
+    """
     if len(jobs) == 1 and jobs[0].unique_key is None:
         return [(yield from _insert_one(jobs[0], channel, checked=checked))]
     lock_keys = sorted(
@@ -256,6 +271,8 @@ def _insert(jobs: Sequence[NewJob], channel: str, *, checked: bool) -> Plan:
         inserted = _jobs(rows)
         if not inserted and not checked:
             raise FlowNeeded
+        if added is not None:
+            added.update(job.id for job in inserted)
         existing: dict[tuple[str, str], Job] = {}
         if len(inserted) < len(batch):
             keyed = [j for j in batch if j.unique_key is not None]

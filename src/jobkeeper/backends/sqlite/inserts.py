@@ -70,18 +70,23 @@ class SqliteInserts(SqliteConnection):
         def _flow_check(self, conn: sqlite3.Connection, jobs: Sequence[NewJob]) -> None: ...
 
     def _insert(self, conn: sqlite3.Connection, jobs: Sequence[NewJob]) -> list[Job]:
-        out = self._insert_rows(conn, jobs)
+        out, added = self._insert_rows(conn, jobs)
         # Serial-key marks and max_pending after the rows are in, so the
         # first statement is a write: on a caller's deferred transaction a
         # read first would let another writer in before our write lock (and
-        # our write then fail on a stale snapshot). A refusal rolls it all back.
-        self._flow_check(conn, jobs)
+        # our write then fail on a stale snapshot). A refusal rolls it all
+        # back. Only the rows added count: a pending duplicate adds none.
+        self._flow_check(conn, added)
         return out
 
-    def _insert_rows(self, conn: sqlite3.Connection, jobs: Sequence[NewJob]) -> list[Job]:
+    def _insert_rows(
+        self, conn: sqlite3.Connection, jobs: Sequence[NewJob]
+    ) -> tuple[list[Job], list[NewJob]]:
+        """The stored Jobs in input order, and the jobs whose rows were added."""
         if len(jobs) > 1 and all(new.unique_key is None and new.serial_key is None for new in jobs):
-            return self._insert_bulk(conn, jobs)
+            return self._insert_bulk(conn, jobs), list(jobs)
         out: list[Job] = []
+        added: list[NewJob] = []
         insert = QUERIES["job_insert_many"]
         for new in jobs:
             params = insert_params(new, new.run_at.timestamp() if new.run_at else None)
@@ -102,7 +107,9 @@ class SqliteInserts(SqliteConnection):
                     f"unique_key {new.unique_key!r}: conflict without a pending job"
                 )
             out.append(matched[0])
-        return out
+            if inserted:
+                added.append(new)
+        return out, added
 
     def _insert_bulk(self, conn: sqlite3.Connection, jobs: Sequence[NewJob]) -> list[Job]:
         """Insert with executemany, without RETURNING (no unique keys to resolve).
