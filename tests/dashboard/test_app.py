@@ -10,6 +10,7 @@ from starlette.testclient import TestClient
 
 from jobkeeper.dashboard import create_app
 from jobkeeper.dashboard.app import CSRF_COOKIE, PASSWORD_ENV
+from jobkeeper.dashboard.security import Csrf
 from jobkeeper.models import JobStatus
 
 from .seed import seed
@@ -156,6 +157,13 @@ def test_retry_cancel_requeue_delete_by_post(client, jq, seeded):
         client.post(f"/jobs/{seeded.running}/explode", data={"csrf_token": token}).status_code
         == 404
     )
+    # Ids that are not ids: a 404 naming what was given (was a 409 quoting int()).
+    for bad in ("abc", "0", "-1", "1e3", "99999999999999999999", "%D9%A3"):
+        for action in (f"/jobs/{bad}/retry", f"/dead/{bad}/delete"):
+            response = client.post(action, data={"csrf_token": token})
+            assert response.status_code == 404, (action, response.status_code)
+            assert "positive number" in response.text and "int()" not in response.text
+        assert client.get(f"/jobs/{bad}").status_code == 404
 
 
 def _make_dead(jq, seeded) -> int:
@@ -187,6 +195,14 @@ def test_csrf_refusals(client, jq, seeded):
     # A cookie and field that match but were not signed by this app.
     forged = TestClient(client.app, cookies={CSRF_COOKIE: "nonce.deadbeef"})
     assert forged.post(target, data={"csrf_token": "nonce.deadbeef"}).status_code == 403
+    # Not ASCII, in the field or in a cookie that matches it (a 500 before:
+    # compare_digest refuses such str).
+    assert client.post(target, data={"csrf_token": "é"}).status_code == 403
+    csrf = Csrf(b"secret")
+    for cookie, field in (("n\u00e9.d\u00e9", "n\u00e9.d\u00e9"), ("a.b", "\udcff"), ("é", "é")):
+        assert csrf.valid(cookie, field) is False
+    good = csrf.new_token()
+    assert csrf.valid(good, good) is True
     assert jq.get_job(seeded.retryable).status == JobStatus.RETRYABLE
     assert client.post(target, data={"csrf_token": token}).status_code == 200
     assert jq.get_job(seeded.retryable).status == JobStatus.AVAILABLE

@@ -229,14 +229,12 @@ class Dashboard:
         return self._job_list(request, dead=True)
 
     def job(self, request: Request) -> Response:
-        try:
-            job = self.jq.get_job(int(request.path_params["job_id"]))
-        except (ConfigError, ValueError):
-            job = None
+        job_id = _path_job_id(request)
+        if job_id is None:
+            return _no_such_id(self, request)
+        job = self.jq.get_job(job_id)
         if job is None:
-            return self.error(
-                request, 404, f"No job {request.path_params['job_id']} (it may have been pruned)."
-            )
+            return self.error(request, 404, f"No job {job_id} (it may have been pruned).")
         now = self.jq.backend.db_now()
         waiting = None
         limits: list[str] = []
@@ -333,8 +331,10 @@ class Dashboard:
     def _act(self, request: Request) -> Response:
         what = request.path_params["action"]
         kind = request.path_params["kind"]
+        job_id = _path_job_id(request)
+        if job_id is None:
+            return _no_such_id(self, request)
         try:
-            job_id = int(request.path_params["job_id"])
             if kind == "jobs" and what == "retry":
                 self.jq.retry(job_id)
                 message = f"Job {job_id} is available again."
@@ -359,7 +359,7 @@ class Dashboard:
                 return PlainTextResponse("unknown action\n", status_code=404)
         except JobNotFound as exc:
             return self.error(request, 404, str(exc))
-        except (JobStateError, ConfigError, ValueError) as exc:
+        except (JobStateError, ConfigError) as exc:
             return self.error(request, 409, str(exc))
         except JobkeeperError as exc:
             return self.error(request, 503, str(exc))
@@ -370,6 +370,21 @@ class Dashboard:
 
         body, content_type = render_metrics(self.jq)
         return Response(body, media_type=content_type)
+
+
+def _path_job_id(request: Request) -> int | None:
+    """The URL's job id, or None when it is not one (a positive whole number)."""
+    raw = request.path_params["job_id"]
+    if not (isinstance(raw, str) and raw.isascii() and raw.isdigit()):
+        return None
+    job_id = int(raw)
+    return job_id if 0 < job_id < 2**63 else None
+
+
+def _no_such_id(dashboard: Dashboard, request: Request) -> Response:
+    return dashboard.error(
+        request, 404, f"No job {request.path_params['job_id']!r}: a job id is a positive number."
+    )
 
 
 def _see_other(request: Request, path: str, message: str) -> RedirectResponse:

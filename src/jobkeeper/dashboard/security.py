@@ -37,10 +37,16 @@ class Csrf:
         return hmac.new(self._secret, nonce.encode(), hashlib.sha256).hexdigest()
 
     def valid(self, cookie: str | None, field: str | None) -> bool:
-        if not cookie or not field or not hmac.compare_digest(cookie, field):
+        # Bytes: compare_digest refuses str holding anything but ASCII, and
+        # a forged token may hold anything.
+        if not cookie or not field or not hmac.compare_digest(_raw(cookie), _raw(field)):
             return False
         nonce, _, signature = cookie.partition(".")
-        return bool(nonce) and hmac.compare_digest(signature, self._sign(nonce))
+        return bool(nonce) and hmac.compare_digest(_raw(signature), _raw(self._sign(nonce)))
+
+
+def _raw(text: str) -> bytes:
+    return text.encode("utf-8", "surrogatepass")
 
 
 class BasicAuth(BaseHTTPMiddleware):
