@@ -192,9 +192,10 @@ class EnqueueMixin(QueueBase):
                 (scheduled/available/claimed/running/retryable), return that job
                 instead of inserting a new one.
             serial_key: jobs with the same serial_key are never held
-                (claimed or running) at once, on any worker; among a key's
-                due jobs, priority/scheduled_at/id order. A job waiting out a
-                retry does not hold its key.
+                (claimed or running) at once, on any worker, in any queue;
+                among a key's due jobs in one queue, priority/scheduled_at/id
+                order (across queues, whichever queue is claimed first). A
+                job waiting out a retry does not hold its key.
             connection: a psycopg 3 ``Connection`` (PostgreSQL) or
                 ``sqlite3.Connection`` to the same file, or a framework's
                 connection around one: Django's ``django.db.connection``, a
