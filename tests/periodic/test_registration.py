@@ -131,3 +131,36 @@ def test_using_shares_the_periodics(app, tmp_path):
     app.periodic(every=5, task="t")
     other = app.using(f"sqlite:///{tmp_path / 'other.db'}")
     assert list(other.periodics) == ["t"]
+
+
+def test_a_worker_refuses_a_periodic_of_an_unknown_task(tmp_path):
+    """Found by a break-test: ``task="clenaup"`` was accepted, and the worker
+    enqueued an "unknown task" job every tick without a word at start. A
+    JobQueue that registers tasks refuses the name when a worker is made (not
+    when the periodic is declared: its task may be registered further down),
+    as enqueue refuses it; an external task is declared as for enqueue."""
+    jq = JobQueue(f"sqlite:///{tmp_path / 'unknown.db'}")
+
+    @jq.task
+    def cleanup() -> None:
+        return None
+
+    jq.periodic(every=60, task="clenaup")
+    with pytest.raises(ConfigError, match=r"periodic 'clenaup': unknown task 'clenaup'.*cleanup"):
+        jq.worker()
+    with pytest.raises(ConfigError, match="unknown task"):
+        jq.run_worker(burst=True)
+
+    later = JobQueue(f"sqlite:///{tmp_path / 'later.db'}", external_tasks=["report"])
+    later.periodic(every=60, task="report")  # another service runs it
+    later.periodic(every=60, task="tidy")  # registered below: fine
+
+    @later.task
+    def tidy() -> None:
+        return None
+
+    assert later.worker() is not None
+    # A queue without tasks (a producer) checks nothing, as its enqueues.
+    bare = JobQueue(f"sqlite:///{tmp_path / 'bare.db'}")
+    bare.periodic(every=60, task="anything")
+    assert bare.worker() is not None

@@ -97,7 +97,10 @@ class PeriodicsMixin(QueueBase):
                 aligned to the Unix epoch.
             timezone: IANA name for ``cron`` (default ``"UTC"``).
             task: the call form: a Task or a task name (it need not be
-                registered here; its args are then checked as JSON only).
+                registered here; its args are then checked as JSON only; but
+                a JobQueue that registers tasks refuses, when a worker is
+                made, a name it neither registers nor lists in
+                ``external_tasks``, as ``enqueue`` does).
             args: the jobs' keyword arguments, checked as an enqueue checks them.
             name: unique per queue and per database (default: the task's
                 name); the stored record of the periodic's ticks is keyed on it.

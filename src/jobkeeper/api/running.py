@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from jobkeeper.api.base import DEFAULT_QUEUE, QueueBase
 from jobkeeper.config import MAX_CONCURRENCY, check_name
@@ -13,6 +13,10 @@ from jobkeeper.queues import parse_queue_share
 
 class RunningMixin(QueueBase):
     """Worker methods of :class:`~jobkeeper.JobQueue`."""
+
+    if TYPE_CHECKING:  # the enqueue mixin supplies it
+
+        def _check_external(self, task_name: str) -> None: ...
 
     # -- run -----------------------------------------------------------------
 
@@ -25,6 +29,9 @@ class RunningMixin(QueueBase):
     ) -> Any:
         """A :class:`jobkeeper.worker.runner.Worker` for these queues, not started
         (``run_worker`` runs one). Validates like ``run_worker``.
+
+        Raises:
+            ConfigError: as ``run_worker``.
         """
         from jobkeeper.worker.runner import Worker
 
@@ -37,6 +44,14 @@ class RunningMixin(QueueBase):
             raise ConfigError(
                 f"concurrency must be between 1 and {MAX_CONCURRENCY}, got {concurrency}"
             )
+        for periodic in self.periodics.values():
+            # Checked here, not when the periodic is declared: its task may
+            # be registered further down the module.
+            if self.tasks and periodic.task not in self.tasks:
+                try:
+                    self._check_external(periodic.task)
+                except ConfigError as exc:
+                    raise ConfigError(f"periodic {periodic.name!r}: {exc}") from None
         extra: dict[str, Any] = {}
         if shares:
             for name, share in shares.items():
@@ -92,7 +107,9 @@ class RunningMixin(QueueBase):
             (those jobs will be rescued and re-run).
 
         Raises:
-            ConfigError: a bad queue name, concurrency or prefetch.
+            ConfigError: a bad queue name, concurrency or prefetch; a periodic
+                naming a task this JobQueue neither registers nor lists in
+                ``external_tasks`` (when it registers any).
             DatabaseUnavailable: the database cannot be reached at start.
         """
         stats = self.worker(queues, concurrency, burst, prefetch).run()
