@@ -27,6 +27,7 @@ os.environ.pop("COLUMNS", None)
 
 from jobkeeper import JobQueue
 from support.db import PG_URL, pg_schema_url
+from support.notify import listener, pg_jq  # noqa: F401 - fixtures: a queue and its LISTEN
 from support.settings import FAST
 
 BACKENDS = [

@@ -15,25 +15,11 @@ import psycopg
 import pytest
 
 from backends.helpers import claim, fail
-from cases.test_c10_notify_payload import Listener
-from jobkeeper import JobQueue, JobStatus, PayloadError, QueueFull
+from jobkeeper import JobStatus, PayloadError, QueueFull
 from jobkeeper.maintenance.periodic import PeriodicEnqueuer
 from periodic.helpers import fabricate
 from support.db import count, sql
-
-
-@pytest.fixture
-def pg_jq(pg_url):
-    with JobQueue(pg_url) as jq:
-        jq.migrate()
-        yield jq
-
-
-@pytest.fixture
-def listener(pg_jq):
-    heard = Listener(pg_jq)
-    yield heard
-    heard.close()
+from support.notify import Listener
 
 
 def heard(listener: Listener, expected: int) -> list[str]:
