@@ -202,6 +202,40 @@ def test_concurrent_keyed_enqueuers_never_pass_max_pending(make_queue, keyed):
     assert 30 - 2 < pending(jq, "q") <= 30
 
 
+def test_keyed_and_unkeyed_enqueues_in_callers_transactions_do_not_deadlock(pg_url):
+    """Found by a break-test of the change that counts keyed batches after
+    their rows: it inserted a keyed batch's rows before locking the queue's
+    row, while an unkeyed enqueue locks the row first. T1 (unkeyed, holding
+    q's row) then keyed K; T2 keyed K in between: PostgreSQL aborted T2 for a
+    deadlock. Every enqueue locks the queue first; T2 waits for T1, then
+    finds K pending and returns it."""
+    with JobQueue(pg_url) as jq:
+        jq.migrate()
+        jq.configure_queue("q", max_pending=100)
+        outcome: dict[str, object] = {}
+        with psycopg.connect(pg_url) as first, psycopg.connect(pg_url) as second:
+            with first.transaction():
+                jq.enqueue("t", {}, queue="q", connection=first)
+
+                def other() -> None:
+                    try:
+                        with second.transaction():
+                            outcome["T2"] = jq.enqueue(
+                                "t", {}, queue="q", unique_key="K", connection=second
+                            ).id
+                    except Exception as exc:  # the deadlock, reported below
+                        outcome["T2"] = exc
+
+                waiter = threading.Thread(target=other)
+                waiter.start()
+                waiter.join(timeout=1.0)  # T2 waits on q's row (it would insert K first before)
+                assert waiter.is_alive()
+                keyed = jq.enqueue("t", {}, queue="q", unique_key="K", connection=first)
+            waiter.join(timeout=30)
+        assert outcome["T2"] == keyed.id, outcome
+        assert pending(jq, "q") == 2
+
+
 def test_operator_actions_are_never_refused(jq):
     job = jq.enqueue("t", {}, queue="q")
     jq.cancel(job.id)

@@ -132,18 +132,24 @@ def insert_plan(jobs: Sequence[NewJob], channel: str, *, in_transaction: bool) -
         assert in_transaction, "the COPY path checks max_pending in its transaction"
         stored = yield from _insert_copy(jobs, channel)
     else:
-        # A job that resolves to its pending duplicate adds nothing, so a
-        # batch with unique keys is counted after its rows are in (as on
-        # SQLite): the retry of an enqueue that did commit gets its job back
-        # from a queue at its max_pending instead of QueueFull.
-        keyed = any(job.unique_key is not None for job in jobs)
-        if in_transaction and not keyed:
-            yield from _flow_check(jobs)
-        added: set[int] = set()
-        stored = yield from _insert(jobs, channel, checked=in_transaction, added=added)
-        if in_transaction and keyed:
+        limits: dict[str, int] = {}
+        if in_transaction:
+            limits = yield from _lock_limited(jobs)
+        if not any(job.unique_key is not None for job in jobs):
+            yield from _count_limited(limits, jobs)
+            stored = yield from _insert(jobs, channel, checked=in_transaction)
+        else:
+            # A job that resolves to its pending duplicate adds nothing, so a
+            # batch with unique keys is counted after its rows are in (as on
+            # SQLite), with only the rows it added: the retry of an enqueue
+            # that did commit gets its job back from a queue at max_pending.
+            # The queues stay locked first, as every enqueue locks them: a
+            # caller's transaction mixing keyed and unkeyed enqueues must not
+            # take the queue's row and a key in opposite orders (a deadlock).
+            added: set[int] = set()
+            stored = yield from _insert(jobs, channel, checked=in_transaction, added=added)
             new_rows = [new for new, job in zip(jobs, stored, strict=True) if job.id in added]
-            yield from _flow_check(new_rows, inserted=True)
+            yield from _count_limited(limits, new_rows, inserted=True)
     yield from _notify_due(channel, stored)
     return stored
 
@@ -169,22 +175,16 @@ def copyable(jobs: Sequence[NewJob]) -> bool:
     return all(job.unique_key is None and job.serial_key is None for job in jobs)
 
 
-def _flow_check(
-    jobs: Sequence[NewJob],
-    *,
-    inserted: bool = False,
-    channel: str | None = None,
-    woken: Sequence[str] = (),
+def _lock_limited(
+    jobs: Sequence[NewJob], *, channel: str | None = None, woken: Sequence[str] = ()
 ) -> Plan:
-    """Mark queues that get serial-keyed jobs, and refuse the batch with
-    :class:`QueueFull` if it takes a queue past ``max_pending``: the limited
-    queues' rows are locked, and counted in a later statement whose snapshot
-    is taken with the locks held. Before the rows go in, or, ``inserted``,
-    after (the COPY path: its jobs are known once copied; the count then
-    holds them, and any batch that waited on the lock is counted too; the
-    COPY path's and a batch's with unique keys). The lock's statement also
-    announces the ``woken`` queues on ``channel`` (the COPY path's available
-    jobs: no statement of their own could).
+    """Mark queues that get serial-keyed jobs and lock the rows of the
+    batch's queues with ``max_pending``; returns their limits. Enqueues into
+    a limited queue serialise on its row, so two cannot both pass the count
+    (:func:`_count_limited`, in a later statement, whose snapshot is taken
+    with the locks held). The statement also announces the ``woken`` queues
+    on ``channel`` (the COPY path's available jobs: no statement of their own
+    could).
     """
     serial = sorted({j.queue for j in jobs if j.serial_key is not None})
     if serial:
@@ -193,7 +193,19 @@ def _flow_check(
         "job_insert_many_lock_pending",
         {"queues": sorted({j.queue for j in jobs}), "channel": channel, "woken": list(woken)},
     )
-    limits = {row["name"]: int(row["max_pending"]) for row in locked}
+    return {row["name"]: int(row["max_pending"]) for row in locked}
+
+
+def _count_limited(
+    limits: dict[str, int], jobs: Sequence[NewJob], *, inserted: bool = False
+) -> Plan:
+    """Refuse the batch with :class:`QueueFull` if ``jobs`` take a limited
+    queue (``limits``, locked) past its ``max_pending``: before their rows go
+    in, or, ``inserted``, after (the count then holds them, and any batch that
+    waited on the lock is counted too). Only the queues of ``jobs`` count.
+    """
+    queues = {j.queue for j in jobs}
+    limits = {queue: limit for queue, limit in limits.items() if queue in queues}
     if not limits:
         return
     counted = yield Execute("job_insert_many_count_pending", {"queues": sorted(limits)})
@@ -384,7 +396,8 @@ def _insert_copy(jobs: Sequence[NewJob], channel: str) -> Plan:
             ],
         )  # fmt: skip
     woken = {job.queue for job in built if job.status is JobStatus.AVAILABLE}
-    yield from _flow_check(read, inserted=True, channel=channel, woken=sorted(woken))
+    limits = yield from _lock_limited(read, channel=channel, woken=sorted(woken))
+    yield from _count_limited(limits, read, inserted=True)
     return built
 
 
