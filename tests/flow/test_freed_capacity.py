@@ -34,6 +34,26 @@ def test_a_freed_slot_of_the_cap_is_claimed_into_before_the_next_poll(make_queue
     assert [status for (status,) in rows] == ["completed"] * 3
 
 
+def test_a_freed_serial_key_is_claimed_into_before_the_next_poll(make_queue):
+    # Noted by a break-test: on PostgreSQL each next job of a serial key
+    # waited a poll_interval (4 jobs, 3.5 s with poll_interval=1). A keyed
+    # job's outcome is written at once and the worker claims after it.
+    jq = make_queue(poll_interval=3600.0)
+
+    @jq.task(queue="q")
+    def step(i: int) -> None:
+        return None
+
+    for i in range(4):
+        step.options(serial_key="account:7").enqueue(i=i)
+    worker = jq.worker(queues=["q"], concurrency=2, burst=True)
+    worker.completer._flush_interval = 3600.0
+    with running(worker) as run:
+        run.join()  # burst: it stops once all four ran, one after another
+    rows = sql(jq, "SELECT status FROM jobkeeper_jobs WHERE queue = 'q' ORDER BY id")
+    assert [status for (status,) in rows] == ["completed"] * 4
+
+
 def test_an_urgent_outcome_ends_the_linger_and_reports_its_write(jq):
     @jq.task()
     def job() -> None:

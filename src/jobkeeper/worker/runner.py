@@ -283,7 +283,11 @@ class Worker:
 
     def _on_outcome(self, job: Job, outcome: Outcome) -> None:
         self.claims.forget(job)
-        self.completer.add(outcome, job=job, urgent=job.queue in self.producer.capped)
+        # A capped queue's slot, or a serial key, is held until the outcome
+        # is written: written at once, the next job of either is claimed at
+        # once rather than at the next poll.
+        urgent = job.queue in self.producer.capped or job.serial_key is not None
+        self.completer.add(outcome, job=job, urgent=urgent)
 
     def _max_crashes_of(self, job: Job) -> int:
         """A job's crash budget: its task's ``max_crashes`` here, else the setting."""
