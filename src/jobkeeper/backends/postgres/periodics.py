@@ -67,7 +67,9 @@ class PostgresPeriodics(PostgresConnections, PostgresFlow):
                 cursor.execute(QUERIES["periodic_enqueue_tick"], params)
                 rows = cursor.fetchall()
                 return int(rows[0][0]) if rows else None
-            skip = {k: v for k, v in params.items() if k != "tick"} | {"through": tick}
+            skip = {k: v for k, v in params.items() if k not in ("tick", "channel")} | {
+                "through": tick
+            }
             cursor.execute(QUERIES["periodic_skip"], skip)
             skipped = bool(cursor.fetchall())
         if skipped:
@@ -89,7 +91,6 @@ class PostgresPeriodics(PostgresConnections, PostgresFlow):
             "timezone": timezone,
             "through": through,
             "next_tick": next_tick,
-            "channel": self.channel(),
         }
         return bool(self._fetch("periodic_skip", params))
 
