@@ -17,11 +17,11 @@ that replaces it for that call: production passes nothing, tests pin time
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any, Protocol
 
-from jobkeeper.backends.watch import CompletionWatch
+from jobkeeper.backends.surfaces import CockpitSeam, FlowSeam, PeriodicSeam, WaitSeam
 from jobkeeper.config import DatabaseURL
 from jobkeeper.models import (
     Claim,
@@ -30,17 +30,16 @@ from jobkeeper.models import (
     Job,
     JobStatus,
     NewJob,
-    QueueCounts,
     RequeueConflict,
     Staging,
     WorkerInfo,
 )
-from jobkeeper.periodic import Periodic, PeriodicRow, PeriodicTouch
-from jobkeeper.queues import QueueSettings
 
 
-class Backend(Protocol):
-    """What the API, the worker and the maintenance services need from a database."""
+class Backend(CockpitSeam, PeriodicSeam, FlowSeam, WaitSeam, Protocol):
+    """What the API, the worker and the maintenance services need from a database
+    (the core's operations here, the rest in :mod:`~jobkeeper.backends.surfaces`).
+    """
 
     #: ``"sqlite"`` or ``"postgresql"``.
     name: str
@@ -322,182 +321,4 @@ class Backend(Protocol):
         wake-ups cannot work (PostgreSQL behind a pooler in transaction
         mode): workers then find jobs by staging every ``poll_interval``.
         """
-        ...
-
-    # -- dashboard, /metrics, doctor ---------------------------------------
-
-    def dead_letter_purge(
-        self, *, job_ids: Sequence[int] | None, older_than: float | None
-    ) -> list[int]:
-        """Delete dead letters: those of ``job_ids`` (all when None) that died
-        more than ``older_than`` seconds ago (any age when None). Returns the
-        ids deleted.
-        """
-        ...
-
-    def queue_remove(self, *, queue: str) -> int:
-        """Delete everything stored under the queue ``queue``: its jobs (in any
-        status), its dead letters, its settings and start records, and the
-        periodic rows that enqueue into it (``jobkeeper verify``'s clean-up of
-        its own queue). Returns the jobs and dead letters deleted.
-        """
-        ...
-
-    def dead_letter_prune(
-        self, *, older_than: float, limit: int, now: datetime | None = None
-    ) -> int:
-        """Delete up to ``limit`` dead letters that died more than
-        ``older_than`` seconds ago (``dead_retention``); return how many.
-        """
-        ...
-
-    def job_serial_holders(self, *, serial_key: str) -> list[int]:
-        """Ids of the jobs holding ``serial_key`` now (claimed or running)."""
-        ...
-
-    def queue_starts_count(self, *, queue: str, period: float) -> int:
-        """Jobs of ``queue`` started (claimed) in the last ``period`` seconds,
-        as its rate limit counts them (only rate-limited queues record starts).
-        """
-        ...
-
-    def queue_counts(self, *, exact_below: int) -> QueueCounts:
-        """Jobs per queue and status, dead letters as ``dead``. Live statuses
-        exact; completed and cancelled exact while together at most
-        ``exact_below`` rows (dead letters likewise), else estimated from a
-        sample of the newest ``exact_below + 1``.
-        """
-        ...
-
-    def queue_oldest_due(self) -> dict[str, tuple[int, float]]:
-        """Per queue with due work, its oldest job that could run now
-        (available, or past due): ``{queue: (job id, seconds since due)}``.
-        """
-        ...
-
-    def job_throughput(
-        self, *, since_seconds: float, bucket_seconds: float
-    ) -> dict[float, dict[str, int]]:
-        """Jobs finished (completed, cancelled) in the last ``since_seconds``,
-        per bucket: ``{bucket start (Unix seconds): {status: count}}``;
-        empty buckets absent.
-        """
-        ...
-
-    def database_health(self) -> dict[str, Any]:
-        """Facts ``doctor`` judges: ``backend``, ``schema_version``,
-        ``schema_expected``, ``claim_uses_index`` and ``claim_plan``; on
-        PostgreSQL ``table`` (live/dead tuples, seconds since the last vacuum,
-        autovacuum switches), ``xmin_holders``, ``notify_usage`` and ``encoding``
-        (e.g. ``UTF8``); on SQLite ``journal_mode``, ``busy_timeout_ms``, ``wal_bytes``.
-        """
-        ...
-
-    # -- periodic jobs ------------------------------------------------------
-
-    def periodic_upsert(self, *, periodics: Sequence[Periodic]) -> None:
-        """A worker's start: store its definitions, replacing what another
-        definition of the same name stored (code is the source of truth), in
-        one transaction. An unchanged schedule (same ``str(schedule)`` and time
-        zone) keeps ``since_at``, ``last_tick_at`` and ``seen_at``; a new or
-        changed one starts owing ticks from now (database clock).
-        """
-        ...
-
-    def periodic_enqueue_tick(
-        self,
-        *,
-        name: str,
-        schedule: str,
-        timezone: str,
-        tick: datetime,
-        next_tick: datetime | None,
-    ) -> int | None:
-        """Enqueue the job of one tick, atomically with its record: when the
-        stored definition is ``(name, schedule, timezone)`` and ``tick`` is
-        later than both ``since_at`` and ``last_tick_at``, set ``last_tick_at =
-        tick`` and insert the job (``scheduled_at = tick``) in one transaction.
-
-        Returns:
-            The new job's id, or None when the tick was already enqueued (or
-            skipped) by anyone, or the definition is not the caller's.
-        """
-        ...
-
-    def periodic_skip(
-        self,
-        *,
-        name: str,
-        schedule: str,
-        timezone: str,
-        through: datetime,
-        next_tick: datetime | None,
-    ) -> bool:
-        """Give up the ticks up to ``through`` (missed, and older than
-        catch_up): ``since_at = through``, under the same conditions as
-        :meth:`periodic_enqueue_tick`. Returns whether the row changed.
-        """
-        ...
-
-    def periodic_touch(self, *, touches: Sequence[PeriodicTouch]) -> set[str]:
-        """Set ``seen_at`` to now (and ``next_tick_at``) on each row whose stored
-        definition is the toucher's; return the names refreshed.
-        """
-        ...
-
-    def periodic_list(self, *, stale_after: float) -> list[PeriodicRow]:
-        """Every ``jobkeeper_periodic`` row by name, ``stale`` when its
-        ``seen_at`` is more than ``stale_after`` seconds old (database clock).
-        """
-        ...
-
-    def periodic_prune(self, *, stale_after: float) -> list[str]:
-        """Delete the rows stale by ``stale_after`` seconds; return their names."""
-        ...
-
-    # -- flow control ---------------------------------------------------------
-
-    def queue_settings_list(self, *, names: Sequence[str] | None = None) -> list[QueueSettings]:
-        """The ``jobkeeper_queues`` rows (of ``names``; all when None), by name."""
-        ...
-
-    def queue_configure(self, *, name: str, changes: Mapping[str, Any]) -> QueueSettings:
-        """Write the settings in ``changes`` (keys ``paused``, ``concurrency``,
-        ``rate_limit`` as ``(count, period seconds)``, ``max_pending``; a
-        value None lifts one) and keep the others; a row left with nothing
-        set is deleted. Returns the settings now stored.
-        """
-        ...
-
-    # -- waiting for results and the async producer API ----------------------
-
-    def job_mark_awaited(self, *, job_id: int) -> None:
-        """Mark the job as waited for: its end wakes :meth:`completion_watch`'s waiters."""
-        ...
-
-    def completion_watch(self) -> CompletionWatch:
-        """The process-wide watch of this database's job ends (one
-        connection and thread per process, however many waiters).
-        """
-        ...
-
-    async def job_insert_many_async(
-        self, *, jobs: Sequence[NewJob], connection: Any = None
-    ) -> list[Job]:
-        """``job_insert_many`` without blocking the event loop; ``connection``
-        is a psycopg ``AsyncConnection`` (PostgreSQL) or a ``sqlite3``
-        connection (SQLite, written on the caller's thread).
-        """
-        ...
-
-    async def job_get_async(self, *, job_id: int) -> Job | None:
-        """``job_get`` without blocking the event loop."""
-        ...
-
-    async def job_mark_awaited_async(self, *, job_id: int) -> None:
-        """``job_mark_awaited`` without blocking the event loop."""
-        ...
-
-    async def aclose(self) -> None:
-        """Release what the async calls of the running loop hold."""
         ...

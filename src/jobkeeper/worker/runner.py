@@ -19,7 +19,7 @@ SIGTERM/SIGINT: stop claiming, let running jobs finish for up to
 returns within ``INTERRUPT_WAIT`` (available again, the attempt not spent),
 flush every ack, deregister, return 0. A second signal skips the rest of the
 grace period. Jobs whose code does not return even then stay held (see
-:meth:`Worker._shutdown`).
+:mod:`~jobkeeper.worker.stopping`).
 """
 
 from __future__ import annotations
@@ -29,7 +29,6 @@ import os
 import signal
 import socket
 import threading
-import time
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from types import FrameType
@@ -56,19 +55,12 @@ from jobkeeper.worker.listener import SignalRelay, start_listener
 from jobkeeper.worker.producer import MAX_PREFETCH, Producer
 from jobkeeper.worker.sideeffects import SideEffects
 from jobkeeper.worker.stats import WorkerStats, checked_shares, make_worker_id
+from jobkeeper.worker.stopping import stop_running
 
 logger = logging.getLogger("jobkeeper.worker")
 
 #: Longest wait, in seconds, between attempts to reach the database at start.
 STARTUP_RETRY_MAX = 10.0
-#: Seconds a stopping worker waits, after interrupting the jobs still running
-#: past the grace period, for their code to return.
-INTERRUPT_WAIT = 2.0
-#: Seconds a stop gives unwritten outcomes beyond what is left of the grace
-#: period. Enough for acks to reach a healthy (or just restarted) server; not
-#: a wait without end on one that refuses writes (read-only, out of disk):
-#: what is still unwritten then is rescued and run again (at-least-once).
-SHUTDOWN_FLUSH = 3.0
 
 
 class Worker:
@@ -433,28 +425,19 @@ class Worker:
         # worker that stays instead of waiting out the grace period, and a
         # stopping worker never takes it up on the way out.
         self.leader.stop()
-        # Claimed but never started: handed back at once, with no errors
-        # entry (with a deep prefetch a stop would add one to every buffered job).
-        self.executor.hand_back(stop_starting=True)
-        grace = self._settings.shutdown_grace
-        deadline = time.monotonic() + grace
-        while self.executor.snapshot().active and not self._force.is_set():
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                break
-            self.executor.wait_idle(min(remaining, 0.1))
-        stuck = self._interrupt_running(grace) if self.executor.snapshot().active else []
-        flush_for = SHUTDOWN_FLUSH if self._force.is_set() else deadline - time.monotonic()
-        flushed = self.completer.stop(timeout=max(flush_for, SHUTDOWN_FLUSH))
-        # Still held in the database: code that would not return, and jobs
-        # whose outcome, hand-back or start mark could not be written.
-        left_held = len({job.id for job in stuck} | self.completer.pending_ids())
+        stopped = stop_running(
+            self.executor,
+            self.completer,
+            grace=self._settings.shutdown_grace,
+            force=self._force,
+            rescue_after=self._settings.rescue_after,
+        )
         self._listener_stop.set()
         for service in reversed(self._services):
             service.stop()
         if self._listener is not None:
             self._listener.join(timeout=2)
-        if not flushed or stuck:
+        if not stopped.flushed or stopped.stuck:
             self.stats.exit_code = 1
         try:
             # Without our row, anything we still hold (unwritten acks) is
@@ -462,7 +445,7 @@ class Worker:
             # Not while code we gave up on may still run in this process: its
             # job is rescued rescue_after seconds after our last heartbeat,
             # by when a CLI worker process has exited.
-            if self._registered and not stuck:
+            if self._registered and not stopped.stuck:
                 self._backend.worker_deregister(worker_id=self.info.id)
         except DatabaseError as exc:
             logger.warning("could not deregister (%s); the row will go stale and be pruned", exc)
@@ -470,35 +453,8 @@ class Worker:
         for backend in self._backends:
             backend.close()
         joblog.log_stop(
-            worker_id=self.info.id, started=self._registered, tally=self.stats, left_held=left_held
+            worker_id=self.info.id,
+            started=self._registered,
+            tally=self.stats,
+            left_held=stopped.left_held,
         )
-
-    def _interrupt_running(self, grace: float) -> list[Job]:
-        """Past the grace period: interrupt what still runs, wait up to
-        ``INTERRUPT_WAIT`` seconds for its code to return (handed back then),
-        and give up on the rest. Returns the jobs given up on.
-
-        Those are not handed back: another worker would start them while
-        their code still runs here (two live holders). They stay held by
-        this worker; once its heartbeat stops they are rescued after
-        ``rescue_after`` (the attempt counted), as if it had crashed.
-        """
-        asked = self.executor.interrupt_all(
-            "worker shutdown: handed back at once (stop forced by a second signal)"
-            if self._force.is_set()
-            else f"worker shutdown: handed back after shutdown_grace={grace:g}s"
-        )
-        logger.warning("interrupting %d jobs still running at shutdown", asked)
-        self.executor.wait_idle(INTERRUPT_WAIT)
-        stuck = self.executor.abandon_running()
-        if stuck:
-            logger.error(
-                "%d jobs did not return %gs after being interrupted at shutdown and stay held "
-                "by this worker, to be rescued %gs after its last heartbeat (not handed back: "
-                "their code may still be running): %s",
-                len(stuck),
-                INTERRUPT_WAIT,
-                self._settings.rescue_after,
-                ", ".join(f"{job.id} ({job.task})" for job in stuck),
-            )
-        return stuck

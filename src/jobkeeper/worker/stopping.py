@@ -1,0 +1,122 @@
+"""A stopping worker's running jobs: the grace period, the interrupt, the
+last flush of their outcomes.
+
+What the runner does around it (resigning the lead, stopping the services,
+deregistering) is the runner's; this is only how running work ends.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+
+from jobkeeper.models import Job
+from jobkeeper.worker.completer import Completer
+from jobkeeper.worker.executor import Executor
+
+logger = logging.getLogger("jobkeeper.worker")
+
+#: Seconds a stopping worker waits, after interrupting the jobs still running
+#: past the grace period, for their code to return.
+INTERRUPT_WAIT = 2.0
+#: Seconds a stop gives unwritten outcomes beyond what is left of the grace
+#: period. Enough for acks to reach a healthy (or just restarted) server; not
+#: a wait without end on one that refuses writes (read-only, out of disk):
+#: what is still unwritten then is rescued and run again (at-least-once).
+SHUTDOWN_FLUSH = 3.0
+
+
+@dataclass(frozen=True)
+class Stopped:
+    """How the running work ended.
+
+    Attributes:
+        stuck: jobs whose code did not return after the interrupt; they stay
+            held by this worker (see :func:`stop_running`).
+        flushed: every outcome was written.
+        left_held: how many jobs this worker still holds in the database:
+            the stuck ones and those whose outcome, hand-back or start mark
+            could not be written.
+    """
+
+    stuck: list[Job]
+    flushed: bool
+    left_held: int
+
+
+def stop_running(
+    executor: Executor,
+    completer: Completer,
+    *,
+    grace: float,
+    force: threading.Event,
+    rescue_after: float,
+) -> Stopped:
+    """End a stopping worker's work: hand back what was claimed but never
+    started, let running jobs finish for up to ``grace`` seconds (less once
+    ``force`` is set), interrupt the rest, then write every outcome.
+
+    Args:
+        executor: the worker's executor.
+        completer: the worker's completer; stopped here.
+        grace: seconds running jobs get to finish (``shutdown_grace``).
+        force: set by a second signal: skip what is left of the grace period.
+        rescue_after: seconds after the last heartbeat that stuck jobs are
+            rescued (only for the log line).
+
+    Returns:
+        Stopped: what is left held, and whether every outcome was written.
+    """
+    # Claimed but never started: handed back at once, with no errors entry
+    # (with a deep prefetch a stop would add one to every buffered job).
+    executor.hand_back(stop_starting=True)
+    deadline = time.monotonic() + grace
+    while executor.snapshot().active and not force.is_set():
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            break
+        executor.wait_idle(min(remaining, 0.1))
+    stuck = (
+        _interrupt_running(executor, grace, forced=force.is_set(), rescue_after=rescue_after)
+        if executor.snapshot().active
+        else []
+    )
+    flush_for = SHUTDOWN_FLUSH if force.is_set() else deadline - time.monotonic()
+    flushed = completer.stop(timeout=max(flush_for, SHUTDOWN_FLUSH))
+    left_held = len({job.id for job in stuck} | completer.pending_ids())
+    return Stopped(stuck=stuck, flushed=flushed, left_held=left_held)
+
+
+def _interrupt_running(
+    executor: Executor, grace: float, *, forced: bool, rescue_after: float
+) -> list[Job]:
+    """Past the grace period: interrupt what still runs, wait up to
+    ``INTERRUPT_WAIT`` seconds for its code to return (handed back then),
+    and give up on the rest. Returns the jobs given up on.
+
+    Those are not handed back: another worker would start them while
+    their code still runs here (two live holders). They stay held by
+    this worker; once its heartbeat stops they are rescued after
+    ``rescue_after`` (the attempt counted), as if it had crashed.
+    """
+    asked = executor.interrupt_all(
+        "worker shutdown: handed back at once (stop forced by a second signal)"
+        if forced
+        else f"worker shutdown: handed back after shutdown_grace={grace:g}s"
+    )
+    logger.warning("interrupting %d jobs still running at shutdown", asked)
+    executor.wait_idle(INTERRUPT_WAIT)
+    stuck = executor.abandon_running()
+    if stuck:
+        logger.error(
+            "%d jobs did not return %gs after being interrupted at shutdown and stay held "
+            "by this worker, to be rescued %gs after its last heartbeat (not handed back: "
+            "their code may still be running): %s",
+            len(stuck),
+            INTERRUPT_WAIT,
+            rescue_after,
+            ", ".join(f"{job.id} ({job.task})" for job in stuck),
+        )
+    return stuck
