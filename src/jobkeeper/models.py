@@ -76,6 +76,9 @@ PENDING_STATUSES: frozenset[JobStatus] = frozenset(
 #: States of a job a worker holds (``worker_id`` set).
 HELD_STATUSES: frozenset[JobStatus] = frozenset({JobStatus.CLAIMED, JobStatus.RUNNING})
 
+#: The largest job id (ids are 64-bit signed on every backend; 0 and below are never ids).
+MAX_JOB_ID = 2**63 - 1
+
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Job:

@@ -11,7 +11,7 @@ from jobkeeper.backends import Backend, open_backend
 from jobkeeper.config import DatabaseURL, Settings, check_name
 from jobkeeper.errors import ConfigError
 from jobkeeper.events import EventBus
-from jobkeeper.models import JobStatus
+from jobkeeper.models import MAX_JOB_ID, JobStatus
 from jobkeeper.periodic import PeriodicRegistry
 from jobkeeper.tasks import ENQUEUE_OPTIONS, Task
 from jobkeeper.tracing import Tracing
@@ -74,7 +74,7 @@ class QueueBase:
 
 
 def _job_id(job_id: Any) -> int:
-    if isinstance(job_id, bool) or not isinstance(job_id, int) or not 0 < job_id < 2**63:
+    if isinstance(job_id, bool) or not isinstance(job_id, int) or not 0 < job_id <= MAX_JOB_ID:
         raise ConfigError(f"job id must be a positive 64-bit int, got {job_id!r}")
     return job_id
 

@@ -50,7 +50,7 @@ from jobkeeper.dashboard.security import (
     is_loopback,
 )
 from jobkeeper.errors import ConfigError, JobkeeperError, JobNotFound, JobStateError
-from jobkeeper.models import JobStatus
+from jobkeeper.models import MAX_JOB_ID, JobStatus
 from jobkeeper.waits import explain_wait
 
 #: The reasons of :func:`jobkeeper.waits.explain_wait` the job page adds to
@@ -378,7 +378,7 @@ def _path_job_id(request: Request) -> int | None:
     if not (isinstance(raw, str) and raw.isascii() and raw.isdigit()):
         return None
     job_id = int(raw)
-    return job_id if 0 < job_id < 2**63 else None
+    return job_id if 0 < job_id <= MAX_JOB_ID else None
 
 
 def _no_such_id(dashboard: Dashboard, request: Request) -> Response:
