@@ -369,6 +369,8 @@ def test_a_statement_timeout_is_not_called_a_lost_connection(pg_url):
             with pytest.raises(DatabaseUnavailable) as caught:
                 jq.enqueue("anything", {})
         assert "statement timeout" in str(caught.value)
+        assert "cancelled the statement" in str(caught.value)
+        assert "unavailable" not in str(caught.value)
         assert "lost during the call" not in str(caught.value)
         assert len(jq.list_jobs(limit=10)) == 1  # and the session still works
     finally:

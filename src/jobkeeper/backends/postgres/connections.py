@@ -99,6 +99,14 @@ def translated(exc: BaseException, url: DatabaseURL) -> Exception | None:
             f"primary, or default_transaction_read_only=on): {describe(exc)}; "
             "the session was dropped and the next call reconnects"
         )
+    if isinstance(exc, psycopg.errors.QueryCanceled | psycopg.errors.LockNotAvailable):
+        # A live server gave up on the statement; "unavailable" would send
+        # people looking for an outage. Still DatabaseUnavailable: it passes
+        # (a lock released, a quieter moment), so callers retry it alike.
+        return DatabaseUnavailable(
+            f"PostgreSQL at {url.redacted()} cancelled the statement: {describe(exc)} "
+            "(statement_timeout, lock_timeout or a cancel request; nothing of it committed)"
+        )
     if isinstance(
         exc,
         psycopg.OperationalError
