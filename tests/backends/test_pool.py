@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import logging
 import secrets
 import threading
 import time
@@ -386,3 +387,59 @@ def test_only_an_ended_session_counts_as_lost():
     assert not session_lost(psycopg.errors.QueryCanceled("canceling statement"))
     assert not session_lost(psycopg.errors.LockNotAvailable("could not obtain lock"))
     assert not session_lost(psycopg.DataError("bad value"))
+
+
+def test_a_connect_cancelled_at_the_loops_end_is_closed_without_a_warning(
+    pg_url, monkeypatch, caplog
+):
+    # The pool opens connections in the background; one still in its
+    # configure when asyncio.run() ended was cancelled, and the loop-end
+    # closer closed it while psycopg was cancelling the query: psycopg
+    # logged "query cancellation interrupted (OperationalError): closing
+    # connection" to stderr in about a third of short scripts. A slow
+    # configure keeps the background connect in its query at the loop's end.
+    from jobkeeper.backends.postgres import aio
+
+    configure = aio._configure_async
+
+    async def slow_configure(conn: psycopg.AsyncConnection[Any]) -> None:
+        await configure(conn)
+        await conn.execute("SELECT pg_sleep(0.3)")
+
+    monkeypatch.setattr(aio, "_configure_async", slow_configure)
+    name = f"jk_cancelled_connect_{secrets.token_hex(4)}"
+    JobQueue(pg_url).migrate()
+    jq = JobQueue(f"{pg_url}&application_name={name}")
+    try:
+        with caplog.at_level(logging.WARNING, logger="psycopg"):
+            for _ in range(8):
+                asyncio.run(jq.enqueue_async("anything", {}))
+        warned = [r.getMessage() for r in caplog.records if r.name.startswith("psycopg")]
+        assert not warned
+        with psycopg.connect(PG_URL) as conn:
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                row = conn.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s", [name]
+                ).fetchone()
+                if row is not None and row[0] == 0:
+                    break
+                time.sleep(0.1)
+        assert row is not None and row[0] == 0, "a cancelled connect left its session open"
+    finally:
+        jq.close()
+
+
+def test_only_a_cancelled_connect_of_our_pools_is_kept_out_of_the_log():
+    from jobkeeper.backends.postgres.loop_pools import POOL_NAME, CancelledConnects
+
+    def record(pool: str, error: BaseException) -> logging.LogRecord:
+        return logging.LogRecord(
+            "psycopg.pool", logging.WARNING, __file__, 1, "error connecting in %r: %s",
+            (pool, error), None,
+        )  # fmt: skip
+
+    kept = CancelledConnects().filter
+    assert not kept(record(POOL_NAME, asyncio.CancelledError()))
+    assert kept(record(POOL_NAME, psycopg.OperationalError("connection refused")))
+    assert kept(record("someone-elses-pool", asyncio.CancelledError()))

@@ -21,10 +21,12 @@ from psycopg_pool import AsyncConnectionPool
 from jobkeeper.backends.postgres.connections import DriverErrors, describe, retry_asked
 from jobkeeper.backends.postgres.flow import FlowNeeded
 from jobkeeper.backends.postgres.loop_pools import (
+    POOL_NAME,
     LoopPool,
     ServerProbe,
     check_async,
     close_at_loop_end,
+    quiet_cancelled_connects,
 )
 from jobkeeper.backends.postgres.plans import (
     Plan,
@@ -89,11 +91,19 @@ class PostgresAsync:
         loop = asyncio.get_running_loop()
         found = self._async_pools.get(loop)
         if found is None:
+            quiet_cancelled_connects()
             opened: weakref.WeakSet[psycopg.AsyncConnection[Any]] = weakref.WeakSet()
 
             async def configure(conn: psycopg.AsyncConnection[Any]) -> None:
                 opened.add(conn)
-                await _configure_async(conn)
+                try:
+                    await _configure_async(conn)
+                except BaseException:
+                    # The pool drops a connection whose configure failed
+                    # without closing it: cancelled at the loop's end, this
+                    # one would stay open until the garbage collector came.
+                    await conn.close()
+                    raise
 
             pool = AsyncConnectionPool(
                 self._conninfo,
@@ -101,7 +111,7 @@ class PostgresAsync:
                 max_size=self._pool_size,
                 kwargs=self._pool_kwargs(),
                 open=False,
-                name="jobkeeper-async",
+                name=POOL_NAME,
                 # A connection cut by a server restart is found and replaced
                 # on checkout, not handed to a call that then fails.
                 check=check_async,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 import weakref
 from collections.abc import Callable
@@ -20,9 +21,37 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 from jobkeeper.backends.postgres import sources
 from jobkeeper.backends.postgres.sources import CONNECT_TIMEOUT, IDLE_CHECK_AFTER, has_unread_input
 
+#: The name of every loop's pool (psycopg_pool's log lines carry it).
+POOL_NAME = "jobkeeper-async"
 #: Seconds a connection may serve as a loop's spare (see ``LoopPool``)
 #: before it goes back to the pool, which renews it past its ``max_lifetime``.
 SPARE_RETURN = 60.0
+
+
+class CancelledConnects(logging.Filter):
+    """Drops psycopg_pool's warning about a connect of our pools that was
+    cancelled: it logs ``error connecting in 'jobkeeper-async': `` (the
+    ``CancelledError``'s empty text) for each connect still running when a
+    loop ends (``asyncio.run()`` cancels every task) -- the end of a script,
+    not an error, and nothing is lost. Other connect errors pass.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args
+        return not (
+            record.msg == "error connecting in %r: %s"
+            and isinstance(args, tuple)
+            and len(args) == 2
+            and args[0] == POOL_NAME
+            and isinstance(args[1], asyncio.CancelledError)
+        )
+
+
+def quiet_cancelled_connects() -> None:
+    """Install :class:`CancelledConnects` on psycopg_pool's logger, once."""
+    pool_logger = logging.getLogger("psycopg.pool")
+    if not any(isinstance(f, CancelledConnects) for f in pool_logger.filters):
+        pool_logger.addFilter(CancelledConnects())
 
 
 async def check_async(conn: psycopg.AsyncConnection[Any]) -> None:
@@ -215,8 +244,13 @@ class LoopPool:
         """Close what the pool opened and left open (see :func:`close_at_loop_end`)."""
         self.spare = None
         for conn in list(self.opened):
-            if not conn.closed:
-                await conn.close()
+            if conn.closed or conn.pgconn.transaction_status == pq.TransactionStatus.ACTIVE:
+                # Active: a task cancelled with the loop's others is still
+                # cancelling its query; closed under it, psycopg logs
+                # "query cancellation interrupted". That task closes it (a
+                # configure, see aio) or gives it to the closed pool, which does.
+                continue
+            await conn.close()
 
 
 async def close_at_loop_end(loop_pool: LoopPool, forget: Callable[[], None]) -> None:
