@@ -290,8 +290,12 @@ def test_queues_page_shows_limits_and_pauses_and_resumes_by_post(client, jq, see
     assert {q.name: q.paused for q in jq.queues()}["ops:nightly/2"] is True
     html = client.get("/queues").text
     assert ">paused<" in html and ">Resume</button>" in html
-    client.post("/queues/resume", data={"csrf_token": token, "queue": "ops:nightly/2"})
+    resumed = client.post("/queues/resume", data={"csrf_token": token, "queue": "ops:nightly/2"})
+    assert "Queue ops:nightly/2 is not paused" in resumed.text
     assert {q.name: q.paused for q in jq.queues()}["ops:nightly/2"] is False
+    # Resuming a queue that was never paused says so, not "running again".
+    never = client.post("/queues/resume", data={"csrf_token": token, "queue": "nosuch"})
+    assert "Queue nosuch is not paused" in never.text and "again" not in never.text
 
     # Refusals: no token, a bad name, an unknown action; nothing changed.
     assert client.post("/queues/pause", data={"queue": "emails"}).status_code == 403
@@ -301,6 +305,10 @@ def test_queues_page_shows_limits_and_pauses_and_resumes_by_post(client, jq, see
         client.post("/queues/drop", data={"csrf_token": token, "queue": "emails"}).status_code
         == 404
     )
+    # No queue field, or two: a 400 saying so (was a 404 "unknown action").
+    for fields in ({}, {"queue": ["emails", "other"]}):
+        missing = client.post("/queues/pause", data={"csrf_token": token, **fields})
+        assert missing.status_code == 400 and "one queue field" in missing.text, fields
     assert not any(q.paused for q in jq.queues())
 
 

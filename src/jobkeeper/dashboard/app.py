@@ -313,8 +313,10 @@ class Dashboard:
             return form
         names = form.get("queue") or []
         what = request.path_params["action"]
-        if what not in ("pause", "resume") or len(names) != 1:
+        if what not in ("pause", "resume"):
             return PlainTextResponse("unknown action\n", status_code=404)
+        if len(names) != 1:
+            return self.error(request, 400, f"The form needs one queue field, got {len(names)}.")
 
         def act(request: Request) -> Response:
             try:
@@ -323,7 +325,13 @@ class Dashboard:
                 return self.error(request, 400, str(exc))
             except JobkeeperError as exc:
                 return self.error(request, 503, str(exc))
-            state = "paused: no worker starts its jobs" if queue.paused else "running again"
+            # Said of the state now, not as a change: resuming a queue that
+            # was not paused (or does not exist yet) changes nothing.
+            state = (
+                "is paused: no worker starts its jobs"
+                if queue.paused
+                else "is not paused: workers start its jobs"
+            )
             return _see_other(request, "/queues", f"Queue {queue.name} {state}.")
 
         return await _run_sync(act, request)
