@@ -17,10 +17,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
 import functools
 import logging
-import math
 import random
 import shutil
 import signal
@@ -28,226 +26,31 @@ import sys
 import tempfile
 import threading
 import time
-from collections import Counter, defaultdict
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from benchmarks.soak import instrument, netns
-from benchmarks.soak.faults import Faults, Life, Workers, rss_bytes
+from benchmarks.soak.config import SoakConfig, SoakResult
+from benchmarks.soak.enqueuer import Enqueuer
+from benchmarks.soak.faults import Faults, Workers, rss_bytes
 from benchmarks.soak.history import (
     Expected,
     History,
-    Report,
     Row,
     check,
     deaths_by_pid,
-    faulted_at,
-    percentile,
     read_exec_logs,
-    rescues_of,
 )
+from benchmarks.soak.holders import classify_rescues, fault_windows, lost_to_faults
 from benchmarks.soak.pg import PrivatePostgres
+from benchmarks.soak.summary import mib, summarize
 from jobkeeper import DatabaseError, DatabaseUnavailable, JobQueue
-from jobkeeper.verify.history import pid_of
 
 QUEUES = ["default", "bulk", "noop"]
 #: Worker log lines that are a failure wherever they appear.
 FORBIDDEN_LOG_TEXT = ("Traceback", "prepared statement", "unexpected error")
-
-
-@dataclasses.dataclass
-class SoakConfig:
-    """What one soak run does (the defaults are the CI-sized short run)."""
-
-    backend: str = "postgres"
-    seconds: float = 30.0  # the fault phase
-    jobs: int = 2500  # chaos jobs enqueued during the fault phase
-    noop_jobs: int = 6000  # the memory phase
-    workers: int = 4
-    concurrency: int = 8
-    heartbeat_interval: float = 0.5
-    rescue_after: float = 3.0
-    poll_interval: float = 0.2
-    max_backoff: float = 0.5
-    fault_every: float = 2.0  # seconds between faults
-    stop_for: float | None = None  # SIGSTOP duration (default 2 x rescue_after)
-    drain_timeout: float = 120.0
-    probe_pool_timeout: float | None = None  # None: jobkeeper's own POOL_TIMEOUT
-    rss_bound_mib: float = 32.0
-    poison_jobs: int = 2  # jobs that SIGKILL their worker at every attempt
-    max_crashes: int = 2
-    seed: int = 1
-    keep: bool = False
-    out: Path | None = None  # where to put logs (default: a temp dir)
-    verbose: bool = True
-    #: Flow control on: the bulk queue gets a concurrency cap and a rate
-    #: limit, and a share of the default queue's jobs get serial keys; the
-    #: checker then also holds the cap and the keys (see history.py).
-    limits: bool = False
-    cap: int = 3
-    rate_per_second: int = 20
-    serial_share: float = 0.3  # of the default queue's jobs
-    serial_keys: int = 20
-    #: Partitions on (PostgreSQL only): each worker runs in a network
-    #: namespace of its own and the rotation cuts hosts off (both ways, only
-    #: outgoing, only incoming) for ``stop_for`` seconds, then heals them.
-    partitions: bool = False
-
-
-@dataclasses.dataclass
-class SoakResult:
-    config: SoakConfig
-    report: Report
-    faults: dict[str, int]
-    terminated_connections: int
-    enqueue_refused: int
-    enqueue_errors: list[str]
-    probe: dict[str, Any]
-    rss: dict[str, Any]
-    exit_codes: dict[int, int | None]
-    unexpected_exits: list[str]
-    log_problems: list[str]
-    worker_starts: int
-    poison_kills: int
-    rescued_holders: dict[str, Any]
-    elapsed: float
-    failures: list[str]
-    summary: str = ""
-
-    @property
-    def passed(self) -> bool:
-        return not self.failures
-
-
-def _mib(value: float) -> str:
-    return f"{value / (1 << 20):+.1f} MiB"
-
-
-def _secs(value: float | None) -> str:
-    return "-" if value is None else f"{value:.2f}s"
-
-
-class _Enqueuer:
-    """Enqueues the chaos mix at a steady rate, through faults."""
-
-    def __init__(
-        self,
-        jq: JobQueue,
-        rng: random.Random,
-        faults: Faults | None,
-        serial: tuple[float, int] | None = None,
-    ) -> None:
-        self.jq = jq
-        self.rng = rng
-        self.faults = faults
-        #: (share of the default queue's jobs, number of keys) or None.
-        self.serial = serial
-        self.enqueued: dict[int, Expected] = {}
-        self.ambiguous: dict[int, str] = {}
-        self.refused = 0
-        self.errors: list[str] = []
-        self.refusal_messages: list[str] = []
-        self._token = 0
-
-    def token(self) -> int:
-        self._token += 1
-        return self._token
-
-    def job(self) -> tuple[str, dict[str, Any], dict[str, Any], str]:
-        r = self.rng.random
-        n = self.token()
-        duration = r()
-        if duration < 0.6:
-            ms = r() * 5
-        elif duration < 0.85:
-            ms = 5 + r() * 45
-        elif duration < 0.98:
-            ms = 50 + r() * 250
-        else:
-            ms = 1000 + r() * 2000
-        mode = r()
-        options: dict[str, Any] = {"queue": "bulk" if r() < 0.2 else "default"}
-        if r() < 0.1:
-            options["priority"] = self.rng.randint(-5, 5)
-        if self.serial is not None and options["queue"] == "default" and r() < self.serial[0]:
-            options["serial_key"] = f"user:{self.rng.randrange(self.serial[1])}"
-        args: dict[str, Any] = {"n": n, "ms": round(ms, 3)}
-        if mode < 0.78:
-            kind = "ok"
-        elif mode < 0.88:
-            kind, args["mode"], args["fails"] = "flaky", "flaky", self.rng.randint(1, 2)
-        elif mode < 0.93:
-            kind, args["mode"], args["fails"] = "retry", "retry", self.rng.randint(1, 2)
-        elif mode < 0.98:
-            kind, args["mode"] = "fail", "fail"
-            options["max_attempts"] = 3
-        else:
-            kind, args["mode"] = "discard", "discard"
-        task = "soak.work"
-        if r() < 0.15:
-            task = "soak.work_async"
-        elif r() < 0.04:
-            args["cpu"] = True
-            args["ms"] = min(args["ms"], 50.0)
-        return task, args, options, kind
-
-    def enqueue_batch(self, count: int) -> None:
-        batch = [self.job() for _ in range(count)]
-        try:
-            if len(batch) == 1:
-                task, args, options, _ = batch[0]
-                jobs = [self.jq.enqueue(task, args, **options)]
-            else:
-                jobs = self.jq.enqueue_many([(t, a, o) for t, a, o, _ in batch])
-        except DatabaseUnavailable as exc:
-            # A commit whose reply was lost may still have happened: these
-            # tokens may exist (once), or not.
-            self.refused += 1
-            self.refusal_messages.append(str(exc))
-            for _, args, _, kind in batch:
-                self.ambiguous[args["n"]] = kind
-            return
-        except DatabaseError as exc:
-            self.errors.append(f"enqueue raised {type(exc).__name__}: {exc}")
-            for _, args, _, kind in batch:
-                self.ambiguous[args["n"]] = kind
-            return
-        for job, (_, args, _, kind) in zip(jobs, batch, strict=True):
-            self.enqueued[job.id] = Expected(args["n"], kind)
-
-    def run(self, total: int, seconds: float, stop: threading.Event) -> None:
-        started = time.monotonic()
-        done = 0
-        while done < total and not stop.is_set():
-            due = min(total, int(total * (time.monotonic() - started) / seconds) + 1)
-            while done < due and not stop.is_set():
-                size = min(due - done, self.rng.choice((1, 1, 5, 20, 50)))
-                if self.rng.random() < 0.01:
-                    # Now and then a batch past COPY_MIN_JOBS, ahead of the
-                    # schedule: PostgreSQL copies it in while validating it,
-                    # the path whose transaction faults must not split.
-                    size = min(total - done, 100)
-                self.enqueue_batch(size)
-                done += size
-            stop.wait(0.05)
-
-    def poison(self, count: int) -> None:
-        """Jobs that kill their worker at every attempt (the crash budget)."""
-        for _ in range(count):
-            n = self.token()
-            job = self.jq.enqueue("soak.poison", {"n": n})
-            self.enqueued[job.id] = Expected(n, "poison")
-
-    def special(self) -> None:
-        """Jobs left pending on purpose, and pending jobs cancelled."""
-        for kind in ("pending", "cancel"):
-            for _ in range(10):
-                n = self.token()
-                job = self.jq.enqueue("soak.work", {"n": n, "ms": 1}, delay=86_400)
-                self.enqueued[job.id] = Expected(n, kind)
-                if kind == "cancel":
-                    self.jq.cancel(job.id)
 
 
 class _NoWorkers(Exception):  # noqa: N818
@@ -367,7 +170,7 @@ def run_soak(config: SoakConfig) -> SoakResult:
             partitions=config.partitions,
         )
         serial = (config.serial_share, config.serial_keys) if config.limits else None
-        enqueuer = _Enqueuer(jq, rng, faults, serial)
+        enqueuer = Enqueuer(jq, rng, faults, serial)
         enqueuer.special()
         workers.self_kills_expected = config.poison_jobs > 0
         enqueuer.poison(config.poison_jobs)
@@ -449,7 +252,7 @@ def run_soak(config: SoakConfig) -> SoakResult:
             )
             if rss["max_growth"] > config.rss_bound_mib * (1 << 20):
                 failures.append(
-                    f"worker RSS grew {_mib(rss['max_growth'])} over the no-op phase "
+                    f"worker RSS grew {mib(rss['max_growth'])} over the no-op phase "
                     f"(bound {config.rss_bound_mib:g} MiB)"
                 )
 
@@ -567,7 +370,7 @@ def run_soak(config: SoakConfig) -> SoakResult:
 
 def _check_poison(
     jq: JobQueue,
-    enqueuer: _Enqueuer,
+    enqueuer: Enqueuer,
     workers: Workers,
     config: SoakConfig,
     rows: list[Row],
@@ -598,7 +401,7 @@ def _check_poison(
         elif job.attempt > (
             allowed := config.max_crashes
             + 1
-            + (_lost_to_faults(by_id[job_id], faulted) if job_id in by_id else 0)
+            + (lost_to_faults(by_id[job_id], faulted) if job_id in by_id else 0)
         ):
             unpinned += job.attempt - allowed
             # Reported, not failed: a lone attempt whose start mark could not
@@ -610,87 +413,6 @@ def _check_poison(
     if workers.self_kills > bound:
         out.append(f"poison jobs killed {workers.self_kills} workers (bound {bound})")
     return out, notes
-
-
-def silences(
-    lives: list[Life],
-    pauses: Sequence[tuple[int, float, float]],
-    cuts: Sequence[tuple[int, float, float, str]] = (),
-) -> dict[int, list[tuple[float, float, str]]]:
-    """Worker pid -> ``(from, until, why)``: the spans in which a worker was
-    silent for a reason other than a fault of its own making, each with a
-    second of slack for the rescuer's pass to land. ``why``: ``"dead"``
-    (SIGKILLed by the injector), ``"poisoned"`` (a poison job's self-kill),
-    ``"stopped"`` (SIGSTOP until SIGCONT), ``"cut"`` (a partition, until as
-    long after its heal as it lasted: its connections' packets were dropped,
-    and TCP's retransmission backoff, doubling, may wait about that long
-    before it sends again).
-    """
-    spans: dict[int, list[tuple[float, float, str]]] = defaultdict(list)
-    for life in lives:
-        if life.died is not None:
-            why = "poisoned" if life.self_killed else "dead"
-            spans[life.pid].append((max(life.started, life.died - 1.0), math.inf, why))
-    for pid, t0, t1 in pauses:
-        spans[pid].append((t0, t1 + 1.0, "stopped"))
-    for pid, t0, t1, _ in cuts:
-        spans[pid].append((t0, t1 + (t1 - t0) + 1.0, "cut"))
-    return dict(spans)
-
-
-def fault_windows(
-    lives: list[Life],
-    pauses: Sequence[tuple[int, float, float]],
-    cuts: Sequence[tuple[int, float, float, str]] = (),
-) -> dict[int, list[tuple[float, float]]]:
-    """:attr:`History.faulted`: the :func:`silences` the soak's own faults
-    caused (a poison job's self-kill is not the soak's).
-    """
-    return {
-        pid: [(start, until) for start, until, why in spans if why != "poisoned"]
-        for pid, spans in silences(lives, pauses, cuts).items()
-    }
-
-
-def _lost_to_faults(row: Row, faulted: Mapping[int, Sequence[tuple[float, float]]]) -> int:
-    """Rescues of ``row``'s job from a worker the soak itself had killed,
-    stopped or cut off at the time: attempts a fault took, no crash of the
-    job's own.
-    """
-    return sum(faulted_at(faulted, r.worker, r.at) for r in rescues_of(row))
-
-
-def classify_rescues(
-    rows: list[Row],
-    lives: list[Life],
-    pauses: list[tuple[int, float, float]],
-    cuts: Sequence[tuple[int, float, float, str]] = (),
-) -> dict[str, Any]:
-    """Who each rescue took a job from: a SIGKILLed worker, a SIGSTOPped one,
-    one cut off by a partition (see :func:`silences`), or a live one. A live
-    holder (running, not stopped, reachable) must never lose its jobs, not
-    even after a database outage longer than rescue_after.
-    """
-    counts: dict[str, Any] = {"dead": 0, "stopped": 0, "cut": 0, "live": 0, "examples": []}
-    spans = silences(lives, pauses, cuts)
-    for row in rows:
-        for rescue in rescues_of(row):
-            pid = pid_of(rescue.worker)
-            held = spans.get(pid, []) if pid is not None else []
-            whys = {why for start, until, why in held if start <= rescue.at <= until}
-            if whys & {"dead", "poisoned"}:
-                counts["dead"] += 1
-            elif "stopped" in whys:
-                counts["stopped"] += 1
-            elif "cut" in whys:
-                counts["cut"] += 1
-            else:
-                counts["live"] += 1
-                counts["examples"].append(
-                    f"job {rescue.job} attempt {rescue.attempt} from {rescue.worker}"
-                )
-    counts["examples"] = counts["examples"][:5]
-    return counts
 
 
 def _probe_down(
@@ -720,121 +442,6 @@ def _probe_down(
     outcome["token"] = token
     pg.start()
     return outcome
-
-
-def summarize(result: SoakResult, notes: Counter[str], refusals: list[str], out: Path) -> str:
-    c = result.config
-    s = result.report.stats
-    by_status = ", ".join(f"{k} {v}" for k, v in s["by_status"].items())
-    since_hb = s["rescue_after_last_heartbeat_s"]
-    since_kill = s["rescue_after_kill_s"]
-    fault_names = {
-        "kill": "worker SIGKILL+restart",
-        "stop": f"worker SIGSTOP {c.stop_for or 2 * c.rescue_after:g}s+SIGCONT",
-        "terminate": "pg_terminate_backend",
-        "pg_restart_fast": "PostgreSQL restart (fast)",
-        "pg_crash_immediate": "PostgreSQL crash (stop -m immediate)",
-        "pg_kill9": "PostgreSQL kill -9 postmaster",
-        "pg_outage_long": f"PostgreSQL down {1.5 * c.rescue_after:g}s (> rescue_after)",
-        "cut_both": f"host cut off both ways {c.stop_for or 2 * c.rescue_after:g}s",
-        "cut_out": f"host's outgoing packets dropped {c.stop_for or 2 * c.rescue_after:g}s",
-        "cut_in": f"host's incoming packets dropped {c.stop_for or 2 * c.rescue_after:g}s",
-    }
-    faults = ", ".join(f"{fault_names.get(k, k)} {v}" for k, v in sorted(result.faults.items()))
-    probe = ""
-    if result.probe:
-        verdict = "DatabaseUnavailable" if result.probe.get("ok") else "FAILED"
-        said = result.probe.get("message") or result.probe.get("detail")
-        probe = (
-            f"; probe against the stopped server: {verdict} after "
-            f"{result.probe.get('seconds', 0):.1f}s: {said}"
-        )
-    lines = [
-        f"jobkeeper chaos soak: {c.backend}, {c.workers} workers x {c.concurrency}, "
-        f"{c.seconds:g}s of faults, heartbeat {c.heartbeat_interval:g}s, "
-        f"rescue_after {c.rescue_after:g}s, seed {c.seed}"
-        + (", each worker in a network namespace of its own" if c.partitions else ""),
-        f"  jobs           {s['jobs']} enqueued ({c.jobs} chaos + 20 special + "
-        f"{c.noop_jobs} no-op), {s['ambiguous_enqueues']} in refused enqueues; rows: {by_status}",
-        f"  faults         {faults}"
-        + (
-            f" ({result.terminated_connections} connections terminated)"
-            if result.terminated_connections
-            else ""
-        ),
-        f"  enqueue down   {result.enqueue_refused} enqueue calls refused mid-run with "
-        f"DatabaseUnavailable{probe}",
-        f"  rescues        {s['rescues']} (+{s.get('free_returns', 0)} free returns of jobs "
-        f"whose start mark was unwritten; holders: {result.rescued_holders['dead']} SIGKILLed, "
-        f"{result.rescued_holders['stopped']} SIGSTOPped, {result.rescued_holders['cut']} cut off, "
-        f"{result.rescued_holders['live']} live "
-        f"(must be 0)); time-to-rescue after the holder's last heartbeat: "
-        f"p50 {_secs(percentile(since_hb, 50))}, p99 {_secs(percentile(since_hb, 99))}, "
-        f"max {_secs(max(since_hb, default=None))}; after SIGKILL: p50 "
-        f"{_secs(percentile(since_kill, 50))}, p99 {_secs(percentile(since_kill, 99))}",
-        f"  crash budget   {len(s.get('dead_for_faults', []))} jobs whose task succeeds dead "
-        f"for crashes pinned on them in lone attempts, every one of them a worker the soak "
-        f"killed, stopped or cut off {s.get('dead_for_faults', [])}",
-        f"  duplicates     {s['duplicates']} overlapping live executions "
-        f"({s['overlaps_justified']} overlaps after a holder was silent > rescue_after; "
-        f"{s['started_after_rescue']} executions started after their claim was rescued)",
-        f"  lost           {s['lost']}",
-        *_limits_lines(result),
-        f"  executions     {s['executions']} logged, {s['executions_unfinished']} cut short by "
-        f"SIGKILL, {s['re_executed_jobs']} jobs ran to success more than once",
-    ]
-    if result.rss.get("jobs"):
-        warm = result.rss.get("warm_mib", {})
-        end = result.rss.get("end_mib", {})
-        per = ", ".join(f"{warm[p]:.1f}->{end.get(p, 0):.1f}" for p in sorted(warm))
-        seconds = result.rss.get("seconds", 0)
-        growth = _mib(result.rss.get("max_growth", 0))
-        lines.append(
-            f"  worker RSS     {result.rss['jobs']} no-op jobs in {seconds:.1f}s: "
-            f"max growth after warm-up {growth} (MiB per worker: {per})"
-        )
-    lines += [
-        f"  workers        {result.worker_starts} starts, "
-        f"{len(result.unexpected_exits)} unexpected exits, "
-        f"{result.poison_kills} killed by the {result.config.poison_jobs} poison jobs, "
-        f"final exit codes {sorted(result.exit_codes.values(), key=str)}",
-        "  worker logs    "
-        + (", ".join(f"{k} {v}" for k, v in sorted(notes.items())) or "nothing notable"),
-        f"  checker        {'PASS' if result.report.ok else 'FAIL'} "
-        f"({len(result.report.violations)} violations)",
-    ]
-    for violation in result.report.violations[:20]:
-        lines.append(f"    {violation}")
-    for problem in result.log_problems[:10]:
-        lines.append(f"    log: {problem}")
-    for exit_text in result.unexpected_exits[:3]:
-        lines.append(f"    exit: {exit_text}")
-    for error in result.enqueue_errors[:5]:
-        lines.append(f"    enqueue: {error}")
-    if refusals:
-        lines.append(f"    first refusal: {refusals[0]}")
-    lines.append(
-        f"  result         {'PASS' if result.passed else 'FAIL'} in {result.elapsed:.0f}s"
-        + "".join(f"\n    - {f}" for f in result.failures)
-    )
-    if c.keep or c.out:
-        lines.append(f"  logs           {out}")
-    return "\n".join(lines)
-
-
-def _limits_lines(result: SoakResult) -> list[str]:
-    c = result.config
-    if not c.limits:
-        return []
-    s = result.report.stats
-    most_starts, _ = s["most_starts_in_a_window"].get("bulk", (0, 0))
-    return [
-        f"  limits         bulk: concurrency {c.cap} (most running at once in the history: "
-        f"{s['most_running'].get('bulk', 0)}), rate {c.rate_per_second}/s (most starts in a "
-        f"1 s window: {most_starts}, reported only); serial keys: {s['serial_keys']} keys, "
-        f"{s['serial_overlaps']} overlaps (must be 0); "
-        f"{result.report.count('cap_exceeded')} cap excesses (must be 0)"
-    ]
 
 
 def _interrupted(signum: int, frame: Any) -> None:
