@@ -443,3 +443,51 @@ def test_only_a_cancelled_connect_of_our_pools_is_kept_out_of_the_log():
     assert not kept(record(POOL_NAME, asyncio.CancelledError()))
     assert kept(record(POOL_NAME, psycopg.OperationalError("connection refused")))
     assert kept(record("someone-elses-pool", asyncio.CancelledError()))
+
+
+def test_aclose_while_a_call_opens_the_pool_closes_it_and_asyncio_run_returns(pg_url, caplog):
+    # Break-test 4: a call in flight opened the loop's pool and its closer
+    # task; aclose() in the same loop iteration cancelled that closer before
+    # its first step, so its body -- which closes the pool -- never ran. The
+    # pool's workers then swallowed asyncio.run()'s cancel and waited on
+    # their queue for good (2 hangs in 5 runs of 20), or were destroyed
+    # pending. Twenty rounds; each must return, with nothing left pending.
+    jq = JobQueue(pg_url)
+    jq.migrate()
+    finished: list[int] = []
+    outcomes: list[str] = []
+    left_open: list[bool] = []
+
+    async def enqueue_then_aclose(i: int) -> None:
+        loop = asyncio.get_running_loop()
+        call = loop.create_task(jq.enqueue_async("anything", {"i": i}))
+        await asyncio.sleep(0)
+        opened = jq.backend._async_pools.get(loop)  # the call's first step opened it
+        await jq.aclose()
+        left_open.append(opened is None or not opened.pool.closed)
+        try:
+            await call
+            outcomes.append("enqueued")
+        except DatabaseUnavailable as exc:
+            outcomes.append(str(exc))
+
+    def runs() -> None:
+        for i in range(20):
+            asyncio.run(enqueue_then_aclose(i))
+            finished.append(i)
+        gc.collect()
+
+    runner = threading.Thread(target=runs, daemon=True)
+    runner.start()
+    runner.join(timeout=60)
+    try:
+        assert not runner.is_alive(), f"asyncio.run() hung after {len(finished)} runs"
+        assert not any(left_open), f"aclose() left the pool open in {sum(left_open)} of 20"
+        destroyed = [r for r in caplog.records if "destroyed but it is pending" in r.getMessage()]
+        assert not destroyed, [r.getMessage() for r in destroyed]
+        # A call that met the closed pool says so (not "unavailable").
+        refused = [o for o in outcomes if o != "enqueued"]
+        assert all("closed" in o and "unavailable" not in o for o in refused), refused
+        assert len(jq.list_jobs(task="anything")) == outcomes.count("enqueued")
+    finally:
+        jq.close()

@@ -27,6 +27,7 @@ from jobkeeper.backends.postgres.loop_pools import (
     check_async,
     close_at_loop_end,
     quiet_cancelled_connects,
+    shut_down_if_skipped,
 )
 from jobkeeper.backends.postgres.plans import (
     Plan,
@@ -126,6 +127,9 @@ class PostgresAsync:
 
             found.closer = loop.create_task(
                 close_at_loop_end(found, forget), name="jobkeeper-async-pool-closer"
+            )
+            found.closer.add_done_callback(
+                lambda closer, loop_pool=found: shut_down_if_skipped(closer, loop_pool, forget)
             )
             await pool.open(wait=False)
         return found
@@ -291,6 +295,9 @@ class PostgresAsync:
             # this call would report it destroyed while pending.
             found.closer.cancel()
             await asyncio.wait({found.closer})
+            # Cancelled before its first step (a call opened the pool in this
+            # loop iteration), the closer skipped its body: shut down here.
+            await found.shut_down()
 
     def _close_async_pools(self) -> None:
         """From the sync ``close``: pools whose loop is gone are dropped; a
@@ -305,3 +312,4 @@ class PostgresAsync:
             found.closer.cancel()
             with contextlib.suppress(Exception):
                 loop.run_until_complete(asyncio.wait({found.closer}))
+                loop.run_until_complete(found.shut_down())

@@ -16,7 +16,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 import psycopg
-from psycopg_pool import PoolTimeout
+from psycopg_pool import PoolClosed, PoolTimeout
 
 from jobkeeper.backends.postgres.prepared import stale_plan
 from jobkeeper.backends.postgres.queries import QUERIES
@@ -98,6 +98,14 @@ def translated(exc: BaseException, url: DatabaseURL) -> Exception | None:
             f"PostgreSQL at {url.redacted()} is read-only (a standby, a demoted "
             f"primary, or default_transaction_read_only=on): {describe(exc)}; "
             "the session was dropped and the next call reconnects"
+        )
+    if isinstance(exc, PoolClosed):
+        # The application closed the queue (close(), aclose()) while this
+        # call waited for a connection: the server is fine, and nothing of
+        # the call reached it. A later call opens a pool again.
+        return DatabaseUnavailable(
+            f"the connection pool for {url.redacted()} was closed (JobQueue.close() or "
+            "aclose()) while the call waited for a connection; nothing of it was written"
         )
     if isinstance(exc, psycopg.errors.QueryCanceled | psycopg.errors.LockNotAvailable):
         # A live server gave up on the statement; "unavailable" would send

@@ -240,6 +240,17 @@ class LoopPool:
         finally:
             await self.pool.putconn(conn)
 
+    async def shut_down(self) -> None:
+        """Close the pool, then what it opened and left open; once (later
+        calls return at once). See :func:`close_at_loop_end`.
+        """
+        if self.closed:
+            return
+        self.closed = True
+        with contextlib.suppress(asyncio.CancelledError):
+            await self.pool.close()
+        await self.close_connections()
+
     async def close_connections(self) -> None:
         """Close what the pool opened and left open (see :func:`close_at_loop_end`)."""
         self.spare = None
@@ -268,13 +279,30 @@ async def close_at_loop_end(loop_pool: LoopPool, forget: Callable[[], None]) -> 
     their ``CancelledError`` before it closes the idle connections, which
     would then stay open until the garbage collector found them (51 server
     sessions after ten runs of 30 enqueues): they are closed here.
+
+    A closer cancelled before its first step never runs this body: whoever
+    cancelled it then shuts the pool down (``aclose``), or
+    :func:`shut_down_if_skipped` does.
     """
     try:
         await asyncio.get_running_loop().create_future()
     except asyncio.CancelledError:
         forget()
-        loop_pool.closed = True
-        with contextlib.suppress(asyncio.CancelledError):
-            await loop_pool.pool.close()
-        await loop_pool.close_connections()
+        await loop_pool.shut_down()
         raise
+
+
+def shut_down_if_skipped(
+    closer: asyncio.Task[None], loop_pool: LoopPool, forget: Callable[[], None]
+) -> None:
+    """The closer's done callback: a closer cancelled before its first step
+    (by ``asyncio.run()`` ending the loop in the iteration in which a task
+    opened the pool) skipped its body, and the pool's workers would wait on
+    their queues for good; its shut-down runs as a task of its own instead.
+    ``aclose`` shuts the pool down itself after this runs (the callback,
+    added first, runs first), and a shut-down runs once.
+    """
+    if loop_pool.closed or closer.get_loop().is_closed():
+        return
+    forget()
+    closer.get_loop().create_task(loop_pool.shut_down(), name="jobkeeper-async-pool-shut-down")
