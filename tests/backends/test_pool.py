@@ -491,3 +491,37 @@ def test_aclose_while_a_call_opens_the_pool_closes_it_and_asyncio_run_returns(pg
         assert len(jq.list_jobs(task="anything")) == outcomes.count("enqueued")
     finally:
         jq.close()
+
+
+def test_a_suspected_server_is_asked_through_the_spare_not_by_closing_it(pg_url, caplog):
+    # Break-test 4: a getconn slice that ran out on a busy pool marks the
+    # server suspect, and the next checkout discarded the loop's spare
+    # unchecked: a healthy session closed and reopened, and psycopg_pool's
+    # "discarding closed connection" WARNING, 552 of them for 3,000
+    # concurrent enqueue_async calls. A ping of the spare answers instead.
+    jq = JobQueue(pg_url)
+    jq.migrate()
+
+    async def run() -> tuple[bool, bool]:
+        await jq.enqueue_async("anything", {})
+        loop_pool = jq.backend._async_pools[asyncio.get_running_loop()]
+        spare = loop_pool.spare
+        assert spare is not None
+        loop_pool.probe.suspect = True
+        await jq.enqueue_async("anything", {})
+        kept = loop_pool.spare is spare and not spare.closed
+        # A spare that is really gone is still replaced.
+        await spare.close()
+        loop_pool.probe.suspect = True
+        await jq.enqueue_async("anything", {})
+        replaced = loop_pool.spare is not spare
+        await jq.aclose()
+        return kept, replaced
+
+    try:
+        with caplog.at_level(logging.WARNING, logger="psycopg"):
+            kept, replaced = asyncio.run(run())
+        assert kept and replaced
+        assert len(jq.list_jobs(task="anything")) == 3
+    finally:
+        jq.close()

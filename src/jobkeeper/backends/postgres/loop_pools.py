@@ -188,7 +188,13 @@ class LoopPool:
             try:
                 if not self.probe.suspect:
                     await check_async(conn)
-                    alive = True
+                else:
+                    # Suspected (often only a busy pool: a getconn slice ran
+                    # out): a ping of the spare answers for the server, where
+                    # discarding it closed a healthy session and logged it.
+                    await AsyncConnectionPool.check_connection(conn)
+                    self.probe.suspect = False
+                alive = True
             except psycopg.Error:
                 self.probe.suspect = True  # cut: the server may be gone
             finally:
