@@ -25,7 +25,7 @@ from pydantic import BaseModel
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker, create_async_engine
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-from jobkeeper import JobCancelled, JobFailed, JobQueue
+from jobkeeper import JobCancelled, JobFailed, JobNotFound, JobQueue
 
 DATABASE_URL = os.environ.get("EXAMPLE_DATABASE_URL", "postgresql://postgres@127.0.0.1/test")
 # SQLAlchemy runs the psycopg 3 driver async under create_async_engine.
@@ -96,6 +96,8 @@ async def report_result(job_id: int, timeout: float = 5.0) -> dict[str, object]:
         result = await jq.wait_async(job_id, timeout=timeout)
     except TimeoutError:
         raise HTTPException(status_code=202, detail="not ready yet") from None
+    except JobNotFound:  # never enqueued, or pruned after its retention
+        raise HTTPException(status_code=404, detail=f"no report job {job_id}") from None
     except (JobFailed, JobCancelled) as exc:
         raise HTTPException(status_code=500, detail=str(exc)) from None
     return {"report": result}

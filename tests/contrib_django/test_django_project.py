@@ -83,6 +83,7 @@ failed = client.post(
     "/orders/", {"email": "b@example.com", "fail": True}, content_type="application/json"
 )
 waiting = client.get(f"/tasks/{placed.json()['task']}/").json()
+unknown = [client.get(f"/tasks/{result_id}/").status_code for result_id in ("99999999", "abc")]
 
 # Plain jobkeeper code with Django's own connection proxy: joins atomic().
 from django.db import connection, transaction
@@ -98,6 +99,7 @@ with transaction.atomic():
 print(json.dumps({
     "placed": placed.json(),
     "failed_status": failed.status_code,
+    "unknown_statuses": unknown,
     "orders": Order.objects.count(),
     "waiting": waiting,
     "context": attempts_so_far.enqueue().id,
@@ -148,6 +150,7 @@ def test_django_tasks_run_on_jobkeeper(project: tuple[Path, dict[str, str]]) -> 
     enqueued = shell(project, ENQUEUE)
     # The failed request rolled back its order and its job together.
     assert enqueued["failed_status"] == 500
+    assert enqueued["unknown_statuses"] == [404, 404]
     assert enqueued["orders"] == 1
     assert enqueued["stats"] == {
         "emails": {"available": 1},

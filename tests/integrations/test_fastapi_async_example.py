@@ -47,6 +47,8 @@ def test_async_enqueue_joins_the_request_and_the_result_is_awaited(example: Modu
 
         # No worker yet: the wait ends at its timeout, and the loop was free.
         assert client.get(f"/reports/{ids['job']}?timeout=0.2").status_code == 202
+        # An id that is no job (or one pruned since): a 404, not a 500.
+        assert client.get("/reports/999999999?timeout=0.2").status_code == 404
         with running(example.jq.worker(queues=["reports"])):
             answer = client.get(f"/reports/{ids['job']}?timeout=60")
         assert answer.status_code == 200, answer.text

@@ -2,6 +2,7 @@ import json
 
 from django.db import transaction
 from django.http import HttpRequest, JsonResponse
+from django.tasks.exceptions import TaskResultDoesNotExist
 from django.views.decorators.csrf import csrf_exempt
 
 from shop.models import Order
@@ -23,7 +24,10 @@ def place_order(request: HttpRequest) -> JsonResponse:
 
 
 def task_status(request: HttpRequest, result_id: str) -> JsonResponse:
-    result = send_receipt.get_result(result_id)
+    try:
+        result = send_receipt.get_result(result_id)
+    except TaskResultDoesNotExist:  # never enqueued, or pruned after its retention
+        return JsonResponse({"error": f"no task {result_id}"}, status=404)
     body = {"status": str(result.status)}
     if result.is_finished and result.status == "SUCCESSFUL":
         body["return_value"] = result.return_value
