@@ -194,6 +194,8 @@ class _StopTally(Protocol):
     claimed: int
     completed: int
     failed: int
+    snoozed: int
+    cancelled: int
     released: int
 
 
@@ -221,11 +223,14 @@ def log_stop(*, worker_id: str, started: bool, tally: _StopTally, left_held: int
         _worker_logger.info("worker %s stopped before it started: no job was claimed", worker_id)
         return
     _worker_logger.info(
-        "worker %s stopped: %d claimed, %d completed, %d failed, %d handed back, %d left held",
+        "worker %s stopped: %d claimed, %d completed, %d failed, %d snoozed, %d cancelled, "
+        "%d handed back, %d left held",
         worker_id,
         tally.claimed,
         tally.completed,
         tally.failed,
+        tally.snoozed,
+        tally.cancelled,
         tally.released,
         left_held,
     )

@@ -139,7 +139,9 @@ def test_a_worker_stopped_during_an_outage_counts_what_it_left_held(tmp_path):
         assert workers.stop_all(timeout=30) == {0: 1}
         log = logs(tmp_path)
         assert "2 outcomes still unwritten at shutdown" in log, log[-3000:]
-        assert "0 completed, 0 failed, 0 handed back, 2 left held" in log, log[-3000:]
+        assert "0 completed, 0 failed, 0 snoozed, 0 cancelled, 0 handed back, 2 left held" in log, (
+            log[-3000:]
+        )
 
 
 def test_sqlite_write_lock_held_past_rescue_after_rescues_no_live_worker(tmp_path):

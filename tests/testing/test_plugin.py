@@ -70,6 +70,10 @@ def test_drain_leaves_delayed_and_retrying_jobs_unless_asked(jq: JobQueue) -> No
 
     outcomes = drain(jq, include_scheduled=True)
     assert outcomes == {"retryable": 1, "dead": 1, "completed": 1}
+    # Plain str keys, as documented: FailureKind members compared equal
+    # but printed (and showed in pytest's diffs) as <FailureKind.DEAD: 'dead'>.
+    assert all(type(key) is str for key in outcomes), outcomes
+    assert "FailureKind" not in repr(outcomes)
     assert calls == [1, 2, 3]
     assert jq.get_job(failing.id).status == "dead"
     assert jq.get_job(delayed.id).result == "ran"

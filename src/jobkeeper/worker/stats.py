@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from jobkeeper.errors import ConfigError
-from jobkeeper.models import Completion, Failure
+from jobkeeper.models import HANDED_BACK, Completion, Failure
 
 Outcome = Completion | Failure
 
@@ -50,11 +50,19 @@ def checked_shares(
 
 @dataclass
 class WorkerStats:
-    """What one worker did (returned by :meth:`Worker.run`)."""
+    """What one worker did (returned by :meth:`Worker.run`).
+
+    ``failed`` counts attempts that raised and will be retried or are dead;
+    ``snoozed`` and ``cancelled`` their own outcomes; ``released`` the jobs
+    handed back unrun or unfinished. ``by_outcome`` has every count by
+    outcome name (``"completed"``, ``"retryable"``, ``"dead"``, ...; str keys).
+    """
 
     claimed: int = 0
     completed: int = 0
     failed: int = 0
+    snoozed: int = 0
+    cancelled: int = 0
     lost_claims: int = 0
     released: int = 0
     exit_code: int = 0
@@ -75,11 +83,17 @@ class WorkerStats:
                 if outcome.claim.job_id not in written:
                     self.lost_claims += 1
                     continue
-                kind = "completed" if isinstance(outcome, Completion) else outcome.outcome
+                # str keys: FailureKind is a StrEnum, and a mix of members
+                # and strings printed unlike the documented {"completed": 2}.
+                kind = "completed" if isinstance(outcome, Completion) else str(outcome.outcome)
                 self.by_outcome[kind] = self.by_outcome.get(kind, 0) + 1
                 if kind == "completed":
                     self.completed += 1
-                elif kind == "released":
+                elif kind in HANDED_BACK:
                     self.released += 1
+                elif kind == "snoozed":
+                    self.snoozed += 1
+                elif kind == "cancelled":
+                    self.cancelled += 1
                 else:
                     self.failed += 1

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import random
 import weakref
@@ -129,7 +130,7 @@ class PostgresAsync:
                 close_at_loop_end(found, forget), name="jobkeeper-async-pool-closer"
             )
             found.closer.add_done_callback(
-                lambda closer, loop_pool=found: shut_down_if_skipped(closer, loop_pool, forget)
+                functools.partial(shut_down_if_skipped, loop_pool=found, forget=forget)
             )
             await pool.open(wait=False)
         return found
