@@ -10,6 +10,7 @@ a ``warn`` means something degrades or will soon.
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Any, Literal
 
 from jobkeeper.api import JobQueue
@@ -74,6 +75,19 @@ def run_checks(
         return [Check("database", "fail", f"cannot reach {jq.url.redacted()}: {exc}")]
     except JobkeeperError as exc:  # reached, but not usable as it is (a file that is no database)
         return [Check("database", "fail", f"cannot use {jq.url.redacted()}: {exc}")]
+    path = jq.url.path
+    if facts["backend"] == "sqlite" and path and not os.path.exists(path):
+        # Nothing answered: health() reads a missing file as an empty schema.
+        directory = os.path.dirname(os.path.abspath(path))
+        missing = "" if os.path.isdir(directory) else f"; its directory {directory} does not exist"
+        return [
+            Check(
+                "database",
+                "fail",
+                f"sqlite at {jq.url.redacted()}: the file does not exist "
+                f"(`jobkeeper migrate` creates it){missing}",
+            )
+        ]
     checks = [Check("database", "ok", f"{facts['backend']} at {jq.url.redacted()} answers")]
     # Without the app, only the defaults can be judged: say so, or a
     # worker's own rescue_after of 2 s would pass as checked.

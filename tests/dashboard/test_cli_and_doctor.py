@@ -108,6 +108,21 @@ def test_doctor_fails_on_an_unmigrated_database(db_url, capsys):
     assert exit_code(checks) == 1
 
 
+def test_doctor_on_a_sqlite_file_that_does_not_exist_says_so(capsys, tmp_path):
+    # Break-test 4: "ok database sqlite at ... answers" for a file (and a
+    # directory) that did not exist; nothing answered.
+    for path, directory_said in (
+        (tmp_path / "x.db", False),
+        (tmp_path / "nodir" / "x.db", True),
+    ):
+        code, out, _ = run(capsys, "--database", f"sqlite:///{path}", "doctor")
+        text = " ".join(out.split())
+        assert code == 1 and text.startswith("fail database"), text
+        assert "the file does not exist" in text and "jobkeeper migrate" in text
+        assert ("its directory" in text) is directory_said, text
+        assert not path.exists() and not (tmp_path / "nodir").exists()
+
+
 def test_doctor_fails_when_the_database_is_unreachable(capsys, tmp_path):
     url = "postgresql://nobody@127.0.0.1:1/nothing"
     code, out, _ = run(capsys, "--database", url, "doctor")
