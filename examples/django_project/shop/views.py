@@ -2,11 +2,15 @@ import json
 
 from django.db import transaction
 from django.http import HttpRequest, JsonResponse
-from django.tasks.exceptions import TaskResultDoesNotExist
 from django.views.decorators.csrf import csrf_exempt
 
 from shop.models import Order
 from shop.tasks import send_receipt
+
+try:  # Django >= 6.0
+    from django.tasks.exceptions import TaskResultDoesNotExist
+except ImportError:  # the django-tasks backport
+    from django_tasks.exceptions import TaskResultDoesNotExist
 
 
 @csrf_exempt
