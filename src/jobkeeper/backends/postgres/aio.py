@@ -290,15 +290,8 @@ class PostgresAsync:
     async def aclose(self) -> None:
         """Close the async pool of the running loop."""
         found = self._async_pools.pop(asyncio.get_running_loop(), None)
-        if found is not None and found.closer is not None:
-            # The closer closes the pool and its connections once cancelled;
-            # awaited to its end, not left pending: a loop closed right after
-            # this call would report it destroyed while pending.
-            found.closer.cancel()
-            await asyncio.wait({found.closer})
-            # Cancelled before its first step (a call opened the pool in this
-            # loop iteration), the closer skipped its body: shut down here.
-            await found.shut_down()
+        if found is not None:
+            await found.close()
 
     def _close_async_pools(self) -> None:
         """From the sync ``close``: pools whose loop is gone are dropped; a
@@ -306,11 +299,7 @@ class PostgresAsync:
         """
         for loop, found in list(self._async_pools.items()):
             self._async_pools.pop(loop, None)
-            if loop.is_closed() or loop.is_running() or found.closer is None:
+            if loop.is_closed() or loop.is_running():
                 continue
-            # The closer closes the pool and its connections once cancelled;
-            # run to its end, it is not left pending on the loop either.
-            found.closer.cancel()
             with contextlib.suppress(Exception):
-                loop.run_until_complete(asyncio.wait({found.closer}))
-                loop.run_until_complete(found.shut_down())
+                loop.run_until_complete(found.close())

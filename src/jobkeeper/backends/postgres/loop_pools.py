@@ -246,6 +246,18 @@ class LoopPool:
         finally:
             await self.pool.putconn(conn)
 
+    async def close(self) -> None:
+        """Cancel the closer and wait for its end, then shut down here if it
+        skipped its body (cancelled before its first step: a call opened the
+        pool in the loop iteration that cancelled it). Awaited to its end,
+        the closer is not left pending: a loop closed right after would
+        report it destroyed while pending.
+        """
+        if self.closer is not None:
+            self.closer.cancel()
+            await asyncio.wait({self.closer})
+        await self.shut_down()
+
     async def shut_down(self) -> None:
         """Close the pool, then what it opened and left open; once (later
         calls return at once). See :func:`close_at_loop_end`.
