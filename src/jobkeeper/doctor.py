@@ -10,7 +10,6 @@ a ``warn`` means something degrades or will soon.
 from __future__ import annotations
 
 import dataclasses
-import os
 from typing import Any, Literal
 
 from jobkeeper.api import JobQueue
@@ -75,17 +74,15 @@ def run_checks(
         return [Check("database", "fail", f"cannot reach {jq.url.redacted()}: {exc}")]
     except JobkeeperError as exc:  # reached, but not usable as it is (a file that is no database)
         return [Check("database", "fail", f"cannot use {jq.url.redacted()}: {exc}")]
-    path = jq.url.path
-    if facts["backend"] == "sqlite" and path and not os.path.exists(path):
-        # Nothing answered: health() reads a missing file as an empty schema.
-        directory = os.path.dirname(os.path.abspath(path))
-        missing = "" if os.path.isdir(directory) else f"; its directory {directory} does not exist"
+    if "missing" in facts:
+        directory = facts["missing"]["directory"]
+        also = f"; its directory {directory} does not exist" if directory else ""
         return [
             Check(
                 "database",
                 "fail",
-                f"sqlite at {jq.url.redacted()}: the file does not exist "
-                f"(`jobkeeper migrate` creates it){missing}",
+                f"{facts['backend']} at {jq.url.redacted()}: the file does not exist "
+                f"(`jobkeeper migrate` creates it){also}",
             )
         ]
     checks = [Check("database", "ok", f"{facts['backend']} at {jq.url.redacted()} answers")]

@@ -83,7 +83,9 @@ class CockpitSeam(Protocol):
         ``schema_expected``, ``claim_uses_index`` and ``claim_plan``; on
         PostgreSQL ``table`` (live/dead tuples, seconds since the last vacuum,
         autovacuum switches), ``xmin_holders``, ``notify_usage`` and ``encoding``
-        (e.g. ``UTF8``); on SQLite ``journal_mode``, ``busy_timeout_ms``, ``wal_bytes``.
+        (e.g. ``UTF8``); on SQLite ``journal_mode``, ``busy_timeout_ms``, ``wal_bytes``,
+        or, when the file does not exist (schema version 0, nothing created),
+        ``missing``: ``{"file": path, "directory": its path when missing too, else None}``.
         """
         ...
 

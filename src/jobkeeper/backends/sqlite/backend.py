@@ -412,6 +412,13 @@ class SqliteBackend(
             "schema_expected": MIGRATIONS[-1][0],
         }
         if facts["schema_version"] == 0:
+            if not os.path.exists(self.path):
+                # Nothing answered: schema_version reads a missing file as 0.
+                directory = os.path.dirname(self.path)
+                facts["missing"] = {
+                    "file": self.path,
+                    "directory": None if os.path.isdir(directory) else directory,
+                }
             return facts
         with self._errors():
             conn = self._conn()
