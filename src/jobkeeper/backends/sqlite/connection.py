@@ -73,6 +73,33 @@ def _retry_while_locked(action: Callable[[], T], timeout: float, max_pause: floa
             pause = min(pause * 2, max_pause)
 
 
+def not_writable_hint(path: str) -> str:
+    """Why SQLite may not be able to write ``path``, as a sentence to append
+    to its error (which says only "unable to open database file" or
+    "attempt to write a readonly database"), or "" when nothing is seen.
+    SQLite in WAL mode writes ``<file>-wal`` and ``<file>-shm`` beside the
+    file even to read it, so its directory must be writable too.
+    """
+    directory = os.path.dirname(path) or "."
+    try:
+        if os.statvfs(directory).f_flag & os.ST_RDONLY:
+            return (
+                f" -- {directory!r} is on a read-only file system (jobkeeper writes the file, "
+                "and SQLite its -wal and -shm beside it)"
+            )
+    except OSError:
+        return ""
+    if os.path.exists(path) and not os.access(path, os.W_OK):
+        return f" -- the file is not writable by this user (uid {os.getuid()})"
+    if not os.access(directory, os.W_OK | os.X_OK):
+        name = os.path.basename(path)
+        return (
+            f" -- its directory {directory!r} is not writable by this user (uid "
+            f"{os.getuid()}): SQLite's WAL mode creates {name}-wal and {name}-shm there"
+        )
+    return ""
+
+
 def _is_empty_file(path: str) -> bool:
     try:
         return os.stat(path).st_size == 0
@@ -152,7 +179,9 @@ class SqliteConnection:
                         f"SQLite: {self.path!r} is {what} ({exc}); check the URL -- the "
                         "file was left as it is"
                     ) from exc
-                raise DatabaseUnavailable(f"SQLite database {self.path!r}: {exc}") from exc
+                raise DatabaseUnavailable(
+                    f"SQLite database {self.path!r}: {exc}{not_writable_hint(self.path)}"
+                ) from exc
             self._local.conn = conn
             with self._connections_lock:
                 self._connections.append(conn)
@@ -174,7 +203,8 @@ class SqliteConnection:
                     f"SQLite: {exc} -- run `jobkeeper migrate` (or JobQueue.migrate()) first"
                 ) from exc
             if any(word in str(exc).lower() for word in _PASSING_CONDITIONS):
-                raise DatabaseUnavailable(f"SQLite database {self.path!r}: {exc}") from exc
+                hint = not_writable_hint(self.path) if "readonly" in str(exc) else ""
+                raise DatabaseUnavailable(f"SQLite database {self.path!r}: {exc}{hint}") from exc
             raise DatabaseError(f"SQLite error: {exc}") from exc
         except sqlite3.IntegrityError as exc:
             if "unique_key" in str(exc):
