@@ -94,6 +94,35 @@ def test_catch_up_zero_skips_every_missed_tick(jq, caplog):
     assert ticks(jq.url.url) == Schedule(every=60).ticks_between(now, now + 600 * SECOND)
 
 
+def test_ticks_just_after_the_last_refresh_follow_catch_up_when_the_fleet_returns_late(jq, caplog):
+    # The last worker refreshed the row, then the fleet stopped for an hour.
+    # The ticks of the slack after that refresh are missed like the rest of
+    # the gap: catch_up=0 skips them all (break-test: they used to be owed
+    # for ever and fired an hour late).
+    jq.periodic(every=1, task="beat", catch_up=0)
+    now = aligned(jq.backend.db_now(), 60, 30.5)
+    service(jq).run_once(now=now)
+    gone = now - 3600 * SECOND
+    fabricate(jq.url.url, "beat", since_at=gone, last_tick_at=gone, seen_at=gone)
+    with caplog.at_level(logging.WARNING, logger="jobkeeper.periodic"):
+        service(jq).run_once(now=now)
+    assert ticks(jq.url.url) == []
+    assert any("skipped 3600 missed ticks" in r.getMessage() for r in caplog.records)
+
+
+def test_ticks_just_after_the_last_refresh_are_owed_while_the_row_is_fresh(jq):
+    # Refreshed 15 s ago (a worker that may be paused, or just stopped): the
+    # ticks of the following 10 s count as due while it was alive.
+    jq.periodic(every=1, task="beat", catch_up=0)
+    now = aligned(jq.backend.db_now(), 60, 30.5)
+    service(jq).run_once(now=now)
+    seen = now - 15 * SECOND
+    fabricate(jq.url.url, "beat", since_at=seen, last_tick_at=seen, seen_at=seen)
+    service(jq).run_once(now=now)
+    owed = Schedule(every=1).ticks_between(seen, seen + 10 * SECOND)
+    assert len(owed) == 10 and ticks(jq.url.url) == owed
+
+
 def test_a_tick_due_while_the_worker_ran_is_never_missed(jq):
     jq.periodic(every=60, task="report", catch_up=0)
     worker = service(jq)

@@ -23,10 +23,12 @@ A pass (at each tick of the worker's periodics, and at least every
    definition (schedule and time zone) is still this worker's, settle the
    ticks due since the last one recorded, oldest first:
 
-   * a tick at or before ``seen_at + slack`` came due while some worker
+   * a tick at or before ``seen_at`` came due while some worker
      registering it was alive (``seen_at`` is refreshed by every such
-     worker's every pass), and a tick at or after this worker's own start
-     came due while this worker ran: both are enqueued, however late;
+     worker's every pass), and so did one at or before ``seen_at + slack``
+     while the row is still being refreshed (``seen_at`` at most twice the
+     slack ago); a tick at or after this worker's own start came due while
+     this worker ran: all are enqueued, however late;
    * any other tick was *missed* (no worker ran): enqueued when it is at
      most ``catch_up`` seconds old, else skipped, with one WARNING naming
      the periodic and how many ticks were skipped.
@@ -197,7 +199,14 @@ class PeriodicEnqueuer(IntervalService):
         """Enqueue or skip every tick of ``periodic`` due by ``now``, oldest first."""
         assert self.started_at is not None
         after = row.since_at if row.last_tick_at is None else max(row.since_at, row.last_tick_at)
-        alive_until = row.seen_at + self._slack
+        # A tick just after the last refresh may have come due before the
+        # refreshing worker stopped, or after: only a fleet still passing
+        # (a refresh within twice the slack) gives it the benefit of the
+        # doubt. One that returns later finds those ticks missed, and
+        # catch_up rules them, as it does every other tick of the gap.
+        alive_until = row.seen_at
+        if now - row.seen_at <= 2 * self._slack:
+            alive_until += self._slack
         # Missed ticks before this are older than catch_up, or came before
         # this worker started (after it, none is missed): skipped.
         skip_before = min(self.started_at, now - timedelta(seconds=periodic.catch_up))
