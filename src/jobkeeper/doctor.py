@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from jobkeeper.api import JobQueue
 from jobkeeper.config import holder_window
-from jobkeeper.errors import DatabaseUnavailable, JobkeeperError
+from jobkeeper.errors import ConfigError, DatabaseUnavailable, JobkeeperError
 
 Level = Literal["ok", "warn", "fail"]
 
@@ -99,7 +99,19 @@ def run_checks(
         checks += _sqlite(facts, whose)
     checks.append(_workers(jq))
     checks.append(_settings(jq, whose))
+    if jq.periodics:
+        checks.append(_periodics(jq))
     return checks
+
+
+def _periodics(jq: JobQueue) -> Check:
+    """What a worker of this app would refuse at start about its periodics."""
+    try:
+        jq.check_periodics()
+    except ConfigError as exc:
+        return Check("periodics", "fail", f"{exc} (a worker of this app refuses to start)")
+    count = len(jq.periodics)
+    return Check("periodics", "ok", f"{count} registered, each with a known task and args")
 
 
 def _schema(facts: dict[str, Any]) -> Check:

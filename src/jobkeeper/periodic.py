@@ -190,6 +190,10 @@ class PeriodicRegistry(Mapping[str, Periodic]):
         self._max_payload_bytes = max_payload_bytes
         self._defaults = defaults
         self._by_name: dict[str, Periodic] = {}
+        #: What ``register`` was given for the periodics whose task was not
+        #: registered yet (declared above ``@jq.task``, or by name), by name:
+        #: :meth:`bind` checks them against the task once it is.
+        self._unbound: dict[str, dict[str, Any]] = {}
 
     def __getitem__(self, name: str) -> Periodic:
         return self._by_name[name]
@@ -225,6 +229,55 @@ class PeriodicRegistry(Mapping[str, Periodic]):
                 object of JSON-native values or do not match the task; a
                 second periodic with the same name.
         """
+        options: dict[str, Any] = {
+            "cron": cron,
+            "every": every,
+            "timezone": timezone,
+            "args": args,
+            "name": name,
+            "queue": queue,
+            "priority": priority,
+            "max_attempts": max_attempts,
+            "catch_up": catch_up,
+        }
+        periodic = self._build(task, options)
+        if periodic.name in self._by_name:
+            raise ConfigError(
+                f"a periodic named {periodic.name!r} is already registered"
+                f" ({self._by_name[periodic.name].schedule.key}); pass name= to tell them apart"
+            )
+        self._by_name[periodic.name] = periodic
+        if isinstance(task, str) and periodic.task not in self._tasks:
+            self._unbound[periodic.name] = {**options, "task": periodic.task}
+        return periodic
+
+    def bind(self) -> list[str]:
+        """Check again, against their task, the periodics declared before it
+        was registered: their args must fit it, and the options they left out
+        become the task's (queue, priority, max_attempts). A worker calls this
+        when it is made, so a periodic above ``@jq.task`` cannot fail every
+        tick at run time.
+
+        Returns:
+            The task names still not registered in this process (the caller
+            decides whether they are external).
+
+        Raises:
+            ConfigError: naming the periodic: args that do not match the task.
+        """
+        for name, options in list(self._unbound.items()):
+            if options["task"] in self._tasks:
+                rest = {key: value for key, value in options.items() if key != "task"}
+                self._by_name[name] = self._build(options["task"], rest)
+                del self._unbound[name]
+        return sorted({options["task"] for options in self._unbound.values()})
+
+    def _build(self, task: TaskLike | str, options: dict[str, Any]) -> Periodic:
+        """One periodic from ``register``'s arguments, validated."""
+        cron, every, timezone = options["cron"], options["every"], options["timezone"]
+        args, name, catch_up = options["args"], options["name"], options["catch_up"]
+        queue, priority = options["queue"], options["priority"]
+        max_attempts = options["max_attempts"]
         registered: TaskLike | None
         if isinstance(task, str):
             task_name = check_name("task", task)
@@ -262,12 +315,6 @@ class PeriodicRegistry(Mapping[str, Periodic]):
             )
         except ConfigError as exc:
             raise ConfigError(f"periodic {label!r}: {exc}") from None
-        if periodic.name in self._by_name:
-            raise ConfigError(
-                f"a periodic named {periodic.name!r} is already registered"
-                f" ({self._by_name[periodic.name].schedule.key}); pass name= to tell them apart"
-            )
-        self._by_name[periodic.name] = periodic
         return periodic
 
 

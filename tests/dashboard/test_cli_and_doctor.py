@@ -267,3 +267,18 @@ def test_dashboard_without_its_extra_says_which_package_is_missing(jq, capsys, m
     code, _, err = run(capsys, "--database", jq.url.url, "dashboard")
     assert code == 2
     assert err.count("\n") == 1 and "jinja2" in err and "jobkeeper[dashboard]" in err
+
+
+def test_doctor_app_fails_on_what_a_worker_would_refuse_of_its_periodics(jq):
+    # Found by a break-test: doctor --app said nothing of a periodic naming
+    # an unknown task, and the worker then refused to start.
+    @jq.task
+    def cleanup() -> None: ...
+
+    jq.periodic(every=60, task="cleanup")
+    (check,) = [c for c in run_checks(jq) if c.name == "periodics"]
+    assert check.level == "ok" and "1 registered" in check.message
+    jq.periodic(every=60, task="clenaup")
+    (check,) = [c for c in run_checks(jq) if c.name == "periodics"]
+    assert check.level == "fail" and "'clenaup'" in check.message and "cleanup" in check.message
+    assert exit_code(run_checks(jq)) == 1

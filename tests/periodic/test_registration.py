@@ -164,3 +164,44 @@ def test_a_worker_refuses_a_periodic_of_an_unknown_task(tmp_path):
     bare = JobQueue(f"sqlite:///{tmp_path / 'bare.db'}")
     bare.periodic(every=60, task="anything")
     assert bare.worker() is not None
+
+
+def test_a_periodic_declared_above_its_task_is_checked_against_it_when_a_worker_is_made(tmp_path):
+    """Found by a break-test: ``jq.periodic(task="report", args=...)`` above
+    ``@jq.task def report`` skipped the args check (the task was unknown
+    then), so every tick failed its job to dead, and the jobs went to the
+    default queue instead of the task's."""
+    typo = JobQueue(f"sqlite:///{tmp_path / 'typo.db'}")
+    typo.periodic(every=60, task="report", args={"kindd": "daily"})
+
+    @typo.task
+    def report(kind: str) -> None: ...
+
+    with pytest.raises(ConfigError, match=r"periodic 'report':.*kindd"):
+        typo.worker()
+
+    jq = JobQueue(f"sqlite:///{tmp_path / 'above.db'}")
+    jq.periodic(every=60, task="report", args={"kind": "daily"}, name="right")
+    jq.periodic(every=60, task="report", args={"kind": "x"}, name="elsewhere", queue="other")
+
+    @jq.task(name="report", queue="reports", priority=5, max_attempts=3)
+    def report_too(kind: str) -> None: ...
+
+    assert jq.worker() is not None
+    right, elsewhere = jq.periodics["right"], jq.periodics["elsewhere"]
+    assert (right.queue, right.priority, right.max_attempts) == ("reports", 5, 3)
+    assert (elsewhere.queue, elsewhere.priority) == ("other", 5)
+
+
+def test_an_unknown_periodic_task_names_the_setting_that_declares_it_external(tmp_path):
+    # periodic() has no external=True (enqueue does): the error says so.
+    jq = JobQueue(f"sqlite:///{tmp_path / 'ext.db'}")
+
+    @jq.task
+    def cleanup() -> None: ...
+
+    jq.periodic(every=60, task="mailer")
+    with pytest.raises(ConfigError) as info:
+        jq.worker()
+    assert "external_tasks=[...]" in str(info.value)
+    assert "external=True" not in str(info.value)

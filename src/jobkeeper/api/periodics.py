@@ -15,7 +15,7 @@ from jobkeeper.periodic import (
     PeriodicRow,
     unknown_option,
 )
-from jobkeeper.tasks import Task
+from jobkeeper.tasks import Task, suggest
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -96,11 +96,12 @@ class PeriodicsMixin(QueueBase):
             every: instead of ``cron``: an interval in whole seconds, ticks
                 aligned to the Unix epoch.
             timezone: IANA name for ``cron`` (default ``"UTC"``).
-            task: the call form: a Task or a task name (it need not be
-                registered here; its args are then checked as JSON only; but
-                a JobQueue that registers tasks refuses, when a worker is
-                made, a name it neither registers nor lists in
-                ``external_tasks``, as ``enqueue`` does).
+            task: the call form: a Task or a task name. A name need not be
+                registered yet: when a worker is made (see
+                :meth:`check_periodics`) its args are checked against the
+                task and the options left out become the task's; a JobQueue
+                that registers tasks refuses then a name it neither registers
+                nor lists in ``external_tasks``, as ``enqueue`` does.
             args: the jobs' keyword arguments, checked as an enqueue checks them.
             name: unique per queue and per database (default: the task's
                 name); the stored record of the periodic's ticks is keyed on it.
@@ -152,6 +153,33 @@ class PeriodicsMixin(QueueBase):
             return target
 
         return decorate
+
+    def check_periodics(self) -> None:
+        """Check the periodics against the tasks registered by now (a worker
+        does when it is made; ``jobkeeper doctor --app`` too). Done then, not
+        when a periodic is declared, because its task may be registered
+        further down the module: args are checked against the task and the
+        options left out become the task's (see
+        :meth:`~jobkeeper.periodic.PeriodicRegistry.bind`).
+
+        Raises:
+            ConfigError: naming the periodic: args that do not match its task,
+                or, when this JobQueue registers tasks, a task it neither
+                registers nor lists in ``external_tasks``.
+        """
+        self.periodics.bind()
+        declared = self.external_tasks
+        for periodic in self.periodics.values():
+            if not self.tasks or periodic.task in self.tasks:
+                continue
+            if declared is True or (declared is not False and periodic.task in declared):
+                continue
+            raise ConfigError(
+                f"periodic {periodic.name!r}: unknown task {periodic.task!r}"
+                f"{suggest(periodic.task, self.tasks)}: no task of this JobQueue has that"
+                " name; if another service runs it, list it in"
+                " JobQueue(external_tasks=[...])"
+            )
 
     def periodic_list(self, *, stale_after: float | None = None) -> list[PeriodicRow]:
         """The stored periodic jobs (every app's, not only this one's), by name.

@@ -14,9 +14,9 @@ from jobkeeper.queues import parse_queue_share
 class RunningMixin(QueueBase):
     """Worker methods of :class:`~jobkeeper.JobQueue`."""
 
-    if TYPE_CHECKING:  # the enqueue mixin supplies it
+    if TYPE_CHECKING:  # the periodics mixin supplies it
 
-        def _check_external(self, task_name: str) -> None: ...
+        def check_periodics(self) -> None: ...
 
     # -- run -----------------------------------------------------------------
 
@@ -44,14 +44,7 @@ class RunningMixin(QueueBase):
             raise ConfigError(
                 f"concurrency must be between 1 and {MAX_CONCURRENCY}, got {concurrency}"
             )
-        for periodic in self.periodics.values():
-            # Checked here, not when the periodic is declared: its task may
-            # be registered further down the module.
-            if self.tasks and periodic.task not in self.tasks:
-                try:
-                    self._check_external(periodic.task)
-                except ConfigError as exc:
-                    raise ConfigError(f"periodic {periodic.name!r}: {exc}") from None
+        self.check_periodics()
         extra: dict[str, Any] = {}
         if shares:
             for name, share in shares.items():
