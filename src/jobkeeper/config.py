@@ -325,17 +325,26 @@ class DatabaseURL:
     options: dict[str, str] = dataclasses.field(default_factory=dict)
 
     def redacted(self) -> str:
-        """The URL with any password replaced by ``***`` (for logs and errors)."""
+        """The URL with any password replaced by ``***`` (for logs and errors):
+        the one between ``user:`` and ``@``, and the query's ``password`` and
+        ``sslpassword`` parameters (libpq takes either place).
+        """
         try:
             parts = urlsplit(self.url)
         except ValueError:
             # Not splittable (a malformed [IPv6] host): blank whatever sits
             # between "user:" and "@" without parsing further.
-            return re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", self.url)
+            url = re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", self.url)
+            return _SECRET_PARAMETER.sub(r"\1***", url)
+        hidden = parts._replace(query=_SECRET_PARAMETER.sub(r"\1***", parts.query))
         if parts.password:
-            netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
-            return parts._replace(netloc=netloc).geturl()
-        return self.url
+            hidden = hidden._replace(netloc=parts.netloc.replace(f":{parts.password}@", ":***@"))
+        # Unchanged, the URL is given back as written (geturl() may tidy it).
+        return self.url if hidden == parts else hidden.geturl()
+
+
+#: A query parameter that holds a password, up to the next ``&`` (or ``#``).
+_SECRET_PARAMETER = re.compile(r"((?:^|[?&])(?:ssl)?password=)[^&#]*", re.IGNORECASE)
 
 
 def requested_database_url(url: str | None) -> str:

@@ -139,6 +139,31 @@ def test_redacted_url_hides_the_password():
     assert "hunter2" not in repr(JobQueue("postgresql://user:hunter2@db.example/jobs"))
 
 
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        (
+            "postgresql://db.example/jobs?password=hunter2&sslmode=require",
+            "postgresql://db.example/jobs?password=***&sslmode=require",
+        ),
+        (
+            "postgresql://u:pw1@db.example/jobs?sslmode=require&password=hunter2",
+            "postgresql://u:***@db.example/jobs?sslmode=require&password=***",
+        ),
+        (
+            "postgresql://db.example/jobs?sslpassword=hunter2",
+            "postgresql://db.example/jobs?sslpassword=***",
+        ),
+        ("postgresql://db.example/jobs?sslmode=require", None),
+    ],
+)
+def test_redacted_url_hides_a_password_given_as_a_query_parameter(url, shown):
+    # Found by a break-test: ?password= (which libpq takes) was logged as is.
+    resolved = resolve_database_url(url)
+    assert resolved.redacted() == (url if shown is None else shown)
+    assert "hunter2" not in repr(JobQueue(url))
+
+
 # -- Settings --------------------------------------------------------------------------------
 
 
