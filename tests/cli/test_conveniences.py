@@ -168,6 +168,22 @@ def test_bad_args_from_a_file_or_stdin_exit_2(cli, queue, value, stdin, needle):
     assert total_rows(queue) == 0
 
 
+def test_args_from_an_endless_file_or_stdin_are_read_only_up_to_the_limit(cli, queue, tmp_path):
+    # Found by a break-test: --args @/dev/zero read until 5 GB of memory.
+    # The text is read up to 4x max_payload_bytes (1 MiB here), never whole.
+    code, _, err = cli("enqueue", "mail", "--args", "@/dev/zero")
+    assert code == 2 and "holds more than 4194304 bytes" in err, err
+    assert "max_payload_bytes=1048576" in err
+    big = '{"pad": "' + "x" * (4 << 20) + '"}'
+    code, _, err = cli("enqueue", "mail", "--args", "-", input=big)
+    assert code == 2 and "stdin holds more than 4194304 bytes" in err, err
+    indented = tmp_path / "indented.json"  # 3 MiB of spaces, tiny args
+    indented.write_text("{" + " " * (3 << 20) + '"a": 1}', encoding="utf-8")
+    job_id = int(cli.ok("enqueue", "mail", "--args", f"@{indented}"))
+    assert queue.get_job(job_id).args == {"a": 1}
+    assert total_rows(queue) == 1
+
+
 # -- misspelled task names and keywords with --app ---------------------------------------
 
 APP = """

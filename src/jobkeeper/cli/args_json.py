@@ -112,23 +112,52 @@ def parse_args_json(text: str) -> dict[str, Any]:
     return value
 
 
-def read_args_text(value: str) -> str:
+#: How many times the job's payload limit ``--args`` text may be: room for
+#: indentation and escapes that the encoded args do not keep.
+TEXT_PER_PAYLOAD_BYTE = 4
+
+
+def read_args_text(value: str, *, max_payload_bytes: int) -> str:
     """The text of ``--args``: ``-`` reads stdin, ``@path`` reads that file
     (UTF-8), anything else is the JSON itself.
 
+    Args:
+        value: the option as given.
+        max_payload_bytes: the queue's limit on encoded args, bytes; a file or
+            stdin is read up to ``TEXT_PER_PAYLOAD_BYTE`` times that, never
+            whole (``--args @/dev/zero`` must not fill the memory).
+
     Raises:
-        BadInput: the file cannot be read, naming it.
+        BadInput: the file cannot be read, or is longer than that, naming it.
     """
+    cap = TEXT_PER_PAYLOAD_BYTE * max_payload_bytes
     if value == "-":
-        return sys.stdin.read()
+        stdin = getattr(sys.stdin, "buffer", None)
+        data = stdin.read(cap + 1) if stdin is not None else sys.stdin.read(cap + 1)
+        return _within(value, "stdin", data, cap, max_payload_bytes)
     if value.startswith("@"):
         path = value[1:]
         if not path:
             raise BadInput("--args @: give a file name after @ (or - for stdin)")
         try:
-            with open(path, encoding="utf-8") as file:
-                return file.read()
-        except (OSError, UnicodeDecodeError) as exc:
-            detail = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+            with open(path, "rb") as file:
+                return _within(value, repr(path), file.read(cap + 1), cap, max_payload_bytes)
+        except OSError as exc:
+            detail = exc.strerror or str(exc)
             raise BadInput(f"--args {value}: cannot read {path!r}: {detail}") from None
     return value
+
+
+def _within(value: str, source: str, data: bytes | str, cap: int, max_payload_bytes: int) -> str:
+    """``data`` as text, refused when it is longer than ``cap`` or not UTF-8."""
+    if len(data) > cap:
+        raise BadInput(
+            f"--args {value}: {source} holds more than {cap} bytes; a job's args encode to at"
+            f" most max_payload_bytes={max_payload_bytes} bytes"
+        )
+    if isinstance(data, str):
+        return data
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise BadInput(f"--args {value}: cannot read {source}: {exc}") from None

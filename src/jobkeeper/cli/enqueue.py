@@ -123,13 +123,11 @@ def enqueue(
     if delay is not None and not math.isfinite(delay):
         raise BadInput(f"--delay {delay}: must be a finite number of seconds >= 0")
     when = None if run_at is None else _parse_run_at(run_at)
-    payload = parse_args_json(read_args_text(args))
-    if app_spec is not None:
-        jq = open_app_queue(ctx, app_spec)
-        if not external:
-            _check_task_known(jq, task, app_spec)
-    else:
-        jq = open_queue(ctx)
+    jq = open_app_queue(ctx, app_spec) if app_spec is not None else open_queue(ctx)
+    limit = jq.settings.max_payload_bytes
+    payload = parse_args_json(read_args_text(args, max_payload_bytes=limit))
+    if app_spec is not None and not external:
+        _check_task_known(jq, task, app_spec)
     job = jq.enqueue(
         task,
         payload,
