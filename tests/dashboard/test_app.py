@@ -8,6 +8,7 @@ import re
 import pytest
 from starlette.testclient import TestClient
 
+from jobkeeper import JobQueue
 from jobkeeper.dashboard import create_app
 from jobkeeper.dashboard.app import CSRF_COOKIE, PASSWORD_ENV
 from jobkeeper.dashboard.security import Csrf
@@ -335,3 +336,27 @@ def test_periodic_page_lists_stored_schedules(client, jq):
                  ">poll_feeds</a>"):  # fmt: skip
         assert text in html, text
     assert "stale" not in html.split("<tbody>")[1].split("</tbody>")[0]
+
+
+def test_pages_and_metrics_answer_503_while_the_database_is_unavailable():
+    # Found by a break-test: GET pages and /metrics answered 500 (a dashboard
+    # fault) when the database was down; the POST forms already said 503.
+    down = JobQueue("postgresql://postgres@127.0.0.1:1/test?connect_timeout=1")
+    try:
+        client = TestClient(create_app(down))
+        for page in (
+            "/",
+            "/jobs",
+            "/jobs/1",
+            "/dead",
+            "/workers",
+            "/queues",
+            "/periodic",
+            "/metrics",
+        ):
+            response = client.get(page)
+            assert response.status_code == 503, (page, response.status_code, response.text)
+            assert "database unavailable" in response.text
+            assert response.headers["retry-after"] == "5"
+    finally:
+        down.close()

@@ -49,7 +49,13 @@ from jobkeeper.dashboard.security import (
     Csrf,
     is_loopback,
 )
-from jobkeeper.errors import ConfigError, JobkeeperError, JobNotFound, JobStateError
+from jobkeeper.errors import (
+    ConfigError,
+    DatabaseUnavailable,
+    JobkeeperError,
+    JobNotFound,
+    JobStateError,
+)
 from jobkeeper.models import MAX_JOB_ID, JobStatus
 from jobkeeper.waits import explain_wait
 
@@ -452,6 +458,12 @@ def create_app(
     middleware = [Middleware(BasicAuth, password=password)] if password else []
 
     async def server_error(request: Request, exc: Exception) -> Response:
+        if isinstance(exc, DatabaseUnavailable):
+            # Not the dashboard's fault, and it passes: a page (or a scrape
+            # of /metrics) may ask again, as the POST forms' 503 says.
+            return PlainTextResponse(
+                f"database unavailable: {exc}\n", status_code=503, headers={"Retry-After": "5"}
+            )
         return PlainTextResponse(f"dashboard error: {exc}\n", status_code=500)
 
     app = Starlette(
