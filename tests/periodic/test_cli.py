@@ -84,6 +84,18 @@ def test_default_stale_after_is_rescue_after(cli):
     assert cli.json("periodic", "list") == []
 
 
+@pytest.mark.parametrize("window", ["0", "14.9"])
+def test_prune_refuses_a_window_shorter_than_a_live_workers_refresh(cli, window):
+    # Found by a break-test: --stale-after 0 pruned the periodic of a running
+    # worker (seen a second before), which then lost a tick.
+    live = app(cli.url, every=60, task="live")
+    service(live).run_once()
+    code, _, err = cli("periodic", "prune", "--stale-after", window)
+    assert code == 2 and "below 15 seconds" in err and len(err.strip().splitlines()) == 1, err
+    assert [r["name"] for r in cli.json("periodic", "list")] == ["live"]
+    assert cli.json("periodic", "prune", "--stale-after", "15") == {"pruned": []}
+
+
 @pytest.mark.parametrize(
     ("args", "code", "needle"),
     [

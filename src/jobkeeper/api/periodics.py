@@ -17,6 +17,10 @@ from jobkeeper.periodic import (
 )
 from jobkeeper.tasks import Task, suggest
 
+#: Shortest ``stale_after`` of :meth:`PeriodicsMixin.periodic_prune`, seconds:
+#: three of the workers' longest refresh periods.
+MIN_PRUNE_STALE_AFTER = 3 * MAX_REFRESH
+
 P = ParamSpec("P")
 R = TypeVar("R")
 
@@ -196,12 +200,29 @@ class PeriodicsMixin(QueueBase):
         """Delete the stale periodic rows (see :meth:`periodic_list`); return
         their names. A periodic pruned while its workers are all down starts
         afresh when they return (no catch-up of the ticks missed meanwhile).
+
+        Args:
+            stale_after: seconds, as for :meth:`periodic_list`, at least
+                ``MIN_PRUNE_STALE_AFTER`` (15): a live worker passes every
+                5 s at most, and a shorter window would prune its periodic
+                between two passes and lose a tick.
+
+        Raises:
+            ConfigError: ``stale_after`` is not a number of seconds, or is
+                below ``MIN_PRUNE_STALE_AFTER``.
         """
-        return self.backend.periodic_prune(stale_after=self._stale_after(stale_after))
+        window = self._stale_after(stale_after)
+        if window < MIN_PRUNE_STALE_AFTER:
+            raise ConfigError(
+                f"stale_after={stale_after!r} is below {MIN_PRUNE_STALE_AFTER:g} seconds: a running"
+                f" worker refreshes its periodics only every {MAX_REFRESH:g} s, so live ones"
+                " would be pruned"
+            )
+        return self.backend.periodic_prune(stale_after=window)
 
     def _stale_after(self, stale_after: float | None) -> float:
         if stale_after is None:
-            return max(self.settings.rescue_after, 3 * MAX_REFRESH)
+            return max(self.settings.rescue_after, MIN_PRUNE_STALE_AFTER)
         if (
             isinstance(stale_after, bool)
             or not isinstance(stale_after, int | float)
