@@ -34,7 +34,7 @@ from jobkeeper.version import __version__
 
 #: Seconds per rate period unit.
 RATE_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0}
-_RATE = re.compile(r"^\s*(\d+)\s*/\s*([smh])\s*$")
+_RATE = re.compile(r"^\s*(\d+)\s*/\s*([smh])\s*$", re.ASCII)
 #: Largest count a rate limit or max_pending may name.
 MAX_LIMIT = 2**31 - 1
 #: The first jobkeeper version whose workers enforce queue settings.

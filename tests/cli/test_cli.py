@@ -948,3 +948,26 @@ def test_jobs_list_help_names_every_status(capsys):
     text = " ".join(out.split())
     for status in STATUSES:
         assert status in text, status
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["jobs", "show", "\u0661\u0662"],  # Arabic-Indic 12: int() takes it
+        ["jobs", "show", " 1"],
+        ["jobs", "show", "1_0"],
+        ["dead", "requeue", "\u0661"],
+        ["jobs", "list", "--limit", "\uff15"],  # fullwidth 5
+        ["queues", "set", "default", "--concurrency", "\u0661\u0660"],
+        ["queues", "set", "default", "--rate-limit", "\u0661\u0660/m"],
+    ],
+)
+def test_numbers_in_other_scripts_or_with_spaces_exit_2(cli, queue, argv):
+    # Found by a break-test: int() read Arabic-Indic '12' as 12, so `jobs show`
+    # showed job 12, and a queue got a limit of 10 from such a '10'.
+    job = queue.enqueue("t", {})
+    code, _, err = cli(*argv)
+    assert code == 2, err
+    assert len(err.strip().splitlines()) == 1 and err.startswith("error: "), err
+    assert queue.get_job(job.id).status == JobStatus.AVAILABLE  # type: ignore[union-attr]
+    assert all(q.concurrency is None and q.rate_limit is None for q in queue.queues())

@@ -85,8 +85,31 @@ class Group(_WholeSummary, click.Group):
 IDS_MAY_LOOK_LIKE_OPTIONS: dict[str, Any] = {"ignore_unknown_options": True}
 
 
+class WholeNumber(click.types.IntParamType):
+    """An integer written in ASCII digits, with an optional ``-``: click.INT
+    (``int()``) also takes ``' 1'``, ``'1_0'`` and other scripts' digits
+    (``'١٢'``), which a job id or a count typed by mistake should not be.
+    """
+
+    name = "integer"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        text = str(value)
+        digits = text.removeprefix("-")
+        if not (digits.isascii() and digits.isdigit()):
+            self.fail(
+                f"{text!r} is not a whole number (ASCII digits, optionally after -)", param, ctx
+            )
+        return int(text)
+
+
+#: ``type=`` for every integer option and argument of the CLI.
+WHOLE_NUMBER = WholeNumber()
+
 json_option = click.option("--json", "as_json", is_flag=True, help="Stable JSON output.")
-job_id_argument = click.argument("job_id", cls=Argument, type=click.INT, doc="The job id.")
+job_id_argument = click.argument("job_id", cls=Argument, type=WHOLE_NUMBER, doc="The job id.")
 
 
 #: Width of tables written to a pipe or file: Rich's default there is 80

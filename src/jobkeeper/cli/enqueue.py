@@ -10,6 +10,7 @@ import click
 from jobkeeper.api import JobQueue
 from jobkeeper.cli.args_json import parse_args_json, read_args_text
 from jobkeeper.cli.common import (
+    WHOLE_NUMBER,
     Argument,
     BadInput,
     Command,
@@ -91,8 +92,8 @@ def _parse_run_at(text: str) -> datetime:
     help="Not before this time: ISO 8601 with its offset, e.g. 2026-12-24T09:00:00+01:00 "
     "or ...Z (not with --delay).",
 )
-@click.option("--priority", type=click.INT, default=None, help="Lower runs first.")
-@click.option("--max-attempts", type=click.INT, default=None, help="Attempts before dead.")
+@click.option("--priority", type=WHOLE_NUMBER, default=None, help="Lower runs first.")
+@click.option("--max-attempts", type=WHOLE_NUMBER, default=None, help="Attempts before dead.")
 @click.option(
     "--unique-key",
     default=None,

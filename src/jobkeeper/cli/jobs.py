@@ -7,6 +7,7 @@ import click
 from jobkeeper.cli import render
 from jobkeeper.cli.common import (
     IDS_MAY_LOOK_LIKE_OPTIONS,
+    WHOLE_NUMBER,
     BadInput,
     Group,
     console,
@@ -47,11 +48,11 @@ def status_option(value: str | None) -> JobStatus | None:
 )
 @click.option(
     "--after",
-    type=click.INT,
+    type=WHOLE_NUMBER,
     default=None,
     help="The next page: jobs listed after job ID (ids below it).",
 )
-@click.option("--limit", type=click.INT, default=50, help="At most this many (1-10000).")
+@click.option("--limit", type=WHOLE_NUMBER, default=50, help="At most this many (1-10000).")
 @json_option
 @click.pass_context
 def jobs_list(

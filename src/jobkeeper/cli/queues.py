@@ -82,10 +82,10 @@ def _int_or_none(option: str, text: str | None) -> int | Unset | None:
         return UNSET
     if text.strip().lower() == "none":
         return None
-    try:
-        return int(text)
-    except ValueError:
-        raise BadInput(f"{option} {text!r}: expected an integer or 'none'") from None
+    digits = text.removeprefix("-")
+    if not (digits.isascii() and digits.isdigit()):
+        raise BadInput(f"{option} {text!r}: expected an integer or 'none'")
+    return int(text)
 
 
 @queues_app.command("set")

@@ -204,8 +204,16 @@ class Dashboard:
         queue = params.get("queue") or None
         task = params.get("task") or None
         before_text = params.get("before") or None
+        before = None
+        if before_text is not None:
+            before = _job_id(before_text)
+            if before is None:
+                return self.error(
+                    request,
+                    400,
+                    f"Bad filter: before={before_text!r} is not a job id (a positive number).",
+                )
         try:
-            before = int(before_text) if before_text is not None else None
             jobs = self.jq.list_jobs(status, queue, PAGE_SIZE + 1, task=task, before=before)
         except (ConfigError, ValueError) as exc:
             return self.error(request, 400, f"Bad filter: {exc}")
@@ -388,7 +396,13 @@ class Dashboard:
 
 def _path_job_id(request: Request) -> int | None:
     """The URL's job id, or None when it is not one (a positive whole number)."""
-    raw = request.path_params["job_id"]
+    return _job_id(request.path_params["job_id"])
+
+
+def _job_id(raw: object) -> int | None:
+    """``raw`` as a job id, or None when it is not one: ASCII digits only
+    (``int()`` also takes spaces, ``_`` and other scripts' digits).
+    """
     if not (isinstance(raw, str) and raw.isascii() and raw.isdigit()):
         return None
     job_id = int(raw)
