@@ -279,7 +279,9 @@ def check_schedule(delay: Any, run_at: Any) -> tuple[float | None, datetime | No
     times made delayed jobs run at once). Aware times are converted to UTC.
 
     Raises:
-        ConfigError: both given, a negative/NaN delay, or a naive/non-datetime ``run_at``.
+        ConfigError: both given, a negative/NaN delay or one over ``MAX_DELAY``
+            (100 years), or a naive/non-datetime ``run_at`` or one more than
+            100 years before or after now.
     """
     if delay is not None and run_at is not None:
         raise ConfigError("give either delay or run_at, not both")
@@ -300,11 +302,19 @@ def check_schedule(delay: Any, run_at: Any) -> tuple[float | None, datetime | No
                 "e.g. datetime.now(timezone.utc) + timedelta(minutes=10)"
             )
         try:
-            return None, run_at.astimezone(UTC)
+            utc = run_at.astimezone(UTC)
         except OverflowError:
             raise ConfigError(
                 f"run_at={run_at.isoformat()} is out of range once converted to UTC"
             ) from None
+        # As far back as ahead: a year-1 run_at would make every queue
+        # latency figure read 2,000 years.
+        if abs((utc - datetime.now(UTC)).total_seconds()) > MAX_DELAY:
+            raise ConfigError(
+                f"run_at={run_at.isoformat()} is more than 100 years from now"
+                f" ({MAX_DELAY:.0f} seconds, the limit of delay too)"
+            )
+        return None, utc
     return None, None
 
 

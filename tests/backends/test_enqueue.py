@@ -525,18 +525,30 @@ def test_sqlite_autocommit_connection_batch_is_atomic_with_right_ids(sqlite_url)
         assert [stored.get(job.id) for job in returned] == [{"i": i} for i in range(10)]
 
 
-def test_extreme_run_at_values_are_stored_and_read_back(jq):
-    far = jq.enqueue("t", {}, run_at=datetime(9999, 12, 31, tzinfo=UTC))
-    ancient = jq.enqueue("t", {}, run_at=datetime(1, 1, 1, 12, tzinfo=UTC))
+def test_run_at_far_ahead_or_back_is_stored_and_read_back(jq):
+    now = datetime.now(UTC)
+    far = jq.enqueue("t", {}, run_at=now + timedelta(days=99 * 365))
+    ancient = jq.enqueue("t", {}, run_at=now - timedelta(days=99 * 365))
     assert far.status == JobStatus.SCHEDULED
     assert ancient.status == JobStatus.AVAILABLE
     stored_far, stored_ancient = jq.get_job(far.id), jq.get_job(ancient.id)
     assert stored_far is not None and stored_far.scheduled_at == far.scheduled_at
-    assert stored_far.scheduled_at.year == 9999
-    assert stored_ancient is not None and stored_ancient.scheduled_at.year == 1
+    assert stored_ancient is not None and stored_ancient.scheduled_at == ancient.scheduled_at
     assert [j.id for j in claim(jq)] == [ancient.id]
     assert jq.backend.job_stage_due().staged == 0
     assert jq.stats()["default"]["scheduled"] == 1
+
+
+@pytest.mark.parametrize("year", [1, 1900, 2200, 9999])
+def test_run_at_more_than_a_hundred_years_away_is_refused(jq, year):
+    # Found by a break-test: delay was capped at 100 years but run_at took
+    # years 1 and 9999, and a year-1 job made the queue's latency 6.4e10 s.
+    when = datetime(year, 6, 1, tzinfo=UTC)
+    with pytest.raises(ConfigError, match=r"run_at=.* is more than 100 years from now"):
+        jq.enqueue("t", {}, run_at=when)
+    with pytest.raises(ConfigError, match="run_at"):
+        jq.enqueue_many([("t", {}), ("t", {}, {"run_at": when})])
+    assert jq.stats() == {}
 
 
 def test_pg_connection_to_another_schema_is_refused(pg_url):
