@@ -170,10 +170,18 @@ def check_concurrency(value: Any) -> int:
     return value
 
 
+#: Largest ``max_pending``: more than any table holds, within a BIGINT.
+MAX_PENDING_LIMIT = 2**62
+
+
 def check_max_pending(value: Any) -> int:
-    """A queue's ``max_pending``: an int from 0."""
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 2**62:
+    """A queue's ``max_pending``: an int from 0 to ``MAX_PENDING_LIMIT``."""
+    if isinstance(value, bool) or not isinstance(value, int):
         raise ConfigError(f"max_pending must be an int >= 0 or None, got {value!r}")
+    if not 0 <= value <= MAX_PENDING_LIMIT:
+        raise ConfigError(
+            f"max_pending must be between 0 and {MAX_PENDING_LIMIT} (or None), got {value}"
+        )
     return value
 
 

@@ -77,6 +77,21 @@ def test_bad_input_exits_2_with_one_line(cli, args):
         assert jq.queues() == []
 
 
+@pytest.mark.parametrize(
+    ("option", "value", "bound"),
+    [
+        ("--max-pending", "99999999999999999999", "between 0 and 4611686018427387904"),
+        ("--max-pending", "-3", "between 0 and 4611686018427387904"),
+        ("--concurrency", "99999999999999999999", "at most 2147483647"),
+    ],
+)
+def test_a_count_out_of_range_names_the_range(cli, option, value, bound):
+    # Found by a break-test: --max-pending 99999999999999999999 said only
+    # "must be an int >= 0", which it is.
+    code, _, err = cli("queues", "set", "q", option, value)
+    assert code == 2 and bound in err and value in err, err
+
+
 def test_queue_full_exits_2_naming_the_queue(cli):
     assert cli("queues", "set", "q", "--max-pending", "1")[0] == 0
     assert cli("enqueue", "t", "--queue", "q")[0] == 0
