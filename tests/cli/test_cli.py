@@ -971,3 +971,20 @@ def test_numbers_in_other_scripts_or_with_spaces_exit_2(cli, queue, argv):
     assert len(err.strip().splitlines()) == 1 and err.startswith("error: "), err
     assert queue.get_job(job.id).status == JobStatus.AVAILABLE  # type: ignore[union-attr]
     assert all(q.concurrency is None and q.rate_limit is None for q in queue.queues())
+
+
+def test_a_cut_says_so_only_when_the_saying_is_shorter_than_the_cut():
+    # Found by a break-test: an error 7 characters over the limit was cut and
+    # followed by "(7 more characters; --json shows all)", longer than them.
+    from jobkeeper.cli.render import _clip
+
+    assert _clip("e" * 87, 80) == "e" * 87
+    clipped = _clip("e" * 200, 80)
+    assert clipped.startswith("e" * 80 + "…") and "120 more characters" in clipped
+
+
+def test_times_of_the_year_one_keep_four_digits():
+    from jobkeeper.cli.render import _when
+
+    assert _when(datetime(1, 1, 1, 12, tzinfo=UTC)) == "0001-01-01 12:00:00"
+    assert _when(datetime(2026, 12, 4, 9, 5, 7, 123456, tzinfo=UTC)) == "2026-12-04 09:05:07"

@@ -310,10 +310,15 @@ def test_queues_page_shows_limits_and_pauses_and_resumes_by_post(client, jq, see
         client.post("/queues/drop", data={"csrf_token": token, "queue": "emails"}).status_code
         == 404
     )
-    # No queue field, or two: a 400 saying so (was a 404 "unknown action").
-    for fields in ({}, {"queue": ["emails", "other"]}):
+    # No queue field, an empty one, or two: a 400 saying so (was a 404
+    # "unknown action"; an empty field said "got 0").
+    for fields, said in (
+        ({}, "queue field is missing or empty"),
+        ({"queue": ""}, "queue field is missing or empty"),
+        ({"queue": ["emails", "other"]}, "one queue field, got 2"),
+    ):
         missing = client.post("/queues/pause", data={"csrf_token": token, **fields})
-        assert missing.status_code == 400 and "one queue field" in missing.text, fields
+        assert missing.status_code == 400 and said in missing.text, fields
     assert not any(q.paused for q in jq.queues())
 
 

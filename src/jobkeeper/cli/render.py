@@ -36,7 +36,8 @@ def print_json(console: Console, value: Any) -> None:
 
 
 def _when(value: datetime | None) -> str:
-    return "" if value is None else value.strftime("%Y-%m-%d %H:%M:%S")
+    # Not strftime: its %Y writes the year 1 as "1", not "0001".
+    return "" if value is None else value.replace(tzinfo=None).isoformat(" ", "seconds")
 
 
 #: Longest result shown by ``jobs show`` and error shown by ``jobs list``, in
@@ -46,10 +47,13 @@ MAX_LISTED_ERROR_CHARS = 80
 
 
 def _clip(text: str, limit: int) -> str:
-    """``text`` cut to ``limit`` characters, saying how much was left out."""
-    if len(text) <= limit:
+    """``text`` cut to ``limit`` characters, saying how much was left out;
+    whole when the saying would be longer than what it leaves out.
+    """
+    note = f"… ({len(text) - limit:,} more characters; --json shows all)"
+    if len(text) <= limit + len(note):
         return text
-    return f"{text[:limit]}… ({len(text) - limit:,} more characters; --json shows all)"
+    return text[:limit] + note
 
 
 def _status(status: str) -> str:
@@ -219,7 +223,15 @@ def job_detail(job: Job, waiting: list[str] | None = None) -> Table:
 def periodic_table(rows: list[PeriodicRow]) -> Table:
     """``periodic list``: one line per stored periodic, stale ones in red."""
     table = Table(title="periodic jobs")
-    for column in ("name", "schedule", "time zone", "task", "last tick", "next tick", "state"):
+    for column in (
+        "name",
+        "schedule",
+        "time zone",
+        "task",
+        "last tick (UTC)",
+        "next tick (UTC)",
+        "state",
+    ):
         table.add_column(column, overflow="fold")
     for row in rows:
         table.add_row(

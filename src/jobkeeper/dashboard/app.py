@@ -329,6 +329,9 @@ class Dashboard:
         what = request.path_params["action"]
         if what not in ("pause", "resume"):
             return PlainTextResponse("unknown action\n", status_code=404)
+        if not names:
+            # parse_qs drops a blank field: "queue=" arrives as no field.
+            return self.error(request, 400, "The form's queue field is missing or empty.")
         if len(names) != 1:
             return self.error(request, 400, f"The form needs one queue field, got {len(names)}.")
 
