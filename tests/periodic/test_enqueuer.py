@@ -100,7 +100,8 @@ def test_ticks_just_after_the_last_refresh_follow_catch_up_when_the_fleet_return
     # the gap: catch_up=0 skips them all (break-test: they used to be owed
     # for ever and fired an hour late).
     jq.periodic(every=1, task="beat", catch_up=0)
-    now = aligned(jq.backend.db_now(), 60, 30.5)
+    # Pinned in the past (the first pass must owe nothing), at half a second.
+    now = (jq.backend.db_now() - SECOND).replace(microsecond=500_000)
     service(jq).run_once(now=now)
     gone = now - 3600 * SECOND
     fabricate(jq.url.url, "beat", since_at=gone, last_tick_at=gone, seen_at=gone)
@@ -114,7 +115,8 @@ def test_ticks_just_after_the_last_refresh_are_owed_while_the_row_is_fresh(jq):
     # Refreshed 15 s ago (a worker that may be paused, or just stopped): the
     # ticks of the following 10 s count as due while it was alive.
     jq.periodic(every=1, task="beat", catch_up=0)
-    now = aligned(jq.backend.db_now(), 60, 30.5)
+    # Pinned in the past (the first pass must owe nothing), at half a second.
+    now = (jq.backend.db_now() - SECOND).replace(microsecond=500_000)
     service(jq).run_once(now=now)
     seen = now - 15 * SECOND
     fabricate(jq.url.url, "beat", since_at=seen, last_tick_at=seen, seen_at=seen)
