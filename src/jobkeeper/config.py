@@ -12,7 +12,7 @@ import os
 import re
 from datetime import UTC, datetime
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import unquote
 
 from jobkeeper.backoff import ABSOLUTE_MAX_BACKOFF, DEFAULT_BASE, DEFAULT_MAX_BACKOFF
 from jobkeeper.errors import ConfigError, PayloadError
@@ -335,26 +335,43 @@ class DatabaseURL:
     options: dict[str, str] = dataclasses.field(default_factory=dict)
 
     def redacted(self) -> str:
-        """The URL with any password replaced by ``***`` (for logs and errors):
-        the one between ``user:`` and ``@``, and the query's ``password`` and
-        ``sslpassword`` parameters (libpq takes either place).
+        """The URL with any password replaced by ``***`` (for logs and
+        errors); see :func:`redact_secrets`.
         """
-        try:
-            parts = urlsplit(self.url)
-        except ValueError:
-            # Not splittable (a malformed [IPv6] host): blank whatever sits
-            # between "user:" and "@" without parsing further.
-            url = re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", self.url)
-            return _SECRET_PARAMETER.sub(r"\1***", url)
-        hidden = parts._replace(query=_SECRET_PARAMETER.sub(r"\1***", parts.query))
-        if parts.password:
-            hidden = hidden._replace(netloc=parts.netloc.replace(f":{parts.password}@", ":***@"))
-        # Unchanged, the URL is given back as written (geturl() may tidy it).
-        return self.url if hidden == parts else hidden.geturl()
+        return redact_secrets(self.url)
+
+    def __repr__(self) -> str:
+        return f"DatabaseURL({self.scheme!r}, {self.redacted()!r})"
 
 
-#: A query parameter that holds a password, up to the next ``&`` (or ``#``).
-_SECRET_PARAMETER = re.compile(r"((?:^|[?&])(?:ssl)?password=)[^&#]*", re.IGNORECASE)
+#: ``scheme://user:`` then the password, up to the last ``@`` before the
+#: path (a password may hold an unencoded ``@``; libpq then misreads it).
+_URL_PASSWORD = re.compile(r"([A-Za-z][A-Za-z0-9+.\-]*://[^:/?#@\s]*:)[^\s/?#]*@")
+#: A URL query parameter: its name (which libpq percent-decodes) and value.
+_URL_PARAMETER = re.compile(r"([?&])([^=&#\s'\"]+)=([^&#\s'\"]*)")
+#: A ``key=value`` connection string's password, bare or quoted.
+_KEYWORD_PASSWORD = re.compile(
+    r"((?:^|\s)(?:ssl)?password\s*=\s*)('(?:[^'\\]|\\.)*'|[^\s']\S*)", re.IGNORECASE
+)
+_SECRET_NAMES = frozenset({"password", "sslpassword"})
+
+
+def redact_secrets(text: str) -> str:
+    """``text`` (a database URL, a ``key=value`` connection string, or a
+    message quoting one) with every password replaced by ``***``: the one
+    between ``user:`` and ``@``, and ``password``/``sslpassword`` given as a
+    URL query parameter (under any percent-encoding of the name, which libpq
+    decodes) or as a keyword. Never raises.
+    """
+
+    def parameter(match: re.Match[str]) -> str:
+        if unquote(match.group(2)).lower() in _SECRET_NAMES:
+            return f"{match.group(1)}{match.group(2)}=***"
+        return match.group(0)
+
+    text = _URL_PASSWORD.sub(r"\1***@", text)
+    text = _URL_PARAMETER.sub(parameter, text)
+    return _KEYWORD_PASSWORD.sub(r"\1***", text)
 
 
 def requested_database_url(url: str | None) -> str:

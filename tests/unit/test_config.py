@@ -164,6 +164,38 @@ def test_redacted_url_hides_a_password_given_as_a_query_parameter(url, shown):
     assert "hunter2" not in repr(JobQueue(url))
 
 
+@pytest.mark.parametrize(
+    "url",
+    [
+        "postgresql://postgres@127.0.0.1:5999/db?pass%77ord=hunter2",
+        "postgresql://db.example/jobs?%70assword=hunter2&sslpass%77ord=hunter2",
+    ],
+)
+def test_redacted_url_hides_a_password_parameter_under_any_encoding_of_its_name(url):
+    # Found by a break-test: libpq percent-decodes parameter names, so
+    # ?pass%77ord= is a password, and it was shown whole.
+    resolved = resolve_database_url(url)
+    assert "hunter2" not in resolved.redacted() and "=***" in resolved.redacted()
+    assert "hunter2" not in repr(resolved) and "hunter2" not in repr(JobQueue(url))
+
+
+@pytest.mark.parametrize(
+    ("url", "said"),
+    [
+        ("postgresql+psycopg://u:hunter2@127.0.0.1/db", "unknown scheme"),
+        ("host=127.0.0.1 user=u password=hunter2 dbname=db", "expected sqlite"),
+        ("postgresql://u:hunter2@[::1:5432/db", "IPv6"),
+        # libpq splits at the first @ and took "2@127.0.0.1" for the host.
+        ("postgresql://u:hunter@2@127.0.0.1/db", "percent-encode it as %40"),
+    ],
+)
+def test_a_refused_url_is_quoted_without_its_password(url, said):
+    # Found by a break-test: these errors quoted the URL whole.
+    with pytest.raises(ConfigError) as info:
+        JobQueue(url)
+    assert said in str(info.value) and "hunter" not in str(info.value), str(info.value)
+
+
 # -- Settings --------------------------------------------------------------------------------
 
 

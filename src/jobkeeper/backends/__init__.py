@@ -12,7 +12,7 @@ import dataclasses
 from collections.abc import Callable
 
 from jobkeeper.backends.base import Backend
-from jobkeeper.config import DatabaseURL, Settings, requested_database_url
+from jobkeeper.config import DatabaseURL, Settings, redact_secrets, requested_database_url
 from jobkeeper.errors import ConfigError
 
 
@@ -89,7 +89,7 @@ def resolve_database_url(url: str | None) -> DatabaseURL:
     scheme = scheme.lower()
     if not sep:
         raise ConfigError(
-            f"invalid database URL {url!r}: expected sqlite:///path.db or postgresql://user@host/db"
+            f"invalid database URL {redact_secrets(url)!r}: expected sqlite:///path.db or postgresql://user@host/db"
         )
     entry = BACKENDS.get(scheme)
     if entry is not None:
@@ -97,7 +97,8 @@ def resolve_database_url(url: str | None) -> DatabaseURL:
     if scheme in PLANNED:
         raise ConfigError(f"{scheme}:// is not supported yet; use sqlite:/// or postgresql://")
     raise ConfigError(
-        f"invalid database URL {url!r}: unknown scheme {scheme!r} (use sqlite or postgresql)"
+        f"invalid database URL {redact_secrets(url)!r}: unknown scheme {scheme!r}"
+        " (use sqlite or postgresql)"
     )
 
 

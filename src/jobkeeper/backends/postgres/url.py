@@ -8,7 +8,7 @@ import re
 from typing import Any
 from urllib.parse import urlsplit
 
-from jobkeeper.config import DatabaseURL
+from jobkeeper.config import DatabaseURL, redact_secrets
 from jobkeeper.errors import ConfigError
 
 #: libpq options whose values libpq checks only when connecting (so a typo
@@ -44,6 +44,21 @@ def _check_libpq_values(params: dict[str, Any]) -> None:
             raise ConfigError(f"invalid PostgreSQL URL: {name}={value!r} is not an integer")
 
 
+def _check_userinfo(url: str) -> None:
+    """Refuse an unencoded ``@`` in the user or password: libpq splits at
+    the first ``@`` and would take the rest of the password for the host,
+    and print it in every connection error.
+    """
+    authority = url.partition("://")[2]
+    for end in "/?#":
+        authority = authority.partition(end)[0]
+    if authority.count("@") > 1:
+        raise ConfigError(
+            f"invalid PostgreSQL URL {redact_secrets(url)!r}: the user or password holds an"
+            " '@'; percent-encode it as %40"
+        )
+
+
 def parse_url(url: str) -> DatabaseURL:
     """``postgresql://user@host:port/db`` (also ``postgres://``), or any
     libpq connection URL.
@@ -62,7 +77,9 @@ def parse_url(url: str) -> DatabaseURL:
             "PostgreSQL needs psycopg 3, which is not installed: pip install 'jobkeeper[postgres]'"
         ) from exc
     except psycopg.Error as exc:
-        raise ConfigError(f"invalid PostgreSQL URL: {str(exc).strip()}") from None
+        # libpq's message may quote the whole URL, password and all.
+        raise ConfigError(f"invalid PostgreSQL URL: {redact_secrets(str(exc).strip())}") from None
+    _check_userinfo(url)
     try:
         urlsplit(url)
     except ValueError as exc:
