@@ -6,6 +6,7 @@ fails (exit 1); bad input exits 2 with one line.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -171,7 +172,12 @@ def test_bad_minutes_exit_2_with_one_line(user_db: JobQueue, tmp_path: Path, min
     assert len(done.stderr.strip().splitlines()) == 1, done.stderr
 
 
-def test_ctrl_c_stops_its_workers_and_cleans_up(user_db: JobQueue, tmp_path: Path):
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_ctrl_c_or_sigterm_stops_its_workers_and_cleans_up(
+    user_db: JobQueue, tmp_path: Path, signum: int
+):
+    # SIGTERM (what systemd, CI and `timeout` send) found by a break-test:
+    # verify died at once, leaving its workers behind, one SIGSTOPped for good.
     before = snapshot(user_db)
     tmp = tmp_path / "tmp"
     tmp.mkdir()
@@ -198,12 +204,17 @@ def test_ctrl_c_stops_its_workers_and_cleans_up(user_db: JobQueue, tmp_path: Pat
             return [w.pid for w in ours] if len(ours) >= 3 and done else []
 
         pids = wait_for(running_jobs, timeout=120, what="verify's workers at work", every=0.2)
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(signum)
         _, err = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 130, err
-    assert not [pid for pid in pids if alive(pid)]
+    left = [pid for pid in pids if alive(pid)]
+    for pid in left:  # a failing run must not leave them to the next tests
+        for sig in (signal.SIGCONT, signal.SIGKILL):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+    assert not left
     assert snapshot(user_db) == before
     assert list(tmp.iterdir()) == []

@@ -17,6 +17,7 @@ from jobkeeper.cli.common import (
     console,
     json_option,
     open_queue,
+    terminate_as_interrupt,
 )
 from jobkeeper.cli.loading import open_app_queue
 
@@ -155,4 +156,6 @@ def demo(ctx: click.Context, workers: int, concurrency: int) -> None:
     from jobkeeper.demo.runner import run_demo
 
     url = ctx.find_root().params.get("database")
-    ctx.exit(run_demo(console, database_url=url, workers=workers, concurrency=concurrency))
+    with terminate_as_interrupt():
+        code = run_demo(console, database_url=url, workers=workers, concurrency=concurrency)
+    ctx.exit(code)

@@ -5,9 +5,11 @@ the JobQueue a command works on.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import os
-from collections.abc import Sequence
+import signal
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -78,6 +80,28 @@ class Group(_WholeSummary, click.Group):
             click.echo(ctx.get_help(), color=ctx.color)
             raise click.UsageError("missing command (see the usage above)", ctx)
         return super().parse_args(ctx, args)
+
+
+@contextlib.contextmanager
+def terminate_as_interrupt() -> Iterator[None]:
+    """SIGTERM raises KeyboardInterrupt inside the block, as Ctrl-C does:
+    the commands that start worker processes (``demo``, ``verify``) then stop
+    them and clean up in their ``finally``, instead of dying at once and
+    leaving them behind (one perhaps SIGSTOPped for good).
+    """
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    try:
+        previous = signal.signal(signal.SIGTERM, interrupt)
+    except ValueError:  # not the main thread: leave the signal alone
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 #: For commands taking job ids: a mistyped ``-1`` reaches the id check (and

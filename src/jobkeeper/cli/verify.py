@@ -9,7 +9,7 @@ import os
 import click
 from rich.table import Table
 
-from jobkeeper.cli.common import BadInput, Command, console, err_console
+from jobkeeper.cli.common import BadInput, Command, console, err_console, terminate_as_interrupt
 from jobkeeper.verify import run as verify_run
 
 #: Violations listed under the verdict (the rest are counted).
@@ -86,7 +86,8 @@ def verify(ctx: click.Context, minutes: float) -> None:
     def say(line: str) -> None:
         err_console.print(line, markup=False, highlight=False)
 
-    verdict = verify_run.run_verify(config, say=say)
+    with terminate_as_interrupt():
+        verdict = verify_run.run_verify(config, say=say)
     console.print(verdict_table(verdict))
     for violation in verdict.report.violations[:SHOWN]:
         console.print(f"  {violation}", markup=False, highlight=False)
