@@ -34,7 +34,7 @@ from jobkeeper.version import __version__
 
 #: Seconds per rate period unit.
 RATE_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0}
-_RATE = re.compile(r"^\s*(\d+)\s*/\s*([smh])\s*$", re.ASCII)
+_RATE = re.compile(r"(\d+)/([smh])", re.ASCII)
 #: Largest count a rate limit or max_pending may name.
 MAX_LIMIT = 2**31 - 1
 #: The first jobkeeper version whose workers enforce queue settings.
@@ -140,7 +140,7 @@ def parse_rate_limit(value: Any) -> tuple[int, float]:
     """
     if not isinstance(value, str):
         raise ConfigError(f"rate_limit must be a string like '100/m', got {value!r}")
-    match = _RATE.match(value)
+    match = _RATE.fullmatch(value)
     if match is None:
         raise ConfigError(f"rate_limit {value!r} is invalid: use N/s, N/m or N/h (e.g. '100/m')")
     count = int(match.group(1))

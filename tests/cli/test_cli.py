@@ -960,6 +960,12 @@ def test_jobs_list_help_names_every_status(capsys):
         ["jobs", "list", "--limit", "\uff15"],  # fullwidth 5
         ["queues", "set", "default", "--concurrency", "\u0661\u0660"],
         ["queues", "set", "default", "--rate-limit", "\u0661\u0660/m"],
+        ["queues", "set", "default", "--rate-limit", " 1/s"],
+        ["queues", "set", "default", "--rate-limit", "1\n/s"],
+        ["enqueue", "t", "--delay", "\u0661\u0662"],
+        ["enqueue", "t", "--delay", "1_0"],
+        ["dead", "purge", "--older-than", " 5"],
+        ["periodic", "list", "--stale-after", "\uff15"],
     ],
 )
 def test_numbers_in_other_scripts_or_with_spaces_exit_2(cli, queue, argv):
@@ -968,6 +974,7 @@ def test_numbers_in_other_scripts_or_with_spaces_exit_2(cli, queue, argv):
     job = queue.enqueue("t", {})
     code, _, err = cli(*argv)
     assert code == 2, err
+    assert queue.stats()["default"]["available"] == 1
     assert len(err.strip().splitlines()) == 1 and err.startswith("error: "), err
     assert queue.get_job(job.id).status == JobStatus.AVAILABLE  # type: ignore[union-attr]
     assert all(q.concurrency is None and q.rate_limit is None for q in queue.queues())

@@ -282,3 +282,11 @@ def test_doctor_app_fails_on_what_a_worker_would_refuse_of_its_periodics(jq):
     (check,) = [c for c in run_checks(jq) if c.name == "periodics"]
     assert check.level == "fail" and "'clenaup'" in check.message and "cleanup" in check.message
     assert exit_code(run_checks(jq)) == 1
+
+
+@pytest.mark.parametrize("port", ["\uff18\uff10", "+80", "8_0", " 80", "65536"])
+def test_dashboard_port_takes_ascii_digits_only(jq, capsys, served, port):
+    # Found by a break-test: --port took fullwidth and '+1', '1_0' (int()).
+    code, _, err = run(capsys, "--database", jq.url.url, "dashboard", "--port", port)
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert served == []

@@ -14,6 +14,7 @@ from jobkeeper.cli.common import (
     WHOLE_NUMBER,
     BadInput,
     Command,
+    PortNumber,
     console,
     json_option,
     open_queue,
@@ -74,7 +75,7 @@ def _check_listen(host: str, port: int) -> None:
 
 @click.command("dashboard", cls=Command)
 @click.option("--host", default="127.0.0.1", help="Address to listen on.")
-@click.option("--port", type=click.IntRange(0, 65535), default=8787, help="Port to listen on.")
+@click.option("--port", type=PortNumber(0), default=8787, help="Port to listen on.")
 @click.option("--read-only", is_flag=True, help="No actions: pages only, every POST refused.")
 @click.pass_context
 def dashboard(ctx: click.Context, host: str, port: int, read_only: bool) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import os
+import re
 import signal
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
@@ -129,8 +130,43 @@ class WholeNumber(click.types.IntParamType):
         return int(text)
 
 
+class PortNumber(WholeNumber):
+    """A TCP port, ``low`` to 65535, in ASCII digits."""
+
+    def __init__(self, low: int) -> None:
+        self.low = low
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        port = super().convert(value, param, ctx)
+        if not self.low <= port <= 65535:
+            self.fail(f"{port} is not a port number ({self.low} to 65535)", param, ctx)
+        return port
+
+
+class DecimalNumber(click.types.FloatParamType):
+    """A number of seconds or minutes in ASCII: digits, an optional ``-``,
+    fraction and exponent. click.FLOAT (``float()``) also takes other
+    scripts' digits, ``_`` and spaces.
+    """
+
+    name = "number"
+    _TEXT = re.compile(r"-?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?", re.ASCII)
+
+    def convert(
+        self, value: Any, param: click.Parameter | None, ctx: click.Context | None
+    ) -> float:
+        if isinstance(value, float | int) and not isinstance(value, bool):
+            return float(value)
+        text = str(value)
+        if not self._TEXT.fullmatch(text):
+            self.fail(f"{text!r} is not a number (ASCII digits, e.g. 2.5)", param, ctx)
+        return float(text)
+
+
 #: ``type=`` for every integer option and argument of the CLI.
 WHOLE_NUMBER = WholeNumber()
+#: ``type=`` for every non-integer number of the CLI.
+DECIMAL_NUMBER = DecimalNumber()
 
 json_option = click.option("--json", "as_json", is_flag=True, help="Stable JSON output.")
 job_id_argument = click.argument("job_id", cls=Argument, type=WHOLE_NUMBER, doc="The job id.")

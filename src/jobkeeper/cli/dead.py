@@ -6,6 +6,7 @@ import click
 
 from jobkeeper.cli import render
 from jobkeeper.cli.common import (
+    DECIMAL_NUMBER,
     IDS_MAY_LOOK_LIKE_OPTIONS,
     WHOLE_NUMBER,
     Argument,
@@ -66,7 +67,7 @@ def dead_requeue(ctx: click.Context, job_ids: tuple[int, ...], all_: bool) -> No
 @click.option("--all", "all_", is_flag=True, help="Delete every dead letter.")
 @click.option(
     "--older-than",
-    type=click.FLOAT,
+    type=DECIMAL_NUMBER,
     default=None,
     help="Only dead letters that died more than this many seconds ago.",
 )

@@ -10,6 +10,7 @@ import click
 from jobkeeper.api import JobQueue
 from jobkeeper.cli.args_json import parse_args_json, read_args_text
 from jobkeeper.cli.common import (
+    DECIMAL_NUMBER,
     WHOLE_NUMBER,
     Argument,
     BadInput,
@@ -85,7 +86,7 @@ def _parse_run_at(text: str) -> datetime:
     "priority and max_attempts apply and its arguments are checked.",
 )
 @click.option("--queue", default=None, help="Queue (default: default).")
-@click.option("--delay", type=click.FLOAT, default=None, help="Seconds from now, >= 0.")
+@click.option("--delay", type=DECIMAL_NUMBER, default=None, help="Seconds from now, >= 0.")
 @click.option(
     "--run-at",
     default=None,

@@ -6,6 +6,7 @@ import click
 
 from jobkeeper.cli import render
 from jobkeeper.cli.common import (
+    DECIMAL_NUMBER,
     Group,
     console,
     json_option,
@@ -19,7 +20,7 @@ periodic_app = Group(
 
 _stale_after_option = click.option(
     "--stale-after",
-    type=click.FLOAT,
+    type=DECIMAL_NUMBER,
     default=None,
     show_default=False,
     help="Seconds without a pass of a worker registering a periodic before it counts "

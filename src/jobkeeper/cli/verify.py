@@ -9,7 +9,14 @@ import os
 import click
 from rich.table import Table
 
-from jobkeeper.cli.common import BadInput, Command, console, err_console, terminate_as_interrupt
+from jobkeeper.cli.common import (
+    DECIMAL_NUMBER,
+    BadInput,
+    Command,
+    console,
+    err_console,
+    terminate_as_interrupt,
+)
 from jobkeeper.verify import run as verify_run
 
 #: Violations listed under the verdict (the rest are counted).
@@ -59,7 +66,7 @@ def verdict_table(verdict: verify_run.Verdict) -> Table:
 @click.command("verify", cls=Command)
 @click.option(
     "--minutes",
-    type=click.FLOAT,
+    type=DECIMAL_NUMBER,
     default=1.0,
     help="Length of the fault phase (fractions allowed); the drain and checks follow.",
 )

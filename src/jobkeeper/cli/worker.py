@@ -12,6 +12,7 @@ from jobkeeper.cli.common import (
     WHOLE_NUMBER,
     BadInput,
     Command,
+    PortNumber,
 )
 from jobkeeper.cli.loading import load_app
 from jobkeeper.joblog import JsonFormatter
@@ -56,7 +57,7 @@ from jobkeeper.queues import parse_queue_share
 )
 @click.option(
     "--metrics-port",
-    type=click.IntRange(1, 65535),
+    type=PortNumber(1),
     default=None,
     help="Serve this worker's Prometheus metrics at /metrics on this port "
     "(pip install 'jobkeeper[metrics]').",
