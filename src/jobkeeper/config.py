@@ -15,7 +15,7 @@ from typing import Any
 from urllib.parse import unquote
 
 from jobkeeper.backoff import ABSOLUTE_MAX_BACKOFF, DEFAULT_BASE, DEFAULT_MAX_BACKOFF
-from jobkeeper.errors import ConfigError, PayloadError
+from jobkeeper.errors import ConfigError, PayloadError, shown
 
 #: Environment variable consulted when no URL is passed.
 DATABASE_URL_ENV = "JOBKEEPER_DATABASE_URL"
@@ -144,7 +144,9 @@ class Settings:
                 "otherwise look dead after one slow heartbeat and its jobs would run twice"
             )
         if not isinstance(self.max_payload_bytes, int) or isinstance(self.max_payload_bytes, bool):
-            raise ConfigError(f"max_payload_bytes must be an int, got {self.max_payload_bytes!r}")
+            raise ConfigError(
+                f"max_payload_bytes must be an int, got {shown(self.max_payload_bytes)}"
+            )
         if not 1 <= self.max_payload_bytes <= 256 << 20:
             raise ConfigError(
                 f"max_payload_bytes={self.max_payload_bytes} must be between 1 and {256 << 20}"
@@ -155,11 +157,11 @@ class Settings:
             or not 1 <= self.pool_size <= 1000
         ):
             raise ConfigError(
-                f"pool_size must be an int between 1 and 1000, got {self.pool_size!r}"
+                f"pool_size must be an int between 1 and 1000, got {shown(self.pool_size)}"
             )
         base = self.backoff_base
         if isinstance(base, bool) or not isinstance(base, int | float) or not 1 < base < math.inf:
-            raise ConfigError(f"backoff_base must be a finite number > 1, got {base!r}")
+            raise ConfigError(f"backoff_base must be a finite number > 1, got {shown(base)}")
 
 
 def check_seconds(name: str, value: Any, *, allow_zero: bool = True) -> float:
@@ -169,11 +171,11 @@ def check_seconds(name: str, value: Any, *, allow_zero: bool = True) -> float:
         ConfigError: not a number, NaN/infinite, negative (or zero when not allowed).
     """
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ConfigError(f"{name} must be a number of seconds, got {value!r}")
+        raise ConfigError(f"{name} must be a number of seconds, got {shown(value)}")
     number = float(value)
     if not math.isfinite(number) or number < 0 or (number == 0 and not allow_zero):
         bound = ">= 0" if allow_zero else "> 0"
-        raise ConfigError(f"{name} must be a finite number of seconds {bound}, got {value!r}")
+        raise ConfigError(f"{name} must be a finite number of seconds {bound}, got {shown(value)}")
     return number
 
 
@@ -189,7 +191,7 @@ def check_name(kind: str, name: Any) -> str:
         ConfigError: naming the kind and the value.
     """
     if not isinstance(name, str):
-        raise ConfigError(f"{kind} name must be a string, got {type(name).__name__} {name!r}")
+        raise ConfigError(f"{kind} name must be a string, got {type(name).__name__} {shown(name)}")
     if not _valid_name(name):
         if len(name) > NAME_MAX_LENGTH:
             # Not the whole value: it may be a payload pasted in by mistake.
@@ -216,7 +218,9 @@ def check_priority(priority: Any) -> int:
     """Validate a priority (a 32-bit int; lower runs first)."""
     low, high = PRIORITY_RANGE
     if isinstance(priority, bool) or not isinstance(priority, int) or not low <= priority <= high:
-        raise ConfigError(f"priority must be an int between {low} and {high}, got {priority!r}")
+        raise ConfigError(
+            f"priority must be an int between {low} and {high}, got {shown(priority)}"
+        )
     return int(priority)  # an IntEnum member: its plain value
 
 
@@ -228,7 +232,8 @@ def check_max_attempts(max_attempts: Any) -> int:
         or not 1 <= max_attempts <= MAX_ATTEMPTS_LIMIT
     ):
         raise ConfigError(
-            f"max_attempts must be an int between 1 and {MAX_ATTEMPTS_LIMIT}, got {max_attempts!r}"
+            f"max_attempts must be an int between 1 and {MAX_ATTEMPTS_LIMIT}"
+            f", got {shown(max_attempts)}"
         )
     return int(max_attempts)  # an IntEnum member: its plain value
 
@@ -245,7 +250,8 @@ def check_max_crashes(max_crashes: Any) -> int:
         or not 1 <= max_crashes <= MAX_ATTEMPTS_LIMIT
     ):
         raise ConfigError(
-            f"max_crashes must be an int between 1 and {MAX_ATTEMPTS_LIMIT}, got {max_crashes!r}"
+            f"max_crashes must be an int between 1 and {MAX_ATTEMPTS_LIMIT}"
+            f", got {shown(max_crashes)}"
         )
     return max_crashes
 
@@ -262,7 +268,7 @@ def check_unique_key(unique_key: Any) -> str | None:
     if unique_key is None:
         return None
     if not isinstance(unique_key, str) or not unique_key:
-        raise ConfigError(f"unique_key must be a non-empty string or None, got {unique_key!r}")
+        raise ConfigError(f"unique_key must be a non-empty string or None, got {shown(unique_key)}")
     if len(unique_key) > UNIQUE_KEY_MAX_LENGTH:
         raise ConfigError(
             f"unique_key is {len(unique_key)} characters; the limit is {UNIQUE_KEY_MAX_LENGTH}"
@@ -287,9 +293,9 @@ def check_schedule(delay: Any, run_at: Any) -> tuple[float | None, datetime | No
         raise ConfigError("give either delay or run_at, not both")
     if delay is not None:
         if isinstance(delay, bool) or not isinstance(delay, int | float):
-            raise ConfigError(f"delay must be a number of seconds, got {delay!r}")
+            raise ConfigError(f"delay must be a number of seconds, got {shown(delay)}")
         if not math.isfinite(delay) or delay < 0:
-            raise ConfigError(f"delay must be a finite number of seconds >= 0, got {delay!r}")
+            raise ConfigError(f"delay must be a finite number of seconds >= 0, got {shown(delay)}")
         if delay > MAX_DELAY:
             raise ConfigError(f"delay={delay} seconds is more than the limit of {MAX_DELAY:.0f}")
         return (float(delay) if delay > 0 else None), None

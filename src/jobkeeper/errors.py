@@ -7,6 +7,21 @@ from __future__ import annotations
 
 from typing import Any
 
+#: Longest repr of a refused value quoted in an error, in characters.
+MAX_SHOWN = 200
+
+
+def shown(value: Any) -> str:
+    """``repr(value)`` for an error message that refuses it: cut to
+    ``MAX_SHOWN`` characters, and never raising (a user's object whose
+    ``__repr__`` fails must not turn a ConfigError into that failure).
+    """
+    try:
+        text = repr(value)
+    except Exception:  # noqa: BLE001 - whatever a user's __repr__ raises
+        return f"<a {type(value).__name__} whose repr() raised>"
+    return text if len(text) <= MAX_SHOWN else text[: MAX_SHOWN - 1] + "…"
+
 
 class Retry(Exception):  # noqa: N818 - the contract's name
     """Raise inside a task to retry the job after ``delay`` seconds.

@@ -21,7 +21,7 @@ from datetime import datetime
 from typing import Any, NamedTuple, Protocol
 
 from jobkeeper.config import check_max_attempts, check_name, check_priority
-from jobkeeper.errors import ConfigError, PayloadError
+from jobkeeper.errors import ConfigError, PayloadError, shown
 from jobkeeper.payload import encode_args
 from jobkeeper.schedule import MAX_EVERY, Schedule
 
@@ -163,9 +163,9 @@ class PeriodicTouch(NamedTuple):
 
 def _catch_up(value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ConfigError(f"catch_up must be a number of seconds, got {value!r}")
+        raise ConfigError(f"catch_up must be a number of seconds, got {shown(value)}")
     if not (math.isfinite(value) and 0 <= value <= MAX_EVERY):
-        raise ConfigError(f"catch_up must be between 0 and {MAX_EVERY} seconds, got {value!r}")
+        raise ConfigError(f"catch_up must be between 0 and {MAX_EVERY} seconds, got {shown(value)}")
     return float(value)
 
 

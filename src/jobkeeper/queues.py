@@ -28,7 +28,7 @@ import re
 from typing import Any
 
 from jobkeeper.config import MAX_CONCURRENCY, check_name, plain_str
-from jobkeeper.errors import ConfigError
+from jobkeeper.errors import ConfigError, shown
 from jobkeeper.payload import check_text
 from jobkeeper.version import __version__
 
@@ -139,7 +139,7 @@ def parse_rate_limit(value: Any) -> tuple[int, float]:
         ConfigError: not ``N/s``, ``N/m`` or ``N/h`` with 1 <= N < 2**31.
     """
     if not isinstance(value, str):
-        raise ConfigError(f"rate_limit must be a string like '100/m', got {value!r}")
+        raise ConfigError(f"rate_limit must be a string like '100/m', got {shown(value)}")
     match = _RATE.fullmatch(value)
     if match is None:
         raise ConfigError(f"rate_limit {value!r} is invalid: use N/s, N/m or N/h (e.g. '100/m')")
@@ -160,7 +160,7 @@ def format_rate_limit(count: int, period: float) -> str:
 def check_concurrency(value: Any) -> int:
     """A queue's ``concurrency``: an int from 1 (pause is how to stop a queue)."""
     if isinstance(value, bool) or not isinstance(value, int):
-        raise ConfigError(f"concurrency must be an int >= 1 or None, got {value!r}")
+        raise ConfigError(f"concurrency must be an int >= 1 or None, got {shown(value)}")
     if not 1 <= value <= MAX_LIMIT:
         raise ConfigError(
             f"concurrency must be at least 1 (pause the queue to stop it), got {value}"
@@ -177,7 +177,7 @@ MAX_PENDING_LIMIT = 2**62
 def check_max_pending(value: Any) -> int:
     """A queue's ``max_pending``: an int from 0 to ``MAX_PENDING_LIMIT``."""
     if isinstance(value, bool) or not isinstance(value, int):
-        raise ConfigError(f"max_pending must be an int >= 0 or None, got {value!r}")
+        raise ConfigError(f"max_pending must be an int >= 0 or None, got {shown(value)}")
     if not 0 <= value <= MAX_PENDING_LIMIT:
         raise ConfigError(
             f"max_pending must be between 0 and {MAX_PENDING_LIMIT} (or None), got {value}"
@@ -213,7 +213,7 @@ def parse_queue_share(text: str) -> tuple[str, int | None]:
         ConfigError: a bad queue name or share.
     """
     if not isinstance(text, str):
-        raise ConfigError(f"queue must be a name string, got {type(text).__name__} {text!r}")
+        raise ConfigError(f"queue must be a name string, got {type(text).__name__} {shown(text)}")
     name, sep, share = text.rpartition("=") if "=" in text else (text, "", "")
     try:
         check_name("queue", name)
@@ -224,7 +224,7 @@ def parse_queue_share(text: str) -> tuple[str, int | None]:
     # int() alone would take " 5", "+5" and "5_0".
     if not share.isascii() or not share.isdigit():
         raise ConfigError(
-            f"--queue {text!r}: the share after '=' must be a whole number >= 1, got {share!r}"
+            f"--queue {text!r}: the share after '=' must be a whole number >= 1, got {shown(share)}"
         )
     count = int(share)
     if not 1 <= count <= MAX_CONCURRENCY:

@@ -100,7 +100,7 @@ def test_prune_refuses_a_window_shorter_than_a_live_workers_refresh(cli, window)
     ("args", "code", "needle"),
     [
         (["periodic", "list", "--stale-after", "-1"], 2, "stale_after"),
-        (["periodic", "prune", "--stale-after", "nan"], 2, "stale_after"),
+        (["periodic", "prune", "--stale-after", "nan"], 2, "--stale-after"),
         (["periodic", "list", "--stale-after", "soon"], 2, "soon"),
         (["periodic", "bogus"], 2, "bogus"),
         (["periodic", "list", "--colour"], 2, "--colour"),

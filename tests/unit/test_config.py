@@ -594,3 +594,23 @@ def test_redacted_url_that_cannot_be_split_still_hides_the_password():
 )
 def test_valid_libpq_options_are_accepted(query):
     assert resolve_database_url(f"postgresql://u@h/db?{query}").scheme == "postgresql"
+
+
+class _Unprintable:
+    def __repr__(self) -> str:
+        raise RuntimeError("no repr for you")
+
+
+@pytest.mark.parametrize("option", ["unique_key", "priority", "max_attempts", "delay", "queue"])
+def test_a_refused_option_whose_repr_raises_is_still_a_config_error(tmp_path, option):
+    # Found by a break-test: t.options(unique_key=obj) with a failing __repr__
+    # raised the RuntimeError of that repr instead of naming the option.
+    jq = JobQueue(f"sqlite:///{tmp_path / 'unused.db'}")
+    with pytest.raises(ConfigError, match=rf"{option}.*_Unprintable whose repr\(\) raised"):
+        jq.enqueue("t", {}, **{option: _Unprintable()})
+
+
+def test_a_refused_value_is_quoted_up_to_200_characters():
+    with pytest.raises(ConfigError) as info:
+        check_priority(10**500)
+    assert len(str(info.value)) < 300 and str(info.value).endswith("…")

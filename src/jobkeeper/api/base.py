@@ -9,7 +9,7 @@ from typing import Any, ParamSpec, Protocol, TypeVar
 
 from jobkeeper.backends import Backend, open_backend
 from jobkeeper.config import DatabaseURL, Settings, check_name
-from jobkeeper.errors import ConfigError
+from jobkeeper.errors import ConfigError, shown
 from jobkeeper.events import EventBus
 from jobkeeper.models import MAX_JOB_ID, JobStatus
 from jobkeeper.periodic import PeriodicRegistry
@@ -75,7 +75,7 @@ class QueueBase:
 
 def _job_id(job_id: Any) -> int:
     if isinstance(job_id, bool) or not isinstance(job_id, int) or not 0 < job_id <= MAX_JOB_ID:
-        raise ConfigError(f"job id must be a positive 64-bit int, got {job_id!r}")
+        raise ConfigError(f"job id must be a positive 64-bit int, got {shown(job_id)}")
     return job_id
 
 
@@ -84,7 +84,9 @@ def _external_tasks(value: Iterable[str] | bool) -> frozenset[str] | bool:
     if isinstance(value, bool):
         return value
     if isinstance(value, str):
-        raise ConfigError(f"external_tasks must be a list of task names or True, got {value!r}")
+        raise ConfigError(
+            f"external_tasks must be a list of task names or True, got {shown(value)}"
+        )
     return frozenset(check_name("task", name) for name in value)
 
 

@@ -24,7 +24,7 @@ from jobkeeper.config import (
     check_unique_key,
 )
 from jobkeeper.connections import unwrap_connection, unwrap_connection_async
-from jobkeeper.errors import ConfigError, PayloadError
+from jobkeeper.errors import ConfigError, PayloadError, shown
 from jobkeeper.models import Job, NewJob, NewJobStream, frozen_builder
 from jobkeeper.payload import encode_args, encode_checked
 from jobkeeper.queues import check_serial_key
@@ -88,7 +88,7 @@ class EnqueueMixin(QueueBase):
             options = dict(options)
             external = options.pop("external")
             if not isinstance(external, bool):
-                raise ConfigError(f"external must be True or False, got {external!r}")
+                raise ConfigError(f"external must be True or False, got {shown(external)}")
         unknown = sorted(options.keys() - _JOB_OPTIONS) if options else None
         if unknown:
             raise ConfigError(

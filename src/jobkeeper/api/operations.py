@@ -11,7 +11,7 @@ from typing import Any
 
 from jobkeeper.api.base import RETRYABLE_FROM, QueueBase, _job_id
 from jobkeeper.config import MAX_SETTING_SECONDS, check_name, check_seconds
-from jobkeeper.errors import ConfigError, JobNotFound, JobStateError, UniqueKeyConflict
+from jobkeeper.errors import ConfigError, JobNotFound, JobStateError, UniqueKeyConflict, shown
 from jobkeeper.models import TERMINAL_STATUSES, Job, JobStatus, QueueCounts, WorkerInfo
 from jobkeeper.queues import (
     UNSET,
@@ -66,7 +66,7 @@ class OperationsMixin(QueueBase):
                 valid = ", ".join(s.value for s in JobStatus)
                 raise ConfigError(f"unknown status {status!r}; valid: {valid}") from None
         if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 10_000:
-            raise ConfigError(f"limit must be an int between 1 and 10000, got {limit!r}")
+            raise ConfigError(f"limit must be an int between 1 and 10000, got {shown(limit)}")
         if queue is not None:
             check_name("queue", queue)
         if task is not None:
@@ -74,7 +74,7 @@ class OperationsMixin(QueueBase):
         if before is not None:
             before = _job_id(before)
         if worker_id is not None and (not isinstance(worker_id, str) or not worker_id):
-            raise ConfigError(f"worker_id must be a non-empty str, got {worker_id!r}")
+            raise ConfigError(f"worker_id must be a non-empty str, got {shown(worker_id)}")
         return self.backend.job_list(
             status=status, queue=queue, limit=limit, task=task, before=before, worker_id=worker_id
         )
@@ -212,7 +212,7 @@ class OperationsMixin(QueueBase):
         letters, so its cost stays flat however many ``retention`` keeps.
         """
         if isinstance(exact_below, bool) or not isinstance(exact_below, int) or exact_below < 1:
-            raise ConfigError(f"exact_below must be a positive int, got {exact_below!r}")
+            raise ConfigError(f"exact_below must be a positive int, got {shown(exact_below)}")
         return self.backend.queue_counts(exact_below=exact_below)
 
     def oldest_due(self) -> dict[str, tuple[int, float]]:

@@ -6,7 +6,7 @@ import math
 from typing import Any, ParamSpec, TypeVar, overload
 
 from jobkeeper.api.base import DEFAULT_MAX_ATTEMPTS, DEFAULT_QUEUE, QueueBase, _PeriodicDecorator
-from jobkeeper.errors import ConfigError
+from jobkeeper.errors import ConfigError, shown
 from jobkeeper.maintenance.periodic import MAX_REFRESH
 from jobkeeper.periodic import (
     DEFAULT_CATCH_UP,
@@ -145,13 +145,15 @@ class PeriodicsMixin(QueueBase):
 
         if task is not None:
             if not isinstance(task, str | Task):
-                raise ConfigError(f"periodic task= must be a Task or a task name, got {task!r}")
+                raise ConfigError(
+                    f"periodic task= must be a Task or a task name, got {shown(task)}"
+                )
             return register(task)
 
         def decorate(target: Task[P, R]) -> Task[P, R]:
             if not isinstance(target, Task):
                 raise ConfigError(
-                    f"@jq.periodic needs a task, got {target!r}: put it above @jq.task()"
+                    f"@jq.periodic needs a task, got {shown(target)}: put it above @jq.task()"
                 )
             register(target)
             return target
@@ -229,5 +231,7 @@ class PeriodicsMixin(QueueBase):
             or not math.isfinite(stale_after)
             or stale_after < 0
         ):
-            raise ConfigError(f"stale_after must be a number of seconds >= 0, got {stale_after!r}")
+            raise ConfigError(
+                f"stale_after must be a number of seconds >= 0, got {shown(stale_after)}"
+            )
         return float(stale_after)

@@ -23,7 +23,7 @@ from jobkeeper.api.results import ResultsMixin
 from jobkeeper.api.running import RunningMixin
 from jobkeeper.backends import Backend, open_backend, resolve_database_url
 from jobkeeper.config import DEFAULT_MAX_CRASHES, Settings
-from jobkeeper.errors import ConfigError
+from jobkeeper.errors import ConfigError, shown
 from jobkeeper.events import EventBus, EventKind, JobEvent
 from jobkeeper.tasks import Task
 from jobkeeper.tracing import Tracing
@@ -332,7 +332,7 @@ def _open_tracing(tracing: Any) -> Tracing | None:
         return None
     if tracing is not True and not callable(getattr(tracing, "get_tracer", None)):
         raise ConfigError(
-            f"tracing must be True, False or an OpenTelemetry TracerProvider, got {tracing!r}"
+            f"tracing must be True, False or an OpenTelemetry TracerProvider, got {shown(tracing)}"
         )
     try:
         return Tracing(None if tracing is True else tracing)

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from jobkeeper.api.base import DEFAULT_QUEUE, QueueBase
 from jobkeeper.config import MAX_CONCURRENCY, check_name
-from jobkeeper.errors import ConfigError
+from jobkeeper.errors import ConfigError, shown
 from jobkeeper.queues import parse_queue_share
 
 
@@ -39,7 +39,7 @@ class RunningMixin(QueueBase):
         if not queue_names:
             queue_names = self.default_queues()
         if isinstance(concurrency, bool) or not isinstance(concurrency, int):
-            raise ConfigError(f"concurrency must be an int, got {concurrency!r}")
+            raise ConfigError(f"concurrency must be an int, got {shown(concurrency)}")
         if not 1 <= concurrency <= MAX_CONCURRENCY:
             raise ConfigError(
                 f"concurrency must be between 1 and {MAX_CONCURRENCY}, got {concurrency}"
@@ -133,7 +133,7 @@ def _queue_shares(
             ):
                 raise ConfigError(
                     f"queue {name!r}: share must be an int between 1 and {MAX_CONCURRENCY} "
-                    f"(or None), got {share!r}"
+                    f"(or None), got {shown(share)}"
                 )
             items.append((name, share))
     else:
