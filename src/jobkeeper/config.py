@@ -172,7 +172,10 @@ def check_seconds(name: str, value: Any, *, allow_zero: bool = True) -> float:
     """
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ConfigError(f"{name} must be a number of seconds, got {shown(value)}")
-    number = float(value)
+    try:
+        number = float(value)
+    except OverflowError:  # an int past float's range
+        raise ConfigError(f"{name} is out of range, got {shown(value)}") from None
     if not math.isfinite(number) or number < 0 or (number == 0 and not allow_zero):
         bound = ">= 0" if allow_zero else "> 0"
         raise ConfigError(f"{name} must be a finite number of seconds {bound}, got {shown(value)}")
@@ -200,7 +203,7 @@ def check_name(kind: str, name: Any) -> str:
                 f"at most {NAME_MAX_LENGTH} (use 1-{NAME_MAX_LENGTH} characters)"
             )
         raise ConfigError(
-            f"{kind} name {name!r} is invalid: use 1-{NAME_MAX_LENGTH} characters "
+            f"{kind} name {shown(name)} is invalid: use 1-{NAME_MAX_LENGTH} characters "
             "from letters, digits and _ . : - /, starting with a letter, digit or _"
         )
     return plain_str(name)
@@ -294,6 +297,8 @@ def check_schedule(delay: Any, run_at: Any) -> tuple[float | None, datetime | No
     if delay is not None:
         if isinstance(delay, bool) or not isinstance(delay, int | float):
             raise ConfigError(f"delay must be a number of seconds, got {shown(delay)}")
+        if isinstance(delay, int) and abs(delay) > MAX_DELAY:  # also past float's range
+            raise ConfigError(f"delay={shown(delay)} seconds is out of range: 0 to {MAX_DELAY:.0f}")
         if not math.isfinite(delay) or delay < 0:
             raise ConfigError(f"delay must be a finite number of seconds >= 0, got {shown(delay)}")
         if delay > MAX_DELAY:
@@ -353,31 +358,45 @@ class DatabaseURL:
 #: ``scheme://user:`` then the password, up to the last ``@`` before the
 #: path (a password may hold an unencoded ``@``; libpq then misreads it).
 _URL_PASSWORD = re.compile(r"([A-Za-z][A-Za-z0-9+.\-]*://[^:/?#@\s]*:)[^\s/?#]*@")
-#: A URL query parameter: its name (which libpq percent-decodes) and value.
-_URL_PARAMETER = re.compile(r"([?&])([^=&#\s'\"]+)=([^&#\s'\"]*)")
-#: A ``key=value`` connection string's password, bare or quoted.
-_KEYWORD_PASSWORD = re.compile(
-    r"((?:^|\s)(?:ssl)?password\s*=\s*)('(?:[^'\\]|\\.)*'|[^\s']\S*)", re.IGNORECASE
+#: ``user:password@`` without the ``://`` before it (a mistyped URL).
+_BARE_PASSWORD = re.compile(r"([^\s:/?#@'\"]+:)[^\s/?#@'\"]*@")
+#: A URL query parameter: its name (which libpq percent-decodes) and value,
+#: taken up to the next ``&`` or space (libpq keeps quotes, ``#`` and tabs).
+_URL_PARAMETER = re.compile(r"([?&])([^=&#\s'\"]+)=([^& \n]*)")
+#: A ``key=value`` connection string's secret, bare or quoted.
+_KEYWORD_SECRET = re.compile(
+    r"((?:^|[\s'])(?:ssl)?(?:password|oauth_client_secret)\s*=\s*)('(?:[^'\\]|\\.)*'|[^\s']\S*)",
+    re.IGNORECASE,
 )
-_SECRET_NAMES = frozenset({"password", "sslpassword"})
+#: libpq's parameters that hold secrets.
+SECRET_PARAMETERS = frozenset({"password", "sslpassword", "oauth_client_secret"})
 
 
 def redact_secrets(text: str) -> str:
     """``text`` (a database URL, a ``key=value`` connection string, or a
     message quoting one) with every password replaced by ``***``: the one
-    between ``user:`` and ``@``, and ``password``/``sslpassword`` given as a
-    URL query parameter (under any percent-encoding of the name, which libpq
+    between ``user:`` and ``@``, and ``SECRET_PARAMETERS`` given as a URL
+    query parameter (under any percent-encoding of the name, which libpq
     decodes) or as a keyword. Never raises.
     """
 
     def parameter(match: re.Match[str]) -> str:
-        if unquote(match.group(2)).lower() in _SECRET_NAMES:
+        if unquote(match.group(2)).lower() in SECRET_PARAMETERS:
             return f"{match.group(1)}{match.group(2)}=***"
         return match.group(0)
 
     text = _URL_PASSWORD.sub(r"\1***@", text)
+    text = _BARE_PASSWORD.sub(r"\1***@", text)
     text = _URL_PARAMETER.sub(parameter, text)
-    return _KEYWORD_PASSWORD.sub(r"\1***", text)
+    return _KEYWORD_SECRET.sub(r"\1***", text)
+
+
+def may_hold_secrets(url: str) -> bool:
+    """Whether ``url`` may hold a password where :func:`redact_secrets`
+    cannot find it for certain (for messages quoting pieces of it).
+    """
+    lowered = unquote(url).lower()
+    return "@" in url or any(name in lowered for name in SECRET_PARAMETERS)
 
 
 def requested_database_url(url: str | None) -> str:

@@ -196,6 +196,45 @@ def test_a_refused_url_is_quoted_without_its_password(url, said):
     assert said in str(info.value) and "hunter" not in str(info.value), str(info.value)
 
 
+@pytest.mark.parametrize(
+    "url",
+    [
+        "postgresql://u:hunter?2@127.0.0.1:1/db",  # libpq reads ?, # and / into the password
+        "postgresql://u:hunter#2@127.0.0.1:1/db",
+        "postgresql://u:hunter/2@127.0.0.1:1/db",
+        "postgresql://u:hunter\n2@127.0.0.1:1/db",
+        "postgresql://u:hunter 2@127.0.0.1:1/db",  # libpq's messages quote the piece
+        "postgresql://u:hunter%zz2@127.0.0.1:1/db",
+        "postgresql://h:1/db?password=hunter%zz2",
+        "postgresql://h:1/db?password=hunter&2",
+        "postgresql://h:1/db?password=hunter#2",
+        "host='x'password=hunter2",
+        "sqlite://u:hunter2@h/x.db",
+        "postgresql:/u:hunter2@127.0.0.1:1/db",
+        "u:hunter2@h/db",
+    ],
+)
+def test_no_refused_url_shows_its_password(url):
+    # Found by a second break-test: each of these showed all or half of it.
+    with pytest.raises(ConfigError) as info:
+        JobQueue(url)
+    assert "hunter" not in str(info.value), str(info.value)
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "postgresql://h:1/db?password='hunter2'",
+        "postgresql://h:1/db?password=hunter'2",
+        "postgresql://127.0.0.1:1/db?oauth_client_secret=hunter2",
+        "postgresql://u:hunter%3F2@127.0.0.1:1/db",  # percent-encoded: fine
+    ],
+)
+def test_an_accepted_url_never_shows_its_password(url):
+    jq = JobQueue(url)
+    assert "hunter" not in repr(jq) and "hunter" not in repr(jq.url)
+
+
 # -- Settings --------------------------------------------------------------------------------
 
 
@@ -614,3 +653,11 @@ def test_a_refused_value_is_quoted_up_to_200_characters():
     with pytest.raises(ConfigError) as info:
         check_priority(10**500)
     assert len(str(info.value)) < 300 and str(info.value).endswith("…")
+
+
+def test_numbers_past_float_range_are_config_errors(tmp_path):
+    jq = JobQueue(f"sqlite:///{tmp_path / 'unused.db'}")
+    with pytest.raises(ConfigError, match="delay"):
+        jq.enqueue("t", {}, delay=10**400)
+    with pytest.raises(ConfigError, match="retention"):
+        JobQueue(f"sqlite:///{tmp_path / 'unused.db'}", retention=10**400)

@@ -92,6 +92,8 @@ def terminate_as_interrupt() -> Iterator[None]:
     """
 
     def interrupt(signum: int, frame: Any) -> None:
+        # Once: a second SIGTERM must not cut the clean-up short.
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         raise KeyboardInterrupt
 
     try:
@@ -108,6 +110,10 @@ def terminate_as_interrupt() -> Iterator[None]:
 #: For commands taking job ids: a mistyped ``-1`` reaches the id check (and
 #: its message) instead of failing as "No such option: -1".
 IDS_MAY_LOOK_LIKE_OPTIONS: dict[str, Any] = {"ignore_unknown_options": True}
+
+
+#: Digits a CLI integer may have: more than any bound (int() refuses past 4,300).
+MAX_DIGITS = 30
 
 
 class WholeNumber(click.types.IntParamType):
@@ -127,6 +133,8 @@ class WholeNumber(click.types.IntParamType):
             self.fail(
                 f"{text!r} is not a whole number (ASCII digits, optionally after -)", param, ctx
             )
+        if len(digits.lstrip("0")) > MAX_DIGITS:
+            self.fail(f"{text[:40]!r}... has over {MAX_DIGITS} digits: out of range", param, ctx)
         return int(text)
 
 

@@ -48,7 +48,7 @@ class Fleet:
         self.queue = queue
         self.count = count
         self.concurrency = concurrency
-        self.env = {**os.environ, **env}
+        self.env = {**os.environ, **env, "JOBKEEPER_DATABASE_URL": url}
         self.log_dir = log_dir
         self.stop_for = stop_for
         self.procs: dict[int, subprocess.Popen[bytes]] = {}
@@ -66,8 +66,8 @@ class Fleet:
             sys.executable,
             "-m",
             "jobkeeper",
-            "--database",
-            self.url,
+            # No --database: the URL (and its password) would show in `ps`;
+            # the workers read JOBKEEPER_DATABASE_URL from their environment.
             "worker",
             "--app",
             "jobkeeper.verify.app:jq",

@@ -8,7 +8,7 @@ import re
 from typing import Any
 from urllib.parse import urlsplit
 
-from jobkeeper.config import DatabaseURL, redact_secrets
+from jobkeeper.config import DatabaseURL, may_hold_secrets, redact_secrets
 from jobkeeper.errors import ConfigError
 
 #: libpq options whose values libpq checks only when connecting (so a typo
@@ -44,11 +44,20 @@ def _check_libpq_values(params: dict[str, Any]) -> None:
             raise ConfigError(f"invalid PostgreSQL URL: {name}={value!r} is not an integer")
 
 
-def _check_userinfo(url: str) -> None:
-    """Refuse an unencoded ``@`` in the user or password: libpq splits at
-    the first ``@`` and would take the rest of the password for the host,
-    and print it in every connection error.
+def _check_userinfo(url: str, params: dict[str, Any]) -> None:
+    """Refuse an unencoded ``@``, ``/``, ``?``, ``#`` or space in the user or
+    password: libpq splits at the first ``@`` and would take the rest of the
+    password for the host, or reads ``?`` and ``#`` into the password while
+    every other parser stops there, and the password would be printed.
     """
+    password = str(params.get("password") or "")
+    odd = sorted({c for c in password if c in "/?#" or c.isspace()})
+    if odd and password in url:  # as typed, not percent-encoded
+        raise ConfigError(
+            "invalid PostgreSQL URL: the password holds "
+            + ", ".join(repr(c) for c in odd)
+            + " unencoded; percent-encode it (e.g. '?' as %3F, '/' as %2F, '#' as %23)"
+        )
     authority = url.partition("://")[2]
     for end in "/?#":
         authority = authority.partition(end)[0]
@@ -77,9 +86,13 @@ def parse_url(url: str) -> DatabaseURL:
             "PostgreSQL needs psycopg 3, which is not installed: pip install 'jobkeeper[postgres]'"
         ) from exc
     except psycopg.Error as exc:
-        # libpq's message may quote the whole URL, password and all.
-        raise ConfigError(f"invalid PostgreSQL URL: {redact_secrets(str(exc).strip())}") from None
-    _check_userinfo(url)
+        # libpq's message may quote the whole URL, or the piece it could
+        # not read, which may be (part of) the password.
+        message = redact_secrets(str(exc).strip())
+        if may_hold_secrets(url):
+            message = re.sub(r'"[^"]*"', '"***"', message)
+        raise ConfigError(f"invalid PostgreSQL URL: {message}") from None
+    _check_userinfo(url, params)
     try:
         urlsplit(url)
     except ValueError as exc:
@@ -94,6 +107,12 @@ def parse_url(url: str) -> DatabaseURL:
         for p in str(port).split(",")
         if p.strip()
     ):
+        if "@" in str(params.get("dbname") or ""):
+            # "u:pw/rest@host": libpq took pw for the port and rest@host... for the database
+            raise ConfigError(
+                "invalid PostgreSQL URL: the port is not a port number (a '/' in a password"
+                " must be percent-encoded as %2F)"
+            )
         raise ConfigError(f"invalid PostgreSQL URL: port {port!r} is not a port number")
     _check_libpq_values(params)
     return DatabaseURL("postgresql", url)

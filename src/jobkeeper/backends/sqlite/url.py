@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from urllib.parse import parse_qsl
 
-from jobkeeper.config import DatabaseURL
+from jobkeeper.config import DatabaseURL, redact_secrets
 from jobkeeper.errors import ConfigError
 
 
@@ -19,14 +19,16 @@ def parse_url(url: str) -> DatabaseURL:
     path, _, query = rest.partition("?")
     if not path.startswith("/") or len(path) < 2:
         raise ConfigError(
-            f"invalid SQLite URL {url!r}: expected sqlite:///relative.db or sqlite:////abs/path.db"
+            f"invalid SQLite URL {redact_secrets(url)!r}: expected sqlite:///relative.db or sqlite:////abs/path.db"
         )
     path = path[1:]
     if path.endswith("/"):
-        raise ConfigError(f"invalid SQLite URL {url!r}: the path names a directory, not a file")
+        raise ConfigError(
+            f"invalid SQLite URL {redact_secrets(url)!r}: the path names a directory, not a file"
+        )
     if path in (":memory:", "") or path.startswith("file:"):
         raise ConfigError(
-            f"invalid SQLite URL {url!r}: jobkeeper needs a database file that "
+            f"invalid SQLite URL {redact_secrets(url)!r}: jobkeeper needs a database file that "
             "several connections and processes can share"
         )
     return DatabaseURL("sqlite", url, path=path, options=dict(parse_qsl(query)))
