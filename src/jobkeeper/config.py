@@ -187,6 +187,26 @@ def _valid_name(name: str) -> bool:
     return 0 < len(name) <= NAME_MAX_LENGTH and _NAME.match(name) is not None
 
 
+#: Digits a typed integer may have: more than any bound (int() refuses past 4,300).
+MAX_DIGITS = 30
+
+
+def parse_whole_number(text: str) -> int:
+    """``text`` as an int: ASCII digits after an optional ``-``, at most
+    ``MAX_DIGITS`` of them. ``int()`` alone also takes spaces, ``_`` and other
+    scripts' digits (``'١٢'``), which a number typed by mistake should not be.
+
+    Raises:
+        ValueError: saying which of those ``text`` is not.
+    """
+    digits = text.removeprefix("-")
+    if not (digits.isascii() and digits.isdigit()):
+        raise ValueError(f"{text!r} is not a whole number (ASCII digits, optionally after -)")
+    if len(digits.lstrip("0")) > MAX_DIGITS:
+        raise ValueError(f"{text[:40]!r}... has over {MAX_DIGITS} digits: out of range")
+    return int(text)
+
+
 def check_name(kind: str, name: Any) -> str:
     """Validate a queue or task name (see ``NAME_MAX_LENGTH``).
 

@@ -27,7 +27,7 @@ import math
 import re
 from typing import Any
 
-from jobkeeper.config import MAX_CONCURRENCY, check_name, plain_str
+from jobkeeper.config import MAX_CONCURRENCY, MAX_DIGITS, check_name, plain_str
 from jobkeeper.errors import ConfigError, shown
 from jobkeeper.payload import check_text
 from jobkeeper.version import __version__
@@ -143,8 +143,8 @@ def parse_rate_limit(value: Any) -> tuple[int, float]:
     match = _RATE.fullmatch(value)
     if match is None:
         raise ConfigError(f"rate_limit {value!r} is invalid: use N/s, N/m or N/h (e.g. '100/m')")
-    # int() refuses more than 4,300 digits; no count in range has 30.
-    count = int(match.group(1)) if len(match.group(1)) <= 30 else MAX_LIMIT + 1
+    # int() refuses more than 4,300 digits; no count in range has that many.
+    count = int(match.group(1)) if len(match.group(1)) <= MAX_DIGITS else MAX_LIMIT + 1
     if not 1 <= count <= MAX_LIMIT:
         raise ConfigError(f"rate_limit {value!r}: the count must be between 1 and {MAX_LIMIT}")
     return count, RATE_UNITS[match.group(2)]

@@ -968,6 +968,7 @@ def test_jobs_list_help_names_every_status(capsys):
         ["periodic", "list", "--stale-after", "\uff15"],
         ["jobs", "show", "1" * 5000],  # past int()'s 4,300 digits: was a traceback
         ["queues", "set", "default", "--rate-limit", "1" * 5000 + "/s"],
+        ["queues", "set", "default", "--concurrency", "1" * 5000],
     ],
 )
 def test_numbers_in_other_scripts_or_with_spaces_exit_2(cli, queue, argv):

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from jobkeeper.api import JobQueue
+from jobkeeper.config import parse_whole_number
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -112,14 +113,10 @@ def terminate_as_interrupt() -> Iterator[None]:
 IDS_MAY_LOOK_LIKE_OPTIONS: dict[str, Any] = {"ignore_unknown_options": True}
 
 
-#: Digits a CLI integer may have: more than any bound (int() refuses past 4,300).
-MAX_DIGITS = 30
-
-
 class WholeNumber(click.types.IntParamType):
-    """An integer written in ASCII digits, with an optional ``-``: click.INT
-    (``int()``) also takes ``' 1'``, ``'1_0'`` and other scripts' digits
-    (``'١٢'``), which a job id or a count typed by mistake should not be.
+    """An integer as :func:`~jobkeeper.config.parse_whole_number` reads it:
+    click.INT (``int()``) also takes ``' 1'``, ``'1_0'`` and other scripts'
+    digits, which a job id or a count typed by mistake should not be.
     """
 
     name = "integer"
@@ -127,15 +124,10 @@ class WholeNumber(click.types.IntParamType):
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
         if isinstance(value, int) and not isinstance(value, bool):
             return value
-        text = str(value)
-        digits = text.removeprefix("-")
-        if not (digits.isascii() and digits.isdigit()):
-            self.fail(
-                f"{text!r} is not a whole number (ASCII digits, optionally after -)", param, ctx
-            )
-        if len(digits.lstrip("0")) > MAX_DIGITS:
-            self.fail(f"{text[:40]!r}... has over {MAX_DIGITS} digits: out of range", param, ctx)
-        return int(text)
+        try:
+            return parse_whole_number(str(value))
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
 
 
 class PortNumber(WholeNumber):

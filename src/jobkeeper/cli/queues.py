@@ -14,7 +14,7 @@ from jobkeeper.cli.common import (
     json_option,
     open_queue,
 )
-from jobkeeper.config import check_name
+from jobkeeper.config import check_name, parse_whole_number
 from jobkeeper.queues import UNSET, QueueInfo, Unset
 
 queues_app = Group(
@@ -82,10 +82,10 @@ def _int_or_none(option: str, text: str | None) -> int | Unset | None:
         return UNSET
     if text.strip().lower() == "none":
         return None
-    digits = text.removeprefix("-")
-    if not (digits.isascii() and digits.isdigit()):
-        raise BadInput(f"{option} {text!r}: expected an integer or 'none'")
-    return int(text)
+    try:
+        return parse_whole_number(text)
+    except ValueError:
+        raise BadInput(f"{option} {text!r}: expected an integer or 'none'") from None
 
 
 @queues_app.command("set")

@@ -40,6 +40,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from jobkeeper.api import JobQueue
+from jobkeeper.config import parse_whole_number
 from jobkeeper.dashboard.present import ago, duration, number, stamp, why_waiting
 from jobkeeper.dashboard.security import (
     CSRF_COOKIE,
@@ -403,12 +404,13 @@ def _path_job_id(request: Request) -> int | None:
 
 
 def _job_id(raw: object) -> int | None:
-    """``raw`` as a job id, or None when it is not one: ASCII digits only
-    (``int()`` also takes spaces, ``_`` and other scripts' digits).
+    """``raw`` as a job id, or None when it is not one (see
+    :func:`~jobkeeper.config.parse_whole_number`).
     """
-    if not (isinstance(raw, str) and raw.isascii() and raw.isdigit()):
+    try:
+        job_id = parse_whole_number(raw) if isinstance(raw, str) else 0
+    except ValueError:
         return None
-    job_id = int(raw)
     return job_id if 0 < job_id <= MAX_JOB_ID else None
 
 

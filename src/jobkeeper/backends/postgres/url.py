@@ -58,10 +58,7 @@ def _check_userinfo(url: str, params: dict[str, Any]) -> None:
             + ", ".join(repr(c) for c in odd)
             + " unencoded; percent-encode it (e.g. '?' as %3F, '/' as %2F, '#' as %23)"
         )
-    authority = url.partition("://")[2]
-    for end in "/?#":
-        authority = authority.partition(end)[0]
-    if authority.count("@") > 1:
+    if "@" in str(params.get("host") or ""):  # libpq split "u:p@rt@host" at the first @
         raise ConfigError(
             f"invalid PostgreSQL URL {redact_secrets(url)!r}: the user or password holds an"
             " '@'; percent-encode it as %40"
