@@ -367,5 +367,11 @@ def test_pages_and_metrics_answer_503_while_the_database_is_unavailable():
             assert response.status_code == 503, (page, response.status_code, response.text)
             assert "database unavailable" in response.text
             assert response.headers["retry-after"] == "5"
+        # A request refused for itself says so, database or not (it read
+        # the database's clock for the page's footer: 503).
+        response = client.get("/jobs?before=abc")
+        assert response.status_code == 400, response.text
+        assert "is not a job id" in response.text
+        assert "database clock" not in response.text
     finally:
         down.close()

@@ -136,12 +136,20 @@ class Dashboard:
     # -- rendering -------------------------------------------------------------
 
     def render(
-        self, request: Request, template: str, status_code: int = 200, **context: Any
+        self,
+        request: Request,
+        template: str,
+        status_code: int = 200,
+        *,
+        database_clock: bool = True,
+        **context: Any,
     ) -> HTMLResponse:
         cookie = request.cookies.get(CSRF_COOKIE)
         fresh = not cookie or not self.csrf.valid(cookie, cookie)
         token = self.csrf.new_token() if fresh or cookie is None else cookie
-        now = context.pop("now", None) or self.jq.backend.db_now()
+        now = context.pop("now", None)
+        if now is None and database_clock:
+            now = self.jq.backend.db_now()
         root = request.scope.get("root_path", "")
         html = self.env.get_template(template).render(
             request=request,
@@ -152,7 +160,7 @@ class Dashboard:
             csrf_field=CSRF_FIELD,
             csrf_token=token,
             now=now,
-            ago=lambda then: ago(then, now),
+            ago=lambda then: "—" if now is None else ago(then, now),
             database=self.jq.url.redacted(),
             flash=request.query_params.get("flash"),
             section=context.pop("section", None),
@@ -166,7 +174,11 @@ class Dashboard:
         return response
 
     def error(self, request: Request, status_code: int, message: str) -> HTMLResponse:
-        return self.render(request, "error.html", status_code, message=message)
+        # Without the database's clock: a refused request is answered as
+        # such (400, 403...) while the database is down too.
+        return self.render(
+            request, "error.html", status_code, database_clock=False, message=message
+        )
 
     # -- pages -------------------------------------------------------------------
 
