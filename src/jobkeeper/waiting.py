@@ -97,9 +97,15 @@ def settled(job_id: int, job: Job | None) -> tuple[bool, Any]:
     return False, None
 
 
-def wait_plan(job_id: int, timeout: float | None, poll_interval: float) -> WaitPlan:
-    """The steps of one ``wait``; returns the result or raises."""
-    deadline = None if timeout is None else time.monotonic() + timeout
+def wait_plan(
+    job_id: int, timeout: float | None, poll_interval: float, started: float | None = None
+) -> WaitPlan:
+    """The steps of one ``wait``; returns the result or raises. ``started``:
+    the ``time.monotonic()`` the wait began at (default: now), from which
+    ``timeout`` counts.
+    """
+    begun = time.monotonic() if started is None else started
+    deadline = None if timeout is None else begun + timeout
 
     def left() -> float:
         return math.inf if deadline is None else deadline - time.monotonic()

@@ -5,12 +5,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
+import time
+from collections.abc import Callable
 from typing import Any
 
 from jobkeeper.api.base import QueueBase, _job_id
 from jobkeeper.backends import Backend
 from jobkeeper.errors import DatabaseUnavailable
 from jobkeeper.waiting import Get, Mark, Ready, Sleep, check_timeout, wait_plan
+
+
+class _QueueClosedError(Exception):
+    """The queue was closed (``JobQueue.close()``, ``aclose()``) while a wait
+    used its connections: the wait goes on with the reopened ones.
+    """
 
 
 class ResultsMixin(QueueBase):
@@ -43,21 +51,59 @@ class ResultsMixin(QueueBase):
         """
         job_id = _job_id(job_id)
         seconds = check_timeout(timeout)
-        return _drive_wait(self.backend, job_id, seconds, self.settings.poll_interval)
+        started = time.monotonic()
+        while True:
+            # The queue reconnects when it is used after close(): so does a
+            # wait that close() cut (it waited out the closed pool for ever).
+            backend = self.backend
+            try:
+                return _drive_wait(
+                    backend, job_id, seconds, self.settings.poll_interval, started,
+                    closed=self._replaced(backend),
+                )  # fmt: skip
+            except _QueueClosedError:
+                continue
+
+    def _replaced(self, backend: Backend) -> Callable[[], bool]:
+        """Whether ``close()`` has since closed ``backend`` (the queue opens
+        another when it is next used).
+        """
+        return lambda: self._backend is not backend
 
     async def wait_async(self, job_id: int, timeout: float | None = None) -> Any:
         """:meth:`wait` for async code; many may wait at once on one loop."""
         job_id = _job_id(job_id)
         seconds = check_timeout(timeout)
-        return await _drive_wait_async(self.backend, job_id, seconds, self.settings.poll_interval)
+        started = time.monotonic()
+        while True:
+            backend = self.backend
+            try:
+                return await _drive_wait_async(
+                    backend, job_id, seconds, self.settings.poll_interval, started,
+                    closed=self._replaced(backend),
+                )  # fmt: skip
+            except _QueueClosedError:
+                continue
 
 
-def _drive_wait(backend: Backend, job_id: int, timeout: float | None, poll: float) -> Any:
-    """Run the wait plan on this thread (see :mod:`jobkeeper.waiting`)."""
+def _drive_wait(
+    backend: Backend,
+    job_id: int,
+    timeout: float | None,
+    poll: float,
+    started: float | None = None,
+    *,
+    closed: Callable[[], bool] = lambda: False,
+) -> Any:
+    """Run the wait plan on this thread (see :mod:`jobkeeper.waiting`).
+
+    Raises:
+        _QueueClosedError: ``closed()`` says the queue closed ``backend``.
+    """
     watch = backend.completion_watch()
     woken = threading.Event()
     unregister = watch.register(job_id, woken.set)
-    plan = wait_plan(job_id, timeout, poll)
+    plan = wait_plan(job_id, timeout, poll, started)
     try:
         reply: Any = None
         error: DatabaseUnavailable | None = None
@@ -76,6 +122,8 @@ def _drive_wait(backend: Backend, job_id: int, timeout: float | None, poll: floa
                     woken.clear()
                     reply = backend.job_get(job_id=job_id)
             except DatabaseUnavailable as exc:
+                if closed():
+                    raise _QueueClosedError from None
                 error = exc  # the plan waits it out until its timeout
                 continue
             if isinstance(step, Sleep):
@@ -86,9 +134,19 @@ def _drive_wait(backend: Backend, job_id: int, timeout: float | None, poll: floa
 
 
 async def _drive_wait_async(
-    backend: Backend, job_id: int, timeout: float | None, poll: float
+    backend: Backend,
+    job_id: int,
+    timeout: float | None,
+    poll: float,
+    started: float | None = None,
+    *,
+    closed: Callable[[], bool] = lambda: False,
 ) -> Any:
-    """Run the wait plan on the event loop (see :mod:`jobkeeper.waiting`)."""
+    """Run the wait plan on the event loop (see :mod:`jobkeeper.waiting`).
+
+    Raises:
+        _QueueClosedError: as :func:`_drive_wait`.
+    """
     loop = asyncio.get_running_loop()
     watch = backend.completion_watch()
     woken = asyncio.Event()
@@ -97,7 +155,7 @@ async def _drive_wait_async(
         loop.call_soon_threadsafe(woken.set)
 
     unregister = watch.register(job_id, wake)
-    plan = wait_plan(job_id, timeout, poll)
+    plan = wait_plan(job_id, timeout, poll, started)
     try:
         reply: Any = None
         error: DatabaseUnavailable | None = None
@@ -116,6 +174,8 @@ async def _drive_wait_async(
                     woken.clear()
                     reply = await backend.job_get_async(job_id=job_id)
             except DatabaseUnavailable as exc:
+                if closed():
+                    raise _QueueClosedError from None
                 error = exc  # the plan waits it out until its timeout
                 continue
             if isinstance(step, Sleep):

@@ -22,6 +22,23 @@ from jobkeeper.errors import DatabaseError, DatabaseUnavailable, DataRejected, U
 from jobkeeper.models import Job
 
 
+class _ThreadConnection:
+    """One thread's connection, and whether that thread is using it: a
+    connection is closed only between its thread's calls (closing one that
+    another thread was running a statement on crashed the process).
+    """
+
+    __slots__ = ("conn", "depth", "doomed")
+
+    def __init__(self) -> None:
+        self.conn: sqlite3.Connection | None = None
+        #: Nested backend calls of the owning thread now running.
+        self.depth = 0
+        #: ``close()`` came while the thread was in a call: its connection
+        #: is closed when that call ends.
+        self.doomed = False
+
+
 def _rows(cursor: sqlite3.Cursor) -> list[dict[str, Any]]:
     if cursor.description is None:
         return []
@@ -122,17 +139,28 @@ class SqliteConnection:
         self.path = os.path.abspath(url.path)
         self.busy_timeout = busy_timeout
         self._local = threading.local()
-        self._connections: list[sqlite3.Connection] = []
-        self._connections_lock = threading.Lock()
+        self._threads: list[_ThreadConnection] = []
+        self._threads_lock = threading.Lock()
 
     # -- plumbing -----------------------------------------------------------
 
+    def _thread(self) -> _ThreadConnection:
+        """This thread's slot (made on its first call)."""
+        slot: _ThreadConnection | None = getattr(self._local, "slot", None)
+        if slot is None:
+            slot = self._local.slot = _ThreadConnection()
+            with self._threads_lock:
+                self._threads.append(slot)
+        return slot
+
     def _conn(self, *, create: bool = False) -> sqlite3.Connection:
-        """This thread's connection. Only ``migrate`` may create the file:
-        anything else on a missing file would leave an empty database behind
-        and then fail anyway.
+        """This thread's connection (only inside :meth:`_errors`, which marks
+        it in use). Only ``migrate`` may create the file: anything else on a
+        missing file would leave an empty database behind and then fail
+        anyway.
         """
-        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
+        slot = self._thread()
+        conn = slot.conn
         if conn is None:
             if not create and not os.path.exists(self.path):
                 raise DatabaseError(
@@ -182,13 +210,15 @@ class SqliteConnection:
                 raise DatabaseUnavailable(
                     f"SQLite database {self.path!r}: {exc}{not_writable_hint(self.path)}"
                 ) from exc
-            self._local.conn = conn
-            with self._connections_lock:
-                self._connections.append(conn)
+            slot.conn = conn
         return conn
 
     @contextlib.contextmanager
     def _errors(self) -> Iterator[None]:
+        """Translate driver errors; the thread's connection is in use inside."""
+        slot = self._thread()
+        with self._threads_lock:
+            slot.depth += 1
         try:
             yield
         except sqlite3.OperationalError as exc:
@@ -214,6 +244,15 @@ class SqliteConnection:
             raise DataRejected(f"SQLite refused the data: {exc}") from exc
         except sqlite3.Error as exc:
             raise DatabaseError(f"SQLite error: {exc}") from exc
+        finally:
+            closing = None
+            with self._threads_lock:
+                slot.depth -= 1
+                if slot.depth == 0 and slot.doomed:
+                    closing, slot.conn, slot.doomed = slot.conn, None, False
+            if closing is not None:
+                with contextlib.suppress(Exception):
+                    closing.close()
 
     @contextlib.contextmanager
     def _write(self, *, create: bool = False, synced: bool = True) -> Iterator[sqlite3.Connection]:
@@ -282,9 +321,20 @@ class SqliteConnection:
             return self._conn().execute(QUERIES[name], params or {}).fetchone() is not None
 
     def close(self) -> None:
-        with self._connections_lock:
-            connections, self._connections = self._connections, []
-        for conn in connections:
+        """Close every thread's connection: at once where its thread is
+        between calls, else as its call ends (the call finishes first). The
+        next call of any thread opens a new one.
+        """
+        idle: list[sqlite3.Connection] = []
+        with self._threads_lock:
+            for slot in self._threads:
+                if slot.conn is None:
+                    continue
+                if slot.depth:
+                    slot.doomed = True
+                else:
+                    idle.append(slot.conn)
+                    slot.conn = None
+        for conn in idle:
             with contextlib.suppress(Exception):
                 conn.close()
-        self._local = threading.local()
