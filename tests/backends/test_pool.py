@@ -266,6 +266,87 @@ def test_asyncio_run_returns_when_the_app_never_awaited_aclose(pg_url):
         jq.close()
 
 
+def test_async_callers_beyond_pool_size_are_served_in_turn(pg_url):
+    # Found by a break-test: 20 coroutines enqueueing back to back on a pool
+    # of 10 -- ten made 3,800 calls each and ten none, until the pool's
+    # timeout failed them with a false DatabaseUnavailable: a call kept its
+    # connection as the loop's spare and its caller's next call retook it,
+    # so the pool's waiters never got one.
+    jq = JobQueue(pg_url, pool_size=2)
+    jq.migrate()
+    done = [0] * 8
+    failed: list[BaseException] = []
+
+    async def producer(index: int) -> None:
+        end = time.monotonic() + 2
+        while time.monotonic() < end:
+            try:
+                await jq.enqueue_async("anything", {})
+            except Exception as exc:
+                failed.append(exc)
+                return
+            done[index] += 1
+
+    async def main() -> None:
+        await asyncio.gather(*(producer(i) for i in range(8)))
+        await jq.aclose()
+
+    try:
+        asyncio.run(main())
+    finally:
+        jq.close()
+    assert not failed
+    assert min(done) >= 10, done
+
+
+# psycopg_pool's worker coroutines, left pending on a loop closed by hand,
+# fail as the collector closes them ("Event loop is closed"): the app's way
+# of ending its loop, reported by Python, not a fault of the pool's closing.
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_loops_closed_by_hand_leave_no_session_open(pg_url):
+    # Found by a break-test: loops closed with loop.close(), no aclose() and
+    # no asyncio.run(), kept their sessions until the process ended (4 more
+    # each); eight such loops in threads exhausted max_connections.
+    name = f"jk_loop_close_{secrets.token_hex(4)}"
+    JobQueue(pg_url).migrate()
+    jq = JobQueue(f"{pg_url}&application_name={name}")
+
+    def sessions() -> int:
+        with psycopg.connect(PG_URL) as conn:
+            row = conn.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s", [name]
+            ).fetchone()
+        assert row is not None
+        return int(row[0])
+
+    async def enqueue_five() -> None:
+        await asyncio.gather(*(jq.enqueue_async("anything", {"i": i}) for i in range(5)))
+
+    try:
+        counts = []
+        for _ in range(6):
+            loop = asyncio.new_event_loop()
+            loop.run_until_complete(enqueue_five())
+            loop.close()
+            time.sleep(0.2)
+            counts.append(sessions())
+        # Each new loop's first call closes the last one's sessions: one
+        # loop's at most (five calls at once, one connect under way), where
+        # they added up (about 4 a loop: 21 after five).
+        assert max(counts) <= 6, counts
+        jq.close()
+        # As in the test above, a connect the loop's end cut half-way, out
+        # of the pool's hands, may stay until the collector frees it.
+        deadline = time.monotonic() + 10
+        while sessions() > 1 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert sessions() <= 1
+    finally:
+        jq.close()
+        loop = None
+        gc.collect()  # the closed loops' coroutines go here, under this test's filter
+
+
 def test_loops_ended_without_aclose_leave_no_session_open(pg_url):
     # The pool's close() at a loop's end stopped at its cancelled workers,
     # before closing the idle connections: they stayed open until the

@@ -93,6 +93,7 @@ class PostgresAsync:
         loop = asyncio.get_running_loop()
         found = self._async_pools.get(loop)
         if found is None:
+            self._close_pools_of_closed_loops()
             quiet_cancelled_connects()
             opened: weakref.WeakSet[psycopg.AsyncConnection[Any]] = weakref.WeakSet()
 
@@ -294,12 +295,23 @@ class PostgresAsync:
             await found.close()
 
     def _close_async_pools(self) -> None:
-        """From the sync ``close``: pools whose loop is gone are dropped; a
-        pool of a loop that is not running is closed on it.
+        """From the sync ``close``: a pool of a loop that is not running is
+        closed on it; one of a closed loop, without it.
         """
+        self._close_pools_of_closed_loops()
         for loop, found in list(self._async_pools.items()):
             self._async_pools.pop(loop, None)
-            if loop.is_closed() or loop.is_running():
+            if loop.is_running():
                 continue
             with contextlib.suppress(Exception):
                 loop.run_until_complete(found.close())
+
+    def _close_pools_of_closed_loops(self) -> None:
+        """Close the connections of pools whose loop was closed without
+        ending them (``loop.close()`` with no ``aclose()``): found when a
+        new loop opens its pool, or at ``close``.
+        """
+        for loop, found in list(self._async_pools.items()):
+            if loop.is_closed():
+                self._async_pools.pop(loop, None)
+                found.close_after_loop()

@@ -155,10 +155,14 @@ class LoopPool:
     is checked on checkout as a pooled connection is (``check_async``),
     never kept after an error, and given back to the pool every
     ``SPARE_RETURN`` seconds so that the pool's ``max_lifetime`` still
-    renews it.
+    renews it. While calls wait for the pool, no connection is kept as the
+    spare: each goes back to the pool, which serves its waiters in turn
+    (kept, a call that followed its own returned and retook it at once, and
+    with more callers than ``pool_size`` the others waited until
+    ``POOL_TIMEOUT`` and failed).
     """
 
-    __slots__ = ("closed", "closer", "opened", "pool", "probe", "spare")
+    __slots__ = ("closed", "closer", "opened", "pool", "probe", "spare", "waiting")
 
     def __init__(
         self,
@@ -174,6 +178,8 @@ class LoopPool:
         self.spare: psycopg.AsyncConnection[Any] | None = None
         #: Set once the closer runs: nothing is kept as the spare after it.
         self.closed = False
+        #: Calls now waiting for a pooled connection.
+        self.waiting = 0
 
     async def checkout(self) -> psycopg.AsyncConnection[Any]:
         """The spare when it is free and alive, else a pooled connection.
@@ -182,6 +188,11 @@ class LoopPool:
             As :func:`getconn_async`.
         """
         conn = self.spare
+        if conn is not None and self.waiting:
+            # Calls came first: the spare joins the pool, and this call the queue.
+            self.spare = None
+            await self.pool.putconn(conn)
+            conn = None
         if conn is not None:
             self.spare = None
             alive = False
@@ -204,7 +215,11 @@ class LoopPool:
                     await self._discard(conn)
             if alive:
                 return conn
-        conn = await getconn_async(self.pool, self.probe)
+        self.waiting += 1
+        try:
+            conn = await getconn_async(self.pool, self.probe)
+        finally:
+            self.waiting -= 1
         conn._jobkeeper_taken_at = time.monotonic()  # type: ignore[attr-defined]
         return conn
 
@@ -216,6 +231,7 @@ class LoopPool:
         if (
             not failed
             and self.spare is None
+            and not self.waiting
             and not self.closed
             and not conn.closed
             and conn.pgconn.transaction_status == pq.TransactionStatus.IDLE
@@ -268,6 +284,18 @@ class LoopPool:
         with contextlib.suppress(asyncio.CancelledError):
             await self.pool.close()
         await self.close_connections()
+
+    def close_after_loop(self) -> None:
+        """Close what the pool opened, without its loop: one closed without
+        ``asyncio.run()`` or ``aclose()`` (``loop.close()``), whose tasks
+        will never run again. Its sessions stayed open for good.
+        """
+        self.closed = True
+        self.spare = None
+        for conn in list(self.opened):
+            if not conn.closed:
+                with contextlib.suppress(Exception):
+                    conn.pgconn.finish()
 
     async def close_connections(self) -> None:
         """Close what the pool opened and left open (see :func:`close_at_loop_end`)."""
