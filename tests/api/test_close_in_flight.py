@@ -147,3 +147,31 @@ def test_a_wait_cut_by_close_keeps_its_timeout(adder: tuple[JobQueue, Any]) -> N
     assert [type(e) for e in errors] == [TimeoutError]
     assert "within 3s" in str(errors[0])
     assert took < 20  # counted from the call, not restarted by close()
+
+
+def test_a_cancelled_enqueue_async_is_settled_when_the_caller_sees_the_cancel(
+    make_queue: Any,
+) -> None:
+    # Found by a break-test: on SQLite the write of a cancelled call ran on
+    # in its thread and committed afterwards, even after asyncio.run() had
+    # returned (jobs right after the TimeoutError: 3, 0.2 s later: 4): a
+    # caller that looked, found nothing and enqueued again had it twice.
+    jq = make_queue()
+
+    async def main() -> list[tuple[int, int]]:
+        await jq.enqueue_async("t", {"i": 0})
+        counts = []
+        for i in range(1, 150):
+            try:
+                await asyncio.wait_for(jq.enqueue_many_async([("t", {"i": i})] * 5), 0.0005)
+            except TimeoutError:
+                right_after = len(jq.list_jobs(task="t", limit=1000))
+                await asyncio.sleep(0.05)
+                counts.append((right_after, len(jq.list_jobs(task="t", limit=1000))))
+        return counts
+
+    counts = asyncio.run(main())
+    assert counts, "no call was cut short: the test proves nothing"
+    assert all(now == later for now, later in counts), counts
+    # Whole batches only.
+    assert all(now % 5 == 1 for now, _ in counts), counts

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import functools
 import threading
 from collections.abc import Callable, Sequence
@@ -48,6 +49,28 @@ class ThreadedAsync:
     async def _in_thread(self, call: Callable[[], T]) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._executor(), call)
 
+    async def _write_in_thread(self, call: Callable[[], T]) -> T:
+        """:meth:`_in_thread` for a write, whose outcome is settled when a
+        cancelled caller sees its ``CancelledError``: a write not yet started
+        never runs; one started (a thread cannot be stopped) is waited for,
+        committed or rolled back. Abandoned, it committed after the caller's
+        cancel, even after ``asyncio.run()`` had returned, so a caller that
+        looked, found nothing and enqueued again had the job twice.
+        """
+        started = self._executor().submit(call)
+        result = asyncio.wrap_future(started)
+        try:
+            return await asyncio.shield(result)
+        except asyncio.CancelledError:
+            if started.cancel():
+                raise
+            while not result.done():
+                with contextlib.suppress(asyncio.CancelledError):
+                    await asyncio.wait({result})
+            if not result.cancelled():
+                result.exception()  # retrieved: the cancel is the caller's news
+            raise
+
     async def job_insert_many_async(
         self, *, jobs: Sequence[NewJob], connection: Any = None
     ) -> list[Job]:
@@ -56,7 +79,7 @@ class ThreadedAsync:
             # the caller's transaction is open on it): written here, a local
             # write to a file the caller already holds.
             return self.job_insert_many(jobs=jobs, connection=connection)
-        return await self._in_thread(functools.partial(self.job_insert_many, jobs=jobs))
+        return await self._write_in_thread(functools.partial(self.job_insert_many, jobs=jobs))
 
     async def job_get_async(self, *, job_id: int) -> Job | None:
         return await self._in_thread(functools.partial(self.job_get, job_id=job_id))
