@@ -25,7 +25,7 @@ from pydantic import BaseModel
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker, create_async_engine
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-from jobkeeper import JobCancelled, JobFailed, JobNotFound, JobQueue
+from jobkeeper import ConfigError, JobCancelled, JobFailed, JobNotFound, JobQueue
 
 DATABASE_URL = os.environ.get("EXAMPLE_DATABASE_URL", "postgresql://postgres@127.0.0.1/test")
 # SQLAlchemy runs the psycopg 3 driver async under create_async_engine.
@@ -94,6 +94,8 @@ async def request_report(body: ReportIn, session: SessionDep) -> dict[str, int]:
 async def report_result(job_id: int, timeout: float = 5.0) -> dict[str, object]:
     try:
         result = await jq.wait_async(job_id, timeout=timeout)
+    except ConfigError as exc:  # a job id or timeout wait_async refuses (0, -1, nan)
+        raise HTTPException(status_code=422, detail=str(exc)) from None
     except TimeoutError:
         raise HTTPException(status_code=202, detail="not ready yet") from None
     except JobNotFound:  # never enqueued, or pruned after its retention

@@ -187,12 +187,18 @@ def _postgres(facts: dict[str, Any], xmin_warn_after: float) -> list[Check]:
         )
     else:
         checks.append(Check("dead tuples", "ok", f"{ratio:.0%} dead ({dead:,} rows; {when})"))
-    if not table.get("autovacuum", True) or not table.get("table_autovacuum", True):
+    server_on = table.get("autovacuum", True)
+    if not server_on or not table.get("table_autovacuum", True):
+        where = (
+            "on this server (autovacuum = off)"
+            if not server_on
+            else "for jobkeeper_jobs (its autovacuum_enabled = false)"
+        )
         checks.append(
             Check(
                 "autovacuum",
                 "warn",
-                "autovacuum is off for jobkeeper_jobs: jobkeeper's pruner vacuums it "
+                f"autovacuum is off {where}: jobkeeper's pruner vacuums jobkeeper_jobs "
                 "itself, but turn autovacuum on for the rest of the database",
             )
         )

@@ -23,6 +23,24 @@ def shown(value: Any) -> str:
     return text if len(text) <= MAX_SHOWN else text[: MAX_SHOWN - 1] + "…"
 
 
+def _delay_seconds(kind: str, delay: Any) -> float:
+    """``Retry``'s or ``Snooze``'s delay as finite seconds >= 0.
+
+    Raises:
+        ValueError: not an int or float (a bool, a str...), or negative,
+            NaN, infinite or past float's range.
+    """
+    if isinstance(delay, bool) or not isinstance(delay, int | float):
+        raise ValueError(f"{kind} delay must be a number of seconds, got {shown(delay)}")
+    try:
+        seconds = float(delay)
+    except OverflowError:
+        seconds = float("inf")
+    if not (0.0 <= seconds < float("inf")):
+        raise ValueError(f"{kind} delay must be a finite number >= 0, got {shown(delay)}")
+    return seconds
+
+
 class Retry(Exception):  # noqa: N818 - the contract's name
     """Raise inside a task to retry the job after ``delay`` seconds.
 
@@ -35,14 +53,12 @@ class Retry(Exception):  # noqa: N818 - the contract's name
         reason: text recorded in the job's ``errors`` for this attempt.
 
     Raises:
-        ValueError: ``delay`` is negative, NaN or infinite.
+        ValueError: ``delay`` is negative, NaN, infinite or not a number.
     """
 
     def __init__(self, delay: float | None = None, reason: str = "retry requested") -> None:
         if delay is not None:
-            delay = float(delay)
-            if not (0.0 <= delay < float("inf")):
-                raise ValueError(f"Retry delay must be a finite number >= 0, got {delay!r}")
+            delay = _delay_seconds("Retry", delay)
         super().__init__(reason)
         self.delay = delay
         self.reason = reason
@@ -65,11 +81,7 @@ class Snooze(Exception):  # noqa: N818 - the contract's name
     """
 
     def __init__(self, delay: float) -> None:
-        if isinstance(delay, bool) or not isinstance(delay, int | float):
-            raise ValueError(f"Snooze delay must be a number of seconds, got {delay!r}")
-        delay = float(delay)
-        if not (0.0 <= delay < float("inf")):
-            raise ValueError(f"Snooze delay must be a finite number >= 0, got {delay!r}")
+        delay = _delay_seconds("Snooze", delay)
         super().__init__(f"snoozed for {delay:g}s")
         self.delay = delay
 

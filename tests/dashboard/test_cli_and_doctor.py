@@ -290,3 +290,21 @@ def test_dashboard_port_takes_ascii_digits_only(jq, capsys, served, port):
     code, _, err = run(capsys, "--database", jq.url.url, "dashboard", "--port", port)
     assert code == 2 and len(err.strip().splitlines()) == 1, err
     assert served == []
+
+
+@pytest.mark.parametrize(
+    ("server", "table", "says"),
+    [
+        (False, True, "autovacuum is off on this server (autovacuum = off)"),
+        (True, False, "autovacuum is off for jobkeeper_jobs (its autovacuum_enabled = false)"),
+    ],
+)
+def test_doctor_says_where_autovacuum_is_off(server, table, says):
+    # Break-test: a server-wide autovacuum = off was reported as off "for
+    # jobkeeper_jobs", whose own setting was on.
+    from jobkeeper.doctor import _postgres
+
+    facts = {"table": {"live": 10, "dead": 0, "autovacuum": server, "table_autovacuum": table}}
+    (check,) = [c for c in _postgres(facts, 60.0) if c.name == "autovacuum"]
+    assert check.level == "warn"
+    assert check.message.startswith(says), check.message

@@ -49,6 +49,10 @@ def test_async_enqueue_joins_the_request_and_the_result_is_awaited(example: Modu
         assert client.get(f"/reports/{ids['job']}?timeout=0.2").status_code == 202
         # An id that is no job (or one pruned since): a 404, not a 500.
         assert client.get("/reports/999999999?timeout=0.2").status_code == 404
+        # Values wait_async refuses are the client's error, not a 500 (break-test).
+        for bad in ("/reports/0", f"/reports/{ids['job']}?timeout=-1",
+                    f"/reports/{ids['job']}?timeout=nan"):  # fmt: skip
+            assert client.get(bad).status_code == 422, bad
         with running(example.jq.worker(queues=["reports"])):
             answer = client.get(f"/reports/{ids['job']}?timeout=60")
         assert answer.status_code == 200, answer.text

@@ -12,7 +12,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from jobkeeper import ConfigError, JobQueue, JobStatus, Snooze, current_job
+from jobkeeper import ConfigError, JobQueue, JobStatus, Retry, Snooze, current_job
 from support.db import end_sessions, sql
 from support.waiting import wait_status
 from worker.helpers import running
@@ -64,9 +64,20 @@ def test_snooze_of_a_cancel_requested_job_ends_cancelled(jq: JobQueue) -> None:
 
 
 def test_snooze_delay_validated() -> None:
-    for bad in (-1, float("inf"), float("nan"), "5", True):
+    for bad in (-1, float("inf"), float("nan"), "5", True, 10**400):
         with pytest.raises(ValueError, match="Snooze delay"):
             Snooze(bad)  # type: ignore[arg-type]
+
+
+def test_retry_delay_validated_as_snoozes_is() -> None:
+    # Found by a break-test: Retry(delay="5") and Retry(delay=True) were
+    # taken (the job retried in 5 s, in 1 s) where Snooze("5") was refused;
+    # Retry(delay=10**400) raised OverflowError.
+    for bad in (-1, float("inf"), float("nan"), "5", True, 10**400, [1]):
+        with pytest.raises(ValueError, match="Retry delay"):
+            Retry(delay=bad)  # type: ignore[arg-type]
+    assert Retry(delay=2).delay == 2.0
+    assert Retry().delay is None
 
 
 def test_task_backoff_is_used(jq: JobQueue) -> None:

@@ -574,6 +574,9 @@ def test_unknown_enqueue_option_in_batch_is_named(tmp_path):
         jq.enqueue_many([("task", {}, {"connection": object()})])
     with pytest.raises(ConfigError, match=r"^jobs\[2\]: each item must be"):
         jq.enqueue_many([("task", {}), ("task", {}), ["task", {}]])  # type: ignore[list-item]
+    # Said what is wrong with a tuple (break-test: "..., got tuple").
+    with pytest.raises(ConfigError, match=r"^jobs\[1\]: .* tuple, got a tuple of 4 items$"):
+        jq.enqueue_many([("task", {}), ("task", {}, {}, {})])  # type: ignore[list-item]
 
 
 def test_task_options_reject_unknown_keywords(tmp_path):

@@ -294,9 +294,14 @@ class EnqueueMixin(QueueBase):
                             registered.check_args(args)
                         return _plain_job(task_name, args_json, args, registered)
                 if not isinstance(item, tuple) or len(item) not in (2, 3):
+                    got = (
+                        f"a tuple of {len(item)} items"
+                        if isinstance(item, tuple)
+                        else type(item).__name__
+                    )
                     raise ConfigError(
                         "each item must be a (task, args) or (task, args, options) tuple, "
-                        f"got {type(item).__name__}"
+                        f"got {got}"
                     )
                 options = item[2] if len(item) == 3 else {}
                 if not isinstance(options, dict):
