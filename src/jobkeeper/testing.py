@@ -194,7 +194,8 @@ def assert_enqueued(
     Args:
         task: a Task, or a task name (then ``jq`` is required).
         args: match only jobs whose args contain these items (a subset: other
-            keys may differ), as Oban's ``assert_enqueued`` does.
+            keys may differ), as Oban's ``assert_enqueued`` does; values are
+            compared as JSON values (``True`` does not match a stored ``1``).
         count: exactly this many must match (default: at least one).
         queue: match only jobs of this queue.
         jq: the queue to look in (default: the one the Task is registered on).
@@ -222,7 +223,9 @@ def assert_enqueued(
     matching = [
         job
         for job in waiting
-        if all((job.args or {}).get(key, _MISSING) == value for key, value in wanted.items())
+        if all(
+            _same_json((job.args or {}).get(key, _MISSING), value) for key, value in wanted.items()
+        )
     ]
     if (count is None and not matching) or (count is not None and len(matching) != count):
         expected = "at least one" if count is None else str(count)
@@ -252,6 +255,26 @@ def refute_enqueued(
 
 
 _MISSING = object()
+
+
+def _same_json(stored: Any, wanted: Any) -> bool:
+    """Whether ``stored`` (decoded args) equals ``wanted`` as JSON values:
+    ``true`` is not ``1`` (Python's ``True == 1`` matched a job stored with
+    ``1`` against ``True``); numbers compare by value (``1 == 1.0``).
+    """
+    if isinstance(stored, bool) or isinstance(wanted, bool):
+        return type(stored) is type(wanted) and stored == wanted
+    if isinstance(stored, dict) and isinstance(wanted, dict):
+        return stored.keys() == wanted.keys() and all(
+            _same_json(stored[key], wanted[key]) for key in stored
+        )
+    if isinstance(stored, list) and isinstance(wanted, list | tuple):
+        return len(stored) == len(wanted) and all(
+            _same_json(a, b) for a, b in zip(stored, wanted, strict=True)
+        )
+    if isinstance(stored, dict | list) or isinstance(wanted, dict | list | tuple):
+        return False
+    return bool(stored == wanted)
 
 
 @contextlib.contextmanager
@@ -306,7 +329,9 @@ def run_task(task: Task[Any, Any], /, **args: Any) -> Any:
 
     The args are checked as ``enqueue`` checks them (the task's parameters,
     JSON-native values) and passed as a worker passes them, through JSON.
-    Nothing is written to a database.
+    ``run_task`` itself writes nothing to a database; what the task does is
+    done for real (a job it enqueues is stored in its queue's database, where
+    :func:`assert_enqueued` finds it).
 
     Args:
         task: a task registered with ``@jq.task``.

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -135,6 +136,22 @@ def test_assert_enqueued(jq: JobQueue) -> None:
     refute_enqueued(send, {"to": "a@example.com"})
     with pytest.raises(TypeError, match="jq="):
         assert_enqueued("send")
+
+
+def test_assert_enqueued_compares_args_as_json_values(jq: JobQueue) -> None:
+    # Break-test: assert_enqueued(t, {"order_id": True}) passed for a job
+    # stored with order_id 1 (Python's True == 1).
+    @jq.task()
+    def ship(order_id: Any, lines: Any = None) -> None: ...
+
+    ship.enqueue(order_id=1, lines=[1, {"gift": False}])
+    assert_enqueued(ship, {"order_id": 1})
+    assert_enqueued(ship, {"order_id": 1.0})  # numbers by value
+    assert_enqueued(ship, {"lines": [1, {"gift": False}]})
+    refute_enqueued(ship, {"order_id": True})
+    refute_enqueued(ship, {"lines": [True, {"gift": False}]})
+    refute_enqueued(ship, {"lines": [1, {"gift": 0}]})
+    refute_enqueued(ship, {"order_id": "1"})
 
 
 def test_run_task_gives_a_job_context(jq: JobQueue) -> None:
