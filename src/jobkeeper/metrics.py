@@ -3,7 +3,10 @@ seam (``pip install 'jobkeeper[metrics]'``; ``jobkeeper worker --metrics-port N`
 
 - ``jobkeeper_jobs_processed_total{queue,task,outcome}``: attempts this worker
   ended, by outcome: ``completed``, ``retried``, ``dead``, ``cancelled``,
-  ``snoozed``, ``released`` (handed back, attempt not spent).
+  ``snoozed``, ``released`` (handed back, attempt not spent). A job of a task
+  the worker does not register counts under ``task="(unregistered)"``: a task
+  name is any text a producer stored, and one label value each would let
+  them grow the metrics without bound.
 - ``jobkeeper_job_duration_seconds{queue,task}``: a histogram of every
   attempt that ran (not of jobs handed back before they started).
 - ``jobkeeper_rescues_total``: jobs this worker's rescuer took back from
@@ -19,9 +22,13 @@ port nothing is counted at all. Oban's telemetry metrics are the model
 
 from __future__ import annotations
 
+from collections.abc import Container
 from typing import Any
 
 from jobkeeper.events import EventKind, JobEvent
+
+#: The ``task`` label of jobs whose task the worker does not register.
+UNREGISTERED_TASK = "(unregistered)"
 
 #: Bucket bounds of the duration histogram, seconds: from a no-op job to a long report.
 DURATION_BUCKETS = (
@@ -36,14 +43,18 @@ class WorkerMetrics:
     Args:
         registry: a ``prometheus_client.CollectorRegistry`` (default: a new one,
             so two workers in one process never share counters by accident).
+        tasks: the task names the worker registers (``jq.tasks``; looked up
+            at each event, so later registrations count): other names are
+            labelled ``(unregistered)``. None: every name is its own label.
 
     Raises:
         ImportError: ``prometheus-client`` is not installed (the ``metrics`` extra).
     """
 
-    def __init__(self, registry: Any = None) -> None:
+    def __init__(self, registry: Any = None, tasks: Container[str] | None = None) -> None:
         from prometheus_client import CollectorRegistry, Counter, Histogram
 
+        self._tasks = tasks
         self.registry = registry if registry is not None else CollectorRegistry()
         self._processed = Counter(
             "jobkeeper_jobs_processed",
@@ -74,13 +85,16 @@ class WorkerMetrics:
     def __call__(self, event: JobEvent) -> None:
         """Count one event (the listener given to ``JobQueue.on_event``)."""
         if event.kind is EventKind.FINISHED and event.outcome is not None:
-            key = (event.queue, event.task, event.outcome.value)
+            task = event.task
+            if self._tasks is not None and task not in self._tasks:
+                task = UNREGISTERED_TASK
+            key = (event.queue, task, event.outcome.value)
             processed = self._processed_of.get(key)
             if processed is None:
                 processed = self._processed_of[key] = self._processed.labels(*key)
             processed.inc()
             if event.duration is not None:
-                pair = (event.queue, event.task)
+                pair = (event.queue, task)
                 duration = self._duration_of.get(pair)
                 if duration is None:
                     duration = self._duration_of[pair] = self._duration.labels(*pair)

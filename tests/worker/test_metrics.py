@@ -62,6 +62,26 @@ def test_the_counters_follow_what_the_worker_did(jq):
     assert _sample(text, count, queue="default", task="doomed") == 1
 
 
+def test_tasks_the_worker_does_not_register_share_one_label(jq):
+    # Break-test: 200 unknown task names enqueued (external=True) made the
+    # worker export 4,200 series, a label value per name a producer stored.
+    metrics = WorkerMetrics(tasks=jq.tasks)
+    jq.on_event(metrics)
+
+    @jq.task
+    def ok() -> None: ...
+
+    ids = [ok.enqueue().id]
+    ids += [jq.enqueue(f"junk_{i}", {}, external=True, max_attempts=1).id for i in range(5)]
+    with running(jq.worker(concurrency=2)):
+        wait_status(jq, ids, {JobStatus.COMPLETED, JobStatus.DEAD})
+    text = metrics.render()
+    processed = "jobkeeper_jobs_processed_total"
+    assert _sample(text, processed, queue="default", task="ok", outcome="completed") == 1
+    assert _sample(text, processed, queue="default", task="(unregistered)", outcome="dead") == 5
+    assert "junk_" not in text
+
+
 def test_rescues_are_counted(jq):
     metrics = WorkerMetrics()
     jq.on_event(metrics)

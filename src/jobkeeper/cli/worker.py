@@ -110,7 +110,7 @@ def _serve_metrics(jq: JobQueue, port: int, host: str) -> None:
     try:
         from jobkeeper.metrics import WorkerMetrics
 
-        metrics = WorkerMetrics()
+        metrics = WorkerMetrics(tasks=jq.tasks)
     except ImportError as exc:
         raise BadInput(
             f"--metrics-port needs prometheus-client ({exc.name} is missing): "
