@@ -189,19 +189,19 @@ def _postgres(facts: dict[str, Any], xmin_warn_after: float) -> list[Check]:
         checks.append(Check("dead tuples", "ok", f"{ratio:.0%} dead ({dead:,} rows; {when})"))
     server_on = table.get("autovacuum", True)
     if not server_on or not table.get("table_autovacuum", True):
-        where = (
-            "on this server (autovacuum = off)"
-            if not server_on
-            else "for jobkeeper_jobs (its autovacuum_enabled = false)"
-        )
-        checks.append(
-            Check(
-                "autovacuum",
-                "warn",
-                f"autovacuum is off {where}: jobkeeper's pruner vacuums jobkeeper_jobs "
-                "itself, but turn autovacuum on for the rest of the database",
+        if not server_on:
+            message = (
+                "autovacuum is off on this server (autovacuum = off): jobkeeper's pruner "
+                "vacuums jobkeeper_jobs itself, but turn autovacuum on for the rest of the "
+                "database"
             )
-        )
+        else:
+            message = (
+                "autovacuum is off for jobkeeper_jobs (its autovacuum_enabled = false): "
+                "jobkeeper's pruner vacuums it only when the whole server's autovacuum is off; "
+                "turn it back on with ALTER TABLE jobkeeper_jobs RESET (autovacuum_enabled)"
+            )
+        checks.append(Check("autovacuum", "warn", message))
     else:
         checks.append(Check("autovacuum", "ok", "on"))
     checks.append(_encoding(facts.get("encoding")))

@@ -35,7 +35,9 @@ def _delay_seconds(kind: str, delay: Any) -> float:
     try:
         seconds = float(delay)
     except OverflowError:
-        seconds = float("inf")
+        raise ValueError(
+            f"{kind} delay must be seconds within float's range, got {shown(delay)}"
+        ) from None
     if not (0.0 <= seconds < float("inf")):
         raise ValueError(f"{kind} delay must be a finite number >= 0, got {shown(delay)}")
     return seconds

@@ -347,6 +347,85 @@ def test_loops_closed_by_hand_leave_no_session_open(pg_url):
         gc.collect()  # the closed loops' coroutines go here, under this test's filter
 
 
+def _sessions(name: str) -> int:
+    with psycopg.connect(PG_URL) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s", [name]
+        ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def test_a_backend_closed_before_its_first_call_opens_no_pool(pg_url):
+    # Break-test: a close() landing while another thread's call opened the
+    # pool closed nothing, and that call then opened a pool on the backend
+    # the queue had dropped, open until the collector came (40 sessions
+    # after 8 threads enqueued while 2 others closed the queue every 1 ms).
+    name = f"jk_closed_first_{secrets.token_hex(4)}"
+    JobQueue(pg_url).migrate()
+    jq = JobQueue(f"{pg_url}&application_name={name}")
+    try:
+        backend = jq.backend  # a call took the backend...
+        jq.close()  # ...and another thread closed the queue
+        with pytest.raises(DatabaseUnavailable, match="was closed"):
+            backend.db_now()
+        assert _sessions(name) == 0
+        assert jq.backend.db_now()  # the queue itself opens a new one
+    finally:
+        jq.close()
+
+
+def test_close_from_another_thread_closes_a_running_loops_pool(pg_url):
+    # Break-test: close() dropped the async pool of a loop running in another
+    # thread without closing it, and that loop's next call opened another:
+    # a thread closing the queue every 50 ms while four loops enqueued took
+    # the server to max_connections.
+    name = f"jk_close_running_{secrets.token_hex(4)}"
+    JobQueue(pg_url).migrate()
+    jq = JobQueue(f"{pg_url}&application_name={name}", pool_size=2)
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def loop_thread() -> None:
+        async def run() -> None:
+            while not stop.is_set():
+                try:
+                    await asyncio.gather(jq.enqueue_async("a", {}), jq.enqueue_async("b", {}))
+                except DatabaseUnavailable:
+                    pass  # the pool closed under the call: said so
+                except BaseException as exc:
+                    errors.append(exc)
+                    return
+            await jq.aclose()
+
+        asyncio.run(run())
+
+    threads = [threading.Thread(target=loop_thread) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    try:
+        peak = 0
+        for _ in range(30):
+            jq.close()
+            time.sleep(0.05)
+            peak = max(peak, _sessions(name))
+        stop.set()
+        for thread in threads:
+            thread.join(30)
+        jq.close()
+        # Two loops of pool_size 2, a pool closing while the next opens,
+        # the sync pool: a handful, where dropped pools added up (97).
+        assert peak <= 12, peak
+        assert not errors, errors
+        deadline = time.monotonic() + 10
+        while _sessions(name) > 1 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert _sessions(name) <= 1
+    finally:
+        stop.set()
+        jq.close()
+
+
 def test_loops_ended_without_aclose_leave_no_session_open(pg_url):
     # The pool's close() at a loop's end stopped at its cancelled workers,
     # before closing the idle connections: they stayed open until the

@@ -308,3 +308,23 @@ def test_doctor_says_where_autovacuum_is_off(server, table, says):
     (check,) = [c for c in _postgres(facts, 60.0) if c.name == "autovacuum"]
     assert check.level == "warn"
     assert check.message.startswith(says), check.message
+
+
+def test_doctor_reads_the_tables_autovacuum_switch_as_postgresql_does(pg_url):
+    # Break-test: autovacuum_enabled=off (or 0, no) was reported "on": the
+    # check compared the stored text with 'autovacuum_enabled=false'. (The
+    # fact is checked, not the verdict: a server with autovacuum = off, as
+    # the test server may be, gives its own warning first.)
+    jq = JobQueue(pg_url)
+    jq.migrate()
+    try:
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            for spelling, enabled in (("off", False), ("0", False), ("no", False),
+                                      ("false", False), ("on", True), ("1", True)):  # fmt: skip
+                conn.execute(f"ALTER TABLE jobkeeper_jobs SET (autovacuum_enabled={spelling})")
+                table = jq.backend.database_health()["table"]
+                assert table["table_autovacuum"] is enabled, spelling
+            conn.execute("ALTER TABLE jobkeeper_jobs RESET (autovacuum_enabled)")
+            assert jq.backend.database_health()["table"]["table_autovacuum"] is True
+    finally:
+        jq.close()

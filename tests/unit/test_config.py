@@ -4,6 +4,7 @@ least three heartbeats, and run_at must be aware.
 
 from __future__ import annotations
 
+import asyncio
 import math
 from datetime import UTC, datetime, timedelta, timezone
 from zoneinfo import ZoneInfo
@@ -577,6 +578,16 @@ def test_unknown_enqueue_option_in_batch_is_named(tmp_path):
     # Said what is wrong with a tuple (break-test: "..., got tuple").
     with pytest.raises(ConfigError, match=r"^jobs\[1\]: .* tuple, got a tuple of 4 items$"):
         jq.enqueue_many([("task", {}), ("task", {}, {}, {})])  # type: ignore[list-item]
+    with pytest.raises(ConfigError, match=r"^jobs\[0\]: .* tuple, got a tuple of 1 item$"):
+        jq.enqueue_many([("task",)])  # type: ignore[list-item]
+    # Not a batch at all: said so, not a TypeError or "jobs[0]: ... got str"
+    # for a dict's first key (break-test).
+    for not_a_batch in (None, 5, {"task": {}}, "task", b"task"):
+        with pytest.raises(ConfigError, match=r"^jobs must be a list .*, got "):
+            jq.enqueue_many(not_a_batch)  # type: ignore[arg-type]
+        with pytest.raises(ConfigError, match=r"^jobs must be a list .*, got "):
+            asyncio.run(jq.enqueue_many_async(not_a_batch))  # type: ignore[arg-type]
+    assert jq._backend is None  # nothing was opened, let alone written
 
 
 def test_task_options_reject_unknown_keywords(tmp_path):

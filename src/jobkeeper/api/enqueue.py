@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -276,6 +276,13 @@ class EnqueueMixin(QueueBase):
         (a list), or, when the backend streams inserts and no span needs
         them first, as the backend reads them (:class:`NewJobStream`).
         """
+        if isinstance(jobs, str | bytes | bytearray | Mapping) or not isinstance(jobs, Iterable):
+            # A str, bytes or dict iterates, but into characters, ints or
+            # keys, each then refused as "jobs[0]" for what it is not.
+            raise ConfigError(
+                "jobs must be a list (or other iterable) of (task, args) or "
+                f"(task, args, options) tuples, got {type(jobs).__name__}"
+            )
         known: dict[str, tuple[str, Task[Any, Any] | None]] = {}
         max_bytes = self.settings.max_payload_bytes
 
@@ -295,7 +302,7 @@ class EnqueueMixin(QueueBase):
                         return _plain_job(task_name, args_json, args, registered)
                 if not isinstance(item, tuple) or len(item) not in (2, 3):
                     got = (
-                        f"a tuple of {len(item)} items"
+                        f"a tuple of {len(item)} item{'' if len(item) == 1 else 's'}"
                         if isinstance(item, tuple)
                         else type(item).__name__
                     )

@@ -296,12 +296,19 @@ class PostgresAsync:
 
     def _close_async_pools(self) -> None:
         """From the sync ``close``: a pool of a loop that is not running is
-        closed on it; one of a closed loop, without it.
+        closed on it; one of a closed loop, without it; one of a loop that
+        runs (another thread's, or this one's, blocked in this call) by a
+        task sent to that loop, not waited for. Dropped unclosed, a running
+        loop's pool kept its sessions, and the loop's next call opened
+        another: a thread closing the queue over and over while others ran
+        their loops filled max_connections.
         """
         self._close_pools_of_closed_loops()
         for loop, found in list(self._async_pools.items()):
             self._async_pools.pop(loop, None)
             if loop.is_running():
+                with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+                    asyncio.run_coroutine_threadsafe(found.close(), loop)
                 continue
             with contextlib.suppress(Exception):
                 loop.run_until_complete(found.close())

@@ -827,7 +827,9 @@ SELECT stat.n_live_tup AS live, stat.n_dead_tup AS dead,
        extract(epoch FROM now() - greatest(stat.last_vacuum, stat.last_autovacuum))::float8
            AS vacuumed_ago,
        current_setting('autovacuum') = 'on' AS autovacuum,
-       coalesce(NOT ('autovacuum_enabled=false' = ANY(cls.reloptions)), true) AS table_autovacuum
+       -- The reloption as PostgreSQL reads it (off, 0, no, f...): it keeps the text written.
+       coalesce((SELECT option_value::boolean FROM pg_options_to_table(cls.reloptions)
+                 WHERE option_name = 'autovacuum_enabled'), true) AS table_autovacuum
 FROM pg_stat_user_tables AS stat
 JOIN pg_class AS cls ON cls.oid = stat.relid
 WHERE stat.relid = to_regclass('jobkeeper_jobs')

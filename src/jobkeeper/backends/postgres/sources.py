@@ -20,7 +20,7 @@ from psycopg.abc import AdaptContext
 from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import tuple_row
 from psycopg.types.json import set_json_loads
-from psycopg_pool import ConnectionPool, PoolTimeout
+from psycopg_pool import ConnectionPool, PoolClosed, PoolTimeout
 
 from jobkeeper.backends.postgres.prepared import prepare_if_direct, stale_plan
 from jobkeeper.backends.rows import load_json
@@ -216,6 +216,9 @@ class PooledConnections:
             configure=configure_connection,
         )
         self._opened = False
+        #: Set by close(): the pool is not opened after it (one opened by a
+        #: call racing the close was left open until the collector came).
+        self._closed = False
         #: Set after a failure that may mean the server is gone: the next
         #: checkout probes with a direct connection first.
         self._suspect = False
@@ -293,6 +296,8 @@ class PooledConnections:
         """
         if not self._opened:
             with self._lock:
+                if self._closed:
+                    raise PoolClosed(f"the pool {self._pool.name!r} is already closed")
                 if not self._opened:
                     self._probe()
                     self._pool.open(wait=False)
@@ -318,9 +323,11 @@ class PooledConnections:
             self._pool.putconn(conn)
 
     def close(self) -> None:
-        if self._opened:
+        with self._lock:
+            self._closed = True
+            opened, self._opened = self._opened, False
+        if opened:
             self._pool.close()
-            self._opened = False
 
 
 class PooledCheckout:
