@@ -353,6 +353,11 @@ def _decode_plain(text: str) -> Any:
     """
     if _SCAN is None or "\\u" in text or text.count("{") + text.count("[") > MAX_DEPTH:
         raise _UnusualTextError(text)
+    if not text.isascii() and _UNSTORABLE_CHAR.search(text):
+        # A lone surrogate as itself, not escaped: the scanner takes it
+        # (hypothesis found '{"k":"\ud800"}'). isascii() is a flag read, so
+        # only non-ASCII text pays for the search.
+        raise _UnusualTextError(text)
     try:
         value, end = _SCAN(text, 0)
     except (StopIteration, ValueError, RecursionError):

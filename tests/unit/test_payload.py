@@ -455,6 +455,7 @@ def stored_args_texts(draw: st.DrawFn) -> str:
 
 
 @given(stored_args_texts())
+@example('{"k":"\ud800","n":1}')  # a lone surrogate as itself: the fast path took it
 @settings(max_examples=400)
 def test_decode_args_fast_path_decides_as_the_full_path_does(text):
     # The claim decodes args with the C scanner alone, unless the text holds
