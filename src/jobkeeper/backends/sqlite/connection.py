@@ -28,10 +28,13 @@ class _ThreadConnection:
     another thread was running a statement on crashed the process).
     """
 
-    __slots__ = ("conn", "depth", "doomed")
+    __slots__ = ("conn", "depth", "doomed", "listed")
 
     def __init__(self) -> None:
         self.conn: sqlite3.Connection | None = None
+        #: In the backend's list, which close() goes through (while it has
+        #: a connection: a thread that ended holds no slot there for ever).
+        self.listed = False
         #: Nested backend calls of the owning thread now running.
         self.depth = 0
         #: ``close()`` came while the thread was in a call: its connection
@@ -149,8 +152,6 @@ class SqliteConnection:
         slot: _ThreadConnection | None = getattr(self._local, "slot", None)
         if slot is None:
             slot = self._local.slot = _ThreadConnection()
-            with self._threads_lock:
-                self._threads.append(slot)
         return slot
 
     def _conn(self, *, create: bool = False) -> sqlite3.Connection:
@@ -210,7 +211,11 @@ class SqliteConnection:
                 raise DatabaseUnavailable(
                     f"SQLite database {self.path!r}: {exc}{not_writable_hint(self.path)}"
                 ) from exc
-            slot.conn = conn
+            with self._threads_lock:
+                slot.conn = conn
+                if not slot.listed:
+                    self._threads.append(slot)
+                    slot.listed = True
         return conn
 
     @contextlib.contextmanager
@@ -327,14 +332,17 @@ class SqliteConnection:
         """
         idle: list[sqlite3.Connection] = []
         with self._threads_lock:
+            kept: list[_ThreadConnection] = []
             for slot in self._threads:
-                if slot.conn is None:
-                    continue
-                if slot.depth:
+                if slot.conn is not None and slot.depth:
                     slot.doomed = True
-                else:
+                    kept.append(slot)
+                    continue
+                if slot.conn is not None:
                     idle.append(slot.conn)
                     slot.conn = None
+                slot.listed = False
+            self._threads = kept
         for conn in idle:
             with contextlib.suppress(Exception):
                 conn.close()
