@@ -311,14 +311,6 @@ def test_loops_closed_by_hand_leave_no_session_open(pg_url):
     JobQueue(pg_url).migrate()
     jq = JobQueue(f"{pg_url}&application_name={name}")
 
-    def sessions() -> int:
-        with psycopg.connect(PG_URL) as conn:
-            row = conn.execute(
-                "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s", [name]
-            ).fetchone()
-        assert row is not None
-        return int(row[0])
-
     async def enqueue_five() -> None:
         await asyncio.gather(*(jq.enqueue_async("anything", {"i": i}) for i in range(5)))
 
@@ -329,7 +321,7 @@ def test_loops_closed_by_hand_leave_no_session_open(pg_url):
             loop.run_until_complete(enqueue_five())
             loop.close()
             time.sleep(0.2)
-            counts.append(sessions())
+            counts.append(_sessions(name))
         # Each new loop's first call closes the last one's sessions: one
         # loop's at most (five calls at once, one connect under way), where
         # they added up (about 4 a loop: 21 after five).
@@ -341,9 +333,9 @@ def test_loops_closed_by_hand_leave_no_session_open(pg_url):
         loop = None
         gc.collect()
         deadline = time.monotonic() + 10
-        while sessions() > 1 and time.monotonic() < deadline:
+        while _sessions(name) > 1 and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert sessions() <= 1
+        assert _sessions(name) <= 1
     finally:
         jq.close()
         loop = None
@@ -440,14 +432,6 @@ def test_loops_ended_without_aclose_leave_no_session_open(pg_url):
     async def enqueue_thirty() -> None:
         await asyncio.gather(*(jq.enqueue_async("anything", {"i": i}) for i in range(30)))
 
-    def sessions() -> int:
-        with psycopg.connect(PG_URL) as conn:
-            row = conn.execute(
-                "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s", [name]
-            ).fetchone()
-        assert row is not None
-        return int(row[0])
-
     try:
         for _ in range(5):
             asyncio.run(enqueue_thirty())
@@ -456,9 +440,9 @@ def test_loops_ended_without_aclose_leave_no_session_open(pg_url):
         # end cancelled half-way, out of the pool's hands, which the
         # collector frees; the leak this test is about left 7 to 10.
         deadline = time.monotonic() + 10
-        while sessions() > 1 and time.monotonic() < deadline:
+        while _sessions(name) > 1 and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert sessions() <= 1
+        assert _sessions(name) <= 1
     finally:
         jq.close()
 
