@@ -187,21 +187,26 @@ def _postgres(facts: dict[str, Any], xmin_warn_after: float) -> list[Check]:
         )
     else:
         checks.append(Check("dead tuples", "ok", f"{ratio:.0%} dead ({dead:,} rows; {when})"))
-    server_on = table.get("autovacuum", True)
-    if not server_on or not table.get("table_autovacuum", True):
-        if not server_on:
-            message = (
+    if not table.get("autovacuum", True):
+        checks.append(
+            Check(
+                "autovacuum",
+                "warn",
                 "autovacuum is off on this server (autovacuum = off): jobkeeper's pruner "
                 "vacuums jobkeeper_jobs itself, but turn autovacuum on for the rest of the "
-                "database"
+                "database",
             )
-        else:
-            message = (
+        )
+    elif not table.get("table_autovacuum", True):
+        checks.append(
+            Check(
+                "autovacuum",
+                "warn",
                 "autovacuum is off for jobkeeper_jobs (its autovacuum_enabled = false): "
                 "jobkeeper's pruner vacuums it only when the whole server's autovacuum is off; "
-                "turn it back on with ALTER TABLE jobkeeper_jobs RESET (autovacuum_enabled)"
+                "turn it back on with ALTER TABLE jobkeeper_jobs RESET (autovacuum_enabled)",
             )
-        checks.append(Check("autovacuum", "warn", message))
+        )
     else:
         checks.append(Check("autovacuum", "ok", "on"))
     checks.append(_encoding(facts.get("encoding")))
