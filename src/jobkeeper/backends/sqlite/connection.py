@@ -28,13 +28,10 @@ class _ThreadConnection:
     another thread was running a statement on crashed the process).
     """
 
-    __slots__ = ("conn", "depth", "doomed", "listed")
+    __slots__ = ("conn", "depth", "doomed")
 
     def __init__(self) -> None:
         self.conn: sqlite3.Connection | None = None
-        #: In the backend's list, which close() goes through (while it has
-        #: a connection: a thread that ended holds no slot there for ever).
-        self.listed = False
         #: Nested backend calls of the owning thread now running.
         self.depth = 0
         #: ``close()`` came while the thread was in a call: its connection
@@ -213,9 +210,10 @@ class SqliteConnection:
                 ) from exc
             with self._threads_lock:
                 slot.conn = conn
-                if not slot.listed:
+                # Listed while it has a connection: close() goes through the
+                # list, and a thread that ended must not stay in it for ever.
+                if slot not in self._threads:
                     self._threads.append(slot)
-                    slot.listed = True
         return conn
 
     @contextlib.contextmanager
@@ -341,7 +339,6 @@ class SqliteConnection:
                 if slot.conn is not None:
                     idle.append(slot.conn)
                     slot.conn = None
-                slot.listed = False
             self._threads = kept
         for conn in idle:
             with contextlib.suppress(Exception):
