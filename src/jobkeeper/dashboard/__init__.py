@@ -8,6 +8,7 @@ uvicorn.
 
 from __future__ import annotations
 
-from jobkeeper.dashboard.app import NAV, NavEntry, create_app, is_loopback
+from jobkeeper.dashboard.app import create_app, is_loopback
+from jobkeeper.dashboard.nav import NAV, NavEntry
 
 __all__ = ["NAV", "NavEntry", "create_app", "is_loopback"]

@@ -15,15 +15,13 @@ Authentication: with a password (``password=`` or
 ``$JOBKEEPER_DASHBOARD_PASSWORD``) every route, ``/metrics`` and the static
 files included, needs HTTP basic auth as user ``jobkeeper``.
 
-Extension points: :data:`NAV` lists the pages in the navigation bar; a page
-that depends on an API a later version adds ("queues" with pause/resume,
-"schedules" for periodic jobs) registers a :class:`NavEntry` whose
-``available`` test looks for that API, and its routes in :func:`create_app`.
+Extension points: :data:`~jobkeeper.dashboard.nav.NAV` lists the pages in
+the navigation bar (see :mod:`jobkeeper.dashboard.nav`), and a page's routes
+go in :func:`create_app`.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import secrets
 from collections.abc import Callable
@@ -41,6 +39,7 @@ from starlette.staticfiles import StaticFiles
 
 from jobkeeper.api import JobQueue
 from jobkeeper.config import parse_whole_number
+from jobkeeper.dashboard.nav import NAV, NavEntry
 from jobkeeper.dashboard.present import ago, duration, number, stamp, why_waiting
 from jobkeeper.dashboard.security import (
     CSRF_COOKIE,
@@ -84,33 +83,6 @@ STATUS_ORDER = [
     "completed",
     "cancelled",
     "dead",
-]
-
-
-@dataclasses.dataclass(frozen=True)
-class NavEntry:
-    """A page in the navigation bar.
-
-    Attributes:
-        label: what the link says.
-        path: where it goes.
-        available: whether the queue's API offers what the page needs (so a
-            page for an API a later version adds appears once it exists).
-    """
-
-    label: str
-    path: str
-    available: Callable[[JobQueue], bool] = lambda jq: True
-
-
-#: The navigation bar.
-NAV: list[NavEntry] = [
-    NavEntry("Overview", "/"),
-    NavEntry("Jobs", "/jobs"),
-    NavEntry("Dead letters", "/dead"),
-    NavEntry("Queues", "/queues"),
-    NavEntry("Periodic", "/periodic"),
-    NavEntry("Workers", "/workers"),
 ]
 
 
