@@ -27,6 +27,7 @@ from jobkeeper.backends.postgres.inserts import PostgresInserts
 from jobkeeper.backends.postgres.listener import PostgresListener
 from jobkeeper.backends.postgres.periodics import PostgresPeriodics
 from jobkeeper.backends.postgres.plans import (
+    insert_now_params,
     insert_plan,
     is_single_statement,
     read_for_insert,
@@ -133,6 +134,14 @@ class PostgresBackend(
                 stored: list[Job] = run_plan(cursor, plan, QUERIES)
                 return stored
 
+        if len(jobs) == 1:
+            new = jobs[0]
+            now_params = insert_now_params(new, channel)
+            if now_params is not None:
+                try:
+                    return retrying(lambda: self._insert_now(new, now_params))
+                except FlowNeeded:
+                    return retrying(lambda: insert(True))
         if is_single_statement(jobs):
             try:
                 return retrying(lambda: insert(False))

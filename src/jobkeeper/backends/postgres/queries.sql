@@ -89,19 +89,21 @@ FROM inserted
 
 -- name: job_insert_many_now
 -- The single enqueue's usual job, outside a transaction: to run now, with no
--- key (see plans.is_single_statement). Half job_insert_many_one's parameters
--- and columns: on the client, binding and reading them was a tenth of the
--- call. The job is available, scheduled at created_at (both now()), and
--- announced on the queue's channel; the caller ignores the last column.
+-- key (see plans.is_single_statement). Sent through libpq itself (see
+-- direct.py), so its parameters are $n, in text: $1 queue, $2 task, $3 args
+-- (JSON text), $4 priority, $5 max_attempts, $6 trace_context, $7 the NOTIFY
+-- channel. Half job_insert_many_one's parameters and columns: on the client,
+-- binding and reading them was a tenth of the call. The job is available,
+-- scheduled at created_at (both now()), and announced on the queue's channel;
+-- the caller ignores the last column.
 WITH inserted AS (
 INSERT INTO jobkeeper_jobs (queue, task, args, priority, max_attempts, trace_context)
-SELECT %(queue)s, %(task)s, %(args)s::json, %(priority)s, %(max_attempts)s,
-       %(trace_context)s::text
+SELECT $1::text, $2::text, $3::json, $4::int, $5::int, $6::text
 WHERE NOT EXISTS (
-    SELECT 1 FROM jobkeeper_queues WHERE name = %(queue)s AND max_pending IS NOT NULL)
+    SELECT 1 FROM jobkeeper_queues WHERE name = $1::text AND max_pending IS NOT NULL)
 RETURNING id, created_at
 )
-SELECT id, created_at, pg_notify(%(channel)s, %(queue)s) FROM inserted
+SELECT id, created_at, pg_notify($7::text, $1::text) FROM inserted
 
 -- name: job_insert_many_reserve_ids
 -- The bulk path (COPY) takes its ids up front, ascending, and the
