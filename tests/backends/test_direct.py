@@ -13,7 +13,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from jobkeeper import JobQueue
+from jobkeeper import JobQueue, QueueFull
 from jobkeeper.backends.postgres.direct import direct_statement, run_direct, run_direct_async
 from jobkeeper.backends.postgres.prepared import PREPARE_THRESHOLD
 from jobkeeper.backends.postgres.queries import QUERIES
@@ -170,3 +170,61 @@ def test_the_async_path_prepares_and_decodes_the_same(pg_url: str) -> None:
     first, second, names = asyncio.run(run())
     assert first == second == [(3, None, None)]
     assert names == [(PROBE.name.decode(),)]
+
+
+def test_the_insert_is_prepared_again_once_the_session_dropped_it(pg_url: str) -> None:
+    # psycopg itself sends DEALLOCATE ALL on a session after some statements
+    # and rollbacks; the name noted as prepared is then stale.
+    with _connect(pg_url, prepares=True) as conn:
+        assert run_direct(conn, PROBE, (b"1", None)) == [(1, None, None)]
+        conn.execute("DEALLOCATE ALL")
+        assert run_direct(conn, PROBE, (b"2", None)) == [(2, None, None)]
+        assert _prepared_names(conn) == [PROBE.name.decode()]
+
+
+def test_plain_enqueues_go_on_after_a_refused_one_rolled_back(pg_url: str) -> None:
+    # A QueueFull rolls back the checked insert's transaction, and psycopg
+    # deallocates every statement of the session with it (when it had
+    # prepared some of its own): the plain enqueues that follow on the same
+    # pooled connection used to fail with "prepared statement ... does not
+    # exist" until the pool replaced the connection.
+    jq = JobQueue(pg_url, pool_size=1)
+    jq.migrate()
+    try:
+        jq.configure_queue("limited", max_pending=1)
+        jq.enqueue("anything", {}, queue="limited")
+        for _ in range(6):  # psycopg prepares its own after five runs
+            with pytest.raises(QueueFull):
+                jq.enqueue("anything", {}, queue="limited")
+            jq.enqueue("anything", {})
+        assert sql(jq, "SELECT queue, count(*) FROM jobkeeper_jobs GROUP BY 1 ORDER BY 1") == [
+            ("default", 6),
+            ("limited", 1),
+        ]
+    finally:
+        jq.close()
+
+
+def test_async_enqueues_go_on_after_a_refused_one_rolled_back(pg_url: str) -> None:
+    async def run(jq: JobQueue) -> None:
+        try:
+            for _ in range(8):
+                await jq.enqueue_async("anything", {}, queue="limited")
+            for _ in range(4):
+                with pytest.raises(QueueFull):
+                    await jq.enqueue_async("anything", {}, queue="limited")
+                await jq.enqueue_async("anything", {})
+        finally:
+            await jq.aclose()
+
+    jq = JobQueue(pg_url, pool_size=1)
+    jq.migrate()
+    try:
+        jq.configure_queue("limited", max_pending=8)
+        asyncio.run(run(jq))
+        assert sql(jq, "SELECT queue, count(*) FROM jobkeeper_jobs GROUP BY 1 ORDER BY 1") == [
+            ("default", 4),
+            ("limited", 8),
+        ]
+    finally:
+        jq.close()

@@ -51,6 +51,11 @@ _DECODERS: dict[int, Callable[[bytes], Any]] = {
 }
 _Connection = psycopg.Connection[Any] | psycopg.AsyncConnection[Any]
 _OK = (pq.ExecStatus.TUPLES_OK, pq.ExecStatus.COMMAND_OK)
+#: SQLSTATE invalid_sql_statement_name: no prepared statement of that name.
+_UNDEFINED_PREPARED = b"26000"
+#: Runs of a statement whose prepared name the session lost: the first, and
+#: one after preparing it again (a second loss is raised, not chased).
+_ATTEMPTS = 2
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -136,6 +141,25 @@ def _check_idle(conn: _Connection) -> None:
         )
 
 
+def _deallocated(
+    results: list[pq.abc.PGresult], conn: _Connection, statement: DirectStatement
+) -> bool:
+    """Whether the server refused the statement because its session no
+    longer has it prepared; it is then forgotten, to be prepared again, and
+    nothing of it ran. psycopg sends ``DEALLOCATE ALL`` after rolling back
+    a transaction in which it had prepared statements of its own (a refused
+    ``max_pending`` or serial-key enqueue, a cancelled one), and after a
+    ``DISCARD ALL`` or a schema change it ran.
+    """
+    result = results[-1]
+    if result.status != pq.ExecStatus.FATAL_ERROR:
+        return False
+    if result.error_field(pq.DiagnosticField.SQLSTATE) != _UNDEFINED_PREPARED:
+        return False
+    _prepared_on(conn).discard(statement.name)
+    return True
+
+
 def run_direct(
     conn: psycopg.Connection[Any],
     statement: DirectStatement,
@@ -150,11 +174,15 @@ def run_direct(
     """
     with conn.lock:
         _check_idle(conn)
-        if _send(conn, statement, params):
-            _prepare_done(conn.wait(execute(conn.pgconn)), conn)
-            _prepared_on(conn).add(statement.name)
-            _send(conn, statement, params)
-        return _rows(conn.wait(execute(conn.pgconn)), conn)
+        for _ in range(_ATTEMPTS):
+            if _send(conn, statement, params):
+                _prepare_done(conn.wait(execute(conn.pgconn)), conn)
+                _prepared_on(conn).add(statement.name)
+                _send(conn, statement, params)
+            results = conn.wait(execute(conn.pgconn))
+            if not _deallocated(results, conn, statement):
+                break
+        return _rows(results, conn)
 
 
 async def run_direct_async(
@@ -165,8 +193,12 @@ async def run_direct_async(
     """:func:`run_direct` on an async connection."""
     async with conn.lock:
         _check_idle(conn)
-        if _send(conn, statement, params):
-            _prepare_done(await conn.wait(execute(conn.pgconn)), conn)
-            _prepared_on(conn).add(statement.name)
-            _send(conn, statement, params)
-        return _rows(await conn.wait(execute(conn.pgconn)), conn)
+        for _ in range(_ATTEMPTS):
+            if _send(conn, statement, params):
+                _prepare_done(await conn.wait(execute(conn.pgconn)), conn)
+                _prepared_on(conn).add(statement.name)
+                _send(conn, statement, params)
+            results = await conn.wait(execute(conn.pgconn))
+            if not _deallocated(results, conn, statement):
+                break
+        return _rows(results, conn)
