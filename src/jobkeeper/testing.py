@@ -42,7 +42,7 @@ import secrets
 import sys
 from collections import Counter
 from collections.abc import Iterator, Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -59,11 +59,11 @@ from jobkeeper.tasks import Task
 #: Environment variable naming a PostgreSQL server for ``jobkeeper_queue``.
 DATABASE_ENV = "JOBKEEPER_TEST_DATABASE_URL"
 
-#: Seconds: a draining worker stops once nothing is available and nothing is
-#: due sooner than this. It is also how often the draining worker looks for
-#: due work while a job runs (one cheap query each time), so it is small but
-#: not zero: a retry whose jittered backoff falls under it runs again in the
-#: same drain (for a first retry with the default backoff, 1 in 2,000).
+#: Seconds: a drain runs the jobs due this soon after its start (by the
+#: database's clock; its worker stages as if the clock stood there, so a job
+#: that fails during the drain waits out even a backoff of a millisecond).
+#: It is also how often the draining worker looks for due work while a job
+#: runs (one cheap query each time): small, but not zero.
 DRAIN_HORIZON = 0.001
 
 #: Statuses of jobs that wait to run (what :func:`assert_enqueued` looks at).
@@ -96,8 +96,10 @@ def drain(
     rate-limited queue runs as many as its window allows now.
 
     Without ``include_scheduled``, a job delayed into the future, or a failed
-    one waiting out its backoff, is left waiting (unless it comes due within
-    ``DRAIN_HORIZON`` seconds while the drain runs). With it, such jobs are
+    one waiting out its backoff, is left waiting (unless it is due within
+    ``DRAIN_HORIZON`` seconds of the drain's start, by the database's clock):
+    a job that fails during the drain does not run again in it, however
+    short its backoff. With it, such jobs are
     made available at once (by the worker's own staging step, told that
     their time has come; in every queue of the database, not only
     ``queues``) and run, round after round,
@@ -122,6 +124,7 @@ def drain(
     """
     names = list(queues) if queues else _all_queues(jq)
     runner = _drain_queue(jq)
+    staged_until = jq.backend.db_now() + timedelta(seconds=DRAIN_HORIZON)
     totals: Counter[str] = Counter()
     try:
         rounds = 0
@@ -134,7 +137,12 @@ def drain(
                     f"drain: jobs still came due after {max_rounds} rounds "
                     "(a task that always retries, snoozes or re-enqueues itself?)"
                 )
-            stats = runner.worker(names, concurrency=1, burst=True, prefetch=0).run()
+            worker = runner.worker(names, concurrency=1, burst=True, prefetch=0)
+            # Staged as if the clock stood at the drain's start: a job retried
+            # during the drain waits out its backoff, however short full
+            # jitter made it, instead of running again in the same drain.
+            worker.producer.staged_until = staged_until
+            stats = worker.run()
             totals.update(stats.by_outcome)
             if stats.exit_code:
                 raise DrainError("drain: the worker could not write some outcomes")

@@ -24,6 +24,7 @@ import math
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from datetime import datetime
 
 from jobkeeper.backends.base import Backend
 from jobkeeper.config import Settings
@@ -118,6 +119,9 @@ class Producer:
         drain_after: Callable[[], bool] | None = None,
     ) -> None:
         self._backend = backend
+        #: Stage jobs due by this time (aware datetime) instead of by the
+        #: database's clock: ``jobkeeper.testing.drain`` pins it to its start.
+        self.staged_until: datetime | None = None
         self._drain_after = drain_after
         self._drain_asked_at: float | None = None
         self._worker_id = worker_id
@@ -293,7 +297,7 @@ class Producer:
             # Hints that arrive while the query runs lower it again.
             was, self._stage_at = self._stage_at, math.inf
         try:
-            staging = self._backend.job_stage_due(queues=self.queues)
+            staging = self._backend.job_stage_due(queues=self.queues, now=self.staged_until)
         except BaseException:
             with self._stage_lock:
                 self._stage_at = min(self._stage_at, was)
@@ -462,8 +466,10 @@ class Producer:
                 BURST_RESCUE_WAIT,
             )
             self._drain_after = None
-        due_in = self._backend.job_next_due_in(queues=self.queues)
-        if due_in is None or due_in > self._settings.poll_interval:
+        due_in = self._backend.job_next_due_in(queues=self.queues, now=self.staged_until)
+        # On a pinned clock, a job not due by then never comes due.
+        soon = self._settings.poll_interval if self.staged_until is None else 0.0
+        if due_in is None or due_in > soon:
             return True
         if due_in > 0:
             self._stopping.wait(due_in)
