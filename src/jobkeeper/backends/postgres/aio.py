@@ -20,7 +20,9 @@ from psycopg.rows import tuple_row
 from psycopg_pool import AsyncConnectionPool
 
 from jobkeeper.backends.postgres.connections import DriverErrors, describe, retry_asked
+from jobkeeper.backends.postgres.direct import run_direct_async
 from jobkeeper.backends.postgres.flow import FlowNeeded
+from jobkeeper.backends.postgres.inserts import INSERT_NOW
 from jobkeeper.backends.postgres.loop_pools import (
     POOL_NAME,
     LoopPool,
@@ -33,7 +35,9 @@ from jobkeeper.backends.postgres.loop_pools import (
 from jobkeeper.backends.postgres.plans import (
     Plan,
     get_plan,
+    insert_now_params,
     insert_plan,
+    inserted_now,
     is_single_statement,
     read_for_insert,
     run_plan_async,
@@ -204,8 +208,17 @@ class PostgresAsync:
         # As the sync insert: one statement when it can be, again in a
         # transaction with the flow checks when it meets a limited queue.
         in_transaction = not is_single_statement(jobs)
+        now_params = insert_now_params(jobs[0], channel) if len(jobs) == 1 else None
         for retry in range(RETRIES + 1):
             try:
+                if now_params is not None and not in_transaction:
+                    # The usual single enqueue, without a plan to drive (as
+                    # the sync backend's _insert_now).
+                    rows = await self._with_cursor(
+                        lambda cursor: run_direct_async(cursor.connection, INSERT_NOW, now_params),
+                        transaction=False,
+                    )
+                    return [inserted_now(jobs[0], rows)]
                 result: list[Job] = await self._run_async(
                     lambda checked=in_transaction: insert_plan(  # type: ignore[misc]
                         jobs, channel, in_transaction=checked

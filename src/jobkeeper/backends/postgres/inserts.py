@@ -19,7 +19,8 @@ from jobkeeper.backends.postgres.sources import RETRY_ASKED, load_json_safely
 from jobkeeper.errors import DatabaseError
 from jobkeeper.models import Job, NewJob
 
-_INSERT_NOW = direct_statement("job_insert_many_now", QUERIES["job_insert_many_now"])
+#: The single enqueue's usual statement (see ``PostgresInserts._insert_now``).
+INSERT_NOW = direct_statement("job_insert_many_now", QUERIES["job_insert_many_now"])
 
 
 class PostgresInserts(PostgresConnections):
@@ -75,7 +76,7 @@ class PostgresInserts(PostgresConnections):
         """
         with self._errors() as call, self._source.connection() as conn:
             call.checked_out = True
-            rows = run_direct(conn, _INSERT_NOW, params)
+            rows = run_direct(conn, INSERT_NOW, params)
         return [inserted_now(new, rows)]
 
     def _check_same_database(self, connection: psycopg.Connection[Any]) -> None:
