@@ -12,7 +12,10 @@ prepared once, under its own name, the first time the connection runs it;
 behind a pooler it is sent with its text every time (an unnamed statement,
 as psycopg does there). It runs only on a connection of ours that is idle
 outside a transaction; psycopg's own wait drives the I/O, so Ctrl-C still
-cancels it on the server.
+cancels it on the server. The generator and wait are the ones psycopg's
+cursors use (``psycopg.generators.execute``, ``Connection.wait``), not
+documented API: ``tests/backends/test_direct.py`` is what tells when a
+psycopg release changes them.
 """
 
 from __future__ import annotations
