@@ -241,3 +241,64 @@ def test_postgres_claim_uses_the_claim_index_not_a_seq_scan(pg_url):
         assert "jobkeeper_jobs_claim_idx" in plan, plan
         assert "Seq Scan on jobkeeper_jobs" not in plan, plan
         assert len(claim(jq, limit=10)) == 10
+
+
+def _finished_and_pending(jq: JobQueue, insert_finished: str) -> None:
+    sql(jq, insert_finished)
+    jq.enqueue_many([("t", {"i": i}) for i in range(20)])
+    jq.enqueue("t", {}, queue="lim", delay=3600)
+
+
+def test_postgres_max_pending_count_reads_only_pending_rows(pg_url):
+    # One condition naming the four pending statuses matches no partial
+    # index: its plan scanned every finished row on each enqueue into a
+    # limited queue (30 ms beside 60,000 of them, the queue's row locked).
+    with JobQueue(pg_url) as jq:
+        jq.migrate()
+        _finished_and_pending(
+            jq,
+            "INSERT INTO jobkeeper_jobs (queue, task, status, finished_at) "
+            "SELECT 'lim', 't', 'completed', now() FROM generate_series(1, 20000)",
+        )
+        sql(jq, "ANALYZE jobkeeper_jobs")
+        with (
+            psycopg.connect(jq.url.url, autocommit=True) as conn,
+            psycopg.ClientCursor(conn) as cursor,
+        ):
+            cursor.execute(
+                "EXPLAIN " + PG_QUERIES["job_insert_many_count_pending"],
+                {"queues": ["lim", "default"]},
+            )
+            plan = "\n".join(row[0] for row in cursor.fetchall())
+            cursor.execute(
+                PG_QUERIES["job_insert_many_count_pending"], {"queues": ["lim", "default"]}
+            )
+            counted = sorted(cursor.fetchall())
+        assert "Seq Scan on jobkeeper_jobs" not in plan, plan
+        assert counted == [("default", 20), ("lim", 1)]
+
+
+def test_sqlite_max_pending_count_reads_only_pending_rows(tmp_path):
+    from jobkeeper.backends.sqlite.queries import QUERIES as SQLITE_QUERIES
+
+    with JobQueue(f"sqlite:///{tmp_path / 'jobs.db'}") as jq:
+        jq.migrate()
+        _finished_and_pending(
+            jq,
+            "WITH RECURSIVE g(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM g WHERE n < 20000) "
+            "INSERT INTO jobkeeper_jobs (queue, task, args, status, finished_at, scheduled_at, "
+            "created_at) SELECT 'lim', 't', '{}', 'completed', 1, 1, 1 FROM g",
+        )
+        sql(jq, "ANALYZE")
+        query = SQLITE_QUERIES["job_insert_many_count_pending"]
+        params = {"queues": '["lim", "default"]'}
+        plan = "\n".join(
+            row[-1]
+            for row in sql(
+                jq, "EXPLAIN QUERY PLAN " + query.replace(":queues", "?"), (params["queues"],) * 3
+            )
+        )
+        counted = sorted(sql(jq, query.replace(":queues", "?"), (params["queues"],) * 3))
+    assert "SCAN jobkeeper_jobs\n" not in plan + "\n", plan
+    assert all("USING INDEX" in line for line in plan.splitlines() if "jobkeeper_jobs" in line)
+    assert counted == [("default", 20), ("lim", 1)]

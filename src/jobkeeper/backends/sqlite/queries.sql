@@ -705,9 +705,25 @@ SELECT name, max_pending FROM jobkeeper_queues
 WHERE name IN (SELECT value FROM json_each(:queues)) AND max_pending IS NOT NULL
 
 -- name: job_insert_many_count_pending
-SELECT queue, count(*) AS n FROM jobkeeper_jobs
-WHERE queue IN (SELECT value FROM json_each(:queues))
-  AND status IN ('scheduled', 'available', 'claimed', 'retryable')
+-- Pending: scheduled, available, claimed or retryable, counted status by
+-- status within the partial indexes that hold only such rows (claim, due,
+-- held), each named by its own WHERE term: one condition naming all four
+-- matches no index, and its plan scanned the whole table, finished rows too.
+SELECT queue, sum(n) AS n FROM (
+    SELECT queue, count(*) AS n FROM jobkeeper_jobs
+    WHERE status = 'available' AND queue IN (SELECT value FROM json_each(:queues))
+    GROUP BY queue
+    UNION ALL
+    SELECT queue, count(*) FROM jobkeeper_jobs
+    WHERE status IN ('scheduled', 'retryable')
+      AND queue IN (SELECT value FROM json_each(:queues))
+    GROUP BY queue
+    UNION ALL
+    SELECT queue, count(*) FROM jobkeeper_jobs
+    WHERE status IN ('claimed', 'running') AND status = 'claimed'
+      AND queue IN (SELECT value FROM json_each(:queues))
+    GROUP BY queue
+)
 GROUP BY queue
 
 -- name: job_claim_held
