@@ -408,9 +408,12 @@ def test_close_from_another_thread_closes_a_running_loops_pool(pg_url):
         for thread in threads:
             thread.join(30)
         jq.close()
-        # Two loops of pool_size 2, a pool closing while the next opens,
-        # the sync pool: a handful, where dropped pools added up (97).
-        assert peak <= 12, peak
+        # Two loops of pool_size 2, each pool closing while the next opens,
+        # and backends of closed sessions still listed until they exit: a
+        # few generations overlap (peaks of 14-16 in 5 of 16 runs of this
+        # test alone, at 86395ea and at a3f1a03), bounded whatever the run's
+        # length; dropped pools added up (97).
+        assert peak <= 24, peak
         assert not errors, errors
         deadline = time.monotonic() + 10
         while _sessions(name) > 1 and time.monotonic() < deadline:
