@@ -212,6 +212,16 @@ def test_migrate_from_four_threads_at_once(db_url):
             jq.close()
 
 
+def _pg_plan(jq: JobQueue, query: str, params: dict[str, object]) -> str:
+    """EXPLAIN of the named PostgreSQL query with ``params`` bound client-side."""
+    with (
+        psycopg.connect(jq.url.url, autocommit=True) as conn,
+        psycopg.ClientCursor(conn) as cursor,
+    ):
+        cursor.execute("EXPLAIN " + PG_QUERIES[query], params)
+        return "\n".join(row[0] for row in cursor.fetchall())
+
+
 def test_postgres_claim_uses_the_claim_index_not_a_seq_scan(pg_url):
     with JobQueue(pg_url) as jq:
         jq.migrate()
@@ -229,15 +239,7 @@ def test_postgres_claim_uses_the_claim_index_not_a_seq_scan(pg_url):
         )
         jq.enqueue_many([("t", {"i": i}) for i in range(20)])
         sql(jq, "ANALYZE jobkeeper_jobs")
-        with (
-            psycopg.connect(jq.url.url, autocommit=True) as conn,
-            psycopg.ClientCursor(conn) as cursor,
-        ):
-            cursor.execute(
-                "EXPLAIN " + PG_QUERIES["job_claim"],
-                {"queue": "default", "limit": 10, "worker_id": "w"},
-            )
-            plan = "\n".join(row[0] for row in cursor.fetchall())
+        plan = _pg_plan(jq, "job_claim", {"queue": "default", "limit": 10, "worker_id": "w"})
         assert "jobkeeper_jobs_claim_idx" in plan, plan
         assert "Seq Scan on jobkeeper_jobs" not in plan, plan
         assert len(claim(jq, limit=10)) == 10
@@ -261,19 +263,10 @@ def test_postgres_max_pending_count_reads_only_pending_rows(pg_url):
             "SELECT 'lim', 't', 'completed', now() FROM generate_series(1, 20000)",
         )
         sql(jq, "ANALYZE jobkeeper_jobs")
-        with (
-            psycopg.connect(jq.url.url, autocommit=True) as conn,
-            psycopg.ClientCursor(conn) as cursor,
-        ):
-            cursor.execute(
-                "EXPLAIN " + PG_QUERIES["job_insert_many_count_pending"],
-                {"queues": ["lim", "default"]},
-            )
-            plan = "\n".join(row[0] for row in cursor.fetchall())
-            cursor.execute(
-                PG_QUERIES["job_insert_many_count_pending"], {"queues": ["lim", "default"]}
-            )
-            counted = sorted(cursor.fetchall())
+        params = {"queues": ["lim", "default"]}
+        plan = _pg_plan(jq, "job_insert_many_count_pending", params)
+        query = PG_QUERIES["job_insert_many_count_pending"]
+        counted = sorted(jq.backend._fetch_raw(query, params))  # type: ignore[attr-defined]
         assert "Seq Scan on jobkeeper_jobs" not in plan, plan
         assert counted == [("default", 20), ("lim", 1)]
 
