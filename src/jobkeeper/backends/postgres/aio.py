@@ -22,7 +22,7 @@ from psycopg_pool import AsyncConnectionPool
 from jobkeeper.backends.postgres.connections import DriverErrors, describe, retry_asked
 from jobkeeper.backends.postgres.direct import run_direct_async
 from jobkeeper.backends.postgres.flow import FlowNeeded
-from jobkeeper.backends.postgres.inserts import INSERT_NOW
+from jobkeeper.backends.postgres.inserts import INSERT_NOW, insert_now_params, inserted_now
 from jobkeeper.backends.postgres.loop_pools import (
     POOL_NAME,
     LoopPool,
@@ -35,9 +35,7 @@ from jobkeeper.backends.postgres.loop_pools import (
 from jobkeeper.backends.postgres.plans import (
     Plan,
     get_plan,
-    insert_now_params,
     insert_plan,
-    inserted_now,
     is_single_statement,
     read_for_insert,
     run_plan_async,

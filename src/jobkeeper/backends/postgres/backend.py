@@ -21,18 +21,11 @@ from jobkeeper.backends.migrate import apply_migrations
 from jobkeeper.backends.postgres.aio import PostgresAsync
 from jobkeeper.backends.postgres.arrays import array_literals
 from jobkeeper.backends.postgres.claimrows import claimed_job
-from jobkeeper.backends.postgres.connections import retrying, rows_of
-from jobkeeper.backends.postgres.flow import FlowNeeded, PostgresFlow
+from jobkeeper.backends.postgres.connections import rows_of
+from jobkeeper.backends.postgres.flow import PostgresFlow
 from jobkeeper.backends.postgres.inserts import PostgresInserts
 from jobkeeper.backends.postgres.listener import PostgresListener
 from jobkeeper.backends.postgres.periodics import PostgresPeriodics
-from jobkeeper.backends.postgres.plans import (
-    insert_now_params,
-    insert_plan,
-    is_single_statement,
-    read_for_insert,
-    run_plan,
-)
 from jobkeeper.backends.postgres.queries import MIGRATIONS, QUERIES
 from jobkeeper.backends.postgres.waiters import PostgresWaiting
 from jobkeeper.backends.rows import (
@@ -49,7 +42,6 @@ from jobkeeper.models import (
     Completion,
     Failure,
     Job,
-    NewJob,
     Staging,
     WorkerInfo,
 )
@@ -116,38 +108,6 @@ class PostgresBackend(
         return self._fetch_raw(QUERIES["db_now"])[0][0].astimezone(UTC)  # type: ignore[no-any-return]
 
     # -- jobs ---------------------------------------------------------------
-
-    def job_insert_many(self, *, jobs: Sequence[NewJob], connection: Any = None) -> list[Job]:
-        if not jobs:
-            return []
-        jobs = read_for_insert(jobs)
-        channel = self.channel()  # looked up (once) before a cursor is held
-        if connection is not None:
-            return self._insert_on(connection, jobs, channel)
-
-        # One statement (atomic on its own, no BEGIN/COMMIT round trips) when
-        # it can be; a limited queue it meets makes it run again in a
-        # transaction, with the flow checks (see plans.insert_plan).
-        def insert(in_transaction: bool) -> list[Job]:
-            with self._cursor(transaction=in_transaction) as cursor:
-                plan = insert_plan(jobs, channel, in_transaction=in_transaction)
-                stored: list[Job] = run_plan(cursor, plan, QUERIES)
-                return stored
-
-        if len(jobs) == 1:
-            new = jobs[0]
-            now_params = insert_now_params(new, channel)
-            if now_params is not None:
-                try:
-                    return retrying(lambda: self._insert_now(new, now_params))
-                except FlowNeeded:
-                    return retrying(lambda: insert(True))
-        if is_single_statement(jobs):
-            try:
-                return retrying(lambda: insert(False))
-            except FlowNeeded:
-                pass
-        return retrying(lambda: insert(True))
 
     def job_claim(self, *, worker_id: str, queue: str, limit: int) -> list[Job]:
         if self._claim_is_limited(queue):

@@ -13,9 +13,16 @@ from psycopg.rows import tuple_row
 
 from jobkeeper.backends.postgres.connections import PostgresConnections, describe, retrying
 from jobkeeper.backends.postgres.direct import direct_statement, run_direct
-from jobkeeper.backends.postgres.plans import insert_plan, inserted_now, run_plan
+from jobkeeper.backends.postgres.flow import FlowNeeded
+from jobkeeper.backends.postgres.plans import (
+    insert_plan,
+    is_single_statement,
+    read_for_insert,
+    run_plan,
+)
 from jobkeeper.backends.postgres.queries import QUERIES
 from jobkeeper.backends.postgres.sources import RETRY_ASKED, load_json_safely
+from jobkeeper.backends.rows import job_from_new
 from jobkeeper.errors import DatabaseError
 from jobkeeper.models import Job, NewJob
 
@@ -23,8 +30,75 @@ from jobkeeper.models import Job, NewJob
 INSERT_NOW = direct_statement("job_insert_many_now", QUERIES["job_insert_many_now"])
 
 
+def insert_now_params(new: NewJob, channel: str) -> tuple[bytes | None, ...] | None:
+    """``job_insert_many_now``'s parameters for ``new``, in text (see
+    ``direct.py``), or None when ``new`` is not a job to run now without a
+    key (:func:`~jobkeeper.backends.postgres.plans.is_single_statement`).
+    ``channel``: where the insert announces the job's queue.
+    """
+    if not is_single_statement((new,)):
+        return None
+    trace = new.trace_context
+    return (
+        new.queue.encode(),
+        new.task.encode(),
+        new.args_json.encode(),
+        b"%d" % new.priority,
+        b"%d" % new.max_attempts,
+        None if trace is None else trace.encode(),
+        channel.encode(),
+    )
+
+
+def inserted_now(new: NewJob, rows: list[Any]) -> Job:
+    """The Job ``job_insert_many_now`` stored for ``new`` (``rows``: what
+    :func:`~jobkeeper.backends.postgres.direct.run_direct` returned); no row
+    to decode, the args go back as the caller gave them, like the COPY
+    path's.
+
+    Raises:
+        FlowNeeded: nothing was inserted: the queue has a ``max_pending``.
+    """
+    if not rows:
+        raise FlowNeeded
+    job_id, created_at, _ = rows[0]
+    return job_from_new(new, job_id, created_at)
+
+
 class PostgresInserts(PostgresConnections):
     """The insert paths behind ``job_insert_many``."""
+
+    def job_insert_many(self, *, jobs: Sequence[NewJob], connection: Any = None) -> list[Job]:
+        if not jobs:
+            return []
+        jobs = read_for_insert(jobs)
+        channel = self.channel()  # looked up (once) before a cursor is held
+        if connection is not None:
+            return self._insert_on(connection, jobs, channel)
+
+        # One statement (atomic on its own, no BEGIN/COMMIT round trips) when
+        # it can be; a limited queue it meets makes it run again in a
+        # transaction, with the flow checks (see plans.insert_plan).
+        def insert(in_transaction: bool) -> list[Job]:
+            with self._cursor(transaction=in_transaction) as cursor:
+                plan = insert_plan(jobs, channel, in_transaction=in_transaction)
+                stored: list[Job] = run_plan(cursor, plan, QUERIES)
+                return stored
+
+        if len(jobs) == 1:
+            new = jobs[0]
+            now_params = insert_now_params(new, channel)
+            if now_params is not None:
+                try:
+                    return retrying(lambda: self._insert_now(new, now_params))
+                except FlowNeeded:
+                    return retrying(lambda: insert(True))
+        if is_single_statement(jobs):
+            try:
+                return retrying(lambda: insert(False))
+            except FlowNeeded:
+                pass
+        return retrying(lambda: insert(True))
 
     def _insert_on(self, connection: Any, jobs: Sequence[NewJob], channel: str) -> list[Job]:
         """``job_insert_many`` on the caller's connection (``connection=``)."""
@@ -67,9 +141,9 @@ class PostgresInserts(PostgresConnections):
 
     def _insert_now(self, new: NewJob, params: tuple[bytes | None, ...]) -> list[Job]:
         """The usual single enqueue: ``new``, a job to run now without a key,
-        with its :func:`~jobkeeper.backends.postgres.plans.insert_now_params`;
-        the statement a plan would run, without the plan to drive (its
-        generator and cursor were a tenth of the call's client time).
+        with its :func:`insert_now_params`, sent through libpq itself
+        (``direct.py``) with no plan to drive (a plan's generator and cursor
+        were a tenth of the call's client time).
 
         Raises:
             FlowNeeded: the queue has a ``max_pending``; nothing was inserted.

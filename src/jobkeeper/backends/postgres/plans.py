@@ -22,7 +22,6 @@ from typing import Any
 import psycopg
 
 from jobkeeper.backends.flow import check_pending
-from jobkeeper.backends.postgres.direct import direct_statement, run_direct, run_direct_async
 from jobkeeper.backends.postgres.flow import FlowNeeded
 from jobkeeper.backends.rows import (
     aware_utc,
@@ -78,18 +77,7 @@ class CopyText:
     meanwhile: Callable[[], None]
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class Direct:
-    """Run the named query (``$n`` placeholders) through libpq itself, with
-    ``params`` in text (None: NULL); reply: its rows as tuples, int8 and
-    timestamptz columns decoded, others None (see ``direct.py``).
-    """
-
-    query: str
-    params: tuple[bytes | None, ...]
-
-
-Step = Execute | Copy | CopyText | Direct
+Step = Execute | Copy | CopyText
 #: A plan receives each step's rows: ``Row`` dicts, or tuples (``Execute.tuples``).
 Plan = Generator[Step, list[Any], Any]
 
@@ -316,48 +304,13 @@ def _insert(
     raise DatabaseError(f"could not resolve unique_key conflicts after {UNIQUE_ROUNDS} rounds")
 
 
-def insert_now_params(new: NewJob, channel: str) -> tuple[bytes | None, ...] | None:
-    """``job_insert_many_now``'s parameters for ``new`` (see :class:`Direct`),
-    or None when ``new`` is not a job to run now without a key. ``channel``:
-    see :func:`insert_plan`.
-    """
-    if new.delay is not None or new.run_at is not None or new.serial_key is not None:
-        return None
-    if new.unique_key is not None:
-        return None
-    trace = new.trace_context
-    return (
-        new.queue.encode(),
-        new.task.encode(),
-        new.args_json.encode(),
-        b"%d" % new.priority,
-        b"%d" % new.max_attempts,
-        None if trace is None else trace.encode(),
-        channel.encode(),
-    )
-
-
-def inserted_now(new: NewJob, rows: list[Any]) -> Job:
-    """The Job ``job_insert_many_now`` stored for ``new`` (its rows: the reply
-    to :class:`Direct`); no row to decode, the args go back as the caller
-    gave them, like the COPY path's.
-
-    Raises:
-        FlowNeeded: nothing was inserted: the queue has a ``max_pending``.
-    """
-    if not rows:
-        raise FlowNeeded
-    job_id, created_at, _ = rows[0]
-    return job_from_new(new, job_id, created_at)
-
-
 def _insert_one(new: NewJob, channel: str, *, checked: bool) -> Plan:
-    """The single enqueue: one statement."""
-    if not checked:
-        now_params = insert_now_params(new, channel)
-        if now_params is not None:
-            rows = yield Direct("job_insert_many_now", now_params)
-            return inserted_now(new, rows)
+    """One job without a unique key: one statement, and no row to decode
+    (the args go back as the caller gave them, like the COPY path's). The
+    usual single enqueue (a job to run now, outside a transaction) does not
+    come here: the backends run ``job_insert_many_now`` directly (see
+    ``inserts.py``).
+    """
     params = insert_params(new, new.run_at)
     params["checked"] = checked
     params["channel"] = channel
@@ -492,10 +445,6 @@ def run_plan(cursor: psycopg.Cursor[Any], plan: Plan, queries: dict[str, str]) -
                 step.meanwhile()
             reply = []
             continue
-        if isinstance(step, Direct):
-            statement = direct_statement(step.query, queries[step.query])
-            reply = run_direct(cursor.connection, statement, step.params)
-            continue
         cursor.execute(queries[step.query], step.params)
         names = _names(cursor)
         if names is None:
@@ -529,10 +478,6 @@ async def run_plan_async(
                 _send_buffered(cursor)
                 step.meanwhile()
             reply = []
-            continue
-        if isinstance(step, Direct):
-            statement = direct_statement(step.query, queries[step.query])
-            reply = await run_direct_async(cursor.connection, statement, step.params)
             continue
         await cursor.execute(queries[step.query], step.params)
         names = _names(cursor)
