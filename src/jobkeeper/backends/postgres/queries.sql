@@ -1066,8 +1066,7 @@ SELECT queue, sum(n)::bigint AS n FROM (
     GROUP BY queue
     UNION ALL
     SELECT queue, count(*) FROM jobkeeper_jobs
-    WHERE status IN ('claimed', 'running') AND status = 'claimed'
-      AND queue = ANY(%(queues)s::text[])
+    WHERE status = 'claimed' AND queue = ANY(%(queues)s::text[])
     GROUP BY queue
 ) AS parts
 GROUP BY queue

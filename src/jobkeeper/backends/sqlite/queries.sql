@@ -707,8 +707,10 @@ WHERE name IN (SELECT value FROM json_each(:queues)) AND max_pending IS NOT NULL
 -- name: job_insert_many_count_pending
 -- Pending: scheduled, available, claimed or retryable, counted status by
 -- status within the partial indexes that hold only such rows (claim, due,
--- held), each named by its own WHERE term: one condition naming all four
--- matches no index, and its plan scanned the whole table, finished rows too.
+-- held): one condition naming all four matches no index, and its plan
+-- scanned the whole table, finished rows too. SQLite uses a partial index
+-- only when the query repeats the index's own WHERE term (it does not see
+-- that status = 'claimed' implies the held index's IN list), hence both.
 SELECT queue, sum(n) AS n FROM (
     SELECT queue, count(*) AS n FROM jobkeeper_jobs
     WHERE status = 'available' AND queue IN (SELECT value FROM json_each(:queues))
