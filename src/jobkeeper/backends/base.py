@@ -48,9 +48,14 @@ class Backend(CockpitSeam, PeriodicSeam, FlowSeam, WaitSeam, Protocol):
     #: Most jobs per slot a worker's adaptive prefetch may hold.
     prefetch_per_slot: int
 
-    def dedicated(self) -> Backend:
+    def dedicated(self, role: str = "") -> Backend:
         """A backend on the same database with its own single connection, for
         one worker thread (heartbeats and acks must never wait behind task work).
+
+        Args:
+            role: what the connection is for, shown where the database shows
+                one (PostgreSQL: ``application_name`` "jobkeeper <role>",
+                unless the URL or ``PGAPPNAME`` names the session).
         """
         ...
 

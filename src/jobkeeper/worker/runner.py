@@ -132,11 +132,11 @@ class Worker:
         self.stats = WorkerStats()
         self._base_backend = backend
         self._backends: list[Backend] = []
-        self._backend = self._dedicated()
+        self._backend = self._dedicated("claims")
         self._stopping = threading.Event()
         self._force = threading.Event()
         self.completer = Completer(
-            self._dedicated(),
+            self._dedicated("outcomes"),
             delete_completed=settings.retention == 0,
             on_written=self._on_written,
             events=self.events,
@@ -149,7 +149,7 @@ class Worker:
         fresh_for = settings.rescue_after / 2
         maintenance_interval = min(max(settings.rescue_after / 4, 0.05), 5.0)
         self.heartbeat = Heartbeat(
-            self._dedicated(),
+            self._dedicated("heartbeat"),
             self.info,
             settings.heartbeat_interval,
             self._on_cancel,
@@ -159,7 +159,7 @@ class Worker:
         self.claims = Claims(
             # Not the API pool: tasks may hold every pooled connection
             # (pool_size below concurrency), and a start must not wait on them.
-            backend=self._dedicated(),
+            backend=self._dedicated("start-checks"),
             worker_id=self.info.id,
             heartbeat=self.heartbeat,
             completer=self.completer,
@@ -168,7 +168,7 @@ class Worker:
             events=self.events,
         )
         # Not the API pool either (as the claims above).
-        self.side_effects = SideEffects(self._dedicated(), settings)
+        self.side_effects = SideEffects(self._dedicated("side-effects"), settings)
         self.executor = Executor(
             tasks=tasks,
             settings=settings,
@@ -203,7 +203,7 @@ class Worker:
             drain_after=(lambda: self.rescuer.wait_passes(1, 0.05)) if burst else None,
         )
         self.rescuer = Rescuer(
-            self._dedicated(),
+            self._dedicated("rescuer"),
             settings,
             maintenance_interval,
             may_judge=self._may_judge,
@@ -211,10 +211,10 @@ class Worker:
             max_crashes_of=self._max_crashes_of,
         )
         self.leader = Leader(
-            self._dedicated(), self.info.id, ttl=max(3 * settings.heartbeat_interval, 1.0)
+            self._dedicated("leader"), self.info.id, ttl=max(3 * settings.heartbeat_interval, 1.0)
         )
         self.pruner = Pruner(
-            self._dedicated(),
+            self._dedicated("pruner"),
             settings.retention,
             max(maintenance_interval, 1.0),
             only_when=lambda: self.leader.is_leader,
@@ -231,15 +231,17 @@ class Worker:
             # Every worker of the app, not only the leader: the database
             # decides which insert of a tick wins.
             self.periodic = PeriodicEnqueuer(
-                self._dedicated(), periodics, refresh=settings.heartbeat_interval
+                self._dedicated("periodic"), periodics, refresh=settings.heartbeat_interval
             )
             self._services.append(self.periodic)
         self._listener: threading.Thread | None = None
         self._listener_stop = threading.Event()
         self._registered = False
 
-    def _dedicated(self) -> Backend:
-        backend = self._base_backend.dedicated()
+    def _dedicated(self, role: str) -> Backend:
+        # The worker's id in the name joins a session to its jobkeeper_workers
+        # row; the role comes first, as PostgreSQL cuts names at 63 bytes.
+        backend = self._base_backend.dedicated(f"{role} {self.info.id}")
         self._backends.append(backend)
         return backend
 
@@ -414,7 +416,9 @@ class Worker:
     def _start_listener(self) -> None:
         """The backend's wake-ups, on their own thread and connection."""
         self._listener = start_listener(
-            self._base_backend.dedicated(), self.producer, self._listener_stop
+            self._base_backend.dedicated(f"listener {self.info.id}"),
+            self.producer,
+            self._listener_stop,
         )
 
     # -- shutdown -----------------------------------------------------------

@@ -27,6 +27,7 @@ from jobkeeper.backends.postgres.inserts import PostgresInserts
 from jobkeeper.backends.postgres.listener import PostgresListener
 from jobkeeper.backends.postgres.periodics import PostgresPeriodics
 from jobkeeper.backends.postgres.queries import MIGRATIONS, QUERIES
+from jobkeeper.backends.postgres.sources import APPLICATION_NAME
 from jobkeeper.backends.postgres.waiters import PostgresWaiting
 from jobkeeper.backends.rows import (
     STAGE_LIMIT,
@@ -79,8 +80,9 @@ class PostgresBackend(
     # slot, fast jobs ran the buffer dry while the next claim was in flight.
     prefetch_per_slot = 30
 
-    def dedicated(self) -> PostgresBackend:
-        return PostgresBackend(self.url, dedicated=True)
+    def dedicated(self, role: str = "") -> PostgresBackend:
+        name = f"{APPLICATION_NAME} {role}" if role else APPLICATION_NAME
+        return PostgresBackend(self.url, dedicated=True, application_name=name)
 
     # -- schema -------------------------------------------------------------
 

@@ -21,12 +21,13 @@ from psycopg_pool import PoolClosed, PoolTimeout
 from jobkeeper.backends.postgres.prepared import stale_plan
 from jobkeeper.backends.postgres.queries import QUERIES
 from jobkeeper.backends.postgres.sources import (
+    APPLICATION_NAME,
     CONNECTION_OPTIONS,
     RETRY_ASKED,
     PooledConnections,
     SingleConnection,
     reused_cursor,
-    with_session_attrs,
+    with_session_defaults,
 )
 from jobkeeper.backends.rows import aware_utc, job_from_row
 from jobkeeper.config import DatabaseURL
@@ -204,11 +205,22 @@ class PostgresConnections:
         url: the parsed ``postgresql://`` URL.
         dedicated: use one private connection instead of a pool.
         pool_size: most pooled connections for API calls.
+        application_name: what its sessions are called in ``pg_stat_activity``
+            unless the URL or ``PGAPPNAME`` names them.
     """
 
-    def __init__(self, url: DatabaseURL, *, dedicated: bool = False, pool_size: int = 10) -> None:
+    def __init__(
+        self,
+        url: DatabaseURL,
+        *,
+        dedicated: bool = False,
+        pool_size: int = 10,
+        application_name: str = APPLICATION_NAME,
+    ) -> None:
         self.url = url
-        self._conninfo = with_session_attrs(url.url.replace("postgres://", "postgresql://", 1))
+        self._conninfo = with_session_defaults(
+            url.url.replace("postgres://", "postgresql://", 1), application_name
+        )
         self._source: SingleConnection | PooledConnections = (
             SingleConnection(self._conninfo)
             if dedicated

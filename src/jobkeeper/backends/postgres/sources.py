@@ -14,6 +14,7 @@ import threading
 import time
 from collections.abc import Iterator
 from typing import Any
+from urllib.parse import quote, urlencode
 
 import psycopg
 from psycopg.abc import AdaptContext
@@ -57,6 +58,10 @@ IDLE_CHECK_AFTER = 1.0
 #: with several hosts in the URL, the writable one is found), instead of
 #: failing every write of a session that looks healthy.
 TARGET_SESSION_ATTRS = "read-write"
+#: What our sessions are called in ``pg_stat_activity``: the API's pools this,
+#: a worker's own connections "jobkeeper <role> <worker id>" (see
+#: :meth:`~jobkeeper.backends.base.Backend.dedicated`).
+APPLICATION_NAME = "jobkeeper"
 
 
 def has_unread_input(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> bool:
@@ -123,12 +128,21 @@ def reused_cursor(conn: psycopg.Connection[Any]) -> psycopg.Cursor[Any]:
     return cursor
 
 
-def with_session_attrs(conninfo: str) -> str:
-    """``conninfo`` asking for a writable session, unless the user chose."""
-    if "PGTARGETSESSIONATTRS" in os.environ or "target_session_attrs" in conninfo_to_dict(conninfo):
+def with_session_defaults(conninfo: str, application_name: str = APPLICATION_NAME) -> str:
+    """``conninfo`` asking for a writable session, unless the user chose, and
+    naming it ``application_name`` unless the URL or ``PGAPPNAME`` names it
+    (libpq's ``fallback_application_name`` gives way to both).
+    """
+    given = conninfo_to_dict(conninfo)
+    defaults: dict[str, str] = {}
+    if "PGTARGETSESSIONATTRS" not in os.environ and "target_session_attrs" not in given:
+        defaults["target_session_attrs"] = TARGET_SESSION_ATTRS
+    if "fallback_application_name" not in given:
+        defaults["fallback_application_name"] = application_name
+    if not defaults:
         return conninfo
     separator = "&" if "?" in conninfo else "?"
-    return f"{conninfo}{separator}target_session_attrs={TARGET_SESSION_ATTRS}"
+    return f"{conninfo}{separator}{urlencode(defaults, quote_via=quote)}"
 
 
 #: Errors after which a session is given up. A read-only session stays so for

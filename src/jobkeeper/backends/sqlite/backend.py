@@ -76,7 +76,8 @@ class SqliteBackend(
     # which the completer waits on: deeper buffers drained slower.
     prefetch_per_slot = 10
 
-    def dedicated(self) -> SqliteBackend:
+    def dedicated(self, role: str = "") -> SqliteBackend:
+        # A SQLite connection has no name to show: role is unused.
         return SqliteBackend(self.url, busy_timeout=self.busy_timeout)
 
     def wake_listeners(self) -> None:
