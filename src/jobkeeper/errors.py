@@ -207,7 +207,8 @@ class QueueFull(JobkeeperError):  # noqa: N818 - the contract's name
 
     def __init__(self, queue: str, limit: int, count: int, adding: int = 1) -> None:
         super().__init__(
-            f"queue {queue!r} is full: {count} pending jobs, max_pending={limit}"
+            f"queue {queue!r} is full: {count} pending job{'' if count == 1 else 's'}, "
+            f"max_pending={limit}"
             + (f" (refused a batch of {adding} for it)" if adding != 1 else "")
             + "; nothing was written"
         )

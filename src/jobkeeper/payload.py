@@ -128,8 +128,8 @@ def check_json_value(value: Any, path: str) -> None:
             for key, child in item.items():
                 if not isinstance(key, str):
                     raise PayloadError(
-                        f"{item_path}: object key {_short_repr(key)} is a "
-                        f"{type(key).__name__}; JSON object keys must be strings"
+                        f"{item_path}: object key {_short_repr(key)} is "
+                        f"{_with_article(type(key).__name__)}; JSON object keys must be strings"
                     )
                 _check_str(key, item_path, "object key")
                 stack.append((child, child_path(item_path, key), depth + 1))
@@ -138,12 +138,16 @@ def check_json_value(value: Any, path: str) -> None:
             for index, child in enumerate(item):
                 stack.append((child, child_path(item_path, index), depth + 1))
             continue
-        kind = type(item).__name__
-        article = "an" if kind[:1].lower() in "aeiou" else "a"
         raise PayloadError(
-            f"{item_path}: {_short_repr(item)} is {article} {kind}, not a JSON value "
+            f"{item_path}: {_short_repr(item)} is {_with_article(type(item).__name__)}, "
+            "not a JSON value "
             "(use dict, list, str, int, float, bool or None)"
         )
+
+
+def _with_article(kind: str) -> str:
+    """``kind`` after "a" or "an" ("an int", "a tuple")."""
+    return f"{'an' if kind[:1].lower() in 'aeiou' else 'a'} {kind}"
 
 
 # One encoder for every call: json.dumps with options builds a new one each time.

@@ -98,7 +98,7 @@ def test_queue_full_exits_2_naming_the_queue(cli):
     code, out, err = cli("enqueue", "t", "--queue", "q")
     assert code == 2 and out == ""
     assert err.strip().splitlines() == [
-        "error: queue 'q' is full: 1 pending jobs, max_pending=1; nothing was written"
+        "error: queue 'q' is full: 1 pending job, max_pending=1; nothing was written"
     ]
 
 

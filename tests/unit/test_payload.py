@@ -228,6 +228,21 @@ def test_non_json_types_are_refused_not_converted(args, path, type_name):
     assert type_name in message
 
 
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ({1: "x"}, "args: object key 1 is an int; JSON object keys must be strings"),
+        ({"a": {(1,): 0}}, "args.a: object key (1,) is a tuple; JSON object keys must be strings"),
+        ({"o": object()}, "is an object, not a JSON value"),
+        ({"t": (1, 2)}, "args.t: (1, 2) is a tuple, not a JSON value"),
+    ],
+)
+def test_type_refusals_read_as_english(args, message):
+    # A newcomer saw "object key 1 is a int".
+    with pytest.raises(PayloadError, match=re.escape(message)):
+        encode_args(args, max_bytes=MiB)
+
+
 @pytest.mark.parametrize("args", [[1], "x", 1, None, (("a", 1),), json.dumps({"a": 1})])
 def test_args_must_be_a_dict(args):
     with pytest.raises(PayloadError, match=r"^args: must be a JSON object"):

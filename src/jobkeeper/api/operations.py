@@ -347,10 +347,12 @@ class OperationsMixin(QueueBase):
         warnings.warn(message, UserWarning, stacklevel=3)
 
     def queues(self) -> list[QueueInfo]:
-        """Every queue that has jobs (live or dead) or settings, by name, with
-        its settings and its jobs per status (every status, zeros included),
-        counted as :meth:`queue_counts` counts: exact for live jobs, cheap
-        however many finished rows ``retention`` keeps.
+        """Every queue that has settings, live jobs or dead letters, by name,
+        with its settings and its jobs per status (every status, zeros
+        included), counted as :meth:`queue_counts` counts: exact for live
+        jobs, cheap however many finished rows ``retention`` keeps. Finished
+        jobs and dead letters are read from their newest 100,001 rows only:
+        past 100,000 of them, a queue with nothing newer is left out.
         """
         stored = {s.name: s for s in self.backend.queue_settings_list()}
         counts = self.queue_counts().counts

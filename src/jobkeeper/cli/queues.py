@@ -36,7 +36,10 @@ def _known(queue: JobQueue, name: str) -> QueueInfo | None:
 @json_option
 @click.pass_context
 def queues_list(ctx: click.Context, as_json: bool) -> None:
-    """Every queue with jobs or settings: paused or not, its limits, its counts."""
+    """Every queue with settings, live jobs or dead letters: paused or not, its
+    limits, its counts (finished and dead ones from their newest 100,001 rows;
+    see JobQueue.queues).
+    """
     queues = open_queue(ctx).queues()
     if as_json:
         render.print_json(console, [queue.as_dict() for queue in queues])
