@@ -286,7 +286,8 @@ def wait_drained(
 ) -> DrainTrace:
     """Poll ``remaining()`` until it is 0 (or ``timeout`` passes); every
     ``start_interval`` seconds until the first jobs are done (the start-up is
-    timed to that), every ``interval`` after.
+    timed to that), every ``interval`` after, and more often as the end
+    draws near (see :func:`next_poll`).
     """
     first: float | None = None
     left_at_first: int | None = None
@@ -304,7 +305,29 @@ def wait_drained(
         if now > deadline:
             return DrainTrace(worker.started, first, None, left, left_at_first)
         worker.check_alive()
-        time.sleep(start_interval if first is None else interval)
+        if first is None or left_at_first is None:
+            time.sleep(start_interval)
+        else:
+            time.sleep(next_poll(now - first, left_at_first - left, left, interval))
+
+
+#: Shortest pause between two polls of a drain near its end (seconds).
+END_POLL = 0.002
+
+
+def next_poll(since_first: float, done_since: int, left: int, interval: float) -> float:
+    """The pause before the next poll of a drain whose worker did
+    ``done_since`` jobs in the ``since_first`` seconds since its first ones,
+    with ``left`` to go: half the time its rate says is left, between
+    ``END_POLL`` and ``interval``. Polled every ``interval`` (50 ms), a
+    drain's end was seen 25 ms late on average, 3 % of a 20,000-job drain at
+    27,000 jobs/s, while the raw drain it is compared with times itself
+    exactly; the polls near the end cost each library the same.
+    """
+    if done_since <= 0 or since_first <= 0:
+        return interval
+    eta = left * since_first / done_since
+    return min(interval, max(END_POLL, eta / 2))
 
 
 def wait_for(predicate: Callable[[], bool], timeout: float, interval: float = 0.02) -> bool:
