@@ -43,6 +43,12 @@ def test_a_workers_sessions_name_their_role_and_the_worker(pg_url, tmp_path):
                 ),
                 what="the worker's row",
             )[0][0]
+            # The outcomes connection opens as the worker starts, not with
+            # its first outcome (which it would delay).
+            wait_for(
+                lambda: session_names(f"jobkeeper outcomes {worker_id}"),
+                what="the outcomes session before any job",
+            )
             job = jq.enqueue("sleep", {"seconds": 0})
             wait_status(jq, [job.id], {JobStatus.COMPLETED})
 

@@ -13,7 +13,7 @@ from jobkeeper.events import EventBus, EventKind, JobEvent
 from jobkeeper.models import Completion
 from jobkeeper.outcomes import claim_of, released_attempt
 from jobkeeper.worker.completer import Completer, Outcome
-from support.waiting import DEADLINE
+from support.waiting import DEADLINE, wait_for
 
 
 def test_a_stale_hand_back_batched_with_its_jobs_next_claim_is_reported_lost(jq):
@@ -160,3 +160,45 @@ def test_start_marks_not_written_are_retried_before_the_outcomes_behind_them(jq)
     ]
     assert jq.get_job(first.id).status == JobStatus.COMPLETED
     assert jq.get_job(second.id).status == JobStatus.RUNNING
+
+
+class _CountingBackend:
+    """Stands in for a backend: counts the round trips that open a connection."""
+
+    def __init__(self, fail: bool = False) -> None:
+        self.calls = 0
+        self.fail = fail
+        self.called = threading.Event()
+
+    def db_now(self) -> Any:
+        self.calls += 1
+        self.called.set()
+        if self.fail:
+            raise DatabaseUnavailable("down")
+        return None
+
+
+def test_warm_opens_the_connection_on_the_writers_thread_and_only_when_asked():
+    # The worker asks once it runs, so its first outcomes do not wait on a
+    # connect; a worker that is only built (tests, tools) opens nothing.
+    backend = _CountingBackend()
+    completer = Completer(backend, delete_completed=False)  # type: ignore[arg-type]
+    try:
+        assert not backend.called.wait(0.2)
+        completer.warm()
+        assert backend.called.wait(DEADLINE)
+    finally:
+        assert completer.stop(DEADLINE)
+    assert backend.calls == 1
+
+
+def test_a_warm_up_that_fails_leaves_the_writer_running():
+    backend = _CountingBackend(fail=True)
+    completer = Completer(backend, delete_completed=False)  # type: ignore[arg-type]
+    try:
+        completer.warm()
+        wait_for(lambda: backend.calls == 1, what="the first warm-up")
+        completer.warm()
+        wait_for(lambda: backend.calls == 2, what="a second warm-up, after the first's error")
+    finally:
+        assert completer.stop(DEADLINE)

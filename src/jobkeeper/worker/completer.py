@@ -87,6 +87,7 @@ class Completer:
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
         self._stopping = False
+        self._warm_asked = False
         self._abandoned = False
         self._in_flight = 0
         self._in_flight_ids: list[int] = []
@@ -146,21 +147,40 @@ class Completer:
                 | set(self._in_flight_ids)
             )
 
+    def warm(self) -> None:
+        """Open the writer's connection now, on its thread, rather than in
+        its first flush (which it delayed by about 15 ms on a local
+        PostgreSQL). Called once the worker runs; a worker that is only
+        built opens nothing.
+        """
+        with self._cond:
+            self._warm_asked = True
+            self._cond.notify_all()
+
     def _run(self) -> None:
-        # Any round trip opens the connection now, beside the worker's
-        # start-up, instead of in the first flush, which it delayed (about
-        # 15 ms on a local PostgreSQL). Whatever fails here, the first flush
-        # tries again and says why; the writer thread must not die of it.
-        with contextlib.suppress(Exception):
-            self._backend.db_now()
         retry_pause = 0.05
         failing = False
         while True:
             with self._cond:
-                while not self._buffer and not self._starts and not self._stopping:
+                while (
+                    not self._buffer
+                    and not self._starts
+                    and not self._stopping
+                    and not self._warm_asked
+                ):
                     self._cond.wait()
-                if not self._buffer and not self._starts and self._stopping:
+                warm = self._warm_asked and not (self._buffer or self._starts or self._stopping)
+                self._warm_asked = False
+                if not warm and not self._buffer and not self._starts and self._stopping:
                     return
+            if warm:
+                # Any round trip opens the connection. Whatever fails here,
+                # the first flush tries again and says why; the writer
+                # thread must not die of it.
+                with contextlib.suppress(Exception):
+                    self._backend.db_now()
+                continue
+            with self._cond:
                 # Linger briefly so concurrent acks share one statement.
                 flush_at = time.monotonic() + self._flush_interval
                 while (

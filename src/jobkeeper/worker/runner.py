@@ -362,6 +362,7 @@ class Worker:
             if not self._register_when_reachable():
                 return self.stats
             self.heartbeat.note_beat()
+            self.completer.warm()
             self._read_installation()
             joblog.log_start(
                 worker_id=self.info.id,
