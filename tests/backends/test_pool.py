@@ -8,6 +8,7 @@ import asyncio
 import gc
 import logging
 import secrets
+import signal
 import threading
 import time
 from typing import Any
@@ -673,5 +674,76 @@ def test_a_suspected_server_is_asked_through_the_spare_not_by_closing_it(pg_url,
             kept, replaced = asyncio.run(run())
         assert kept and replaced
         assert len(jq.list_jobs(task="anything")) == 3
+    finally:
+        jq.close()
+
+
+# -- Ctrl-C ----------------------------------------------------------------------
+# helper-53 found that a SIGINT storm on a loop of enqueues (pool_size=1) left
+# every later call waiting out the pool's timeout: the pool's one connection
+# was lost to a KeyboardInterrupt at one of three places, below.
+
+
+def _interrupt_main_thread_in(seconds: float) -> threading.Timer:
+    timer = threading.Timer(
+        seconds, signal.pthread_kill, (threading.main_thread().ident, signal.SIGINT)
+    )
+    timer.start()
+    return timer
+
+
+def test_a_ctrl_c_while_waiting_for_a_pooled_connection_loses_none(pg_url, monkeypatch):
+    # psycopg_pool's sync getconn handles only Exception while it waits: its
+    # waiting client stayed queued after a KeyboardInterrupt, and took the
+    # next connection given back for good.
+    from jobkeeper.backends.postgres import sources
+
+    monkeypatch.setattr(sources, "POOL_TIMEOUT", 2.0)
+    jq = JobQueue(pg_url, pool_size=1)
+    jq.migrate()
+    try:
+        jq.enqueue("anything", {})
+        source = jq.backend._source
+        for _ in range(3):
+            held = source.checkout()  # the pool's only connection
+            timer = _interrupt_main_thread_in(0.2)
+            with pytest.raises(KeyboardInterrupt):
+                jq.enqueue("anything", {})  # waits for the held one
+            timer.join()
+            source.checkin(held, None)
+            started = time.monotonic()
+            jq.enqueue("anything", {})  # DatabaseUnavailable after 2 s, before
+            assert time.monotonic() - started < 1.0
+        assert len(jq.list_jobs(limit=100)) == 4
+    finally:
+        jq.close()
+
+
+@pytest.mark.parametrize("where", ["_alive", "pool_repair"])
+def test_a_ctrl_c_while_a_connection_is_out_gives_it_back(pg_url, monkeypatch, where):
+    # Checked out, it was checked (a poll, maybe a ping) outside any try, and
+    # given back after a clock read in a finally: a KeyboardInterrupt in
+    # either lost it.
+    from jobkeeper.backends.postgres import sources
+
+    jq = JobQueue(pg_url, pool_size=1)
+    jq.migrate()
+    try:
+        jq.enqueue("anything", {})
+
+        def interrupted(*args: Any) -> Any:
+            raise KeyboardInterrupt
+
+        target = sources.PooledConnections if where == "_alive" else sources
+        for _ in range(3):
+            with monkeypatch.context() as patch:
+                patch.setattr(target, where, interrupted)
+                with pytest.raises(KeyboardInterrupt):
+                    jq.enqueue("anything", {})
+            with monkeypatch.context() as patch:
+                patch.setattr(sources, "POOL_TIMEOUT", 2.0)
+                jq.enqueue("anything", {})  # DatabaseUnavailable after 2 s, before
+        # pool_repair runs once the statement has: those enqueues committed.
+        assert len(jq.list_jobs(limit=100)) == (4 if where == "_alive" else 7)
     finally:
         jq.close()

@@ -219,16 +219,8 @@ class PooledConnections:
 
     def __init__(self, conninfo: str, max_size: int) -> None:
         self._conninfo = conninfo
-        self._pool = ConnectionPool(
-            conninfo,
-            min_size=1,
-            max_size=max_size,
-            kwargs=dict(CONNECTION_OPTIONS),
-            timeout=POOL_TIMEOUT,
-            open=False,
-            name="jobkeeper",
-            configure=configure_connection,
-        )
+        self._max_size = max_size
+        self._pool = self._new_pool()
         self._opened = False
         #: Set by close(): the pool is not opened after it (one opened by a
         #: call racing the close was left open until the collector came).
@@ -237,6 +229,41 @@ class PooledConnections:
         #: checkout probes with a direct connection first.
         self._suspect = False
         self._lock = threading.Lock()
+
+    def _new_pool(self) -> ConnectionPool[Any]:
+        return ConnectionPool(
+            self._conninfo,
+            min_size=1,
+            max_size=self._max_size,
+            kwargs=dict(CONNECTION_OPTIONS),
+            timeout=POOL_TIMEOUT,
+            open=False,
+            name="jobkeeper",
+            configure=configure_connection,
+        )
+
+    def _replace_pool(self, pool: ConnectionPool[Any]) -> None:
+        """Put a new pool in place of ``pool``, whose wait for a connection
+        was interrupted, and close ``pool`` in the background.
+
+        psycopg_pool's sync ``getconn`` (3.3.3 and before) handles only
+        ``Exception`` while it waits: after a KeyboardInterrupt its waiting
+        client stays queued, and the next connection given back or opened
+        is handed to it and never seen again. With ``pool_size=1`` one
+        Ctrl-C at the wrong moment made every later call wait out
+        ``POOL_TIMEOUT``. The queue is the pool's own; only a new pool is
+        free of it. Connections still out go back to the old pool, which
+        closes them once it is closed.
+        """
+        with self._lock:
+            if self._pool is not pool or self._closed:
+                return
+            self._pool = self._new_pool()
+            opened, self._opened = self._opened, False
+        if opened:
+            # Not on the interrupted caller's thread: close() waits for the
+            # pool's own threads to end.
+            threading.Thread(target=pool.close, name="jobkeeper-pool-close", daemon=True).start()
 
     def _alive(self, conn: psycopg.Connection[Any]) -> bool:
         """Whether a connection just checked out can be used, pinging it only
@@ -283,20 +310,32 @@ class PooledConnections:
             if self._suspect:
                 self._probe()
             remaining = deadline - time.monotonic()
+            pool = self._pool
             try:
-                conn = self._pool.getconn(timeout=max(min(POOL_SLICE, remaining), 0.001))
+                conn = pool.getconn(timeout=max(min(POOL_SLICE, remaining), 0.001))
             except PoolTimeout:
                 if time.monotonic() >= deadline:
-                    raise PoolTimeout(busy_pool_message(self._pool.max_size)) from None
+                    raise PoolTimeout(busy_pool_message(pool.max_size)) from None
                 # Busy, or the server went away: a probe tells which.
                 self._suspect = True
                 continue
-            if self._alive(conn):
-                return conn
-            # Cut: the server may be gone; the probe says so at once if it is.
-            self._suspect = True
-            conn.close()
-            self._pool.putconn(conn)
+            except BaseException as exc:
+                if not isinstance(exc, Exception):  # Ctrl-C (see _replace_pool)
+                    self._replace_pool(pool)
+                raise
+            # Until it is returned, an error here (a Ctrl-C during the check
+            # included) must give it back, or the pool never sees it again.
+            try:
+                conn._jobkeeper_pool = pool  # type: ignore[attr-defined]
+                if self._alive(conn):
+                    return conn
+                # Cut: the server may be gone; the probe says so at once if it is.
+                self._suspect = True
+                conn.close()
+            except BaseException:
+                pool.putconn(conn)
+                raise
+            pool.putconn(conn)
             if time.monotonic() >= deadline:
                 raise PoolTimeout(f"no live connection within {POOL_TIMEOUT:g}s")
 
@@ -323,18 +362,21 @@ class PooledConnections:
         (``with conn`` would commit nothing in autocommit, and cost a lock and
         a wait per call), after ``error`` (None: the call succeeded).
         """
+        # The pool it came from: a Ctrl-C may have replaced the pool since.
+        pool: ConnectionPool[Any] = conn._jobkeeper_pool  # type: ignore[attr-defined]
         try:
+            # Noted here, not in a pool ``reset`` callback: with one, the
+            # pool hands every returned connection to a worker thread,
+            # which cost ~150 us of CPU and latency per API call. Not in the
+            # ``finally``: a Ctrl-C in the clock read there skipped putconn.
+            conn._jobkeeper_returned_at = time.monotonic()  # type: ignore[attr-defined]
             suspect, replace_all = pool_repair(error)
             self._suspect = self._suspect or suspect
             if replace_all:
                 conn.close()
-                self._pool.drain()
+                pool.drain()
         finally:
-            # Noted here, not in a pool ``reset`` callback: with one, the
-            # pool hands every returned connection to a worker thread,
-            # which cost ~150 us of CPU and latency per API call.
-            conn._jobkeeper_returned_at = time.monotonic()  # type: ignore[attr-defined]
-            self._pool.putconn(conn)
+            pool.putconn(conn)
 
     def close(self) -> None:
         with self._lock:
