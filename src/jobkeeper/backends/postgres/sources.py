@@ -230,7 +230,7 @@ class PooledConnections:
         self._suspect = False
         self._lock = threading.Lock()
 
-    def _new_pool(self) -> ConnectionPool[Any]:
+    def _new_pool(self) -> ConnectionPool[psycopg.Connection[Any]]:
         return ConnectionPool(
             self._conninfo,
             min_size=1,
@@ -242,7 +242,7 @@ class PooledConnections:
             configure=configure_connection,
         )
 
-    def _replace_pool(self, pool: ConnectionPool[Any]) -> None:
+    def _replace_pool(self, pool: ConnectionPool[psycopg.Connection[Any]]) -> None:
         """Put a new pool in place of ``pool``, whose wait for a connection
         was interrupted, and close ``pool`` in the background.
 
@@ -363,7 +363,7 @@ class PooledConnections:
         a wait per call), after ``error`` (None: the call succeeded).
         """
         # The pool it came from: a Ctrl-C may have replaced the pool since.
-        pool: ConnectionPool[Any] = conn._jobkeeper_pool  # type: ignore[attr-defined]
+        pool: ConnectionPool[psycopg.Connection[Any]] = conn._jobkeeper_pool  # type: ignore[attr-defined]
         try:
             # Noted here, not in a pool ``reset`` callback: with one, the
             # pool hands every returned connection to a worker thread,
