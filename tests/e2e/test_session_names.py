@@ -6,9 +6,12 @@ an empty ``application_name``). SQLite has no sessions to name.
 
 from __future__ import annotations
 
+from urllib.parse import quote
+
 import pytest
 
 from jobkeeper import JobQueue, JobStatus
+from jobkeeper.backends.postgres.sources import session_name
 from support.db import PG_URL, sql
 from support.settings import FAST
 from support.waiting import wait_for, wait_status
@@ -95,3 +98,44 @@ def test_a_name_in_the_url_or_pgappname_wins(pg_url, monkeypatch):
         assert rows == [("billing-cron",)]
     finally:
         from_env.close()
+
+
+def _name_of(url: str) -> str:
+    jq = JobQueue(url, **FAST)
+    try:
+        return str(jq.backend._fetch_raw("SELECT current_setting('application_name')")[0][0])
+    finally:
+        jq.close()
+
+
+@pytest.mark.parametrize("tail", ["?", "?connect_timeout=5&"])
+def test_a_url_ending_in_a_separator_still_connects(tail):
+    # libpq takes these; the name appended to them made "?&", which it refused.
+    assert _name_of(f"{PG_URL.split('?')[0]}{tail}") == "jobkeeper"
+
+
+def test_a_name_set_in_the_sessions_options_wins(monkeypatch):
+    # "-c application_name=..." loses to the name the connection sends, so
+    # none is sent then.
+    base = PG_URL.split("?")[0]
+    assert _name_of(f"{base}?options={quote('-c application_name=via-url')}") == "via-url"
+    monkeypatch.setenv("PGOPTIONS", "-c application_name=via-env")
+    assert _name_of(base) == "via-env"
+
+
+def test_a_long_name_keeps_its_end_where_workers_differ():
+    # A cloud host name pushed the pid and random part of the worker id past
+    # the 63 bytes PostgreSQL keeps: two workers on one host looked the same.
+    worker_id = "worker-deployment-7f9c8b6d5-abcde.prod-eu-west-1.internal.example:25433:6ee70ed1"
+    name = session_name(f"side-effects {worker_id}")
+    assert len(name.encode()) == 63
+    assert name.startswith("jobkeeper side-effects worker-deployment")
+    assert name.endswith(":25433:6ee70ed1") and "~" in name
+    assert session_name("claims vm:6073:b17f1e66") == "jobkeeper claims vm:6073:b17f1e66"
+    jq = JobQueue(PG_URL, **FAST)
+    backend = jq.backend.dedicated(f"side-effects {worker_id}")
+    try:
+        assert backend._fetch_raw("SELECT current_setting('application_name')") == [(name,)]
+    finally:
+        backend.close()
+        jq.close()

@@ -27,7 +27,7 @@ from jobkeeper.backends.postgres.inserts import PostgresInserts
 from jobkeeper.backends.postgres.listener import PostgresListener
 from jobkeeper.backends.postgres.periodics import PostgresPeriodics
 from jobkeeper.backends.postgres.queries import MIGRATIONS, QUERIES
-from jobkeeper.backends.postgres.sources import APPLICATION_NAME
+from jobkeeper.backends.postgres.sources import session_name
 from jobkeeper.backends.postgres.waiters import PostgresWaiting
 from jobkeeper.backends.rows import (
     STAGE_LIMIT,
@@ -83,8 +83,7 @@ class PostgresBackend(
     prefetch_per_slot = 100
 
     def dedicated(self, role: str = "") -> PostgresBackend:
-        name = f"{APPLICATION_NAME} {role}" if role else APPLICATION_NAME
-        return PostgresBackend(self.url, dedicated=True, application_name=name)
+        return PostgresBackend(self.url, dedicated=True, application_name=session_name(role))
 
     # -- schema -------------------------------------------------------------
 

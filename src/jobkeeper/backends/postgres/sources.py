@@ -62,6 +62,22 @@ TARGET_SESSION_ATTRS = "read-write"
 #: a worker's own connections "jobkeeper <role> <worker id>" (see
 #: :meth:`~jobkeeper.backends.base.Backend.dedicated`).
 APPLICATION_NAME = "jobkeeper"
+#: PostgreSQL keeps this many bytes of a session's name (NAMEDATALEN - 1).
+SESSION_NAME_BYTES = 63
+
+
+def session_name(role: str) -> str:
+    """``"jobkeeper <role>"``, within ``SESSION_NAME_BYTES``: a longer one
+    loses its middle (marked ``~``), not its end, where a worker id's pid
+    and random part tell workers on one host apart (a cloud host name alone
+    can pass 40 bytes).
+    """
+    name = f"{APPLICATION_NAME} {role}" if role else APPLICATION_NAME
+    raw = name.encode()
+    if len(raw) <= SESSION_NAME_BYTES:
+        return name
+    head, tail = raw[:40], raw[-(SESSION_NAME_BYTES - 41) :]
+    return f"{head.decode(errors='ignore')}~{tail.decode(errors='ignore')}"
 
 
 def has_unread_input(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> bool:
@@ -137,11 +153,15 @@ def with_session_defaults(conninfo: str, application_name: str = APPLICATION_NAM
     defaults: dict[str, str] = {}
     if "PGTARGETSESSIONATTRS" not in os.environ and "target_session_attrs" not in given:
         defaults["target_session_attrs"] = TARGET_SESSION_ATTRS
-    if "fallback_application_name" not in given:
+    # A name set with "-c application_name=..." (the URL's options, or
+    # PGOPTIONS) would lose to the one the connection itself sends.
+    options = f"{given.get('options', '')} {os.environ.get('PGOPTIONS', '')}"
+    if "fallback_application_name" not in given and "application_name" not in options:
         defaults["fallback_application_name"] = application_name
     if not defaults:
         return conninfo
-    separator = "&" if "?" in conninfo else "?"
+    # libpq takes a URL ending in "?" or "&", but not one with "?&" in it.
+    separator = "" if conninfo.endswith(("?", "&")) else "&" if "?" in conninfo else "?"
     return f"{conninfo}{separator}{urlencode(defaults, quote_via=quote)}"
 
 
