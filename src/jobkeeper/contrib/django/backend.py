@@ -103,22 +103,39 @@ def database_url(alias: str) -> str:
     if engine.endswith("sqlite3"):
         return f"sqlite:///{Path(config['NAME']).resolve()}"
     if "postgresql" in engine:
-        user = quote(config.get("USER") or "", safe="")
-        password = quote(str(config.get("PASSWORD") or ""), safe="")
-        credentials = f"{user}:{password}@" if password else (f"{user}@" if user else "")
-        host = config.get("HOST") or ""
-        port = f":{config['PORT']}" if config.get("PORT") else ""
-        query = {
-            key: str(value)
-            for key, value in (config.get("OPTIONS") or {}).items()
-            if key in ("options", "sslmode", "application_name", "connect_timeout")
-        }
-        suffix = f"?{urlencode(query, quote_via=quote)}" if query else ""
-        return f"postgresql://{credentials}{host}{port}/{quote(config['NAME'], safe='')}{suffix}"
+        return postgres_url(config)
     raise ValueError(
         f"DATABASES[{alias!r}] uses {engine}: jobkeeper supports sqlite3 and postgresql; "
         "set OPTIONS['DATABASE_URL'] in TASKS instead"
     )
+
+
+def postgres_url(config: Mapping[str, Any]) -> str:
+    """The ``postgresql://`` URL of a Django PostgreSQL ``DATABASES`` entry.
+
+    A ``HOST`` that is a directory (a Unix socket's, as Django and libpq
+    take it: ``/var/run/postgresql``, ``/cloudsql/...``) goes in the query,
+    where libpq reads it; in the URL's host part it was read as part of the
+    database name. An IPv6 address is bracketed.
+    """
+    user = quote(config.get("USER") or "", safe="")
+    password = quote(str(config.get("PASSWORD") or ""), safe="")
+    credentials = f"{user}:{password}@" if password else (f"{user}@" if user else "")
+    host = str(config.get("HOST") or "")
+    port = str(config.get("PORT") or "")
+    query = {
+        key: str(value)
+        for key, value in (config.get("OPTIONS") or {}).items()
+        if key in ("options", "sslmode", "application_name", "connect_timeout")
+    }
+    if host.startswith("/"):
+        query = {"host": host, **({"port": port} if port else {}), **query}
+        host = port = ""
+    elif ":" in host and not host.startswith("["):
+        host = f"[{host}]"
+    netloc = f"{credentials}{host}{f':{port}' if port else ''}"
+    suffix = f"?{urlencode(query, quote_via=quote)}" if query else ""
+    return f"postgresql://{netloc}/{quote(config['NAME'], safe='')}{suffix}"
 
 
 class DjangoTasks(dict[str, JobkeeperTask[Any, Any]]):

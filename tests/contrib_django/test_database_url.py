@@ -1,0 +1,55 @@
+"""The jobkeeper URL built from a Django PostgreSQL ``DATABASES`` entry."""
+
+from __future__ import annotations
+
+import os
+from urllib.parse import urlsplit
+
+import pytest
+
+from jobkeeper import JobQueue
+from jobkeeper.contrib.django.backend import postgres_url
+
+PG_URL = os.environ.get("JOBKEEPER_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/test")
+#: Where Debian's PostgreSQL puts its socket (the test server's own).
+SOCKET_DIR = "/var/run/postgresql"
+
+
+@pytest.mark.parametrize(
+    ("config", "url"),
+    [
+        (
+            {"NAME": "shop", "USER": "app", "PASSWORD": "p@ss/w", "HOST": "db", "PORT": 5433},
+            "postgresql://app:p%40ss%2Fw@db:5433/shop",
+        ),
+        ({"NAME": "shop", "HOST": "", "PORT": ""}, "postgresql:///shop"),
+        ({"NAME": "shop", "HOST": "::1", "PORT": "5432"}, "postgresql://[::1]:5432/shop"),
+        # A socket directory: in the host part it was read as the database
+        # name ('database "tmp:5499/test" does not exist'; helper-54).
+        (
+            {"NAME": "shop", "USER": "app", "HOST": "/var/run/postgresql", "PORT": "5499"},
+            "postgresql://app@/shop?host=%2Fvar%2Frun%2Fpostgresql&port=5499",
+        ),
+        (
+            {"NAME": "shop", "HOST": "/cloudsql/p:r:i", "OPTIONS": {"sslmode": "disable"}},
+            "postgresql:///shop?host=%2Fcloudsql%2Fp%3Ar%3Ai&sslmode=disable",
+        ),
+    ],
+)
+def test_a_django_database_entry_becomes_the_url_libpq_reads(config, url):
+    assert postgres_url(config) == url
+
+
+def test_a_socket_host_reaches_the_server():
+    parts = urlsplit(PG_URL)
+    config = {
+        "NAME": parts.path.lstrip("/"),
+        "USER": parts.username or "",
+        "HOST": SOCKET_DIR,
+        "PORT": str(parts.port or 5432),
+    }
+    jq = JobQueue(postgres_url(config))
+    try:
+        assert jq.backend._fetch_raw("SELECT 1") == [(1,)]
+    finally:
+        jq.close()
