@@ -79,6 +79,8 @@ class QueueInfo:
             letters as ``"dead"``), counted as ``JobQueue.queue_counts``
             counts: live statuses exact, finished ones estimated past
             100,000 rows.
+        estimated: the statuses whose counts are estimates (``completed``,
+            ``cancelled``, ``dead``), sorted; empty when all are exact.
     """
 
     name: str
@@ -87,10 +89,11 @@ class QueueInfo:
     rate_limit: str | None
     max_pending: int | None
     counts: dict[str, int]
+    estimated: tuple[str, ...] = ()
 
     def as_dict(self) -> dict[str, Any]:
         """The stable JSON form (``queues list --json``): the field names."""
-        return dataclasses.asdict(self)
+        return {**dataclasses.asdict(self), "estimated": list(self.estimated)}
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

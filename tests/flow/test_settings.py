@@ -77,6 +77,40 @@ def test_queues_lists_every_queue_with_jobs_or_settings(jq):
     assert listed["b"].rate_limit == "5/h" and listed["b"].counts["available"] == 0
 
 
+def test_queues_past_the_finished_cap_name_their_estimates_and_leave_old_queues_out(jq):
+    # What the docs say of queues(): finished jobs are read from the newest
+    # exact_below + 1 only; a queue whose finished jobs are all older drops
+    # out, and the counts that are estimates say so (helper-54 saw neither
+    # said). exact_below stands in for the default 100,000.
+    from jobkeeper.models import Completion
+    from jobkeeper.outcomes import claim_of
+
+    def finish(queue: str, n: int) -> None:
+        jq.enqueue_many([("t", {"i": i}, {"queue": queue}) for i in range(n)])
+        claimed = jq.backend.job_claim(worker_id="w1", queue=queue, limit=n)
+        jq.backend.job_complete_many(
+            completions=[Completion(claim_of(j), None) for j in claimed], delete=False
+        )
+
+    finish("old", 2)
+    if jq.backend.name == "postgresql":
+        sql(jq, "UPDATE jobkeeper_jobs SET finished_at = now() - interval '1 hour'")
+    else:
+        sql(jq, "UPDATE jobkeeper_jobs SET finished_at = finished_at - 3600")
+    finish("new", 6)
+    jq.enqueue("t", {}, queue="live")
+    exact = {q.name: q for q in jq.queues()}
+    assert sorted(exact) == ["live", "new", "old"]
+    assert exact["old"].counts["completed"] == 2 and exact["old"].estimated == ()
+    capped = {q.name: q for q in jq.queues(exact_below=3)}
+    assert sorted(capped) == ["live", "new"]
+    assert capped["new"].estimated == ("cancelled", "completed")
+    assert capped["live"].counts["available"] == 1
+    assert capped["new"].as_dict()["estimated"] == ["cancelled", "completed"]
+    with pytest.raises(ConfigError, match="exact_below"):
+        jq.queues(exact_below=0)
+
+
 def test_pause_stops_claims_and_resume_restarts_them(jq):
     jq.enqueue("t", {}, queue="q")
     jq.pause("q")

@@ -346,26 +346,36 @@ class OperationsMixin(QueueBase):
         logger.warning("%s", message)
         warnings.warn(message, UserWarning, stacklevel=3)
 
-    def queues(self) -> list[QueueInfo]:
-        """Every queue that has settings, live jobs or dead letters, by name,
-        with its settings and its jobs per status (every status, zeros
-        included), counted as :meth:`queue_counts` counts: exact for live
-        jobs, cheap however many finished rows ``retention`` keeps. Finished
-        jobs and dead letters are read from their newest 100,001 rows only:
-        past 100,000 of them, a queue with nothing newer is left out.
+    def queues(self, exact_below: int = 100_000) -> list[QueueInfo]:
+        """Every queue that has settings, live jobs, dead letters or finished
+        jobs, by name, with its settings and its jobs per status (every
+        status, zeros included), counted as :meth:`queue_counts` counts with
+        ``exact_below``: exact for live jobs, cheap however many finished
+        rows ``retention`` keeps. Finished jobs and dead letters are read
+        from their newest ``exact_below + 1`` rows only: past that many, a
+        queue with none among them is left out, and the counts that are
+        estimates are named in each :attr:`QueueInfo.estimated`.
+
+        Raises:
+            ConfigError: ``exact_below`` is not a positive int.
         """
         stored = {s.name: s for s in self.backend.queue_settings_list()}
-        counts = self.queue_counts().counts
+        counted = self.queue_counts(exact_below)
+        counts = counted.counts
+        estimated = tuple(sorted(counted.estimated))
         return [
             _queue_info(
                 stored.get(name, QueueSettings(name)),
                 {status.value: counts.get(name, {}).get(status.value, 0) for status in JobStatus},
+                estimated,
             )
             for name in sorted(stored.keys() | counts.keys())
         ]
 
 
-def _queue_info(settings: QueueSettings, counts: dict[str, int]) -> QueueInfo:
+def _queue_info(
+    settings: QueueSettings, counts: dict[str, int], estimated: tuple[str, ...] = ()
+) -> QueueInfo:
     return QueueInfo(
         name=settings.name,
         paused=settings.paused,
@@ -373,4 +383,5 @@ def _queue_info(settings: QueueSettings, counts: dict[str, int]) -> QueueInfo:
         rate_limit=settings.rate_text,
         max_pending=settings.max_pending,
         counts=dict(counts),
+        estimated=estimated,
     )

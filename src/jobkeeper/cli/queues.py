@@ -36,9 +36,10 @@ def _known(queue: JobQueue, name: str) -> QueueInfo | None:
 @json_option
 @click.pass_context
 def queues_list(ctx: click.Context, as_json: bool) -> None:
-    """Every queue with settings, live jobs or dead letters: paused or not, its
-    limits, its counts (finished and dead ones from their newest 100,001 rows;
-    see JobQueue.queues).
+    """Every queue with settings or jobs: paused or not, its limits, its live
+    counts. --json adds its completed, cancelled and dead counts, read from
+    their newest 100,001 rows (past that, estimates named in "estimated", and
+    a queue with none among them is left out; see JobQueue.queues).
     """
     queues = open_queue(ctx).queues()
     if as_json:
