@@ -56,7 +56,7 @@ def _short_repr(value: object, limit: int = 60) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def _check_str(text: str, path: str, what: str) -> None:
+def _check_str(text: str, path: str, what: str, stored_as: str = "JSON text") -> None:
     bad = _UNSTORABLE_CHAR.search(text)
     if bad is None:
         return
@@ -64,7 +64,7 @@ def _check_str(text: str, path: str, what: str) -> None:
     kind = "a NUL character (\\x00)" if char == "\x00" else f"a lone surrogate (\\u{ord(char):04x})"
     raise PayloadError(
         f"{path}: {what} {_short_repr(text)} contains {kind} at index {bad.start()}; "
-        "it cannot be stored as JSON text"
+        f"it cannot be stored as {stored_as}"
     )
 
 
@@ -75,7 +75,8 @@ def check_text(text: str, name: str) -> str:
         PayloadError: naming ``name`` and where its NUL or lone surrogate is,
             as for a string in args.
     """
-    _check_str(text, name, "string")
+    # Options are text columns of their own, not JSON (a NUL is refused there too).
+    _check_str(text, name, "string", stored_as="text in the database")
     return text
 
 
