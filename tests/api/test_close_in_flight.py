@@ -175,3 +175,23 @@ def test_a_cancelled_enqueue_async_is_settled_when_the_caller_sees_the_cancel(
     assert all(now == later for now, later in counts), counts
     # Whole batches only.
     assert all(now % 5 == 1 for now, _ in counts), counts
+
+
+def test_a_ctrl_c_during_close_leaves_a_queue_that_reconnects(jq: JobQueue) -> None:
+    # close() closed the backend, then forgot it: a KeyboardInterrupt between
+    # the two kept the closed backend, and every later call was refused as
+    # "the pool was closed" (helper-55: 5 of 60 interrupted closes).
+    jq.enqueue("t", {})
+    backend = jq.backend
+    real_close = backend.close
+
+    def interrupted_close() -> None:
+        real_close()
+        raise KeyboardInterrupt
+
+    backend.close = interrupted_close  # type: ignore[method-assign]
+    with pytest.raises(KeyboardInterrupt):
+        jq.close()
+    assert jq.backend is not backend
+    jq.enqueue("t", {})
+    assert len(jq.list_jobs(limit=10)) == 2

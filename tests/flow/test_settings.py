@@ -107,8 +107,13 @@ def test_queues_past_the_finished_cap_name_their_estimates_and_leave_old_queues_
     assert capped["new"].estimated == ("cancelled", "completed")
     assert capped["live"].counts["available"] == 1
     assert capped["new"].as_dict()["estimated"] == ["cancelled", "completed"]
-    with pytest.raises(ConfigError, match="exact_below"):
-        jq.queues(exact_below=0)
+    for bad in (0, -1, True, "5", 2.5, 2**63 - 1, 10**30):
+        # The largest ones were refused by the database ("bigint out of
+        # range") or raised a bare OverflowError (SQLite; helper-55).
+        with pytest.raises(ConfigError, match="exact_below must be an int from 1 to"):
+            jq.queues(exact_below=bad)
+        with pytest.raises(ConfigError, match="exact_below"):
+            jq.queue_counts(exact_below=bad)
 
 
 def test_pause_stops_claims_and_resume_restarts_them(jq):

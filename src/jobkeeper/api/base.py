@@ -68,9 +68,11 @@ class QueueBase:
     def close(self) -> None:
         """Close the queue's connections (it reconnects if used again)."""
         with self._backend_lock:
-            if self._backend is not None:
-                self._backend.close()
-                self._backend = None
+            # Forgotten before it is closed: a Ctrl-C during the close must
+            # not leave a closed backend in place, refusing every later call.
+            backend, self._backend = self._backend, None
+            if backend is not None:
+                backend.close()
 
 
 def _job_id(job_id: Any) -> int:

@@ -26,6 +26,11 @@ from jobkeeper.queues import (
 
 logger = logging.getLogger("jobkeeper")
 
+#: Largest ``exact_below``: far past any table, and within the databases'
+#: 64-bit integers (2**63 was refused as "bigint out of range" on PostgreSQL
+#: and raised a bare OverflowError on SQLite).
+MAX_EXACT_BELOW = 10**12
+
 
 class OperationsMixin(QueueBase):
     """Inspect, act and flow-control methods of :class:`~jobkeeper.JobQueue`."""
@@ -210,9 +215,19 @@ class OperationsMixin(QueueBase):
         and named in ``QueueCounts.estimated``. Unlike :meth:`stats`, no
         count reads more than ``exact_below + 1`` finished rows or dead
         letters, so its cost stays flat however many ``retention`` keeps.
+
+        Raises:
+            ConfigError: ``exact_below`` is not an int from 1 to ``MAX_EXACT_BELOW``.
         """
-        if isinstance(exact_below, bool) or not isinstance(exact_below, int) or exact_below < 1:
-            raise ConfigError(f"exact_below must be a positive int, got {shown(exact_below)}")
+        if (
+            isinstance(exact_below, bool)
+            or not isinstance(exact_below, int)
+            or not 1 <= exact_below <= MAX_EXACT_BELOW
+        ):
+            raise ConfigError(
+                f"exact_below must be an int from 1 to {MAX_EXACT_BELOW:,}, "
+                f"got {shown(exact_below)}"
+            )
         return self.backend.queue_counts(exact_below=exact_below)
 
     def oldest_due(self) -> dict[str, tuple[int, float]]:
@@ -357,7 +372,7 @@ class OperationsMixin(QueueBase):
         estimates are named in each :attr:`QueueInfo.estimated`.
 
         Raises:
-            ConfigError: ``exact_below`` is not a positive int.
+            ConfigError: ``exact_below`` is not an int from 1 to ``MAX_EXACT_BELOW``.
         """
         stored = {s.name: s for s in self.backend.queue_settings_list()}
         counted = self.queue_counts(exact_below)

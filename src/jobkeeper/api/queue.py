@@ -21,7 +21,7 @@ from jobkeeper.api.operations import OperationsMixin
 from jobkeeper.api.periodics import PeriodicsMixin
 from jobkeeper.api.results import ResultsMixin
 from jobkeeper.api.running import RunningMixin
-from jobkeeper.backends import Backend, open_backend, resolve_database_url
+from jobkeeper.backends import Backend, resolve_database_url
 from jobkeeper.config import DEFAULT_MAX_CRASHES, Settings
 from jobkeeper.errors import ConfigError, shown
 from jobkeeper.events import EventBus, EventKind, JobEvent
@@ -133,15 +133,6 @@ class JobQueue(EnqueueMixin, ResultsMixin, OperationsMixin, RunningMixin, Period
     def __repr__(self) -> str:
         return f"<JobQueue {self.url.redacted()} tasks={sorted(self.tasks)}>"
 
-    @property
-    def backend(self) -> Backend:
-        """The backend (created on first use)."""
-        if self._backend is None:
-            with self._backend_lock:
-                if self._backend is None:
-                    self._backend = open_backend(self.url, self.settings)
-        return self._backend
-
     def using(self, database_url: str) -> JobQueue:
         """A JobQueue on another database with the same settings and tasks.
 
@@ -177,13 +168,6 @@ class JobQueue(EnqueueMixin, ResultsMixin, OperationsMixin, RunningMixin, Period
         url = resolve_database_url(database_url)
         self.close()
         self.url = url
-
-    def close(self) -> None:
-        """Close the queue's connections (it reconnects if used again)."""
-        with self._backend_lock:
-            if self._backend is not None:
-                self._backend.close()
-                self._backend = None
 
     def __enter__(self) -> JobQueue:
         return self

@@ -278,12 +278,15 @@ class PooledConnections:
         with self._lock:
             if self._pool is not pool or self._closed:
                 return
-            self._pool = self._new_pool()
-            opened, self._opened = self._opened, False
-        if opened:
-            # Not on the interrupted caller's thread: close() waits for the
-            # pool's own threads to end.
-            threading.Thread(target=pool.close, name="jobkeeper-pool-close", daemon=True).start()
+            replacement = self._new_pool()
+            # Open before it is seen: other threads' calls go on through it
+            # (a call waiting on the old pool when it closes tries again
+            # here, see _getconn).
+            replacement.open(wait=False)
+            self._pool = replacement
+        # Not on the interrupted caller's thread: close() waits for the
+        # pool's own threads to end.
+        threading.Thread(target=pool.close, name="jobkeeper-pool-close", daemon=True).start()
 
     def _alive(self, conn: psycopg.Connection[Any]) -> bool:
         """Whether a connection just checked out can be used, pinging it only
@@ -339,6 +342,10 @@ class PooledConnections:
                 # Busy, or the server went away: a probe tells which.
                 self._suspect = True
                 continue
+            except PoolClosed:
+                if self._pool is not pool and not self._closed:
+                    continue  # replaced after a Ctrl-C in another call
+                raise
             except BaseException as exc:
                 if not isinstance(exc, Exception):  # Ctrl-C (see _replace_pool)
                     self._replace_pool(pool)
