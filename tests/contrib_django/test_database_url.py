@@ -23,7 +23,32 @@ SOCKET_DIR = "/var/run/postgresql"
             "postgresql://app:p%40ss%2Fw@db:5433/shop",
         ),
         ({"NAME": "shop", "HOST": "", "PORT": ""}, "postgresql:///shop"),
-        ({"NAME": "shop", "HOST": "::1", "PORT": "5432"}, "postgresql://[::1]:5432/shop"),
+        ({"NAME": "shop", "HOST": "::1", "PORT": "5432"}, "postgresql:///shop?host=%3A%3A1&port=5432"),
+        # Several hosts, an IPv6 address with a zone: whole, in the query
+        # (helper-55 saw 'h1,h2:5432,5433' read as host 'h1,h2,5433').
+        (
+            {"NAME": "shop", "HOST": "h1,h2", "PORT": "5432,5433"},
+            "postgresql:///shop?host=h1%2Ch2&port=5432%2C5433",
+        ),
+        ({"NAME": "shop", "HOST": "fe80::1%eth0"}, "postgresql:///shop?host=fe80%3A%3A1%25eth0"),
+        # Every libpq option Django passes on, none of Django's own; a
+        # service file may name the database.
+        (
+            {
+                "NAME": "shop",
+                "HOST": "db",
+                "OPTIONS": {
+                    "sslmode": "verify-full",
+                    "sslrootcert": "/etc/ca.pem",
+                    "target_session_attrs": "read-write",
+                    "isolation_level": 3,
+                    "pool": True,
+                },
+            },
+            "postgresql://db/shop?sslmode=verify-full&sslrootcert=%2Fetc%2Fca.pem"
+            "&target_session_attrs=read-write",
+        ),
+        ({"NAME": "", "OPTIONS": {"service": "mysvc"}}, "postgresql:///?service=mysvc"),
         # A socket directory: in the host part it was read as the database
         # name ('database "tmp:5499/test" does not exist'; helper-54).
         (
@@ -47,6 +72,22 @@ def test_a_socket_host_reaches_the_server():
         "USER": parts.username or "",
         "HOST": SOCKET_DIR,
         "PORT": str(parts.port or 5432),
+    }
+    jq = JobQueue(postgres_url(config))
+    try:
+        assert jq.backend._fetch_raw("SELECT 1") == [(1,)]
+    finally:
+        jq.close()
+
+
+def test_several_hosts_reach_the_server_past_a_dead_one():
+    # libpq tries the hosts in turn: port 1 refuses, the test server answers.
+    parts = urlsplit(PG_URL)
+    config = {
+        "NAME": parts.path.lstrip("/"),
+        "USER": parts.username or "",
+        "HOST": f"{parts.hostname},{parts.hostname}",
+        "PORT": f"1,{parts.port or 5432}",
     }
     jq = JobQueue(postgres_url(config))
     try:

@@ -111,13 +111,19 @@ def database_url(alias: str) -> str:
 
 
 def postgres_url(config: Mapping[str, Any]) -> str:
-    """The ``postgresql://`` URL of a Django PostgreSQL ``DATABASES`` entry.
+    """The ``postgresql://`` URL of a Django PostgreSQL ``DATABASES`` entry:
+    what Django's own connection gets.
 
-    A ``HOST`` that is a directory (a Unix socket's, as Django and libpq
-    take it: ``/var/run/postgresql``, ``/cloudsql/...``) goes in the query,
-    where libpq reads it; in the URL's host part it was read as part of the
-    database name. An IPv6 address is bracketed.
+    ``OPTIONS`` keys that libpq knows (``sslrootcert``, ``service``,
+    ``target_session_attrs``...) go in the query; Django's own
+    (``isolation_level``, ``pool``...) do not. A ``HOST`` that is not a plain
+    name or IPv4 address (a Unix socket's directory such as
+    ``/var/run/postgresql``, several hosts ``h1,h2``, an IPv6 address) goes
+    in the query too, with ``PORT``, as libpq reads it there whole.
     """
+    from psycopg import pq  # the postgres extra: only a PostgreSQL entry needs it
+
+    keywords = {default.keyword.decode() for default in pq.Conninfo.get_defaults()}
     user = quote(config.get("USER") or "", safe="")
     password = quote(str(config.get("PASSWORD") or ""), safe="")
     credentials = f"{user}:{password}@" if password else (f"{user}@" if user else "")
@@ -126,16 +132,15 @@ def postgres_url(config: Mapping[str, Any]) -> str:
     query = {
         key: str(value)
         for key, value in (config.get("OPTIONS") or {}).items()
-        if key in ("options", "sslmode", "application_name", "connect_timeout")
+        if key in keywords and key not in ("host", "port", "user", "password", "dbname")
     }
-    if host.startswith("/"):
-        query = {"host": host, **({"port": port} if port else {}), **query}
+    if any(mark in host for mark in "/,:%") or "," in port:
+        where = {"host": host} if host else {}
+        query = {**where, **({"port": port} if port else {}), **query}
         host = port = ""
-    elif ":" in host and not host.startswith("["):
-        host = f"[{host}]"
     netloc = f"{credentials}{host}{f':{port}' if port else ''}"
     suffix = f"?{urlencode(query, quote_via=quote)}" if query else ""
-    return f"postgresql://{netloc}/{quote(config['NAME'], safe='')}{suffix}"
+    return f"postgresql://{netloc}/{quote(config.get('NAME') or '', safe='')}{suffix}"
 
 
 class DjangoTasks(dict[str, JobkeeperTask[Any, Any]]):
