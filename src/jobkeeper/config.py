@@ -11,7 +11,7 @@ import math
 import os
 import re
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeGuard
 from urllib.parse import unquote
 
 from jobkeeper.backoff import ABSOLUTE_MAX_BACKOFF, DEFAULT_BASE, DEFAULT_MAX_BACKOFF
@@ -151,11 +151,7 @@ class Settings:
             raise ConfigError(
                 f"max_payload_bytes={self.max_payload_bytes} must be between 1 and {256 << 20}"
             )
-        if (
-            isinstance(self.pool_size, bool)
-            or not isinstance(self.pool_size, int)
-            or not 1 <= self.pool_size <= 1000
-        ):
+        if not is_int_between(self.pool_size, 1, 1000):
             raise ConfigError(
                 f"pool_size must be an int between 1 and 1000, got {shown(self.pool_size)}"
             )
@@ -237,10 +233,17 @@ def plain_str(text: str) -> str:
     return text if type(text) is str else str.__str__(text)
 
 
+def is_int_between(value: Any, low: int, high: int) -> TypeGuard[int]:
+    """Whether ``value`` is an int from ``low`` to ``high`` (a bool is not:
+    ``True`` would pass as 1).
+    """
+    return not isinstance(value, bool) and isinstance(value, int) and low <= value <= high
+
+
 def check_priority(priority: Any) -> int:
     """Validate a priority (a 32-bit int; lower runs first)."""
     low, high = PRIORITY_RANGE
-    if isinstance(priority, bool) or not isinstance(priority, int) or not low <= priority <= high:
+    if not is_int_between(priority, low, high):
         raise ConfigError(
             f"priority must be an int between {low} and {high}, got {shown(priority)}"
         )
@@ -249,11 +252,7 @@ def check_priority(priority: Any) -> int:
 
 def check_max_attempts(max_attempts: Any) -> int:
     """Validate ``max_attempts`` (1 .. ``MAX_ATTEMPTS_LIMIT``)."""
-    if (
-        isinstance(max_attempts, bool)
-        or not isinstance(max_attempts, int)
-        or not 1 <= max_attempts <= MAX_ATTEMPTS_LIMIT
-    ):
+    if not is_int_between(max_attempts, 1, MAX_ATTEMPTS_LIMIT):
         raise ConfigError(
             f"max_attempts must be an int between 1 and {MAX_ATTEMPTS_LIMIT}"
             f", got {shown(max_attempts)}"
@@ -267,11 +266,7 @@ def check_max_crashes(max_crashes: Any) -> int:
     Raises:
         ConfigError: not an int in that range.
     """
-    if (
-        isinstance(max_crashes, bool)
-        or not isinstance(max_crashes, int)
-        or not 1 <= max_crashes <= MAX_ATTEMPTS_LIMIT
-    ):
+    if not is_int_between(max_crashes, 1, MAX_ATTEMPTS_LIMIT):
         raise ConfigError(
             f"max_crashes must be an int between 1 and {MAX_ATTEMPTS_LIMIT}"
             f", got {shown(max_crashes)}"

@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from jobkeeper.api.base import RETRYABLE_FROM, QueueBase, _job_id
-from jobkeeper.config import MAX_SETTING_SECONDS, check_name, check_seconds
+from jobkeeper.config import MAX_SETTING_SECONDS, check_name, check_seconds, is_int_between
 from jobkeeper.errors import ConfigError, JobNotFound, JobStateError, UniqueKeyConflict, shown
 from jobkeeper.models import TERMINAL_STATUSES, Job, JobStatus, QueueCounts, WorkerInfo
 from jobkeeper.queues import (
@@ -219,11 +219,7 @@ class OperationsMixin(QueueBase):
         Raises:
             ConfigError: ``exact_below`` is not an int from 1 to ``MAX_EXACT_BELOW``.
         """
-        if (
-            isinstance(exact_below, bool)
-            or not isinstance(exact_below, int)
-            or not 1 <= exact_below <= MAX_EXACT_BELOW
-        ):
+        if not is_int_between(exact_below, 1, MAX_EXACT_BELOW):
             raise ConfigError(
                 f"exact_below must be an int from 1 to {MAX_EXACT_BELOW:,}, "
                 f"got {shown(exact_below)}"

@@ -6,7 +6,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from jobkeeper.api.base import DEFAULT_QUEUE, QueueBase
-from jobkeeper.config import MAX_CONCURRENCY, check_name
+from jobkeeper.config import MAX_CONCURRENCY, check_name, is_int_between
 from jobkeeper.errors import ConfigError, shown
 from jobkeeper.queues import parse_queue_share
 
@@ -126,11 +126,7 @@ def _queue_shares(
     if isinstance(queues, Mapping):
         for name, share in queues.items():
             check_name("queue", name)
-            if share is not None and (
-                isinstance(share, bool)
-                or not isinstance(share, int)
-                or not 1 <= share <= MAX_CONCURRENCY
-            ):
+            if share is not None and not is_int_between(share, 1, MAX_CONCURRENCY):
                 raise ConfigError(
                     f"queue {name!r}: share must be an int between 1 and {MAX_CONCURRENCY} "
                     f"(or None), got {shown(share)}"

@@ -36,7 +36,7 @@ from typing import Any
 
 from jobkeeper import joblog
 from jobkeeper.backends.base import Backend
-from jobkeeper.config import Settings
+from jobkeeper.config import Settings, is_int_between
 from jobkeeper.errors import ConfigError, DatabaseError, DatabaseUnavailable
 from jobkeeper.events import EventBus
 from jobkeeper.maintenance.heartbeat import Heartbeat
@@ -108,11 +108,7 @@ class Worker:
         self.queues = list(dict.fromkeys(queues))
         self.concurrency = concurrency
         self.burst = burst
-        if prefetch is not None and (
-            isinstance(prefetch, bool)
-            or not isinstance(prefetch, int)
-            or not 0 <= prefetch <= MAX_PREFETCH
-        ):
+        if prefetch is not None and not is_int_between(prefetch, 0, MAX_PREFETCH):
             # Bounded: a huge value reached the claim's LIMIT and failed
             # there (SQLite: OverflowError; PostgreSQL: a retry loop).
             raise ConfigError(
