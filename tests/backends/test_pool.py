@@ -692,6 +692,22 @@ def _interrupt_main_thread_in(seconds: float) -> threading.Timer:
     return timer
 
 
+def _queue_of_one(pg_url: str) -> JobQueue:
+    """A migrated queue whose pool holds one connection, opened by a job."""
+    jq = JobQueue(pg_url, pool_size=1)
+    jq.migrate()
+    jq.enqueue("anything", {})
+    return jq
+
+
+def _enqueue_interrupted(jq: JobQueue, after: float) -> None:
+    """An enqueue waiting for the pool, cut by a SIGINT ``after`` seconds in."""
+    timer = _interrupt_main_thread_in(after)
+    with pytest.raises(KeyboardInterrupt):
+        jq.enqueue("anything", {})
+    timer.join()
+
+
 def test_a_ctrl_c_while_waiting_for_a_pooled_connection_loses_none(pg_url, monkeypatch):
     # psycopg_pool's sync getconn handles only Exception while it waits: its
     # waiting client stayed queued after a KeyboardInterrupt, and took the
@@ -699,17 +715,12 @@ def test_a_ctrl_c_while_waiting_for_a_pooled_connection_loses_none(pg_url, monke
     from jobkeeper.backends.postgres import sources
 
     monkeypatch.setattr(sources, "POOL_TIMEOUT", 2.0)
-    jq = JobQueue(pg_url, pool_size=1)
-    jq.migrate()
+    jq = _queue_of_one(pg_url)
     try:
-        jq.enqueue("anything", {})
         source = jq.backend._source
         for _ in range(3):
             held = source.checkout()  # the pool's only connection
-            timer = _interrupt_main_thread_in(0.2)
-            with pytest.raises(KeyboardInterrupt):
-                jq.enqueue("anything", {})  # waits for the held one
-            timer.join()
+            _enqueue_interrupted(jq, 0.2)  # it waited for the held one
             source.checkin(held, None)
             started = time.monotonic()
             jq.enqueue("anything", {})  # DatabaseUnavailable after 2 s, before
@@ -726,20 +737,15 @@ def test_a_ctrl_c_in_one_thread_leaves_the_other_threads_calls_alone(pg_url, mon
     from jobkeeper.backends.postgres import sources
 
     monkeypatch.setattr(sources, "POOL_TIMEOUT", 5.0)
-    jq = JobQueue(pg_url, pool_size=1)
-    jq.migrate()
+    jq = _queue_of_one(pg_url)
     try:
-        jq.enqueue("anything", {})
         source = jq.backend._source
         for _ in range(3):
             held = source.checkout()  # the pool's only connection
             outcome: list[object] = []
             other = threading.Thread(target=_enqueue_into, args=(jq, outcome), name="other")
             other.start()
-            timer = _interrupt_main_thread_in(0.3)
-            with pytest.raises(KeyboardInterrupt):
-                jq.enqueue("anything", {})  # waits beside the other thread
-            timer.join()
+            _enqueue_interrupted(jq, 0.3)  # it waited beside the other thread
             other.join(timeout=10)
             source.checkin(held, None)
             assert outcome and isinstance(outcome[0], int), outcome
@@ -763,10 +769,8 @@ def test_a_ctrl_c_while_a_connection_is_out_gives_it_back(pg_url, monkeypatch, w
     # either lost it.
     from jobkeeper.backends.postgres import sources
 
-    jq = JobQueue(pg_url, pool_size=1)
-    jq.migrate()
+    jq = _queue_of_one(pg_url)
     try:
-        jq.enqueue("anything", {})
 
         def interrupted(*args: Any) -> Any:
             raise KeyboardInterrupt
