@@ -55,7 +55,8 @@ class Backend(CockpitSeam, PeriodicSeam, FlowSeam, WaitSeam, Protocol):
         Args:
             role: what the connection is for, shown where the database shows
                 one (PostgreSQL: ``application_name`` "jobkeeper <role>",
-                unless the URL or ``PGAPPNAME`` names the session).
+                unless the user names the session: the URL, ``PGAPPNAME``,
+                or ``-c application_name=`` in ``options`` or ``PGOPTIONS``).
         """
         ...
 

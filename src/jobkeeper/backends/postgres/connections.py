@@ -206,7 +206,7 @@ class PostgresConnections:
         dedicated: use one private connection instead of a pool.
         pool_size: most pooled connections for API calls.
         application_name: what its sessions are called in ``pg_stat_activity``
-            unless the URL or ``PGAPPNAME`` names them.
+            unless the user names them (see ``with_session_defaults``).
     """
 
     def __init__(

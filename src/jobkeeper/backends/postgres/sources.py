@@ -146,8 +146,10 @@ def reused_cursor(conn: psycopg.Connection[Any]) -> psycopg.Cursor[Any]:
 
 def with_session_defaults(conninfo: str, application_name: str = APPLICATION_NAME) -> str:
     """``conninfo`` asking for a writable session, unless the user chose, and
-    naming it ``application_name`` unless the URL or ``PGAPPNAME`` names it
-    (libpq's ``fallback_application_name`` gives way to both).
+    naming it ``application_name`` unless the URL, ``PGAPPNAME`` or a ``-c
+    application_name=`` in ``options`` or ``PGOPTIONS`` names it (libpq's
+    ``fallback_application_name`` gives way to the first two; with the last
+    two none is sent).
     """
     given = conninfo_to_dict(conninfo)
     defaults: dict[str, str] = {}
