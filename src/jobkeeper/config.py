@@ -187,17 +187,31 @@ def _valid_name(name: str) -> bool:
 MAX_DIGITS = 30
 
 
-def parse_whole_number(text: str) -> int:
+#: What :func:`parse_whole_number` says a whole number is, by default.
+WHOLE_NUMBER_EXPECTED = "expected digits 0-9, with a minus sign in front if negative, e.g. 5 or -5"
+
+
+def parse_whole_number(
+    text: str, *, noun: str = "a whole number", expected: str = WHOLE_NUMBER_EXPECTED
+) -> int:
     """``text`` as an int: ASCII digits after an optional ``-``, at most
     ``MAX_DIGITS`` of them. ``int()`` alone also takes spaces, ``_`` and other
     scripts' digits (``'١٢'``), which a number typed by mistake should not be.
 
+    Args:
+        text: what was typed.
+        noun: what it should be, for the error (``"a job id"``).
+        expected: the error's hint: what is expected instead. Where negative
+            numbers are never valid (ids, counts), say so rather than offer
+            a minus sign.
+
     Raises:
-        ValueError: saying which of those ``text`` is not.
+        ValueError: ``"'abc' is not {noun}: {expected}"``, or that it has too
+            many digits.
     """
     digits = text.removeprefix("-")
     if not (digits.isascii() and digits.isdigit()):
-        raise ValueError(f"{text!r} is not a whole number (ASCII digits, optionally after -)")
+        raise ValueError(f"{text!r} is not {noun}: {expected}")
     if len(digits.lstrip("0")) > MAX_DIGITS:
         raise ValueError(f"{text[:40]!r}... has over {MAX_DIGITS} digits: out of range")
     return int(text)

@@ -983,6 +983,36 @@ def test_numbers_in_other_scripts_or_with_spaces_exit_2(cli, queue, argv):
     assert all(q.concurrency is None and q.rate_limit is None for q in queue.queues())
 
 
+@pytest.mark.parametrize(
+    ("argv", "names"),
+    [
+        (["jobs", "show", "abc"], "'JOB_ID': 'abc' is not a job id"),
+        (["retry", "x"], "'[JOB_ID]': 'x' is not a job id"),
+        (["cancel", "1.5"], "'[JOB_ID]': '1.5' is not a job id"),
+        (["dead", "requeue", "1", "y"], "'y' is not a job id"),
+        (["dead", "purge", "z"], "'z' is not a job id"),
+        (["jobs", "list", "--after", "z"], "'--after': 'z' is not a job id"),
+        (["jobs", "list", "--limit", "many"], "'--limit': 'many' is not a whole number"),
+        (["enqueue", "t", "--max-attempts", "m"], "'--max-attempts': 'm' is not a whole number"),
+    ],
+)
+def test_a_non_number_where_negatives_are_never_valid_gets_no_minus_sign_hint(cli, argv, names):
+    # Found by an earlier break-test: `jobs show abc` said
+    # "(ASCII digits, optionally after -)", as if a job id could start with "-".
+    code, _, err = cli(*argv)
+    assert code == 2, err
+    assert_one_line_error(err, names, ": expected ")
+    assert "-)" not in err and "minus" not in err and "e.g. -" not in err, err
+
+
+def test_a_non_number_where_negatives_are_valid_says_how_to_write_one(cli):
+    code, _, err = cli("enqueue", "t", "--priority", "p")
+    assert code == 2, err
+    assert_one_line_error(
+        err, "'--priority': 'p' is not a whole number", "a minus sign in front if negative"
+    )
+
+
 def test_a_cut_says_so_only_when_the_saying_is_shorter_than_the_cut():
     # Found by a break-test: an error 7 characters over the limit was cut and
     # followed by "(7 more characters; --json shows all)", longer than them.

@@ -17,7 +17,7 @@ import click
 from jobkeeper.api import JobQueue
 from jobkeeper.cli.common import (
     IDS_MAY_LOOK_LIKE_OPTIONS,
-    WHOLE_NUMBER,
+    JOB_ID,
     Argument,
     BadInput,
     Command,
@@ -45,7 +45,7 @@ PAGE = 10_000
 _optional_job_id = click.argument(
     "job_id",
     cls=Argument,
-    type=WHOLE_NUMBER,
+    type=JOB_ID,
     required=False,
     doc="The job id (or select jobs with --status, --queue and --task).",
 )

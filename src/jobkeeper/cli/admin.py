@@ -11,7 +11,7 @@ import click
 
 from jobkeeper.cli import render
 from jobkeeper.cli.common import (
-    WHOLE_NUMBER,
+    COUNT,
     BadInput,
     Command,
     PortNumber,
@@ -145,10 +145,8 @@ def doctor(ctx: click.Context, app_spec: str | None, as_json: bool) -> None:
 
 
 @click.command("demo", cls=Command)
-@click.option(
-    "--workers", type=WHOLE_NUMBER, default=2, help="Worker processes (one is SIGKILLed)."
-)
-@click.option("--concurrency", type=WHOLE_NUMBER, default=4, help="Jobs at once per worker.")
+@click.option("--workers", type=COUNT, default=2, help="Worker processes (one is SIGKILLed).")
+@click.option("--concurrency", type=COUNT, default=4, help="Jobs at once per worker.")
 @click.pass_context
 def demo(ctx: click.Context, workers: int, concurrency: int) -> None:
     """Hash every .py file of the standard library through the queue, SIGKILL a

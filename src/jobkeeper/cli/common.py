@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from jobkeeper.api import JobQueue
-from jobkeeper.config import parse_whole_number
+from jobkeeper.config import WHOLE_NUMBER_EXPECTED, parse_whole_number
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -117,15 +117,25 @@ class WholeNumber(click.types.IntParamType):
     """An integer as :func:`~jobkeeper.config.parse_whole_number` reads it:
     click.INT (``int()``) also takes ``' 1'``, ``'1_0'`` and other scripts'
     digits, which a job id or a count typed by mistake should not be.
+
+    Args:
+        noun: what the value is, for the error (``"a job id"``).
+        expected: the error's hint. Only a type whose values may be negative
+            mentions a minus sign: a hint offering one for a job id read as
+            if ``-`` were part of the syntax (a break-test).
     """
 
     name = "integer"
+
+    def __init__(self, noun: str = "a whole number", expected: str = WHOLE_NUMBER_EXPECTED):
+        self.noun = noun
+        self.expected = expected
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
         if isinstance(value, int) and not isinstance(value, bool):
             return value
         try:
-            return parse_whole_number(str(value))
+            return parse_whole_number(str(value), noun=self.noun, expected=self.expected)
         except ValueError as exc:
             self.fail(str(exc), param, ctx)
 
@@ -134,6 +144,7 @@ class PortNumber(WholeNumber):
     """A TCP port, ``low`` to 65535, in ASCII digits."""
 
     def __init__(self, low: int) -> None:
+        super().__init__("a port number", f"expected a whole number from {low} to 65535")
         self.low = low
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
@@ -163,13 +174,17 @@ class DecimalNumber(click.types.FloatParamType):
         return float(text)
 
 
-#: ``type=`` for every integer option and argument of the CLI.
+#: ``type=`` for the integers that may be negative (``--priority``).
 WHOLE_NUMBER = WholeNumber()
+#: ``type=`` for counts and limits (``--limit``, ``--concurrency``...).
+COUNT = WholeNumber(expected="expected digits 0-9, e.g. 10")
+#: ``type=`` for job ids (and dead letters', which are their jobs' ids).
+JOB_ID = WholeNumber("a job id", "expected a whole number from 1 up, e.g. 42")
 #: ``type=`` for every non-integer number of the CLI.
 DECIMAL_NUMBER = DecimalNumber()
 
 json_option = click.option("--json", "as_json", is_flag=True, help="Stable JSON output.")
-job_id_argument = click.argument("job_id", cls=Argument, type=WHOLE_NUMBER, doc="The job id.")
+job_id_argument = click.argument("job_id", cls=Argument, type=JOB_ID, doc="The job id.")
 
 
 #: Width of tables written to a pipe or file: Rich's default there is 80

@@ -6,9 +6,10 @@ import click
 
 from jobkeeper.cli import render
 from jobkeeper.cli.common import (
+    COUNT,
     DECIMAL_NUMBER,
     IDS_MAY_LOOK_LIKE_OPTIONS,
-    WHOLE_NUMBER,
+    JOB_ID,
     Argument,
     BadInput,
     Group,
@@ -24,7 +25,7 @@ dead_app = Group("dead", help="Inspect and requeue dead letters.", no_args_is_he
 
 @dead_app.command("list")
 @click.option("--queue", default=None, help="Only this queue.")
-@click.option("--limit", type=WHOLE_NUMBER, default=50, help="At most this many (1-10000).")
+@click.option("--limit", type=COUNT, default=50, help="At most this many (1-10000).")
 @json_option
 @click.pass_context
 def dead_list(ctx: click.Context, queue: str | None, limit: int, as_json: bool) -> None:
@@ -37,7 +38,7 @@ def dead_list(ctx: click.Context, queue: str | None, limit: int, as_json: bool) 
 
 
 @dead_app.command("requeue", context_settings=IDS_MAY_LOOK_LIKE_OPTIONS)
-@click.argument("job_ids", cls=Argument, type=WHOLE_NUMBER, nargs=-1, doc="Dead letter ids.")
+@click.argument("job_ids", cls=Argument, type=JOB_ID, nargs=-1, doc="Dead letter ids.")
 @click.option("--all", "all_", is_flag=True, help="Requeue every dead letter.")
 @click.pass_context
 def dead_requeue(ctx: click.Context, job_ids: tuple[int, ...], all_: bool) -> None:
@@ -63,7 +64,7 @@ def dead_requeue(ctx: click.Context, job_ids: tuple[int, ...], all_: bool) -> No
 
 
 @dead_app.command("purge", context_settings=IDS_MAY_LOOK_LIKE_OPTIONS)
-@click.argument("job_ids", cls=Argument, type=WHOLE_NUMBER, nargs=-1, doc="Dead letter ids.")
+@click.argument("job_ids", cls=Argument, type=JOB_ID, nargs=-1, doc="Dead letter ids.")
 @click.option("--all", "all_", is_flag=True, help="Delete every dead letter.")
 @click.option(
     "--older-than",

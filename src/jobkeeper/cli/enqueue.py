@@ -10,6 +10,7 @@ import click
 from jobkeeper.api import JobQueue
 from jobkeeper.cli.args_json import parse_args_json, read_args_text
 from jobkeeper.cli.common import (
+    COUNT,
     DECIMAL_NUMBER,
     WHOLE_NUMBER,
     Argument,
@@ -94,7 +95,7 @@ def _parse_run_at(text: str) -> datetime:
     "or ...Z (not with --delay).",
 )
 @click.option("--priority", type=WHOLE_NUMBER, default=None, help="Lower runs first.")
-@click.option("--max-attempts", type=WHOLE_NUMBER, default=None, help="Attempts before dead.")
+@click.option("--max-attempts", type=COUNT, default=None, help="Attempts before dead.")
 @click.option(
     "--unique-key",
     default=None,

@@ -6,8 +6,9 @@ import click
 
 from jobkeeper.cli import render
 from jobkeeper.cli.common import (
+    COUNT,
     IDS_MAY_LOOK_LIKE_OPTIONS,
-    WHOLE_NUMBER,
+    JOB_ID,
     BadInput,
     Group,
     console,
@@ -48,11 +49,11 @@ def status_option(value: str | None) -> JobStatus | None:
 )
 @click.option(
     "--after",
-    type=WHOLE_NUMBER,
+    type=JOB_ID,
     default=None,
     help="The next page: jobs listed after job ID (ids below it).",
 )
-@click.option("--limit", type=WHOLE_NUMBER, default=50, help="At most this many (1-10000).")
+@click.option("--limit", type=COUNT, default=50, help="At most this many (1-10000).")
 @json_option
 @click.pass_context
 def jobs_list(

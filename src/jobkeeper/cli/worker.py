@@ -9,7 +9,7 @@ import click
 
 from jobkeeper.api import JobQueue
 from jobkeeper.cli.common import (
-    WHOLE_NUMBER,
+    COUNT,
     BadInput,
     Command,
     PortNumber,
@@ -34,7 +34,7 @@ from jobkeeper.queues import parse_queue_share
     help="Queue to work; repeat for several. QUEUE=N: run at most N of its jobs at once "
     "(within --concurrency). Default: every queue the app's tasks use.",
 )
-@click.option("--concurrency", type=WHOLE_NUMBER, default=10, help="Most jobs running at once.")
+@click.option("--concurrency", type=COUNT, default=10, help="Most jobs running at once.")
 @click.option(
     "--burst",
     is_flag=True,
@@ -44,7 +44,7 @@ from jobkeeper.queues import parse_queue_share
 )
 @click.option(
     "--prefetch",
-    type=WHOLE_NUMBER,
+    type=COUNT,
     default=None,
     help="Jobs to claim beyond free slots (default: adaptive).",
 )
