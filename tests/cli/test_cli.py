@@ -1013,6 +1013,46 @@ def test_a_non_number_where_negatives_are_valid_says_how_to_write_one(cli):
     )
 
 
+@pytest.mark.parametrize(
+    ("argv", "says", "not_"),
+    [
+        (
+            ["enqueue", "t", "--delay", "-5"],
+            "delay must be a finite number of seconds >= 0, got -5",
+            "-5.0",
+        ),
+        (["enqueue", "t", "--delay", "-1.5"], "got -1.5", None),
+        (["enqueue", "t", "--delay", "1e400"], "'--delay': '1e400' is out of range", "inf"),
+        (["enqueue", "t", "--delay", "5000000000"], "delay=5000000000 seconds", "5000000000.0"),
+        (["dead", "purge", "--older-than", "-5"], "older_than", "-5.0"),
+        (["dead", "purge", "--older-than", "1e400"], "'--older-than': '1e400'", "inf"),
+        (["periodic", "list", "--stale-after", "-5"], "stale_after", "-5.0"),
+        (["periodic", "prune", "--stale-after", "3"], "stale_after=3 is below 15 seconds", "3.0"),
+        (["verify", "--minutes", "-5"], "--minutes", "-5.0"),
+        (["verify", "--minutes", "1440.0001"], "got 1440.0001", None),
+    ],
+)
+def test_a_refused_number_of_seconds_is_echoed_as_typed(cli, queue, argv, says, not_):
+    # Left over from an earlier break-test: `enqueue --delay -5` said "got -5.0"
+    # (the CLI read every number of seconds as a float), `--delay 1e400` said
+    # "--delay inf", and `verify --minutes 1440.0001` said "got 1440" (:g).
+    code, _, err = cli(*argv)
+    assert code == 2, err
+    assert_one_line_error(err, says)
+    assert not_ is None or not_ not in err, err
+    assert total_rows(queue) == 0
+
+
+def test_numbers_of_seconds_as_typed_still_work(cli, queue):
+    assert cli.ok("enqueue", "t", "--delay", "5").strip().isdigit()
+    assert cli.ok("enqueue", "t", "--delay", "1.5").strip().isdigit()
+    assert cli.ok("enqueue", "t", "--delay", "1e2").strip().isdigit()
+    assert queue.stats()["default"]["scheduled"] == 3
+    assert "deleted 0 dead letters" in cli.ok("dead", "purge", "--older-than", "60")
+    assert "pruned 0 stale periodics" in cli.ok("periodic", "prune", "--stale-after", "15")
+    assert cli.json("periodic", "list", "--stale-after", "2.5") == []
+
+
 def test_a_cut_says_so_only_when_the_saying_is_shorter_than_the_cut():
     # Found by a break-test: an error 7 characters over the limit was cut and
     # followed by "(7 more characters; --json shows all)", longer than them.

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import math
 import os
 import re
 import signal
@@ -158,6 +159,12 @@ class DecimalNumber(click.types.FloatParamType):
     """A number of seconds or minutes in ASCII: digits, an optional ``-``,
     fraction and exponent. click.FLOAT (``float()``) also takes other
     scripts' digits, ``_`` and spaces.
+
+    A number typed without a fraction or exponent is an int, so that the
+    messages quoting it (most come from the API's checks, which take ints
+    and floats alike) say ``-5`` as it was typed, not ``-5.0``; one past
+    float's range (``1e400``) is refused here, quoting what was typed, rather
+    than reported later as ``inf``.
     """
 
     name = "number"
@@ -167,11 +174,19 @@ class DecimalNumber(click.types.FloatParamType):
         self, value: Any, param: click.Parameter | None, ctx: click.Context | None
     ) -> float:
         if isinstance(value, float | int) and not isinstance(value, bool):
-            return float(value)
+            return value
         text = str(value)
         if not self._TEXT.fullmatch(text):
             self.fail(f"{text!r} is not a number (ASCII digits, e.g. 2.5)", param, ctx)
-        return float(text)
+        if text.removeprefix("-").isdigit():
+            try:
+                return parse_whole_number(text)
+            except ValueError as exc:  # over MAX_DIGITS digits
+                self.fail(str(exc), param, ctx)
+        number = float(text)
+        if not math.isfinite(number):
+            self.fail(f"{text!r} is out of range", param, ctx)
+        return number
 
 
 #: ``type=`` for the integers that may be negative (``--priority``).

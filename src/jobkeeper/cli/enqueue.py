@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from datetime import datetime
 
 import click
@@ -123,8 +122,6 @@ def enqueue(
     external: bool,
 ) -> None:
     """Enqueue one job and print its id."""
-    if delay is not None and not math.isfinite(delay):
-        raise BadInput(f"--delay {delay}: must be a finite number of seconds >= 0")
     when = None if run_at is None else _parse_run_at(run_at)
     jq = open_app_queue(ctx, app_spec) if app_spec is not None else open_queue(ctx)
     limit = jq.settings.max_payload_bytes

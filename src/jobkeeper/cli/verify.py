@@ -30,7 +30,7 @@ FAULT_NAMES = {
 
 def _minutes(value: float) -> float:
     if not 0 < value <= 24 * 60:
-        raise BadInput(f"--minutes must be more than 0 and at most 1440, got {value:g}")
+        raise BadInput(f"--minutes must be more than 0 and at most 1440, got {value!r}")
     return value
 
 
