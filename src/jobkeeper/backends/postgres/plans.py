@@ -13,6 +13,7 @@ waiters (``psycopg/generators.py``).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
@@ -20,6 +21,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 import psycopg
+from psycopg import pq
+from psycopg.generators import copy_end
 
 from jobkeeper.backends.flow import check_pending
 from jobkeeper.backends.postgres.flow import FlowNeeded
@@ -423,6 +426,44 @@ def _send_buffered(cursor: psycopg.Cursor[Any] | psycopg.AsyncCursor[Any]) -> No
     cursor.connection.pgconn.flush()
 
 
+def _open_copy(cursor: psycopg.Cursor[Any] | psycopg.AsyncCursor[Any]) -> bool:
+    """Whether the connection is still in COPY FROM STDIN mode after the
+    COPY block was left by an exception: an interruption (Ctrl-C, an
+    asyncio cancellation) that lands while psycopg waits for the server to
+    start the COPY leaves it so, before any Copy object exists to end it.
+    The transaction's rollback then fails ("another command is already in
+    progress") and the pool throws the connection away, each with a warning.
+    """
+    result = cursor.pgresult
+    return (
+        cursor.connection.pgconn.transaction_status == pq.TransactionStatus.ACTIVE
+        and result is not None
+        and result.status == pq.ExecStatus.COPY_IN
+    )
+
+
+#: The reason an interrupted COPY is ended with (CopyFail): the server
+#: rolls back what it received.
+_COPY_INTERRUPTED = b"interrupted by the client: nothing of this COPY is kept"
+
+
+def _fail_open_copy(cursor: psycopg.Cursor[Any]) -> None:
+    """End a COPY an interruption left open (see :func:`_open_copy`) with
+    CopyFail, leaving the transaction failed: its rollback then works and
+    the connection goes back to the pool usable.
+    """
+    if _open_copy(cursor):
+        with contextlib.suppress(psycopg.Error):
+            cursor.connection.wait(copy_end(cursor.connection.pgconn, _COPY_INTERRUPTED))
+
+
+async def _fail_open_copy_async(cursor: psycopg.AsyncCursor[Any]) -> None:
+    """:func:`_fail_open_copy` on an async cursor."""
+    if _open_copy(cursor):
+        with contextlib.suppress(psycopg.Error):
+            await cursor.connection.wait(copy_end(cursor.connection.pgconn, _COPY_INTERRUPTED))
+
+
 def run_plan(cursor: psycopg.Cursor[Any], plan: Plan, queries: dict[str, str]) -> Any:
     """Drive ``plan`` on a sync cursor (tuple rows); returns what it returns."""
     reply: list[Any] | None = None
@@ -431,18 +472,20 @@ def run_plan(cursor: psycopg.Cursor[Any], plan: Plan, queries: dict[str, str]) -
             step = plan.send(reply) if reply is not None else next(plan)
         except StopIteration as stop:
             return stop.value
-        if isinstance(step, Copy):
-            with cursor.copy(queries[step.query]) as copy:
-                for row in step.rows:
-                    copy.write_row(row)
-            reply = []
-            continue
-        if isinstance(step, CopyText):
-            with cursor.copy(queries[step.query]) as copy:
-                for chunk in step.chunks:
-                    copy.write(chunk)
-                _send_buffered(cursor)
-                step.meanwhile()
+        if isinstance(step, Copy | CopyText):
+            try:
+                with cursor.copy(queries[step.query]) as copy:
+                    if isinstance(step, Copy):
+                        for row in step.rows:
+                            copy.write_row(row)
+                    else:
+                        for chunk in step.chunks:
+                            copy.write(chunk)
+                        _send_buffered(cursor)
+                        step.meanwhile()
+            except BaseException:
+                _fail_open_copy(cursor)
+                raise
             reply = []
             continue
         cursor.execute(queries[step.query], step.params)
@@ -465,18 +508,20 @@ async def run_plan_async(
             step = plan.send(reply) if reply is not None else next(plan)
         except StopIteration as stop:
             return stop.value
-        if isinstance(step, Copy):
-            async with cursor.copy(queries[step.query]) as copy:
-                for row in step.rows:
-                    await copy.write_row(row)
-            reply = []
-            continue
-        if isinstance(step, CopyText):
-            async with cursor.copy(queries[step.query]) as copy:
-                for chunk in step.chunks:
-                    await copy.write(chunk)
-                _send_buffered(cursor)
-                step.meanwhile()
+        if isinstance(step, Copy | CopyText):
+            try:
+                async with cursor.copy(queries[step.query]) as copy:
+                    if isinstance(step, Copy):
+                        for row in step.rows:
+                            await copy.write_row(row)
+                    else:
+                        for chunk in step.chunks:
+                            await copy.write(chunk)
+                        _send_buffered(cursor)
+                        step.meanwhile()
+            except BaseException:
+                await _fail_open_copy_async(cursor)
+                raise
             reply = []
             continue
         await cursor.execute(queries[step.query], step.params)

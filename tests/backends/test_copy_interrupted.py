@@ -1,0 +1,162 @@
+"""A bulk enqueue interrupted just as PostgreSQL starts its COPY (a Ctrl-C,
+an asyncio cancellation such as ``wait_for``'s timeout).
+
+psycopg answers an interruption during a wait by cancelling the statement
+and finishing the wait; when the server had already started the COPY, the
+connection is left in COPY FROM STDIN mode with no Copy object to end it.
+The transaction's rollback then failed ("another command is already in
+progress") and the pool threw the connection away, three warnings per
+interrupted call (break-test 4 saw them in about half of its cancelled
+``enqueue_many_async`` calls). The moment is a few microseconds wide, so
+these tests put the interruption there: right after the wait that started
+the COPY returns.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import psycopg
+import pytest
+
+from jobkeeper import JobQueue
+from support.db import count
+from support.settings import FAST
+
+BATCH = 200  # past COPY_MIN_JOBS: the COPY path
+
+
+class _Interrupt:
+    """Raise ``error`` once, right after the next COPY's start was waited for."""
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+        self.armed = False
+        self.fired = 0
+
+
+@pytest.fixture
+def interrupt_after_copy_start(
+    monkeypatch: pytest.MonkeyPatch,
+) -> Iterator[Callable[[BaseException], _Interrupt]]:
+    holder: list[_Interrupt] = []
+    copy_gens: set[int] = set()
+
+    def marked(cls: type) -> Any:
+        original = cls._start_copy_gen
+
+        def start_copy_gen(self: Any, *args: Any, **kwargs: Any) -> Any:
+            gen = original(self, *args, **kwargs)
+            copy_gens.add(id(gen))
+            return gen
+
+        return start_copy_gen
+
+    def should_fire(gen: Any) -> bool:
+        if id(gen) not in copy_gens:
+            return False
+        copy_gens.discard(id(gen))
+        return bool(holder) and holder[0].armed
+
+    def fire() -> None:
+        interrupt = holder[0]
+        interrupt.armed = False
+        interrupt.fired += 1
+        raise interrupt.error
+
+    sync_wait = psycopg.Connection.wait
+    async_wait = psycopg.AsyncConnection.wait
+
+    def wait(self: Any, gen: Any, *args: Any, **kwargs: Any) -> Any:
+        interrupted = should_fire(gen)
+        result = sync_wait(self, gen, *args, **kwargs)
+        if interrupted:
+            fire()
+        return result
+
+    async def wait_async(self: Any, gen: Any, *args: Any, **kwargs: Any) -> Any:
+        interrupted = should_fire(gen)
+        result = await async_wait(self, gen, *args, **kwargs)
+        if interrupted:
+            fire()
+        return result
+
+    monkeypatch.setattr(psycopg.Cursor, "_start_copy_gen", marked(psycopg.Cursor))
+    monkeypatch.setattr(psycopg.AsyncCursor, "_start_copy_gen", marked(psycopg.AsyncCursor))
+    monkeypatch.setattr(psycopg.Connection, "wait", wait)
+    monkeypatch.setattr(psycopg.AsyncConnection, "wait", wait_async)
+
+    def arm(error: BaseException) -> _Interrupt:
+        holder[:] = [_Interrupt(error)]
+        holder[0].armed = True
+        return holder[0]
+
+    yield arm
+
+
+def _psycopg_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [
+        record.getMessage()
+        for record in caplog.records
+        if record.name.startswith("psycopg") and record.levelno >= logging.WARNING
+    ]
+
+
+def test_a_ctrl_c_as_the_copy_starts_leaves_the_connection_usable(
+    pg_url, interrupt_after_copy_start, caplog
+):
+    jq = JobQueue(pg_url, **FAST, pool_size=1)
+    jq.migrate()
+
+    @jq.task
+    def t(i: int) -> None:
+        return None
+
+    items = [("t", {"i": i}) for i in range(BATCH)]
+    try:
+        interrupt = interrupt_after_copy_start(KeyboardInterrupt())
+        caplog.set_level(logging.WARNING)
+        with pytest.raises(KeyboardInterrupt):
+            jq.enqueue_many(items)
+        assert interrupt.fired == 1
+        assert _psycopg_warnings(caplog) == []
+        assert count(jq) == 0
+        assert len(jq.enqueue_many(items)) == BATCH
+        assert count(jq) == BATCH
+    finally:
+        jq.close()
+
+
+def test_a_cancel_as_the_copy_starts_leaves_the_connection_usable(
+    pg_url, interrupt_after_copy_start, caplog
+):
+    jq = JobQueue(pg_url, **FAST)
+    jq.migrate()
+
+    @jq.task
+    def t(i: int) -> None:
+        return None
+
+    items = [("t", {"i": i}) for i in range(BATCH)]
+
+    async def main() -> None:
+        try:
+            await jq.enqueue_many_async(items[:1])  # the loop's pool, opened
+            interrupt = interrupt_after_copy_start(asyncio.CancelledError())
+            caplog.set_level(logging.WARNING)
+            with pytest.raises(asyncio.CancelledError):
+                await jq.enqueue_many_async(items)
+            assert interrupt.fired == 1
+            assert _psycopg_warnings(caplog) == []
+            assert len(await jq.enqueue_many_async(items)) == BATCH
+        finally:
+            await jq.aclose()
+
+    try:
+        asyncio.run(main())
+        assert count(jq) == 1 + BATCH
+    finally:
+        jq.close()
