@@ -133,7 +133,9 @@ def insert_plan(jobs: Sequence[NewJob], channel: str, *, in_transaction: bool) -
     """
     if copyable(jobs):
         assert in_transaction, "the COPY path checks max_pending in its transaction"
-        stored = yield from _insert_copy(jobs, channel)
+        stored, delayed = yield from _insert_copy(jobs, channel)
+        yield from _notify_due(channel, delayed)
+        return stored
     else:
         limits: dict[str, int] = {}
         if in_transaction:
@@ -179,7 +181,11 @@ def copyable(jobs: Sequence[NewJob]) -> bool:
 
 
 def _lock_limited(
-    jobs: Sequence[NewJob], *, channel: str | None = None, woken: Sequence[str] = ()
+    jobs: Sequence[NewJob],
+    *,
+    channel: str | None = None,
+    woken: Sequence[str] = (),
+    queues: set[str] | None = None,
 ) -> Plan:
     """Mark queues that get serial-keyed jobs and lock the rows of the
     batch's queues with ``max_pending``; returns their limits. Enqueues into
@@ -187,26 +193,36 @@ def _lock_limited(
     (:func:`_count_limited`, in a later statement, whose snapshot is taken
     with the locks held). The statement also announces the ``woken`` queues
     on ``channel`` (the COPY path's available jobs: no statement of their own
-    could).
+    could). ``queues``: the queues of ``jobs``, when the caller has them
+    (the COPY path's, gathered as its rows were written; it has no serial
+    keys, so nothing is marked).
     """
-    serial = sorted({j.queue for j in jobs if j.serial_key is not None})
-    if serial:
-        yield Execute("job_insert_many_mark_serial", {"queues": serial})
+    if queues is None:
+        serial = sorted({j.queue for j in jobs if j.serial_key is not None})
+        if serial:
+            yield Execute("job_insert_many_mark_serial", {"queues": serial})
+        queues = {j.queue for j in jobs}
     locked = yield Execute(
         "job_insert_many_lock_pending",
-        {"queues": sorted({j.queue for j in jobs}), "channel": channel, "woken": list(woken)},
+        {"queues": sorted(queues), "channel": channel, "woken": list(woken)},
     )
     return {row["name"]: int(row["max_pending"]) for row in locked}
 
 
 def _count_limited(
-    limits: dict[str, int], jobs: Sequence[NewJob], *, inserted: bool = False
+    limits: dict[str, int],
+    jobs: Sequence[NewJob],
+    *,
+    inserted: bool = False,
+    queues: set[str] | None = None,
 ) -> Plan:
     """Refuse the batch with :class:`QueueFull` if ``jobs`` take a limited
     queue (``limits``, locked) past its ``max_pending``: before their rows go
     in, or, ``inserted``, after (the count then holds them, and any batch that
     waited on the lock is counted too). Only the queues of ``jobs`` count.
     """
+    if not limits:  # the usual case: no set of a bulk batch's queues to build
+        return
     queues = {j.queue for j in jobs}
     limits = {queue: limit for queue, limit in limits.items() if queue in queues}
     if not limits:
@@ -234,8 +250,9 @@ def _notify_due(channel: str, jobs: list[Job]) -> Plan:
     stage them then rather than at their next poll.
     """
     due: dict[str, datetime] = {}
+    scheduled = JobStatus.SCHEDULED  # looked up once: an enum member costs a class lookup
     for job in jobs:
-        if job.status == JobStatus.SCHEDULED:
+        if job.status is scheduled:
             due[job.queue] = min(due.get(job.queue, job.scheduled_at), job.scheduled_at)
     if due:
         yield Execute(
@@ -332,7 +349,8 @@ def _insert_copy(jobs: Sequence[NewJob], channel: str) -> Plan:
     is written (and, for a stream, validated) in one pass; the Jobs are
     built while the server inserts the rows. ``max_pending`` is checked
     after the rows are in, by the statement that announces the available
-    jobs' queues.
+    jobs' queues. Returns the Jobs, and those of them that were delayed
+    (only these can be scheduled).
     """
     rows = yield Execute("job_insert_many_reserve_ids", {"count": len(jobs)})
     reserved_now, ids = rows[0].values()
@@ -341,9 +359,14 @@ def _insert_copy(jobs: Sequence[NewJob], channel: str) -> Plan:
     read: list[NewJob] = []
     built: list[Job] = []
     delayed: list[int] = []  # positions of the jobs that wait: the second COPY's
+    # The batch's queues, and those its jobs to run now wake, gathered as the
+    # rows are written: a pass over a thousand Jobs afterwards cost more.
+    queues: set[str] = set()
+    woken: set[str] = set()
 
     def immediate_lines() -> Iterator[str]:
         lines: list[str] = []
+        add_queue, add_woken = queues.add, woken.add
         for new, job_id in zip(jobs, ids, strict=True):
             if new.unique_key is not None or new.serial_key is not None:
                 # A stream is copied only when no item's options name a key;
@@ -359,6 +382,7 @@ def _insert_copy(jobs: Sequence[NewJob], channel: str) -> Plan:
                 # Queue and task names are validated to letters, digits and
                 # ``_ . : - /``: nothing to escape.
                 trace = new.trace_context
+                add_woken(new.queue)
                 lines.append(
                     f"{job_id}\t{new.queue}\t{new.task}\t{_copy_text(new.args_json)}\t"
                     f"{new.priority}\t{new.max_attempts}\t"
@@ -369,6 +393,7 @@ def _insert_copy(jobs: Sequence[NewJob], channel: str) -> Plan:
                     lines = []
             else:
                 delayed.append(len(read))
+            add_queue(new.queue)
             read.append(new)
         if lines:
             yield "".join(lines)
@@ -377,7 +402,8 @@ def _insert_copy(jobs: Sequence[NewJob], channel: str) -> Plan:
         built.extend(jobs_from_new(read, ids, now))
 
     yield CopyText("job_insert_many_copy", immediate_lines(), build)
-    if delayed:
+    waiting = [built[i] for i in delayed]
+    if waiting:
         yield Copy(
             "job_insert_many_copy_scheduled",
             [
@@ -386,10 +412,10 @@ def _insert_copy(jobs: Sequence[NewJob], channel: str) -> Plan:
                 for new, job in ((read[i], built[i]) for i in delayed)
             ],
         )  # fmt: skip
-    woken = {job.queue for job in built if job.status is JobStatus.AVAILABLE}
-    limits = yield from _lock_limited(read, channel=channel, woken=sorted(woken))
+        woken.update(job.queue for job in waiting if job.status is JobStatus.AVAILABLE)
+    limits = yield from _lock_limited(read, channel=channel, woken=sorted(woken), queues=queues)
     yield from _count_limited(limits, read, inserted=True)
-    return built
+    return built, waiting
 
 
 #: COPY's text format escapes these; JSON text holds no raw control
