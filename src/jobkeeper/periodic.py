@@ -27,6 +27,7 @@ from jobkeeper.schedule import MAX_EVERY, Schedule
 
 __all__ = [
     "DEFAULT_CATCH_UP",
+    "OVERDUE_AFTER",
     "PERIODIC_OPTIONS",
     "Periodic",
     "PeriodicRegistry",
@@ -37,6 +38,11 @@ __all__ = [
 
 #: Seconds a missed tick may be late and still be enqueued (see ``catch_up``).
 DEFAULT_CATCH_UP = 60.0
+#: Seconds a periodic's next tick may lie in the past while a worker still
+#: fires it: a running worker enqueues each tick as it comes due and passes
+#: at least every 5 s (``maintenance.periodic.MAX_REFRESH``), so a tick two
+#: passes late (``ALIVE_SLACK``) is one no worker is firing.
+OVERDUE_AFTER = 10.0
 #: The keyword options of ``jq.periodic``.
 PERIODIC_OPTIONS = (
     "every",
@@ -122,6 +128,17 @@ class PeriodicRow:
     next_tick_at: datetime | None
     seen_at: datetime
     stale: bool
+
+    def overdue(self, now: datetime) -> bool:
+        """Whether the next tick is more than ``OVERDUE_AFTER`` seconds before
+        ``now`` (the database clock, as the row's times): no worker is firing
+        it, because none registering it runs (``stale``) or because the last
+        one stopped less than ``stale_after`` ago. Its workers, when they
+        return, enqueue or skip the missed ticks as ``catch_up`` says.
+        """
+        if self.next_tick_at is None:
+            return False
+        return (now - self.next_tick_at).total_seconds() > OVERDUE_AFTER
 
     def to_dict(self) -> dict[str, Any]:
         """The stable ``periodic list --json`` shape (keys are only ever added)."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import html
 import re
+from datetime import timedelta
 
 import pytest
 from starlette.testclient import TestClient
@@ -345,6 +346,50 @@ def test_periodic_page_lists_stored_schedules(client, jq):
                  ">poll_feeds</a>"):  # fmt: skip
         assert text in html, text
     assert "stale" not in html.split("<tbody>")[1].split("</tbody>")[0]
+
+
+def _periodic_rows(client: TestClient) -> dict[str, str]:
+    """The periodic page's rows as text, by name."""
+    body = client.get("/periodic").text.split("<tbody>")[1].split("</tbody>")[0]
+    rows = {}
+    for row in body.split("<tr>")[1:]:
+        cells = [
+            html.unescape(re.sub(r"<[^>]+>", "", "<td" + cell)).strip()
+            for cell in row.split("<td")[1:]
+        ]
+        rows[cells[0]] = " | ".join(cells)
+    return rows
+
+
+def test_periodic_page_says_when_no_worker_fires_the_next_tick(client, jq):
+    # Left over from an earlier break-test: with no worker running, the next
+    # tick read "9 min ago", as if it had run; nothing said it was overdue.
+    from jobkeeper.maintenance.periodic import ALIVE_SLACK, PeriodicEnqueuer
+    from jobkeeper.periodic import OVERDUE_AFTER
+    from periodic.helpers import fabricate
+
+    assert OVERDUE_AFTER >= ALIVE_SLACK  # a live worker's tick is never called overdue
+    for task in ("gone", "stopped", "parked", "live"):
+        jq.periodic(every=3600 if task in ("parked", "live") else 60, task=task)
+    PeriodicEnqueuer(jq.backend, list(jq.periodics.values())).run_once()
+    now = jq.backend.db_now()
+    # No worker for 10 minutes (stale, default stale_after 15 s here): overdue.
+    fabricate(jq.url.url, "gone", seen_at=now - timedelta(minutes=10),
+              next_tick_at=now - timedelta(minutes=9))  # fmt: skip
+    # Seen just now but its tick a minute past: no worker fired it (not stale yet).
+    fabricate(jq.url.url, "stopped", seen_at=now, next_tick_at=now - timedelta(minutes=1))
+    # No worker, next tick still ahead: nothing will fire it either.
+    fabricate(jq.url.url, "parked", seen_at=now - timedelta(minutes=10))
+
+    rows = _periodic_rows(client)
+    assert "9 min ago · overdue: no running worker schedules it" in rows["gone"], rows
+    assert "1 min ago · overdue: no worker has fired it" in rows["stopped"], rows
+    assert (
+        "in " in rows["parked"]
+        and "not scheduled: no running worker registers it" in rows["parked"]
+    ), rows
+    live = rows["live"]
+    assert "in " in live and "overdue" not in live and "not scheduled" not in live, rows
 
 
 def test_pages_and_metrics_answer_503_while_the_database_is_unavailable():

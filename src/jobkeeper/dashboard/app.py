@@ -40,7 +40,14 @@ from starlette.staticfiles import StaticFiles
 from jobkeeper.api import JobQueue
 from jobkeeper.config import parse_whole_number
 from jobkeeper.dashboard.nav import NAV, NavEntry
-from jobkeeper.dashboard.present import ago, duration, number, stamp, why_waiting
+from jobkeeper.dashboard.present import (
+    ago,
+    duration,
+    next_tick_note,
+    number,
+    stamp,
+    why_waiting,
+)
 from jobkeeper.dashboard.security import (
     CSRF_COOKIE,
     CSRF_FIELD,
@@ -281,7 +288,14 @@ class Dashboard:
         return self.render(request, "queues.html", rows=rows)
 
     def periodic(self, request: Request) -> Response:
-        return self.render(request, "periodic.html", rows=self.jq.periodic_list())
+        now = self.jq.backend.db_now()
+        return self.render(
+            request,
+            "periodic.html",
+            now=now,
+            rows=self.jq.periodic_list(),
+            tick_note=lambda row: next_tick_note(row, now),
+        )
 
     # -- actions -------------------------------------------------------------------
 

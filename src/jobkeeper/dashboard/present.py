@@ -7,6 +7,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 from jobkeeper.models import Job, JobStatus, WorkerInfo
+from jobkeeper.periodic import PeriodicRow
 
 
 def ago(then: datetime | None, now: datetime) -> str:
@@ -42,6 +43,20 @@ def stamp(value: datetime | None) -> str:
 def number(value: int) -> str:
     """Thousands separated: 1,234,567."""
     return f"{value:,}"
+
+
+def next_tick_note(row: PeriodicRow, now: datetime) -> str | None:
+    """What the periodic page says beside a next tick no worker will fire
+    on time (``None`` when a running worker schedules it): a past tick alone
+    read as if it had run.
+    """
+    if row.overdue(now):
+        if row.stale:
+            return "overdue: no running worker schedules it"
+        return "overdue: no worker has fired it"
+    if row.stale:
+        return "not scheduled: no running worker registers it"
+    return None
 
 
 def why_waiting(job: Job, workers: list[WorkerInfo], now: datetime) -> str | None:
