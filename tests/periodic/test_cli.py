@@ -96,6 +96,26 @@ def test_prune_refuses_a_window_shorter_than_a_live_workers_refresh(cli, window)
     assert cli.json("periodic", "prune", "--stale-after", "15") == {"pruned": []}
 
 
+def test_a_live_periodic_whose_next_tick_passed_unfired_shows_overdue(cli):
+    # Left over from an earlier break-test (found on the dashboard): a periodic
+    # whose worker had stopped less than --stale-after ago listed a next tick
+    # in the past as "live".
+    fleet = app(cli.url, every=60, task="stopped")
+    fleet.periodic(every=3600, task="live")
+    service(fleet).run_once()
+    now = fleet.backend.db_now()
+    fabricate(cli.url, "stopped", seen_at=now, next_tick_at=now - timedelta(minutes=1))
+    code, out, _ = cli("periodic", "list", "--stale-after", "600")
+    assert code == 0
+    states = {line.split()[1]: line.split()[-2] for line in out.splitlines() if "every " in line}
+    assert states == {"stopped": "overdue", "live": "live"}, out
+    # Machines read the same from --json: stale is false, next_tick_at is past.
+    assert [(r["name"], r["stale"]) for r in cli.json("periodic", "list")] == [
+        ("live", False),
+        ("stopped", False),
+    ]
+
+
 @pytest.mark.parametrize(
     ("args", "code", "needle"),
     [

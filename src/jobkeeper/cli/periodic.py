@@ -33,12 +33,15 @@ _stale_after_option = click.option(
 @json_option
 @click.pass_context
 def periodic_list(ctx: click.Context, stale_after: float | None, as_json: bool) -> None:
-    """List the stored periodic jobs; stale ones are registered by no running worker."""
-    rows = open_queue(ctx).periodic_list(stale_after=stale_after)
+    """List the stored periodic jobs; stale ones are registered by no running
+    worker, overdue ones have a past next tick that no worker fired.
+    """
+    jq = open_queue(ctx)
+    rows = jq.periodic_list(stale_after=stale_after)
     if as_json:
         render.print_json(console, [row.to_dict() for row in rows])
     else:
-        console.print(render.periodic_table(rows))
+        console.print(render.periodic_table(rows, now=jq.backend.db_now()))
 
 
 @periodic_app.command("prune")

@@ -220,8 +220,19 @@ def job_detail(job: Job, waiting: list[str] | None = None) -> Table:
     return table
 
 
-def periodic_table(rows: list[PeriodicRow]) -> Table:
-    """``periodic list``: one line per stored periodic, stale ones in red."""
+def _periodic_state(row: PeriodicRow, now: datetime) -> str:
+    if row.stale:
+        return "[red]stale[/]"
+    # Registered by a worker seen within stale_after, but its next tick has
+    # passed unfired: that worker has stopped (or its passes fail).
+    return "[yellow]overdue[/]" if row.overdue(now) else "[green]live[/]"
+
+
+def periodic_table(rows: list[PeriodicRow], *, now: datetime) -> Table:
+    """``periodic list``: one line per stored periodic, stale ones in red,
+    overdue ones (a past next tick no worker fired) in yellow; ``now`` is
+    the database clock.
+    """
     table = Table(title="periodic jobs")
     for column in (
         "name",
@@ -241,7 +252,7 @@ def periodic_table(rows: list[PeriodicRow]) -> Table:
             escape(row.task),
             _when(row.last_tick_at),
             "" if row.stale else _when(row.next_tick_at),
-            "[red]stale[/]" if row.stale else "[green]live[/]",
+            _periodic_state(row, now),
         )
     if not rows:
         table.add_row("(none)", "", "", "", "", "", "")
