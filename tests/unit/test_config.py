@@ -675,3 +675,7 @@ def test_numbers_past_float_range_are_config_errors(tmp_path):
         jq.enqueue("t", {}, delay=10**400)
     with pytest.raises(ConfigError, match="retention"):
         JobQueue(f"sqlite:///{tmp_path / 'unused.db'}", retention=10**400)
+    # Found while fixing the CLI's seconds (a882d00): these raised OverflowError.
+    for read in (jq.periodic_list, jq.periodic_prune):
+        with pytest.raises(ConfigError, match="stale_after must be a finite number of seconds"):
+            read(stale_after=10**400)

@@ -225,13 +225,13 @@ class PeriodicsMixin(QueueBase):
     def _stale_after(self, stale_after: float | None) -> float:
         if stale_after is None:
             return max(self.settings.rescue_after, MIN_PRUNE_STALE_AFTER)
-        if (
-            isinstance(stale_after, bool)
-            or not isinstance(stale_after, int | float)
-            or not math.isfinite(stale_after)
-            or stale_after < 0
-        ):
+        try:
+            # isfinite() of an int past float's range raises OverflowError.
+            finite = isinstance(stale_after, int | float) and math.isfinite(stale_after)
+        except OverflowError:
+            finite = False
+        if isinstance(stale_after, bool) or not finite or stale_after < 0:
             raise ConfigError(
-                f"stale_after must be a number of seconds >= 0, got {shown(stale_after)}"
+                f"stale_after must be a finite number of seconds >= 0, got {shown(stale_after)}"
             )
         return float(stale_after)
