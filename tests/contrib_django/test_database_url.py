@@ -23,7 +23,10 @@ SOCKET_DIR = "/var/run/postgresql"
             "postgresql://app:p%40ss%2Fw@db:5433/shop",
         ),
         ({"NAME": "shop", "HOST": "", "PORT": ""}, "postgresql:///shop"),
-        ({"NAME": "shop", "HOST": "::1", "PORT": "5432"}, "postgresql:///shop?host=%3A%3A1&port=5432"),
+        (
+            {"NAME": "shop", "HOST": "::1", "PORT": "5432"},
+            "postgresql:///shop?host=%3A%3A1&port=5432",
+        ),
         # Several hosts, an IPv6 address with a zone: whole, in the query
         # (helper-55 saw 'h1,h2:5432,5433' read as host 'h1,h2,5433').
         (
