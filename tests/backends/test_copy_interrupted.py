@@ -160,3 +160,51 @@ def test_a_cancel_as_the_copy_starts_leaves_the_connection_usable(
         assert count(jq) == 1 + BATCH
     finally:
         jq.close()
+
+
+def test_a_ctrl_c_after_the_copy_end_was_sent_leaves_the_connection_usable(
+    pg_url, monkeypatch, caplog
+):
+    """The interruption lands once the COPY's end is sent, while its reply
+    is awaited (break-test 14 saw Ctrl-C storms land there, and after a
+    statement was sent): the reply is read before the rollback.
+    """
+    import psycopg._copy
+    from psycopg.waiting import Wait
+
+    original = psycopg._copy.copy_end
+    fired: list[int] = []
+
+    def copy_end(pgconn: Any, error: Any) -> Any:
+        gen = original(pgconn, error)
+        ready = None
+        while True:
+            try:
+                wait = gen.send(ready) if ready is not None else next(gen)
+            except StopIteration as stop:
+                return stop.value
+            if wait == Wait.R and not fired:
+                fired.append(1)
+                raise KeyboardInterrupt
+            ready = yield wait
+
+    monkeypatch.setattr(psycopg._copy, "copy_end", copy_end)
+    jq = JobQueue(pg_url, **FAST, pool_size=1)
+    jq.migrate()
+
+    @jq.task
+    def t(i: int) -> None:
+        return None
+
+    items = [("t", {"i": i}) for i in range(BATCH)]
+    try:
+        caplog.set_level(logging.WARNING)
+        with pytest.raises(KeyboardInterrupt):
+            jq.enqueue_many(items)
+        assert fired == [1]
+        assert _psycopg_warnings(caplog) == []
+        assert count(jq) == 0
+        assert len(jq.enqueue_many(items)) == BATCH
+        assert count(jq) == BATCH
+    finally:
+        jq.close()

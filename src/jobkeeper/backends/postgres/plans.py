@@ -22,7 +22,7 @@ from typing import Any
 
 import psycopg
 from psycopg import pq
-from psycopg.generators import copy_end
+from psycopg.generators import fetch_many
 
 from jobkeeper.backends.flow import check_pending
 from jobkeeper.backends.postgres.flow import FlowNeeded
@@ -452,46 +452,77 @@ def _send_buffered(cursor: psycopg.Cursor[Any] | psycopg.AsyncCursor[Any]) -> No
     cursor.connection.pgconn.flush()
 
 
-def _open_copy(cursor: psycopg.Cursor[Any] | psycopg.AsyncCursor[Any]) -> bool:
-    """Whether the connection is still in COPY FROM STDIN mode after the
-    COPY block was left by an exception: an interruption (Ctrl-C, an
-    asyncio cancellation) that lands while psycopg waits for the server to
-    start the COPY leaves it so, before any Copy object exists to end it.
-    The transaction's rollback then fails ("another command is already in
-    progress") and the pool throws the connection away, each with a warning.
-    """
-    result = cursor.pgresult
-    return (
-        cursor.connection.pgconn.transaction_status == pq.TransactionStatus.ACTIVE
-        and result is not None
-        and result.status == pq.ExecStatus.COPY_IN
-    )
-
-
-#: The reason an interrupted COPY is ended with (CopyFail): the server
-#: rolls back what it received.
+#: What an interrupted COPY is ended with (CopyFail): the server drops
+#: what it received, and the transaction fails.
 _COPY_INTERRUPTED = b"interrupted by the client: nothing of this COPY is kept"
+#: Seconds an interrupted step's statement gets to answer before it is
+#: cancelled, and then to answer the cancel.
+_SETTLE_WAIT = 1.0
+_SETTLE_ROUNDS = 3
 
 
-def _fail_open_copy(cursor: psycopg.Cursor[Any]) -> None:
-    """End a COPY an interruption left open (see :func:`_open_copy`) with
-    CopyFail, leaving the transaction failed: its rollback then works and
-    the connection goes back to the pool usable.
+def _settle(cursor: psycopg.Cursor[Any]) -> None:
+    """After an exception left a plan step: if the connection is still busy
+    with the step's statement, end a COPY still open with CopyFail and read
+    the server's answers (cancelling a statement that gives none within
+    ``_SETTLE_WAIT``).
+
+    An interruption (Ctrl-C, an asyncio cancellation) that lands between
+    psycopg's sending a statement, a COPY's start or its end and its reading
+    the reply leaves the connection so. The transaction's rollback then
+    failed ("another command is already in progress") and the pool threw the
+    connection away, each with a warning. Settled, the transaction is
+    failed and its rollback works. Whatever fails here leaves the connection
+    as it was: the pool replaces it.
     """
-    if _open_copy(cursor):
+    conn = cursor.connection
+    pgconn = conn.pgconn
+    # Up to three reads: a COPY whose start was sent but not yet answered
+    # takes one to open (its CopyFail is refused until then) and one to end.
+    for _ in range(_SETTLE_ROUNDS):
+        if pgconn.transaction_status != pq.TransactionStatus.ACTIVE:
+            return
+        with contextlib.suppress(psycopg.Error):  # refused when no COPY is open
+            pgconn.put_copy_end(_COPY_INTERRUPTED)
         with contextlib.suppress(psycopg.Error):
-            cursor.connection.wait(copy_end(cursor.connection.pgconn, _COPY_INTERRUPTED))
+            pgconn.flush()
+            conn.wait(fetch_many(pgconn), timeout=_SETTLE_WAIT)
+    if pgconn.transaction_status == pq.TransactionStatus.ACTIVE:
+        with contextlib.suppress(psycopg.Error):
+            conn.cancel_safe(timeout=_SETTLE_WAIT)
+            conn.wait(fetch_many(pgconn), timeout=_SETTLE_WAIT)
 
 
-async def _fail_open_copy_async(cursor: psycopg.AsyncCursor[Any]) -> None:
-    """:func:`_fail_open_copy` on an async cursor."""
-    if _open_copy(cursor):
+async def _settle_async(cursor: psycopg.AsyncCursor[Any]) -> None:
+    """:func:`_settle` on an async cursor."""
+    conn = cursor.connection
+    pgconn = conn.pgconn
+    for _ in range(_SETTLE_ROUNDS):
+        if pgconn.transaction_status != pq.TransactionStatus.ACTIVE:
+            return
         with contextlib.suppress(psycopg.Error):
-            await cursor.connection.wait(copy_end(cursor.connection.pgconn, _COPY_INTERRUPTED))
+            pgconn.put_copy_end(_COPY_INTERRUPTED)
+        with contextlib.suppress(psycopg.Error):
+            pgconn.flush()
+            await conn.wait(fetch_many(pgconn), timeout=_SETTLE_WAIT)
+    if pgconn.transaction_status == pq.TransactionStatus.ACTIVE:
+        with contextlib.suppress(psycopg.Error):
+            await conn.cancel_safe(timeout=_SETTLE_WAIT)
+            await conn.wait(fetch_many(pgconn), timeout=_SETTLE_WAIT)
 
 
 def run_plan(cursor: psycopg.Cursor[Any], plan: Plan, queries: dict[str, str]) -> Any:
-    """Drive ``plan`` on a sync cursor (tuple rows); returns what it returns."""
+    """Drive ``plan`` on a sync cursor (tuple rows); returns what it returns.
+    An exception leaves the connection settled (:func:`_settle`).
+    """
+    try:
+        return _run_steps(cursor, plan, queries)
+    except BaseException:
+        _settle(cursor)
+        raise
+
+
+def _run_steps(cursor: psycopg.Cursor[Any], plan: Plan, queries: dict[str, str]) -> Any:
     reply: list[Any] | None = None
     while True:
         try:
@@ -499,19 +530,15 @@ def run_plan(cursor: psycopg.Cursor[Any], plan: Plan, queries: dict[str, str]) -
         except StopIteration as stop:
             return stop.value
         if isinstance(step, Copy | CopyText):
-            try:
-                with cursor.copy(queries[step.query]) as copy:
-                    if isinstance(step, Copy):
-                        for row in step.rows:
-                            copy.write_row(row)
-                    else:
-                        for chunk in step.chunks:
-                            copy.write(chunk)
-                        _send_buffered(cursor)
-                        step.meanwhile()
-            except BaseException:
-                _fail_open_copy(cursor)
-                raise
+            with cursor.copy(queries[step.query]) as copy:
+                if isinstance(step, Copy):
+                    for row in step.rows:
+                        copy.write_row(row)
+                else:
+                    for chunk in step.chunks:
+                        copy.write(chunk)
+                    _send_buffered(cursor)
+                    step.meanwhile()
             reply = []
             continue
         cursor.execute(queries[step.query], step.params)
@@ -527,7 +554,19 @@ def run_plan(cursor: psycopg.Cursor[Any], plan: Plan, queries: dict[str, str]) -
 async def run_plan_async(
     cursor: psycopg.AsyncCursor[Any], plan: Plan, queries: dict[str, str]
 ) -> Any:
-    """Drive ``plan`` on an async cursor (tuple rows); returns what it returns."""
+    """Drive ``plan`` on an async cursor (tuple rows); returns what it
+    returns. An exception leaves the connection settled (:func:`_settle`).
+    """
+    try:
+        return await _run_steps_async(cursor, plan, queries)
+    except BaseException:
+        await _settle_async(cursor)
+        raise
+
+
+async def _run_steps_async(
+    cursor: psycopg.AsyncCursor[Any], plan: Plan, queries: dict[str, str]
+) -> Any:
     reply: list[Any] | None = None
     while True:
         try:
@@ -535,19 +574,15 @@ async def run_plan_async(
         except StopIteration as stop:
             return stop.value
         if isinstance(step, Copy | CopyText):
-            try:
-                async with cursor.copy(queries[step.query]) as copy:
-                    if isinstance(step, Copy):
-                        for row in step.rows:
-                            await copy.write_row(row)
-                    else:
-                        for chunk in step.chunks:
-                            await copy.write(chunk)
-                        _send_buffered(cursor)
-                        step.meanwhile()
-            except BaseException:
-                await _fail_open_copy_async(cursor)
-                raise
+            async with cursor.copy(queries[step.query]) as copy:
+                if isinstance(step, Copy):
+                    for row in step.rows:
+                        await copy.write_row(row)
+                else:
+                    for chunk in step.chunks:
+                        await copy.write(chunk)
+                    _send_buffered(cursor)
+                    step.meanwhile()
             reply = []
             continue
         await cursor.execute(queries[step.query], step.params)
