@@ -52,7 +52,11 @@ def test_dashboard_serves_loopback_and_password_protected_hosts(jq, capsys, monk
     monkeypatch.delenv(PASSWORD_ENV, raising=False)
     code, out, _ = run(capsys, "--database", jq.url.url, "dashboard", "--port", "0", "--read-only")
     assert code == 0 and "read-only" in out
-    assert served[-1]["host"] == "127.0.0.1" and served[-1]["port"] == 0
+    # --port 0: a free port, and the URL printed is that one (break-test 14
+    # found "http://127.0.0.1:0/" printed while uvicorn listened elsewhere).
+    port = served[-1]["port"]
+    assert served[-1]["host"] == "127.0.0.1" and port > 0
+    assert f"http://127.0.0.1:{port}/" in out
     assert served[-1]["app"].state.dashboard.read_only is True
     monkeypatch.setenv(PASSWORD_ENV, "pw")
     code, _, _ = run(capsys, "--database", jq.url.url, "dashboard", "--host", "0.0.0.0")

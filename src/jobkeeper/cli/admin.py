@@ -58,15 +58,17 @@ def status(ctx: click.Context, as_json: bool) -> None:
     console.print(render.workers_table(workers, now=now, rescue_after=rescue_after))
 
 
-def _check_listen(host: str, port: int) -> None:
+def _check_listen(host: str, port: int) -> int:
     """Fail in one line (exit 1) when ``host:port`` cannot be listened on:
     uvicorn logs a bind failure and exits 3, after the "serving" line.
+    Returns the port: for ``--port 0``, the free one the system gave, so the
+    URL printed is one that answers.
     """
     address = host.strip("[]")
     family = socket.AF_INET6 if ":" in address else socket.AF_INET
     try:
-        with socket.create_server((address, port), family=family):
-            pass
+        with socket.create_server((address, port), family=family) as listener:
+            return int(listener.getsockname()[1])
     except OSError as exc:
         raise click.ClickException(
             f"--host {host} --port {port}: cannot listen there ({exc.strerror or exc})"
@@ -101,7 +103,7 @@ def dashboard(ctx: click.Context, host: str, port: int, read_only: bool) -> None
         )
     jq = open_queue(ctx)
     jq.backend.db_now()  # an unreachable database fails here, in one line
-    _check_listen(host, port)
+    port = _check_listen(host, port)
     console.print(
         f"jobkeeper dashboard on http://{host}:{port}/ for {jq.url.redacted()}"
         + (" (read-only)" if read_only else ""),
