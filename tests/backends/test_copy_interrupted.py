@@ -105,27 +105,43 @@ def _psycopg_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
     ]
 
 
-def test_a_ctrl_c_as_the_copy_starts_leaves_the_connection_usable(
-    pg_url, interrupt_after_copy_start, caplog
-):
-    jq = JobQueue(pg_url, **FAST, pool_size=1)
+def _queue(pg_url: str, **settings: Any) -> JobQueue:
+    """A migrated queue registering ``t(i)``, the task of :data:`ITEMS`."""
+    jq = JobQueue(pg_url, **{**FAST, **settings})
     jq.migrate()
 
     @jq.task
     def t(i: int) -> None:
         return None
 
-    items = [("t", {"i": i}) for i in range(BATCH)]
+    return jq
+
+
+ITEMS = [("t", {"i": i}) for i in range(BATCH)]
+
+
+def _interrupted_then_usable(jq: JobQueue, caplog: pytest.LogCaptureFixture) -> None:
+    """A sync ``enqueue_many`` that the armed interruption stops writes
+    nothing and warns nothing, and the next one on the same (only)
+    connection works.
+    """
+    caplog.set_level(logging.WARNING)
+    with pytest.raises(KeyboardInterrupt):
+        jq.enqueue_many(ITEMS)
+    assert _psycopg_warnings(caplog) == []
+    assert count(jq) == 0
+    assert len(jq.enqueue_many(ITEMS)) == BATCH
+    assert count(jq) == BATCH
+
+
+def test_a_ctrl_c_as_the_copy_starts_leaves_the_connection_usable(
+    pg_url, interrupt_after_copy_start, caplog
+):
+    jq = _queue(pg_url, pool_size=1)
     try:
         interrupt = interrupt_after_copy_start(KeyboardInterrupt())
-        caplog.set_level(logging.WARNING)
-        with pytest.raises(KeyboardInterrupt):
-            jq.enqueue_many(items)
+        _interrupted_then_usable(jq, caplog)
         assert interrupt.fired == 1
-        assert _psycopg_warnings(caplog) == []
-        assert count(jq) == 0
-        assert len(jq.enqueue_many(items)) == BATCH
-        assert count(jq) == BATCH
     finally:
         jq.close()
 
@@ -133,25 +149,18 @@ def test_a_ctrl_c_as_the_copy_starts_leaves_the_connection_usable(
 def test_a_cancel_as_the_copy_starts_leaves_the_connection_usable(
     pg_url, interrupt_after_copy_start, caplog
 ):
-    jq = JobQueue(pg_url, **FAST)
-    jq.migrate()
-
-    @jq.task
-    def t(i: int) -> None:
-        return None
-
-    items = [("t", {"i": i}) for i in range(BATCH)]
+    jq = _queue(pg_url)
 
     async def main() -> None:
         try:
-            await jq.enqueue_many_async(items[:1])  # the loop's pool, opened
+            await jq.enqueue_many_async(ITEMS[:1])  # the loop's pool, opened
             interrupt = interrupt_after_copy_start(asyncio.CancelledError())
             caplog.set_level(logging.WARNING)
             with pytest.raises(asyncio.CancelledError):
-                await jq.enqueue_many_async(items)
+                await jq.enqueue_many_async(ITEMS)
             assert interrupt.fired == 1
             assert _psycopg_warnings(caplog) == []
-            assert len(await jq.enqueue_many_async(items)) == BATCH
+            assert len(await jq.enqueue_many_async(ITEMS)) == BATCH
         finally:
             await jq.aclose()
 
@@ -189,22 +198,9 @@ def test_a_ctrl_c_after_the_copy_end_was_sent_leaves_the_connection_usable(
             ready = yield wait
 
     monkeypatch.setattr(psycopg._copy, "copy_end", copy_end)
-    jq = JobQueue(pg_url, **FAST, pool_size=1)
-    jq.migrate()
-
-    @jq.task
-    def t(i: int) -> None:
-        return None
-
-    items = [("t", {"i": i}) for i in range(BATCH)]
+    jq = _queue(pg_url, pool_size=1)
     try:
-        caplog.set_level(logging.WARNING)
-        with pytest.raises(KeyboardInterrupt):
-            jq.enqueue_many(items)
+        _interrupted_then_usable(jq, caplog)
         assert fired == [1]
-        assert _psycopg_warnings(caplog) == []
-        assert count(jq) == 0
-        assert len(jq.enqueue_many(items)) == BATCH
-        assert count(jq) == BATCH
     finally:
         jq.close()
