@@ -6,6 +6,7 @@ serial key (``serial_overlap``).
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 
 from benchmarks.soak.check_context import CheckContext
@@ -58,7 +59,9 @@ def overlap_unjustified(
 ) -> str | None:
     rescue = rescues.of_run(first)
     if rescue is None:
-        return "the first holder's attempt was never rescued (two live holders)"
+        return "the first holder's attempt was never rescued (two live holders); " + (
+            _release_of(ctx, first)
+        )
     if rescue.at > second.start + TOLERANCE:
         return f"the second started before the rescue at {rescue.at:.3f}"
     if ctx.hb is not None:
@@ -66,6 +69,30 @@ def overlap_unjustified(
         if silent < ctx.h.rescue_after - TOLERANCE:
             return f"the first holder had heartbeaten {silent:.3f}s before the rescue"
     return None
+
+
+def _release_of(ctx: CheckContext, run: Execution) -> str:
+    """What the ack audit says took ``run``'s claim out of claimed/running
+    (a write not counted as a rescue: by the holder itself, or a free return
+    while its heartbeats say it was alive), so an unjustified overlap names
+    its cause.
+    """
+    writes = [
+        ack
+        for ack in ctx.h.acks or []
+        if (ack.job, ack.attempt, ack.worker) == (run.job, run.attempt, run.worker)
+        and (run.fence is None or ack.fence in (None, run.fence))
+    ]
+    if not writes:
+        return "no audited write released its claim" if ctx.h.acks else "no ack audit"
+    parts = []
+    for ack in sorted(writes, key=lambda ack: ack.at):
+        silent = ctx.silent_for(run.worker, ack.at) if ctx.hb is not None else math.nan
+        parts.append(
+            f"its claim went {ack.new_status} at {ack.at:.3f}, the holder's last heartbeat "
+            f"{silent:.3f}s before"
+        )
+    return "; ".join(parts)
 
 
 def held_span(ctx: CheckContext, run: Execution, rescues: Rescues) -> tuple[float, float]:

@@ -218,7 +218,25 @@ def test_overlapping_live_executions_are_caught():
     report = check(history)
     assert "overlap" in kinds(report)
     assert report.stats["duplicates"] == 1
-    assert "never rescued" in next(v.detail for v in report.violations if v.kind == "overlap")
+    detail = next(v.detail for v in report.violations if v.kind == "overlap")
+    assert "never rescued" in detail and "no audited write released its claim" in detail
+
+
+def test_an_overlap_after_a_live_holders_claim_was_released_names_the_release():
+    history = good_history()
+    # As above, but W1's attempt 1 went back to available at 101.0 while W1
+    # kept heartbeating: a hand-back by the holder itself, or a free return
+    # the heartbeats do not justify (the clean-clone soak failure of
+    # 2026-12-04 looked like this). The violation says which write it was.
+    history.enqueued[8] = Expected(8, "ok")
+    history.events += run(8, 1, W1, 100.0, 104.0) + run(8, 1, W2, 102.0, 103.0)
+    history.rows.append(Row(8, "completed", 1, 20, 8, result(8, W2, 1), [], 103.01))
+    history.acks += [Ack(8, "available", W1, 1, 101.0), Ack(8, "completed", W2, 1, 103.01)]
+    detail = next(v.detail for v in check(history).violations if v.kind == "overlap")
+    assert "never rescued" in detail
+    assert (
+        "its claim went available at 101.000, the holder's last heartbeat 0.000s before" in detail
+    )
 
 
 def test_a_rescue_from_a_live_holder_is_caught():
