@@ -210,11 +210,7 @@ def _lock_limited(
 
 
 def _count_limited(
-    limits: dict[str, int],
-    jobs: Sequence[NewJob],
-    *,
-    inserted: bool = False,
-    queues: set[str] | None = None,
+    limits: dict[str, int], jobs: Sequence[NewJob], *, inserted: bool = False
 ) -> Plan:
     """Refuse the batch with :class:`QueueFull` if ``jobs`` take a limited
     queue (``limits``, locked) past its ``max_pending``: before their rows go
@@ -529,16 +525,18 @@ def _run_steps(cursor: psycopg.Cursor[Any], plan: Plan, queries: dict[str, str])
             step = plan.send(reply) if reply is not None else next(plan)
         except StopIteration as stop:
             return stop.value
-        if isinstance(step, Copy | CopyText):
+        if isinstance(step, Copy):
             with cursor.copy(queries[step.query]) as copy:
-                if isinstance(step, Copy):
-                    for row in step.rows:
-                        copy.write_row(row)
-                else:
-                    for chunk in step.chunks:
-                        copy.write(chunk)
-                    _send_buffered(cursor)
-                    step.meanwhile()
+                for row in step.rows:
+                    copy.write_row(row)
+            reply = []
+            continue
+        if isinstance(step, CopyText):
+            with cursor.copy(queries[step.query]) as copy:
+                for chunk in step.chunks:
+                    copy.write(chunk)
+                _send_buffered(cursor)
+                step.meanwhile()
             reply = []
             continue
         cursor.execute(queries[step.query], step.params)
@@ -573,16 +571,18 @@ async def _run_steps_async(
             step = plan.send(reply) if reply is not None else next(plan)
         except StopIteration as stop:
             return stop.value
-        if isinstance(step, Copy | CopyText):
+        if isinstance(step, Copy):
             async with cursor.copy(queries[step.query]) as copy:
-                if isinstance(step, Copy):
-                    for row in step.rows:
-                        await copy.write_row(row)
-                else:
-                    for chunk in step.chunks:
-                        await copy.write(chunk)
-                    _send_buffered(cursor)
-                    step.meanwhile()
+                for row in step.rows:
+                    await copy.write_row(row)
+            reply = []
+            continue
+        if isinstance(step, CopyText):
+            async with cursor.copy(queries[step.query]) as copy:
+                for chunk in step.chunks:
+                    await copy.write(chunk)
+                _send_buffered(cursor)
+                step.meanwhile()
             reply = []
             continue
         await cursor.execute(queries[step.query], step.params)
