@@ -32,13 +32,13 @@ from jobkeeper.backends.postgres.loop_pools import (
     quiet_cancelled_connects,
     shut_down_if_skipped,
 )
+from jobkeeper.backends.postgres.plan_runner import run_plan_async
 from jobkeeper.backends.postgres.plans import (
     Plan,
     get_plan,
     insert_plan,
     is_single_statement,
     read_for_insert,
-    run_plan_async,
 )
 from jobkeeper.backends.postgres.prepared import prepare_if_direct_async
 from jobkeeper.backends.postgres.queries import QUERIES

@@ -14,11 +14,11 @@ from psycopg.rows import tuple_row
 from jobkeeper.backends.postgres.connections import PostgresConnections, describe, retrying
 from jobkeeper.backends.postgres.direct import direct_statement, run_direct
 from jobkeeper.backends.postgres.flow import FlowNeeded
+from jobkeeper.backends.postgres.plan_runner import run_plan
 from jobkeeper.backends.postgres.plans import (
     insert_plan,
     is_single_statement,
     read_for_insert,
-    run_plan,
 )
 from jobkeeper.backends.postgres.queries import QUERIES
 from jobkeeper.backends.postgres.sources import RETRY_ASKED, load_json_safely

@@ -2,10 +2,10 @@
 
 A plan is a generator that yields the statements to run, one at a time,
 and receives each one's rows; it returns its result. It does no I/O, so
-one plan serves the sync backend (``run_plan`` on a psycopg ``Cursor``) and
-the async producer API (``run_plan_async`` on an ``AsyncCursor``): the
-logic of an enqueue (unique-key resolution, COPY for large batches, the
-NOTIFYs announcing the jobs) is written once. The idea is psycopg's own: its
+one plan serves the sync backend and the async producer API (``run_plan``
+and ``run_plan_async`` in ``plan_runner``): the logic of an enqueue
+(unique-key resolution, COPY for large batches, the NOTIFYs announcing the
+jobs) is written once. The idea is psycopg's own: its
 sync code is generated from the async source (``tools/async_to_sync.py``)
 and its connection logic is written as generators driven by sync and async
 waiters (``psycopg/generators.py``).
@@ -13,16 +13,11 @@ waiters (``psycopg/generators.py``).
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import hashlib
 from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from datetime import UTC, datetime
 from typing import Any
-
-import psycopg
-from psycopg import pq
-from psycopg.generators import fetch_many
 
 from jobkeeper.backends.flow import check_pending
 from jobkeeper.backends.postgres.flow import FlowNeeded
@@ -426,169 +421,3 @@ def _copy_text(value: str | None) -> str:
     if "\\" in value or "\t" in value or "\n" in value or "\r" in value:
         return value.translate(_COPY_ESCAPES)
     return value
-
-
-# -- runners -------------------------------------------------------------------
-
-
-def _names(cursor: psycopg.Cursor[Any] | psycopg.AsyncCursor[Any]) -> list[str] | None:
-    # Column names straight from the result: cursor.description builds a
-    # Column object per column on every call.
-    result = cursor.pgresult
-    if result is None or result.nfields == 0:
-        return None
-    return [(result.fname(i) or b"").decode() for i in range(result.nfields)]
-
-
-def _send_buffered(cursor: psycopg.Cursor[Any] | psycopg.AsyncCursor[Any]) -> None:
-    """Hand the socket what libpq still buffers of a COPY's data (it sends
-    in 8 kB blocks), so the server inserts every row while the client does
-    its own work; a socket that takes less now gets the rest at COPY's end.
-    """
-    cursor.connection.pgconn.flush()
-
-
-#: What an interrupted COPY is ended with (CopyFail): the server drops
-#: what it received, and the transaction fails.
-_COPY_INTERRUPTED = b"interrupted by the client: nothing of this COPY is kept"
-#: Seconds an interrupted step's statement gets to answer before it is
-#: cancelled, and then to answer the cancel.
-_SETTLE_WAIT = 1.0
-_SETTLE_ROUNDS = 3
-
-
-def _settle(cursor: psycopg.Cursor[Any]) -> None:
-    """After an exception left a plan step: if the connection is still busy
-    with the step's statement, end a COPY still open with CopyFail and read
-    the server's answers (cancelling a statement that gives none within
-    ``_SETTLE_WAIT``).
-
-    An interruption (Ctrl-C, an asyncio cancellation) that lands between
-    psycopg's sending a statement, a COPY's start or its end and its reading
-    the reply leaves the connection so. The transaction's rollback then
-    failed ("another command is already in progress") and the pool threw the
-    connection away, each with a warning. Settled, the transaction is
-    failed and its rollback works. Whatever fails here leaves the connection
-    as it was: the pool replaces it.
-    """
-    conn = cursor.connection
-    pgconn = conn.pgconn
-    # Up to three reads: a COPY whose start was sent but not yet answered
-    # takes one to open (its CopyFail is refused until then) and one to end.
-    for _ in range(_SETTLE_ROUNDS):
-        if pgconn.transaction_status != pq.TransactionStatus.ACTIVE:
-            return
-        with contextlib.suppress(psycopg.Error):  # refused when no COPY is open
-            pgconn.put_copy_end(_COPY_INTERRUPTED)
-        with contextlib.suppress(psycopg.Error):
-            pgconn.flush()
-            conn.wait(fetch_many(pgconn), timeout=_SETTLE_WAIT)
-    if pgconn.transaction_status == pq.TransactionStatus.ACTIVE:
-        with contextlib.suppress(psycopg.Error):
-            conn.cancel_safe(timeout=_SETTLE_WAIT)
-            conn.wait(fetch_many(pgconn), timeout=_SETTLE_WAIT)
-
-
-async def _settle_async(cursor: psycopg.AsyncCursor[Any]) -> None:
-    """:func:`_settle` on an async cursor."""
-    conn = cursor.connection
-    pgconn = conn.pgconn
-    for _ in range(_SETTLE_ROUNDS):
-        if pgconn.transaction_status != pq.TransactionStatus.ACTIVE:
-            return
-        with contextlib.suppress(psycopg.Error):
-            pgconn.put_copy_end(_COPY_INTERRUPTED)
-        with contextlib.suppress(psycopg.Error):
-            pgconn.flush()
-            await conn.wait(fetch_many(pgconn), timeout=_SETTLE_WAIT)
-    if pgconn.transaction_status == pq.TransactionStatus.ACTIVE:
-        with contextlib.suppress(psycopg.Error):
-            await conn.cancel_safe(timeout=_SETTLE_WAIT)
-            await conn.wait(fetch_many(pgconn), timeout=_SETTLE_WAIT)
-
-
-def run_plan(cursor: psycopg.Cursor[Any], plan: Plan, queries: dict[str, str]) -> Any:
-    """Drive ``plan`` on a sync cursor (tuple rows); returns what it returns.
-    An exception leaves the connection settled (:func:`_settle`).
-    """
-    try:
-        return _run_steps(cursor, plan, queries)
-    except BaseException:
-        _settle(cursor)
-        raise
-
-
-def _run_steps(cursor: psycopg.Cursor[Any], plan: Plan, queries: dict[str, str]) -> Any:
-    reply: list[Any] | None = None
-    while True:
-        try:
-            step = plan.send(reply) if reply is not None else next(plan)
-        except StopIteration as stop:
-            return stop.value
-        if isinstance(step, Copy):
-            with cursor.copy(queries[step.query]) as copy:
-                for row in step.rows:
-                    copy.write_row(row)
-            reply = []
-            continue
-        if isinstance(step, CopyText):
-            with cursor.copy(queries[step.query]) as copy:
-                for chunk in step.chunks:
-                    copy.write(chunk)
-                _send_buffered(cursor)
-                step.meanwhile()
-            reply = []
-            continue
-        cursor.execute(queries[step.query], step.params)
-        names = _names(cursor)
-        if names is None:
-            reply = []
-        elif step.tuples:
-            reply = cursor.fetchall()
-        else:
-            reply = [dict(zip(names, r, strict=True)) for r in cursor.fetchall()]
-
-
-async def run_plan_async(
-    cursor: psycopg.AsyncCursor[Any], plan: Plan, queries: dict[str, str]
-) -> Any:
-    """Drive ``plan`` on an async cursor (tuple rows); returns what it
-    returns. An exception leaves the connection settled (:func:`_settle`).
-    """
-    try:
-        return await _run_steps_async(cursor, plan, queries)
-    except BaseException:
-        await _settle_async(cursor)
-        raise
-
-
-async def _run_steps_async(
-    cursor: psycopg.AsyncCursor[Any], plan: Plan, queries: dict[str, str]
-) -> Any:
-    reply: list[Any] | None = None
-    while True:
-        try:
-            step = plan.send(reply) if reply is not None else next(plan)
-        except StopIteration as stop:
-            return stop.value
-        if isinstance(step, Copy):
-            async with cursor.copy(queries[step.query]) as copy:
-                for row in step.rows:
-                    await copy.write_row(row)
-            reply = []
-            continue
-        if isinstance(step, CopyText):
-            async with cursor.copy(queries[step.query]) as copy:
-                for chunk in step.chunks:
-                    await copy.write(chunk)
-                _send_buffered(cursor)
-                step.meanwhile()
-            reply = []
-            continue
-        await cursor.execute(queries[step.query], step.params)
-        names = _names(cursor)
-        rows = await cursor.fetchall() if names is not None else []
-        if names is None or step.tuples:
-            reply = rows
-        else:
-            reply = [dict(zip(names, r, strict=True)) for r in rows]
