@@ -10,7 +10,6 @@ from typing import Any
 
 import psycopg
 from psycopg import pq
-from psycopg.abc import PQGen
 from psycopg.generators import fetch_many
 
 from jobkeeper.backends.postgres.plans import Copy, CopyText, Plan
@@ -42,19 +41,6 @@ _SETTLE_WAIT = 1.0
 _SETTLE_ROUNDS = 3
 
 
-def _settle_round(pgconn: pq.abc.PGconn) -> PQGen[None]:
-    """One read of what the server answers a busy connection, after ending
-    the COPY it may still be in (CopyFail, refused when no COPY is open).
-    Up to ``_SETTLE_ROUNDS`` are needed: a COPY whose start was sent but not
-    yet answered takes one to open (its CopyFail is refused until then) and
-    one to end.
-    """
-    with contextlib.suppress(psycopg.Error):
-        pgconn.put_copy_end(_COPY_INTERRUPTED)
-    pgconn.flush()
-    yield from fetch_many(pgconn)
-
-
 def _settle(cursor: psycopg.Cursor[Any]) -> None:
     """After an exception left a plan step: if the connection is still busy
     with the step's statement, end a COPY still open with CopyFail and read
@@ -71,11 +57,16 @@ def _settle(cursor: psycopg.Cursor[Any]) -> None:
     """
     conn = cursor.connection
     pgconn = conn.pgconn
+    # Up to three reads: a COPY whose start was sent but not yet answered
+    # takes one to open (its CopyFail is refused until then) and one to end.
     for _ in range(_SETTLE_ROUNDS):
         if pgconn.transaction_status != pq.TransactionStatus.ACTIVE:
             return
+        with contextlib.suppress(psycopg.Error):  # refused when no COPY is open
+            pgconn.put_copy_end(_COPY_INTERRUPTED)
         with contextlib.suppress(psycopg.Error):
-            conn.wait(_settle_round(pgconn), timeout=_SETTLE_WAIT)
+            pgconn.flush()
+            conn.wait(fetch_many(pgconn), timeout=_SETTLE_WAIT)
     if pgconn.transaction_status == pq.TransactionStatus.ACTIVE:
         with contextlib.suppress(psycopg.Error):
             conn.cancel_safe(timeout=_SETTLE_WAIT)
@@ -90,7 +81,10 @@ async def _settle_async(cursor: psycopg.AsyncCursor[Any]) -> None:
         if pgconn.transaction_status != pq.TransactionStatus.ACTIVE:
             return
         with contextlib.suppress(psycopg.Error):
-            await conn.wait(_settle_round(pgconn), timeout=_SETTLE_WAIT)
+            pgconn.put_copy_end(_COPY_INTERRUPTED)
+        with contextlib.suppress(psycopg.Error):
+            pgconn.flush()
+            await conn.wait(fetch_many(pgconn), timeout=_SETTLE_WAIT)
     if pgconn.transaction_status == pq.TransactionStatus.ACTIVE:
         with contextlib.suppress(psycopg.Error):
             await conn.cancel_safe(timeout=_SETTLE_WAIT)
