@@ -120,6 +120,25 @@ def pool_repair(error: BaseException | None) -> tuple[bool, bool]:
     return False, False
 
 
+def transaction_blocks_unbalanced(
+    conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any],
+) -> bool:
+    """Whether psycopg's count of the ``conn.transaction()`` blocks open on
+    ``conn`` is off, which every later block on it would fail on.
+
+    psycopg 3.3's ``Transaction.__enter__`` undoes an interrupted entry by
+    leaving the block whether or not it was counted in: a Ctrl-C that lands
+    as the entry's wait begins, before the block is counted, takes the count
+    to -1. The server is idle, so the pool keeps the connection, and every
+    later ``conn.transaction()`` on it failed ("transaction rollback at the
+    wrong nesting level"): a Ctrl-C storm on a bulk enqueue left thousands
+    of failed calls behind it. The count is psycopg's private
+    ``_num_transactions``, which no public API exposes; without it (another
+    psycopg) a connection is taken as sound.
+    """
+    return getattr(conn, "_num_transactions", 0) != 0
+
+
 def busy_pool_message(max_size: int) -> str:
     """Why a checkout gave up with the server up: the whole wait, not the
     pool's last slice of it.
@@ -221,6 +240,10 @@ class SingleConnection:
             raise
         except psycopg.errors.FeatureNotSupported as exc:
             if stale_plan(exc):
+                self._drop()
+            raise
+        except BaseException:
+            if transaction_blocks_unbalanced(self._conn):
                 self._drop()
             raise
 
@@ -404,6 +427,8 @@ class PooledConnections:
             if replace_all:
                 conn.close()
                 pool.drain()
+            elif error is not None and transaction_blocks_unbalanced(conn):
+                conn.close()  # the pool opens a replacement
         finally:
             pool.putconn(conn)
 
