@@ -189,6 +189,14 @@ class Backend(CockpitSeam, PeriodicSeam, FlowSeam, WaitSeam, Protocol):
         """The jobs held (claimed or running) by ``worker_id``."""
         ...
 
+    def job_confirm_holds(self, *, worker_id: str) -> list[Job]:
+        """:meth:`job_held_by` as a holder back from a stale spell must read
+        it before it starts a claimed job: once every rescue of these jobs
+        already under way has ended, so that none can return a job after
+        this answer counted it as held. May wait for such a rescue.
+        """
+        ...
+
     def job_prune_finished(
         self, *, older_than: float, limit: int, now: datetime | None = None
     ) -> int:

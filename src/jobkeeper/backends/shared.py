@@ -82,6 +82,9 @@ class SharedReads:
     def job_held_by(self, *, worker_id: str) -> list[Job]:
         return self._jobs(self._fetch("job_held_by", {"worker_id": worker_id}))
 
+    def job_confirm_holds(self, *, worker_id: str) -> list[Job]:
+        return self._jobs(self._fetch("job_confirm_holds", {"worker_id": worker_id}))
+
     def job_get(self, *, job_id: int) -> Job | None:
         rows = self._fetch("job_get", {"id": job_id})
         if rows:

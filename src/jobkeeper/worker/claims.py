@@ -203,7 +203,7 @@ class Claims:
             age, spells = self._heartbeat.liveness()
             if age > self._fresh_for:
                 return None
-            return self._backend.job_held_by(worker_id=self._worker_id), spells
+            return self._backend.job_confirm_holds(worker_id=self._worker_id), spells
 
     def started(self, job: Job) -> None:
         """The task of a claimed job is being called: record its start mark

@@ -213,6 +213,10 @@ class PostgresBackend(
         ended: list[int] = []  # awaited jobs this write ends
         channel = self.done_channel()  # looked up before the cursor is held
         with self._cursor(transaction=True) as cursor:
+            if stale_after is not None:  # a rescue: see job_fail_many_lock
+                cursor.execute(
+                    QUERIES["job_fail_many_lock"], {"ids": [f.claim.job_id for f in failures]}
+                )
             if updates:
                 cursor.execute(
                     QUERIES["job_fail_many"],

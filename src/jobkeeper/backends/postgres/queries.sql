@@ -322,6 +322,17 @@ RETURNING job.id, job.awaited AND job.status = 'cancelled' AS ended_awaited
 -- The queues of jobs handed back by job_fail_many, to wake their workers.
 SELECT DISTINCT queue FROM jobkeeper_jobs WHERE id = ANY(%(ids)s::bigint[])
 
+-- name: job_fail_many_lock
+-- The rescuer's row locks, taken before job_fail_many and
+-- job_fail_many_dead re-check that each holder is still silent: those are
+-- later statements, so they judge by a snapshot taken once the rows are
+-- ours. A holder's confirming read (job_held_by) either ran before the lock,
+-- after its fresh beat had committed, so that the snapshot has the beat; or
+-- waits for this transaction's end and sees its outcome. Judged by a
+-- snapshot taken before the lock, a rescue could return a job its holder
+-- had just confirmed and started.
+SELECT id FROM jobkeeper_jobs WHERE id = ANY(%(ids)b::bigint[]) ORDER BY id FOR UPDATE
+
 -- name: job_fail_many_dead_lock
 -- Row locks taken before job_fail_many_dead, in id order, in the same
 -- transaction: its two branches split on cancel_requested, and a cancel
@@ -485,6 +496,22 @@ WHERE worker_id = %(worker_id)s AND status IN ('claimed', 'running') AND cancel_
 SELECT {job_columns}
 FROM jobkeeper_jobs
 WHERE worker_id = %(worker_id)s AND status IN ('claimed', 'running')
+
+-- name: job_confirm_holds
+-- What a worker reads to confirm its holds after a stale spell, before it
+-- starts a job claimed before the spell. FOR SHARE waits for a rescue in
+-- flight: a rescuer whose snapshot was taken just before our fresh beat
+-- committed judges us silent, and until its return commits the job looks
+-- held; we would start it beside its next holder (the chaos soak saw it
+-- once). Waiting, the
+-- read sees the rescue's outcome: a row no longer ours drops out. A rescue
+-- that has not locked the row yet judges after this read, by a snapshot
+-- with our beat in it (job_fail_many_lock). Not job_held_by: the heartbeat
+-- thread reads that one, and must never wait on a paused rescuer's locks.
+SELECT {job_columns}
+FROM jobkeeper_jobs
+WHERE worker_id = %(worker_id)s AND status IN ('claimed', 'running')
+FOR SHARE
 
 -- name: job_prune_finished
 WITH expired AS (

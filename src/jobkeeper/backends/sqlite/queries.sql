@@ -305,6 +305,13 @@ SELECT *
 FROM jobkeeper_jobs
 WHERE worker_id = :worker_id AND status IN ('claimed', 'running')
 
+-- name: job_confirm_holds
+-- As job_held_by: a rescue judges and writes under the database's one write
+-- lock, which the holder's fresh beat waited for, so none is in flight.
+SELECT *
+FROM jobkeeper_jobs
+WHERE worker_id = :worker_id AND status IN ('claimed', 'running')
+
 -- name: job_prune_finished
 DELETE FROM jobkeeper_jobs
 WHERE id IN (
