@@ -331,7 +331,9 @@ def check_schedule(delay: Any, run_at: Any) -> tuple[float | None, datetime | No
         if not math.isfinite(delay) or delay < 0:
             raise ConfigError(f"delay must be a finite number of seconds >= 0, got {shown(delay)}")
         if delay > MAX_DELAY:
-            raise ConfigError(f"delay={delay} seconds is more than the limit of {MAX_DELAY:.0f}")
+            raise ConfigError(
+                f"delay={shown(delay)} seconds is more than the limit of {MAX_DELAY:.0f} (100 years)"
+            )
         return (float(delay) if delay > 0 else None), None
     if run_at is not None:
         if not isinstance(run_at, datetime):

@@ -80,16 +80,19 @@ def test_bad_input_exits_2_with_one_line(cli, args):
 @pytest.mark.parametrize(
     ("option", "value", "bound"),
     [
-        ("--max-pending", "99999999999999999999", "between 0 and 4611686018427387904"),
-        ("--max-pending", "-3", "between 0 and 4611686018427387904"),
-        ("--concurrency", "99999999999999999999", "at most 2147483647"),
+        ("--max-pending", "99999999999999999999", "from 0 to 4611686018427387904, or 'none'"),
+        ("--max-pending", "-3", "from 0 to 4611686018427387904, or 'none'"),
+        ("--concurrency", "99999999999999999999", "from 1 to 2147483647"),
+        ("--concurrency", "0", "from 1 to 2147483647 (pause the queue to stop it)"),
     ],
 )
 def test_a_count_out_of_range_names_the_range(cli, option, value, bound):
-    # Found by a break-test: --max-pending 99999999999999999999 said only
-    # "must be an int >= 0", which it is.
+    # Found by break-tests: --max-pending 99999999999999999999 said only
+    # "must be an int >= 0", which it is; --max-pending -1 then said
+    # "(or None)", the API's word, where the command line takes 'none'.
     code, _, err = cli("queues", "set", "q", option, value)
-    assert code == 2 and bound in err and value in err, err
+    assert code == 2 and f"{option} '{value}'" in err and bound in err, err
+    assert "None" not in err, err
 
 
 def test_queue_full_exits_2_naming_the_queue(cli):

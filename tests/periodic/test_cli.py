@@ -119,7 +119,7 @@ def test_a_live_periodic_whose_next_tick_passed_unfired_shows_overdue(cli):
 @pytest.mark.parametrize(
     ("args", "code", "needle"),
     [
-        (["periodic", "list", "--stale-after", "-1"], 2, "stale_after"),
+        (["periodic", "list", "--stale-after", "-1"], 2, "--stale-after must"),
         (["periodic", "prune", "--stale-after", "nan"], 2, "--stale-after"),
         (["periodic", "list", "--stale-after", "soon"], 2, "soon"),
         (["periodic", "bogus"], 2, "bogus"),

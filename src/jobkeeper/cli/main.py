@@ -12,6 +12,7 @@ console script's entry point, which turns errors into one line and an exit code.
 from __future__ import annotations
 
 import importlib
+import re
 import sys
 from typing import NoReturn
 
@@ -108,6 +109,24 @@ def _fail(message: str, code: int) -> NoReturn:
     sys.exit(code)
 
 
+#: The field an API check's message opens with (``max_attempts must ...``,
+#: ``delay=...``, ``rate_limit '0/s': ...``).
+_FIELD_OPENING = re.compile(r"([a-z]+(?:_[a-z]+)*)(?= must |=| ')")
+
+
+def _in_option_terms(message: str, argv: list[str]) -> str:
+    """An API check's message about a value the command line gave, naming
+    the option (``--max-attempts must ...``) rather than the API's field.
+    """
+    opening = _FIELD_OPENING.match(message)
+    if opening is None:
+        return message
+    option = "--" + opening.group(1).replace("_", "-")
+    if any(arg == option or arg.startswith(option + "=") for arg in argv):
+        return option + message[opening.end() :]
+    return message
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point of the ``jobkeeper`` console script."""
     try:
@@ -120,7 +139,10 @@ def main(argv: list[str] | None = None) -> None:
         # The app's traceback (file and line), then the one error line.
         print(exc.traceback_text, file=sys.stderr)
         _fail(str(exc).replace("\n", " "), 2)
-    except (BadInput, PayloadError, ConfigError, QueueFull) as exc:
+    except ConfigError as exc:
+        message = str(exc).replace("\n", " ")
+        _fail(_in_option_terms(message, sys.argv[1:] if argv is None else argv), 2)
+    except (BadInput, PayloadError, QueueFull) as exc:
         _fail(str(exc).replace("\n", " "), 2)
     except JobkeeperError as exc:
         _fail(str(exc).replace("\n", " "), 1)

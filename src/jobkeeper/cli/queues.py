@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import click
 
 from jobkeeper import JobQueue
@@ -15,7 +17,16 @@ from jobkeeper.cli.common import (
     open_queue,
 )
 from jobkeeper.config import check_name, parse_whole_number
-from jobkeeper.queues import UNSET, QueueInfo, Unset
+from jobkeeper.errors import ConfigError
+from jobkeeper.queues import (
+    MAX_LIMIT,
+    MAX_PENDING_LIMIT,
+    UNSET,
+    QueueInfo,
+    Unset,
+    check_concurrency,
+    check_max_pending,
+)
 
 queues_app = Group(
     "queues",
@@ -81,15 +92,27 @@ def queues_resume(ctx: click.Context, name: str) -> None:
     console.print(f"queue {name} resumed", markup=False, highlight=False)
 
 
-def _int_or_none(option: str, text: str | None) -> int | Unset | None:
+def _int_or_none(
+    option: str,
+    text: str | None,
+    check: Callable[[int], int],
+    lowest: int,
+    highest: int,
+    hint: str = "",
+) -> int | Unset | None:
+    """An option's limit: UNSET when not given, None for 'none', else an
+    int that ``check`` (the API's own) accepts; refused in the option's
+    terms ('none', not the API's None).
+    """
     if text is None:
         return UNSET
     if text.strip().lower() == "none":
         return None
+    expected = f"expected a whole number from {lowest} to {highest}{hint}, or 'none'"
     try:
-        return parse_whole_number(text)
-    except ValueError:
-        raise BadInput(f"{option} {text!r}: expected an integer or 'none'") from None
+        return check(parse_whole_number(text))
+    except (ValueError, ConfigError):
+        raise BadInput(f"{option} {text!r}: {expected}") from None
 
 
 @queues_app.command("set")
@@ -121,9 +144,18 @@ def queues_set(
         rate = None if rate_limit.strip().lower() == "none" else rate_limit
     info = open_queue(ctx).configure_queue(
         name,
-        concurrency=_int_or_none("--concurrency", concurrency),
+        concurrency=_int_or_none(
+            "--concurrency",
+            concurrency,
+            check_concurrency,
+            1,
+            MAX_LIMIT,
+            " (pause the queue to stop it)",
+        ),
         rate_limit=rate,
-        max_pending=_int_or_none("--max-pending", max_pending),
+        max_pending=_int_or_none(
+            "--max-pending", max_pending, check_max_pending, 0, MAX_PENDING_LIMIT
+        ),
     )
     shown = ", ".join(
         f"{key}={'none' if value is None else value}"
