@@ -332,7 +332,8 @@ def check_schedule(delay: Any, run_at: Any) -> tuple[float | None, datetime | No
             raise ConfigError(f"delay must be a finite number of seconds >= 0, got {shown(delay)}")
         if delay > MAX_DELAY:
             raise ConfigError(
-                f"delay={shown(delay)} seconds is more than the limit of {MAX_DELAY:.0f} (100 years)"
+                f"delay={shown(delay)} seconds is more than the limit of "
+                f"{MAX_DELAY:.0f} (100 years)"
             )
         return (float(delay) if delay > 0 else None), None
     if run_at is not None:
