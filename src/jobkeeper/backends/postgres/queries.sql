@@ -508,9 +508,11 @@ WHERE worker_id = %(worker_id)s AND status IN ('claimed', 'running')
 -- that has not locked the row yet judges after this read, by a snapshot
 -- with our beat in it (job_fail_many_lock). Not job_held_by: the heartbeat
 -- thread reads that one, and must never wait on a paused rescuer's locks.
+-- In id order, as the rescue locks: the two never deadlock.
 SELECT {job_columns}
 FROM jobkeeper_jobs
 WHERE worker_id = %(worker_id)s AND status IN ('claimed', 'running')
+ORDER BY id
 FOR SHARE
 
 -- name: job_prune_finished
