@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import threading
 import time
+from datetime import UTC, datetime
 
 from jobkeeper import JobStatus
 from jobkeeper.maintenance.heartbeat import Heartbeat
 from jobkeeper.maintenance.rescuer import Rescuer
+from jobkeeper.models import WorkerInfo
 from support.waiting import wait_for, wait_status
 
 from .helpers import running
@@ -98,3 +100,35 @@ def test_code_that_swallows_a_cancel_and_returns_ends_cancelled(jq):
         (done,) = wait_status(jq, [j.id], {JobStatus.CANCELLED, JobStatus.COMPLETED})
     assert caught.is_set()
     assert done.status == JobStatus.CANCELLED, done
+
+
+class _HoldsRead(_Beats):
+    """The heartbeat's backend, answering ``job_held_by`` from a list."""
+
+    def __init__(self, answers: list[list[str]]) -> None:
+        self.answers = answers
+        self.reads = 0
+
+    def job_held_by(self, *, worker_id):
+        self.reads += 1
+        return self.answers.pop(0) if self.answers else []
+
+
+def test_the_holds_are_read_again_a_beat_after_a_stale_spell():
+    # A rescue that judged the worker silent may still be committing when
+    # the spell's beat reads the holds: the plain read sees the job as still
+    # held, and the rescued attempt ran on until its end. The next beat reads
+    # again and sees the rescue.
+    seen: list[list[str]] = []
+    backend = _HoldsRead([["job 1"], []])
+    now = datetime.now(UTC)
+    info = WorkerInfo("w:1:aaaa", "test-host", 1, ["default"], now, now)
+    beat = Heartbeat(backend, info, 0.5, lambda claim: None, stale_after=2.0, on_holds=seen.append)
+    beat.run_once()
+    assert backend.reads == 0  # no spell, no read
+    beat._last_beat = time.monotonic() - 5.0  # a pause
+    beat.run_once()  # ends the spell
+    beat.run_once()  # the beat after
+    beat.run_once()
+    assert seen == [["job 1"], []]
+    assert backend.reads == 2

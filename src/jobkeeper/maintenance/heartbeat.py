@@ -65,6 +65,9 @@ class Heartbeat(IntervalService):
         #: being written has been waiting (None: none is).
         self.trouble_at = -math.inf
         self._writing_since: float | None = None
+        #: Set by the beat that ends a stale spell: the next beat reads our
+        #: holds again (see run_once).
+        self._recheck_holds = False
 
     @property
     def _last_beat(self) -> float:
@@ -138,9 +141,13 @@ class Heartbeat(IntervalService):
             # No beat for a while (a pause, a starved process): others' beats
             # may have waited on us meanwhile, so judge nobody for a window.
             self.trouble_at = time.monotonic()
-        if spell_ended and self._on_holds is not None:
+        if self._on_holds is not None and (spell_ended or self._recheck_holds):
             # Our claims may have been rescued while we were silent: the
-            # worker stops what no longer holds its claim.
+            # worker stops what no longer holds its claim. Read twice, the
+            # second time a beat later: a rescue that judged us silent may
+            # still be committing at the first read, which does not wait for
+            # its row locks (this thread must never wait on a paused rescuer).
+            self._recheck_holds = spell_ended
             self._on_holds(self._backend.job_held_by(worker_id=self._worker.id))
         for claim in self._backend.job_cancel_requested(worker_id=self._worker.id):
             self._on_cancel(claim)
