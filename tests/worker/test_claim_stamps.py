@@ -8,8 +8,11 @@ from __future__ import annotations
 import dataclasses
 import threading
 
+from jobkeeper import JobStatus
 from jobkeeper.events import EventBus
+from jobkeeper.outcomes import returned_attempt
 from jobkeeper.worker.claims import Claims
+from support.db import sql
 
 
 class _Heartbeat:
@@ -53,3 +56,62 @@ def test_an_old_claim_of_a_job_claimed_again_is_not_held(jq):
     assert claims.still_held(again)
     claims.forget(again)
     assert not claims.still_held(again)
+
+
+class _Starts:
+    """A completer that only records the start marks it is given to batch."""
+
+    def __init__(self) -> None:
+        self.batched: list[object] = []
+
+    def add_start(self, claim: object) -> None:
+        self.batched.append(claim)
+
+
+def _claims_of(jq, worker_id: str, completer: _Starts) -> Claims:
+    return Claims(
+        backend=jq.backend,
+        worker_id=worker_id,
+        heartbeat=_Heartbeat(),
+        completer=completer,
+        fresh_for=1.0,
+        stopping=threading.Event(),
+        events=EventBus(),
+    )
+
+
+def _returned_once(jq, worker_id: str):
+    """A job returned unstarted once before, claimed now by ``worker_id``."""
+    job = jq.enqueue("t", {})
+    sql(jq, "UPDATE jobkeeper_jobs SET unstarted_returns = 1 WHERE id = ?", [job.id])
+    (claimed,) = jq.backend.job_claim(worker_id=worker_id, queue="default", limit=1)
+    assert claimed.unstarted_returns == 1
+    return claimed
+
+
+def test_a_job_returned_unstarted_before_is_marked_running_before_its_call(jq):
+    starts = _Starts()
+    claims = _claims_of(jq, "w:1:aaaa", starts)
+    job = _returned_once(jq, "w:1:aaaa")
+    claims.claimed([job], claims.stamp())
+    assert claims.may_start(job)
+    # Written by may_start, before the executor's last check and the call.
+    assert jq.get_job(job.id).status == JobStatus.RUNNING
+    claims.started(job)
+    assert starts.batched == []  # not marked twice
+
+
+def test_a_lost_claim_of_a_job_returned_before_does_not_start(jq):
+    # Break-test 15: such a job's start mark was written after the
+    # executor's last check, and its result ignored. Held up by a partition
+    # past rescue_after, it matched nothing (the job had been rescued and
+    # claimed by another worker), and the task was called anyway, beside the
+    # next holder.
+    claims = _claims_of(jq, "w:1:aaaa", _Starts())
+    job = _returned_once(jq, "w:1:aaaa")
+    claims.claimed([job], claims.stamp())
+    assert jq.backend.job_fail_many(failures=[returned_attempt(job)]) == {job.id}
+    (again,) = jq.backend.job_claim(worker_id="w:2:bbbb", queue="default", limit=1)
+    assert again.id == job.id and again.fence != job.fence
+    assert not claims.may_start(job)
+    assert jq.get_job(job.id).worker_id == "w:2:bbbb"

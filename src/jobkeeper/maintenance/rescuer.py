@@ -14,7 +14,7 @@ A held job whose holder has not heartbeaten for ``rescue_after`` seconds
   start mark waits up to a flush interval in its worker, so a job that kills
   its worker as it starts can look unstarted. Such a job is returned once;
   its next claim writes the start mark before the task is called (see the
-  worker's ``_on_start``), so its next crashes spend attempts. Should those
+  worker's ``Claims.may_start``), so its next crashes spend attempts. Should those
   marks fail too, after ``MAX_UNSTARTED_RETURNS`` free returns its claims
   are rescued like running ones: it still reaches the dead letters (C-05).
 

@@ -74,8 +74,8 @@ class Claims:
         # handed back while we were silent and claimed by us again must not
         # lend its new claim's stamp to the old one still in our buffer.
         self._stamps: dict[tuple[int, int], int] = {}
-        # Lone attempts whose start mark may_start wrote: (job id, fence).
-        self._marked_alone: set[tuple[int, int]] = set()
+        # Attempts whose start mark may_start wrote: (job id, fence).
+        self._marked: set[tuple[int, int]] = set()
 
     def fresh(self) -> bool:
         """Whether our heartbeat is fresh: claims made now cannot be rescued
@@ -108,9 +108,9 @@ class Claims:
         # lock orders writes that read and write together.
         claim = (job.id, job.fence)
         self._stamps.pop(claim, None)
-        if self._marked_alone:  # a lone attempt settled before its call
+        if self._marked:  # a marked attempt settled before its call
             with self._lock:
-                self._marked_alone.discard(claim)
+                self._marked.discard(claim)
 
     def still_held(self, job: Job) -> bool:
         """Whether our heartbeat is fresh and has been since the job was
@@ -129,11 +129,13 @@ class Claims:
         claim may have been rescued and the job be running elsewhere, or be
         done. False: the claim is lost, or the worker is stopping.
 
-        A ``run_alone`` job starts only once its start mark is written (see
-        :meth:`_mark_alone`): a crash of its attempt must be pinned on it.
+        A ``run_alone`` job, and one whose earlier claim was lost before its
+        start was recorded (``unstarted_returns``), starts only once its
+        start mark is written (see :meth:`_mark_first`): a crash of its
+        attempt must spend it.
         """
-        if job.run_alone:
-            return self._mark_alone(job)
+        if job.run_alone or job.unstarted_returns:
+            return self._mark_first(job)
         if self.still_held(job):
             return True
         while not self._stopping.is_set():
@@ -155,27 +157,30 @@ class Claims:
             return False
         return False
 
-    def _mark_alone(self, job: Job) -> bool:
-        """Write a lone job's start mark (``job_start_alone``) before its task
-        may be called, waiting out a database outage: unwritten, a crash of
-        the attempt would be only a lost attempt, not one charged to the
-        job's crash budget, and a poison job could take down more workers
-        than ``max_crashes`` allows. The fenced write is also the proof that
-        we still hold the claim. False: the claim is lost (the write matched
+    def _mark_first(self, job: Job) -> bool:
+        """Write the start mark before the task may be called, waiting out a
+        database outage; False: the claim is lost (the fenced write matched
         nothing), or the worker is stopping.
+
+        A lone job's mark (``job_start_alone``) pins a crash of the attempt
+        on it: unwritten, the crash would be only a lost attempt, and a
+        poison job could take down more workers than ``max_crashes`` allows.
+        A job already returned unstarted gets its mark (``job_start_many``)
+        first so that a crash as it starts spends the attempt (see the
+        rescuer). Either write is also the proof that we still hold the
+        claim, and it comes before the executor's last check (a write that
+        takes long leaves the heartbeat stale, and that check then hands the
+        job back): written after that check, a mark held up past
+        ``rescue_after`` (a partition) matched nothing and the task was
+        called anyway, beside the claim's next holder.
         """
-        claim = claim_of(job)
         while not self._stopping.is_set():
             try:
                 with self._db_lock:
                     age, spells = self._heartbeat.liveness()
-                    written = (
-                        self._backend.job_start_alone(claim=claim)
-                        if age <= self._fresh_for
-                        else None
-                    )
+                    written = self._write_mark(job) if age <= self._fresh_for else None
             except DatabaseError as exc:
-                logger.warning("job %s: lone start mark not written yet (%s)", job.id, exc)
+                logger.warning("job %s: start mark not written yet (%s)", job.id, exc)
                 self._stopping.wait(0.1)
                 continue
             if written is None:
@@ -185,9 +190,15 @@ class Claims:
                 return False
             with self._lock:
                 self._stamps[job.id, job.fence] = spells
-                self._marked_alone.add((job.id, job.fence))
+                self._marked.add((job.id, job.fence))
             return True
         return False
+
+    def _write_mark(self, job: Job) -> bool:
+        claim = claim_of(job)
+        if job.run_alone:
+            return self._backend.job_start_alone(claim=claim)
+        return job.id in self._backend.job_start_many(claims=[claim])
 
     def _held_now(self) -> tuple[list[Job], int] | None:
         """The jobs the database says we hold, and the heartbeat's stale-spell
@@ -209,25 +220,17 @@ class Claims:
         """The task of a claimed job is being called: record its start mark
         (claimed -> running), batched with the outcomes, and emit STARTED.
 
-        A ``run_alone`` job's mark was written by :meth:`may_start`.
-        A job whose earlier claim was lost before its start was recorded may
-        be one that kills its worker as it starts: its mark is written before
-        the task is called, so such a crash spends an attempt from the second
-        one on. One round trip, only for those jobs.
+        The mark of a ``run_alone`` job, or of one whose earlier claim was
+        lost before its start was recorded (it may kill its worker as it
+        starts), was written by :meth:`may_start`, one round trip before the
+        call, only for those jobs.
         """
         if self._events.wants(EventKind.STARTED):
             self._events.emit(JobEvent.of(EventKind.STARTED, job))
-        claim = claim_of(job)
-        if job.run_alone:
+        claim = (job.id, job.fence)
+        if job.run_alone or job.unstarted_returns:
             with self._lock:
-                if (job.id, job.fence) in self._marked_alone:
-                    self._marked_alone.discard((job.id, job.fence))
+                if claim in self._marked:
+                    self._marked.discard(claim)
                     return
-        if job.unstarted_returns:
-            try:
-                with self._db_lock:
-                    self._backend.job_start_many(claims=[claim])
-                return
-            except DatabaseError as exc:
-                logger.warning("job %s: start mark not written now (%s)", job.id, exc)
-        self._completer.add_start(claim)
+        self._completer.add_start(claim_of(job))
