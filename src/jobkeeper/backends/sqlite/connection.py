@@ -251,6 +251,10 @@ class SqliteConnection:
             closing = None
             with self._threads_lock:
                 slot.depth -= 1
+                if slot.depth == 0 and slot.conn is not None and slot.conn.in_transaction:
+                    # Left open by an interrupted call (a second Ctrl-C in its
+                    # ROLLBACK): closed, it lets go of the write lock.
+                    slot.doomed = True
                 if slot.depth == 0 and slot.doomed:
                     closing, slot.conn, slot.doomed = slot.conn, None, False
             if closing is not None:
@@ -278,8 +282,11 @@ class SqliteConnection:
             if not synced:
                 conn.execute(QUERIES["connection_synchronous_normal"])
             try:
-                self._begin_immediate(conn)
+                # The BEGIN inside: a Ctrl-C as it returns left the connection
+                # in a write transaction nobody would end, every later call
+                # failing and every other process's writes waiting on it.
                 try:
+                    self._begin_immediate(conn)
                     yield conn
                     conn.execute("COMMIT")
                 except BaseException:
