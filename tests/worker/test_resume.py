@@ -123,7 +123,14 @@ def test_the_holds_are_read_again_a_beat_after_a_stale_spell():
     backend = _HoldsRead([["job 1"], []])
     now = datetime.now(UTC)
     info = WorkerInfo("w:1:aaaa", "test-host", 1, ["default"], now, now)
-    beat = Heartbeat(backend, info, 0.5, lambda claim: None, stale_after=2.0, on_holds=seen.append)
+    beat = Heartbeat(
+        backend,
+        info,
+        0.5,
+        lambda claim: None,
+        stale_after=2.0,
+        on_holds=lambda held, spells: seen.append(held),
+    )
     beat.run_once()
     assert backend.reads == 0  # no spell, no read
     beat._last_beat = time.monotonic() - 5.0  # a pause
@@ -132,3 +139,29 @@ def test_the_holds_are_read_again_a_beat_after_a_stale_spell():
     beat.run_once()
     assert seen == [["job 1"], []]
     assert backend.reads == 2
+
+
+def test_an_attempt_claimed_after_the_spell_is_not_judged_by_the_holds_read(jq):
+    # Break-test 15: the holds read after a spell can predate the commit of
+    # a claim the worker makes right after the spell; four such attempts,
+    # held all along, were asked to stop a few milliseconds in and ran again.
+    started, release = threading.Event(), threading.Event()
+
+    @jq.task
+    def waits() -> str:
+        started.set()
+        assert release.wait(30)
+        return "done"
+
+    j = waits.enqueue()
+    worker = jq.worker(concurrency=1)
+    with running(worker):
+        assert started.wait(30)
+        wait_status(jq, [j.id], {JobStatus.RUNNING})
+        _, spells = worker.heartbeat.liveness()
+        # A read that missed the claim, for a spell that ended before it.
+        worker._on_holds([], spells)
+        assert worker.stats.lost_claims == 0
+        release.set()
+        (done,) = wait_status(jq, [j.id], {JobStatus.COMPLETED, JobStatus.AVAILABLE})
+    assert done.status == JobStatus.COMPLETED and done.errors == [], done

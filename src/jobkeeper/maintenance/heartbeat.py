@@ -31,6 +31,9 @@ class Heartbeat(IntervalService):
         on_cancel: called with each claim whose job was asked to cancel.
         stale_after: a beat acknowledged more than this many seconds after the
             previous one ends a stale spell (counted, see :meth:`liveness`).
+        on_holds: called after a spell (on the beat that ends it and on the
+            next) with the jobs the database says we hold, read after the
+            beat, and the spell count as of that beat.
     """
 
     def __init__(
@@ -40,7 +43,7 @@ class Heartbeat(IntervalService):
         interval: float,
         on_cancel: Callable[[Claim], None],
         stale_after: float | None = None,
-        on_holds: Callable[[list[Job]], None] | None = None,
+        on_holds: Callable[[list[Job], int], None] | None = None,
     ) -> None:
         super().__init__("jobkeeper-heartbeat", interval)
         self._backend = backend
@@ -148,6 +151,7 @@ class Heartbeat(IntervalService):
             # still be committing at the first read, which does not wait for
             # its row locks (this thread must never wait on a paused rescuer).
             self._recheck_holds = spell_ended
-            self._on_holds(self._backend.job_held_by(worker_id=self._worker.id))
+            spells = self._stale_spells
+            self._on_holds(self._backend.job_held_by(worker_id=self._worker.id), spells)
         for claim in self._backend.job_cancel_requested(worker_id=self._worker.id):
             self._on_cancel(claim)

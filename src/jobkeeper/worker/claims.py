@@ -120,6 +120,13 @@ class Claims:
         age, spells = self._heartbeat.liveness()
         return age <= self._fresh_for and spells == self._stamps.get((job.id, job.fence))
 
+    def held_since(self, job: Job, spells: int) -> bool:
+        """Whether ``job``'s claim was made (or its hold confirmed) when the
+        heartbeat had counted ``spells`` stale spells or more.
+        """
+        stamp = self._stamps.get((job.id, job.fence))
+        return stamp is not None and stamp >= spells
+
     def may_start(self, job: Job) -> bool:
         """Whether a claimed job may start (the executor asks, from a runner
         thread; this may block).

@@ -296,15 +296,23 @@ class Worker:
         """
         return not self.heartbeat.troubled_within(max(window, self._settings.rescue_after))
 
-    def _on_holds(self, held: list[Job]) -> None:
+    def _on_holds(self, held: list[Job], spells: int) -> None:
         """After a stale spell (the heartbeat's thread, holds read as of a
         fresh beat): attempts whose claim is no longer ours were rescued
         while we were silent and may be running elsewhere; ask them to stop
         rather than run beside their retry. Their writes are fenced off
         anyway; this ends the overlap as soon as we can know of it.
+
+        Only attempts claimed before the spell ended (``spells``, the count
+        as of the beat that ended it) are judged: one claimed or confirmed
+        since cannot have been rescued during it, and the read may predate
+        its claim's commit (break-test 15 saw four such attempts stopped a
+        few milliseconds in, and run again).
         """
         holds = {(job.id, job.fence) for job in held}
         for job in self.executor.running_jobs():
+            if self.claims.held_since(job, spells):
+                continue
             if (job.id, job.fence) not in holds and self.executor.claim_lost(
                 job.id, job.fence, "claim lost while this worker was silent: stopped"
             ):
