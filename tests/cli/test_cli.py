@@ -401,10 +401,11 @@ def test_negative_job_ids_get_the_id_check_not_no_such_option(cli, queue):
         ["cancel", "-1"],
         ["dead", "requeue", "-3"],
         ["dead", "requeue", str(job.id), "-3"],
+        ["jobs", "list", "--after", "-5"],
     ):
         code, out, err = cli(*args)
         assert code == 2, (args, err)
-        assert_one_line_error(err, "job id must be a positive 64-bit int, got -")
+        assert_one_line_error(err, "is not a job id: expected a whole number from 1 up")
         assert out == "", args
     assert queue.get_job(job.id).status == JobStatus.AVAILABLE  # type: ignore[union-attr]
 
@@ -903,7 +904,8 @@ def test_worker_prefetch_out_of_range_exits_2_before_claiming(
     code, out, err = cli("worker", "--burst", "--app", "prefetchapp:jq", "--prefetch", prefetch)
     assert code == 2, err
     assert out == ""
-    assert_one_line_error(err, "prefetch must be an int between 0 and 10000", prefetch)
+    assert_one_line_error(err, "--prefetch must be an int between 0 and 10000", prefetch)
+    assert "None" not in err, err  # the API's None is the option left out
     assert queue.get_job(job.id).status == JobStatus.AVAILABLE  # type: ignore[union-attr]
 
 

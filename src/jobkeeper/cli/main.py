@@ -123,7 +123,9 @@ def _in_option_terms(message: str, argv: list[str]) -> str:
         return message
     option = "--" + opening.group(1).replace("_", "-")
     if any(arg == option or arg.startswith(option + "=") for arg in argv):
-        return option + message[opening.end() :]
+        # The API's None is the option left out.
+        rest = message[opening.end() :].replace(" (or None)", "").replace(" or None", "")
+        return option + rest
     return message
 
 
