@@ -48,6 +48,10 @@ SPECIAL_ARGS = [
     "[" * 5000 + "]" * 5000,
     '{"a": ' * 2000 + "1" + "}" * 2000,
     '{"q": "\'; DROP TABLE jobkeeper_jobs; --"}',
+    "@\x00",  # found by this test in a clean-clone run: open() raised ValueError
+    "@a\x00b",
+    "@\ud800",
+    "@",
 ]
 
 
@@ -99,6 +103,8 @@ def check_refusal(code: int, err: str) -> None:
 @example(text='{"x": ' + "1" * 5000 + "}")  # longer than Python's int-to-str limit
 @example(text="[" * 5000 + "]" * 5000)
 @example(text='{"x": NaN}')
+@example(text="@\x00")
+@example(text="@\ud800")
 def test_cli_args_are_stored_exactly_or_refused(jq, capsys, text):
     before = row_count(jq)
     code, out, err = run_cli(

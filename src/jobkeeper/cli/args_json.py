@@ -139,12 +139,17 @@ def read_args_text(value: str, *, max_payload_bytes: int) -> str:
         path = value[1:]
         if not path:
             raise BadInput("--args @: give a file name after @ (or - for stdin)")
+        if "\x00" in path:
+            # open() raised ValueError ("embedded null byte"), a traceback.
+            raise BadInput(f"--args {value!r}: a file name cannot hold a NUL character")
         try:
             with open(path, "rb") as file:
                 return _within(value, repr(path), file.read(cap + 1), cap, max_payload_bytes)
         except OSError as exc:
             detail = exc.strerror or str(exc)
             raise BadInput(f"--args {value}: cannot read {path!r}: {detail}") from None
+        except UnicodeEncodeError:  # a lone surrogate: no file system name
+            raise BadInput(f"--args {value!r}: {path!r} cannot be a file name here") from None
     return value
 
 
