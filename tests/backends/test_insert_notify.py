@@ -130,8 +130,12 @@ def test_requeued_dead_letters_and_periodic_ticks_are_announced(pg_jq, listener)
         enqueuer = PeriodicEnqueuer(backend, list(pg_jq.periodics.values()))
         now = pg_jq.backend.db_now()
         enqueuer.run_once(now=now)  # first sight: nothing owed yet
-        # Owed since a minute ago: the tick is due, so its job is available.
-        fabricate(pg_jq.url.url, "tick", since_at=now - timedelta(seconds=61))
+        # Owed since just before the last whole minute: that one tick is due,
+        # so its job is available. (Ticks fall on multiples of 60 s since
+        # the epoch: "61 s ago" took in two of them whenever now was within
+        # a second past a whole minute, and the clean-clone run saw two jobs.)
+        last_tick = now - timedelta(seconds=now.timestamp() % 60)
+        fabricate(pg_jq.url.url, "tick", since_at=last_tick - timedelta(seconds=1))
         enqueuer.run_once(now=now)
     finally:
         backend.close()
