@@ -8,10 +8,12 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from typing import Any
 
 from jobkeeper import Job, JobQueue
-from support.db import sql
+from jobkeeper.models import WorkerInfo
+from support.db import is_pg, sql
 from support.waiting import DEADLINE
 
 
@@ -62,3 +64,21 @@ def running(worker: Any) -> Iterator[Running]:
 
 def error_texts(j: Job) -> list[str]:
     return [str(e["error"]) for e in j.errors]
+
+
+def holder_info(worker_id: str) -> WorkerInfo:
+    """A worker row for ``worker_id`` on queue ``default``, beating now."""
+    now = datetime.now(UTC)
+    return WorkerInfo(worker_id, "test-host", 1, ["default"], now, now)
+
+
+def age_heartbeat(jq: JobQueue, worker_id: str, seconds: float) -> None:
+    """Make ``worker_id``'s last heartbeat ``seconds`` old."""
+    if is_pg(jq):
+        query = "UPDATE jobkeeper_workers SET heartbeat_at = now() - make_interval(secs => ?)"
+    else:
+        query = (
+            "UPDATE jobkeeper_workers SET heartbeat_at = "
+            "(julianday('now') - 2440587.5) * 86400.0 - ?"
+        )
+    sql(jq, query + " WHERE id = ?", [seconds, worker_id])

@@ -21,12 +21,7 @@ from support.db import count, is_pg, job, sql
 from support.heartbeats import heartbeat_log, install_heartbeat_log
 from support.waiting import DEADLINE, wait_for, wait_status
 
-from .helpers import running, running_count
-
-
-def _info(worker_id: str) -> WorkerInfo:
-    now = datetime.now(UTC)
-    return WorkerInfo(worker_id, "test-host", 1, ["default"], now, now)
+from .helpers import age_heartbeat, holder_info, running, running_count
 
 
 def _claim_one(jq, worker_id: str):
@@ -41,7 +36,7 @@ def _claim_one(jq, worker_id: str):
 
 def test_stale_rescue_after_completion_changes_nothing(jq):
     holder = "holder:1:aaaa"
-    jq.backend.worker_register(worker=_info(holder))
+    jq.backend.worker_register(worker=holder_info(holder))
     j = jq.enqueue("some_task", {"n": 1})
     running_job = _claim_one(jq, holder)
     # The holder goes silent: it is a rescue candidate once rescue_after passes.
@@ -84,7 +79,7 @@ def test_stale_rescue_after_reclaim_does_not_clobber_the_new_attempt(jq):
         stale_after=1.0,
     ) == {j.id}
     jq.backend.job_stage_due()
-    jq.backend.worker_register(worker=_info(second))
+    jq.backend.worker_register(worker=holder_info(second))
     reclaimed = _claim_one(jq, second)
     assert reclaimed.attempt == 2
     # The first rescuer's stale write now affects nothing.
@@ -148,14 +143,14 @@ def test_real_rescuer_paused_between_select_and_update(jq):
 
 def test_rescuer_spares_a_holder_that_heartbeats_again(jq):
     holder = "holder:1:dddd"
-    jq.backend.worker_register(worker=_info(holder))
+    jq.backend.worker_register(worker=holder_info(holder))
     j = jq.enqueue("some_task", {})
     _claim_one(jq, holder)
     seen: list[int] = []
 
     def heartbeat_meanwhile(found) -> None:
         seen.extend(f.id for f in found)
-        jq.backend.worker_heartbeat(worker=_info(holder))
+        jq.backend.worker_heartbeat(worker=holder_info(holder))
 
     # Make the holder look silent to the select, then let it beat again.
     if is_pg(jq):
@@ -181,7 +176,7 @@ def test_job_of_a_deleted_worker_row_is_rescued_and_runs_again(make_queue):
         return attempt
 
     ghost = "ghost:1:eeee"
-    jq.backend.worker_register(worker=_info(ghost))
+    jq.backend.worker_register(worker=holder_info(ghost))
     j = work.enqueue()
     ran_for = [j.id]
     _claim_one(jq, ghost)
@@ -420,17 +415,6 @@ def test_rescues_racing_completions_never_move_a_completed_job(make_queue):
 # -- each holder is judged by its own rescue_after ------------------------------------
 
 
-def _age_heartbeat(jq, worker_id: str, seconds: float) -> None:
-    if is_pg(jq):
-        query = "UPDATE jobkeeper_workers SET heartbeat_at = now() - make_interval(secs => ?)"
-    else:
-        query = (
-            "UPDATE jobkeeper_workers SET heartbeat_at = "
-            "(julianday('now') - 2440587.5) * 86400.0 - ?"
-        )
-    sql(jq, query + " WHERE id = ?", [seconds, worker_id])
-
-
 def _silent_holder_of_a_job(jq, holder: str, window: float | None, silent_for: float) -> int:
     """Register ``holder`` (declaring ``window``), let it claim a new job and
     age its heartbeat by ``silent_for`` seconds; returns the job's id.
@@ -439,7 +423,7 @@ def _silent_holder_of_a_job(jq, holder: str, window: float | None, silent_for: f
     jq.backend.worker_register(worker=WorkerInfo(holder, "h", 1, ["default"], now, now, window))
     j = jq.enqueue("some_task", {})
     _claim_one(jq, holder)
-    _age_heartbeat(jq, holder, silent_for)
+    age_heartbeat(jq, holder, silent_for)
     return j.id
 
 
@@ -454,7 +438,7 @@ def test_a_rescuer_with_a_shorter_window_leaves_a_live_holders_jobs_alone(jq):
     jq.backend.worker_register(worker=WorkerInfo(holder, "h", 1, ["default"], now, now, 30.0))
     j = jq.enqueue("some_task", {})
     held = _claim_one(jq, holder)
-    _age_heartbeat(jq, holder, 5)  # silent for 5 s: alive by its own 30 s
+    age_heartbeat(jq, holder, 5)  # silent for 5 s: alive by its own 30 s
     assert jq.backend.job_rescue_candidates(rescue_after=1.0, limit=10) == []
     lost = failed_attempt(held, jq.settings, error="worker lost")
     assert jq.backend.job_fail_many(failures=[lost], stale_after=1.0) == set()
@@ -462,14 +446,14 @@ def test_a_rescuer_with_a_shorter_window_leaves_a_live_holders_jobs_alone(jq):
     assert job(jq, j.id).status == JobStatus.RUNNING
     assert [w.rescue_after for w in jq.workers()] == [30.0]
 
-    _age_heartbeat(jq, holder, 40)  # past its own window: rescued
+    age_heartbeat(jq, holder, 40)  # past its own window: rescued
     (candidate,) = jq.backend.job_rescue_candidates(rescue_after=1.0, limit=10)
     assert candidate.id == j.id
     # The row stays while the worker may still be alive (2 x its window)...
     assert jq.backend.worker_prune_stale(older_than=1.0) == 0
     assert jq.backend.job_fail_many(failures=[lost], stale_after=1.0) == {j.id}
     assert job(jq, j.id).status == JobStatus.RETRYABLE
-    _age_heartbeat(jq, holder, 70)
+    age_heartbeat(jq, holder, 70)
     assert jq.backend.worker_prune_stale(older_than=1.0) == 1  # ...and then goes
 
 
@@ -518,7 +502,7 @@ def test_workers_that_declared_no_window_get_at_least_the_default(jq):
     rescuer = Rescuer(jq.backend, jq.settings, 0.1)
     rescuer.run_once()
     assert rescuer.rescued == 0 and rescuer.passes == 1
-    _age_heartbeat(jq, holder, 61)
+    age_heartbeat(jq, holder, 61)
     rescuer.run_once()
     assert rescuer.rescued == 1
     assert "no heartbeat for more than 60s" in job(jq, job_id).errors[0]["error"]

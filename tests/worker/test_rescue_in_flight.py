@@ -21,7 +21,6 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Callable, Iterator
-from datetime import UTC, datetime
 from typing import Any
 
 import psycopg
@@ -30,31 +29,24 @@ import pytest
 from jobkeeper import Job, JobQueue, JobStatus
 from jobkeeper.backends.postgres.queries import QUERIES as PG_QUERIES
 from jobkeeper.events import EventBus
-from jobkeeper.models import WorkerInfo
 from jobkeeper.outcomes import returned_attempt
 from jobkeeper.worker.claims import Claims
-from support.db import is_pg, job, sql
+from support.db import is_pg, job
 from support.settings import FAST
 from support.waiting import wait_for
+
+from .helpers import age_heartbeat, holder_info
 
 HOLDER = "holder:1:f00d"
 RESCUER_THREAD = "test-rescuer"
 
 
-def _holder_info() -> WorkerInfo:
-    now = datetime.now(UTC)
-    return WorkerInfo(HOLDER, "test-host", 1, ["default"], now, now)
-
-
 def _silent_holder_with_a_claim(jq: JobQueue) -> Job:
     """A claimed, unstarted job whose holder has been silent for an hour."""
-    jq.backend.worker_register(worker=_holder_info())
+    jq.backend.worker_register(worker=holder_info(HOLDER))
     jq.enqueue("some_task", {})
     (claimed,) = jq.backend.job_claim(worker_id=HOLDER, queue="default", limit=1)
-    if is_pg(jq):
-        sql(jq, "UPDATE jobkeeper_workers SET heartbeat_at = now() - interval '1 hour'")
-    else:
-        sql(jq, "UPDATE jobkeeper_workers SET heartbeat_at = heartbeat_at - 3600")
+    age_heartbeat(jq, HOLDER, 3600)
     (candidate,) = jq.backend.job_rescue_candidates(rescue_after=jq.settings.rescue_after, limit=9)
     assert candidate.id == claimed.id
     return candidate
@@ -132,7 +124,7 @@ def _beat_and_confirm_in_thread(jq: JobQueue, job_: Job) -> tuple[threading.Thre
     may_start: list[bool] = []
 
     def confirm() -> None:
-        jq.backend.worker_heartbeat(worker=_holder_info())
+        jq.backend.worker_heartbeat(worker=holder_info(HOLDER))
         may_start.append(claims.may_start(job_))
 
     thread = threading.Thread(target=confirm, name="test-holder", daemon=True)

@@ -141,7 +141,7 @@ class Claims:
         start mark is written (see :meth:`_mark_first`): a crash of its
         attempt must spend it.
         """
-        if job.run_alone or job.unstarted_returns:
+        if _marked_first(job):
             return self._mark_first(job)
         if self.still_held(job):
             return True
@@ -234,10 +234,17 @@ class Claims:
         """
         if self._events.wants(EventKind.STARTED):
             self._events.emit(JobEvent.of(EventKind.STARTED, job))
-        claim = (job.id, job.fence)
-        if job.run_alone or job.unstarted_returns:
+        if _marked_first(job):
+            claim = (job.id, job.fence)
             with self._lock:
                 if claim in self._marked:
                     self._marked.discard(claim)
                     return
         self._completer.add_start(claim_of(job))
+
+
+def _marked_first(job: Job) -> bool:
+    """Whether ``job``'s start mark is written by ``may_start``, before the
+    call, rather than batched: a lone job, or one already returned unstarted.
+    """
+    return job.run_alone or job.unstarted_returns > 0

@@ -326,7 +326,7 @@ SELECT DISTINCT queue FROM jobkeeper_jobs WHERE id = ANY(%(ids)s::bigint[])
 -- The rescuer's row locks, taken before job_fail_many and
 -- job_fail_many_dead re-check that each holder is still silent: those are
 -- later statements, so they judge by a snapshot taken once the rows are
--- ours. A holder's confirming read (job_held_by) either ran before the lock,
+-- ours. A holder's confirming read (job_confirm_holds) either ran before the lock,
 -- after its fresh beat had committed, so that the snapshot has the beat; or
 -- waits for this transaction's end and sees its outcome. Judged by a
 -- snapshot taken before the lock, a rescue could return a job its holder
@@ -503,10 +503,9 @@ WHERE worker_id = %(worker_id)s AND status IN ('claimed', 'running')
 -- flight: a rescuer whose snapshot was taken just before our fresh beat
 -- committed judges us silent, and until its return commits the job looks
 -- held; we would start it beside its next holder (the chaos soak saw it
--- once). Waiting, the
--- read sees the rescue's outcome: a row no longer ours drops out. A rescue
--- that has not locked the row yet judges after this read, by a snapshot
--- with our beat in it (job_fail_many_lock). Not job_held_by: the heartbeat
+-- once). Waiting, the read sees the rescue's outcome: a row no longer ours
+-- drops out. A rescue that has not locked the row yet judges after this
+-- read, by a snapshot with our beat in it (job_fail_many_lock). Not job_held_by: the heartbeat
 -- thread reads that one, and must never wait on a paused rescuer's locks.
 -- In id order, as the rescue locks: the two never deadlock.
 SELECT {job_columns}
