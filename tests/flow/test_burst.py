@@ -11,9 +11,12 @@ from __future__ import annotations
 import sys
 import time
 
+import psycopg
+
 from backends.helpers import claim
 from e2e.helpers import processes, wait_exit
 from jobkeeper import JobQueue, JobStatus
+from jobkeeper.backends.postgres.queries import QUERIES
 from jobkeeper.testing import drain
 from support.db import sql
 
@@ -125,3 +128,30 @@ def test_a_burst_worker_process_stops_on_blocked_queues(db_url, tmp_path):
             ("rated", JobStatus.COMPLETED.value): 1,
             ("rated", JobStatus.AVAILABLE.value): 1,
         }
+
+
+def test_next_due_in_is_planned_below_the_jit_threshold(pg_url):
+    """The check runs at every empty claim of a burst worker. As one EXISTS
+    with the serial-key test in its filter it was planned as a sequential
+    scan costed at 167,000 for 40,000 available jobs, over PostgreSQL's
+    default ``jit_above_cost`` of 100,000: each burst worker's first empty
+    claim spent about a second of server CPU compiling it (seen with
+    auto_explain under benchmarks/processes.py).
+    """
+    jq = JobQueue(pg_url)
+    try:
+        jq.migrate()
+        for _ in range(40):
+            jq.enqueue_many([("t", {})] * 1000)
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            conn.execute("ANALYZE jobkeeper_jobs")
+            threshold = float(conn.execute("SHOW jit_above_cost").fetchone()[0])
+            plan = conn.execute(
+                "EXPLAIN (FORMAT JSON) " + QUERIES["job_next_due_in"],
+                {"queues": ["default"], "now": None},
+            ).fetchone()[0]
+        cost = plan[0]["Plan"]["Total Cost"]
+        assert 0 < cost < min(threshold, 10_000), plan
+        assert due_in(jq, "default") == 0
+    finally:
+        jq.close()

@@ -444,10 +444,22 @@ WITH open AS (
       AND (settings.concurrency IS NULL OR settings.concurrency > (
             SELECT count(*) FROM jobkeeper_jobs AS held
             WHERE held.queue = served.name AND held.status IN ('claimed', 'running')))
-      AND EXISTS (
+      -- A job without a serial key, found by the claim index in its order
+      -- (ORDER BY and LIMIT keep that plan: as one EXISTS with the serial
+      -- test in its filter, the planner costed a sequential scan of the
+      -- table at 167,000 for 40,000 jobs, above jit_above_cost, and every
+      -- burst worker's first empty claim spent a second compiling it), or a
+      -- job whose serial key nobody holds.
+      AND ((SELECT job.id FROM jobkeeper_jobs AS job
+            WHERE job.status = 'available' AND job.queue = served.name
+              AND job.serial_key IS NULL
+            ORDER BY job.queue, job.priority, job.scheduled_at, job.id
+            LIMIT 1) IS NOT NULL
+        OR EXISTS (
             SELECT 1 FROM jobkeeper_jobs AS job
             WHERE job.status = 'available' AND job.queue = served.name
-              AND (job.serial_key IS NULL OR NOT EXISTS (
+              AND job.serial_key IS NOT NULL
+              AND NOT EXISTS (
                     SELECT 1 FROM jobkeeper_jobs AS holder
                     WHERE holder.serial_key = job.serial_key
                       AND holder.status IN ('claimed', 'running'))))
