@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import sys
 from typing import Any
 
@@ -22,6 +23,15 @@ class _NonJsonConstant:
         self.name = name
 
 
+class _FloatOverflow:
+    """Stands in for a JSON number too large for a float (``1e999``), which
+    Python's parser would read as Infinity, a value the API refuses.
+    """
+
+    def __init__(self, literal: str) -> None:
+        self.literal = literal
+
+
 class _TooLongInt:
     """Stands in for a JSON integer past Python's int/str digit limit
     (``sys.get_int_max_str_digits()``) while ``--args`` is parsed, so that the
@@ -33,7 +43,7 @@ class _TooLongInt:
         self.limit = limit
 
 
-def _find_marker(value: Any) -> tuple[str, _TooLongInt | _NonJsonConstant]:
+def _find_marker(value: Any) -> tuple[str, _TooLongInt | _NonJsonConstant | _FloatOverflow]:
     """The path (``args.a[1].b``) and marker of the first value ``--args``
     cannot hold (a too-long integer, a NaN/Infinity literal).
     """
@@ -41,7 +51,7 @@ def _find_marker(value: Any) -> tuple[str, _TooLongInt | _NonJsonConstant]:
     stack: list[tuple[Any, str]] = [(value, "args")]
     while stack:
         item, path = stack.pop()
-        if isinstance(item, _TooLongInt | _NonJsonConstant):
+        if isinstance(item, _TooLongInt | _NonJsonConstant | _FloatOverflow):
             return path, item
         children: list[tuple[Any, str]] = []
         if isinstance(item, dict):
@@ -67,7 +77,7 @@ def parse_args_json(text: str) -> dict[str, Any]:
             seen[key] = value
         return seen
 
-    markers: list[_TooLongInt | _NonJsonConstant] = []
+    markers: list[_TooLongInt | _NonJsonConstant | _FloatOverflow] = []
 
     def parse_constant(name: str) -> _NonJsonConstant:
         marker = _NonJsonConstant(name)
@@ -83,11 +93,20 @@ def parse_args_json(text: str) -> dict[str, Any]:
             return marker
         return int(digits)
 
+    def parse_float(literal: str) -> float | _FloatOverflow:
+        number = float(literal)
+        if math.isinf(number):
+            marker = _FloatOverflow(literal)
+            markers.append(marker)
+            return marker
+        return number
+
     try:
         value = json.loads(
             text,
             parse_constant=parse_constant,
             parse_int=parse_int,
+            parse_float=parse_float,
             object_pairs_hook=no_duplicates,
         )
     except json.JSONDecodeError as exc:
@@ -102,6 +121,11 @@ def parse_args_json(text: str) -> dict[str, Any]:
             raise BadInput(
                 f"--args: {path} is {marker.name}, which is not valid JSON "
                 "(NaN and Infinity are refused)"
+            )
+        if isinstance(marker, _FloatOverflow):
+            raise BadInput(
+                f"--args: {path} is {marker.literal[:40]}, too large for a 64-bit float "
+                "(it would be Infinity, which is refused)"
             )
         raise BadInput(
             f"--args: {path} is an integer of {marker.digits} digits; integers with more "
