@@ -198,6 +198,25 @@ def test_a_refused_url_is_quoted_without_its_password(url, said):
 
 
 @pytest.mark.parametrize(
+    ("url", "said"),
+    [
+        (
+            "postgresql://u@[::1:5432/db",
+            '"]" in IPv6 host address in URI: "postgresql://u@[::1:5432/db"',
+        ),
+        ("postgresql://u:hunter2@[::1:5432/db", '"]" in IPv6 host address in URI: "***"'),
+        ("postgresql://u:hunter2@[::1]]/db", 'unexpected character "]" at position 29'),
+    ],
+)
+def test_a_refused_url_without_a_password_is_quoted_whole(url, said):
+    # Break-test 15: any '@' hid every quoted piece of libpq's message, even
+    # in a URL without a password, and even the "]" libpq was looking for.
+    with pytest.raises(ConfigError) as info:
+        JobQueue(url)
+    assert said in str(info.value) and "hunter" not in str(info.value), str(info.value)
+
+
+@pytest.mark.parametrize(
     "url",
     [
         "postgresql://u:hunter?2@127.0.0.1:1/db",  # libpq reads ?, # and / into the password

@@ -31,6 +31,25 @@ _LIBPQ_INTEGERS = (
 )
 
 
+#: The characters libpq's URL errors name as expected (``"]"``, ``":"``...).
+_LIBPQ_SYNTAX = frozenset("[]:/=@?&")
+
+
+def _quoted_piece(url: str, piece: str) -> str:
+    """A piece of ``url`` that libpq's error quoted, as the error may show it:
+    whole when the URL has a user but no password, or when it is one of the
+    URL's syntax characters; else ``***`` (the piece may be, or hold, part of
+    a password that a malformed URL keeps where redact_secrets cannot find it).
+    """
+    userinfo = url.partition("://")[2].partition("@")[0]
+    no_password = (
+        url.count("@") == 1 and ":" not in userinfo and not may_hold_secrets(url.replace("@", ""))
+    )
+    if no_password or (len(piece) == 1 and piece in _LIBPQ_SYNTAX):
+        return f'"{piece}"'
+    return '"***"'
+
+
 def _check_libpq_values(params: dict[str, Any]) -> None:
     for name, choices in _LIBPQ_CHOICES.items():
         value = params.get(name)
@@ -87,7 +106,7 @@ def parse_url(url: str) -> DatabaseURL:
         # not read, which may be (part of) the password.
         message = redact_secrets(str(exc).strip())
         if may_hold_secrets(url):
-            message = re.sub(r'"[^"]*"', '"***"', message)
+            message = re.sub(r'"([^"]*)"', lambda quoted: _quoted_piece(url, quoted[1]), message)
         raise ConfigError(f"invalid PostgreSQL URL: {message}") from None
     _check_userinfo(url, params)
     try:
