@@ -7,9 +7,9 @@ same run, the raw batched claim+complete drain (``benchmarks/raw.py``, batch
 per job (the whole machine's busy CPU less the clients': see
 :class:`MachineCpu`) and the clients' own CPU per job. Both sides are timed
 once working, as the raw clients always were (after they connected): the
-workers from the first jobs done, their start-up (imports, connections:
-about 0.35 s of CPU a process) left out of the rate and the CPU; the rate
-from the spawn is shown beside it.
+workers from the first jobs done once every one of them has started, their
+start-up (imports, connections: about 0.3 s of CPU a process) left out of
+the rate and the CPU; the rate from the spawn is shown beside it.
 
     .venv/bin/python -m benchmarks.processes [--jobs 40000] [--rounds 3]
 
@@ -22,12 +22,14 @@ runs in a database of its own, created for it and dropped after.
 from __future__ import annotations
 
 import argparse
+import collections
 import itertools
 import os
 import resource
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -92,6 +94,29 @@ def remaining(url: str) -> int:
     return int(row[0]) if row else 0
 
 
+class StartedLog:
+    """Reads a worker's stderr on a thread of its own (a pipe left unread
+    would block a worker that logs more than it holds) and sets ``started``
+    at the worker's "worker ... started on ..." line.
+    """
+
+    def __init__(self, proc: subprocess.Popen[str]) -> None:
+        self.started = threading.Event()
+        self._lines: collections.deque[str] = collections.deque(maxlen=5)
+        assert proc.stderr is not None
+        self._stderr = proc.stderr
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        for line in self._stderr:
+            self._lines.append(line.rstrip())
+            if " started on " in line:
+                self.started.set()
+
+    def tail(self) -> str:
+        return " | ".join(self._lines) or "(no output)"
+
+
 def _cpu_of(pid: int) -> float:
     """A live process's own CPU seconds so far (0 once it is gone)."""
     try:
@@ -104,12 +129,14 @@ def _cpu_of(pid: int) -> float:
 def jobkeeper_drain(url: str, jobs: int, processes: int, concurrency: int) -> dict[str, float]:
     """Fill ``jobs`` no-op jobs, then drain them with ``processes`` CLI workers.
 
-    Timed as the raw clients are, once working: from the first poll that sees
-    jobs done to the last; the rate counts the jobs done in that window, and
-    the CPU figures are the window's (the workers' start-up, about 0.35 s of
-    CPU each, falls before it; on 2 cores the later workers' start-up may
-    still overlap it, which only counts against them). ``jobs_per_s_spawned``
-    is the rate from the spawn instead.
+    Timed as the raw clients are, once working (they start together behind a
+    barrier, after connecting): from the first poll that sees jobs done once
+    every worker has logged that it started (its imports and connections
+    done) to the last poll; the rate counts the jobs done in that window, and
+    the CPU figures are the window's. Timed from the first jobs done instead,
+    on 2 cores, the 4-process figure held up to three workers' start-up
+    (about 0.3 s of CPU each) inside its window. ``jobs_per_s_spawned`` is
+    the rate from the spawn, start-ups included.
     """
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     subprocess.run([sys.executable, "-c", FILL, url, str(jobs)], check=True, env=env)
@@ -122,9 +149,12 @@ def jobkeeper_drain(url: str, jobs: int, processes: int, concurrency: int) -> di
     machine = MachineCpu()
     began = time.perf_counter()
     procs = [
-        subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        subprocess.Popen(
+            argv, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+        )
         for _ in range(processes)
     ]
+    logs = [StartedLog(proc) for proc in procs]
     first_at: float | None = None
     left_at_first = jobs
     workers_at_first = 0.0
@@ -132,14 +162,16 @@ def jobkeeper_drain(url: str, jobs: int, processes: int, concurrency: int) -> di
     while done_at is None:
         time.sleep(0.01 if first_at is None else 0.02)
         left = remaining(url)
-        if first_at is None and left < jobs:
+        if first_at is None and left < jobs and all(log.started.is_set() for log in logs):
             first_at, left_at_first = time.perf_counter(), left
             machine.start()
             workers_at_first = sum(_cpu_of(proc.pid) for proc in procs)
         if left == 0:
             done_at = time.perf_counter()
         elif all(p.poll() is not None for p in procs):
-            raise RuntimeError(f"workers exited with {left} jobs left")
+            raise RuntimeError(
+                f"workers exited with {left} jobs left: {' / '.join(log.tail() for log in logs)}"
+            )
     assert first_at is not None
     worker_cpu = 0.0
     for proc in procs:
