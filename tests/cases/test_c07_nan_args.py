@@ -84,6 +84,13 @@ CLI_NON_FINITE = [
     ('{"a": [1, {"b": NaN}]}', "args.a[1].b", "NaN"),
     ('{"a": [1, {"b": 1e999}]}', "args.a[1].b", "1e999"),
     ('{"x": -1e400}', "args.x", "-1e400"),
+    # A long literal keeps its exponent (break-test 16: cut at 40 characters
+    # it named a number that is not too large).
+    (
+        '{"x": ' + "1" * 43 + "e300}",
+        "args.x",
+        "1111111111111111...111111111111e300 (47 characters)",
+    ),
 ]
 
 

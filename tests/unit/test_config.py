@@ -188,7 +188,15 @@ def test_redacted_url_hides_a_password_parameter_under_any_encoding_of_its_name(
         ("postgresql://u:hunter2@[::1:5432/db", '"]" in IPv6 host address in URI: "***"'),
         ("postgresql://u:hunter2@[::1]]/db", 'unexpected character "]" at position 29'),
         # libpq splits at the first @ and took "2@127.0.0.1" for the host.
-        ("postgresql://u:hunter@2@127.0.0.1/db", "percent-encode it as %40"),
+        ("postgresql://u:hunter@2@127.0.0.1/db", "must be percent-encoded as %40"),
+        # ...and the rest became the host or the database name, shown in
+        # every connection error (break-test 16).
+        ("postgresql://u:hun@ter2/x@127.0.0.1/db", "must be percent-encoded as %40"),
+        ("postgresql://u:hun@127.0.0.1/ter2@x", "must be percent-encoded as %40"),
+        ("postgresql://u:hun@h1,ter2/x@127.0.0.1/db", "must be percent-encoded as %40"),
+        ("postgresql://u:hun@[::1]/ter2@x", "must be percent-encoded as %40"),
+        # libpq reads this as user "u:hunter2", but it may be a password typed encoded.
+        ("postgresql://u%3Ahunter2@[::1:5432/db", '"]" in IPv6 host address in URI: "***"'),
         # Without a password the URL is quoted whole (break-test 15: any '@'
         # hid every quoted piece, even the "]" libpq was looking for).
         (
@@ -202,6 +210,7 @@ def test_a_refused_url_is_quoted_without_its_password(url, said):
     with pytest.raises(ConfigError) as info:
         JobQueue(url)
     assert said in str(info.value) and "hunter" not in str(info.value), str(info.value)
+    assert "ter2" not in str(info.value), str(info.value)
 
 
 @pytest.mark.parametrize(

@@ -43,6 +43,15 @@ class _TooLongInt:
         self.limit = limit
 
 
+def _shortened(literal: str, keep: int = 16) -> str:
+    """``literal`` whole, or its first and last ``keep`` characters around an
+    ellipsis (a number's exponent is at its end).
+    """
+    if len(literal) <= 2 * keep + 3:
+        return literal
+    return f"{literal[:keep]}...{literal[-keep:]} ({len(literal)} characters)"
+
+
 def _find_marker(value: Any) -> tuple[str, _TooLongInt | _NonJsonConstant | _FloatOverflow]:
     """The path (``args.a[1].b``) and marker of the first value ``--args``
     cannot hold (a too-long integer, a NaN/Infinity literal).
@@ -124,7 +133,7 @@ def parse_args_json(text: str) -> dict[str, Any]:
             )
         if isinstance(marker, _FloatOverflow):
             raise BadInput(
-                f"--args: {path} is {marker.literal[:40]}, too large for a 64-bit float "
+                f"--args: {path} is {_shortened(marker.literal)}, too large for a 64-bit float "
                 "(it would be Infinity, which is refused)"
             )
         raise BadInput(

@@ -43,7 +43,10 @@ def _quoted_piece(url: str, piece: str) -> str:
     """
     userinfo = url.partition("://")[2].partition("@")[0]
     no_password = (
-        url.count("@") == 1 and ":" not in userinfo and not may_hold_secrets(url.replace("@", ""))
+        url.count("@") == 1
+        and ":" not in userinfo
+        and "%3a" not in userinfo.lower()  # u%3Apassword: all typed as the user
+        and not may_hold_secrets(url.replace("@", ""))
     )
     if no_password or (len(piece) == 1 and piece in _LIBPQ_SYNTAX):
         return f'"{piece}"'
@@ -77,10 +80,14 @@ def _check_userinfo(url: str, params: dict[str, Any]) -> None:
             + ", ".join(repr(c) for c in odd)
             + " unencoded; percent-encode it (e.g. '?' as %3F, '/' as %2F, '#' as %23)"
         )
-    if "@" in str(params.get("host") or ""):  # libpq split "u:p@rt@host" at the first @
+    # libpq splits "u:p@rt/x@host" at the first @: the rest of the password
+    # becomes the host, port or database name, printed in every connection
+    # error and where redact_secrets cannot tell it from a host.
+    before_query = url.partition("://")[2].partition("?")[0].partition("#")[0]
+    if before_query.count("@") > 1 or "@" in str(params.get("host") or ""):
         raise ConfigError(
-            f"invalid PostgreSQL URL {redact_secrets(url)!r}: the user or password holds an"
-            " '@'; percent-encode it as %40"
+            "invalid PostgreSQL URL: it holds more than one '@' before its query string; an '@'"
+            " in the user, password or database name must be percent-encoded as %40"
         )
 
 
