@@ -9,11 +9,13 @@
 2. A ``concurrency=50`` queue across four worker processes (concurrency 20
    each, 0.1 s and 0.5 s jobs: at most 500 and 100 jobs/s allowed), and a rate-limited queue
    (``--rate``, four workers): jobs/s reached against the allowed rate.
+3. Serial keys: 22,000 no-op jobs drained by two worker processes, none
+   keyed, one in ten keyed over 50 keys, all keyed over 50 keys: jobs/s.
 
     .venv/bin/python -m benchmarks.flow --jobs 3000 --rounds 3
     .venv/bin/python -m benchmarks.flow --parts capped --rounds 3   # part 2's cap only
 
-``--parts`` picks among ``drain``, ``capped`` and ``rated`` (all by default);
+``--parts`` picks among ``drain``, ``capped``, ``rated`` and ``serial`` (all by default);
 ``--rounds`` repeats the capped and rated runs too. Bench schemas are named
 ``$JOBKEEPER_BENCH_SCHEMA_PREFIX`` (``jk_bench_flow_``) plus a random suffix,
 for a shared server where each user keeps to a prefix of their own.
@@ -113,7 +115,16 @@ def base_worktree(revision: str) -> Path:
     return path / "src"
 
 
-def limited(setting: dict[str, object], *, jobs: int, seconds: float, period: float = 0.0) -> float:
+def limited(
+    setting: dict[str, object],
+    *,
+    jobs: int,
+    seconds: float,
+    period: float = 0.0,
+    keyed_every: int = 0,
+    keys: int = 50,
+    workers: int = 4,
+) -> float:
     """Jobs/s four worker processes reach on a queue with ``setting``: jobs
     over the time from the first start to the last finish (from the jobs'
     rows), plus ``period``: a rate limit lets a window's worth start at once,
@@ -127,17 +138,24 @@ def limited(setting: dict[str, object], *, jobs: int, seconds: float, period: fl
 
         jq = JobQueue(url)
         jq.migrate()
-        jq.configure_queue("default", **setting)  # type: ignore[arg-type]
+        if setting:
+            jq.configure_queue("default", **setting)  # type: ignore[arg-type]
+        batch = [
+            ("nap", {"seconds": seconds}, {"serial_key": f"k{i % keys}"})
+            if keyed_every and i % keyed_every == 0
+            else ("nap", {"seconds": seconds})
+            for i in range(jobs)
+        ]
         for start in range(0, jobs, 1000):
-            jq.enqueue_many([("nap", {"seconds": seconds})] * min(1000, jobs - start))
+            jq.enqueue_many(batch[start : start + 1000])
         argv = [sys.executable, "-m", "jobkeeper", "--database", url, "worker"]
         argv += ["--app", "flow_bench_app:jq", "--concurrency", "20", "--burst"]
-        workers = [
+        processes = [
             subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            for _ in range(4)
+            for _ in range(workers)
         ]
-        for worker in workers:
-            worker.wait(timeout=600)
+        for process in processes:
+            process.wait(timeout=600)
         with psycopg.connect(url) as conn:
             row = conn.execute(
                 "SELECT count(*), extract(epoch FROM max(finished_at) - min(attempted_at)) "
@@ -157,8 +175,8 @@ def main() -> None:
     parser.add_argument("--rate", default="100/s")
     parser.add_argument(
         "--parts",
-        default="drain,capped,rated",
-        help="comma-separated: drain (part 1), capped and rated (part 2)",
+        default="drain,capped,rated,serial",
+        help="comma-separated: drain (part 1), capped and rated (part 2), serial (part 3)",
     )
     args = parser.parse_args()
     parts = set(args.parts.split(","))
@@ -201,6 +219,20 @@ def main() -> None:
             print(
                 f"rate_limit={args.rate}, 4 workers: {reached:.1f} jobs/s of {per_second:.1f} "
                 f"({reached / per_second:.1%})",
+                flush=True,
+            )
+
+    if "serial" in parts:
+        mixes = ((0, "no keys"), (10, "1 in 10 keyed, 50 keys"), (1, "all keyed, 50 keys"))
+        for every, label in mixes:
+            rates = [
+                limited({}, jobs=22_000, seconds=0.0, keyed_every=every, workers=2)
+                for _ in range(args.rounds)
+            ]
+            print(
+                f"serial keys, 22,000 no-op jobs, 2 workers x 20, {label}: "
+                f"{statistics.median(rates):,.0f} jobs/s (rounds: "
+                f"{', '.join(f'{rate:,.0f}' for rate in rates)})",
                 flush=True,
             )
 

@@ -758,16 +758,17 @@ SELECT job.id
 FROM jobkeeper_jobs AS job
 WHERE job.status = 'available' AND job.queue = :queue
   AND (job.serial_key IS NULL OR (
-        NOT EXISTS (
+        -- The key's first: one probe of jobkeeper_jobs_serial_first_idx.
+        job.id = (
+            SELECT first.id FROM jobkeeper_jobs AS first
+            WHERE first.serial_key = job.serial_key AND first.serial_key IS NOT NULL
+              AND first.queue = :queue AND first.status = 'available'
+            ORDER BY first.priority, first.scheduled_at, first.id
+            LIMIT 1)
+        AND NOT EXISTS (
             SELECT 1 FROM jobkeeper_jobs AS holder
             WHERE holder.serial_key = job.serial_key
-              AND holder.status IN ('claimed', 'running'))
-        AND NOT EXISTS (
-            SELECT 1 FROM jobkeeper_jobs AS earlier
-            WHERE earlier.serial_key = job.serial_key
-              AND earlier.status = 'available' AND earlier.queue = :queue
-              AND (earlier.priority, earlier.scheduled_at, earlier.id)
-                  < (job.priority, job.scheduled_at, job.id))))
+              AND holder.status IN ('claimed', 'running'))))
 ORDER BY job.priority, job.scheduled_at, job.id
 LIMIT :limit
 
