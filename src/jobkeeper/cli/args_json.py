@@ -43,6 +43,10 @@ class _TooLongInt:
         self.limit = limit
 
 
+#: What stands in for a value ``--args`` cannot hold, while it is parsed.
+_Marker = _TooLongInt | _NonJsonConstant | _FloatOverflow
+
+
 def _shortened(literal: str, keep: int = 16) -> str:
     """``literal`` whole, or its first and last ``keep`` characters around an
     ellipsis (a number's exponent is at its end).
@@ -52,15 +56,16 @@ def _shortened(literal: str, keep: int = 16) -> str:
     return f"{literal[:keep]}...{literal[-keep:]} ({len(literal)} characters)"
 
 
-def _find_marker(value: Any) -> tuple[str, _TooLongInt | _NonJsonConstant | _FloatOverflow]:
+def _find_marker(value: Any) -> tuple[str, _Marker]:
     """The path (``args.a[1].b``) and marker of the first value ``--args``
-    cannot hold (a too-long integer, a NaN/Infinity literal).
+    cannot hold (a too-long integer, a NaN/Infinity literal, a number past
+    a float's range).
     """
     # Iterative, in document order: the JSON may be nested deeply.
     stack: list[tuple[Any, str]] = [(value, "args")]
     while stack:
         item, path = stack.pop()
-        if isinstance(item, _TooLongInt | _NonJsonConstant | _FloatOverflow):
+        if isinstance(item, _Marker):
             return path, item
         children: list[tuple[Any, str]] = []
         if isinstance(item, dict):
@@ -86,7 +91,7 @@ def parse_args_json(text: str) -> dict[str, Any]:
             seen[key] = value
         return seen
 
-    markers: list[_TooLongInt | _NonJsonConstant | _FloatOverflow] = []
+    markers: list[_Marker] = []
 
     def parse_constant(name: str) -> _NonJsonConstant:
         marker = _NonJsonConstant(name)

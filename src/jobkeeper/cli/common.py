@@ -18,6 +18,7 @@ import click
 
 from jobkeeper.api import JobQueue
 from jobkeeper.config import WHOLE_NUMBER_EXPECTED, parse_whole_number
+from jobkeeper.models import MAX_JOB_ID
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -165,7 +166,7 @@ class JobId(WholeNumber):
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
         number = super().convert(value, param, ctx)
-        if not 1 <= number <= 2**63 - 1:
+        if not 1 <= number <= MAX_JOB_ID:
             self.fail(f"{str(value)!r} is not {self.noun}: {self.expected}", param, ctx)
         return number
 

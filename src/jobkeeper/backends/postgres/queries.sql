@@ -326,9 +326,9 @@ SELECT DISTINCT queue FROM jobkeeper_jobs WHERE id = ANY(%(ids)s::bigint[])
 -- The rescuer's row locks, taken before job_fail_many and
 -- job_fail_many_dead re-check that each holder is still silent: those are
 -- later statements, so they judge by a snapshot taken once the rows are
--- ours. A holder's confirming read (job_confirm_holds) either ran before the lock,
--- after its fresh beat had committed, so that the snapshot has the beat; or
--- waits for this transaction's end and sees its outcome. Judged by a
+-- ours. A holder's confirming read (job_confirm_holds) either ran before the
+-- lock, after its fresh beat had committed, so that the snapshot has the
+-- beat; or waits for this transaction's end and sees its outcome. Judged by a
 -- snapshot taken before the lock, a rescue could return a job its holder
 -- had just confirmed and started.
 SELECT id FROM jobkeeper_jobs WHERE id = ANY(%(ids)b::bigint[]) ORDER BY id FOR UPDATE
@@ -517,8 +517,9 @@ WHERE worker_id = %(worker_id)s AND status IN ('claimed', 'running')
 -- held; we would start it beside its next holder (the chaos soak saw it
 -- once). Waiting, the read sees the rescue's outcome: a row no longer ours
 -- drops out. A rescue that has not locked the row yet judges after this
--- read, by a snapshot with our beat in it (job_fail_many_lock). Not job_held_by: the heartbeat
--- thread reads that one, and must never wait on a paused rescuer's locks.
+-- read, by a snapshot with our beat in it (job_fail_many_lock). Not
+-- job_held_by: the heartbeat thread reads that one, and must never wait on
+-- a paused rescuer's locks.
 -- In id order, as the rescue locks: the two never deadlock.
 SELECT {job_columns}
 FROM jobkeeper_jobs

@@ -35,11 +35,12 @@ _LIBPQ_INTEGERS = (
 _LIBPQ_SYNTAX = frozenset("[]:/=@?&")
 
 
-def _quoted_piece(url: str, piece: str) -> str:
-    """A piece of ``url`` that libpq's error quoted, as the error may show it:
-    whole when the URL has a user but no password, or when it is one of the
-    URL's syntax characters; else ``***`` (the piece may be, or hold, part of
-    a password that a malformed URL keeps where redact_secrets cannot find it).
+def _shown_quotes(url: str, message: str) -> str:
+    """The message libpq gave about ``url``, with each quoted piece as it may be
+    shown: whole when the URL has a user but no password, or when the piece
+    is one of the URL's syntax characters; else ``***`` (the piece may be,
+    or hold, part of a password that a malformed URL keeps where
+    redact_secrets cannot find it).
     """
     userinfo = url.partition("://")[2].partition("@")[0]
     no_password = (
@@ -48,9 +49,13 @@ def _quoted_piece(url: str, piece: str) -> str:
         and "%3a" not in userinfo.lower()  # u%3Apassword: all typed as the user
         and not may_hold_secrets(url.replace("@", ""))
     )
-    if no_password or (len(piece) == 1 and piece in _LIBPQ_SYNTAX):
-        return f'"{piece}"'
-    return '"***"'
+    if no_password:
+        return message
+
+    def piece(quoted: re.Match[str]) -> str:
+        return quoted[0] if quoted[1] in _LIBPQ_SYNTAX and len(quoted[1]) == 1 else '"***"'
+
+    return re.sub(r'"([^"]*)"', piece, message)
 
 
 def _check_libpq_values(params: dict[str, Any]) -> None:
@@ -113,7 +118,7 @@ def parse_url(url: str) -> DatabaseURL:
         # not read, which may be (part of) the password.
         message = redact_secrets(str(exc).strip())
         if may_hold_secrets(url):
-            message = re.sub(r'"([^"]*)"', lambda quoted: _quoted_piece(url, quoted[1]), message)
+            message = _shown_quotes(url, message)
         raise ConfigError(f"invalid PostgreSQL URL: {message}") from None
     _check_userinfo(url, params)
     try:
