@@ -12,7 +12,9 @@ from datetime import UTC, datetime
 from typing import Any
 
 from jobkeeper import Job, JobQueue
+from jobkeeper.events import EventBus
 from jobkeeper.models import WorkerInfo
+from jobkeeper.worker.claims import Claims
 from support.db import is_pg, sql
 from support.waiting import DEADLINE
 
@@ -82,3 +84,20 @@ def age_heartbeat(jq: JobQueue, worker_id: str, seconds: float) -> None:
             "(julianday('now') - 2440587.5) * 86400.0 - ?"
         )
     sql(jq, query + " WHERE id = ?", [seconds, worker_id])
+
+
+def claims_of(
+    backend: Any, worker_id: str, heartbeat: Any, completer: Any = None, fresh_for: float = 1.0
+) -> Claims:
+    """A worker's claim book on ``backend``, with a stand-in ``heartbeat``
+    (``liveness()``) and ``completer`` (``add_start``).
+    """
+    return Claims(
+        backend=backend,
+        worker_id=worker_id,
+        heartbeat=heartbeat,
+        completer=completer,
+        fresh_for=fresh_for,
+        stopping=threading.Event(),
+        events=EventBus(),
+    )

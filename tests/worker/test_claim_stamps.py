@@ -6,13 +6,12 @@ is two claims, and the old one must not pass for held.
 from __future__ import annotations
 
 import dataclasses
-import threading
 
 from jobkeeper import JobStatus
-from jobkeeper.events import EventBus
 from jobkeeper.outcomes import returned_attempt
-from jobkeeper.worker.claims import Claims
 from support.db import sql
+
+from .helpers import claims_of
 
 
 class _Heartbeat:
@@ -35,15 +34,7 @@ def test_an_old_claim_of_a_job_claimed_again_is_not_held(jq):
     (first,) = jq.backend.job_claim(worker_id="w:1:aaaa", queue="default", limit=1)
     assert first.id == job.id
     heartbeat = _Heartbeat()
-    claims = Claims(
-        backend=jq.backend,
-        worker_id="w:1:aaaa",
-        heartbeat=heartbeat,
-        completer=None,
-        fresh_for=1.0,
-        stopping=threading.Event(),
-        events=EventBus(),
-    )
+    claims = claims_of(jq.backend, "w:1:aaaa", heartbeat)
     claims.claimed([first], claims.stamp())
     assert claims.still_held(first)
     heartbeat.spells += 1  # silent long enough for a rescuer: the claim is not ours to trust
@@ -68,18 +59,6 @@ class _Starts:
         self.batched.append(claim)
 
 
-def _claims_of(jq, worker_id: str, completer: _Starts) -> Claims:
-    return Claims(
-        backend=jq.backend,
-        worker_id=worker_id,
-        heartbeat=_Heartbeat(),
-        completer=completer,
-        fresh_for=1.0,
-        stopping=threading.Event(),
-        events=EventBus(),
-    )
-
-
 def _returned_once(jq, worker_id: str):
     """A job returned unstarted once before, claimed now by ``worker_id``."""
     job = jq.enqueue("t", {})
@@ -91,7 +70,7 @@ def _returned_once(jq, worker_id: str):
 
 def test_a_job_returned_unstarted_before_is_marked_running_before_its_call(jq):
     starts = _Starts()
-    claims = _claims_of(jq, "w:1:aaaa", starts)
+    claims = claims_of(jq.backend, "w:1:aaaa", _Heartbeat(), starts)
     job = _returned_once(jq, "w:1:aaaa")
     claims.claimed([job], claims.stamp())
     assert claims.may_start(job)
@@ -107,7 +86,7 @@ def test_a_lost_claim_of_a_job_returned_before_does_not_start(jq):
     # past rescue_after, it matched nothing (the job had been rescued and
     # claimed by another worker), and the task was called anyway, beside the
     # next holder.
-    claims = _claims_of(jq, "w:1:aaaa", _Starts())
+    claims = claims_of(jq.backend, "w:1:aaaa", _Heartbeat(), _Starts())
     job = _returned_once(jq, "w:1:aaaa")
     claims.claimed([job], claims.stamp())
     assert jq.backend.job_fail_many(failures=[returned_attempt(job)]) == {job.id}

@@ -9,7 +9,6 @@ import threading
 from datetime import UTC, datetime
 
 from jobkeeper import DatabaseUnavailable, JobStatus
-from jobkeeper.events import EventBus
 from jobkeeper.maintenance.rescuer import Rescuer
 from jobkeeper.models import Job
 from jobkeeper.outcomes import claim_of, failed_attempt, released_attempt
@@ -17,6 +16,8 @@ from jobkeeper.worker.claims import Claims
 from jobkeeper.worker.slots import Execution, Slots
 from support.db import job
 from support.waiting import wait_for
+
+from .helpers import claims_of
 
 
 def _claim(jq, holder: str) -> Job:
@@ -210,15 +211,7 @@ class _NoBatchedMarks:
 
 
 def _claims(backend, worker_id: str) -> Claims:
-    return Claims(
-        backend=backend,
-        worker_id=worker_id,
-        heartbeat=_FreshHeartbeat(),
-        completer=_NoBatchedMarks(),
-        fresh_for=1.0,
-        stopping=threading.Event(),
-        events=EventBus(),
-    )
+    return claims_of(backend, worker_id, _FreshHeartbeat(), _NoBatchedMarks())
 
 
 def test_a_suspect_starts_only_once_its_lone_start_mark_is_written(make_queue):

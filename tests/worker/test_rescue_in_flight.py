@@ -28,14 +28,12 @@ import pytest
 
 from jobkeeper import Job, JobQueue, JobStatus
 from jobkeeper.backends.postgres.queries import QUERIES as PG_QUERIES
-from jobkeeper.events import EventBus
 from jobkeeper.outcomes import returned_attempt
-from jobkeeper.worker.claims import Claims
 from support.db import is_pg, job
 from support.settings import FAST
 from support.waiting import wait_for
 
-from .helpers import age_heartbeat, holder_info
+from .helpers import age_heartbeat, claims_of, holder_info
 
 HOLDER = "holder:1:f00d"
 RESCUER_THREAD = "test-rescuer"
@@ -111,14 +109,8 @@ def _beat_and_confirm_in_thread(jq: JobQueue, job_: Job) -> tuple[threading.Thre
     """The holder back from its spell: a fresh beat, then the worker's check
     before it starts the job claimed before the spell.
     """
-    claims = Claims(
-        backend=jq.backend,
-        worker_id=HOLDER,
-        heartbeat=_FreshHeartbeat(),  # type: ignore[arg-type]
-        completer=None,  # type: ignore[arg-type]
-        fresh_for=jq.settings.rescue_after / 2,
-        stopping=threading.Event(),
-        events=EventBus(),
+    claims = claims_of(
+        jq.backend, HOLDER, _FreshHeartbeat(), fresh_for=jq.settings.rescue_after / 2
     )
     claims.claimed([job_], stamp=0)
     may_start: list[bool] = []
