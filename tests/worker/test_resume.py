@@ -8,15 +8,13 @@ from __future__ import annotations
 
 import threading
 import time
-from datetime import UTC, datetime
 
 from jobkeeper import JobStatus
 from jobkeeper.maintenance.heartbeat import Heartbeat
 from jobkeeper.maintenance.rescuer import Rescuer
-from jobkeeper.models import WorkerInfo
 from support.waiting import wait_for, wait_status
 
-from .helpers import running
+from .helpers import holder_info, running
 
 
 class _Beats:
@@ -121,11 +119,9 @@ def test_the_holds_are_read_again_a_beat_after_a_stale_spell():
     # again and sees the rescue.
     seen: list[list[str]] = []
     backend = _HoldsRead([["job 1"], []])
-    now = datetime.now(UTC)
-    info = WorkerInfo("w:1:aaaa", "test-host", 1, ["default"], now, now)
     beat = Heartbeat(
         backend,
-        info,
+        holder_info("w:1:aaaa"),
         0.5,
         lambda claim: None,
         stale_after=2.0,
