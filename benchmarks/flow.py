@@ -10,7 +10,8 @@
    each, 0.1 s and 0.5 s jobs: at most 500 and 100 jobs/s allowed), and a rate-limited queue
    (``--rate``, four workers): jobs/s reached against the allowed rate.
 3. Serial keys: 22,000 no-op jobs drained by two worker processes, none
-   keyed, one in ten keyed over 50 keys, all keyed over 50 keys: jobs/s.
+   keyed, one in ten keyed over 50 keys, all keyed over 50 keys (deep keys)
+   and all keyed over 5,000 keys (shallow ones): jobs/s.
 
     .venv/bin/python -m benchmarks.flow --jobs 3000 --rounds 3
     .venv/bin/python -m benchmarks.flow --parts capped --rounds 3   # part 2's cap only
@@ -223,10 +224,15 @@ def main() -> None:
             )
 
     if "serial" in parts:
-        mixes = ((0, "no keys"), (10, "1 in 10 keyed, 50 keys"), (1, "all keyed, 50 keys"))
-        for every, label in mixes:
+        mixes = (
+            (0, 50, "no keys"),
+            (10, 50, "1 in 10 keyed, 50 keys"),
+            (1, 50, "all keyed, 50 keys"),
+            (1, 5_000, "all keyed, 5,000 keys"),
+        )
+        for every, keys, label in mixes:
             rates = [
-                limited({}, jobs=22_000, seconds=0.0, keyed_every=every, workers=2)
+                limited({}, jobs=22_000, seconds=0.0, keyed_every=every, keys=keys, workers=2)
                 for _ in range(args.rounds)
             ]
             print(

@@ -19,6 +19,14 @@ from jobkeeper.errors import QueueFull
 from jobkeeper.models import NewJob
 from jobkeeper.queues import QueueSettings
 
+#: (id, priority, scheduled_at) past every job: no bound on a walk.
+_QUEUE_END = (2**63 - 1, 2**63 - 1, float("inf"))
+
+
+def _up_to(row: tuple[Any, ...]) -> dict[str, Any]:
+    """A walk's bound from an (id, priority, scheduled_at) row."""
+    return {"id": row[0], "priority": row[1], "scheduled_at": row[2]}
+
 
 def _rows(cursor: sqlite3.Cursor) -> list[dict[str, Any]]:
     if cursor.description is None:
@@ -55,6 +63,14 @@ class SqliteFlow:
         ids), in the caller's write transaction; their rows as claimed.
         """
         ids = [row[0] for row in conn.execute(self._queries[pick], params)]
+        return self._claim_ids(conn, ids, worker_id)
+
+    def _claim_ids(
+        self, conn: sqlite3.Connection, ids: list[int], worker_id: str
+    ) -> list[dict[str, Any]]:
+        """Claim the jobs ``ids`` for ``worker_id``, in the caller's write
+        transaction; their rows as claimed.
+        """
         if len(ids) == 1:
             one = {"id": ids[0], "worker_id": worker_id}
             conn.execute(self._queries["job_claim_one"], one)
@@ -91,11 +107,56 @@ class SqliteFlow:
             allowed = min(allowed, settings.rate_limit - int(started))
         if allowed <= 0:
             return []
-        pick = "job_claim_serial" if settings.serial else "job_claim_pick"
-        rows = self._claim_picked(conn, pick, {"queue": queue, "limit": allowed}, worker_id)
+        if settings.serial:
+            rows = self._claim_ids(conn, self._serial_pick(conn, queue, allowed), worker_id)
+        else:
+            rows = self._claim_picked(
+                conn, "job_claim_pick", {"queue": queue, "limit": allowed}, worker_id
+            )
         if settings.rate_limit is not None and rows:
             conn.execute(queries["job_claim_starts_record"], {"queue": queue, "jobs": len(rows)})
         return rows
+
+    def _serial_pick(self, conn: sqlite3.Connection, queue: str, allowed: int) -> list[int]:
+        """The ids a claim of up to ``allowed`` jobs takes from the serial
+        queue ``queue``, in claim order (the write lock is held).
+
+        Two ways to find a key's first job, each cheap where the other is
+        not: the queue's head in claim order suits many shallow keys, whose
+        first jobs come early; a walk over the keys (one probe each) suits a
+        few deep ones, whose takeable jobs lie behind thousands of jobs of
+        held keys. Each round tries a head of ``budget`` jobs, then up to an
+        eighth as many keys, and the next round eight times as many of each,
+        so a claim costs a constant times the cheaper of the two (the same
+        rounds as PostgreSQL's ``jobkeeper_claim_limited``, migration 0014).
+        """
+        queries = self._queries
+        budget = allowed * 2 + 256
+        while True:
+            bounds = {"queue": queue, "budget": budget}
+            end = conn.execute(queries["job_claim_serial_head_end"], bounds).fetchone()
+            head = {"queue": queue, "limit": allowed, **_up_to(end or _QUEUE_END)}
+            ids = [row[0] for row in conn.execute(queries["job_claim_serial_head"], head)]
+            if len(ids) >= allowed or end is None:
+                return ids
+            key_budget = budget // 8
+            keys = [
+                row[0]
+                for row in conn.execute(
+                    queries["job_claim_serial_keys"], {"budget": key_budget + 1}
+                )
+            ]
+            if len(keys) <= key_budget:
+                by_keys = {"queue": queue, "keys": json.dumps(keys), "limit": allowed}
+                keyed = conn.execute(queries["job_claim_serial_firsts"], by_keys).fetchall()
+                # Full of keyed jobs: an unkeyed one after the last cannot
+                # be among the first.
+                last = keyed[-1] if len(keyed) >= allowed else _QUEUE_END
+                up_to = {"queue": queue, "limit": allowed, **_up_to(last)}
+                unkeyed = conn.execute(queries["job_claim_serial_unkeyed"], up_to).fetchall()
+                picked = sorted(keyed + unkeyed, key=lambda row: (row[1], row[2], row[0]))
+                return [row[0] for row in picked[:allowed]]
+            budget *= 8
 
     def _flow_check(self, conn: sqlite3.Connection, jobs: Sequence[NewJob]) -> None:
         """Inside the insert's transaction, after the rows went in: mark

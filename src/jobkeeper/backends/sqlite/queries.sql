@@ -64,7 +64,7 @@ PRAGMA synchronous = NORMAL
 PRAGMA busy_timeout = {ms}
 
 -- name: job_claim
--- Runs inside BEGIN IMMEDIATE, on the ids job_claim_pick (or job_claim_serial)
+-- Runs inside BEGIN IMMEDIATE, on the ids job_claim_pick (or the serial claim)
 -- chose there: the write lock is taken before the read, so two workers can
 -- never pick the same rows. The job is 'claimed', not yet 'running' (its start
 -- mark, job_start_many, says when the task is called); the attempt is counted
@@ -749,14 +749,25 @@ SELECT coalesce(sum(jobs), 0) FROM jobkeeper_queue_starts WHERE queue = :queue
 -- name: job_claim_starts_record
 INSERT INTO jobkeeper_queue_starts (queue, started_at, jobs) VALUES (:queue, {now}, :jobs)
 
--- name: job_claim_serial
+-- name: job_claim_serial_head_end
+-- The last of the queue's first :budget jobs, in claim order (none: the
+-- queue is shorter): where job_claim_serial_head stops looking.
+SELECT job.id, job.priority, job.scheduled_at FROM jobkeeper_jobs AS job
+WHERE job.status = 'available' AND job.queue = :queue
+ORDER BY job.priority, job.scheduled_at, job.id
+LIMIT 1 OFFSET :budget - 1
+
+-- name: job_claim_serial_head
 -- As job_claim_pick, but a keyed job is taken only while it is its key's
 -- first due job in the queue (priority, scheduled_at, id) and no job of the
--- key is held (in any queue). At most one job per key per claim follows: a
--- second job of a key has the first before it.
+-- key is held (in any queue), up to (:priority, :scheduled_at, :id). At most
+-- one job per key per claim follows: a second job of a key has the first
+-- before it. The walk stops as soon as :limit are found (the usual case with
+-- many shallow keys, or few keyed jobs among unkeyed ones).
 SELECT job.id
 FROM jobkeeper_jobs AS job
 WHERE job.status = 'available' AND job.queue = :queue
+  AND (job.priority, job.scheduled_at, job.id) <= (:priority, :scheduled_at, :id)
   AND (job.serial_key IS NULL OR (
         -- The key's first: one probe of jobkeeper_jobs_serial_first_idx.
         job.id = (
@@ -769,6 +780,64 @@ WHERE job.status = 'available' AND job.queue = :queue
             SELECT 1 FROM jobkeeper_jobs AS holder
             WHERE holder.serial_key = job.serial_key
               AND holder.status IN ('claimed', 'running'))))
+ORDER BY job.priority, job.scheduled_at, job.id
+LIMIT :limit
+
+-- name: job_claim_serial_keys
+-- The keys with an available job (any queue), in key order, at most
+-- :budget: a loose index scan of jobkeeper_jobs_serial_first_idx, one probe
+-- for the next key after the last. Named, because the planner otherwise
+-- takes jobkeeper_jobs_serial_idx, where a key without available jobs is
+-- stepped over one finished job at a time.
+WITH RECURSIVE serial_keys(key) AS (
+    SELECT (
+        SELECT lowest.serial_key FROM jobkeeper_jobs AS lowest
+            INDEXED BY jobkeeper_jobs_serial_first_idx
+        WHERE lowest.status = 'available' AND lowest.serial_key IS NOT NULL
+        ORDER BY lowest.serial_key
+        LIMIT 1)
+    UNION ALL
+    SELECT (
+        SELECT next.serial_key FROM jobkeeper_jobs AS next
+            INDEXED BY jobkeeper_jobs_serial_first_idx
+        WHERE next.status = 'available' AND next.serial_key IS NOT NULL
+          AND next.serial_key > serial_keys.key
+        ORDER BY next.serial_key
+        LIMIT 1)
+    FROM serial_keys
+    WHERE serial_keys.key IS NOT NULL
+)
+SELECT key FROM serial_keys WHERE key IS NOT NULL LIMIT :budget
+
+-- name: job_claim_serial_firsts
+-- Of the keys :keys (a JSON array), each one's first available job in the
+-- queue where nobody holds the key (one probe per key, however deep), in
+-- claim order, at most :limit.
+SELECT job.id, job.priority, job.scheduled_at FROM jobkeeper_jobs AS job
+WHERE job.id IN (
+    SELECT (
+        SELECT first.id FROM jobkeeper_jobs AS first
+        WHERE first.serial_key = listed.value AND first.serial_key IS NOT NULL
+          AND first.queue = :queue AND first.status = 'available'
+        ORDER BY first.priority, first.scheduled_at, first.id
+        LIMIT 1)
+    FROM json_each(:keys) AS listed
+    WHERE NOT EXISTS (
+        SELECT 1 FROM jobkeeper_jobs AS holder
+        WHERE holder.serial_key = listed.value
+          AND holder.status IN ('claimed', 'running')))
+ORDER BY job.priority, job.scheduled_at, job.id
+LIMIT :limit
+
+-- name: job_claim_serial_unkeyed
+-- The queue's first unkeyed available jobs up to (priority, scheduled_at,
+-- id) = (:priority, :scheduled_at, :id), at most :limit: past the keyed jobs
+-- a full claim takes, none is needed, and the walk stops there instead of
+-- stepping over every keyed job to the queue's end.
+SELECT job.id, job.priority, job.scheduled_at FROM jobkeeper_jobs AS job
+WHERE job.status = 'available' AND job.queue = :queue
+  AND (job.priority, job.scheduled_at, job.id) <= (:priority, :scheduled_at, :id)
+  AND job.serial_key IS NULL
 ORDER BY job.priority, job.scheduled_at, job.id
 LIMIT :limit
 

@@ -1,0 +1,3 @@
+-- Version 14: nothing to change in the schema on SQLite (PostgreSQL's limited
+-- claim function changed; SQLite's serial claim is in its queries, which
+-- walk the keys the same way from this version on).

@@ -1,0 +1,142 @@
+"""Which jobs a claim of a serial queue takes, on both backends, wherever the
+takeable jobs lie: near the queue's head (many shallow keys), behind
+thousands of jobs of held keys (few deep keys, found by walking the keys),
+or past the bound on keys (the walk over the queue again, longer).
+
+The rule (DESIGN, "serial keys"): in claim order (priority, scheduled_at,
+id), a claim takes unkeyed jobs, and a keyed job only while it is its key's
+first available job in the queue and no job of the key is held anywhere; at
+most ``limit`` jobs.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from jobkeeper import JobQueue
+from support.db import sql
+
+_examples = itertools.count()
+
+
+def claim(jq: JobQueue, queue: str, limit: int, worker: str = "w1") -> set[int]:
+    return {j.id for j in jq.backend.job_claim(worker_id=worker, queue=queue, limit=limit)}
+
+
+def hold(jq: JobQueue, keys: list[str], queue: str) -> None:
+    """Hold ``keys``: one job of each, in ``queue``, claimed by worker "h"."""
+    if not keys:
+        return
+    jq.enqueue_many([("t", {}, {"queue": queue, "serial_key": key}) for key in keys])
+    assert len(claim(jq, queue, limit=len(keys), worker="h")) == len(keys)
+
+
+def expected(jq: JobQueue, queue: str, limit: int) -> set[int]:
+    """The rule, computed from the rows."""
+    rows = sql(
+        jq,
+        "SELECT id, serial_key FROM jobkeeper_jobs WHERE queue = ? AND status = 'available' "
+        "ORDER BY priority, scheduled_at, id",
+        [queue],
+    )
+    held = {
+        key
+        for (key,) in sql(
+            jq,
+            "SELECT serial_key FROM jobkeeper_jobs "
+            "WHERE status IN ('claimed', 'running') AND serial_key IS NOT NULL",
+        )
+    }
+    seen: set[str] = set()
+    taken: list[int] = []
+    for job_id, key in rows:
+        if key is None:
+            taken.append(job_id)
+        elif key not in seen:
+            seen.add(key)
+            if key not in held:
+                taken.append(job_id)
+    return set(taken[:limit])
+
+
+def test_a_key_behind_a_deep_held_key_is_found(jq):
+    # 600 jobs of a held key fill the head a claim of 5 first walks (266
+    # jobs); the walk over the keys finds the others' first jobs.
+    jq.enqueue_many([("t", {}, {"queue": "q", "serial_key": "deep"})] * 600)
+    later = jq.enqueue_many(
+        [("t", {}, {"queue": "q", "serial_key": key}) for key in ("b", "c", "b")]
+        + [("t", {}, {"queue": "q"})]
+    )
+    hold(jq, ["deep"], queue="elsewhere")
+    assert claim(jq, "q", limit=5) == {later[0].id, later[1].id, later[3].id}
+
+
+def test_the_walk_over_keys_keeps_claim_order_across_keys(jq):
+    jq.enqueue_many([("t", {}, {"queue": "q", "serial_key": "deep"})] * 400)
+    low = jq.enqueue_many(
+        [("t", {}, {"queue": "q", "serial_key": f"k{i}", "priority": 5}) for i in range(3)]
+    )
+    high = jq.enqueue_many(
+        [("t", {}, {"queue": "q", "serial_key": f"k{i}", "priority": 1}) for i in range(3, 6)]
+    )
+    hold(jq, ["deep"], queue="elsewhere")
+    assert claim(jq, "q", limit=4) == {job.id for job in high} | {low[0].id}
+
+
+def test_more_keys_than_the_walk_over_keys_allows_falls_back_to_a_longer_walk(jq):
+    # A claim of 1 walks 258 jobs, then at most 32 keys: 40 keys behind the
+    # held one send it to the next round's walk of 2,064 jobs.
+    jq.enqueue_many([("t", {}, {"queue": "q", "serial_key": "deep"})] * 300)
+    shallow = jq.enqueue_many([("t", {}, {"queue": "q", "serial_key": f"s{i}"}) for i in range(40)])
+    hold(jq, ["deep"], queue="elsewhere")
+    assert claim(jq, "q", limit=1) == {shallow[0].id}
+    assert claim(jq, "q", limit=100) == {job.id for job in shallow[1:]}
+
+
+def test_unkeyed_jobs_behind_deep_keys_fill_a_short_claim(jq):
+    jq.enqueue_many([("t", {}, {"queue": "q", "serial_key": "deep"})] * 500)
+    tail = jq.enqueue_many([("t", {}, {"queue": "q"})] * 3)
+    hold(jq, ["deep"], queue="elsewhere")
+    assert claim(jq, "q", limit=10) == {job.id for job in tail}
+
+
+def test_a_full_claim_takes_no_unkeyed_job_behind_its_last_keyed_one(jq):
+    keyed = jq.enqueue_many([("t", {}, {"queue": "q", "serial_key": f"k{i}"}) for i in range(4)])
+    jq.enqueue_many([("t", {}, {"queue": "q"})] * 2)
+    assert claim(jq, "q", limit=4) == {job.id for job in keyed}
+
+
+@settings(
+    max_examples=25,
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(
+    deep=st.integers(min_value=0, max_value=700),
+    deep_held=st.booleans(),
+    rest=st.lists(
+        st.tuples(st.one_of(st.none(), st.integers(0, 45)), st.integers(0, 3)),
+        max_size=90,
+    ),
+    held=st.sets(st.integers(0, 45), max_size=30),
+    limit=st.integers(min_value=1, max_value=40),
+)
+def test_a_claim_takes_what_the_rule_says(jq, deep, deep_held, rest, held, limit):
+    # A fresh queue and key space per example: earlier examples' jobs stay,
+    # as other queues' keys do in a real table.
+    n = next(_examples)
+    queue, key = f"q{n}", f"e{n}-k{{}}".format
+    jobs = [("t", {}, {"queue": queue, "serial_key": key("deep"), "priority": 0})] * deep
+    jobs += [
+        ("t", {}, {"queue": queue, "serial_key": None if k is None else key(k), "priority": p})
+        for k, p in rest
+    ]
+    if jobs:
+        jq.enqueue_many(jobs)
+    hold(jq, sorted(key(k) for k in held) + ([key("deep")] if deep_held else []), f"h{n}")
+    want = expected(jq, queue, limit)
+    assert claim(jq, queue, limit) == want
