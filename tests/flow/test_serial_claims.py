@@ -12,7 +12,10 @@ most ``limit`` jobs.
 from __future__ import annotations
 
 import itertools
+import json
+from typing import Any
 
+import psycopg
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -140,3 +143,58 @@ def test_a_claim_takes_what_the_rule_says(jq, deep, deep_held, rest, held, limit
     hold(jq, sorted(key(k) for k in held) + ([key("deep")] if deep_held else []), f"h{n}")
     want = expected(jq, queue, limit)
     assert claim(jq, queue, limit) == want
+
+
+SERIAL_INDEXES = ("jobkeeper_jobs_serial_first_idx", "jobkeeper_jobs_serial_idx")
+
+
+def _probes(plan: dict[str, Any]) -> int:
+    """Index probes for a key's first job or its holder in one plan: the
+    loops of every scan on the two serial indexes."""
+    own = int(plan.get("Actual Loops", 0)) if plan.get("Index Name") in SERIAL_INDEXES else 0
+    return own + sum(_probes(child) for child in plan.get("Plans", []))
+
+
+def test_a_claim_behind_a_deep_held_key_probes_the_keys_not_its_jobs(pg_url):
+    """The claim walked the queue in claim order and probed each job of a
+    held key for "first of its key" before it reached a key it could take:
+    5,000 probes here (benchmarks/flow.py, all keyed over 50 keys: 334
+    jobs/s). It now walks the keys instead. auto_explain, loaded in this
+    session only, hands the plans of the function's statements back as
+    notices."""
+    jq = JobQueue(pg_url)
+    try:
+        jq.migrate()
+        jq.enqueue_many([("t", {}, {"queue": "q", "serial_key": "deep"})] * 5000)
+        firsts = jq.enqueue_many(
+            [("t", {}, {"queue": "q", "serial_key": f"k{i}"}) for i in range(10)]
+        )
+        hold(jq, ["deep"], queue="elsewhere")
+        plans: list[dict[str, Any]] = []
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            conn.add_notice_handler(
+                lambda notice: (
+                    plans.append(json.loads(notice.message_primary.split("plan:", 1)[1])["Plan"])
+                    if "plan:" in (notice.message_primary or "")
+                    else None
+                )
+            )
+            conn.execute("LOAD 'auto_explain'")
+            for setting, value in (
+                ("log_min_duration", "0"),
+                ("log_analyze", "on"),
+                ("log_nested_statements", "on"),
+                ("log_format", "json"),
+                ("log_level", "notice"),
+            ):
+                conn.execute(f"SET auto_explain.{setting} = '{value}'")
+            claimed = {
+                row[0]
+                for row in conn.execute("SELECT id FROM jobkeeper_claim_limited('q', 'w', 5)")
+            }
+        assert claimed == {job.id for job in firsts[:5]}
+        assert plans, "auto_explain sent no plan"
+        probes = sum(_probes(plan) for plan in plans)
+        assert probes < 100, probes
+    finally:
+        jq.close()
