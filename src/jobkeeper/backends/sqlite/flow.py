@@ -143,7 +143,7 @@ class SqliteFlow:
             keys = [
                 row[0]
                 for row in conn.execute(
-                    queries["job_claim_serial_keys"], {"budget": key_budget + 1}
+                    queries["job_claim_serial_keys"], {"queue": queue, "budget": key_budget + 1}
                 )
             ]
             if len(keys) <= key_budget:

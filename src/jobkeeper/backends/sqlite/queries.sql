@@ -762,46 +762,88 @@ LIMIT 1 OFFSET :budget - 1
 -- first due job in the queue (priority, scheduled_at, id) and no job of the
 -- key is held (in any queue), up to (:priority, :scheduled_at, :id). At most
 -- one job per key per claim follows: a second job of a key has the first
--- before it. The walk stops as soon as :limit are found (the usual case with
--- many shallow keys, or few keyed jobs among unkeyed ones).
-SELECT job.id
-FROM jobkeeper_jobs AS job
-WHERE job.status = 'available' AND job.queue = :queue
-  AND (job.priority, job.scheduled_at, job.id) <= (:priority, :scheduled_at, :id)
-  AND (job.serial_key IS NULL OR (
-        -- The key's first: one probe of jobkeeper_jobs_serial_first_idx.
-        job.id = (
-            SELECT first.id FROM jobkeeper_jobs AS first
-            WHERE first.serial_key = job.serial_key AND first.serial_key IS NOT NULL
-              AND first.queue = :queue AND first.status = 'available'
-            ORDER BY first.priority, first.scheduled_at, first.id
-            LIMIT 1)
-        AND NOT EXISTS (
-            SELECT 1 FROM jobkeeper_jobs AS holder
-            WHERE holder.serial_key = job.serial_key
-              AND holder.status IN ('claimed', 'running'))))
-ORDER BY job.priority, job.scheduled_at, job.id
+-- before it. Each walk stops as soon as :limit are found (the usual case
+-- with many shallow keys, or few keyed jobs among unkeyed ones). The bound is
+-- three ranges, not one row value: the index range of a row value ended on
+-- (priority, scheduled_at) only, and a bulk enqueue's jobs share both.
+SELECT picked.id FROM (
+    SELECT * FROM (
+        SELECT job.id, job.priority, job.scheduled_at FROM jobkeeper_jobs AS job
+        WHERE job.status = 'available' AND job.queue = :queue
+          AND job.priority < :priority
+          AND (job.serial_key IS NULL OR (
+                -- The key's first: one probe of jobkeeper_jobs_serial_queue_idx.
+                job.id = (
+                    SELECT first.id FROM jobkeeper_jobs AS first
+                    WHERE first.queue = :queue AND first.serial_key = job.serial_key
+                      AND first.serial_key IS NOT NULL AND first.status = 'available'
+                    ORDER BY first.priority, first.scheduled_at, first.id
+                    LIMIT 1)
+                AND NOT EXISTS (
+                    SELECT 1 FROM jobkeeper_jobs AS holder
+                    WHERE holder.serial_key = job.serial_key
+                      AND holder.status IN ('claimed', 'running'))))
+        ORDER BY job.priority, job.scheduled_at, job.id
+        LIMIT :limit)
+    UNION ALL
+    SELECT * FROM (
+        SELECT job.id, job.priority, job.scheduled_at FROM jobkeeper_jobs AS job
+        WHERE job.status = 'available' AND job.queue = :queue
+          AND job.priority = :priority AND job.scheduled_at < :scheduled_at
+          AND (job.serial_key IS NULL OR (
+                -- The key's first: one probe of jobkeeper_jobs_serial_queue_idx.
+                job.id = (
+                    SELECT first.id FROM jobkeeper_jobs AS first
+                    WHERE first.queue = :queue AND first.serial_key = job.serial_key
+                      AND first.serial_key IS NOT NULL AND first.status = 'available'
+                    ORDER BY first.priority, first.scheduled_at, first.id
+                    LIMIT 1)
+                AND NOT EXISTS (
+                    SELECT 1 FROM jobkeeper_jobs AS holder
+                    WHERE holder.serial_key = job.serial_key
+                      AND holder.status IN ('claimed', 'running'))))
+        ORDER BY job.priority, job.scheduled_at, job.id
+        LIMIT :limit)
+    UNION ALL
+    SELECT * FROM (
+        SELECT job.id, job.priority, job.scheduled_at FROM jobkeeper_jobs AS job
+        WHERE job.status = 'available' AND job.queue = :queue
+          AND job.priority = :priority AND job.scheduled_at = :scheduled_at
+          AND job.id <= :id
+          AND (job.serial_key IS NULL OR (
+                -- The key's first: one probe of jobkeeper_jobs_serial_queue_idx.
+                job.id = (
+                    SELECT first.id FROM jobkeeper_jobs AS first
+                    WHERE first.queue = :queue AND first.serial_key = job.serial_key
+                      AND first.serial_key IS NOT NULL AND first.status = 'available'
+                    ORDER BY first.priority, first.scheduled_at, first.id
+                    LIMIT 1)
+                AND NOT EXISTS (
+                    SELECT 1 FROM jobkeeper_jobs AS holder
+                    WHERE holder.serial_key = job.serial_key
+                      AND holder.status IN ('claimed', 'running'))))
+        ORDER BY job.priority, job.scheduled_at, job.id
+        LIMIT :limit)
+) AS picked
+ORDER BY picked.priority, picked.scheduled_at, picked.id
 LIMIT :limit
 
 -- name: job_claim_serial_keys
--- The keys with an available job (any queue), in key order, at most
--- :budget: a loose index scan of jobkeeper_jobs_serial_first_idx, one probe
--- for the next key after the last. Named, because the planner otherwise
--- takes jobkeeper_jobs_serial_idx, where a key without available jobs is
--- stepped over one finished job at a time.
+-- The queue's keys with an available job, in key order, at most :budget: a
+-- loose index scan of jobkeeper_jobs_serial_queue_idx (the queue, then a key
+-- range), one probe for the next key after the last.
 WITH RECURSIVE serial_keys(key) AS (
     SELECT (
         SELECT lowest.serial_key FROM jobkeeper_jobs AS lowest
-            INDEXED BY jobkeeper_jobs_serial_first_idx
-        WHERE lowest.status = 'available' AND lowest.serial_key IS NOT NULL
+        WHERE lowest.status = 'available' AND lowest.queue = :queue
+          AND lowest.serial_key IS NOT NULL
         ORDER BY lowest.serial_key
         LIMIT 1)
     UNION ALL
     SELECT (
         SELECT next.serial_key FROM jobkeeper_jobs AS next
-            INDEXED BY jobkeeper_jobs_serial_first_idx
-        WHERE next.status = 'available' AND next.serial_key IS NOT NULL
-          AND next.serial_key > serial_keys.key
+        WHERE next.status = 'available' AND next.queue = :queue
+          AND next.serial_key IS NOT NULL AND next.serial_key > serial_keys.key
         ORDER BY next.serial_key
         LIMIT 1)
     FROM serial_keys
@@ -833,12 +875,35 @@ LIMIT :limit
 -- The queue's first unkeyed available jobs up to (priority, scheduled_at,
 -- id) = (:priority, :scheduled_at, :id), at most :limit: past the keyed jobs
 -- a full claim takes, none is needed, and the walk stops there instead of
--- stepping over every keyed job to the queue's end.
-SELECT job.id, job.priority, job.scheduled_at FROM jobkeeper_jobs AS job
-WHERE job.status = 'available' AND job.queue = :queue
-  AND (job.priority, job.scheduled_at, job.id) <= (:priority, :scheduled_at, :id)
-  AND job.serial_key IS NULL
-ORDER BY job.priority, job.scheduled_at, job.id
+-- stepping over every keyed job to the queue's end. Three ranges, as in
+-- job_claim_serial_head.
+SELECT picked.id, picked.priority, picked.scheduled_at FROM (
+    SELECT * FROM (
+        SELECT job.id, job.priority, job.scheduled_at FROM jobkeeper_jobs AS job
+        WHERE job.status = 'available' AND job.queue = :queue
+          AND job.priority < :priority
+          AND (job.serial_key IS NULL)
+        ORDER BY job.priority, job.scheduled_at, job.id
+        LIMIT :limit)
+    UNION ALL
+    SELECT * FROM (
+        SELECT job.id, job.priority, job.scheduled_at FROM jobkeeper_jobs AS job
+        WHERE job.status = 'available' AND job.queue = :queue
+          AND job.priority = :priority AND job.scheduled_at < :scheduled_at
+          AND (job.serial_key IS NULL)
+        ORDER BY job.priority, job.scheduled_at, job.id
+        LIMIT :limit)
+    UNION ALL
+    SELECT * FROM (
+        SELECT job.id, job.priority, job.scheduled_at FROM jobkeeper_jobs AS job
+        WHERE job.status = 'available' AND job.queue = :queue
+          AND job.priority = :priority AND job.scheduled_at = :scheduled_at
+          AND job.id <= :id
+          AND (job.serial_key IS NULL)
+        ORDER BY job.priority, job.scheduled_at, job.id
+        LIMIT :limit)
+) AS picked
+ORDER BY picked.priority, picked.scheduled_at, picked.id
 LIMIT :limit
 
 -- name: periodic_enqueue_tick_queue
