@@ -159,13 +159,55 @@ def _probes(plan: dict[str, Any]) -> int:
     return own + sum(_probes(child) for child in plan.get("Plans", []))
 
 
+def _claim_index_pages(plan: dict[str, Any]) -> int:
+    """Pages (index and heap) that every scan on the claim index touched in
+    one plan. Not rows: entries an index condition turns down inside the
+    index are counted nowhere."""
+    own = 0
+    if plan.get("Index Name") == "jobkeeper_jobs_claim_idx":
+        own = int(plan.get("Shared Hit Blocks", 0)) + int(plan.get("Shared Read Blocks", 0))
+    return own + sum(_claim_index_pages(child) for child in plan.get("Plans", []))
+
+
+def claim_with_plans(url: str, queue: str, limit: int) -> tuple[set[int], list[dict[str, Any]]]:
+    """Claim through jobkeeper_claim_limited with auto_explain loaded in this
+    session only, which hands the plans of the function's statements back as
+    notices: the ids claimed and those plans."""
+    plans: list[dict[str, Any]] = []
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.add_notice_handler(
+            lambda notice: (
+                plans.append(json.loads(notice.message_primary.split("plan:", 1)[1])["Plan"])
+                if "plan:" in (notice.message_primary or "")
+                else None
+            )
+        )
+        conn.execute("LOAD 'auto_explain'")
+        for setting, value in (
+            ("log_min_duration", "0"),
+            ("log_analyze", "on"),
+            ("log_nested_statements", "on"),
+            ("log_buffers", "on"),
+            ("log_format", "json"),
+            ("log_level", "notice"),
+        ):
+            conn.execute(f"SET auto_explain.{setting} = '{value}'")
+        claimed = {
+            row[0]
+            for row in conn.execute(
+                "SELECT id FROM jobkeeper_claim_limited(%s, 'w', %s)", (queue, limit)
+            )
+        }
+    assert plans, "auto_explain sent no plan"
+    return claimed, plans
+
+
 def test_a_claim_behind_a_deep_held_key_probes_the_keys_not_its_jobs(pg_url):
     """The claim walked the queue in claim order and probed each job of a
     held key for "first of its key" before it reached a key it could take:
     5,000 probes here (benchmarks/flow.py, all keyed over 50 keys: 334
     jobs/s). It now walks the queue's keys instead, and not another queue's
-    (3,000 here). auto_explain, loaded in this session only, hands the plans
-    of the function's statements back as notices."""
+    (3,000 here)."""
     jq = JobQueue(pg_url)
     try:
         jq.migrate()
@@ -175,31 +217,30 @@ def test_a_claim_behind_a_deep_held_key_probes_the_keys_not_its_jobs(pg_url):
             [("t", {}, {"queue": "q", "serial_key": f"k{i}"}) for i in range(10)]
         )
         hold(jq, ["deep"], queue="elsewhere")
-        plans: list[dict[str, Any]] = []
-        with psycopg.connect(pg_url, autocommit=True) as conn:
-            conn.add_notice_handler(
-                lambda notice: (
-                    plans.append(json.loads(notice.message_primary.split("plan:", 1)[1])["Plan"])
-                    if "plan:" in (notice.message_primary or "")
-                    else None
-                )
-            )
-            conn.execute("LOAD 'auto_explain'")
-            for setting, value in (
-                ("log_min_duration", "0"),
-                ("log_analyze", "on"),
-                ("log_nested_statements", "on"),
-                ("log_format", "json"),
-                ("log_level", "notice"),
-            ):
-                conn.execute(f"SET auto_explain.{setting} = '{value}'")
-            claimed = {
-                row[0]
-                for row in conn.execute("SELECT id FROM jobkeeper_claim_limited('q', 'w', 5)")
-            }
+        claimed, plans = claim_with_plans(pg_url, "q", 5)
         assert claimed == {job.id for job in firsts[:5]}
-        assert plans, "auto_explain sent no plan"
         probes = sum(_probes(plan) for plan in plans)
         assert probes < 100, probes
+    finally:
+        jq.close()
+
+
+def test_a_full_claim_reads_the_queue_only_up_to_its_last_job(pg_url):
+    """Unkeyed jobs are looked for up to the claim's last job, a bound that
+    was one row comparison, (priority, scheduled_at, id) <= cutoff; on
+    PostgreSQL 15 an index scan ends on a row comparison's first column
+    only, so among one bulk enqueue's jobs (equal priority and scheduled_at)
+    it read on to the queue's end: 20,000 entries past a claim of 5 here."""
+    jq = JobQueue(pg_url)
+    try:
+        jq.migrate()
+        jobs = jq.enqueue_many(
+            [("t", {}, {"queue": "q", "serial_key": f"k{i}"}) for i in range(10)]
+            + [("t", {}, {"queue": "q", "serial_key": "deep"})] * 20_000
+        )
+        claimed, plans = claim_with_plans(pg_url, "q", 5)
+        assert claimed == {job.id for job in jobs[:5]}
+        pages = sum(_claim_index_pages(plan) for plan in plans)
+        assert pages < 60, pages
     finally:
         jq.close()

@@ -127,8 +127,11 @@ class SqliteFlow:
         few deep ones, whose takeable jobs lie behind thousands of jobs of
         held keys. Each round tries a head of ``budget`` jobs, then up to an
         eighth as many keys, and the next round eight times as many of each,
-        so a claim costs a constant times the cheaper of the two (the same
-        rounds as PostgreSQL's ``jobkeeper_claim_limited``, migration 0014).
+        so a claim costs a constant times the cheaper of the two (the rounds
+        of PostgreSQL's ``jobkeeper_claim_limited``, migration 0014, which
+        tries a thirty-second as many keys: a key costs it about 30 head
+        jobs, and SQLite's one or two, about 1.5 us a key against 1 us a
+        head job with its probe).
         """
         queries = self._queries
         budget = allowed * 2 + 256
