@@ -1,10 +1,13 @@
-"""Migration 0007 on a database of an earlier version: jobs, dead letters and
-worker rows are kept; workers registered before it show no version."""
+"""Migrations on a database in use: 0007 keeps jobs, dead letters and worker
+rows, and workers registered before it show no version; 0014 runs beside a
+claim in flight."""
 
 from __future__ import annotations
 
 import sys
+import threading
 
+import psycopg
 import pytest
 
 from jobkeeper import JobQueue
@@ -38,3 +41,33 @@ def test_0007_upgrades_a_database_in_use(db_url, monkeypatch):
         with pytest.warns(UserWarning, match="old \\(no version\\)"):
             jq.configure_queue("q", concurrency=1)
         assert len(jq.backend.job_claim(worker_id="w", queue="q", limit=5)) == 1
+
+
+def test_0014_migrates_beside_a_claim_that_read_the_table_and_then_writes(pg_url, monkeypatch):
+    """A claim in flight holds ACCESS SHARE on the jobs table from its reads
+    and then asks for ROW EXCLUSIVE to update. Migration 14, which dropped
+    version 13's index after building its own in migrate's one transaction,
+    deadlocked with it: it held the build's SHARE lock (the claim's update
+    waits behind it) and waited for ACCESS EXCLUSIVE behind the claim's
+    reads (helper-61: 12 of 12 migrates lost against busy or idle workers).
+    """
+    with JobQueue(pg_url) as jq:
+        module = sys.modules[type(jq.backend).__module__]
+        with monkeypatch.context() as patch:
+            patch.setattr(module, "MIGRATIONS", [m for m in module.MIGRATIONS if m[0] < 14])
+            assert jq.migrate() == 13
+        job = jq.enqueue("t", {}, serial_key="k")
+        with psycopg.connect(pg_url) as claim:
+            claim.execute("SELECT count(*) FROM jobkeeper_jobs").fetchone()
+            migrated: list[int] = []
+            migrating = threading.Thread(target=lambda: migrated.append(jq.migrate()))
+            migrating.start()
+            # The migrate takes its locks, or waits for them, meanwhile.
+            migrating.join(timeout=1.0)
+            claim.execute("UPDATE jobkeeper_jobs SET priority = priority WHERE id = %s", (job.id,))
+            claim.commit()
+            migrating.join(timeout=30)
+        assert migrated == [module.MIGRATIONS[-1][0]]
+        assert [j.id for j in jq.backend.job_claim(worker_id="w", queue="default", limit=5)] == [
+            job.id
+        ]

@@ -7,14 +7,21 @@
 -- eightfold a round, and probes each locked key's first job instead of
 -- walking the queue again.
 --
--- The index of available keyed jobs now leads with the queue
--- (jobkeeper_jobs_serial_queue_idx replaces jobkeeper_jobs_serial_first_idx),
--- so that the walk over a queue's keys steps over no other queue's keys
--- (2,000 keys of another queue halved the drain above when it led with the
--- key). It answers "a key's first job in a queue" as before. Building it
--- reads the whole table under a lock that holds writes back for as long
--- (seconds for millions of rows), as version 13's build did; it is built
--- before the old one is dropped, so the drop's exclusive lock is brief.
+-- The walk over a queue's keys needs an index of available keyed jobs that
+-- leads with the queue, jobkeeper_jobs_serial_queue_idx, so that it steps
+-- over no other queue's keys (2,000 keys of another queue halved the drain
+-- above with version 13's jobkeeper_jobs_serial_first_idx, which leads with
+-- the key). Building it reads the whole table under a lock that holds
+-- writes back for as long (seconds for millions of rows), as version 13's
+-- build did.
+--
+-- Version 13's index stays. Dropped here, in the one transaction migrate
+-- runs, it deadlocked with running workers: this transaction held the new
+-- index's SHARE lock, a claim holding ACCESS SHARE waited behind it to
+-- update, and DROP INDEX waited for ACCESS EXCLUSIVE behind the claim (12 of
+-- 12 tries lost with 300,000 rows or more, idle workers too). It costs an
+-- index entry per available keyed job until a release can drop it
+-- concurrently, outside that transaction.
 --
 -- Same function signature and result: a worker of version 13 calls the new
 -- body unchanged during a rolling deploy, and the old body (on a schema of
@@ -22,7 +29,6 @@
 CREATE INDEX jobkeeper_jobs_serial_queue_idx
     ON jobkeeper_jobs (queue, serial_key, priority, scheduled_at, id)
     WHERE status = 'available' AND serial_key IS NOT NULL;
-DROP INDEX jobkeeper_jobs_serial_first_idx;
 
 CREATE OR REPLACE FUNCTION jobkeeper_claim_limited(p_queue text, p_worker_id text, p_limit integer)
 RETURNS SETOF jobkeeper_jobs
