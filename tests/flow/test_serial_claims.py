@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import itertools
 import json
+from collections.abc import Iterator
 from typing import Any
 
 import psycopg
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -202,45 +204,45 @@ def claim_with_plans(url: str, queue: str, limit: int) -> tuple[set[int], list[d
     return claimed, plans
 
 
-def test_a_claim_behind_a_deep_held_key_probes_the_keys_not_its_jobs(pg_url):
+@pytest.fixture
+def pg_jq(pg_url: str) -> Iterator[JobQueue]:
+    """A migrated JobQueue on PostgreSQL only (its claim function's plans)."""
+    with JobQueue(pg_url) as jq:
+        jq.migrate()
+        yield jq
+
+
+def test_a_claim_behind_a_deep_held_key_probes_the_keys_not_its_jobs(
+    pg_jq: JobQueue, pg_url: str
+) -> None:
     """The claim walked the queue in claim order and probed each job of a
     held key for "first of its key" before it reached a key it could take:
     5,000 probes here (benchmarks/flow.py, all keyed over 50 keys: 334
     jobs/s). It now walks the queue's keys instead, and not another queue's
     (3,000 here)."""
-    jq = JobQueue(pg_url)
-    try:
-        jq.migrate()
-        jq.enqueue_many([("t", {}, {"queue": "q", "serial_key": "deep"})] * 5000)
-        jq.enqueue_many([("t", {}, {"queue": "other", "serial_key": f"o{i}"}) for i in range(3000)])
-        firsts = jq.enqueue_many(
-            [("t", {}, {"queue": "q", "serial_key": f"k{i}"}) for i in range(10)]
-        )
-        hold(jq, ["deep"], queue="elsewhere")
-        claimed, plans = claim_with_plans(pg_url, "q", 5)
-        assert claimed == {job.id for job in firsts[:5]}
-        probes = sum(_probes(plan) for plan in plans)
-        assert probes < 100, probes
-    finally:
-        jq.close()
+    jq = pg_jq
+    jq.enqueue_many([("t", {}, {"queue": "q", "serial_key": "deep"})] * 5000)
+    jq.enqueue_many([("t", {}, {"queue": "other", "serial_key": f"o{i}"}) for i in range(3000)])
+    firsts = jq.enqueue_many([("t", {}, {"queue": "q", "serial_key": f"k{i}"}) for i in range(10)])
+    hold(jq, ["deep"], queue="elsewhere")
+    claimed, plans = claim_with_plans(pg_url, "q", 5)
+    assert claimed == {job.id for job in firsts[:5]}
+    probes = sum(_probes(plan) for plan in plans)
+    assert probes < 100, probes
 
 
-def test_a_full_claim_reads_the_queue_only_up_to_its_last_job(pg_url):
+def test_a_full_claim_reads_the_queue_only_up_to_its_last_job(pg_jq: JobQueue, pg_url: str) -> None:
     """Unkeyed jobs are looked for up to the claim's last job, a bound that
     was one row comparison, (priority, scheduled_at, id) <= cutoff; on
     PostgreSQL 15 an index scan ends on a row comparison's first column
     only, so among one bulk enqueue's jobs (equal priority and scheduled_at)
     it read on to the queue's end: 20,000 entries past a claim of 5 here."""
-    jq = JobQueue(pg_url)
-    try:
-        jq.migrate()
-        jobs = jq.enqueue_many(
-            [("t", {}, {"queue": "q", "serial_key": f"k{i}"}) for i in range(10)]
-            + [("t", {}, {"queue": "q", "serial_key": "deep"})] * 20_000
-        )
-        claimed, plans = claim_with_plans(pg_url, "q", 5)
-        assert claimed == {job.id for job in jobs[:5]}
-        pages = sum(_claim_index_pages(plan) for plan in plans)
-        assert pages < 60, pages
-    finally:
-        jq.close()
+    jq = pg_jq
+    jobs = jq.enqueue_many(
+        [("t", {}, {"queue": "q", "serial_key": f"k{i}"}) for i in range(10)]
+        + [("t", {}, {"queue": "q", "serial_key": "deep"})] * 20_000
+    )
+    claimed, plans = claim_with_plans(pg_url, "q", 5)
+    assert claimed == {job.id for job in jobs[:5]}
+    pages = sum(_claim_index_pages(plan) for plan in plans)
+    assert pages < 60, pages
