@@ -126,10 +126,12 @@ def limited(
     keys: int = 50,
     workers: int = 4,
 ) -> float:
-    """Jobs/s four worker processes reach on a queue with ``setting``: jobs
-    over the time from the first start to the last finish (from the jobs'
-    rows), plus ``period``: a rate limit lets a window's worth start at once,
-    so N jobs need (N / rate - 1) periods, not N / rate.
+    """Jobs/s ``workers`` worker processes reach on a queue with ``setting``:
+    jobs over the time from the first start to the last finish (from the
+    jobs' rows), plus ``period``: a rate limit lets a window's worth start at
+    once, so N jobs need (N / rate - 1) periods, not N / rate. Every
+    ``keyed_every``-th job (none when 0) has a serial key, one of ``keys``
+    in turn.
     """
     with Schema() as url, tempfile.TemporaryDirectory() as tmp:
         (Path(tmp) / "flow_bench_app.py").write_text(FLOW_APP)
