@@ -43,6 +43,9 @@ def test_0007_upgrades_a_database_in_use(db_url, monkeypatch):
         assert len(jq.backend.job_claim(worker_id="w", queue="q", limit=5)) == 1
 
 
+RETIRED_INDEX = "SELECT to_regclass('jobkeeper_jobs_serial_first_idx') IS NOT NULL"
+
+
 def test_0014_migrates_beside_a_claim_that_read_the_table_and_then_writes(pg_url, monkeypatch):
     """A claim in flight holds ACCESS SHARE on the jobs table from its reads
     and then asks for ROW EXCLUSIVE to update. Migration 14, which dropped
@@ -50,12 +53,16 @@ def test_0014_migrates_beside_a_claim_that_read_the_table_and_then_writes(pg_url
     deadlocked with it: it held the build's SHARE lock (the claim's update
     waits behind it) and waited for ACCESS EXCLUSIVE behind the claim's
     reads (helper-61: 12 of 12 migrates lost against busy or idle workers).
+    The old index is now dropped concurrently once the transaction commits:
+    that waits for the claim to finish, and blocks nothing.
     """
     with JobQueue(pg_url) as jq:
         module = sys.modules[type(jq.backend).__module__]
         with monkeypatch.context() as patch:
             patch.setattr(module, "MIGRATIONS", [m for m in module.MIGRATIONS if m[0] < 14])
             assert jq.migrate() == 13
+        # Version 13's index, which migrate drops after version 14 commits.
+        assert sql(pg_url, RETIRED_INDEX) == [(True,)]
         job = jq.enqueue("t", {}, serial_key="k")
         with psycopg.connect(pg_url) as claim:
             claim.execute("SELECT count(*) FROM jobkeeper_jobs").fetchone()
@@ -68,6 +75,7 @@ def test_0014_migrates_beside_a_claim_that_read_the_table_and_then_writes(pg_url
             claim.commit()
             migrating.join(timeout=30)
         assert migrated == [module.MIGRATIONS[-1][0]]
+        assert sql(pg_url, RETIRED_INDEX) == [(False,)]
         assert [j.id for j in jq.backend.job_claim(worker_id="w", queue="default", limit=5)] == [
             job.id
         ]

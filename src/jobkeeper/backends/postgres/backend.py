@@ -54,6 +54,9 @@ logger = logging.getLogger("jobkeeper.postgres")
 #: pg_advisory_xact_lock key serialising migrate() across processes
 #: (the bytes of "jobkeepr" as a big-endian int64).
 MIGRATION_LOCK_KEY = 0x6A6F626B65657072
+#: ``(schema version, query)``: indexes that schema version replaced, each
+#: dropped by its query after ``migrate`` commits.
+RETIRED_INDEX_DROPS = ((14, "schema_drop_serial_first_index"),)
 
 
 class PostgresBackend(
@@ -99,7 +102,15 @@ class PostgresBackend(
             # Everything runs under one transaction-scoped lock, so concurrent
             # migrate() calls apply each migration exactly once.
             execute(QUERIES["schema_lock"], (MIGRATION_LOCK_KEY,))
-            return apply_migrations(execute, MIGRATIONS, QUERIES)
+            version = apply_migrations(execute, MIGRATIONS, QUERIES)
+        # Indexes a migration retired are dropped outside its transaction
+        # (DROP INDEX CONCURRENTLY cannot run inside one), once the schema
+        # that no longer needs them has committed. Each drop is idempotent,
+        # and concurrent drops of one index all succeed.
+        for retired_at, query in RETIRED_INDEX_DROPS:
+            if version >= retired_at:
+                self._fetch_raw(QUERIES[query])
+        return version
 
     def schema_version(self) -> int:
         rows = self._fetch_raw(QUERIES["schema_exists"])

@@ -712,6 +712,15 @@ SELECT coalesce(max(version), 0) FROM jobkeeper_schema
 -- name: schema_record
 INSERT INTO jobkeeper_schema (version) VALUES (%s)
 
+-- name: schema_drop_serial_first_index
+-- Version 13's serial index, replaced by version 14's queue-leading one.
+-- Dropped after migrate's transaction commits, concurrently: in that
+-- transaction it deadlocked with running workers (see migration 0014).
+-- CONCURRENTLY waits for the transactions that hold a lock on the jobs
+-- table when it starts, and blocks none; stopped midway, it leaves the
+-- index invalid, and the next migrate drops it.
+DROP INDEX CONCURRENTLY IF EXISTS jobkeeper_jobs_serial_first_idx
+
 -- name: leader_try_acquire
 -- Take the lease when it is free or expired, or extend it when it is ours;
 -- a row comes back only then. The database clock judges expiry, so skewed

@@ -15,13 +15,13 @@
 -- writes back for as long (seconds for millions of rows), as version 13's
 -- build did.
 --
--- Version 13's index stays. Dropped here, in the one transaction migrate
--- runs, it deadlocked with running workers: this transaction held the new
--- index's SHARE lock, a claim holding ACCESS SHARE waited behind it to
--- update, and DROP INDEX waited for ACCESS EXCLUSIVE behind the claim (12 of
--- 12 tries lost with 300,000 rows or more, idle workers too). It costs an
--- index entry per available keyed job until a release can drop it
--- concurrently, outside that transaction.
+-- Version 13's index is not dropped here. Dropped in the one transaction
+-- migrate runs, it deadlocked with running workers: this transaction held
+-- the new index's SHARE lock, a claim holding ACCESS SHARE waited behind it
+-- to update, and DROP INDEX waited for ACCESS EXCLUSIVE behind the claim (12
+-- of 12 tries lost with 300,000 rows or more, idle workers too). migrate
+-- drops it concurrently once this transaction has committed
+-- (schema_drop_serial_first_index in queries.sql).
 --
 -- Same function signature and result: a worker of version 13 calls the new
 -- body unchanged during a rolling deploy, and the old body (on a schema of
