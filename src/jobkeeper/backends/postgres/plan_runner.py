@@ -123,7 +123,7 @@ def _run_steps(cursor: psycopg.Cursor[Any], plan: Plan, queries: dict[str, str])
                 step.meanwhile()
             reply = []
             continue
-        cursor.execute(queries[step.query], step.params)
+        cursor.execute(queries[step.query], step.params, binary=step.binary)
         names = _names(cursor)
         if names is None:
             reply = []
@@ -169,7 +169,7 @@ async def _run_steps_async(
                 step.meanwhile()
             reply = []
             continue
-        await cursor.execute(queries[step.query], step.params)
+        await cursor.execute(queries[step.query], step.params, binary=step.binary)
         names = _names(cursor)
         rows = await cursor.fetchall() if names is not None else []
         if names is None or step.tuples:

@@ -48,11 +48,14 @@ class Execute:
     """Run the named query (``queries.sql``) with ``params``; reply: its rows,
     as dicts by column name, or as tuples when ``tuples`` (a statement whose
     columns the plan reads by position: no names to decode per call).
+    ``binary``: results in PostgreSQL's binary format (an array of a
+    thousand ids decodes in a third of the time its text takes).
     """
 
     query: str
     params: dict[str, Any]
     tuples: bool = False
+    binary: bool = False
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -343,7 +346,7 @@ def _insert_copy(jobs: Sequence[NewJob], channel: str) -> Plan:
     jobs' queues. Returns the Jobs, and those of them that were delayed
     (only these can be scheduled).
     """
-    rows = yield Execute("job_insert_many_reserve_ids", {"count": len(jobs)})
+    rows = yield Execute("job_insert_many_reserve_ids", {"count": len(jobs)}, binary=True)
     reserved_now, ids = rows[0].values()
     ids.sort()  # ascending in input order: FIFO among equal priorities
     now = reserved_now.astimezone(UTC)
