@@ -189,7 +189,9 @@ class OperationsMixin(QueueBase):
 
     def stats(self) -> dict[str, dict[str, int]]:
         """``{queue: {status: count}}`` with every status (zeros included), dead
-        letters counted as ``"dead"``.
+        letters counted as ``"dead"``. Exact: it reads every row, finished
+        ones too (about 0.3 s per 2 million rows on PostgreSQL);
+        :meth:`queue_counts` stays cheap at any size.
         """
         counts = self.backend.queue_stats()
         return {

@@ -44,9 +44,9 @@ STATUS_EXACT_BELOW = 100_000
 @click.option(
     "--exact",
     is_flag=True,
-    help="Count every finished job and dead letter (reads them all: seconds on millions "
-    "of rows). Without it, completed, cancelled and dead are estimated above "
-    "100,000 rows and marked ~.",
+    help="Count every finished job and dead letter (reads them all, about 0.3 s per "
+    "2 million rows on PostgreSQL). Without it, completed, cancelled and dead are "
+    "estimated above 100,000 rows and marked ~.",
 )
 @json_option
 @click.pass_context
