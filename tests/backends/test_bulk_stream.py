@@ -257,3 +257,44 @@ def test_namedtuple_items_keep_their_keys_and_delays(jq, size):
     assert stored is not None and (stored.unique_key, stored.serial_key) == ("u", "s")
     delayed = jq.enqueue_many([Item("t", {"i": i}, {"delay": 60}) for i in range(size)])
     assert {jq.get_job(job.id).status for job in delayed} == {JobStatus.SCHEDULED}
+
+
+@pytest.mark.parametrize("autocommit", [True, False], ids=["autocommit", "transaction"])
+def test_a_bulk_batch_on_a_callers_client_side_cursor_connection(pg_url, autocommit):
+    """Django's PostgreSQL connection makes client-side cursors, which refuse
+    binary results: a batch on the COPY path (64 jobs and more) failed there
+    once its reserved ids were read in binary (helper-62).
+    """
+    import psycopg
+
+    with (
+        JobQueue(pg_url) as jq,
+        psycopg.connect(pg_url, autocommit=autocommit, cursor_factory=psycopg.ClientCursor) as conn,
+    ):
+        jq.migrate()
+        jobs = jq.enqueue_many([("t", {"i": i}) for i in range(BATCH)], connection=conn)
+        if not autocommit:
+            conn.commit()
+        ids = [job.id for job in jobs]
+        assert ids == sorted(ids) and len(set(ids)) == BATCH
+        stored = sql(pg_url, "SELECT id, args->>'i' FROM jobkeeper_jobs ORDER BY id")
+        assert [(row[0], int(row[1])) for row in stored] == [(j.id, j.args["i"]) for j in jobs]
+
+
+def test_an_async_bulk_batch_on_a_callers_client_side_cursor_connection(pg_url):
+    import psycopg
+
+    async def enqueue() -> list[int]:
+        async with await psycopg.AsyncConnection.connect(
+            pg_url, autocommit=True, cursor_factory=psycopg.AsyncClientCursor
+        ) as conn:
+            jobs = await jq.enqueue_many_async(
+                [("t", {"i": i}) for i in range(BATCH)], connection=conn
+            )
+            return [job.id for job in jobs]
+
+    with JobQueue(pg_url) as jq:
+        jq.migrate()
+        ids = asyncio.run(enqueue())
+        assert ids == sorted(ids) and len(ids) == BATCH
+        assert [row[0] for row in sql(pg_url, "SELECT id FROM jobkeeper_jobs ORDER BY id")] == ids

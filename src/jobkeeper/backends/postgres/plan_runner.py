@@ -24,6 +24,18 @@ def _names(cursor: psycopg.Cursor[Any] | psycopg.AsyncCursor[Any]) -> list[str] 
     return [(result.fname(i) or b"").decode() for i in range(result.nfields)]
 
 
+#: Cursors that refuse binary results (psycopg's client-side cursors:
+#: Django's connection uses one, and so may a caller's ``cursor_factory``).
+_TEXT_ONLY = (psycopg.ClientCursor, psycopg.AsyncClientCursor)
+
+
+def _binary(cursor: psycopg.Cursor[Any] | psycopg.AsyncCursor[Any], wanted: bool) -> bool:
+    """Whether a step that asks for binary results gets them on ``cursor``;
+    otherwise its text decodes to the same values.
+    """
+    return wanted and not isinstance(cursor, _TEXT_ONLY)
+
+
 def _send_buffered(cursor: psycopg.Cursor[Any] | psycopg.AsyncCursor[Any]) -> None:
     """Hand the socket what libpq still buffers of a COPY's data (it sends
     in 8 kB blocks), so the server inserts every row while the client does
@@ -123,7 +135,7 @@ def _run_steps(cursor: psycopg.Cursor[Any], plan: Plan, queries: dict[str, str])
                 step.meanwhile()
             reply = []
             continue
-        cursor.execute(queries[step.query], step.params, binary=step.binary)
+        cursor.execute(queries[step.query], step.params, binary=_binary(cursor, step.binary))
         names = _names(cursor)
         if names is None:
             reply = []
@@ -169,7 +181,7 @@ async def _run_steps_async(
                 step.meanwhile()
             reply = []
             continue
-        await cursor.execute(queries[step.query], step.params, binary=step.binary)
+        await cursor.execute(queries[step.query], step.params, binary=_binary(cursor, step.binary))
         names = _names(cursor)
         rows = await cursor.fetchall() if names is not None else []
         if names is None or step.tuples:
