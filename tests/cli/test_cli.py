@@ -150,17 +150,12 @@ def test_enqueue_run_at_takes_an_iso_time_with_its_offset(cli, queue):
 
 def test_status_json_is_stable(cli, queue):
     empty = cli.json("status")
-    assert empty == {
-        "queues": {},
-        "totals": dict.fromkeys(STATUSES, 0),
-        "workers": [],
-        "estimated": [],
-    }
+    assert empty == {"queues": {}, "totals": dict.fromkeys(STATUSES, 0), "workers": []}
     queue.enqueue("t", {}, queue="a")
     queue.enqueue("t", {}, queue="b", delay=60)
     kill(queue, queue.enqueue("t", {}, queue="b"))
     status = cli.json("status")
-    assert list(status) == ["queues", "totals", "workers", "estimated"]
+    assert list(status) == ["queues", "totals", "workers"]
     assert sorted(status["queues"]) == ["a", "b"]
     for per_status in status["queues"].values():
         assert list(per_status) == STATUSES
@@ -189,39 +184,6 @@ def test_status_json_is_stable(cli, queue):
     }
     assert worker["stale"] is False
     assert "jobs by queue and status" in cli.ok("status")  # the human tables render
-
-
-def test_status_estimates_finished_counts_above_its_cap_and_exact_counts_them(
-    cli, queue, monkeypatch
-):
-    # status reads at most cap + 1 finished rows (it stays quick on millions
-    # of retained rows) and marks what it estimated; --exact counts them all.
-    monkeypatch.setattr("jobkeeper.cli.admin.STATUS_EXACT_BELOW", 3)
-    monkeypatch.setattr("jobkeeper.cli.admin.console", Console(width=200))
-    queue.enqueue_many([("t", {"i": i}, {"queue": "z"}) for i in range(12)])
-    for job in claim(queue, "z", limit=10):
-        complete(queue, job)
-    queue.enqueue("t", {}, queue="a", delay=60)
-    if is_pg(queue):
-        sql(queue, "ANALYZE jobkeeper_jobs")
-    estimated = cli.json("status")
-    assert estimated["estimated"] == ["cancelled", "completed"]
-    assert list(estimated["queues"]) == ["a", "z"]
-    assert list(estimated["queues"]["a"]) == STATUSES
-    assert estimated["queues"]["z"]["available"] == 2  # live statuses stay exact
-    assert estimated["queues"]["a"]["scheduled"] == 1
-    assert estimated["queues"]["z"]["completed"] > 3
-    table = cli.ok("status")
-    assert "estimated: cancelled, completed; --exact counts them" in table
-    assert re.search(r"│ z .*│ *~\d+ │", table), table
-    exact = cli.json("status", "--exact")
-    assert exact["estimated"] == []
-    assert exact["queues"]["z"]["completed"] == 10
-    assert exact["queues"] == {
-        queue: {status: counts.get(status, 0) for status in STATUSES}
-        for queue, counts in queue.stats().items()
-    }
-    assert "~" not in cli.ok("status", "--exact").split("workers")[0]
 
 
 def test_jobs_list_and_show_json(cli, queue):

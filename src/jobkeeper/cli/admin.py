@@ -35,35 +35,15 @@ def migrate(ctx: click.Context) -> None:
     )
 
 
-#: Finished rows (and dead letters) ``status`` counts exactly before it
-#: estimates: the dashboard's default.
-STATUS_EXACT_BELOW = 100_000
-
-
 @click.command("status", cls=Command)
-@click.option(
-    "--exact",
-    is_flag=True,
-    help="Count every finished job and dead letter (reads them all, about 0.3 s per "
-    "2 million rows on PostgreSQL). Without it, completed, cancelled and dead are "
-    "estimated above 100,000 rows and marked ~.",
-)
 @json_option
 @click.pass_context
-def status(ctx: click.Context, exact: bool, as_json: bool) -> None:
+def status(ctx: click.Context, as_json: bool) -> None:
     """Job counts per queue and status, and the registered workers (a worker
     without a heartbeat for longer than its own rescue_after is marked stale).
     """
     jq = open_queue(ctx)
-    if exact:
-        stats, estimated = jq.stats(), frozenset[str]()
-    else:
-        # The counts the dashboard shows: live statuses read from their
-        # partial indexes, finished ones capped, so the command stays quick
-        # however many rows retention keeps.
-        counts = jq.queue_counts(exact_below=STATUS_EXACT_BELOW)
-        stats = render.every_status(counts.counts)
-        estimated = counts.estimated
+    stats = jq.stats()
     workers = jq.workers()
     # Heartbeats are written with the database clock, so their age is measured
     # against it too (a skewed local clock cannot make a live worker look dead).
@@ -71,13 +51,10 @@ def status(ctx: click.Context, exact: bool, as_json: bool) -> None:
     rescue_after = jq.settings.rescue_after
     if as_json:
         render.print_json(
-            console,
-            render.status_json(
-                stats, workers, now=now, rescue_after=rescue_after, estimated=estimated
-            ),
+            console, render.status_json(stats, workers, now=now, rescue_after=rescue_after)
         )
         return
-    console.print(render.status_table(stats, estimated=estimated))
+    console.print(render.status_table(stats))
     console.print(render.workers_table(workers, now=now, rescue_after=rescue_after))
 
 

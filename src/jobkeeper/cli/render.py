@@ -81,30 +81,15 @@ def _state_cell(worker: WorkerInfo, now: datetime, rescue_after: float) -> str:
     return f"[red]stale (no heartbeat for {heartbeat_age(worker, now):.0f}s)[/]"
 
 
-def every_status(counts: dict[str, dict[str, int]]) -> dict[str, dict[str, int]]:
-    """``counts`` (``{queue: {status: n}}``, statuses a queue has none of
-    absent) with queues sorted and every status present, zeros included: the
-    shape of :meth:`~jobkeeper.JobQueue.stats`.
-    """
-    return {
-        queue: {status.value: per_status.get(status.value, 0) for status in JobStatus}
-        for queue, per_status in sorted(counts.items())
-    }
-
-
 def status_json(
     stats: dict[str, dict[str, int]],
     workers: list[WorkerInfo],
     *,
     now: datetime,
     rescue_after: float,
-    estimated: frozenset[str] = frozenset(),
 ) -> dict[str, Any]:
-    """``{"queues": {queue: {status: n}}, "totals": {status: n}, "workers":
-    [...], "estimated": [status, ...]}``.
+    """``{"queues": {queue: {status: n}}, "totals": {status: n}, "workers": [...]}``.
 
-    ``estimated`` names the statuses whose counts are estimates (see
-    :meth:`~jobkeeper.JobQueue.queue_counts`); empty with ``--exact``.
     Each worker also has ``heartbeat_age`` (seconds, database clock) and
     ``stale`` (silent for longer than its own ``rescue_after``; see
     :func:`is_stale`), and ``rescue_after`` (seconds, ``null`` for workers of
@@ -132,34 +117,16 @@ def status_json(
             }
             for w in workers
         ],
-        # Last: the shape's keys are only ever added, after the old ones.
-        "estimated": sorted(estimated),
     }
 
 
-def status_table(
-    stats: dict[str, dict[str, int]], *, estimated: frozenset[str] = frozenset()
-) -> Table:
-    """Counts per queue and status; estimated counts are shown as ``~n``
-    and the title says so.
-    """
-    title = "jobs by queue and status"
-    if estimated:
-        title += f" (~ estimated: {', '.join(sorted(estimated))}; --exact counts them)"
-    table = Table(title=title)
+def status_table(stats: dict[str, dict[str, int]]) -> Table:
+    table = Table(title="jobs by queue and status")
     table.add_column("queue", overflow="fold")
     for status in JobStatus:
         table.add_column(_status(status.value), justify="right")
     for queue, per_status in stats.items():
-        table.add_row(
-            escape(queue),
-            *(
-                f"~{per_status.get(s.value, 0)}"
-                if s.value in estimated
-                else str(per_status.get(s.value, 0))
-                for s in JobStatus
-            ),
-        )
+        table.add_row(queue, *(str(per_status.get(s.value, 0)) for s in JobStatus))
     if not stats:
         table.add_row("(no jobs)", *("" for _ in JobStatus))
     return table
