@@ -44,6 +44,7 @@ ONLY_IN = {
         # A retired index dropped CONCURRENTLY after migrate commits; SQLite's
         # migration drops it inside (one writer: no deadlock to avoid).
         "schema_drop_serial_first_index",
+        "schema_index_exists",
         # Flags a job so that its end NOTIFYs its waiters (a trigger); SQLite's
         # waiters watch data_version instead and need no flag.
         "job_mark_awaited",

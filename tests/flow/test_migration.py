@@ -46,7 +46,9 @@ def test_0007_upgrades_a_database_in_use(db_url, monkeypatch):
 RETIRED_INDEX = "SELECT to_regclass('jobkeeper_jobs_serial_first_idx') IS NOT NULL"
 
 
-def test_0014_migrates_beside_a_claim_that_read_the_table_and_then_writes(pg_url, monkeypatch):
+def test_0014_migrates_beside_a_claim_that_read_the_table_and_then_writes(
+    pg_url, monkeypatch, caplog
+):
     """A claim in flight holds ACCESS SHARE on the jobs table from its reads
     and then asks for ROW EXCLUSIVE to update. Migration 14, which dropped
     version 13's index after building its own in migrate's one transaction,
@@ -76,6 +78,16 @@ def test_0014_migrates_beside_a_claim_that_read_the_table_and_then_writes(pg_url
             migrating.join(timeout=30)
         assert migrated == [module.MIGRATIONS[-1][0]]
         assert sql(pg_url, RETIRED_INDEX) == [(False,)]
+    # The drop, which may wait on others' transactions, said so once.
+    dropping = [r.getMessage() for r in caplog.records if "concurrently" in r.getMessage()]
+    assert dropping == [
+        "dropping index jobkeeper_jobs_serial_first_idx (replaced in schema version 14) "
+        "concurrently: this waits for the transactions open on jobkeeper_jobs to end"
+    ]
+    with JobQueue(pg_url) as jq:
+        caplog.clear()
+        jq.migrate()  # nothing left to drop: nothing said
+        assert not [r for r in caplog.records if "concurrently" in r.getMessage()]
         assert [j.id for j in jq.backend.job_claim(worker_id="w", queue="default", limit=5)] == [
             job.id
         ]

@@ -54,9 +54,9 @@ logger = logging.getLogger("jobkeeper.postgres")
 #: pg_advisory_xact_lock key serialising migrate() across processes
 #: (the bytes of "jobkeepr" as a big-endian int64).
 MIGRATION_LOCK_KEY = 0x6A6F626B65657072
-#: ``(schema version, query)``: indexes that schema version replaced, each
-#: dropped by its query after ``migrate`` commits.
-RETIRED_INDEX_DROPS = ((14, "schema_drop_serial_first_index"),)
+#: ``(schema version, index, query)``: indexes that schema version replaced,
+#: each dropped by its query after ``migrate`` commits.
+RETIRED_INDEX_DROPS = ((14, "jobkeeper_jobs_serial_first_idx", "schema_drop_serial_first_index"),)
 
 
 class PostgresBackend(
@@ -107,8 +107,19 @@ class PostgresBackend(
         # (DROP INDEX CONCURRENTLY cannot run inside one), once the schema
         # that no longer needs them has committed. Each drop is idempotent,
         # and concurrent drops of one index all succeed.
-        for retired_at, query in RETIRED_INDEX_DROPS:
-            if version >= retired_at:
+        for retired_at, index, query in RETIRED_INDEX_DROPS:
+            if (
+                version >= retired_at
+                and self._fetch_raw(QUERIES["schema_index_exists"], (index,))[0][0]
+            ):
+                # Said first: the drop may wait, silently, for a long
+                # transaction of someone else's (or of this process's own).
+                logger.warning(
+                    "dropping index %s (replaced in schema version %d) concurrently: this "
+                    "waits for the transactions open on jobkeeper_jobs to end",
+                    index,
+                    retired_at,
+                )
                 self._fetch_raw(QUERIES[query])
         return version
 

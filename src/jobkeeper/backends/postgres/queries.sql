@@ -712,6 +712,10 @@ SELECT coalesce(max(version), 0) FROM jobkeeper_schema
 -- name: schema_record
 INSERT INTO jobkeeper_schema (version) VALUES (%s)
 
+-- name: schema_index_exists
+-- Whether the index named (in the search path) exists, valid or not.
+SELECT to_regclass(%s) IS NOT NULL
+
 -- name: schema_drop_serial_first_index
 -- Version 13's serial index, replaced by version 14's queue-leading one.
 -- Dropped after migrate's transaction commits, concurrently: in that
