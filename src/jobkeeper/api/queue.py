@@ -204,7 +204,10 @@ class JobQueue(EnqueueMixin, ResultsMixin, OperationsMixin, RunningMixin, Period
 
     def migrate(self) -> int:
         """Create or upgrade the schema; idempotent and safe to run from many
-        processes at once (advisory lock / write lock).
+        processes at once (advisory lock / write lock). On PostgreSQL it then
+        drops, concurrently, an index a newer version replaced (logging a
+        warning first): that waits for the transactions open on the jobs
+        table, including one this process holds on another connection.
 
         Returns:
             The schema version now applied.
