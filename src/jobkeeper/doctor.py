@@ -169,6 +169,22 @@ def _encoding(encoding: str | None) -> Check:
     )
 
 
+def _indexes(rows: list[dict[str, Any]]) -> Check:
+    """Indexes of the jobs table that cost every enqueue and serve no query:
+    invalid ones, and ones a schema version replaced.
+    """
+    if not rows:
+        return Check("indexes", "ok", "none invalid, none left to drop")
+    names = ", ".join(row["name"] + ("" if row["valid"] else " (invalid)") for row in rows)
+    return Check(
+        "indexes",
+        "warn",
+        f"{names} on jobkeeper_jobs: written by every enqueue, read by no claim; "
+        "jobkeeper migrate drops the ones a schema version replaced (an invalid index of "
+        "your own: DROP INDEX CONCURRENTLY or REINDEX INDEX CONCURRENTLY it)",
+    )
+
+
 def _postgres(facts: dict[str, Any], xmin_warn_after: float) -> list[Check]:
     checks = []
     table = facts.get("table") or {}
@@ -210,6 +226,7 @@ def _postgres(facts: dict[str, Any], xmin_warn_after: float) -> list[Check]:
     else:
         checks.append(Check("autovacuum", "ok", "on"))
     checks.append(_encoding(facts.get("encoding")))
+    checks.append(_indexes(facts.get("indexes") or []))
     holders = [h for h in facts.get("xmin_holders", []) if (h["open_for"] or 0) > xmin_warn_after]
     if holders:
         oldest = holders[0]

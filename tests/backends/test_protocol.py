@@ -51,6 +51,7 @@ ONLY_IN = {
         # Facts doctor judges only on a server: table bloat, old snapshots,
         # the NOTIFY queue, the database's encoding (SQLite's text is UTF-8).
         "database_health_encoding",
+        "database_health_indexes",
         "database_health_notify",
         "database_health_table",
         "database_health_xmin",

@@ -15,7 +15,7 @@ import pytest
 from jobkeeper import JobQueue
 from jobkeeper.cli.main import main
 from jobkeeper.dashboard.app import PASSWORD_ENV, is_loopback
-from jobkeeper.doctor import exit_code, run_checks
+from jobkeeper.doctor import Check, exit_code, run_checks
 
 from .seed import seed
 
@@ -78,7 +78,9 @@ def test_doctor_on_a_healthy_database(jq, capsys):
         assert {"journal mode", "wal size", "busy timeout"} <= set(names)
         assert all(c.level == "ok" for c in checks), checks
     else:
-        assert {"dead tuples", "autovacuum", "xmin horizon", "notify queue"} <= set(names)
+        assert {"dead tuples", "autovacuum", "indexes", "xmin horizon", "notify queue"} <= set(
+            names
+        )
     code, out, _ = run(capsys, "--database", jq.url.url, "doctor")
     assert code == 0
     lines = out.strip().splitlines()
@@ -330,5 +332,35 @@ def test_doctor_reads_the_tables_autovacuum_switch_as_postgresql_does(pg_url):
                 assert table["table_autovacuum"] is enabled, spelling
             conn.execute("ALTER TABLE jobkeeper_jobs RESET (autovacuum_enabled)")
             assert jq.backend.database_health()["table"]["table_autovacuum"] is True
+    finally:
+        jq.close()
+
+
+def test_doctor_names_invalid_and_retired_indexes_of_the_jobs_table(pg_url):
+    # Break-test 19: an index left by an interrupted DROP INDEX CONCURRENTLY
+    # (invalid, still written by every enqueue) went unmentioned.
+    jq = JobQueue(pg_url)
+    jq.migrate()
+    try:
+
+        def indexes() -> Check:
+            return {c.name: c for c in run_checks(jq)}["indexes"]
+
+        assert indexes().level == "ok"
+        jq.enqueue("t", {})
+        jq.enqueue("t", {})
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            # A concurrent unique build over duplicates fails and leaves the
+            # index behind, invalid.
+            with pytest.raises(psycopg.errors.UniqueViolation):
+                conn.execute("CREATE UNIQUE INDEX CONCURRENTLY jk_bad ON jobkeeper_jobs (queue)")
+            conn.execute(
+                "CREATE INDEX jobkeeper_jobs_serial_first_idx ON jobkeeper_jobs (serial_key)"
+            )
+        check = indexes()
+        assert check.level == "warn"
+        assert check.message.startswith("jk_bad (invalid), jobkeeper_jobs_serial_first_idx on ")
+        jq.migrate()  # drops the retired one
+        assert indexes().message.startswith("jk_bad (invalid) on jobkeeper_jobs")
     finally:
         jq.close()

@@ -486,6 +486,8 @@ class PostgresBackend(
             plan = self._fetch("database_health_claim_plan", {"queue": "default"})
             facts["claim_plan"] = json.dumps(plan[0]["QUERY PLAN"]) if plan else ""
             facts["claim_uses_index"] = "jobkeeper_jobs_claim_idx" in facts["claim_plan"]
+            retired = [index for _, index, _ in RETIRED_INDEX_DROPS]
+            facts["indexes"] = self._fetch("database_health_indexes", {"retired": retired})
         facts["xmin_holders"] = self._fetch("database_health_xmin")
         facts["notify_usage"] = float(self._fetch("database_health_notify")[0]["usage"])
         facts["encoding"] = self._fetch("database_health_encoding")[0]["encoding"]

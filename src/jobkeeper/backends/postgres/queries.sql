@@ -890,6 +890,17 @@ FROM pg_stat_user_tables AS stat
 JOIN pg_class AS cls ON cls.oid = stat.relid
 WHERE stat.relid = to_regclass('jobkeeper_jobs')
 
+-- name: database_health_indexes
+-- doctor: indexes of the jobs table that are invalid (a CREATE or DROP INDEX
+-- CONCURRENTLY stopped midway: written by every insert, read by no query),
+-- or that a schema version replaced (%(retired)s) and migrate has not dropped.
+SELECT ind.relname AS name, idx.indisvalid AS valid
+FROM pg_index AS idx
+JOIN pg_class AS ind ON ind.oid = idx.indexrelid
+WHERE idx.indrelid = to_regclass('jobkeeper_jobs')
+  AND (NOT idx.indisvalid OR ind.relname = ANY(%(retired)s::text[]))
+ORDER BY ind.relname
+
 -- name: database_health_xmin
 -- doctor: sessions of this database whose snapshot or transaction holds
 -- back the xmin horizon (VACUUM cannot remove rows they might still see),
