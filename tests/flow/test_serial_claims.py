@@ -114,6 +114,41 @@ def test_a_full_claim_takes_no_unkeyed_job_behind_its_last_keyed_one(jq):
     assert claim(jq, "q", limit=4) == {job.id for job in keyed}
 
 
+def deep_held_keys_then_shallow(jq: JobQueue, keys: int, depth: int, shallow: int) -> list[int]:
+    """``keys`` keys of ``depth`` jobs each, interleaved at the head of queue
+    "q" and held there (their first jobs claimed by worker "h"), then
+    ``shallow`` one-job keys with an unkeyed job after every third: the
+    jobs after the held keys' (in claim order)."""
+    jq.enqueue_many(
+        [
+            ("t", {}, {"queue": "q", "serial_key": f"deep{k}"})
+            for _ in range(depth)
+            for k in range(keys)
+        ]
+    )
+    assert len(claim(jq, "q", limit=keys, worker="h")) == keys
+    behind = []
+    for i in range(shallow):
+        behind.append(("t", {}, {"queue": "q", "serial_key": f"s{i}"}))
+        if i % 3 == 2:
+            behind.append(("t", {}, {"queue": "q"}))
+    return [job.id for job in jq.enqueue_many(behind)]
+
+
+@pytest.mark.parametrize("limit", [1, 5, 40])
+def test_jobs_behind_many_deep_held_keys_are_found(jq, limit):
+    # 20 held keys of 60 jobs fill a claim's first head walks, and more keys
+    # follow than a walk over the keys takes: the held keys are left out of
+    # the walk of the head, and the claim takes what follows them, unkeyed
+    # jobs included.
+    behind = deep_held_keys_then_shallow(jq, keys=20, depth=60, shallow=300)
+    want = expected(jq, "q", limit)
+    assert want <= set(behind) and len(want) == limit
+    assert claim(jq, "q", limit=limit) == want
+    rest = expected(jq, "q", 500)
+    assert claim(jq, "q", limit=500) == rest == set(behind) - want
+
+
 @settings(
     max_examples=25,
     deadline=None,
@@ -246,3 +281,25 @@ def test_a_full_claim_reads_the_queue_only_up_to_its_last_job(pg_jq: JobQueue, p
     assert claimed == {job.id for job in jobs[:5]}
     pages = sum(_claim_index_pages(plan) for plan in plans)
     assert pages < 60, pages
+
+
+def _numbered(plan: dict[str, Any]) -> int:
+    """Rows the head walk numbered (its row_number window) in one plan."""
+    own = int(plan.get("Actual Rows", 0)) if plan.get("Node Type") == "WindowAgg" else 0
+    return own + sum(_numbered(child) for child in plan.get("Plans", []))
+
+
+def test_a_claim_behind_deep_held_keys_walks_past_their_jobs_unnumbered(
+    pg_jq: JobQueue, pg_url: str
+) -> None:
+    """With 20 held keys of 300 jobs at the head and 2,000 one-job keys
+    behind, the head walk grew until it held the whole queue (8,000 jobs
+    numbered and grouped by key; at 150,000 jobs a claim took 235-300 ms).
+    The held keys' jobs are now read past, unnumbered."""
+    jq = pg_jq
+    behind = deep_held_keys_then_shallow(jq, keys=20, depth=300, shallow=2000)
+    want = expected(jq, "q", 5)
+    claimed, plans = claim_with_plans(pg_url, "q", 5)
+    assert claimed == want and want <= set(behind)
+    numbered = sum(_numbered(plan) for plan in plans)
+    assert numbered < 1000, numbered

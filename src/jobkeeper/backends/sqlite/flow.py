@@ -21,6 +21,10 @@ from jobkeeper.queues import QueueSettings
 
 #: (id, priority, scheduled_at) past every job: no bound on a walk.
 _QUEUE_END = (2**63 - 1, 2**63 - 1, float("inf"))
+#: Most held keys a serial claim leaves out of its walks of the queue's
+#: head (as PostgreSQL's jobkeeper_claim_limited, migration 0015, whose test
+#: per job is linear in them).
+HELD_KEYS_MAX = 64
 
 
 def _up_to(row: tuple[Any, ...]) -> dict[str, Any]:
@@ -131,14 +135,20 @@ class SqliteFlow:
         of PostgreSQL's ``jobkeeper_claim_limited``, migration 0014, which
         tries a thirty-second as many keys: a key costs it about 30 head
         jobs, and SQLite's one or two, about 1.5 us a key against 1 us a
-        head job with its probe).
+        head job with its probe). When both find too little, the held keys
+        among the head's (at most ``HELD_KEYS_MAX``) are left out of the
+        walks and the same head is walked again (migration 0015's rule): a
+        few deep held keys at the head no longer push the walks over their
+        thousands of jobs.
         """
         queries = self._queries
         budget = allowed * 2 + 256
+        held: list[str] = []
         while True:
-            bounds = {"queue": queue, "budget": budget}
+            left_out = json.dumps(held)
+            bounds = {"queue": queue, "budget": budget, "held": left_out}
             end = conn.execute(queries["job_claim_serial_head_end"], bounds).fetchone()
-            head = {"queue": queue, "limit": allowed, **_up_to(end or _QUEUE_END)}
+            head = {"queue": queue, "limit": allowed, "held": left_out, **_up_to(end or _QUEUE_END)}
             ids = [row[0] for row in conn.execute(queries["job_claim_serial_head"], head)]
             if len(ids) >= allowed or end is None:
                 return ids
@@ -159,6 +169,16 @@ class SqliteFlow:
                 unkeyed = conn.execute(queries["job_claim_serial_unkeyed"], up_to).fetchall()
                 picked = sorted(keyed + unkeyed, key=lambda row: (row[1], row[2], row[0]))
                 return [row[0] for row in picked[:allowed]]
+            if len(held) < HELD_KEYS_MAX:
+                # The head is mostly jobs of deep held keys: leave those keys
+                # out of the walks and walk the same head again.
+                room = {**bounds, "room": HELD_KEYS_MAX - len(held)}
+                found = [
+                    row[0] for row in conn.execute(queries["job_claim_serial_head_held"], room)
+                ]
+                if found:
+                    held += found
+                    continue
             budget *= 8
 
     def _flow_check(self, conn: sqlite3.Connection, jobs: Sequence[NewJob]) -> None:

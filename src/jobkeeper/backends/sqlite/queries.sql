@@ -750,17 +750,37 @@ SELECT coalesce(sum(jobs), 0) FROM jobkeeper_queue_starts WHERE queue = :queue
 INSERT INTO jobkeeper_queue_starts (queue, started_at, jobs) VALUES (:queue, {now}, :jobs)
 
 -- name: job_claim_serial_head_end
--- The last of the queue's first :budget jobs, in claim order (none: the
--- queue is shorter): where job_claim_serial_head stops looking.
+-- The last of the queue's first :budget jobs, in claim order, leaving out
+-- the jobs of the keys in :held (a JSON array; none: the queue is shorter):
+-- where job_claim_serial_head stops looking.
 SELECT job.id, job.priority, job.scheduled_at FROM jobkeeper_jobs AS job
 WHERE job.status = 'available' AND job.queue = :queue
+  AND (job.serial_key IS NULL OR job.serial_key NOT IN (SELECT value FROM json_each(:held)))
 ORDER BY job.priority, job.scheduled_at, job.id
 LIMIT 1 OFFSET :budget - 1
+
+-- name: job_claim_serial_head_held
+-- Keys of the queue's first :budget keyed jobs (in claim order, those of
+-- :held left out) that are held in any queue, at most :room: the deep held
+-- keys a head walk that found too little was full of.
+SELECT keyed.key FROM (
+    SELECT DISTINCT head.serial_key AS key FROM (
+        SELECT job.serial_key FROM jobkeeper_jobs AS job
+        WHERE job.status = 'available' AND job.queue = :queue
+          AND job.serial_key IS NOT NULL
+          AND job.serial_key NOT IN (SELECT value FROM json_each(:held))
+        ORDER BY job.priority, job.scheduled_at, job.id
+        LIMIT :budget) AS head) AS keyed
+WHERE EXISTS (
+    SELECT 1 FROM jobkeeper_jobs AS holder
+    WHERE holder.serial_key = keyed.key AND holder.status IN ('claimed', 'running'))
+LIMIT :room
 
 -- name: job_claim_serial_head
 -- As job_claim_pick, but a keyed job is taken only while it is its key's
 -- first due job in the queue (priority, scheduled_at, id) and no job of the
--- key is held (in any queue), up to (:priority, :scheduled_at, :id). At most
+-- key is held (in any queue), up to (:priority, :scheduled_at, :id), the
+-- jobs of the keys in :held (a JSON array) left out unprobed. At most
 -- one job per key per claim follows: a second job of a key has the first
 -- before it. Each walk stops as soon as :limit are found (the usual case
 -- with many shallow keys, or few keyed jobs among unkeyed ones). The bound is
@@ -772,8 +792,9 @@ SELECT picked.id FROM (
         WHERE job.status = 'available' AND job.queue = :queue
           AND job.priority < :priority
           AND (job.serial_key IS NULL OR (
+                job.serial_key NOT IN (SELECT value FROM json_each(:held))
                 -- The key's first: one probe of jobkeeper_jobs_serial_queue_idx.
-                job.id = (
+                AND job.id = (
                     SELECT first.id FROM jobkeeper_jobs AS first
                     WHERE first.queue = :queue AND first.serial_key = job.serial_key
                       AND first.serial_key IS NOT NULL AND first.status = 'available'
@@ -791,8 +812,9 @@ SELECT picked.id FROM (
         WHERE job.status = 'available' AND job.queue = :queue
           AND job.priority = :priority AND job.scheduled_at < :scheduled_at
           AND (job.serial_key IS NULL OR (
+                job.serial_key NOT IN (SELECT value FROM json_each(:held))
                 -- The key's first: one probe of jobkeeper_jobs_serial_queue_idx.
-                job.id = (
+                AND job.id = (
                     SELECT first.id FROM jobkeeper_jobs AS first
                     WHERE first.queue = :queue AND first.serial_key = job.serial_key
                       AND first.serial_key IS NOT NULL AND first.status = 'available'
@@ -811,8 +833,9 @@ SELECT picked.id FROM (
           AND job.priority = :priority AND job.scheduled_at = :scheduled_at
           AND job.id <= :id
           AND (job.serial_key IS NULL OR (
+                job.serial_key NOT IN (SELECT value FROM json_each(:held))
                 -- The key's first: one probe of jobkeeper_jobs_serial_queue_idx.
-                job.id = (
+                AND job.id = (
                     SELECT first.id FROM jobkeeper_jobs AS first
                     WHERE first.queue = :queue AND first.serial_key = job.serial_key
                       AND first.serial_key IS NOT NULL AND first.status = 'available'

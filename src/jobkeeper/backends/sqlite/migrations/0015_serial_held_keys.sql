@@ -1,0 +1,2 @@
+-- Version 15: nothing to change on SQLite's schema (the serial claim's walk
+-- of the queue's head leaves held keys out, in the backend's queries).
