@@ -135,9 +135,9 @@ class SqliteFlow:
         of PostgreSQL's ``jobkeeper_claim_limited``, migration 0014, which
         tries a thirty-second as many keys: a key costs it about 30 head
         jobs, and SQLite's one or two, about 1.5 us a key against 1 us a
-        head job with its probe). When both find too little, the held keys
-        among the head's (at most ``HELD_KEYS_MAX``) are left out of the
-        walks and the same head is walked again (migration 0015's rule): a
+        head job with its probe). When both find too little a second time, the
+        held keys among the head's (at most ``HELD_KEYS_MAX``) are left out of
+        the walks and the same head is walked again (migration 0015's rule): a
         few deep held keys at the head no longer push the walks over their
         thousands of jobs.
         """
@@ -169,9 +169,10 @@ class SqliteFlow:
                 unkeyed = conn.execute(queries["job_claim_serial_unkeyed"], up_to).fetchall()
                 picked = sorted(keyed + unkeyed, key=lambda row: (row[1], row[2], row[0]))
                 return [row[0] for row in picked[:allowed]]
-            if len(held) < HELD_KEYS_MAX:
+            if budget > allowed * 2 + 256 and len(held) < HELD_KEYS_MAX:
                 # The head is mostly jobs of deep held keys: leave those keys
-                # out of the walks and walk the same head again.
+                # out of the walks and walk the same head again. Not in the
+                # first round, as on PostgreSQL (migration 0015 says why).
                 room = {**bounds, "room": HELD_KEYS_MAX - len(held)}
                 found = [
                     row[0] for row in conn.execute(queries["job_claim_serial_head_held"], room)
