@@ -136,12 +136,14 @@ def deep_held_keys_then_shallow(jq: JobQueue, keys: int, depth: int, shallow: in
 
 
 @pytest.mark.parametrize("limit", [1, 5, 40])
-def test_jobs_behind_many_deep_held_keys_are_found(jq, limit):
-    # 20 held keys of 60 jobs fill a claim's first head walks, and more keys
-    # follow than a walk over the keys takes: the held keys are left out of
-    # the walk of the head, and the claim takes what follows them, unkeyed
-    # jobs included.
-    behind = deep_held_keys_then_shallow(jq, keys=20, depth=60, shallow=300)
+@pytest.mark.parametrize(("keys", "depth"), [(20, 150), (70, 45)], ids=["20-held", "70-held"])
+def test_jobs_behind_many_deep_held_keys_are_found(jq, limit, keys, depth):
+    # 3,000 jobs of held keys fill a claim's first two head walks (up to
+    # 2,688 jobs), and more keys follow than a walk over the keys takes: the
+    # held keys are left out of the walk of the head (20), or, more than 64,
+    # walked past as before (70); the claim takes what follows them,
+    # unkeyed jobs included.
+    behind = deep_held_keys_then_shallow(jq, keys=keys, depth=depth, shallow=300)
     want = expected(jq, "q", limit)
     assert want <= set(behind) and len(want) == limit
     assert claim(jq, "q", limit=limit) == want

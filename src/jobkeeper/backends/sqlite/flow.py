@@ -144,6 +144,7 @@ class SqliteFlow:
         queries = self._queries
         budget = allowed * 2 + 256
         held: list[str] = []
+        room = HELD_KEYS_MAX
         while True:
             left_out = json.dumps(held)
             bounds = {"queue": queue, "budget": budget, "held": left_out}
@@ -169,16 +170,20 @@ class SqliteFlow:
                 unkeyed = conn.execute(queries["job_claim_serial_unkeyed"], up_to).fetchall()
                 picked = sorted(keyed + unkeyed, key=lambda row: (row[1], row[2], row[0]))
                 return [row[0] for row in picked[:allowed]]
-            if budget > allowed * 2 + 256 and len(held) < HELD_KEYS_MAX:
+            if budget > allowed * 2 + 256 and room > 0:
                 # The head is mostly jobs of deep held keys: leave those keys
                 # out of the walks and walk the same head again. Not in the
-                # first round, as on PostgreSQL (migration 0015 says why).
-                room = {**bounds, "room": HELD_KEYS_MAX - len(held)}
+                # first round, and not past HELD_KEYS_MAX keys, as on
+                # PostgreSQL (migration 0015 says why).
+                asked = {**bounds, "room": room + 1}
                 found = [
-                    row[0] for row in conn.execute(queries["job_claim_serial_head_held"], room)
+                    row[0] for row in conn.execute(queries["job_claim_serial_head_held"], asked)
                 ]
-                if found:
+                if len(found) > room:
+                    room = 0
+                elif found:
                     held += found
+                    room -= len(found)
                     continue
             budget *= 8
 
