@@ -17,6 +17,25 @@ ERRORS_PLUS_NEW_SQL = (
 )
 
 
+#: Whether the serial claim may take its row ``job`` (in ``:queue``): unkeyed,
+#: or its key's first available job there, the key neither left out (in the
+#: JSON array ``:held``) nor held in any queue. One fragment for the three
+#: claim-order ranges of ``job_claim_serial_head``.
+SERIAL_TAKEABLE_SQL = """(job.serial_key IS NULL OR (
+    job.serial_key NOT IN (SELECT value FROM json_each(:held))
+    -- The key's first: one probe of jobkeeper_jobs_serial_queue_idx.
+    AND job.id = (
+        SELECT first.id FROM jobkeeper_jobs AS first
+        WHERE first.queue = :queue AND first.serial_key = job.serial_key
+          AND first.serial_key IS NOT NULL AND first.status = 'available'
+        ORDER BY first.priority, first.scheduled_at, first.id
+        LIMIT 1)
+    AND NOT EXISTS (
+        SELECT 1 FROM jobkeeper_jobs AS holder
+        WHERE holder.serial_key = job.serial_key
+          AND holder.status IN ('claimed', 'running'))))"""
+
+
 #: The clock of a time-dependent operation: the database's (guarantee 7),
 #: unless the caller pinned ``:now`` (Unix seconds; tests do).
 CLOCK_SQL = f"coalesce(:now, {NOW_SQL})"
@@ -27,6 +46,7 @@ def _expand(sql: str) -> str:
         sql.replace("{now}", NOW_SQL)
         .replace("{clock}", CLOCK_SQL)
         .replace("{errors_plus_new}", ERRORS_PLUS_NEW_SQL)
+        .replace("{serial_takeable}", SERIAL_TAKEABLE_SQL)
     )
 
 

@@ -6,6 +6,9 @@
 -- operations' now=).
 -- {errors_plus_new} appends :error to the errors array, tolerating a
 -- corrupted errors column (a failure must always be recordable).
+-- {serial_takeable} holds for the serial claim's row "job" that it may take:
+-- unkeyed, or its key's first available job in :queue, the key neither in
+-- :held (a JSON array) nor held in any queue.
 
 -- name: job_insert_many
 INSERT INTO jobkeeper_jobs
@@ -791,19 +794,7 @@ SELECT picked.id FROM (
         SELECT job.id, job.priority, job.scheduled_at FROM jobkeeper_jobs AS job
         WHERE job.status = 'available' AND job.queue = :queue
           AND job.priority < :priority
-          AND (job.serial_key IS NULL OR (
-                job.serial_key NOT IN (SELECT value FROM json_each(:held))
-                -- The key's first: one probe of jobkeeper_jobs_serial_queue_idx.
-                AND job.id = (
-                    SELECT first.id FROM jobkeeper_jobs AS first
-                    WHERE first.queue = :queue AND first.serial_key = job.serial_key
-                      AND first.serial_key IS NOT NULL AND first.status = 'available'
-                    ORDER BY first.priority, first.scheduled_at, first.id
-                    LIMIT 1)
-                AND NOT EXISTS (
-                    SELECT 1 FROM jobkeeper_jobs AS holder
-                    WHERE holder.serial_key = job.serial_key
-                      AND holder.status IN ('claimed', 'running'))))
+          AND {serial_takeable}
         ORDER BY job.priority, job.scheduled_at, job.id
         LIMIT :limit)
     UNION ALL
@@ -811,19 +802,7 @@ SELECT picked.id FROM (
         SELECT job.id, job.priority, job.scheduled_at FROM jobkeeper_jobs AS job
         WHERE job.status = 'available' AND job.queue = :queue
           AND job.priority = :priority AND job.scheduled_at < :scheduled_at
-          AND (job.serial_key IS NULL OR (
-                job.serial_key NOT IN (SELECT value FROM json_each(:held))
-                -- The key's first: one probe of jobkeeper_jobs_serial_queue_idx.
-                AND job.id = (
-                    SELECT first.id FROM jobkeeper_jobs AS first
-                    WHERE first.queue = :queue AND first.serial_key = job.serial_key
-                      AND first.serial_key IS NOT NULL AND first.status = 'available'
-                    ORDER BY first.priority, first.scheduled_at, first.id
-                    LIMIT 1)
-                AND NOT EXISTS (
-                    SELECT 1 FROM jobkeeper_jobs AS holder
-                    WHERE holder.serial_key = job.serial_key
-                      AND holder.status IN ('claimed', 'running'))))
+          AND {serial_takeable}
         ORDER BY job.priority, job.scheduled_at, job.id
         LIMIT :limit)
     UNION ALL
@@ -832,19 +811,7 @@ SELECT picked.id FROM (
         WHERE job.status = 'available' AND job.queue = :queue
           AND job.priority = :priority AND job.scheduled_at = :scheduled_at
           AND job.id <= :id
-          AND (job.serial_key IS NULL OR (
-                job.serial_key NOT IN (SELECT value FROM json_each(:held))
-                -- The key's first: one probe of jobkeeper_jobs_serial_queue_idx.
-                AND job.id = (
-                    SELECT first.id FROM jobkeeper_jobs AS first
-                    WHERE first.queue = :queue AND first.serial_key = job.serial_key
-                      AND first.serial_key IS NOT NULL AND first.status = 'available'
-                    ORDER BY first.priority, first.scheduled_at, first.id
-                    LIMIT 1)
-                AND NOT EXISTS (
-                    SELECT 1 FROM jobkeeper_jobs AS holder
-                    WHERE holder.serial_key = job.serial_key
-                      AND holder.status IN ('claimed', 'running'))))
+          AND {serial_takeable}
         ORDER BY job.priority, job.scheduled_at, job.id
         LIMIT :limit)
 ) AS picked
@@ -905,7 +872,7 @@ SELECT picked.id, picked.priority, picked.scheduled_at FROM (
         SELECT job.id, job.priority, job.scheduled_at FROM jobkeeper_jobs AS job
         WHERE job.status = 'available' AND job.queue = :queue
           AND job.priority < :priority
-          AND (job.serial_key IS NULL)
+          AND job.serial_key IS NULL
         ORDER BY job.priority, job.scheduled_at, job.id
         LIMIT :limit)
     UNION ALL
@@ -913,7 +880,7 @@ SELECT picked.id, picked.priority, picked.scheduled_at FROM (
         SELECT job.id, job.priority, job.scheduled_at FROM jobkeeper_jobs AS job
         WHERE job.status = 'available' AND job.queue = :queue
           AND job.priority = :priority AND job.scheduled_at < :scheduled_at
-          AND (job.serial_key IS NULL)
+          AND job.serial_key IS NULL
         ORDER BY job.priority, job.scheduled_at, job.id
         LIMIT :limit)
     UNION ALL
@@ -922,7 +889,7 @@ SELECT picked.id, picked.priority, picked.scheduled_at FROM (
         WHERE job.status = 'available' AND job.queue = :queue
           AND job.priority = :priority AND job.scheduled_at = :scheduled_at
           AND job.id <= :id
-          AND (job.serial_key IS NULL)
+          AND job.serial_key IS NULL
         ORDER BY job.priority, job.scheduled_at, job.id
         LIMIT :limit)
 ) AS picked
