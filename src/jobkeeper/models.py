@@ -414,10 +414,11 @@ class QueueCounts:
     Attributes:
         counts: ``{queue: {status: count}}``; statuses a queue has none of
             are absent.
-        estimated: the statuses whose counts are estimates: ``completed``
+        estimated: the statuses not counted at this moment: ``completed``
             and ``cancelled`` once more finished rows exist than the exact
-            limit asked for, ``dead`` once more dead letters do. Live
-            statuses are always exact.
+            limit asked for, ``dead`` once more dead letters do (they come
+            from a recount at most a minute old, see
+            ``JobQueue.queue_counts``). Live statuses are always exact.
     """
 
     counts: dict[str, dict[str, int]]

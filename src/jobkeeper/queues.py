@@ -77,9 +77,9 @@ class QueueInfo:
         max_pending: most pending jobs before enqueues are refused, or None.
         counts: its jobs per status (every status, zeros included; dead
             letters as ``"dead"``), counted as ``JobQueue.queue_counts``
-            counts: live statuses exact, finished ones estimated past
-            100,000 rows.
-        estimated: the statuses whose counts are estimates (``completed``,
+            counts: live statuses exact, finished ones from a recount at
+            most a minute old past 100,000 rows.
+        estimated: the statuses counted by a recount (``completed``,
             ``cancelled``, ``dead``), sorted; empty when all are exact.
     """
 

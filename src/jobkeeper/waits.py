@@ -95,7 +95,7 @@ def explain_wait(jq: JobQueue, job: Job) -> list[WaitReason]:
             )
     reasons += _serving(job.queue, list(workers.values()), now, rescue_after, settings)
     if not reasons:
-        counts = jq.queue_counts(exact_below=1).counts.get(job.queue, {})
+        counts = jq.backend.queue_counts_live().get(job.queue, {})
         ahead = counts.get("available", 0) - (1 if job.status == JobStatus.AVAILABLE else 0)
         held = counts.get("claimed", 0) + counts.get("running", 0)
         reasons.append(
@@ -144,7 +144,7 @@ def _queue_limits(jq: JobQueue, queue: str, settings: QueueSettings) -> list[Wai
             WaitReason("paused", f"queue {queue!r} is paused (jobkeeper queues resume {queue})")
         )
     if settings.concurrency is not None:
-        counts = jq.queue_counts(exact_below=1).counts.get(queue, {})
+        counts = jq.backend.queue_counts_live().get(queue, {})
         held = counts.get("claimed", 0) + counts.get("running", 0)
         if held >= settings.concurrency:
             reasons.append(

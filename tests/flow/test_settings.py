@@ -103,7 +103,11 @@ def test_queues_past_the_finished_cap_name_their_estimates_and_leave_old_queues_
     assert sorted(exact) == ["live", "new", "old"]
     assert exact["old"].counts["completed"] == 2 and exact["old"].estimated == ()
     capped = {q.name: q for q in jq.queues(exact_below=3)}
-    assert sorted(capped) == ["live", "new"]
+    assert sorted(capped) == ["live", "new", "old"]
+    assert capped["old"].counts["completed"] == 2 and capped["old"].estimated == (
+        "cancelled",
+        "completed",
+    )
     assert capped["new"].estimated == ("cancelled", "completed")
     assert capped["live"].counts["available"] == 1
     assert capped["new"].as_dict()["estimated"] == ["cancelled", "completed"]

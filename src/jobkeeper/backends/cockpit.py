@@ -2,22 +2,82 @@
 on every database (internal).
 
 A backend mixes this in and supplies ``_fetch`` (a named query, rows as dicts
-keyed by the column aliases) and ``_count_estimate``; only the SQL differs
-and it lives in each backend's ``queries.sql`` under the method's name. None
-of these reads grows with the completed rows kept for ``retention``: they use
-the partial indexes of the live statuses, or stop at a cap.
+keyed by the column aliases), ``_now_param`` and ``_release_thread``; only the
+SQL differs and it lives in each backend's ``queries.sql`` under the
+method's name. The reads use the partial indexes of the live statuses or stop
+at a cap; only the recount of the finished rows and dead letters grows with
+what ``retention`` keeps, and it runs at most once a minute (see
+:class:`Tally`).
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import threading
+import time
 from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import Any
 
+from jobkeeper.errors import JobkeeperError
 from jobkeeper.models import QueueCounts
+
+logger = logging.getLogger("jobkeeper.cockpit")
 
 #: The finished statuses that may hold more rows than the exact limit.
 _CAPPED_STATUSES = ("completed", "cancelled")
+#: A recount runs again no sooner than this (seconds) after the last...
+RECOUNT_EVERY = 60.0
+#: ...and no sooner than this many times as long as the last one took, so
+#: recounts keep to a twentieth of one database connection's time.
+RECOUNT_SPACING = 20.0
+#: The recount of finished rows counts those finished this long (seconds)
+#: before it starts; later ones are counted as recent at each read. An ack
+#: stamps finished_at when its transaction begins and commits after: one
+#: stamped before the recount's snapshot but committed after it would be in
+#: neither count if the two met at that instant.
+RECOUNT_MARGIN = 2.0
+
+
+@dataclass(frozen=True)
+class Tally:
+    """An exact count of the rows of one kind (finished jobs or dead letters)
+    per queue and status, kept between reads above the cap.
+
+    Borrowed from River UI (riverqueue/riverui#655): a capped count answers
+    each read, and once it hits the cap, an exact count taken now and then,
+    by its own cost, answers instead of a planner's estimate, which dropped
+    queues and could be 20 times off.
+    """
+
+    counts: dict[str, dict[str, int]]
+    #: Database time up to which ``counts`` holds the finished rows (None
+    #: for dead letters, which have no index by time).
+    upto: Any
+    #: ``time.monotonic()`` when the recount started, and what it took (s).
+    started: float
+    took: float
+
+    def due(self, now: float, *, soon: bool = False) -> bool:
+        """Whether the next recount may start at ``now`` (monotonic);
+        ``soon``: without waiting for ``RECOUNT_EVERY``, only for the spacing
+        (more rows finished since this count than the cap).
+        """
+        every = 0.0 if soon else RECOUNT_EVERY
+        return now - self.started >= max(every, RECOUNT_SPACING * self.took)
+
+
+class _Tallies:
+    """A backend's tallies, and which of them a thread is recounting."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.tallies: dict[str, Tally] = {}
+        self.running: set[str] = set()
+        #: Per kind, held by the caller taking the first tally.
+        self.first: dict[str, threading.Lock] = {}
 
 
 class CockpitReads:
@@ -26,43 +86,122 @@ class CockpitReads:
     def _fetch(self, name: str, params: dict[str, Any] | None = None) -> list[dict[str, Any]]:
         raise NotImplementedError
 
-    def _count_estimate(self, status: str, cap: int, share: float) -> int | None:
-        """An estimate of the rows of ``status`` (``"dead"``: the dead
-        letters), asked only when more than ``cap`` finished rows (or dead
-        letters) exist; ``share`` is the status's fraction of the capped
-        sample. ``None`` when unknown.
+    def _now_param(self, now: datetime | None) -> Any:
+        raise NotImplementedError
+
+    def db_now(self) -> datetime:
+        raise NotImplementedError
+
+    def _release_thread(self) -> None:
+        """Let go of what this thread holds (its SQLite connection): the
+        thread is about to end.
         """
         raise NotImplementedError
 
     def _ids_param(self, job_ids: Sequence[int] | None) -> Any:
         raise NotImplementedError
 
-    def queue_counts(self, *, exact_below: int) -> QueueCounts:
+    def queue_counts_live(self) -> dict[str, dict[str, int]]:
         counts: dict[str, dict[str, int]] = {}
         for row in self._fetch("queue_counts_live"):
             counts.setdefault(row["queue"], {})[row["status"]] = int(row["n"])
+        return counts
+
+    def queue_counts(self, *, exact_below: int) -> QueueCounts:
+        counts = self.queue_counts_live()
         estimated: set[str] = set()
         cap = exact_below + 1
         finished = self._fetch("queue_counts_finished", {"cap": cap})
+        if sum(int(row["n"]) for row in finished) > exact_below:
+            finished = self._finished_above_cap(cap)
+            estimated.update(_CAPPED_STATUSES)
         dead = self._fetch("queue_counts_dead", {"cap": cap})
-        for rows, capped in ((finished, _CAPPED_STATUSES), (dead, ("dead",))):
-            seen = {status: 0 for status in capped}
-            for row in rows:
-                seen[row.get("status", "dead")] += int(row["n"])
-            total = sum(seen.values())
-            scale = dict.fromkeys(capped, 1.0)
-            if total > exact_below:
-                # The sample stopped at the cap: scale each status's per-queue
-                # split to an estimate of its whole (never below what was seen).
-                for status, count in seen.items():
-                    if count:
-                        estimate = self._count_estimate(status, cap, count / total)
-                        scale[status] = max(estimate or count, count) / count
-                estimated.update(capped)
-            for row in rows:
-                status = row.get("status", "dead")
-                counts.setdefault(row["queue"], {})[status] = round(int(row["n"]) * scale[status])
+        if sum(int(row["n"]) for row in dead) > exact_below:
+            dead = self._tally_rows(self._tally("dead"))
+            estimated.add("dead")
+        for row in (*finished, *dead):
+            per_queue = counts.setdefault(row["queue"], {})
+            status = row.get("status", "dead")
+            per_queue[status] = per_queue.get(status, 0) + int(row["n"])
         return QueueCounts(counts=counts, estimated=frozenset(estimated))
+
+    def _finished_above_cap(self, cap: int) -> list[dict[str, Any]]:
+        """The finished rows per queue and status once more than ``cap``
+        exist: the last recount, plus the rows finished since it (up to
+        ``cap`` of them; more start a recount).
+        """
+        tally = self._tally("finished")
+        recent = self._fetch("queue_counts_finished_since", {"since": tally.upto, "cap": cap})
+        if sum(int(row["n"]) for row in recent) >= cap:
+            self._tally("finished", soon=True)
+        return [*self._tally_rows(tally), *recent]
+
+    @staticmethod
+    def _tally_rows(tally: Tally) -> list[dict[str, Any]]:
+        return [
+            {"queue": queue, "status": status, "n": n}
+            for queue, per_status in tally.counts.items()
+            for status, n in per_status.items()
+        ]
+
+    def _tally(self, kind: str, *, soon: bool = False) -> Tally:
+        """The recount of ``kind`` (``"finished"`` or ``"dead"``). The first
+        runs in the caller, which has nothing else to show; a due one runs
+        in a thread of its own while the last answers (``soon``: see
+        :meth:`Tally.due`).
+        """
+        kept: _Tallies = self.__dict__.get("_tallies") or self.__dict__.setdefault(
+            "_tallies", _Tallies()
+        )
+        with kept.lock:
+            tally = kept.tallies.get(kind)
+            if (
+                tally is not None
+                and kind not in kept.running
+                and tally.due(time.monotonic(), soon=soon)
+            ):
+                kept.running.add(kind)
+                threading.Thread(
+                    target=self._recount_in_background,
+                    args=(kept, kind),
+                    name=f"jobkeeper-recount-{kind}",
+                    daemon=True,
+                ).start()
+            first = kept.first.setdefault(kind, threading.Lock())
+        if tally is not None:
+            return tally
+        with first:
+            # Callers that came together: one counts, the others wait for
+            # its tally.
+            tally = kept.tallies.get(kind)
+            if tally is None:
+                tally = kept.tallies[kind] = self._recount(kind)
+        return tally
+
+    def _recount_in_background(self, kept: _Tallies, kind: str) -> None:
+        try:
+            kept.tallies[kind] = self._recount(kind)
+        except JobkeeperError as exc:  # the last stays; a read after RECOUNT_EVERY retries
+            logger.warning("jobkeeper: recount of the %s jobs failed: %s", kind, exc)
+            old = kept.tallies[kind]
+            kept.tallies[kind] = Tally(old.counts, old.upto, time.monotonic(), old.took)
+        finally:
+            with kept.lock:
+                kept.running.discard(kind)
+            self._release_thread()
+
+    def _recount(self, kind: str) -> Tally:
+        started = time.monotonic()
+        counts: dict[str, dict[str, int]] = {}
+        if kind == "dead":
+            upto = None
+            rows = self._fetch("queue_counts_dead_all")
+        else:
+            upto = self._now_param(self.db_now() - timedelta(seconds=RECOUNT_MARGIN))
+            rows = self._fetch("queue_counts_finished_upto", {"upto": upto})
+        for row in rows:
+            counts.setdefault(row["queue"], {})[row.get("status", "dead")] = int(row["n"])
+        return Tally(counts, upto, started, time.monotonic() - started)
 
     def queue_oldest_due(self) -> dict[str, tuple[int, float]]:
         return {

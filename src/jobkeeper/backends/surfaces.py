@@ -55,11 +55,18 @@ class CockpitSeam(Protocol):
         """
         ...
 
+    def queue_counts_live(self) -> dict[str, dict[str, int]]:
+        """Jobs per queue and live status (scheduled, available, claimed,
+        running, retryable), exact, from the partial indexes of those statuses.
+        """
+        ...
+
     def queue_counts(self, *, exact_below: int) -> QueueCounts:
         """Jobs per queue and status, dead letters as ``dead``. Live statuses
         exact; completed and cancelled exact while together at most
-        ``exact_below`` rows (dead letters likewise), else estimated from a
-        sample of the newest ``exact_below + 1``.
+        ``exact_below`` rows (dead letters likewise), else the backend's last
+        recount of them (at most a minute old, or 20 times what it took)
+        plus the rows finished since it.
         """
         ...
 

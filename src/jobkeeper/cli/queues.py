@@ -48,9 +48,9 @@ def _known(queue: JobQueue, name: str) -> QueueInfo | None:
 @click.pass_context
 def queues_list(ctx: click.Context, as_json: bool) -> None:
     """Every queue with settings or jobs: paused or not, its limits, its live
-    counts. --json adds its completed, cancelled and dead counts, read from
-    their newest 100,001 rows (past that, estimates named in "estimated", and
-    a queue with none among them is left out; see JobQueue.queues).
+    counts. --json adds its completed, cancelled and dead counts: exact up to
+    100,000 rows, past that counted once for this command and named in
+    "estimated" (see JobQueue.queues).
     """
     queues = open_queue(ctx).queues()
     if as_json:

@@ -6,9 +6,10 @@ the numbers are the database's, whichever process serves them:
 - ``jobkeeper_jobs{queue,status}``: jobs per queue and status (dead letters
   as ``dead``). Live statuses are exact; ``completed`` and ``cancelled`` are
   exact while together below 100,000 rows, ``dead`` while the dead letters
-  are, and estimated above (:meth:`jobkeeper.JobQueue.queue_counts`), so a
-  scrape never counts a table that grows with retention.
-  ``jobkeeper_jobs_estimated{status}`` is 1 for the statuses estimated in
+  are; above, they come from a recount the serving process makes at most
+  once a minute, plus the rows finished since
+  (:meth:`jobkeeper.JobQueue.queue_counts`).
+  ``jobkeeper_jobs_estimated{status}`` is 1 for the statuses so counted in
   this scrape.
 - ``jobkeeper_queue_latency_seconds{queue}``: age of the oldest job that
   could run now (0 for a queue with nothing due).
@@ -29,7 +30,7 @@ from prometheus_client.registry import Collector
 
 from jobkeeper.api import JobQueue
 
-#: Rows of a finished status counted exactly; above, an estimate.
+#: Rows of a finished status counted at each scrape; above, a recount.
 EXACT_BELOW = 100_000
 
 
@@ -46,7 +47,7 @@ class QueueCollector(Collector):
         workers = self.jq.workers()
         jobs = GaugeMetricFamily(
             "jobkeeper_jobs",
-            f"Jobs per queue and status (finished statuses estimated above "
+            f"Jobs per queue and status (finished statuses from a recount above "
             f"{self.exact_below} rows; see jobkeeper_jobs_estimated).",
             labels=["queue", "status"],
         )
@@ -56,7 +57,7 @@ class QueueCollector(Collector):
         yield jobs
         estimated = GaugeMetricFamily(
             "jobkeeper_jobs_estimated",
-            "1 when this scrape's jobkeeper_jobs counts of the status are estimates.",
+            "1 when this scrape's jobkeeper_jobs counts of the status come from a recount.",
             labels=["status"],
         )
         for status in ("completed", "cancelled", "dead"):

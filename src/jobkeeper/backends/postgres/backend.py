@@ -464,16 +464,6 @@ class PostgresBackend(
     def _ids_param(self, job_ids: Sequence[int] | None) -> Any:
         return None if job_ids is None else list(job_ids)
 
-    def _count_estimate(self, status: str, cap: int, share: float) -> int | None:
-        if status == "dead":
-            rows = self._fetch("queue_counts_estimate_dead")
-        else:
-            rows = self._fetch("queue_counts_estimate", {"status": status})
-        try:
-            return int(rows[0]["QUERY PLAN"][0]["Plan"]["Plan Rows"])
-        except (IndexError, KeyError, TypeError, ValueError):
-            return None
-
     def database_health(self) -> dict[str, Any]:
         facts: dict[str, Any] = {
             "backend": self.name,

@@ -312,6 +312,9 @@ class PostgresConnections:
             cursor.execute(query, params)
             return cursor.fetchall() if cursor.description else []
 
+    def _release_thread(self) -> None:
+        """Nothing to let go of: connections go back to the pool after each call."""
+
     def close(self) -> None:
         self._source.close()
         self._close_async_pools()

@@ -841,9 +841,9 @@ WHERE status IN ('claimed', 'running') GROUP BY queue, status
 
 -- name: queue_counts_finished
 -- Completed and cancelled jobs per queue, reading at most %(cap)s rows (the
--- newest, down the finished index): exact while both together hold fewer,
--- else a sample that queue_counts_estimate scales. A count per status would
--- walk every finished row to find a rare one (the index holds both).
+-- newest, down the finished index): exact while both together hold fewer.
+-- A count per status would walk every finished row to find a rare one (the
+-- index holds both).
 SELECT queue, status, count(*) AS n
 FROM (SELECT queue, status FROM jobkeeper_jobs
       WHERE status IN ('completed', 'cancelled')
@@ -851,20 +851,32 @@ FROM (SELECT queue, status FROM jobkeeper_jobs
       LIMIT %(cap)s) AS sample
 GROUP BY queue, status
 
+-- name: queue_counts_finished_since
+-- Above the cap: the jobs finished after the last recount, at most %(cap)s
+-- (down the finished index).
+SELECT queue, status, count(*) AS n
+FROM (SELECT queue, status FROM jobkeeper_jobs
+      WHERE status IN ('completed', 'cancelled') AND finished_at > %(since)s
+      ORDER BY finished_at DESC
+      LIMIT %(cap)s) AS recent
+GROUP BY queue, status
+
+-- name: queue_counts_finished_upto
+-- The recount above the cap: every job finished up to %(upto)s. It reads
+-- every finished row (0.2-0.4 s per 2 million), so it runs at most once a
+-- minute.
+SELECT queue, status, count(*) AS n FROM jobkeeper_jobs
+WHERE status IN ('completed', 'cancelled') AND finished_at <= %(upto)s
+GROUP BY queue, status
+
 -- name: queue_counts_dead
 SELECT queue, count(*) AS n
 FROM (SELECT queue FROM jobkeeper_dead_letters LIMIT %(cap)s) AS sample
 GROUP BY queue
 
--- name: queue_counts_estimate
--- The planner's row estimate (from ANALYZE statistics) for one status, or
--- for the dead letters when status is 'dead'. Used only above the cap.
-EXPLAIN (FORMAT JSON)
-SELECT 1 FROM jobkeeper_jobs WHERE status = %(status)s
-
--- name: queue_counts_estimate_dead
-EXPLAIN (FORMAT JSON)
-SELECT 1 FROM jobkeeper_dead_letters
+-- name: queue_counts_dead_all
+-- The recount of the dead letters above the cap.
+SELECT queue, count(*) AS n FROM jobkeeper_dead_letters GROUP BY queue
 
 -- name: database_health_claim_plan
 -- doctor: the claim's plan (not run) must walk jobkeeper_jobs_claim_idx.

@@ -398,14 +398,6 @@ class SqliteBackend(
             rows = _rows(conn.execute(QUERIES["dead_letter_purge"], params))
         return sorted(int(row["id"]) for row in rows)
 
-    def _count_estimate(self, status: str, cap: int, share: float) -> int | None:
-        name = "queue_counts_estimate_dead" if status == "dead" else "queue_counts_estimate"
-        row = self._fetch(name, {"cap": cap})[0]
-        oldest, sample_oldest, newest = row["oldest"], row["sample_oldest"], row["now"]
-        if oldest is None or sample_oldest is None or newest is None or newest <= sample_oldest:
-            return None
-        return round(float(share * cap * (newest - oldest) / (newest - sample_oldest)))
-
     def database_health(self) -> dict[str, Any]:
         facts: dict[str, Any] = {
             "backend": self.name,

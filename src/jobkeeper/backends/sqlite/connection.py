@@ -330,6 +330,23 @@ class SqliteConnection:
         with self._errors():
             return self._conn().execute(QUERIES[name], params or {}).fetchone() is not None
 
+    def _release_thread(self) -> None:
+        """Close this thread's connection: the thread is about to end, and a
+        connection left in the list would stay open until :meth:`close`.
+        """
+        slot: _ThreadConnection | None = getattr(self._local, "slot", None)
+        if slot is None:
+            return
+        with self._threads_lock:
+            if slot.depth:
+                return
+            conn, slot.conn = slot.conn, None
+            if slot in self._threads:
+                self._threads.remove(slot)
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                conn.close()
+
     def close(self) -> None:
         """Close every thread's connection: at once where its thread is
         between calls, else as its call ends (the call finishes first). The

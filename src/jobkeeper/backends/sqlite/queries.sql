@@ -550,29 +550,28 @@ FROM (SELECT queue, status FROM jobkeeper_jobs
       LIMIT :cap)
 GROUP BY queue, status
 
+-- name: queue_counts_finished_since
+SELECT queue, status, count(*) AS n
+FROM (SELECT queue, status FROM jobkeeper_jobs
+      WHERE status IN ('completed', 'cancelled') AND finished_at > :since
+      ORDER BY finished_at DESC
+      LIMIT :cap)
+GROUP BY queue, status
+
+-- name: queue_counts_finished_upto
+-- See the PostgreSQL twin. Here 1.3 s per 2 million finished rows: the GROUP BY
+-- sorts every row (no index orders them by queue; one would cost every ack).
+SELECT queue, status, count(*) AS n FROM jobkeeper_jobs
+WHERE status IN ('completed', 'cancelled') AND finished_at <= :upto
+GROUP BY queue, status
+
 -- name: queue_counts_dead
 SELECT queue, count(*) AS n
 FROM (SELECT queue FROM jobkeeper_dead_letters LIMIT :cap)
 GROUP BY queue
 
--- name: queue_counts_estimate
--- SQLite keeps no row estimates. Above the cap, the rate of the newest :cap
--- finished rows (down the finished index) is extrapolated over the time
--- since the oldest one: :cap x (whole span / their span).
-SELECT (SELECT min(finished_at) FROM jobkeeper_jobs
-        WHERE status IN ('completed', 'cancelled')) AS oldest,
-       (SELECT min(finished_at) FROM (
-            SELECT finished_at FROM jobkeeper_jobs
-            WHERE status IN ('completed', 'cancelled')
-            ORDER BY finished_at DESC LIMIT :cap)) AS sample_oldest,
-       {now} AS now
-
--- name: queue_counts_estimate_dead
--- Dead letters: the id span of the newest :cap against the whole span.
-SELECT (SELECT min(id) FROM jobkeeper_dead_letters) AS oldest,
-       (SELECT min(id) FROM (SELECT id FROM jobkeeper_dead_letters ORDER BY id DESC LIMIT :cap))
-           AS sample_oldest,
-       (SELECT max(id) FROM jobkeeper_dead_letters) AS now
+-- name: queue_counts_dead_all
+SELECT queue, count(*) AS n FROM jobkeeper_dead_letters GROUP BY queue
 
 -- name: database_health_journal_mode
 PRAGMA journal_mode
