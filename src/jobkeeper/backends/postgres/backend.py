@@ -91,6 +91,9 @@ class PostgresBackend(
     # -- schema -------------------------------------------------------------
 
     def migrate(self) -> int:
+        # A schema made by this call has no one else's transactions to wait
+        # for: its retired indexes (made and dropped again) are not worth a warning.
+        new_schema = self.schema_version() == 0
         with self._cursor(transaction=True) as cursor:
 
             def execute(statement: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
@@ -114,7 +117,8 @@ class PostgresBackend(
             ):
                 # Said first: the drop may wait, silently, for a long
                 # transaction of someone else's (or of this process's own).
-                logger.warning(
+                log = logger.debug if new_schema else logger.warning
+                log(
                     "dropping index %s (replaced in schema version %d) concurrently: this "
                     "waits for the transactions open on jobkeeper_jobs to end",
                     index,
