@@ -203,7 +203,7 @@ class OperationsMixin(QueueBase):
         """Registered workers and their last heartbeat."""
         return self.backend.worker_list()
 
-    def queue_counts(self, exact_below: int = 100_000) -> QueueCounts:
+    def queue_counts(self, exact_below: int = 100_000, *, recount: bool = True) -> QueueCounts:
         """Jobs per queue and status (dead letters as ``"dead"``): what the
         dashboard and ``/metrics`` show.
 
@@ -212,17 +212,26 @@ class OperationsMixin(QueueBase):
         ``cancelled`` are exact while the two together hold at most
         ``exact_below`` rows, and ``dead`` while the dead letters do. Above
         that, this queue's backend counts them all: the first such call
-        waits for the count (0.2-0.4 s per 2 million rows on PostgreSQL,
-        1.3 s per 2 million on SQLite); later calls add the rows finished
+        waits for the count (0.2-0.8 s per 2 million rows on PostgreSQL,
+        1.3-2 s on SQLite, on 2 cores); later calls add the rows finished
         since it (at most ``exact_below + 1``, read down the finished index)
         while a thread recounts once the count is 60 s old, or 20 times what
-        it took (the approach of River UI, riverqueue/riverui#655). Rows
-        pruned or dead letters added or removed since the last count show at
-        the next. Jobs finished in the 2 s before a count are read as recent
-        (an ack committing as it starts would be in neither count otherwise):
-        while more than ``exact_below + 1`` finish within 2 s, the count falls
-        short by the excess. The statuses so counted are named in
-        ``QueueCounts.estimated``.
+        it took (the approach of River UI, riverqueue/riverui#655); a call
+        that finds the count three times as old as that (a quiet spell)
+        waits for a new one. Rows pruned or dead letters added or removed
+        since the last count show at the next. Jobs finished in the 2 s
+        before a count are read as recent (an ack committing as it starts
+        would be in neither count otherwise): while more than
+        ``exact_below + 1`` finish within 2 s, the count falls short by the
+        excess, and a job completed in a transaction open longer than 2 s
+        (``complete_in``) as a recount starts is missed until the next.
+
+        With ``recount=False``, or while a recount fails (a
+        ``statement_timeout`` shorter than it: logged, tried again a minute
+        later), nothing counts every row: above the cap each queue shows
+        what the newest ``exact_below + 1`` rows hold, a lower bound (0 for
+        a queue with none among them). Either way the statuses counted
+        above the cap are named in ``QueueCounts.estimated``.
 
         Raises:
             ConfigError: ``exact_below`` is not an int from 1 to ``MAX_EXACT_BELOW``.
@@ -232,7 +241,7 @@ class OperationsMixin(QueueBase):
                 f"exact_below must be an int from 1 to {MAX_EXACT_BELOW:,}, "
                 f"got {shown(exact_below)}"
             )
-        return self.backend.queue_counts(exact_below=exact_below)
+        return self.backend.queue_counts(exact_below=exact_below, recount=recount)
 
     def oldest_due(self) -> dict[str, tuple[int, float]]:
         """Per queue with work due, its oldest job that could run now
@@ -346,10 +355,16 @@ class OperationsMixin(QueueBase):
         else:
             found = self.backend.queue_settings_list(names=[queue])
             settings = found[0] if found else QueueSettings(queue)
-        # Counted as queues() counts: stats() read every finished row of every
-        # queue, 150-240 ms a pause at 1M retained rows, for one queue's line.
-        counted = self.queue_counts().counts.get(queue, {})
-        return _queue_info(settings, {s.value: counted.get(s.value, 0) for s in JobStatus})
+        # Never every finished row for one queue's line: stats() took 150-240
+        # ms a pause at 1M retained rows, and a recount fails where a
+        # statement_timeout is shorter than it, after the change committed.
+        counted = self.queue_counts(recount=False)
+        per_status = counted.counts.get(queue, {})
+        return _queue_info(
+            settings,
+            {s.value: per_status.get(s.value, 0) for s in JobStatus},
+            tuple(sorted(counted.estimated)),
+        )
 
     def _warn_old_workers(self, queue: str) -> None:
         """Warn when a registered worker cannot obey queue settings."""
@@ -365,19 +380,21 @@ class OperationsMixin(QueueBase):
         logger.warning("%s", message)
         warnings.warn(message, UserWarning, stacklevel=3)
 
-    def queues(self, exact_below: int = 100_000) -> list[QueueInfo]:
+    def queues(self, exact_below: int = 100_000, *, recount: bool = True) -> list[QueueInfo]:
         """Every queue that has settings, live jobs, dead letters or finished
         jobs, by name, with its settings and its jobs per status (every
         status, zeros included), counted as :meth:`queue_counts` counts with
         ``exact_below``: exact for live jobs, and for finished jobs and dead
         letters up to ``exact_below`` rows; past that, from the last recount
-        and named in each :attr:`QueueInfo.estimated`.
+        (``recount=False``: a lower bound from the newest rows, and a queue
+        with only older finished jobs is left out) and named in each
+        :attr:`QueueInfo.estimated`.
 
         Raises:
             ConfigError: ``exact_below`` is not an int from 1 to ``MAX_EXACT_BELOW``.
         """
         stored = {s.name: s for s in self.backend.queue_settings_list()}
-        counted = self.queue_counts(exact_below)
+        counted = self.queue_counts(exact_below, recount=recount)
         counts = counted.counts
         estimated = tuple(sorted(counted.estimated))
         return [

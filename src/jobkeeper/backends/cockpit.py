@@ -33,6 +33,10 @@ RECOUNT_EVERY = 60.0
 #: ...and no sooner than this many times as long as the last one took, so
 #: recounts keep to a twentieth of one database connection's time.
 RECOUNT_SPACING = 20.0
+#: A tally older than this many of its intervals is not shown while a thread
+#: recounts: the read counts first (after a quiet spell, the first page
+#: loaded would show a count of hours ago).
+RECOUNT_EXPIRES = 3.0
 #: The recount of finished rows counts those finished this long (seconds)
 #: before it starts; later ones are counted as recent at each read. An ack
 #: stamps finished_at when its transaction begins and commits after: one
@@ -52,7 +56,8 @@ class Tally:
     queues and could be 20 times off.
     """
 
-    counts: dict[str, dict[str, int]]
+    #: None: the recount failed (the reads fall back to the capped sample).
+    counts: dict[str, dict[str, int]] | None
     #: Database time up to which ``counts`` holds the finished rows (None
     #: for dead letters, which have no index by time).
     upto: Any
@@ -60,13 +65,20 @@ class Tally:
     started: float
     took: float
 
+    def interval(self) -> float:
+        """Seconds from this recount to the next."""
+        return max(RECOUNT_EVERY, RECOUNT_SPACING * self.took)
+
     def due(self, now: float, *, soon: bool = False) -> bool:
         """Whether the next recount may start at ``now`` (monotonic);
         ``soon``: without waiting for ``RECOUNT_EVERY``, only for the spacing
         (more rows finished since this count than the cap).
         """
-        every = 0.0 if soon else RECOUNT_EVERY
-        return now - self.started >= max(every, RECOUNT_SPACING * self.took)
+        return now - self.started >= (RECOUNT_SPACING * self.took if soon else self.interval())
+
+    def expired(self, now: float) -> bool:
+        """Whether this count is too old to show (see ``RECOUNT_EXPIRES``)."""
+        return self.counts is not None and now - self.started > RECOUNT_EXPIRES * self.interval()
 
 
 class _Tallies:
@@ -76,8 +88,8 @@ class _Tallies:
         self.lock = threading.Lock()
         self.tallies: dict[str, Tally] = {}
         self.running: set[str] = set()
-        #: Per kind, held by the caller taking the first tally.
-        self.first: dict[str, threading.Lock] = {}
+        #: Per kind, held by the caller taking a tally in its own thread.
+        self.counting: dict[str, threading.Lock] = {}
 
 
 class CockpitReads:
@@ -107,30 +119,39 @@ class CockpitReads:
             counts.setdefault(row["queue"], {})[row["status"]] = int(row["n"])
         return counts
 
-    def queue_counts(self, *, exact_below: int) -> QueueCounts:
+    def queue_counts(self, *, exact_below: int, recount: bool = True) -> QueueCounts:
         counts = self.queue_counts_live()
         estimated: set[str] = set()
         cap = exact_below + 1
         finished = self._fetch("queue_counts_finished", {"cap": cap})
         if sum(int(row["n"]) for row in finished) > exact_below:
-            finished = self._finished_above_cap(cap)
             estimated.update(_CAPPED_STATUSES)
+            if recount:
+                finished = self._finished_above_cap(cap) or finished
+        else:
+            self._forget_tally("finished")
         dead = self._fetch("queue_counts_dead", {"cap": cap})
         if sum(int(row["n"]) for row in dead) > exact_below:
-            dead = self._tally_rows(self._tally("dead"))
             estimated.add("dead")
+            tally = self._tally("dead") if recount else None
+            if tally is not None:
+                dead = self._tally_rows(tally)
+        else:
+            self._forget_tally("dead")
         for row in (*finished, *dead):
             per_queue = counts.setdefault(row["queue"], {})
             status = row.get("status", "dead")
             per_queue[status] = per_queue.get(status, 0) + int(row["n"])
         return QueueCounts(counts=counts, estimated=frozenset(estimated))
 
-    def _finished_above_cap(self, cap: int) -> list[dict[str, Any]]:
+    def _finished_above_cap(self, cap: int) -> list[dict[str, Any]] | None:
         """The finished rows per queue and status once more than ``cap``
         exist: the last recount, plus the rows finished since it (up to
-        ``cap`` of them; more start a recount).
+        ``cap`` of them; more start a recount). None: no recount to go by.
         """
         tally = self._tally("finished")
+        if tally is None:
+            return None
         recent = self._fetch("queue_counts_finished_since", {"since": tally.upto, "cap": cap})
         if sum(int(row["n"]) for row in recent) >= cap:
             self._tally("finished", soon=True)
@@ -140,55 +161,89 @@ class CockpitReads:
     def _tally_rows(tally: Tally) -> list[dict[str, Any]]:
         return [
             {"queue": queue, "status": status, "n": n}
-            for queue, per_status in tally.counts.items()
+            for queue, per_status in (tally.counts or {}).items()
             for status, n in per_status.items()
         ]
 
-    def _tally(self, kind: str, *, soon: bool = False) -> Tally:
-        """The recount of ``kind`` (``"finished"`` or ``"dead"``). The first
-        runs in the caller, which has nothing else to show; a due one runs
-        in a thread of its own while the last answers (``soon``: see
-        :meth:`Tally.due`).
+    def _tallies(self) -> _Tallies:
+        kept: _Tallies | None = self.__dict__.get("_kept_tallies")
+        return kept or self.__dict__.setdefault("_kept_tallies", _Tallies())
+
+    def _forget_tally(self, kind: str) -> None:
+        """Below the cap again: a later rise starts from a new count, not
+        from one taken before the rows that made it fall were removed.
         """
-        kept: _Tallies = self.__dict__.get("_tallies") or self.__dict__.setdefault(
-            "_tallies", _Tallies()
-        )
+        kept = self._tallies()
+        if kind in kept.tallies:
+            with kept.lock:
+                kept.tallies.pop(kind, None)
+
+    def _tally(self, kind: str, *, soon: bool = False) -> Tally | None:
+        """The recount of ``kind`` (``"finished"`` or ``"dead"``), or None
+        when it failed (logged; retried in a thread after ``RECOUNT_EVERY``).
+        The first runs in the caller, which has nothing better to show, and
+        so does one that expired; a due one runs in a thread of its own
+        while the last answers (``soon``: see :meth:`Tally.due`).
+        """
+        kept = self._tallies()
+        now = time.monotonic()
         with kept.lock:
             tally = kept.tallies.get(kind)
-            if (
-                tally is not None
-                and kind not in kept.running
-                and tally.due(time.monotonic(), soon=soon)
-            ):
-                kept.running.add(kind)
-                threading.Thread(
-                    target=self._recount_in_background,
-                    args=(kept, kind),
-                    name=f"jobkeeper-recount-{kind}",
-                    daemon=True,
-                ).start()
-            first = kept.first.setdefault(kind, threading.Lock())
+            if tally is not None and tally.expired(now):
+                tally = None
+            elif tally is not None and kind not in kept.running and tally.due(now, soon=soon):
+                self._start_recount(kept, kind)
+            counting = kept.counting.setdefault(kind, threading.Lock())
         if tally is not None:
-            return tally
-        with first:
+            return tally if tally.counts is not None else None
+        with counting:
             # Callers that came together: one counts, the others wait for
             # its tally.
             tally = kept.tallies.get(kind)
-            if tally is None:
-                tally = kept.tallies[kind] = self._recount(kind)
-        return tally
+            if tally is None or tally.expired(time.monotonic()):
+                tally = kept.tallies[kind] = self._recount_or_note(kind, tally)
+        return tally if tally.counts is not None else None
+
+    def _start_recount(self, kept: _Tallies, kind: str) -> None:
+        """Start a thread recounting ``kind`` (``kept.lock`` held)."""
+        thread = threading.Thread(
+            target=self._recount_in_background,
+            args=(kept, kind),
+            name=f"jobkeeper-recount-{kind}",
+            daemon=True,
+        )
+        try:
+            thread.start()
+        except RuntimeError as exc:  # no thread to be had: the next due read tries again
+            logger.warning("jobkeeper: could not start the recount of the %s jobs: %s", kind, exc)
+            old = kept.tallies[kind]
+            kept.tallies[kind] = Tally(old.counts, old.upto, time.monotonic(), old.took)
+        else:
+            kept.running.add(kind)
 
     def _recount_in_background(self, kept: _Tallies, kind: str) -> None:
         try:
-            kept.tallies[kind] = self._recount(kind)
-        except JobkeeperError as exc:  # the last stays; a read after RECOUNT_EVERY retries
-            logger.warning("jobkeeper: recount of the %s jobs failed: %s", kind, exc)
-            old = kept.tallies[kind]
-            kept.tallies[kind] = Tally(old.counts, old.upto, time.monotonic(), old.took)
+            kept.tallies[kind] = self._recount_or_note(kind, kept.tallies.get(kind))
         finally:
             with kept.lock:
                 kept.running.discard(kind)
             self._release_thread()
+
+    def _recount_or_note(self, kind: str, last: Tally | None) -> Tally:
+        """A new recount of ``kind``; when it fails (a statement_timeout
+        shorter than it, the database gone), the last one with its clock
+        restarted, or a failed one: the reads keep what they had, and the
+        next try waits ``RECOUNT_EVERY``.
+        """
+        started = time.monotonic()
+        try:
+            return self._recount(kind)
+        except JobkeeperError as exc:
+            logger.warning("jobkeeper: recount of the %s jobs failed: %s", kind, exc)
+            took = time.monotonic() - started
+            if last is None or last.counts is None or last.expired(started):
+                return Tally(None, None, started, took)
+            return Tally(last.counts, last.upto, started, last.took)
 
     def _recount(self, kind: str) -> Tally:
         started = time.monotonic()

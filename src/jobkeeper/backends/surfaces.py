@@ -61,12 +61,13 @@ class CockpitSeam(Protocol):
         """
         ...
 
-    def queue_counts(self, *, exact_below: int) -> QueueCounts:
+    def queue_counts(self, *, exact_below: int, recount: bool = True) -> QueueCounts:
         """Jobs per queue and status, dead letters as ``dead``. Live statuses
         exact; completed and cancelled exact while together at most
         ``exact_below`` rows (dead letters likewise), else the backend's last
         recount of them (at most a minute old, or 20 times what it took)
-        plus the rows finished since it.
+        plus the rows finished since it; ``recount=False``, or a recount
+        that failed: what the newest ``exact_below + 1`` rows hold.
         """
         ...
 

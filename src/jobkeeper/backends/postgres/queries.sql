@@ -863,7 +863,7 @@ GROUP BY queue, status
 
 -- name: queue_counts_finished_upto
 -- The recount above the cap: every job finished up to %(upto)s. It reads
--- every finished row (0.2-0.4 s per 2 million), so it runs at most once a
+-- every finished row (0.2-0.8 s per 2 million), so it runs at most once a
 -- minute.
 SELECT queue, status, count(*) AS n FROM jobkeeper_jobs
 WHERE status IN ('completed', 'cancelled') AND finished_at <= %(upto)s
