@@ -27,18 +27,21 @@ def finish(jq: JobQueue, queue: str, n: int, *, ago: float = 0.0) -> None:
     )
     if ago:
         ids = [job.id for job in jobs]
-        if jq.backend.name == "postgresql":
-            jq.backend._fetch_raw(
-                "UPDATE jobkeeper_jobs SET finished_at = finished_at - make_interval(secs => %s)"
-                " WHERE id = ANY(%s)",
-                (ago, ids),
-            )
-        else:
-            conn = jq.backend._conn()
-            conn.executemany(
-                "UPDATE jobkeeper_jobs SET finished_at = finished_at - ? WHERE id = ?",
-                [(ago, i) for i in ids],
-            )
+        run_sql(
+            jq,
+            "UPDATE jobkeeper_jobs SET finished_at = finished_at - make_interval(secs => %s)"
+            " WHERE id BETWEEN %s AND %s",
+            "UPDATE jobkeeper_jobs SET finished_at = finished_at - ? WHERE id BETWEEN ? AND ?",
+            (ago, min(ids), max(ids)),
+        )
+
+
+def run_sql(jq: JobQueue, postgres: str, sqlite: str, params: tuple[object, ...]) -> None:
+    """Run the statement of ``jq``'s backend."""
+    if jq.backend.name == "postgresql":
+        jq.backend._fetch_raw(postgres, params)
+    else:
+        jq.backend._conn().execute(sqlite, params)
 
 
 def bury(jq: JobQueue, queue: str, n: int) -> None:
@@ -52,18 +55,11 @@ def bury(jq: JobQueue, queue: str, n: int) -> None:
 
 def delete_finished(jq: JobQueue, queue: str, n: int) -> None:
     """Delete ``n`` finished jobs of ``queue``, as retention pruning does."""
-    if jq.backend.name == "postgresql":
-        jq.backend._fetch_raw(
-            "DELETE FROM jobkeeper_jobs WHERE id IN (SELECT id FROM jobkeeper_jobs"
-            " WHERE queue = %s AND status = 'completed' LIMIT %s)",
-            (queue, n),
-        )
-    else:
-        jq.backend._conn().execute(
-            "DELETE FROM jobkeeper_jobs WHERE id IN (SELECT id FROM jobkeeper_jobs"
-            " WHERE queue = ? AND status = 'completed' LIMIT ?)",
-            (queue, n),
-        )
+    query = (
+        "DELETE FROM jobkeeper_jobs WHERE id IN (SELECT id FROM jobkeeper_jobs"
+        " WHERE queue = {0} AND status = 'completed' LIMIT {0})"
+    )
+    run_sql(jq, query.format("%s"), query.format("?"), (queue, n))
 
 
 def completed(jq: JobQueue, exact_below: int) -> dict[str, int]:
