@@ -6,6 +6,7 @@ than the newest 100,001, and 2-20 times off.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -79,7 +80,9 @@ def make_due(jq: JobQueue, by: float = cockpit.RECOUNT_EVERY + 1) -> None:
     """Age the backend's tallies by ``by`` seconds (default: past RECOUNT_EVERY)."""
     kept = jq.backend._tallies()
     for kind, tally in list(kept.tallies.items()):
-        kept.tallies[kind] = cockpit.Tally(tally.counts, tally.upto, tally.started - by, tally.took)
+        kept.tallies[kind] = dataclasses.replace(
+            tally, counted=tally.counted - by, tried=tally.tried - by
+        )
 
 
 def test_a_queue_whose_finished_jobs_are_all_old_is_counted(jq):
@@ -364,4 +367,84 @@ def test_a_recount_thread_that_cannot_start_is_tried_again(jq, monkeypatch, capl
     make_due(jq)
     completed(jq, exact_below=10)
     wait_for_recounts()
+    assert completed(jq, exact_below=10) == {"q": 25}
+
+
+def test_a_recount_that_started_before_a_dip_is_not_kept(jq, monkeypatch):
+    # helper-65: a thread counting while the rows fell under the cap stored
+    # its count after the read that forgot the tally: 40 + 10 shown for 15.
+    finish(jq, "q", 40, ago=60)
+    assert completed(jq, exact_below=10) == {"q": 40}
+    real_fetch = jq.backend._fetch
+    counted, release = threading.Event(), threading.Event()
+
+    def fetch(name, params=None, **kwargs):
+        rows = real_fetch(name, params, **kwargs)
+        if name == "queue_counts_finished_upto" and threading.current_thread().name.startswith(
+            "jobkeeper-recount-"
+        ):
+            counted.set()
+            release.wait(10)
+        return rows
+
+    monkeypatch.setattr(jq.backend, "_fetch", fetch)
+    make_due(jq)
+    completed(jq, exact_below=10)
+    assert counted.wait(10)  # the thread has counted the 40
+    delete_finished(jq, "q", 35)
+    counts = jq.queue_counts(exact_below=10)
+    assert counts.counts["q"]["completed"] == 5 and counts.estimated == frozenset()
+    release.set()
+    wait_for_recounts()
+    finish(jq, "q", 10)
+    assert completed(jq, exact_below=10) == {"q": 15}
+
+
+def test_a_failing_recount_is_tried_once_an_interval_even_past_the_cap(jq, monkeypatch, caplog):
+    # helper-65: after a good count, a failing one kept its `upto`, so more
+    # than the cap finished since it asked for a recount at nearly every
+    # read (39 tries in 10 s).
+    finish(jq, "q", 20, ago=60)
+    assert completed(jq, exact_below=10) == {"q": 20}
+    real_fetch = jq.backend._fetch
+    tries = []
+
+    def fetch(name, params=None, **kwargs):
+        if name == "queue_counts_finished_upto":
+            tries.append(name)
+            raise DatabaseUnavailable("canceling statement due to statement timeout")
+        return real_fetch(name, params, **kwargs)
+
+    monkeypatch.setattr(jq.backend, "_fetch", fetch)
+    finish(jq, "q", 30)
+    make_due(jq)
+    for _ in range(5):
+        assert completed(jq, exact_below=10) == {"q": 31}
+        wait_for_recounts()
+        time.sleep(0.1)  # past the spacing of 20 counts of a few ms
+    assert len(tries) == 1
+
+
+def test_counts_kept_while_no_thread_starts_expire_and_are_counted_in_the_caller(
+    jq, monkeypatch, caplog
+):
+    # helper-65: a refused start reset the tally's clock, so while starts
+    # kept failing it never expired: 40 shown for 25 for good.
+    finish(jq, "q", 40, ago=60)
+    assert completed(jq, exact_below=10) == {"q": 40}
+    delete_finished(jq, "q", 15)
+    real_start = threading.Thread.start
+
+    def start(thread):
+        if thread.name.startswith("jobkeeper-recount-"):
+            raise RuntimeError("can't start new thread")
+        return real_start(thread)
+
+    monkeypatch.setattr(threading.Thread, "start", start)
+    expiry = cockpit.RECOUNT_EXPIRES * cockpit.RECOUNT_EVERY
+    make_due(jq, by=expiry - 10)
+    with caplog.at_level(logging.WARNING, logger="jobkeeper.cockpit"):
+        assert completed(jq, exact_below=10) == {"q": 40}  # a start refused just now
+    assert "could not start the recount" in caplog.text
+    make_due(jq, by=20)  # the counts are past their expiry, the refusal is not
     assert completed(jq, exact_below=10) == {"q": 25}

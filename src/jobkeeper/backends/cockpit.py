@@ -56,29 +56,39 @@ class Tally:
     queues and could be 20 times off.
     """
 
-    #: None: the recount failed (the reads fall back to the capped sample).
+    #: None: no recount has succeeded (the reads fall back to the capped sample).
     counts: dict[str, dict[str, int]] | None
     #: Database time up to which ``counts`` holds the finished rows (None
     #: for dead letters, which have no index by time).
     upto: Any
-    #: ``time.monotonic()`` when the recount started, and what it took (s).
-    started: float
+    #: ``time.monotonic()`` when the recount behind ``counts`` started, and
+    #: what it took (s).
+    counted: float
     took: float
+    #: When a recount was last tried (monotonic), and whether it failed then.
+    tried: float
+    failed: bool = False
 
     def interval(self) -> float:
-        """Seconds from this recount to the next."""
+        """Seconds from one recount to the next."""
         return max(RECOUNT_EVERY, RECOUNT_SPACING * self.took)
 
     def due(self, now: float, *, soon: bool = False) -> bool:
         """Whether the next recount may start at ``now`` (monotonic);
         ``soon``: without waiting for ``RECOUNT_EVERY``, only for the spacing
-        (more rows finished since this count than the cap).
+        (more rows finished since this count than the cap). After a failure,
+        only once the interval has passed, ``soon`` or not.
         """
-        return now - self.started >= (RECOUNT_SPACING * self.took if soon else self.interval())
+        wait = RECOUNT_SPACING * self.took if soon and not self.failed else self.interval()
+        return now - self.tried >= wait
 
     def expired(self, now: float) -> bool:
-        """Whether this count is too old to show (see ``RECOUNT_EXPIRES``)."""
-        return self.counts is not None and now - self.started > RECOUNT_EXPIRES * self.interval()
+        """Whether ``counts`` is too old to show (see ``RECOUNT_EXPIRES``)."""
+        return self.counts is not None and now - self.counted > RECOUNT_EXPIRES * self.interval()
+
+    def tried_again(self, now: float, *, failed: bool) -> Tally:
+        """This tally, with a recount tried at ``now`` that did not replace it."""
+        return Tally(self.counts, self.upto, self.counted, self.took, now, failed)
 
 
 class _Tallies:
@@ -90,6 +100,27 @@ class _Tallies:
         self.running: set[str] = set()
         #: Per kind, held by the caller taking a tally in its own thread.
         self.counting: dict[str, threading.Lock] = {}
+        #: Per kind, bumped when its tally is forgotten: a recount that
+        #: started before must not store what it counted.
+        self.generation: dict[str, int] = {}
+
+    def store(self, kind: str, tally: Tally, generation: int) -> Tally | None:
+        """Keep ``tally`` unless the kind was forgotten since ``generation``
+        or a newer recount was stored meanwhile; returns what is kept.
+        """
+        with self.lock:
+            if self.generation.get(kind, 0) != generation:
+                return self.tallies.get(kind)
+            kept = self.tallies.get(kind)
+            if kept is None or kept.counts is None:
+                newer = True
+            elif tally.counts is None:  # nothing to show: only in place of what expired
+                newer = kept.expired(time.monotonic())
+            else:
+                newer = tally.counted >= kept.counted
+            if newer:
+                self.tallies[kind] = tally
+            return self.tallies[kind]
 
 
 class CockpitReads:
@@ -174,16 +205,18 @@ class CockpitReads:
         from one taken before the rows that made it fall were removed.
         """
         kept = self._tallies()
-        if kind in kept.tallies:
+        if kind in kept.tallies or kind in kept.running:
             with kept.lock:
                 kept.tallies.pop(kind, None)
+                kept.generation[kind] = kept.generation.get(kind, 0) + 1
 
     def _tally(self, kind: str, *, soon: bool = False) -> Tally | None:
         """The recount of ``kind`` (``"finished"`` or ``"dead"``), or None
-        when it failed (logged; retried in a thread after ``RECOUNT_EVERY``).
-        The first runs in the caller, which has nothing better to show, and
-        so does one that expired; a due one runs in a thread of its own
-        while the last answers (``soon``: see :meth:`Tally.due`).
+        when none succeeded (logged; retried in a thread after
+        ``RECOUNT_EVERY``). The first runs in the caller, which has nothing
+        better to show, and so does one whose counts expired; a due one runs
+        in a thread of its own while the last answers (``soon``: see
+        :meth:`Tally.due`).
         """
         kept = self._tallies()
         now = time.monotonic()
@@ -194,36 +227,36 @@ class CockpitReads:
             elif tally is not None and kind not in kept.running and tally.due(now, soon=soon):
                 self._start_recount(kept, kind)
             counting = kept.counting.setdefault(kind, threading.Lock())
-        if tally is not None:
-            return tally if tally.counts is not None else None
-        with counting:
-            # Callers that came together: one counts, the others wait for
-            # its tally.
-            tally = kept.tallies.get(kind)
-            if tally is None or tally.expired(time.monotonic()):
-                tally = kept.tallies[kind] = self._recount_or_note(kind, tally)
-        return tally if tally.counts is not None else None
+        if tally is None:
+            with counting:
+                # Callers that came together: one counts, the others wait
+                # for its tally.
+                generation = kept.generation.get(kind, 0)
+                tally = kept.tallies.get(kind)
+                if tally is None or tally.expired(time.monotonic()):
+                    tally = kept.store(kind, self._recount_or_note(kind, tally), generation)
+        return tally if tally is not None and tally.counts is not None else None
 
     def _start_recount(self, kept: _Tallies, kind: str) -> None:
         """Start a thread recounting ``kind`` (``kept.lock`` held)."""
         thread = threading.Thread(
             target=self._recount_in_background,
-            args=(kept, kind),
+            args=(kept, kind, kept.generation.get(kind, 0)),
             name=f"jobkeeper-recount-{kind}",
             daemon=True,
         )
         try:
             thread.start()
-        except RuntimeError as exc:  # no thread to be had: the next due read tries again
+        except RuntimeError as exc:  # no thread to be had: tried again when due
             logger.warning("jobkeeper: could not start the recount of the %s jobs: %s", kind, exc)
-            old = kept.tallies[kind]
-            kept.tallies[kind] = Tally(old.counts, old.upto, time.monotonic(), old.took)
+            last = kept.tallies[kind]
+            kept.tallies[kind] = last.tried_again(time.monotonic(), failed=True)
         else:
             kept.running.add(kind)
 
-    def _recount_in_background(self, kept: _Tallies, kind: str) -> None:
+    def _recount_in_background(self, kept: _Tallies, kind: str, generation: int) -> None:
         try:
-            kept.tallies[kind] = self._recount_or_note(kind, kept.tallies.get(kind))
+            kept.store(kind, self._recount_or_note(kind, kept.tallies.get(kind)), generation)
         finally:
             with kept.lock:
                 kept.running.discard(kind)
@@ -231,19 +264,19 @@ class CockpitReads:
 
     def _recount_or_note(self, kind: str, last: Tally | None) -> Tally:
         """A new recount of ``kind``; when it fails (a statement_timeout
-        shorter than it, the database gone), the last one with its clock
-        restarted, or a failed one: the reads keep what they had, and the
-        next try waits ``RECOUNT_EVERY``.
+        shorter than it, the database gone), ``last`` marked as failed now,
+        so that the next try waits an interval: the reads keep its counts
+        until they expire, then fall back to the capped sample.
         """
         started = time.monotonic()
         try:
             return self._recount(kind)
         except JobkeeperError as exc:
             logger.warning("jobkeeper: recount of the %s jobs failed: %s", kind, exc)
-            took = time.monotonic() - started
-            if last is None or last.counts is None or last.expired(started):
-                return Tally(None, None, started, took)
-            return Tally(last.counts, last.upto, started, last.took)
+            if last is None or last.expired(started):
+                took = time.monotonic() - started
+                return Tally(None, None, started, took, started, failed=True)
+            return last.tried_again(started, failed=True)
 
     def _recount(self, kind: str) -> Tally:
         started = time.monotonic()
@@ -256,7 +289,7 @@ class CockpitReads:
             rows = self._fetch("queue_counts_finished_upto", {"upto": upto})
         for row in rows:
             counts.setdefault(row["queue"], {})[row.get("status", "dead")] = int(row["n"])
-        return Tally(counts, upto, started, time.monotonic() - started)
+        return Tally(counts, upto, started, time.monotonic() - started, started)
 
     def queue_oldest_due(self) -> dict[str, tuple[int, float]]:
         return {

@@ -72,9 +72,9 @@ def queues_pause(ctx: click.Context, name: str) -> None:
     queue = open_queue(ctx)
     known = _known(queue, name)
     queue.pause(name)
-    note = (
-        "" if known else " (no job or setting named it yet: the pause holds for its jobs to come)"
-    )
+    note = ""
+    if not known:
+        note = " (no setting, live job or recent job named it yet: the pause holds for its jobs)"
     console.print(f"queue {name} paused{note}", markup=False, highlight=False)
 
 
@@ -88,7 +88,9 @@ def queues_resume(ctx: click.Context, name: str) -> None:
     before = _known(queue, name)
     if before is None or not before.paused:
         # Nothing to write: a resume must not create settings for a typo.
-        what = "no job or setting names it" if before is None else "it was not paused"
+        what = (
+            "no setting, live job or recent job names it" if before is None else "it was not paused"
+        )
         console.print(
             f"queue {name} not paused ({what}): nothing to resume", markup=False, highlight=False
         )
