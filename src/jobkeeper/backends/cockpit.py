@@ -16,7 +16,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -91,6 +91,24 @@ class Tally:
         return Tally(self.counts, self.upto, self.counted, self.took, now, failed)
 
 
+def _add_rows(
+    counts: dict[str, dict[str, int]], rows: Iterable[dict[str, Any]]
+) -> dict[str, dict[str, int]]:
+    """Add each count row (``queue``, ``status``, ``n``; the dead letters'
+    have no status: ``dead``) into ``counts``; returns ``counts``.
+    """
+    for row in rows:
+        per_queue = counts.setdefault(row["queue"], {})
+        status = row.get("status", "dead")
+        per_queue[status] = per_queue.get(status, 0) + int(row["n"])
+    return counts
+
+
+def _total(rows: Iterable[dict[str, Any]]) -> int:
+    """The rows counted by count rows."""
+    return sum(int(row["n"]) for row in rows)
+
+
 class _Tallies:
     """A backend's tallies, and which of them a thread is recounting."""
 
@@ -145,34 +163,28 @@ class CockpitReads:
         raise NotImplementedError
 
     def queue_counts_live(self) -> dict[str, dict[str, int]]:
-        counts: dict[str, dict[str, int]] = {}
-        for row in self._fetch("queue_counts_live"):
-            counts.setdefault(row["queue"], {})[row["status"]] = int(row["n"])
-        return counts
+        return _add_rows({}, self._fetch("queue_counts_live"))
 
     def queue_counts(self, *, exact_below: int, recount: bool = True) -> QueueCounts:
         counts = self.queue_counts_live()
         estimated: set[str] = set()
         cap = exact_below + 1
         finished = self._fetch("queue_counts_finished", {"cap": cap})
-        if sum(int(row["n"]) for row in finished) > exact_below:
+        if _total(finished) > exact_below:
             estimated.update(_CAPPED_STATUSES)
             if recount:
                 finished = self._finished_above_cap(cap) or finished
         else:
             self._forget_tally("finished")
         dead = self._fetch("queue_counts_dead", {"cap": cap})
-        if sum(int(row["n"]) for row in dead) > exact_below:
+        if _total(dead) > exact_below:
             estimated.add("dead")
             tally = self._tally("dead") if recount else None
             if tally is not None:
                 dead = self._tally_rows(tally)
         else:
             self._forget_tally("dead")
-        for row in (*finished, *dead):
-            per_queue = counts.setdefault(row["queue"], {})
-            status = row.get("status", "dead")
-            per_queue[status] = per_queue.get(status, 0) + int(row["n"])
+        _add_rows(counts, (*finished, *dead))
         return QueueCounts(counts=counts, estimated=frozenset(estimated))
 
     def _finished_above_cap(self, cap: int) -> list[dict[str, Any]] | None:
@@ -184,7 +196,7 @@ class CockpitReads:
         if tally is None:
             return None
         recent = self._fetch("queue_counts_finished_since", {"since": tally.upto, "cap": cap})
-        if sum(int(row["n"]) for row in recent) >= cap:
+        if _total(recent) >= cap:
             self._tally("finished", soon=True)
         return [*self._tally_rows(tally), *recent]
 
@@ -280,16 +292,13 @@ class CockpitReads:
 
     def _recount(self, kind: str) -> Tally:
         started = time.monotonic()
-        counts: dict[str, dict[str, int]] = {}
         if kind == "dead":
             upto = None
             rows = self._fetch("queue_counts_dead_all")
         else:
             upto = self._now_param(self.db_now() - timedelta(seconds=RECOUNT_MARGIN))
             rows = self._fetch("queue_counts_finished_upto", {"upto": upto})
-        for row in rows:
-            counts.setdefault(row["queue"], {})[row.get("status", "dead")] = int(row["n"])
-        return Tally(counts, upto, started, time.monotonic() - started, started)
+        return Tally(_add_rows({}, rows), upto, started, time.monotonic() - started, started)
 
     def queue_oldest_due(self) -> dict[str, tuple[int, float]]:
         return {
