@@ -126,7 +126,7 @@ def status_table(stats: dict[str, dict[str, int]]) -> Table:
     for status in JobStatus:
         table.add_column(_status(status.value), justify="right")
     for queue, per_status in stats.items():
-        table.add_row(queue, *(str(per_status.get(s.value, 0)) for s in JobStatus))
+        table.add_row(escape(queue), *(str(per_status.get(s.value, 0)) for s in JobStatus))
     if not stats:
         table.add_row("(no jobs)", *("" for _ in JobStatus))
     return table
