@@ -419,10 +419,15 @@ class QueueCounts:
             limit asked for, ``dead`` once more dead letters do (they come
             from a recount at most a minute old, see
             ``JobQueue.queue_counts``). Live statuses are always exact.
+        lower_bound: those of ``estimated`` shown without a recount to go by
+            (``recount=False``, or the recount failed and the last one
+            expired): what the newest rows hold, a lower bound, and a queue
+            with only older rows is left out.
     """
 
     counts: dict[str, dict[str, int]]
     estimated: frozenset[str] = frozenset()
+    lower_bound: frozenset[str] = frozenset()
 
 
 def frozen_builder(cls: type[T], given: tuple[str, ...]) -> Callable[..., T]:

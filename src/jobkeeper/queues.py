@@ -81,6 +81,8 @@ class QueueInfo:
             most a minute old past 100,000 rows.
         estimated: the statuses counted by a recount (``completed``,
             ``cancelled``, ``dead``), sorted; empty when all are exact.
+        lower_bound: those of ``estimated`` shown without a recount (see
+            ``QueueCounts.lower_bound``): a lower bound; sorted.
     """
 
     name: str
@@ -90,10 +92,15 @@ class QueueInfo:
     max_pending: int | None
     counts: dict[str, int]
     estimated: tuple[str, ...] = ()
+    lower_bound: tuple[str, ...] = ()
 
     def as_dict(self) -> dict[str, Any]:
         """The stable JSON form (``queues list --json``): the field names."""
-        return {**dataclasses.asdict(self), "estimated": list(self.estimated)}
+        return {
+            **dataclasses.asdict(self),
+            "estimated": list(self.estimated),
+            "lower_bound": list(self.lower_bound),
+        }
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -13,6 +13,7 @@ import time
 
 from jobkeeper import JobQueue
 from jobkeeper.backends import cockpit
+from jobkeeper.dashboard.metrics import render_metrics
 from jobkeeper.errors import DatabaseUnavailable
 from jobkeeper.models import Completion, Failure
 from jobkeeper.outcomes import claim_of
@@ -141,6 +142,7 @@ def test_dead_letters_above_the_cap_come_from_a_recount(jq):
     bury(jq, "b", 5)
     counts = jq.queue_counts(exact_below=10)
     assert "dead" in counts.estimated and "completed" not in counts.estimated
+    assert counts.lower_bound == frozenset()  # counted, not a lower bound
     assert counts.counts["a"]["dead"] == 12 and counts.counts["b"]["dead"] == 5
     bury(jq, "b", 4)
     assert jq.queue_counts(exact_below=10).counts["b"]["dead"] == 5  # until the next recount
@@ -276,20 +278,24 @@ def test_pause_and_the_queues_table_count_no_finished_row(jq, db_url, monkeypatc
     seen = spy_recounts(jq, monkeypatch)
     info = jq.pause("q")
     assert info.paused and info.estimated == ("cancelled", "completed")
+    assert info.lower_bound == ("cancelled", "completed")
     assert info.counts["completed"] == 5  # the newest 100,001 hold all of q's
     assert jq.resume("q").estimated == ("cancelled", "completed")
     # The newest 100,001 rows: q's 5 and 99,996 of old's.
     lower = {q.name: q.counts["completed"] for q in jq.queues(recount=False)}
     assert lower == {"old": 99_996, "q": 5}
     assert seen == []
-    assert {q.name: q.counts["completed"] for q in jq.queues()} == {"old": 100_000, "q": 5}
+    counted = jq.queues()
+    assert {q.name: q.counts["completed"] for q in counted} == {"old": 100_000, "q": 5}
+    assert {q.lower_bound for q in counted} == {()}
     assert seen == ["queue_counts_finished_upto"]
     cli = Cli(db_url, capsys)
     assert cli("queues", "pause", "q")[0] == 0
     code, out, _ = cli("queues", "list")
     assert code == 0 and "paused" in out
     assert seen == ["queue_counts_finished_upto"]  # neither command recounted
-    assert cli.json("queues", "list")[0]["counts"]["completed"] == 100_000
+    listed = cli.json("queues", "list")[0]
+    assert listed["counts"]["completed"] == 100_000 and listed["lower_bound"] == []
     assert seen == ["queue_counts_finished_upto"] * 2  # --json did
 
 
@@ -311,14 +317,21 @@ def test_a_first_recount_that_fails_falls_back_to_the_newest_rows(jq, monkeypatc
     # The newest 11 rows, all of q: a lower bound, named as not exact.
     assert counts.counts == {"q": {"completed": 11}}
     assert counts.estimated == {"completed", "cancelled"}
+    assert counts.lower_bound == {"completed", "cancelled"}
     caplog.clear()
     assert jq.queue_counts(exact_below=10).counts == {"q": {"completed": 11}}
     assert caplog.text == ""  # not tried again at every read
+    body, _ = render_metrics(jq, exact_below=10)
+    assert 'jobkeeper_jobs_lower_bound{status="completed"} 1.0' in body.decode()
     failing["on"] = False
     make_due(jq)
     jq.queue_counts(exact_below=10)
     wait_for_recounts()
     assert completed(jq, exact_below=10) == {"old": 20, "q": 15}
+    recounted = jq.queue_counts(exact_below=10)
+    assert recounted.estimated == {"completed", "cancelled"} and not recounted.lower_bound
+    body, _ = render_metrics(jq, exact_below=10)
+    assert 'jobkeeper_jobs_lower_bound{status="completed"} 0.0' in body.decode()
 
 
 def test_a_tally_left_alone_too_long_is_recounted_before_it_is_shown(jq):
@@ -448,3 +461,36 @@ def test_counts_kept_while_no_thread_starts_expire_and_are_counted_in_the_caller
     assert "could not start the recount" in caplog.text
     make_due(jq, by=20)  # the counts are past their expiry, the refusal is not
     assert completed(jq, exact_below=10) == {"q": 25}
+
+
+def test_the_overview_tells_a_lower_bound_from_a_recount(jq, monkeypatch):
+    # Before, both were marked "≈" and a failed recount's lower bound (0 for
+    # a queue with only old rows) looked like a count.
+    from starlette.testclient import TestClient
+
+    from jobkeeper.dashboard import create_app
+
+    finish(jq, "old", 20, ago=86400)
+    finish(jq, "q", 15, ago=60)
+    real_counts, real_fetch = jq.queue_counts, jq.backend._fetch
+    failing = {"on": True}
+
+    def fetch(name, params=None, **kwargs):
+        if name == "queue_counts_finished_upto" and failing["on"]:
+            raise DatabaseUnavailable("canceling statement due to statement timeout")
+        return real_fetch(name, params, **kwargs)
+
+    monkeypatch.setattr(jq.backend, "_fetch", fetch)
+    monkeypatch.setattr(jq, "queue_counts", lambda **kw: real_counts(exact_below=10, **kw))
+    with TestClient(create_app(jq)) as client:
+        html = client.get("/").text
+        assert '<a href="/jobs?status=completed&amp;queue=q">≥11</a>' in html
+        assert "counting them failed" in html and "≈ more than" not in html
+        failing["on"] = False
+        make_due(jq)
+        client.get("/")
+        wait_for_recounts()
+        html = client.get("/").text
+    assert '<a href="/jobs?status=completed&amp;queue=old">≈20</a>' in html
+    assert "≈ more than 100,000 cancelled, completed rows" in html
+    assert "counting them failed" not in html

@@ -231,7 +231,8 @@ class OperationsMixin(QueueBase):
         later), nothing counts every row: above the cap each queue shows
         what the newest ``exact_below + 1`` rows hold, a lower bound (0 for
         a queue with none among them). Either way the statuses counted
-        above the cap are named in ``QueueCounts.estimated``.
+        above the cap are named in ``QueueCounts.estimated``, and those shown
+        as a lower bound also in ``QueueCounts.lower_bound``.
 
         Raises:
             ConfigError: ``exact_below`` is not an int from 1 to ``MAX_EXACT_BELOW``.
@@ -361,9 +362,7 @@ class OperationsMixin(QueueBase):
         counted = self.queue_counts(recount=False)
         per_status = counted.counts.get(queue, {})
         return _queue_info(
-            settings,
-            {s.value: per_status.get(s.value, 0) for s in JobStatus},
-            tuple(sorted(counted.estimated)),
+            settings, {s.value: per_status.get(s.value, 0) for s in JobStatus}, counted
         )
 
     def _warn_old_workers(self, queue: str) -> None:
@@ -396,19 +395,18 @@ class OperationsMixin(QueueBase):
         stored = {s.name: s for s in self.backend.queue_settings_list()}
         counted = self.queue_counts(exact_below, recount=recount)
         counts = counted.counts
-        estimated = tuple(sorted(counted.estimated))
         return [
             _queue_info(
                 stored.get(name, QueueSettings(name)),
                 {status.value: counts.get(name, {}).get(status.value, 0) for status in JobStatus},
-                estimated,
+                counted,
             )
             for name in sorted(stored.keys() | counts.keys())
         ]
 
 
 def _queue_info(
-    settings: QueueSettings, counts: dict[str, int], estimated: tuple[str, ...] = ()
+    settings: QueueSettings, counts: dict[str, int], counted: QueueCounts | None = None
 ) -> QueueInfo:
     return QueueInfo(
         name=settings.name,
@@ -417,5 +415,6 @@ def _queue_info(
         rate_limit=settings.rate_text,
         max_pending=settings.max_pending,
         counts=dict(counts),
-        estimated=estimated,
+        estimated=tuple(sorted(counted.estimated)) if counted else (),
+        lower_bound=tuple(sorted(counted.lower_bound)) if counted else (),
     )

@@ -168,24 +168,32 @@ class CockpitReads:
     def queue_counts(self, *, exact_below: int, recount: bool = True) -> QueueCounts:
         counts = self.queue_counts_live()
         estimated: set[str] = set()
+        lower_bound: set[str] = set()
         cap = exact_below + 1
         finished = self._fetch("queue_counts_finished", {"cap": cap})
         if _total(finished) > exact_below:
             estimated.update(_CAPPED_STATUSES)
-            if recount:
-                finished = self._finished_above_cap(cap) or finished
+            counted = self._finished_above_cap(cap) if recount else None
+            if counted is None:
+                lower_bound.update(_CAPPED_STATUSES)
+            else:
+                finished = counted
         else:
             self._forget_tally("finished")
         dead = self._fetch("queue_counts_dead", {"cap": cap})
         if _total(dead) > exact_below:
             estimated.add("dead")
             tally = self._tally("dead") if recount else None
-            if tally is not None:
+            if tally is None:
+                lower_bound.add("dead")
+            else:
                 dead = self._tally_rows(tally)
         else:
             self._forget_tally("dead")
         _add_rows(counts, (*finished, *dead))
-        return QueueCounts(counts=counts, estimated=frozenset(estimated))
+        return QueueCounts(
+            counts=counts, estimated=frozenset(estimated), lower_bound=frozenset(lower_bound)
+        )
 
     def _finished_above_cap(self, cap: int) -> list[dict[str, Any]] | None:
         """The finished rows per queue and status once more than ``cap``

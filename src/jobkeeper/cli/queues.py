@@ -52,7 +52,8 @@ def queues_list(ctx: click.Context, as_json: bool) -> None:
     """Every queue with settings or jobs: paused or not, its limits, its live
     counts. --json adds its completed, cancelled and dead counts: exact up to
     100,000 rows, past that counted for this command (every row: 0.2-0.8 s
-    per 2 million on PostgreSQL) and named in "estimated" (see JobQueue.queues).
+    per 2 million on PostgreSQL) and named in "estimated", and in "lower_bound"
+    while that count fails (see JobQueue.queues).
     The table counts no finished row: past 100,000 of them, a queue with only
     older finished jobs is left out of it.
     """

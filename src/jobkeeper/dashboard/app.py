@@ -179,6 +179,7 @@ class Dashboard:
             queues=queues,
             counts=counts.counts,
             estimated=counts.estimated,
+            lower_bound=counts.lower_bound,
             statuses=STATUS_ORDER,
             totals=totals,
             oldest=oldest,

@@ -10,7 +10,9 @@ the numbers are the database's, whichever process serves them:
   once a minute, plus the rows finished since
   (:meth:`jobkeeper.JobQueue.queue_counts`).
   ``jobkeeper_jobs_estimated{status}`` is 1 for the statuses so counted in
-  this scrape.
+  this scrape; ``jobkeeper_jobs_lower_bound{status}`` is 1 for those that
+  had no recount to go by (it failed: see the log) and show only what the
+  newest rows hold.
 - ``jobkeeper_queue_latency_seconds{queue}``: age of the oldest job that
   could run now (0 for a queue with nothing due).
 - ``jobkeeper_workers``: registered worker processes.
@@ -63,6 +65,15 @@ class QueueCollector(Collector):
         for status in ("completed", "cancelled", "dead"):
             estimated.add_metric([status], 1 if status in counts.estimated else 0)
         yield estimated
+        lower_bound = GaugeMetricFamily(
+            "jobkeeper_jobs_lower_bound",
+            "1 when this scrape's jobkeeper_jobs counts of the status are a lower bound: "
+            "no recount to go by (it failed; see the serving process's log).",
+            labels=["status"],
+        )
+        for status in ("completed", "cancelled", "dead"):
+            lower_bound.add_metric([status], 1 if status in counts.lower_bound else 0)
+        yield lower_bound
         latency = GaugeMetricFamily(
             "jobkeeper_queue_latency_seconds",
             "Age of the oldest job of the queue that could run now (0: none due).",
