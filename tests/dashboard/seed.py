@@ -105,3 +105,39 @@ def seed(jq: JobQueue, *, completed: int = 12) -> Seeded:
         cancelled=cancelled.id,
         worker_id=worker.id,
     )
+
+
+def finish(jq: JobQueue, queue: str, n: int, *, ago: float = 0.0) -> None:
+    """Complete ``n`` new jobs of ``queue``, their finished_at ``ago`` seconds back."""
+    jobs = jq.enqueue_many([("t", {"i": i}, {"queue": queue}) for i in range(n)])
+    claimed = jq.backend.job_claim(worker_id="w1", queue=queue, limit=n)
+    assert len(claimed) == n
+    jq.backend.job_complete_many(
+        completions=[Completion(claim_of(j), None) for j in claimed], delete=False
+    )
+    if ago:
+        ids = [job.id for job in jobs]
+        run_sql(
+            jq,
+            "UPDATE jobkeeper_jobs SET finished_at = finished_at - make_interval(secs => %s)"
+            " WHERE id BETWEEN %s AND %s",
+            "UPDATE jobkeeper_jobs SET finished_at = finished_at - ? WHERE id BETWEEN ? AND ?",
+            (ago, min(ids), max(ids)),
+        )
+
+
+def run_sql(jq: JobQueue, postgres: str, sqlite: str, params: tuple[object, ...]) -> None:
+    """Run the statement of ``jq``'s backend."""
+    if jq.backend.name == "postgresql":
+        jq.backend._fetch_raw(postgres, params)
+    else:
+        jq.backend._conn().execute(sqlite, params)
+
+
+def delete_finished(jq: JobQueue, queue: str, n: int) -> None:
+    """Delete ``n`` finished jobs of ``queue``, as retention pruning does."""
+    query = (
+        "DELETE FROM jobkeeper_jobs WHERE id IN (SELECT id FROM jobkeeper_jobs"
+        " WHERE queue = {0} AND status = 'completed' LIMIT {0})"
+    )
+    run_sql(jq, query.format("%s"), query.format("?"), (queue, n))

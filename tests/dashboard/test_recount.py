@@ -15,35 +15,10 @@ from jobkeeper import JobQueue
 from jobkeeper.backends import cockpit
 from jobkeeper.dashboard.metrics import render_metrics
 from jobkeeper.errors import DatabaseUnavailable
-from jobkeeper.models import Completion, Failure
+from jobkeeper.models import Failure
 from jobkeeper.outcomes import claim_of
 
-
-def finish(jq: JobQueue, queue: str, n: int, *, ago: float = 0.0) -> None:
-    """Complete ``n`` new jobs of ``queue``, their finished_at ``ago`` seconds back."""
-    jobs = jq.enqueue_many([("t", {"i": i}, {"queue": queue}) for i in range(n)])
-    claimed = jq.backend.job_claim(worker_id="w1", queue=queue, limit=n)
-    assert len(claimed) == n
-    jq.backend.job_complete_many(
-        completions=[Completion(claim_of(j), None) for j in claimed], delete=False
-    )
-    if ago:
-        ids = [job.id for job in jobs]
-        run_sql(
-            jq,
-            "UPDATE jobkeeper_jobs SET finished_at = finished_at - make_interval(secs => %s)"
-            " WHERE id BETWEEN %s AND %s",
-            "UPDATE jobkeeper_jobs SET finished_at = finished_at - ? WHERE id BETWEEN ? AND ?",
-            (ago, min(ids), max(ids)),
-        )
-
-
-def run_sql(jq: JobQueue, postgres: str, sqlite: str, params: tuple[object, ...]) -> None:
-    """Run the statement of ``jq``'s backend."""
-    if jq.backend.name == "postgresql":
-        jq.backend._fetch_raw(postgres, params)
-    else:
-        jq.backend._conn().execute(sqlite, params)
+from .seed import delete_finished, finish
 
 
 def bury(jq: JobQueue, queue: str, n: int) -> None:
@@ -53,15 +28,6 @@ def bury(jq: JobQueue, queue: str, n: int) -> None:
     jq.backend.job_fail_many(
         failures=[Failure(claim_of(j), "dead", '{"error": "boom"}') for j in claimed]
     )
-
-
-def delete_finished(jq: JobQueue, queue: str, n: int) -> None:
-    """Delete ``n`` finished jobs of ``queue``, as retention pruning does."""
-    query = (
-        "DELETE FROM jobkeeper_jobs WHERE id IN (SELECT id FROM jobkeeper_jobs"
-        " WHERE queue = {0} AND status = 'completed' LIMIT {0})"
-    )
-    run_sql(jq, query.format("%s"), query.format("?"), (queue, n))
 
 
 def completed(jq: JobQueue, exact_below: int) -> dict[str, int]:

@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import threading
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from jobkeeper.errors import JobkeeperError
@@ -43,6 +44,12 @@ RECOUNT_EXPIRES = 3.0
 #: stamped before the recount's snapshot but committed after it would be in
 #: neither count if the two met at that instant.
 RECOUNT_MARGIN = 2.0
+#: A throughput bucket is counted for good once it closed this long ago
+#: (seconds), for the reason of ``RECOUNT_MARGIN``.
+THROUGHPUT_SETTLED = RECOUNT_MARGIN
+#: Closed buckets kept per bucket size (the API's most per call), and sizes kept.
+THROUGHPUT_KEPT = 10_000
+THROUGHPUT_SIZES = 4
 
 
 @dataclass(frozen=True)
@@ -139,6 +146,33 @@ class _Tallies:
             if newer:
                 self.tallies[kind] = tally
             return self.tallies[kind]
+
+
+class _Buckets:
+    """Closed throughput buckets counted by this process, per bucket size:
+    counted once, they do not change (a bucket is kept only once it closed
+    ``THROUGHPUT_SETTLED`` seconds ago; rows pruned later stay counted).
+    """
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        #: bucket size -> {bucket number: {status: count}}, sizes in use order.
+        self.sizes: dict[float, dict[int, dict[str, int]]] = {}
+
+    def of_size(self, size: float) -> dict[int, dict[str, int]]:
+        """The kept buckets of ``size`` seconds (``lock`` held)."""
+        kept = self.sizes.pop(size, None)
+        self.sizes[size] = kept = {} if kept is None else kept
+        while len(self.sizes) > THROUGHPUT_SIZES:
+            del self.sizes[next(iter(self.sizes))]
+        return kept
+
+    @staticmethod
+    def trim(kept: dict[int, dict[str, int]]) -> None:
+        """Drop the oldest of ``kept`` past ``THROUGHPUT_KEPT``."""
+        if len(kept) > THROUGHPUT_KEPT:
+            for number in sorted(kept)[: len(kept) - THROUGHPUT_KEPT]:
+                del kept[number]
 
 
 class CockpitReads:
@@ -317,11 +351,36 @@ class CockpitReads:
     def job_throughput(
         self, *, since_seconds: float, bucket_seconds: float
     ) -> dict[float, dict[str, int]]:
-        rows = self._fetch("job_throughput", {"since": since_seconds, "bucket": bucket_seconds})
-        out: dict[float, dict[str, int]] = {}
-        for row in rows:
-            out.setdefault(float(row["bucket"]), {})[row["status"]] = int(row["n"])
-        return out
+        # Buckets by number (start / bucket_seconds): the closed ones come
+        # from this process's kept counts, and the read starts at the first
+        # bucket not kept, so a reload reads about the last bucket's rows.
+        now = self.db_now().timestamp()
+        first = math.floor((now - since_seconds) / bucket_seconds) + 1
+        settled = math.floor((now - THROUGHPUT_SETTLED) / bucket_seconds)
+        buckets = self._buckets()
+        with buckets.lock:
+            kept = buckets.of_size(bucket_seconds)
+            start = first
+            while start < settled and start in kept:
+                start += 1
+        since = datetime.fromtimestamp(start * bucket_seconds, UTC)
+        params = {"from": self._now_param(since), "bucket": bucket_seconds}
+        read: dict[int, dict[str, int]] = {}
+        for row in self._fetch("job_throughput", params):
+            read.setdefault(int(row["bucket"]), {})[row["status"]] = int(row["n"])
+        with buckets.lock:
+            # The same dict as above: another size's reads may have dropped
+            # it from ``buckets`` meanwhile, not its buckets from it.
+            for number in range(start, settled):
+                kept[number] = read.get(number, {})
+            buckets.trim(kept)
+            counts = {n: kept[n] for n in range(first, settled) if kept.get(n)}
+        counts.update((n, c) for n, c in read.items() if n >= max(settled, first))
+        return {n * bucket_seconds: c for n, c in sorted(counts.items())}
+
+    def _buckets(self) -> _Buckets:
+        kept: _Buckets | None = self.__dict__.get("_kept_buckets")
+        return kept or self.__dict__.setdefault("_kept_buckets", _Buckets())
 
     def dead_letter_purge(
         self, *, job_ids: Sequence[int] | None, older_than: float | None

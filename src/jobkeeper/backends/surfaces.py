@@ -80,9 +80,12 @@ class CockpitSeam(Protocol):
     def job_throughput(
         self, *, since_seconds: float, bucket_seconds: float
     ) -> dict[float, dict[str, int]]:
-        """Jobs finished (completed, cancelled) in the last ``since_seconds``,
-        per bucket: ``{bucket start (Unix seconds): {status: count}}``;
-        empty buckets absent.
+        """Jobs finished (completed, cancelled) per bucket of
+        ``bucket_seconds``, for the buckets that start within the last
+        ``since_seconds`` (the current one included):
+        ``{bucket start (Unix seconds): {status: count}}``; empty buckets
+        absent. A bucket closed more than ``THROUGHPUT_SETTLED`` seconds ago
+        is counted once per process and kept (see ``cockpit.py``).
         """
         ...
 

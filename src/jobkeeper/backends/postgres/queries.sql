@@ -805,13 +805,14 @@ WHERE queue = %(queue)s
   AND started_at > now() - make_interval(secs => %(period)s::float8)
 
 -- name: job_throughput
--- Jobs finished per bucket over the last since seconds, from the finished
--- index: the cost follows the jobs finished in the window, not the history.
-SELECT (floor(extract(epoch FROM finished_at) / %(bucket)s::float8) * %(bucket)s::float8)::float8 AS bucket,
+-- Jobs finished per bucket (its number: start / bucket) from %(from)s on,
+-- from the finished index: the cost follows the rows since then, and the
+-- process keeps the closed buckets (cockpit.py), so a reload reads about
+-- the last bucket only.
+SELECT floor(extract(epoch FROM finished_at) / %(bucket)s::float8)::bigint AS bucket,
        status, count(*) AS n
 FROM jobkeeper_jobs
-WHERE status IN ('completed', 'cancelled')
-  AND finished_at >= now() - make_interval(secs => %(since)s::float8)
+WHERE status IN ('completed', 'cancelled') AND finished_at >= %(from)s
 GROUP BY 1, 2
 
 -- name: queue_oldest_due

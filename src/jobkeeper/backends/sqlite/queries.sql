@@ -515,9 +515,9 @@ FROM jobkeeper_queue_starts
 WHERE queue = :queue AND started_at > {now} - :period
 
 -- name: job_throughput
-SELECT CAST(finished_at / :bucket AS INTEGER) * :bucket AS bucket, status, count(*) AS n
+SELECT CAST(finished_at / :bucket AS INTEGER) AS bucket, status, count(*) AS n
 FROM jobkeeper_jobs
-WHERE status IN ('completed', 'cancelled') AND finished_at >= {now} - :since
+WHERE status IN ('completed', 'cancelled') AND finished_at >= :from
 GROUP BY 1, 2
 
 -- name: queue_oldest_due
