@@ -178,6 +178,19 @@ def check_seconds(name: str, value: Any, *, allow_zero: bool = True) -> float:
     return number
 
 
+def check_age(name: str, value: Any) -> float:
+    """Validate an age in seconds (``older_than``): :func:`check_seconds`,
+    zero allowed, at most ``MAX_SETTING_SECONDS``.
+
+    Raises:
+        ConfigError: as :func:`check_seconds`, or longer than 100 years.
+    """
+    number = check_seconds(name, value, allow_zero=True)
+    if number > MAX_SETTING_SECONDS:
+        raise ConfigError(f"{name}={value!r} is longer than 100 years")
+    return number
+
+
 @functools.lru_cache(maxsize=4096)
 def _valid_name(name: str) -> bool:
     return 0 < len(name) <= NAME_MAX_LENGTH and _NAME.match(name) is not None

@@ -269,7 +269,7 @@ def test_dead_list_retry_cancel_and_requeue(cli, queue):
 
     out = cli.ok("dead", "requeue", str(d2.id))
     assert f"requeued 1 job: {d2.id}" in out
-    assert "requeued 1 job" in cli.ok("dead", "requeue", "--all")
+    assert "requeued 1 job" in cli.ok("dead", "requeue", "--all", "--yes")
     assert cli.json("dead", "list") == []
     assert count(queue, "jobkeeper_dead_letters") == 0
 
@@ -791,7 +791,7 @@ def test_dead_requeue_reports_ids_that_are_not_dead_letters(cli, queue):
     assert_one_line_error(err, "not dead letters: 999")
     assert queue.get_job(dead.id).status == JobStatus.AVAILABLE  # type: ignore[union-attr]
     # --all with no dead letters is not an error and prints no dangling list.
-    out = cli.ok("dead", "requeue", "--all")
+    out = cli.ok("dead", "requeue", "--all", "-y")
     assert out.strip() == "requeued 0 jobs (there are no dead letters)"
 
 
@@ -1055,7 +1055,7 @@ def test_numbers_of_seconds_as_typed_still_work(cli, queue):
     assert cli.ok("enqueue", "t", "--delay", "1.5").strip().isdigit()
     assert cli.ok("enqueue", "t", "--delay", "1e2").strip().isdigit()
     assert queue.stats()["default"]["scheduled"] == 3
-    assert "deleted 0 dead letters" in cli.ok("dead", "purge", "--older-than", "60")
+    assert "deleted 0 dead letters" in cli.ok("dead", "purge", "--older-than", "60", "--yes")
     assert "pruned 0 stale periodics" in cli.ok("periodic", "prune", "--stale-after", "15")
     assert cli.json("periodic", "list", "--stale-after", "2.5") == []
 

@@ -271,3 +271,34 @@ def test_a_filter_with_no_answer_on_stdin_asks_for_yes(cli, queue):
     assert code == 2
     assert err.count("\n") == 1 and "no answer on stdin" in err and "--yes" in err
     assert queue.get_job(job.id).status == JobStatus.DEAD
+
+
+@pytest.mark.parametrize(
+    ("command", "question"),
+    [
+        (("dead", "purge", "--all"), "delete every dead letter for good?"),
+        (
+            ("dead", "purge", "--older-than", "0"),
+            "delete the dead letters that died more than 0 s ago for good?",
+        ),
+        (("dead", "requeue", "--all"), "requeue every dead letter?"),
+    ],
+)
+def test_dead_letters_in_bulk_ask_first(cli, queue, command, question):
+    # helper-67: `dead purge --all` deleted for good without asking, where
+    # `retry --status dead` asks.
+    job = kill(queue, queue.enqueue("mail", {}, queue="q"))
+    code, _, err = cli(*command, input="")
+    assert code == 2 and err.count("\n") == 1
+    assert question in err and "no answer on stdin: pass --yes" in err
+    code, out, _ = cli(*command, input="n\n")
+    assert code == 130 and question in out
+    assert queue.get_job(job.id).status == JobStatus.DEAD
+    code, out, _ = cli(*command, input="y\n")
+    assert code == 0 and ("deleted 1 dead letter" in out or f"requeued 1 job: {job.id}" in out)
+    assert queue.get_job(job.id) is None or queue.get_job(job.id).status == JobStatus.AVAILABLE
+
+
+def test_dead_letters_by_id_do_not_ask(cli, queue):
+    job = kill(queue, queue.enqueue("mail", {}, queue="q"))
+    assert f"requeued 1 job: {job.id}" in cli.ok("dead", "requeue", str(job.id), input="")

@@ -207,7 +207,7 @@ def test_dead_purge(jq, capsys):
     for bad in ([], ["--all", str(seeded.dead)], ["--all", "--older-than", "5"]):
         code, _, err = run(capsys, "--database", url, "dead", "purge", *bad)
         assert code == 2 and err.count("\n") == 1
-    code, out, _ = run(capsys, "--database", url, "dead", "purge", "--older-than", "3600")
+    code, out, _ = run(capsys, "--database", url, "dead", "purge", "--older-than", "3600", "-y")
     assert code == 0 and "deleted 0 dead letters" in out
     code, _, err = run(capsys, "--database", url, "dead", "purge", str(seeded.running))
     assert code == 1 and f"not dead letters: {seeded.running}" in err

@@ -26,11 +26,15 @@ def test_worked_example(tmp_path: Path, backend: str) -> None:
     (tmp_path / "myapp" / "jobs.py").write_text(app)
     (tmp_path / "tests").mkdir()
     (tmp_path / "tests" / "test_jobs.py").write_text(tests)
-    (tmp_path / "pytest.ini").write_text("[pytest]\njobkeeper_app = myapp.jobs:jq\n")
+    (ini,) = re.findall(r"```ini\n(.*?)```", DOC.read_text(), re.S)
+    (tmp_path / "pytest.ini").write_text(ini)
     extra = ["--jobkeeper-database", PG_URL] if backend == "postgres" else []
     env = {k: v for k, v in os.environ.items() if not k.startswith(("JOBKEEPER", "PYTEST"))}
+    # The `pytest` command, as the page says: `python -m pytest` would put the
+    # directory on sys.path and hide a page that forgot to (helper-67).
+    pytest_command = str(Path(sys.executable).parent / "pytest")
     result = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *extra],
+        [pytest_command, "-q", "-p", "no:cacheprovider", *extra],
         cwd=tmp_path,
         env=env,
         capture_output=True,

@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from jobkeeper.api.base import RETRYABLE_FROM, QueueBase, _job_id
-from jobkeeper.config import MAX_SETTING_SECONDS, check_name, check_seconds, is_int_between
+from jobkeeper.config import check_age, check_name, check_seconds, is_int_between
 from jobkeeper.errors import ConfigError, JobNotFound, JobStateError, UniqueKeyConflict, shown
 from jobkeeper.models import TERMINAL_STATUSES, Job, JobStatus, QueueCounts, WorkerInfo
 from jobkeeper.queues import (
@@ -182,9 +182,7 @@ class OperationsMixin(QueueBase):
         """
         ids = None if job_ids is None else [_job_id(i) for i in job_ids]
         if older_than is not None:
-            check_seconds("older_than", older_than, allow_zero=True)
-            if older_than > MAX_SETTING_SECONDS:
-                raise ConfigError(f"older_than={older_than!r} is longer than 100 years")
+            check_age("older_than", older_than)
         return self.backend.dead_letter_purge(job_ids=ids, older_than=older_than)
 
     def stats(self) -> dict[str, dict[str, int]]:

@@ -21,8 +21,10 @@ from jobkeeper.cli.common import (
     Argument,
     BadInput,
     Command,
+    confirm,
     console,
     open_queue,
+    yes_option,
 )
 from jobkeeper.errors import JobNotFound, JobStateError
 from jobkeeper.models import HELD_STATUSES, JobStatus
@@ -64,9 +66,7 @@ def _filter_options(
                 ),
                 click.option("--queue", default=None, help="Select jobs of this queue."),
                 click.option("--task", default=None, help="Select jobs of this task."),
-                click.option(
-                    "--yes", "-y", is_flag=True, help="Act without asking for confirmation."
-                ),
+                yes_option,
             )
         ):
             function = option(function)
@@ -144,18 +144,7 @@ def _by_filter(
         console.print(f"no jobs match ({description})", markup=False, highlight=False)
         return
     if not yes:
-        question = f"{action} {_plural(len(ids))} ({description})?"
-        try:
-            confirmed = click.confirm(question)
-        except click.Abort as exc:
-            # End of input, not Ctrl-C: a script or a pipe with no answer in it.
-            if isinstance(exc.__context__, EOFError):
-                raise BadInput(
-                    f"{question} no answer on stdin: pass --yes to {action} without asking"
-                ) from None
-            raise
-        if not confirmed:
-            raise click.Abort
+        confirm(f"{action} {_plural(len(ids))} ({description})?", action)
     acted = asked = skipped = 0
     for job_id in ids:
         try:

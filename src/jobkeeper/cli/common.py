@@ -251,6 +251,31 @@ class BadInput(Exception):  # noqa: N818 - reads as what it is
     """Raised by CLI parsing helpers: exit code 2 with this message."""
 
 
+#: The option of the commands that ask before a bulk action.
+yes_option = click.option("--yes", "-y", is_flag=True, help="Act without asking for confirmation.")
+
+
+def confirm(question: str, action: str) -> None:
+    """Ask ``question`` on the terminal; return on yes.
+
+    Raises:
+        click.Abort: answered no, or Ctrl-C (exit 130).
+        BadInput: stdin ended with no answer (a script, a pipe): says to
+            pass ``--yes`` to ``action`` without asking (exit 2).
+    """
+    try:
+        confirmed = click.confirm(question)
+    except click.Abort as exc:
+        # End of input, not Ctrl-C: a script or a pipe with no answer in it.
+        if isinstance(exc.__context__, EOFError):
+            raise BadInput(
+                f"{question} no answer on stdin: pass --yes to {action} without asking"
+            ) from None
+        raise
+    if not confirmed:
+        raise click.Abort
+
+
 def open_queue(ctx: click.Context) -> JobQueue:
     """The JobQueue for ``--database`` (else $JOBKEEPER_DATABASE_URL, else the default)."""
     url: str | None = ctx.find_root().params.get("database")

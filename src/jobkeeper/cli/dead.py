@@ -13,11 +13,14 @@ from jobkeeper.cli.common import (
     Argument,
     BadInput,
     Group,
+    confirm,
     console,
     err_console,
     json_option,
     open_queue,
+    yes_option,
 )
+from jobkeeper.config import check_age
 from jobkeeper.models import JobStatus
 
 dead_app = Group("dead", help="Inspect and requeue dead letters.", no_args_is_help=True)
@@ -39,13 +42,19 @@ def dead_list(ctx: click.Context, queue: str | None, limit: int, as_json: bool) 
 
 @dead_app.command("requeue", context_settings=IDS_MAY_LOOK_LIKE_OPTIONS)
 @click.argument("job_ids", cls=Argument, type=JOB_ID, nargs=-1, doc="Dead letter ids.")
-@click.option("--all", "all_", is_flag=True, help="Requeue every dead letter.")
+@click.option("--all", "all_", is_flag=True, help="Requeue every dead letter (asks first).")
+@yes_option
 @click.pass_context
-def dead_requeue(ctx: click.Context, job_ids: tuple[int, ...], all_: bool) -> None:
-    """Move dead letters back to the queue, attempts reset."""
+def dead_requeue(ctx: click.Context, job_ids: tuple[int, ...], all_: bool, yes: bool) -> None:
+    """Move dead letters back to the queue, attempts reset. --all asks first
+    (--yes: no question).
+    """
     if bool(job_ids) == all_:
         raise BadInput("dead requeue: give job ids or --all (not both)")
-    moved = open_queue(ctx).requeue_dead(None if all_ else list(job_ids))
+    jq = open_queue(ctx)
+    if all_ and not yes:
+        confirm("requeue every dead letter?", "requeue")
+    moved = jq.requeue_dead(None if all_ else list(job_ids))
     missing = sorted(set(job_ids) - set(moved))
     if moved:
         noun = "job" if len(moved) == 1 else "jobs"
@@ -65,21 +74,38 @@ def dead_requeue(ctx: click.Context, job_ids: tuple[int, ...], all_: bool) -> No
 
 @dead_app.command("purge", context_settings=IDS_MAY_LOOK_LIKE_OPTIONS)
 @click.argument("job_ids", cls=Argument, type=JOB_ID, nargs=-1, doc="Dead letter ids.")
-@click.option("--all", "all_", is_flag=True, help="Delete every dead letter.")
+@click.option("--all", "all_", is_flag=True, help="Delete every dead letter (asks first).")
 @click.option(
     "--older-than",
     type=DECIMAL_NUMBER,
     default=None,
-    help="Only dead letters that died more than this many seconds ago.",
+    help="Only dead letters that died more than this many seconds ago (asks first).",
 )
+@yes_option
 @click.pass_context
 def dead_purge(
-    ctx: click.Context, job_ids: tuple[int, ...], all_: bool, older_than: float | None
+    ctx: click.Context,
+    job_ids: tuple[int, ...],
+    all_: bool,
+    older_than: float | None,
+    yes: bool,
 ) -> None:
-    """Delete dead letters for good (their history goes with them)."""
+    """Delete dead letters for good (their history goes with them). --all and
+    --older-than ask first (--yes: no question).
+    """
     if sum((bool(job_ids), all_, older_than is not None)) != 1:
         raise BadInput("dead purge: give job ids, --all or --older-than SECONDS (one of them)")
-    deleted = open_queue(ctx).purge_dead(list(job_ids) or None, older_than=older_than)
+    if older_than is not None:
+        check_age("older_than", older_than)  # refused before the question
+    jq = open_queue(ctx)
+    if not job_ids and not yes:
+        which = (
+            "every dead letter"
+            if all_
+            else f"the dead letters that died more than {older_than:g} s ago"
+        )
+        confirm(f"delete {which} for good?", "delete them")
+    deleted = jq.purge_dead(list(job_ids) or None, older_than=older_than)
     noun = "dead letter" if len(deleted) == 1 else "dead letters"
     console.print(f"deleted {len(deleted)} {noun}", highlight=False)
     missing = sorted(set(job_ids) - set(deleted))
