@@ -9,8 +9,11 @@ from __future__ import annotations
 import math
 from datetime import UTC, datetime
 
+import pytest
+
 from jobkeeper import JobQueue
 from jobkeeper.backends import cockpit
+from jobkeeper.errors import ConfigError
 
 from .seed import finish, run_sql
 
@@ -114,3 +117,47 @@ def test_bucket_sizes_and_counts_kept_are_bounded(jq, monkeypatch):
         max(sizes[30.0])
         == math.floor((jq.backend.db_now().timestamp() - cockpit.THROUGHPUT_SETTLED) / 30) - 1
     )
+
+
+def test_a_finish_committed_late_is_counted_within_the_margin(jq, monkeypatch):
+    # helper-66: worker acks held up 6 s by a lock committed after their
+    # bucket had been kept (2 s margin then), and were never counted.
+    now = jq.backend.db_now().timestamp() + 0.5
+    pin_now(jq, monkeypatch, now)
+    assert jq.backend.job_throughput(since_seconds=600, bucket_seconds=10) == {}
+    finish(jq, "q", 4, ago=30)  # stamped 30 s back, committed only now
+    series = jq.backend.job_throughput(since_seconds=600, bucket_seconds=10)
+    assert sum(completed(series).values()) == 4
+
+
+def test_a_caller_editing_its_answer_leaves_the_kept_counts(jq, monkeypatch):
+    finish(jq, "q", 5, ago=120)
+    first = jq.backend.job_throughput(since_seconds=600, bucket_seconds=60)
+    for counts in first.values():
+        counts["total"] = counts.pop("completed")
+    again = jq.backend.job_throughput(since_seconds=600, bucket_seconds=60)
+    assert sum(completed(again).values()) == 5
+
+
+def test_buckets_kept_from_a_clock_that_ran_ahead_are_read_again(jq, monkeypatch):
+    # helper-66: a read while the database clock ran 300 s ahead kept the
+    # buckets up to then as empty; jobs finished in them after the clock was
+    # put back were never counted.
+    now = jq.backend.db_now().timestamp()
+    pin_now(jq, monkeypatch, now + 300)
+    jq.backend.job_throughput(since_seconds=3600, bucket_seconds=60)
+    finish(jq, "q", 7)
+    # Those 7 are in a bucket settled by now + 120, and inside what was kept.
+    pin_now(jq, monkeypatch, now + 120)
+    series = jq.backend.job_throughput(since_seconds=600, bucket_seconds=60)
+    assert sum(completed(series).values()) == 7
+
+
+@pytest.mark.parametrize(
+    ("since", "bucket"),
+    [(1e12, 1e8), (1e300, 1e297), (1e-6, 1e-10), (5e-324, 5e-324), (0, 60), (60, 0)],
+)
+def test_out_of_range_windows_are_refused_by_name(jq, since, bucket):
+    # helper-66: ValueError/OverflowError from datetime, or bigint out of range.
+    with pytest.raises(ConfigError, match=r"since|bucket"):
+        jq.throughput(since, bucket)

@@ -226,11 +226,12 @@ class OperationsMixin(QueueBase):
 
         With ``recount=False``, or while a recount fails (a
         ``statement_timeout`` shorter than it: logged, tried again a minute
-        later), nothing counts every row: above the cap each queue shows
-        what the newest ``exact_below + 1`` rows hold, a lower bound (0 for
-        a queue with none among them). Either way the statuses counted
-        above the cap are named in ``QueueCounts.estimated``, and those shown
-        as a lower bound also in ``QueueCounts.lower_bound``.
+        later, or 20 times as long as it ran), nothing counts every row:
+        above the cap each queue shows what the newest ``exact_below + 1``
+        rows hold, a lower bound (0 for a queue with none among them).
+        Either way the statuses counted above the cap are named in
+        ``QueueCounts.estimated``, and those shown as a lower bound also in
+        ``QueueCounts.lower_bound``.
 
         Raises:
             ConfigError: ``exact_below`` is not an int from 1 to ``MAX_EXACT_BELOW``.
@@ -255,18 +256,26 @@ class OperationsMixin(QueueBase):
         """Jobs finished (``completed``, ``cancelled``) per ``bucket`` seconds
         over the last ``since`` seconds, oldest bucket first, empty buckets
         included: ``[(bucket start (UTC), {status: count})]``. Reads the
-        finished index. A bucket closed more than 2 s ago is counted once
-        per process and kept (at most 10,000 per ``bucket`` size, for 4
-        sizes), so a repeated call reads only the rows since the last kept
-        bucket; the first costs what the window holds. Jobs pruned
-        (``retention``) before their bucket was counted are not counted;
-        those pruned after stay counted in this process.
+        finished index. A bucket closed more than a minute ago is counted
+        once per process and kept (at most 10,000 per ``bucket`` size, for 4
+        sizes), so a repeated call reads only the rows of the last minute or
+        two; the first costs what the window holds. So, in this process,
+        jobs pruned (``retention``) after their bucket was counted stay
+        counted, a job finished, retried and finished again counts in both
+        buckets, and a finish committed more than a minute after it began
+        (a ``complete_in`` transaction held that long) is not counted.
 
         Raises:
-            ConfigError: ``since`` or ``bucket`` not positive, or over 10,000 buckets.
+            ConfigError: ``since`` or ``bucket`` not positive, ``bucket``
+                under 1 ms, ``since`` over 100 years, or over 10,000 buckets.
         """
-        check_seconds("since", since, allow_zero=False)
+        check_age("since", since)
         check_seconds("bucket", bucket, allow_zero=False)
+        if since == 0 or bucket < 0.001:
+            raise ConfigError(
+                f"since must be > 0 and bucket at least 0.001 s, got since={since!r}, "
+                f"bucket={bucket!r}"
+            )
         if since / bucket > 10_000:
             raise ConfigError(f"since/bucket gives {since / bucket:.0f} buckets; at most 10000")
         rows = self.backend.job_throughput(since_seconds=since, bucket_seconds=bucket)

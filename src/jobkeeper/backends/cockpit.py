@@ -45,11 +45,17 @@ RECOUNT_EXPIRES = 3.0
 #: neither count if the two met at that instant.
 RECOUNT_MARGIN = 2.0
 #: A throughput bucket is counted for good once it closed this long ago
-#: (seconds), for the reason of ``RECOUNT_MARGIN``.
-THROUGHPUT_SETTLED = RECOUNT_MARGIN
+#: (seconds), for the reason of ``RECOUNT_MARGIN`` but longer: a kept bucket
+#: is never read again, and worker acks held up by a lock (helper-66: 6 s)
+#: commit as late as that after the finished_at they stamp. A reload reads
+#: this much more, about 11,000 rows at 660,000 jobs an hour.
+THROUGHPUT_SETTLED = 60.0
 #: Closed buckets kept per bucket size (the API's most per call), and sizes kept.
 THROUGHPUT_KEPT = 10_000
 THROUGHPUT_SIZES = 4
+#: Seconds the database clock may fall behind this process's between two
+#: throughput reads before the kept buckets are forgotten (a step back).
+CLOCK_STEP = 5.0
 
 
 @dataclass(frozen=True)
@@ -151,13 +157,28 @@ class _Tallies:
 class _Buckets:
     """Closed throughput buckets counted by this process, per bucket size:
     counted once, they do not change (a bucket is kept only once it closed
-    ``THROUGHPUT_SETTLED`` seconds ago; rows pruned later stay counted).
+    ``THROUGHPUT_SETTLED`` seconds ago; rows pruned later stay counted, and
+    so does a finish that a retry and a second finish overwrote).
     """
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
         #: bucket size -> {bucket number: {status: count}}, sizes in use order.
         self.sizes: dict[float, dict[int, dict[str, int]]] = {}
+        #: The database clock at the last read, and ``time.monotonic()`` then.
+        self.clock: tuple[float, float] | None = None
+
+    def check_clock(self, now: float, ticked: float) -> None:
+        """Forget every kept bucket if the database clock (``now``, Unix
+        seconds, read at ``ticked``, ``time.monotonic()``) went back since
+        the last read: buckets kept while it ran ahead were not settled
+        (``lock`` held).
+        """
+        if self.clock is not None:
+            last_now, last_ticked = self.clock
+            if now - last_now < ticked - last_ticked - CLOCK_STEP:
+                self.sizes.clear()
+        self.clock = (now, ticked)
 
     def of_size(self, size: float) -> dict[int, dict[str, int]]:
         """The kept buckets of ``size`` seconds (``lock`` held)."""
@@ -354,11 +375,12 @@ class CockpitReads:
         # Buckets by number (start / bucket_seconds): the closed ones come
         # from this process's kept counts, and the read starts at the first
         # bucket not kept, so a reload reads about the last bucket's rows.
-        now = self.db_now().timestamp()
+        now, ticked = self.db_now().timestamp(), time.monotonic()
         first = math.floor((now - since_seconds) / bucket_seconds) + 1
         settled = math.floor((now - THROUGHPUT_SETTLED) / bucket_seconds)
         buckets = self._buckets()
         with buckets.lock:
+            buckets.check_clock(now, ticked)
             kept = buckets.of_size(bucket_seconds)
             start = first
             while start < settled and start in kept:
@@ -374,7 +396,8 @@ class CockpitReads:
             for number in range(start, settled):
                 kept[number] = read.get(number, {})
             buckets.trim(kept)
-            counts = {n: kept[n] for n in range(first, settled) if kept.get(n)}
+            # Copies: a caller that edits its answer must not edit the kept counts.
+            counts = {n: dict(kept[n]) for n in range(first, settled) if kept.get(n)}
         counts.update((n, c) for n, c in read.items() if n >= max(settled, first))
         return {n * bucket_seconds: c for n, c in sorted(counts.items())}
 
