@@ -7,6 +7,7 @@ statement_timeout the overview returned 503 now and then.
 from __future__ import annotations
 
 import math
+import time
 from datetime import UTC, datetime
 
 import pytest
@@ -155,9 +156,42 @@ def test_buckets_kept_from_a_clock_that_ran_ahead_are_read_again(jq, monkeypatch
 
 @pytest.mark.parametrize(
     ("since", "bucket"),
-    [(1e12, 1e8), (1e300, 1e297), (1e-6, 1e-10), (5e-324, 5e-324), (0, 60), (60, 0)],
+    [
+        (1e12, 1e8),
+        (1e300, 1e297),
+        (1e-6, 1e-10),
+        (5e-324, 5e-324),
+        (0, 60),
+        (60, 0),
+        (60, 1e12),  # helper-68: a bucket past year 9999
+        (0.5, 1),  # no whole bucket in the window: [] or one, by the moment
+        (10.000001, 0.001),
+    ],
 )
 def test_out_of_range_windows_are_refused_by_name(jq, since, bucket):
     # helper-66: ValueError/OverflowError from datetime, or bigint out of range.
     with pytest.raises(ConfigError, match=r"since|bucket"):
         jq.throughput(since, bucket)
+
+
+def test_a_slow_clock_answer_is_not_a_step_back(jq, monkeypatch):
+    # helper-68: one db_now answer slower than CLOCK_STEP was read as the
+    # clock stepping back, and the next read read the whole window again.
+    monkeypatch.setattr(cockpit, "CLOCK_STEP", 0.2)
+    finish(jq, "q", 3, ago=600)
+    jq.backend.job_throughput(since_seconds=3600, bucket_seconds=60)
+    starts = spy_reads(jq, monkeypatch)
+    real_now = jq.backend.db_now
+
+    def slow_now():
+        now = real_now()
+        time.sleep(0.3)
+        return now
+
+    monkeypatch.setattr(jq.backend, "db_now", slow_now)
+    jq.backend.job_throughput(since_seconds=3600, bucket_seconds=60)
+    monkeypatch.setattr(jq.backend, "db_now", real_now)
+    series = jq.backend.job_throughput(since_seconds=3600, bucket_seconds=60)
+    assert sum(completed(series).values()) == 3
+    settled = (jq.backend.db_now().timestamp() - cockpit.THROUGHPUT_SETTLED) // 60 * 60
+    assert all(start >= settled - 60 for start in starts)  # no whole-window read

@@ -263,21 +263,27 @@ class OperationsMixin(QueueBase):
         jobs pruned (``retention``) after their bucket was counted stay
         counted, a job finished, retried and finished again counts in both
         buckets, and a finish committed more than a minute after it began
-        (a ``complete_in`` transaction held that long) is not counted.
+        by the database clock (a ``complete_in`` transaction held that long,
+        or a forward step of that clock meanwhile) is not counted. A step
+        back of that clock forgets the kept buckets.
 
         Raises:
             ConfigError: ``since`` or ``bucket`` not positive, ``bucket``
-                under 1 ms, ``since`` over 100 years, or over 10,000 buckets.
+                under 1 ms or longer than ``since``, ``since`` over 100 years,
+                or over 10,000 buckets.
         """
         check_age("since", since)
         check_seconds("bucket", bucket, allow_zero=False)
-        if since == 0 or bucket < 0.001:
+        if since == 0 or bucket < 0.001 or bucket > since:
             raise ConfigError(
-                f"since must be > 0 and bucket at least 0.001 s, got since={since!r}, "
-                f"bucket={bucket!r}"
+                "since must be > 0 and bucket from 0.001 s to since, got "
+                f"since={since!r}, bucket={bucket!r}"
             )
         if since / bucket > 10_000:
-            raise ConfigError(f"since/bucket gives {since / bucket:.0f} buckets; at most 10000")
+            raise ConfigError(
+                f"since/bucket is {since / bucket!r} buckets; at most 10000 "
+                f"(since={since!r}, bucket={bucket!r})"
+            )
         rows = self.backend.job_throughput(since_seconds=since, bucket_seconds=bucket)
         now = self.backend.db_now().timestamp()
         last = math.floor(now / bucket) * bucket

@@ -168,17 +168,19 @@ class _Buckets:
         #: The database clock at the last read, and ``time.monotonic()`` then.
         self.clock: tuple[float, float] | None = None
 
-    def check_clock(self, now: float, ticked: float) -> None:
+    def check_clock(self, now: float, asked: float, answered: float) -> None:
         """Forget every kept bucket if the database clock (``now``, Unix
-        seconds, read at ``ticked``, ``time.monotonic()``) went back since
-        the last read: buckets kept while it ran ahead were not settled
-        (``lock`` held).
+        seconds, asked for at ``asked`` and answered at ``answered``, both
+        ``time.monotonic()``) went back since the last read: buckets kept
+        while it ran ahead were not settled (``lock`` held). The clocks are
+        compared over the least time that can have passed between the two
+        readings, so a slow answer is not taken for a step.
         """
         if self.clock is not None:
-            last_now, last_ticked = self.clock
-            if now - last_now < ticked - last_ticked - CLOCK_STEP:
+            last_now, last_answered = self.clock
+            if now - last_now < asked - last_answered - CLOCK_STEP:
                 self.sizes.clear()
-        self.clock = (now, ticked)
+        self.clock = (now, answered)
 
     def of_size(self, size: float) -> dict[int, dict[str, int]]:
         """The kept buckets of ``size`` seconds (``lock`` held)."""
@@ -375,12 +377,14 @@ class CockpitReads:
         # Buckets by number (start / bucket_seconds): the closed ones come
         # from this process's kept counts, and the read starts at the first
         # bucket not kept, so a reload reads about the last bucket's rows.
-        now, ticked = self.db_now().timestamp(), time.monotonic()
+        asked = time.monotonic()
+        now = self.db_now().timestamp()
+        answered = time.monotonic()
         first = math.floor((now - since_seconds) / bucket_seconds) + 1
         settled = math.floor((now - THROUGHPUT_SETTLED) / bucket_seconds)
         buckets = self._buckets()
         with buckets.lock:
-            buckets.check_clock(now, ticked)
+            buckets.check_clock(now, asked, answered)
             kept = buckets.of_size(bucket_seconds)
             start = first
             while start < settled and start in kept:
