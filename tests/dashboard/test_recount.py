@@ -36,6 +36,22 @@ def completed(jq: JobQueue, exact_below: int) -> dict[str, int]:
     return {q: per["completed"] for q, per in counts.counts.items() if "completed" in per}
 
 
+def fail_recounts(jq: JobQueue, monkeypatch) -> dict[str, bool]:
+    """Make the recount of finished rows fail as a statement_timeout does,
+    while the returned switch's ``"on"`` is True.
+    """
+    real_fetch = jq.backend._fetch
+    failing = {"on": True}
+
+    def fetch(name, params=None, **kwargs):
+        if name == "queue_counts_finished_upto" and failing["on"]:
+            raise DatabaseUnavailable("canceling statement due to statement timeout")
+        return real_fetch(name, params, **kwargs)
+
+    monkeypatch.setattr(jq.backend, "_fetch", fetch)
+    return failing
+
+
 def wait_for_recounts() -> None:
     for thread in threading.enumerate():
         if thread.name.startswith("jobkeeper-recount-"):
@@ -268,15 +284,7 @@ def test_pause_and_the_queues_table_count_no_finished_row(jq, db_url, monkeypatc
 def test_a_first_recount_that_fails_falls_back_to_the_newest_rows(jq, monkeypatch, caplog):
     finish(jq, "old", 20, ago=86400)
     finish(jq, "q", 15, ago=60)
-    real_fetch = jq.backend._fetch
-    failing = {"on": True}
-
-    def fetch(name, params=None, **kwargs):
-        if name == "queue_counts_finished_upto" and failing["on"]:
-            raise DatabaseUnavailable("canceling statement due to statement timeout")
-        return real_fetch(name, params, **kwargs)
-
-    monkeypatch.setattr(jq.backend, "_fetch", fetch)
+    failing = fail_recounts(jq, monkeypatch)
     with caplog.at_level(logging.WARNING, logger="jobkeeper.cockpit"):
         counts = jq.queue_counts(exact_below=10)
     assert "recount of the finished jobs failed" in caplog.text
@@ -438,15 +446,8 @@ def test_the_overview_tells_a_lower_bound_from_a_recount(jq, monkeypatch):
 
     finish(jq, "old", 20, ago=86400)
     finish(jq, "q", 15, ago=60)
-    real_counts, real_fetch = jq.queue_counts, jq.backend._fetch
-    failing = {"on": True}
-
-    def fetch(name, params=None, **kwargs):
-        if name == "queue_counts_finished_upto" and failing["on"]:
-            raise DatabaseUnavailable("canceling statement due to statement timeout")
-        return real_fetch(name, params, **kwargs)
-
-    monkeypatch.setattr(jq.backend, "_fetch", fetch)
+    real_counts = jq.queue_counts
+    failing = fail_recounts(jq, monkeypatch)
     monkeypatch.setattr(jq, "queue_counts", lambda **kw: real_counts(exact_below=10, **kw))
     with TestClient(create_app(jq)) as client:
         html = client.get("/").text
