@@ -374,9 +374,9 @@ class CockpitReads:
     def job_throughput(
         self, *, since_seconds: float, bucket_seconds: float
     ) -> dict[float, dict[str, int]]:
-        # Buckets by number (start / bucket_seconds): the closed ones come
+        # Buckets by number (start / bucket_seconds): the settled ones come
         # from this process's kept counts, and the read starts at the first
-        # bucket not kept, so a reload reads about the last bucket's rows.
+        # bucket not kept, so a reload reads only the buckets not settled.
         asked = time.monotonic()
         now = self.db_now().timestamp()
         answered = time.monotonic()

@@ -807,8 +807,8 @@ WHERE queue = %(queue)s
 -- name: job_throughput
 -- Jobs finished per bucket (its number: start / bucket) from %(from)s on,
 -- from the finished index: the cost follows the rows since then, and the
--- process keeps the closed buckets (cockpit.py), so a reload reads about
--- the last bucket only.
+-- process keeps the settled buckets (cockpit.py), so a reload reads only
+-- the last minute or two.
 SELECT floor(extract(epoch FROM finished_at) / %(bucket)s::float8)::bigint AS bucket,
        status, count(*) AS n
 FROM jobkeeper_jobs
