@@ -3,10 +3,11 @@
 A worker subscribes :func:`log_event` to its events while it runs, so every
 outcome reaches the ``jobkeeper`` logger: failed attempts, dead letters and
 rescues at WARNING with the job's id, task, queue, attempt and error;
-cancellations at INFO; claims, starts, successes, hand-backs and acks at
-DEBUG. Each record also carries those facts as attributes (``job_id``,
-``task``, ``queue``, ``attempt``, ``duration``, ``error``, ``event``,
-``outcome``) for :class:`JsonFormatter` and any other formatter.
+cancellations and retries a task asked for (``Retry``) at INFO; claims,
+starts, successes, hand-backs and acks at DEBUG. Each record also carries
+those facts as attributes (``job_id``, ``task``, ``queue``, ``attempt``,
+``duration``, ``error``, ``event``, ``outcome``) for :class:`JsonFormatter`
+and any other formatter.
 
 Also here: the worker's start line (:func:`log_start`) and the one-object-a-
 line formatter behind ``jobkeeper worker --log-format json``.
@@ -23,7 +24,7 @@ from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from jobkeeper.config import Settings
-from jobkeeper.errors import JobkeeperError
+from jobkeeper.errors import JobkeeperError, Retry
 from jobkeeper.events import EventBus, EventKind, JobEvent, OutcomeKind
 
 #: The logger of job outcomes.
@@ -51,8 +52,15 @@ _OTHER = {
 }
 
 
+#: A task that raised ``Retry`` asked for its retry: it did not fail (as
+#: Celery logs ``Task ... retry`` at INFO).
+_ASKED_RETRY = (logging.INFO, "will be retried, as its task asked")
+
+
 def _level_and_text(event: JobEvent) -> tuple[int, str]:
     if event.kind is EventKind.FINISHED and event.outcome is not None:
+        if event.outcome is OutcomeKind.RETRIED and isinstance(event.exception, Retry):
+            return _ASKED_RETRY
         return _FINISHED[event.outcome]
     return _OTHER.get(event.kind, (logging.DEBUG, event.kind.value))
 

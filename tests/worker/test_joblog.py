@@ -11,7 +11,7 @@ import os
 import subprocess
 import sys
 
-from jobkeeper import JobQueue, JobStatus
+from jobkeeper import JobQueue, JobStatus, Retry
 from jobkeeper.joblog import JsonFormatter
 from support.waiting import wait_for, wait_status
 
@@ -61,6 +61,29 @@ def test_failures_and_dead_letters_are_warnings_with_the_jobs_facts(jq, caplog):
     finished = [r for r in good_records if r.event == "finished"]  # type: ignore[attr-defined]
     assert finished and finished[0].duration is not None  # type: ignore[attr-defined]
     assert any(r.event == "started" for r in good_records)  # type: ignore[attr-defined]
+
+
+def test_a_retry_the_task_asked_for_is_info_not_a_failure(jq, caplog):
+    # helper-67: a task raising Retry (the quickstart's file not there yet)
+    # was logged as "failed (it will be retried)" at WARNING on each attempt.
+    caplog.set_level(logging.DEBUG, logger="jobkeeper")
+
+    @jq.task(max_attempts=2)
+    def waits() -> None:
+        raise Retry(delay=0, reason="not uploaded yet")
+
+    job = waits.enqueue()
+    with running(jq.worker(concurrency=1)):
+        wait_status(jq, [job.id], {JobStatus.DEAD})
+        wait_for(lambda: any(getattr(r, "event", "") == "dead_lettered" for r in caplog.records))
+    finished = [r for r in _job_records(caplog, job.id) if r.event == "finished"]  # type: ignore[attr-defined]
+    assert [(r.levelno, r.attempt) for r in finished] == [  # type: ignore[attr-defined]
+        (logging.INFO, 1),
+        (logging.WARNING, 2),  # no attempt left: a failure like any other
+    ]
+    assert "will be retried, as its task asked" in finished[0].getMessage()
+    assert "not uploaded yet" in finished[0].getMessage()
+    assert "failed (no retry left)" in finished[1].getMessage()
 
 
 def test_each_event_is_logged_once_with_two_workers_on_one_queue(jq, caplog):
