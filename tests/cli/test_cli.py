@@ -113,6 +113,15 @@ def test_enqueue_prints_the_new_id(cli, queue):
     assert queue.get_job(second).args == {}  # type: ignore[union-attr]
 
 
+def test_enqueue_json_shows_where_the_job_went(cli, queue):
+    # helper-67: without --app the job went to `default` and only its id
+    # was printed; --json shows the stored job, queue and status included.
+    shown = cli.json("enqueue", "mail", "--args", '{"to": "x"}', "--delay", "60", "--json")
+    stored = queue.get_job(shown["id"])
+    assert stored is not None and shown == stored.to_dict()
+    assert (shown["queue"], shown["status"], shown["args"]) == ("default", "scheduled", {"to": "x"})
+
+
 def test_enqueue_options(cli, queue):
     out = cli.ok(
         "enqueue",

@@ -7,6 +7,7 @@ from datetime import datetime
 import click
 
 from jobkeeper.api import JobQueue
+from jobkeeper.cli import render
 from jobkeeper.cli.args_json import parse_args_json, read_args_text
 from jobkeeper.cli.common import (
     COUNT,
@@ -16,6 +17,7 @@ from jobkeeper.cli.common import (
     BadInput,
     Command,
     console,
+    json_option,
     open_queue,
 )
 from jobkeeper.cli.loading import open_app_queue
@@ -107,6 +109,7 @@ def _parse_run_at(text: str) -> datetime:
     help="The task is run by another service's workers: enqueue it even though "
     "--app registers no task of that name.",
 )
+@json_option
 @click.pass_context
 def enqueue(
     ctx: click.Context,
@@ -120,8 +123,11 @@ def enqueue(
     max_attempts: int | None,
     unique_key: str | None,
     external: bool,
+    as_json: bool,
 ) -> None:
-    """Enqueue one job and print its id."""
+    """Enqueue one job and print its id (--json: the stored job, its queue
+    and status included, as `jobs show --json` prints it without "waiting").
+    """
     when = None if run_at is None else _parse_run_at(run_at)
     jq = open_app_queue(ctx, app_spec) if app_spec is not None else open_queue(ctx)
     limit = jq.settings.max_payload_bytes
@@ -139,4 +145,7 @@ def enqueue(
         unique_key=unique_key,
         external=external,
     )
-    console.print(job.id, highlight=False)
+    if as_json:
+        render.print_json(console, job.to_dict())
+    else:
+        console.print(job.id, highlight=False)
