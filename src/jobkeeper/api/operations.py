@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import math
 import warnings
 from collections.abc import Sequence
 from datetime import UTC, datetime
@@ -284,18 +283,8 @@ class OperationsMixin(QueueBase):
                 f"since/bucket is {since / bucket!r} buckets; at most 10000 "
                 f"(since={since!r}, bucket={bucket!r})"
             )
-        rows = self.backend.job_throughput(since_seconds=since, bucket_seconds=bucket)
-        now = self.backend.db_now().timestamp()
-        last = math.floor(now / bucket) * bucket
-        first = math.floor((now - since) / bucket) * bucket + bucket
-        starts = [first + i * bucket for i in range(round((last - first) / bucket) + 1)]
-        # Buckets are keyed by start; floats from the database may differ in
-        # the last bits, so they are matched by their bucket number.
-        by_number = {round(start / bucket): counts for start, counts in rows.items()}
-        return [
-            (datetime.fromtimestamp(start, UTC), by_number.get(round(start / bucket), {}))
-            for start in starts
-        ]
+        series = self.backend.job_throughput(since_seconds=since, bucket_seconds=bucket)
+        return [(datetime.fromtimestamp(start, UTC), counts) for start, counts in series.items()]
 
     def health(self) -> dict[str, Any]:
         """Facts about the database that ``jobkeeper doctor`` judges (see
@@ -422,9 +411,7 @@ class OperationsMixin(QueueBase):
         ]
 
 
-def _queue_info(
-    settings: QueueSettings, counts: dict[str, int], counted: QueueCounts | None = None
-) -> QueueInfo:
+def _queue_info(settings: QueueSettings, counts: dict[str, int], counted: QueueCounts) -> QueueInfo:
     return QueueInfo(
         name=settings.name,
         paused=settings.paused,
@@ -432,6 +419,6 @@ def _queue_info(
         rate_limit=settings.rate_text,
         max_pending=settings.max_pending,
         counts=dict(counts),
-        estimated=tuple(sorted(counted.estimated)) if counted else (),
-        lower_bound=tuple(sorted(counted.lower_bound)) if counted else (),
+        estimated=tuple(sorted(counted.estimated)),
+        lower_bound=tuple(sorted(counted.lower_bound)),
     )

@@ -381,6 +381,7 @@ class CockpitReads:
         now = self.db_now().timestamp()
         answered = time.monotonic()
         first = math.floor((now - since_seconds) / bucket_seconds) + 1
+        current = math.floor(now / bucket_seconds)
         settled = math.floor((now - THROUGHPUT_SETTLED) / bucket_seconds)
         buckets = self._buckets()
         with buckets.lock:
@@ -401,9 +402,10 @@ class CockpitReads:
                 kept[number] = read.get(number, {})
             buckets.trim(kept)
             # Copies: a caller that edits its answer must not edit the kept counts.
-            counts = {n: dict(kept[n]) for n in range(first, settled) if kept.get(n)}
-        counts.update((n, c) for n, c in read.items() if n >= max(settled, first))
-        return {n * bucket_seconds: c for n, c in sorted(counts.items())}
+            return {
+                n * bucket_seconds: dict(kept.get(n, {})) if n < settled else read.get(n, {})
+                for n in range(first, current + 1)
+            }
 
     def _buckets(self) -> _Buckets:
         kept: _Buckets | None = self.__dict__.get("_kept_buckets")

@@ -82,9 +82,10 @@ class CockpitSeam(Protocol):
     ) -> dict[float, dict[str, int]]:
         """Jobs finished (completed, cancelled) per bucket of
         ``bucket_seconds``, for the buckets that start within the last
-        ``since_seconds`` (the current one included):
-        ``{bucket start (Unix seconds): {status: count}}``; empty buckets
-        absent. A bucket closed more than ``THROUGHPUT_SETTLED`` seconds ago
+        ``since_seconds`` up to the current one, oldest first, by the one
+        database clock reading the call makes:
+        ``{bucket start (Unix seconds): {status: count}}``, empty buckets as
+        ``{}``. A bucket closed more than ``THROUGHPUT_SETTLED`` seconds ago
         is counted once per process and kept (see ``cockpit.py``).
         """
         ...
