@@ -92,10 +92,12 @@ def test_the_walk_over_keys_keeps_claim_order_across_keys(jq):
 
 
 def test_more_keys_than_the_walk_over_keys_allows_falls_back_to_a_longer_walk(jq):
-    # A claim of 1 walks 258 jobs, then at most 32 keys: 40 keys behind the
+    # A claim of 1 walks 258 jobs, then at most 64 keys: 100 keys behind the
     # held one send it to the next round's walk of 2,064 jobs.
     jq.enqueue_many([("t", {}, {"queue": "q", "serial_key": "deep"})] * 300)
-    shallow = jq.enqueue_many([("t", {}, {"queue": "q", "serial_key": f"s{i}"}) for i in range(40)])
+    shallow = jq.enqueue_many(
+        [("t", {}, {"queue": "q", "serial_key": f"s{i}"}) for i in range(100)]
+    )
     hold(jq, ["deep"], queue="elsewhere")
     assert claim(jq, "q", limit=1) == {shallow[0].id}
     assert claim(jq, "q", limit=100) == {job.id for job in shallow[1:]}
@@ -306,3 +308,20 @@ def test_a_claim_behind_deep_held_keys_walks_past_their_jobs_unnumbered(
     assert claimed == want and want <= set(behind)
     numbered = sum(_numbered(plan) for plan in plans)
     assert numbered < 6000, numbered
+
+
+def test_few_keys_deep_in_the_queue_are_walked_before_a_longer_head(
+    pg_jq: JobQueue, pg_url: str
+) -> None:
+    """50 keys of 400 jobs each, enqueued key after key (a bulk enqueue per
+    customer): a claim's first head walk (296 jobs) holds one key. The walk
+    over the keys that answers came only after a head walk of 2,368 jobs,
+    each numbered and grouped: 7.6 ms a claim of 20. It now comes first."""
+    jq = pg_jq
+    for key in range(50):
+        jq.enqueue_many([("t", {}, {"queue": "q", "serial_key": f"k{key:02}"})] * 400)
+    want = expected(jq, "q", 20)
+    claimed, plans = claim_with_plans(pg_url, "q", 20)
+    assert claimed == want and len(want) == 20
+    numbered = sum(_numbered(plan) for plan in plans)
+    assert numbered < 1000, numbered

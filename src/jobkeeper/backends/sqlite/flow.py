@@ -129,11 +129,11 @@ class SqliteFlow:
         not: the queue's head in claim order suits many shallow keys, whose
         first jobs come early; a walk over the keys (one probe each) suits a
         few deep ones, whose takeable jobs lie behind thousands of jobs of
-        held keys. Each round tries a head of ``budget`` jobs, then up to an
-        eighth as many keys, and the next round eight times as many of each,
-        so a claim costs a constant times the cheaper of the two (the rounds
-        of PostgreSQL's ``jobkeeper_claim_limited``, migration 0014, which
-        tries a thirty-second as many keys: a key costs it about 30 head
+        held keys. Each round tries a head of ``budget`` jobs, then up to as
+        many keys, and the next round eight times as many of each, so a
+        claim costs a constant times the cheaper of the two (the rounds of
+        PostgreSQL's ``jobkeeper_claim_limited``, migrations 0014 and 0016,
+        which tries a quarter as many keys: a key costs it about 30 head
         jobs, and SQLite's one or two, about 1.5 us a key against 1 us a
         head job with its probe). When both find too little a second time, the
         held keys among the head's (at most ``HELD_KEYS_MAX``) are left out of
@@ -153,7 +153,11 @@ class SqliteFlow:
             ids = [row[0] for row in conn.execute(queries["job_claim_serial_head"], head)]
             if len(ids) >= allowed or end is None:
                 return ids
-            key_budget = budget // 8
+            # The next round's walk over the keys (an eighth of its head),
+            # a round early: one that finds too many costs less than that
+            # head walk, which follows anyway, and one that answers saves it
+            # (PostgreSQL's migration 0016).
+            key_budget = budget
             keys = [
                 row[0]
                 for row in conn.execute(

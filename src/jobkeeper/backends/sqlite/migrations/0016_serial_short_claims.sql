@@ -1,0 +1,3 @@
+-- Version 16: nothing to change on SQLite's schema (the serial claim's walk
+-- over the queue's keys comes a round earlier, in the backend's code; see
+-- the PostgreSQL migration of the same number).
