@@ -144,7 +144,7 @@ def limited(
         if setting:
             jq.configure_queue("default", **setting)  # type: ignore[arg-type]
         batch = [
-            ("nap", {"seconds": seconds}, {"serial_key": f"k{i % keys}"})
+            ("nap", {"seconds": seconds}, {"serial_key": f"k{i // keyed_every % keys}"})
             if keyed_every and i % keyed_every == 0
             else ("nap", {"seconds": seconds})
             for i in range(jobs)
