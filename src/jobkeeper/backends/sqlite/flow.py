@@ -129,13 +129,14 @@ class SqliteFlow:
         not: the queue's head in claim order suits many shallow keys, whose
         first jobs come early; a walk over the keys (one probe each) suits a
         few deep ones, whose takeable jobs lie behind thousands of jobs of
-        held keys. Each round tries a head of ``budget`` jobs, then up to as
-        many keys, and the next round eight times as many of each, so a
-        claim costs a constant times the cheaper of the two (the rounds of
-        PostgreSQL's ``jobkeeper_claim_limited``, migrations 0014 and 0016,
-        which tries a quarter as many keys: a key costs it about 30 head
+        held keys. Each round tries a head of ``budget`` jobs, then up to an
+        eighth as many keys, and the next round eight times as many of each,
+        so a claim costs a constant times the cheaper of the two (the rounds
+        of PostgreSQL's ``jobkeeper_claim_limited``, migration 0014, which
+        tries a thirty-second as many keys: a key costs it about 30 head
         jobs, and SQLite's one or two, about 1.5 us a key against 1 us a
-        head job with its probe). When both find too little a second time, the
+        head job with its probe); the first round walks the second's keys
+        (migration 0016). When both find too little a second time, the
         held keys among the head's (at most ``HELD_KEYS_MAX``) are left out of
         the walks and the same head is walked again (migration 0015's rule): a
         few deep held keys at the head no longer push the walks over their
@@ -145,6 +146,7 @@ class SqliteFlow:
         budget = allowed * 2 + 256
         held: list[str] = []
         room = HELD_KEYS_MAX
+        failed_key_budget = 0
         while True:
             left_out = json.dumps(held)
             bounds = {"queue": queue, "budget": budget, "held": left_out}
@@ -153,27 +155,30 @@ class SqliteFlow:
             ids = [row[0] for row in conn.execute(queries["job_claim_serial_head"], head)]
             if len(ids) >= allowed or end is None:
                 return ids
-            # The next round's walk over the keys (an eighth of its head),
-            # a round early: one that finds too many costs less than that
-            # head walk, which follows anyway, and one that answers saves it
-            # (PostgreSQL's migration 0016).
-            key_budget = budget
-            keys = [
-                row[0]
-                for row in conn.execute(
-                    queries["job_claim_serial_keys"], {"queue": queue, "budget": key_budget + 1}
-                )
-            ]
-            if len(keys) <= key_budget:
-                by_keys = {"queue": queue, "keys": json.dumps(keys), "limit": allowed}
-                keyed = conn.execute(queries["job_claim_serial_firsts"], by_keys).fetchall()
-                # Full of keyed jobs: an unkeyed one after the last cannot
-                # be among the first.
-                last = keyed[-1] if len(keyed) >= allowed else _QUEUE_END
-                up_to = {"queue": queue, "limit": allowed, **_up_to(last)}
-                unkeyed = conn.execute(queries["job_claim_serial_unkeyed"], up_to).fetchall()
-                picked = sorted(keyed + unkeyed, key=lambda row: (row[1], row[2], row[0]))
-                return [row[0] for row in picked[:allowed]]
+            # The first round walks the second round's keys (an eighth of
+            # its head) and the second walks none, as on PostgreSQL
+            # (migration 0016): few keys answer at once, many cost no more
+            # walking than before. No walk is repeated with a budget that
+            # already found too many.
+            key_budget = budget if budget == allowed * 2 + 256 else budget // 8
+            if key_budget > failed_key_budget:
+                keys = [
+                    row[0]
+                    for row in conn.execute(
+                        queries["job_claim_serial_keys"], {"queue": queue, "budget": key_budget + 1}
+                    )
+                ]
+                if len(keys) <= key_budget:
+                    by_keys = {"queue": queue, "keys": json.dumps(keys), "limit": allowed}
+                    keyed = conn.execute(queries["job_claim_serial_firsts"], by_keys).fetchall()
+                    # Full of keyed jobs: an unkeyed one after the last
+                    # cannot be among the first.
+                    last = keyed[-1] if len(keyed) >= allowed else _QUEUE_END
+                    up_to = {"queue": queue, "limit": allowed, **_up_to(last)}
+                    unkeyed = conn.execute(queries["job_claim_serial_unkeyed"], up_to).fetchall()
+                    picked = sorted(keyed + unkeyed, key=lambda row: (row[1], row[2], row[0]))
+                    return [row[0] for row in picked[:allowed]]
+                failed_key_budget = key_budget
             if budget > allowed * 2 + 256 and room > 0:
                 # The head is mostly jobs of deep held keys: leave those keys
                 # out of the walks and walk the same head again. Not in the

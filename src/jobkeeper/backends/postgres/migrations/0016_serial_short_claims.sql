@@ -1,14 +1,16 @@
 -- Version 16: a serial queue's claim walks the queue's keys a round
 -- earlier. When the first walk of the queue's head finds too few takeable
--- jobs, the walk over the keys now takes up to a quarter as many keys as
--- that head had jobs, not a 32nd. With few keys that cost the most:
+-- jobs, the walk over the keys now takes the second round's keys, a quarter
+-- as many as that head had jobs, not a 32nd; the second round walks none.
+-- With few keys that cost the most:
 -- * 50 keys enqueued one after another (a bulk enqueue per customer): the
 --   first head of a claim of 20 (296 jobs) holds one key, and the walk of 9
 --   keys found too many, so a second head walk numbered and grouped 2,368
---   jobs before a walk of 74 keys answered: 7.6 ms a claim, 5.0 ms now;
+--   jobs before a walk of 74 keys answered: 6.5 ms a claim, 4.3 ms now;
 -- * a claim larger than the free keys (a worker's free slots and prefetch
---   over 50 keys): 9.6 ms a claim of 100, 5.8 ms now.
--- At 22,000 jobs (figures in the commit that added this migration).
+--   over 50 keys): 9.2 ms a claim of 100, 5.7 ms now.
+-- At 22,000 jobs (figures in the commit that added this migration). With
+-- many keys the claim walks as many keys as before, so it costs the same.
 --
 -- Same function signature and result: a worker of version 15 calls the new
 -- body unchanged during a rolling deploy, and the old body (on a schema of
@@ -32,6 +34,7 @@ DECLARE
     keys     text[];
     walk_budget     bigint;
     key_budget      bigint;
+    failed_key_budget bigint := 0;
     walked          bigint;
     found_jobs      bigint;
     key_list        text[];
@@ -149,62 +152,72 @@ BEGIN
                 from_head := true;
                 EXIT;
             END IF;
-            -- A probe for the next key costs at most about as much as
-            -- reading 30 jobs of the head (8 us against 0.3 us, measured
-            -- without statistics or a visibility map), so this round walks
-            -- the keys that the next round's head, eight times this one,
-            -- would cost: a walk over the keys that finds too many costs at
-            -- most about as much as that head walk, which follows anyway,
-            -- and a walk that answers saves it.
-            key_budget := walk_budget / 4;
-            key_list := ARRAY(
-                WITH RECURSIVE serial_keys(key) AS (
-                    (SELECT lowest.serial_key FROM jobkeeper_jobs AS lowest
-                     WHERE lowest.status = 'available' AND lowest.queue = p_queue
-                       AND lowest.serial_key IS NOT NULL
-                     ORDER BY lowest.queue, lowest.serial_key
-                     LIMIT 1)
-                    UNION ALL
-                    SELECT (
-                        SELECT next.serial_key FROM jobkeeper_jobs AS next
-                        WHERE next.status = 'available' AND next.queue = p_queue
-                          AND next.serial_key > serial_keys.key
-                        ORDER BY next.queue, next.serial_key
-                        LIMIT 1)
-                    FROM serial_keys
-                    WHERE serial_keys.key IS NOT NULL)
-                SELECT serial_keys.key FROM serial_keys
-                WHERE serial_keys.key IS NOT NULL
-                LIMIT key_budget + 1);
-            IF cardinality(key_list) <= key_budget THEN
-                WITH taken AS MATERIALIZED (
-                    SELECT listed.key, first.priority, first.scheduled_at, first.id
-                    FROM unnest(key_list) AS listed(key)
-                    CROSS JOIN LATERAL (
-                        SELECT queued.priority, queued.scheduled_at, queued.id
-                        FROM jobkeeper_jobs AS queued
-                        WHERE queued.serial_key = listed.key AND queued.queue = p_queue
-                          AND queued.status = 'available'
-                        ORDER BY queued.priority, queued.scheduled_at, queued.id
-                        LIMIT 1) AS first
-                    WHERE NOT EXISTS (
-                        SELECT 1 FROM jobkeeper_jobs AS holder
-                        WHERE holder.serial_key = listed.key
-                          AND holder.status IN ('claimed', 'running'))
-                    ORDER BY first.priority, first.scheduled_at, first.id
-                    LIMIT allowed
-                )
-                SELECT (SELECT count(*) FROM taken),
-                       coalesce(
-                           (SELECT array_agg(taken.key ORDER BY taken.key) FROM taken), '{}'),
-                       last.priority, last.scheduled_at, last.id
-                INTO found_jobs, keys, cutoff_priority, cutoff_at, cutoff_id
-                FROM (SELECT 1) AS one
-                LEFT JOIN LATERAL (
-                    SELECT taken.priority, taken.scheduled_at, taken.id FROM taken
-                    ORDER BY taken.priority DESC, taken.scheduled_at DESC, taken.id DESC
-                    LIMIT 1) AS last ON true;
-                EXIT;
+            -- A probe for the next key costs about as much as reading 30 jobs
+            -- of the head (8 us against 0.3 us, measured without statistics
+            -- or a visibility map): a round walks a 32nd as many keys as its
+            -- head had jobs. Except the first, which walks the second
+            -- round's keys, and the second then walks none: with few keys
+            -- (50, say) the first walk over them answers, where it came only
+            -- after a second head walk, eight times the first; with many,
+            -- the claim walks no more keys than before, only sooner. A walk
+            -- is not repeated with a budget that already found too many (as
+            -- after held keys were left out of the head, below).
+            IF walk_budget = allowed::bigint * 2 + 256 THEN
+                key_budget := walk_budget / 4;
+            ELSE
+                key_budget := walk_budget / 32;
+            END IF;
+            IF key_budget > failed_key_budget THEN
+                key_list := ARRAY(
+                    WITH RECURSIVE serial_keys(key) AS (
+                        (SELECT lowest.serial_key FROM jobkeeper_jobs AS lowest
+                         WHERE lowest.status = 'available' AND lowest.queue = p_queue
+                           AND lowest.serial_key IS NOT NULL
+                         ORDER BY lowest.queue, lowest.serial_key
+                         LIMIT 1)
+                        UNION ALL
+                        SELECT (
+                            SELECT next.serial_key FROM jobkeeper_jobs AS next
+                            WHERE next.status = 'available' AND next.queue = p_queue
+                              AND next.serial_key > serial_keys.key
+                            ORDER BY next.queue, next.serial_key
+                            LIMIT 1)
+                        FROM serial_keys
+                        WHERE serial_keys.key IS NOT NULL)
+                    SELECT serial_keys.key FROM serial_keys
+                    WHERE serial_keys.key IS NOT NULL
+                    LIMIT key_budget + 1);
+                IF cardinality(key_list) <= key_budget THEN
+                    WITH taken AS MATERIALIZED (
+                        SELECT listed.key, first.priority, first.scheduled_at, first.id
+                        FROM unnest(key_list) AS listed(key)
+                        CROSS JOIN LATERAL (
+                            SELECT queued.priority, queued.scheduled_at, queued.id
+                            FROM jobkeeper_jobs AS queued
+                            WHERE queued.serial_key = listed.key AND queued.queue = p_queue
+                              AND queued.status = 'available'
+                            ORDER BY queued.priority, queued.scheduled_at, queued.id
+                            LIMIT 1) AS first
+                        WHERE NOT EXISTS (
+                            SELECT 1 FROM jobkeeper_jobs AS holder
+                            WHERE holder.serial_key = listed.key
+                              AND holder.status IN ('claimed', 'running'))
+                        ORDER BY first.priority, first.scheduled_at, first.id
+                        LIMIT allowed
+                    )
+                    SELECT (SELECT count(*) FROM taken),
+                           coalesce(
+                               (SELECT array_agg(taken.key ORDER BY taken.key) FROM taken), '{}'),
+                           last.priority, last.scheduled_at, last.id
+                    INTO found_jobs, keys, cutoff_priority, cutoff_at, cutoff_id
+                    FROM (SELECT 1) AS one
+                    LEFT JOIN LATERAL (
+                        SELECT taken.priority, taken.scheduled_at, taken.id FROM taken
+                        ORDER BY taken.priority DESC, taken.scheduled_at DESC, taken.id DESC
+                        LIMIT 1) AS last ON true;
+                    EXIT;
+                END IF;
+                failed_key_budget := key_budget;
             END IF;
             -- Too few jobs in the head, and too many keys to walk them
             -- instead, a second time: the head is mostly jobs of held keys,
