@@ -226,7 +226,7 @@ BEGIN
             -- of the walks from now on, read past by the index scan instead
             -- of numbered and grouped, and the same head is walked again.
             -- Not in the first round: with a few dozen keys, most of them
-            -- held, the next round's walk over keys answers, and reading
+            -- held, a walk over the keys answers, and reading
             -- past the held keys' jobs first cost a quarter of the drain
             -- (benchmarks/flow.py, all keyed over 50 keys). The test is
             -- linear per job, so at most 64 keys are left out; a head with
