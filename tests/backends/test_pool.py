@@ -701,11 +701,20 @@ def _queue_of_one(pg_url: str) -> JobQueue:
 
 
 def _enqueue_interrupted(jq: JobQueue, after: float) -> None:
-    """An enqueue waiting for the pool, cut by a SIGINT ``after`` seconds in."""
-    timer = _interrupt_main_thread_in(after)
-    with pytest.raises(KeyboardInterrupt):
-        jq.enqueue("anything", {})
-    timer.join()
+    """An enqueue waiting for the pool, cut by a SIGINT ``after`` seconds in.
+
+    With Python's own SIGINT handler, as from a terminal: a suite started in
+    the background without job control (nohup, ``cmd &``) inherits SIGINT
+    ignored, and the enqueue waited out the pool timeout instead.
+    """
+    inherited = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        timer = _interrupt_main_thread_in(after)
+        with pytest.raises(KeyboardInterrupt):
+            jq.enqueue("anything", {})
+        timer.join()
+    finally:
+        signal.signal(signal.SIGINT, inherited)
 
 
 def test_a_ctrl_c_while_waiting_for_a_pooled_connection_loses_none(pg_url, monkeypatch):
