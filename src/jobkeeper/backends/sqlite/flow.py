@@ -162,22 +162,9 @@ class SqliteFlow:
             # already found too many.
             key_budget = budget if budget == allowed * 2 + 256 else budget // 8
             if key_budget > failed_key_budget:
-                keys = [
-                    row[0]
-                    for row in conn.execute(
-                        queries["job_claim_serial_keys"], {"queue": queue, "budget": key_budget + 1}
-                    )
-                ]
-                if len(keys) <= key_budget:
-                    by_keys = {"queue": queue, "keys": json.dumps(keys), "limit": allowed}
-                    keyed = conn.execute(queries["job_claim_serial_firsts"], by_keys).fetchall()
-                    # Full of keyed jobs: an unkeyed one after the last
-                    # cannot be among the first.
-                    last = keyed[-1] if len(keyed) >= allowed else _QUEUE_END
-                    up_to = {"queue": queue, "limit": allowed, **_up_to(last)}
-                    unkeyed = conn.execute(queries["job_claim_serial_unkeyed"], up_to).fetchall()
-                    picked = sorted(keyed + unkeyed, key=lambda row: (row[1], row[2], row[0]))
-                    return [row[0] for row in picked[:allowed]]
+                picked = self._serial_pick_by_keys(conn, queue, allowed, key_budget)
+                if picked is not None:
+                    return picked
                 failed_key_budget = key_budget
             if budget > allowed * 2 + 256 and room > 0:
                 # The head is mostly jobs of deep held keys: leave those keys
@@ -195,6 +182,32 @@ class SqliteFlow:
                     room -= len(found)
                     continue
             budget *= 8
+
+    def _serial_pick_by_keys(
+        self, conn: sqlite3.Connection, queue: str, allowed: int, key_budget: int
+    ) -> list[int] | None:
+        """The ids :meth:`_serial_pick` takes, found by walking the queue's
+        keys (each key's first job) and its unkeyed jobs; None when the queue
+        has more than ``key_budget`` keys, and the walk cannot tell.
+        """
+        queries = self._queries
+        keys = [
+            row[0]
+            for row in conn.execute(
+                queries["job_claim_serial_keys"], {"queue": queue, "budget": key_budget + 1}
+            )
+        ]
+        if len(keys) > key_budget:
+            return None
+        by_keys = {"queue": queue, "keys": json.dumps(keys), "limit": allowed}
+        keyed = conn.execute(queries["job_claim_serial_firsts"], by_keys).fetchall()
+        # Full of keyed jobs: an unkeyed one after the last cannot be among
+        # the first.
+        last = keyed[-1] if len(keyed) >= allowed else _QUEUE_END
+        up_to = {"queue": queue, "limit": allowed, **_up_to(last)}
+        unkeyed = conn.execute(queries["job_claim_serial_unkeyed"], up_to).fetchall()
+        picked = sorted(keyed + unkeyed, key=lambda row: (row[1], row[2], row[0]))
+        return [row[0] for row in picked[:allowed]]
 
     def _flow_check(self, conn: sqlite3.Connection, jobs: Sequence[NewJob]) -> None:
         """Inside the insert's transaction, after the rows went in: mark
