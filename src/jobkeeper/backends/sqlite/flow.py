@@ -143,7 +143,8 @@ class SqliteFlow:
         thousands of jobs.
         """
         queries = self._queries
-        budget = allowed * 2 + 256
+        first_budget = allowed * 2 + 256
+        budget = first_budget
         held: list[str] = []
         room = HELD_KEYS_MAX
         failed_key_budget = 0
@@ -160,13 +161,13 @@ class SqliteFlow:
             # (migration 0016): few keys answer at once, many cost no more
             # walking than before. No walk is repeated with a budget that
             # already found too many.
-            key_budget = budget if budget == allowed * 2 + 256 else budget // 8
+            key_budget = budget if budget == first_budget else budget // 8
             if key_budget > failed_key_budget:
                 picked = self._serial_pick_by_keys(conn, queue, allowed, key_budget)
                 if picked is not None:
                     return picked
                 failed_key_budget = key_budget
-            if budget > allowed * 2 + 256 and room > 0:
+            if budget > first_budget and room > 0:
                 # The head is mostly jobs of deep held keys: leave those keys
                 # out of the walks and walk the same head again. Not in the
                 # first round, and not past HELD_KEYS_MAX keys, as on

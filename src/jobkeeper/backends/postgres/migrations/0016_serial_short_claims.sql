@@ -32,6 +32,7 @@ DECLARE
     claim_at timestamptz;
     claimed  integer;
     keys     text[];
+    first_walk      bigint;
     walk_budget     bigint;
     key_budget      bigint;
     failed_key_budget bigint := 0;
@@ -98,7 +99,8 @@ BEGIN
         -- Each round tries a head of walk_budget jobs, then up to key_budget
         -- keys, and the next round eight times as many of each, so a claim
         -- costs a constant times the cheaper of the two.
-        walk_budget := allowed::bigint * 2 + 256;
+        first_walk := allowed::bigint * 2 + 256;
+        walk_budget := first_walk;
         LOOP
             WITH head AS MATERIALIZED (
                 SELECT queued.id, queued.serial_key, queued.priority, queued.scheduled_at,
@@ -162,7 +164,7 @@ BEGIN
             -- the claim walks no more keys than before, only sooner. A walk
             -- is not repeated with a budget that already found too many (as
             -- after held keys were left out of the head, below).
-            IF walk_budget = allowed::bigint * 2 + 256 THEN
+            IF walk_budget = first_walk THEN
                 key_budget := walk_budget / 4;
             ELSE
                 key_budget := walk_budget / 32;
@@ -233,7 +235,7 @@ BEGIN
             -- more held keys than that is walked as before (leaving out 64
             -- of 800 shallow held keys only added a pass: twice the time of
             -- a claim on SQLite, break-test 20).
-            IF walk_budget > allowed::bigint * 2 + 256 AND held_room > 0 THEN
+            IF walk_budget > first_walk AND held_room > 0 THEN
                 new_held := ARRAY(
                     SELECT keyed.key FROM (
                         SELECT DISTINCT head.serial_key AS key FROM (
