@@ -451,11 +451,16 @@ def test_loops_ended_without_aclose_leave_no_session_open(pg_url):
         jq.close()
 
 
+# Loops an earlier test closed by hand (test_loops_closed_by_hand_leave_no_
+# session_open) leave pending pool tasks that outlive that test's own
+# collection: the collector may destroy them during this test (seen about one
+# run in sixteen), and each is reported ("Event loop is closed"). This test's
+# own loops are checked through asyncio.all_tasks instead.
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 def test_a_loop_closed_after_close_has_no_task_left_pending(pg_url, caplog):
     # jq.close() closed a loop's pool but left its closer task pending, and
     # the loop's close then reported "Task was destroyed but it is pending!".
-    # Loops an earlier test closed by hand leave pending tasks that the
-    # collector may only destroy now: collected before this test counts.
+    # What an earlier test left is collected before this one counts.
     gc.collect()
     caplog.clear()
     jq = JobQueue(pg_url)
