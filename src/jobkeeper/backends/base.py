@@ -72,6 +72,10 @@ class Backend(CockpitSeam, PeriodicSeam, FlowSeam, WaitSeam, Protocol):
         """The applied schema version, 0 when not migrated."""
         ...
 
+    def schema_expected(self) -> int:
+        """The schema version this code migrates to (its newest migration)."""
+        ...
+
     def db_now(self) -> datetime:
         """The database clock, in UTC."""
         ...

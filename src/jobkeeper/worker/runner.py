@@ -233,6 +233,7 @@ class Worker:
         self._listener: threading.Thread | None = None
         self._listener_stop = threading.Event()
         self._registered = False
+        self._warned_schema_ahead = False
 
     def _dedicated(self, role: str) -> Backend:
         # The worker's id in the name joins a session to its jobkeeper_workers
@@ -406,6 +407,7 @@ class Worker:
         delay = 0.5
         while True:
             try:
+                self._check_schema()
                 self._backend.worker_register(worker=self.info)
             except DatabaseUnavailable as exc:
                 if self.burst:
@@ -417,6 +419,35 @@ class Worker:
                 continue
             self._registered = True
             return True
+
+    def _check_schema(self) -> None:
+        """Refuse a schema older than this code's; warn of a newer one.
+
+        A worker of an older release beside a newer schema is how a rolling
+        deploy runs (each schema version's changelog entry says what such a
+        worker does), but only ``doctor`` said so: the warning names the
+        worker to upgrade. Not migrated at all (version 0), the registration
+        that follows fails with its own "run `jobkeeper migrate`" error.
+
+        Raises:
+            DatabaseError: the schema is behind this code's version.
+            DatabaseUnavailable: the database cannot be reached.
+        """
+        have, want = self._backend.schema_version(), self._backend.schema_expected()
+        if 0 < have < want:
+            raise DatabaseError(
+                f"the database's schema is at version {have}, behind this jobkeeper's {want} "
+                "-- run `jobkeeper migrate` (or JobQueue.migrate()) first"
+            )
+        if have > want and not self._warned_schema_ahead:
+            self._warned_schema_ahead = True
+            logger.warning(
+                "worker %s: the database's schema is at version %d, ahead of this jobkeeper's "
+                "%d; it runs as the changelog's rolling-deploy notes say: upgrade it",
+                self.info.id,
+                have,
+                want,
+            )
 
     def _start_listener(self) -> None:
         """The backend's wake-ups, on their own thread and connection."""

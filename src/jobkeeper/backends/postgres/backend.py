@@ -133,6 +133,9 @@ class PostgresBackend(
             return 0
         return int(self._fetch_raw(QUERIES["schema_version"])[0][0])
 
+    def schema_expected(self) -> int:
+        return int(MIGRATIONS[-1][0])
+
     def db_now(self) -> datetime:
         return self._fetch_raw(QUERIES["db_now"])[0][0].astimezone(UTC)  # type: ignore[no-any-return]
 
@@ -472,7 +475,7 @@ class PostgresBackend(
         facts: dict[str, Any] = {
             "backend": self.name,
             "schema_version": self.schema_version(),
-            "schema_expected": MIGRATIONS[-1][0],
+            "schema_expected": self.schema_expected(),
         }
         table = self._fetch("database_health_table")
         facts["table"] = table[0] if table else None

@@ -105,6 +105,9 @@ class SqliteBackend(
                 return 0
             return int(conn.execute(QUERIES["schema_version"]).fetchone()[0])
 
+    def schema_expected(self) -> int:
+        return int(MIGRATIONS[-1][0])
+
     def db_now(self) -> datetime:
         with self._errors():
             value = self._conn().execute(QUERIES["db_now"]).fetchone()[0]
@@ -402,7 +405,7 @@ class SqliteBackend(
         facts: dict[str, Any] = {
             "backend": self.name,
             "schema_version": self.schema_version(),
-            "schema_expected": MIGRATIONS[-1][0],
+            "schema_expected": self.schema_expected(),
         }
         if facts["schema_version"] == 0:
             if not os.path.exists(self.path):
