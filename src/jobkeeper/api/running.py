@@ -103,7 +103,10 @@ class RunningMixin(QueueBase):
             ConfigError: a bad queue name, concurrency or prefetch; a periodic
                 naming a task this JobQueue neither registers nor lists in
                 ``external_tasks`` (when it registers any).
-            DatabaseUnavailable: the database cannot be reached at start.
+            DatabaseUnavailable: with ``burst``, the database cannot be
+                reached at start (without it, the worker waits for it).
+            DatabaseError: the schema is behind this code's (run
+                ``jobkeeper migrate``), or not there at all.
         """
         stats = self.worker(queues, concurrency, burst, prefetch).run()
         return int(stats.exit_code)

@@ -48,6 +48,7 @@ from jobkeeper.maintenance.service import IntervalService
 from jobkeeper.models import Claim, Failure, Job, WorkerInfo
 from jobkeeper.periodic import Periodic
 from jobkeeper.tasks import Task
+from jobkeeper.version import __version__
 from jobkeeper.worker.claims import Claims
 from jobkeeper.worker.completer import Completer, Outcome
 from jobkeeper.worker.executor import Executor
@@ -58,6 +59,9 @@ from jobkeeper.worker.stats import WorkerStats, checked_shares, make_worker_id
 from jobkeeper.worker.stopping import stop_running
 
 logger = logging.getLogger("jobkeeper.worker")
+
+#: (database, schema version) pairs this process warned of as ahead of its code.
+_WARNED_AHEAD: set[tuple[str, int]] = set()
 
 #: Longest wait, in seconds, between attempts to reach the database at start.
 STARTUP_RETRY_MAX = 10.0
@@ -233,7 +237,6 @@ class Worker:
         self._listener: threading.Thread | None = None
         self._listener_stop = threading.Event()
         self._registered = False
-        self._warned_schema_ahead = False
 
     def _dedicated(self, role: str) -> Backend:
         # The worker's id in the name joins a session to its jobkeeper_workers
@@ -359,6 +362,8 @@ class Worker:
         Raises:
             DatabaseUnavailable: with ``burst``, the database cannot be
                 reached at start.
+            DatabaseError: the schema is behind this code's (run
+                ``jobkeeper migrate``), or not there at all.
         """
         signals = SignalRelay(self._on_signal)
         signals.install()
@@ -426,27 +431,40 @@ class Worker:
         A worker of an older release beside a newer schema is how a rolling
         deploy runs (each schema version's changelog entry says what such a
         worker does), but only ``doctor`` said so: the warning names the
-        worker to upgrade. Not migrated at all (version 0), the registration
-        that follows fails with its own "run `jobkeeper migrate`" error.
+        worker to upgrade, once per process and database (``testing.drain``
+        starts a worker a round). Version 0 is left to the registration,
+        which fails with its own "run `jobkeeper migrate`" when the tables
+        are missing. A role that may not read ``jobkeeper_schema`` ran
+        before this check existed, and still does, unchecked.
 
         Raises:
             DatabaseError: the schema is behind this code's version.
             DatabaseUnavailable: the database cannot be reached.
         """
-        have, want = self._backend.schema_version(), self._backend.schema_expected()
+        try:
+            have = self._backend.schema_version()
+        except DatabaseUnavailable:
+            raise
+        except DatabaseError as exc:
+            logger.warning("could not read the schema version (%s); not checked", exc)
+            return
+        want = self._backend.schema_expected()
+        where = self._base_backend.url.redacted()
         if 0 < have < want:
             raise DatabaseError(
-                f"the database's schema is at version {have}, behind this jobkeeper's {want} "
+                f"the schema of {where} is at version {have}, behind this jobkeeper's {want} "
                 "-- run `jobkeeper migrate` (or JobQueue.migrate()) first"
             )
-        if have > want and not self._warned_schema_ahead:
-            self._warned_schema_ahead = True
+        if have > want and (where, have) not in _WARNED_AHEAD:
+            _WARNED_AHEAD.add((where, have))
             logger.warning(
-                "worker %s: the database's schema is at version %d, ahead of this jobkeeper's "
-                "%d; it runs as the changelog's rolling-deploy notes say: upgrade it",
+                "worker %s runs jobkeeper %s, whose schema version is %d, on %s at version %d: "
+                "upgrade it (until then it works as the changelog says of each later version)",
                 self.info.id,
-                have,
+                __version__,
                 want,
+                where,
+                have,
             )
 
     def _start_listener(self) -> None:
