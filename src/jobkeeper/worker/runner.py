@@ -48,20 +48,17 @@ from jobkeeper.maintenance.service import IntervalService
 from jobkeeper.models import Claim, Failure, Job, WorkerInfo
 from jobkeeper.periodic import Periodic
 from jobkeeper.tasks import Task
-from jobkeeper.version import __version__
 from jobkeeper.worker.claims import Claims
 from jobkeeper.worker.completer import Completer, Outcome
 from jobkeeper.worker.executor import Executor
 from jobkeeper.worker.listener import SignalRelay, start_listener
 from jobkeeper.worker.producer import MAX_PREFETCH, Producer
+from jobkeeper.worker.schema import check_schema
 from jobkeeper.worker.sideeffects import SideEffects
 from jobkeeper.worker.stats import WorkerStats, checked_shares, make_worker_id
 from jobkeeper.worker.stopping import stop_running
 
 logger = logging.getLogger("jobkeeper.worker")
-
-#: (database, schema version) pairs this process warned of as ahead of its code.
-_WARNED_AHEAD: set[tuple[str, int]] = set()
 
 #: Longest wait, in seconds, between attempts to reach the database at start.
 STARTUP_RETRY_MAX = 10.0
@@ -410,9 +407,10 @@ class Worker:
         burst mode). Returns False if told to stop before it could.
         """
         delay = 0.5
+        where = self._base_backend.url.redacted()
         while True:
             try:
-                self._check_schema()
+                check_schema(self._backend, where=where, worker_id=self.info.id)
                 self._backend.worker_register(worker=self.info)
             except DatabaseUnavailable as exc:
                 if self.burst:
@@ -424,48 +422,6 @@ class Worker:
                 continue
             self._registered = True
             return True
-
-    def _check_schema(self) -> None:
-        """Refuse a schema older than this code's; warn of a newer one.
-
-        A worker of an older release beside a newer schema is how a rolling
-        deploy runs (each schema version's changelog entry says what such a
-        worker does), but only ``doctor`` said so: the warning names the
-        worker to upgrade, once per process and database (``testing.drain``
-        starts a worker a round). Version 0 is left to the registration,
-        which fails with its own "run `jobkeeper migrate`" when the tables
-        are missing. A role that may not read ``jobkeeper_schema`` ran
-        before this check existed, and still does, unchecked.
-
-        Raises:
-            DatabaseError: the schema is behind this code's version.
-            DatabaseUnavailable: the database cannot be reached.
-        """
-        try:
-            have = self._backend.schema_version()
-        except DatabaseUnavailable:
-            raise
-        except DatabaseError as exc:
-            logger.warning("could not read the schema version (%s); not checked", exc)
-            return
-        want = self._backend.schema_expected()
-        where = self._base_backend.url.redacted()
-        if 0 < have < want:
-            raise DatabaseError(
-                f"the schema of {where} is at version {have}, behind this jobkeeper's {want} "
-                "-- run `jobkeeper migrate` (or JobQueue.migrate()) first"
-            )
-        if have > want and (where, have) not in _WARNED_AHEAD:
-            _WARNED_AHEAD.add((where, have))
-            logger.warning(
-                "worker %s runs jobkeeper %s, whose schema version is %d, on %s at version %d: "
-                "upgrade it (until then it works as the changelog says of each later version)",
-                self.info.id,
-                __version__,
-                want,
-                where,
-                have,
-            )
 
     def _start_listener(self) -> None:
         """The backend's wake-ups, on their own thread and connection."""

@@ -1,0 +1,61 @@
+"""The worker's start-up check of the schema version against its code's."""
+
+from __future__ import annotations
+
+import logging
+
+from jobkeeper.backends.base import Backend
+from jobkeeper.errors import DatabaseError, DatabaseUnavailable
+from jobkeeper.version import __version__
+
+logger = logging.getLogger("jobkeeper.worker")
+
+#: (database, schema version) pairs this process warned of as ahead of its code.
+_WARNED_AHEAD: set[tuple[str, int]] = set()
+
+
+def check_schema(backend: Backend, *, where: str, worker_id: str) -> None:
+    """Refuse a schema older than this code's; warn of a newer one.
+
+    A worker of an older release beside a newer schema is how a rolling
+    deploy runs (each schema version's changelog entry says what such a
+    worker does), but only ``doctor`` said so: the warning names the worker
+    to upgrade, once per process and database (``testing.drain`` starts a
+    worker a round). Version 0 is left to the registration, which fails with
+    its own "run `jobkeeper migrate`" when the tables are missing. A role
+    that may not read ``jobkeeper_schema`` ran before this check existed,
+    and still does, unchecked.
+
+    Args:
+        backend: the worker's backend, on the database ``where`` names.
+        where: the database's URL, redacted, for the messages.
+        worker_id: the worker's id, for the warning.
+
+    Raises:
+        DatabaseError: the schema is behind this code's version.
+        DatabaseUnavailable: the database cannot be reached.
+    """
+    try:
+        have = backend.schema_version()
+    except DatabaseUnavailable:
+        raise
+    except DatabaseError as exc:
+        logger.warning("could not read the schema version (%s); not checked", exc)
+        return
+    want = backend.schema_expected()
+    if 0 < have < want:
+        raise DatabaseError(
+            f"the schema of {where} is at version {have}, behind this jobkeeper's {want} "
+            "-- run `jobkeeper migrate` (or JobQueue.migrate()) first"
+        )
+    if have > want and (where, have) not in _WARNED_AHEAD:
+        _WARNED_AHEAD.add((where, have))
+        logger.warning(
+            "worker %s runs jobkeeper %s, whose schema version is %d, on %s at version %d: "
+            "upgrade it (until then it works as the changelog says of each later version)",
+            worker_id,
+            __version__,
+            want,
+            where,
+            have,
+        )
