@@ -5,7 +5,6 @@ query stays on its partial index however much history piles up.
 from __future__ import annotations
 
 import secrets
-import sys
 import threading
 
 import psycopg
@@ -15,7 +14,7 @@ from jobkeeper import DatabaseError, JobQueue, JobStatus
 from jobkeeper.backends.postgres.backend import MIGRATIONS as PG_MIGRATIONS
 from jobkeeper.backends.postgres.backend import QUERIES as PG_QUERIES
 from jobkeeper.backends.sqlite.backend import MIGRATIONS as SQLITE_MIGRATIONS
-from support.db import PG_URL, count, pg_schema_url, sql
+from support.db import PG_URL, count, migrate_to, pg_schema_url, sql
 
 from .helpers import claim
 
@@ -55,14 +54,6 @@ def test_migrate_is_idempotent(db_url):
         assert count(jq, "jobkeeper_schema") == len(PG_MIGRATIONS)
         kept = jq.get_job(job.id)
         assert kept is not None and kept.args == {"keep": True}
-
-
-def migrate_to(jq: JobQueue, version: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Apply the backend's migrations up to ``version`` only (an older database)."""
-    module = sys.modules[type(jq.backend).__module__]
-    with monkeypatch.context() as patch:
-        patch.setattr(module, "MIGRATIONS", module.MIGRATIONS[:version])
-        assert jq.migrate() == version
 
 
 def test_migrate_from_version_1_keeps_jobs_and_workers(db_url, monkeypatch):

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import sys
 import time
 from collections.abc import Sequence
 from typing import Any
 from urllib.parse import quote, urlsplit, urlunsplit
 
 import psycopg
+import pytest
 
 from jobkeeper import Job, JobQueue
 
@@ -108,3 +110,11 @@ def end_sessions(application_name: str) -> None:
                 return
             time.sleep(0.01)
     raise AssertionError(f"sessions {pids} still there after 10 s")
+
+
+def migrate_to(jq: JobQueue, version: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Apply ``jq``'s backend's migrations up to ``version`` only (an older database)."""
+    module = sys.modules[type(jq.backend).__module__]
+    with monkeypatch.context() as patch:
+        patch.setattr(module, "MIGRATIONS", [m for m in module.MIGRATIONS if m[0] <= version])
+        assert jq.migrate() == version

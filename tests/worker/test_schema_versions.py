@@ -14,7 +14,7 @@ import pytest
 
 from e2e.helpers import processes, wait_exit
 from jobkeeper import DatabaseError, JobQueue, JobStatus
-from support.db import PG_URL, sql
+from support.db import PG_URL, migrate_to, sql
 from support.settings import FAST
 
 from .helpers import running
@@ -24,12 +24,9 @@ APP = "tests.flow.app:jq"
 
 def migrate_to_one_before_the_latest(jq: JobQueue, monkeypatch: pytest.MonkeyPatch) -> int:
     """Migrate ``jq``'s database to the version before this code's; return it."""
-    module = sys.modules[type(jq.backend).__module__]
-    older = module.MIGRATIONS[:-1]
-    with monkeypatch.context() as patch:
-        patch.setattr(module, "MIGRATIONS", older)
-        assert jq.migrate() == older[-1][0]
-    return int(older[-1][0])
+    older = jq.backend.schema_expected() - 1
+    migrate_to(jq, older, monkeypatch)
+    return older
 
 
 def worker_rows(url: str) -> int:
