@@ -63,7 +63,14 @@ def test_0014_migrates_beside_a_claim_that_read_the_table_and_then_writes(
         migrate_to(jq, 13, monkeypatch)
         # Version 13's index, which migrate drops after version 14 commits.
         assert sql(pg_url, RETIRED_INDEX) == [(True,)]
-        job = jq.enqueue("t", {}, serial_key="k")
+        # As version 13's code enqueues a keyed job (this code writes columns
+        # of later versions).
+        sql(pg_url, "INSERT INTO jobkeeper_queues (name, serial) VALUES ('default', true)")
+        job_id = sql(
+            pg_url,
+            "INSERT INTO jobkeeper_jobs (queue, task, args, serial_key) "
+            "VALUES ('default', 't', '{}', 'k') RETURNING id",
+        )[0][0]
         with psycopg.connect(pg_url) as claim:
             claim.execute("SELECT count(*) FROM jobkeeper_jobs").fetchone()
             migrated: list[int] = []
@@ -71,7 +78,7 @@ def test_0014_migrates_beside_a_claim_that_read_the_table_and_then_writes(
             migrating.start()
             # The migrate takes its locks, or waits for them, meanwhile.
             migrating.join(timeout=1.0)
-            claim.execute("UPDATE jobkeeper_jobs SET priority = priority WHERE id = %s", (job.id,))
+            claim.execute("UPDATE jobkeeper_jobs SET priority = priority WHERE id = %s", (job_id,))
             claim.commit()
             migrating.join(timeout=30)
         assert migrated == [jq.backend.schema_expected()]
@@ -87,7 +94,7 @@ def test_0014_migrates_beside_a_claim_that_read_the_table_and_then_writes(
         jq.migrate()  # nothing left to drop: nothing said
         assert not [r for r in caplog.records if "concurrently" in r.getMessage()]
         assert [j.id for j in jq.backend.job_claim(worker_id="w", queue="default", limit=5)] == [
-            job.id
+            job_id
         ]
 
 

@@ -93,7 +93,8 @@ class PostgresBackend(
     def migrate(self) -> int:
         # A schema made by this call has no one else's transactions to wait
         # for: its retired indexes (made and dropped again) are not worth a warning.
-        new_schema = self.schema_version() == 0
+        current = self.schema_version()
+        new_schema = current == 0
         with self._cursor(transaction=True) as cursor:
 
             def execute(statement: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
@@ -105,6 +106,8 @@ class PostgresBackend(
             # Everything runs under one transaction-scoped lock, so concurrent
             # migrate() calls apply each migration exactly once.
             execute(QUERIES["schema_lock"], (MIGRATION_LOCK_KEY,))
+            if 0 < current < self.schema_expected():
+                execute(QUERIES["schema_lock_jobs"], ())
             version = apply_migrations(execute, MIGRATIONS, QUERIES)
         # Indexes a migration retired are dropped outside its transaction
         # (DROP INDEX CONCURRENTLY cannot run inside one), once the schema

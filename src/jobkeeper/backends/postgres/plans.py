@@ -347,7 +347,10 @@ def _insert_copy(jobs: Sequence[NewJob], channel: str) -> Plan:
     (only these can be scheduled).
     """
     rows = yield Execute("job_insert_many_reserve_ids", {"count": len(jobs)}, binary=True)
-    reserved_now, ids = rows[0].values()
+    reserved_now, ids, serial_queues = rows[0].values()
+    # The jobs of serial queues are flagged (serial_unkeyed; none has a key
+    # here): COPY's text for true, or for NULL.
+    flags = {queue: "t" for queue in serial_queues}
     ids.sort()  # ascending in input order: FIFO among equal priorities
     now = reserved_now.astimezone(UTC)
     read: list[NewJob] = []
@@ -380,7 +383,8 @@ def _insert_copy(jobs: Sequence[NewJob], channel: str) -> Plan:
                 lines.append(
                     f"{job_id}\t{new.queue}\t{new.task}\t{_copy_text(new.args_json)}\t"
                     f"{new.priority}\t{new.max_attempts}\t"
-                    f"{_COPY_NULL if trace is None else _copy_text(trace)}\n"
+                    f"{_COPY_NULL if trace is None else _copy_text(trace)}\t"
+                    f"{flags.get(new.queue, _COPY_NULL)}\n"
                 )
                 if len(lines) == COPY_CHUNK_ROWS:
                     yield "".join(lines)
@@ -402,7 +406,8 @@ def _insert_copy(jobs: Sequence[NewJob], channel: str) -> Plan:
             "job_insert_many_copy_scheduled",
             [
                 (job.id, new.queue, new.task, new.args_json, job.status.value,
-                 new.priority, new.max_attempts, job.scheduled_at, now, new.trace_context)
+                 new.priority, new.max_attempts, job.scheduled_at, now, new.trace_context,
+                 True if new.queue in flags else None)
                 for new, job in ((read[i], built[i]) for i in delayed)
             ],
         )  # fmt: skip

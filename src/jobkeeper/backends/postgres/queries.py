@@ -21,6 +21,9 @@ JOB_COLUMNS = (
     "errors", "result", "cancel_requested", "fence", "unstarted_returns", "awaited",
     "serial_key", "trace_context", "run_alone", "alone_fence", "crashes",
 )  # fmt: skip
+#: Columns of a job row that only this version's SQL reads, never a Job:
+#: serial_unkeyed (migration 0017) serves the serial claim's index.
+JOB_COLUMNS_SQL_ONLY = ("serial_unkeyed",)
 #: The columns of a dead letter this version reads.
 DEAD_LETTER_COLUMNS = (
     "id", "queue", "task", "args", "priority", "attempt", "max_attempts", "scheduled_at",

@@ -23,17 +23,23 @@
 -- One NOTIFY per queue of the jobs that are available (see
 -- 0012_notify_from_inserts.sql): the one-time filter runs it once, after the
 -- insert, and it is delivered at the commit.
+-- An unkeyed job of a serial queue is flagged (serial_unkeyed, see
+-- 0017_serial_unkeyed_index.sql); a batch with keyed jobs marked its queues
+-- serial earlier in this transaction, so its unkeyed jobs there are too.
 WITH inserted AS (
 INSERT INTO jobkeeper_jobs
     (queue, task, args, status, priority, max_attempts, scheduled_at, unique_key, serial_key,
-     trace_context)
+     trace_context, serial_unkeyed)
 SELECT new.queue, new.task, new.args,
        CASE WHEN new.delay IS NOT NULL OR new.run_at > now() THEN 'scheduled'
             ELSE 'available' END,
        new.priority, new.max_attempts,
        CASE WHEN new.delay IS NOT NULL THEN now() + make_interval(secs => new.delay)
             ELSE coalesce(new.run_at, now()) END,
-       new.unique_key, new.serial_key, new.trace_context
+       new.unique_key, new.serial_key, new.trace_context,
+       CASE WHEN new.serial_key IS NULL THEN (
+           SELECT true FROM jobkeeper_queues AS settings
+           WHERE settings.name = new.queue AND settings.serial) END
 FROM unnest(%(queues)b::text[], %(tasks)b::text[], %(args)b::json[], %(priorities)b::int[],
             %(max_attempts)b::int[], %(delays)b::float8[], %(run_ats)b::timestamptz[],
             %(unique_keys)b::text[], %(serial_keys)b::text[], %(trace_contexts)b::text[])
@@ -67,10 +73,11 @@ SELECT pg_advisory_xact_lock(key) FROM unnest(%(keys)s::bigint[]) AS key;
 -- Nothing is inserted into a queue with max_pending unless the caller
 -- checked it in this transaction (%(checked)s; see job_insert_many). An
 -- available job is announced on the queue's channel; the caller ignores the
--- last column.
+-- last column. An unkeyed job of a serial queue is flagged (see job_insert_many).
 WITH inserted AS (
 INSERT INTO jobkeeper_jobs
-    (queue, task, args, status, priority, max_attempts, scheduled_at, serial_key, trace_context)
+    (queue, task, args, status, priority, max_attempts, scheduled_at, serial_key, trace_context,
+     serial_unkeyed)
 SELECT
     %(queue)s, %(task)s, %(args)s::json,
     CASE WHEN %(delay)s::float8 IS NOT NULL OR %(run_at)s::timestamptz > now()
@@ -78,7 +85,9 @@ SELECT
     %(priority)s, %(max_attempts)s,
     CASE WHEN %(delay)s::float8 IS NOT NULL THEN now() + make_interval(secs => %(delay)s::float8)
          ELSE coalesce(%(run_at)s::timestamptz, now()) END,
-    %(serial_key)s, %(trace_context)s::text
+    %(serial_key)s, %(trace_context)s::text,
+    CASE WHEN %(serial_key)s::text IS NULL THEN (
+        SELECT true FROM jobkeeper_queues WHERE name = %(queue)s AND serial) END
 WHERE %(checked)s OR NOT EXISTS (
     SELECT 1 FROM jobkeeper_queues WHERE name = %(queue)s AND max_pending IS NOT NULL)
 RETURNING id, status, scheduled_at, created_at
@@ -95,12 +104,17 @@ FROM inserted
 -- channel. Half job_insert_many_one's parameters and columns: on the client,
 -- binding and reading them was a tenth of the call. The job is available,
 -- scheduled at created_at (both now()), and announced on the queue's channel;
--- the caller ignores the last column.
+-- the caller ignores the last column. One probe of the queue's settings row
+-- (most queues have none) says both whether it is limited and whether it is
+-- serial (the job is then flagged, see job_insert_many): 1 us a call more
+-- than the probe for max_pending alone, where an aggregate over the row cost 6.
 WITH inserted AS (
-INSERT INTO jobkeeper_jobs (queue, task, args, priority, max_attempts, trace_context)
-SELECT $1::text, $2::text, $3::json, $4::int, $5::int, $6::text
-WHERE NOT EXISTS (
-    SELECT 1 FROM jobkeeper_queues WHERE name = $1::text AND max_pending IS NOT NULL)
+INSERT INTO jobkeeper_jobs (queue, task, args, priority, max_attempts, trace_context,
+                            serial_unkeyed)
+SELECT $1::text, $2::text, $3::json, $4::int, $5::int, $6::text, settings.serial OR NULL
+FROM (SELECT) AS one
+LEFT JOIN jobkeeper_queues AS settings ON settings.name = $1::text
+WHERE settings.max_pending IS NULL
 RETURNING id, created_at
 )
 SELECT id, created_at, pg_notify($7::text, $1::text) FROM inserted
@@ -112,22 +126,26 @@ SELECT id, created_at, pg_notify($7::text, $1::text) FROM inserted
 -- pg_get_serial_sequence's catalog lookup cost 3 us a job, more than nextval.
 -- The ids are put in order by the caller: an ORDER BY here sorted them on
 -- the server, 0.3 ms of the 1.8 ms this took for 1,000.
+-- Also the serial queues, whose jobs the COPY flags (serial_unkeyed, see
+-- job_insert_many; none has a key on this path).
 WITH sequence AS MATERIALIZED (
     SELECT pg_get_serial_sequence('jobkeeper_jobs', 'id')::regclass AS id
 )
-SELECT now(), array_agg(nextval(sequence.id))
+SELECT now(), array_agg(nextval(sequence.id)),
+       (SELECT coalesce(array_agg(name), '{}') FROM jobkeeper_queues WHERE serial)
 FROM sequence, generate_series(1, %(count)s) AS n
 
 -- name: job_insert_many_copy
 -- Jobs to run now: status, scheduled_at and created_at take their defaults
 -- ('available', and now(): the same transaction clock job_insert_many_reserve_ids read).
-COPY jobkeeper_jobs (id, queue, task, args, priority, max_attempts, trace_context)
+COPY jobkeeper_jobs (id, queue, task, args, priority, max_attempts, trace_context,
+                    serial_unkeyed)
 FROM STDIN
 
 -- name: job_insert_many_copy_scheduled
 COPY jobkeeper_jobs
     (id, queue, task, args, status, priority, max_attempts, scheduled_at, created_at,
-     trace_context)
+     trace_context, serial_unkeyed)
 FROM STDIN
 
 -- name: job_insert_many_pending
@@ -599,16 +617,21 @@ RETURNING {job_columns}
 
 -- name: job_retry
 -- Attempts and the crash budget start afresh; run_alone is kept (a crash
--- suspect still has its lone attempt to run).
+-- suspect still has its lone attempt to run). A job finished before its queue
+-- became serial is flagged now (see job_insert_many).
 UPDATE jobkeeper_jobs
 SET status = 'available', attempt = 0, unstarted_returns = 0, crashes = 0, scheduled_at = now(),
-    finished_at = NULL, cancel_requested = false
+    finished_at = NULL, cancel_requested = false,
+    serial_unkeyed = CASE WHEN serial_key IS NULL THEN (
+        SELECT true FROM jobkeeper_queues AS settings
+        WHERE settings.name = jobkeeper_jobs.queue AND settings.serial) END
 WHERE id = %(id)s AND status IN ('retryable', 'cancelled', 'completed')
 RETURNING {job_columns}
 
 -- name: dead_letter_requeue
 -- Back to the jobs table with the same id, attempts reset, history kept;
--- one NOTIFY per queue (as job_insert_many).
+-- one NOTIFY per queue, and unkeyed jobs of serial queues flagged (as
+-- job_insert_many).
 WITH revived AS (
     DELETE FROM jobkeeper_dead_letters
     WHERE %(all)s OR id = ANY(%(ids)b::bigint[])
@@ -616,9 +639,13 @@ WITH revived AS (
 ), inserted AS (
 INSERT INTO jobkeeper_jobs
     (id, queue, task, args, status, priority, attempt, max_attempts, scheduled_at,
-     created_at, attempted_at, finished_at, unique_key, errors, result, serial_key)
+     created_at, attempted_at, finished_at, unique_key, errors, result, serial_key,
+     serial_unkeyed)
 SELECT id, queue, task, args, 'available', priority, 0, max_attempts, now(),
-       created_at, attempted_at, NULL, unique_key, errors, result, serial_key
+       created_at, attempted_at, NULL, unique_key, errors, result, serial_key,
+       CASE WHEN serial_key IS NULL THEN (
+           SELECT true FROM jobkeeper_queues AS settings
+           WHERE settings.name = revived.queue AND settings.serial) END
 FROM revived
 RETURNING id, queue
 )
@@ -696,6 +723,16 @@ SELECT now()
 -- name: schema_lock
 -- Serialises migrate() across processes for the rest of the transaction.
 SELECT pg_advisory_xact_lock(%s)
+
+-- name: schema_lock_jobs
+-- Before migrations run on a schema in use: the jobs table, for the rest of
+-- migrate's transaction, taken before any migration takes a weaker lock on
+-- it. A migration that builds an index (SHARE) followed by one that alters
+-- the table (ACCESS EXCLUSIVE) deadlocked with a claim in flight: the claim
+-- function reads the table, then asks to write it, behind the SHARE lock,
+-- while the ALTER waited for the claim's read (13 -> 17 in one migrate).
+-- Workers wait meanwhile, as they waited for the index builds.
+LOCK TABLE jobkeeper_jobs IN ACCESS EXCLUSIVE MODE
 
 -- name: schema_create
 CREATE TABLE IF NOT EXISTS jobkeeper_schema (
@@ -994,10 +1031,13 @@ WITH tick AS (
       AND (last_tick_at IS NULL OR last_tick_at < %(tick)s)
     RETURNING task, queue, args, priority, max_attempts
 ), inserted AS (
-INSERT INTO jobkeeper_jobs (queue, task, args, status, priority, max_attempts, scheduled_at)
-SELECT queue, task, args,
+INSERT INTO jobkeeper_jobs
+    (queue, task, args, status, priority, max_attempts, scheduled_at, serial_unkeyed)
+SELECT tick.queue, tick.task, tick.args,
        CASE WHEN %(tick)s::timestamptz > now() THEN 'scheduled' ELSE 'available' END,
-       priority, max_attempts, %(tick)s
+       tick.priority, tick.max_attempts, %(tick)s,
+       (SELECT true FROM jobkeeper_queues AS settings
+        WHERE settings.name = tick.queue AND settings.serial)
 FROM tick
 RETURNING id, queue, status
 )
@@ -1094,13 +1134,23 @@ WHERE queue = %(name)s
 -- name: job_insert_many_mark_serial
 -- Before the first serial-keyed job of a queue is inserted (same
 -- transaction): its claims must take the serial path from then on. Rows
--- already marked are not touched (no row lock taken).
+-- already marked are not touched (no row lock taken). A queue marked now
+-- flags its unfinished unkeyed jobs (serial_unkeyed, see
+-- 0017_serial_unkeyed_index.sql): this reads the queue's jobs once, in the
+-- life of the queue.
+WITH marked AS (
 INSERT INTO jobkeeper_queues AS q (name, serial)
 SELECT wanted.name, true FROM unnest(%(queues)s::text[]) AS wanted(name)
 WHERE NOT EXISTS (SELECT 1 FROM jobkeeper_queues AS marked
                   WHERE marked.name = wanted.name AND marked.serial)
 ORDER BY wanted.name
 ON CONFLICT (name) DO UPDATE SET serial = true
+RETURNING q.name
+)
+UPDATE jobkeeper_jobs AS job SET serial_unkeyed = true
+FROM marked
+WHERE job.queue = marked.name AND job.serial_key IS NULL AND job.serial_unkeyed IS NULL
+  AND job.status IN ('scheduled', 'available', 'claimed', 'running', 'retryable')
 
 -- name: job_insert_many_lock_pending
 -- Enqueues into queues with max_pending serialise on the queue's row, so

@@ -217,7 +217,9 @@ class SqliteFlow:
         ``max_pending``.
         """
         for queue in sorted({job.queue for job in jobs if job.serial_key is not None}):
-            conn.execute(self._queries["job_insert_many_mark_serial"], {"name": queue})
+            marked = conn.execute(self._queries["job_insert_many_mark_serial"], {"name": queue})
+            if marked.rowcount > 0:
+                conn.execute(self._queries["job_insert_many_flag_unkeyed"], {"name": queue})
         queues = json.dumps(sorted({job.queue for job in jobs}))
         limits = {
             name: int(limit)

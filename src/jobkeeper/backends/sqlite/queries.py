@@ -36,6 +36,13 @@ SERIAL_TAKEABLE_SQL = """(job.serial_key IS NULL OR (
           AND holder.status IN ('claimed', 'running'))))"""
 
 
+#: The serial_unkeyed flag of a new job without a serial key in ``:queue``
+#: (see migration 0017): 1 in a serial queue, else NULL.
+SERIAL_UNKEYED_SQL = (
+    "(SELECT 1 FROM jobkeeper_queues AS settings WHERE settings.name = :queue AND settings.serial)"
+)
+
+
 #: The clock of a time-dependent operation: the database's (guarantee 7),
 #: unless the caller pinned ``:now`` (Unix seconds; tests do).
 CLOCK_SQL = f"coalesce(:now, {NOW_SQL})"
@@ -47,6 +54,7 @@ def _expand(sql: str) -> str:
         .replace("{clock}", CLOCK_SQL)
         .replace("{errors_plus_new}", ERRORS_PLUS_NEW_SQL)
         .replace("{serial_takeable}", SERIAL_TAKEABLE_SQL)
+        .replace("{serial_unkeyed}", SERIAL_UNKEYED_SQL)
     )
 
 

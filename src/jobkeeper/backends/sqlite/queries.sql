@@ -6,6 +6,9 @@
 -- operations' now=).
 -- {errors_plus_new} appends :error to the errors array, tolerating a
 -- corrupted errors column (a failure must always be recordable).
+-- {serial_unkeyed} is the serial_unkeyed flag of a new job without a serial
+-- key in the queue named by :queue (see 0017_serial_unkeyed_index.sql): 1 in
+-- a serial queue, else NULL.
 -- {serial_takeable} holds for the serial claim's row "job" that it may take:
 -- unkeyed, or its key's first available job in :queue, the key neither in
 -- :held (a JSON array) nor held in any queue.
@@ -13,13 +16,14 @@
 -- name: job_insert_many
 INSERT INTO jobkeeper_jobs
     (queue, task, args, status, priority, max_attempts, scheduled_at, created_at, unique_key,
-     serial_key, trace_context)
+     serial_key, trace_context, serial_unkeyed)
 VALUES (
     :queue, :task, :args,
     CASE WHEN :delay IS NOT NULL OR :run_at > {now} THEN 'scheduled' ELSE 'available' END,
     :priority, :max_attempts,
     CASE WHEN :delay IS NOT NULL THEN {now} + :delay ELSE coalesce(:run_at, {now}) END,
-    {now}, :unique_key, :serial_key, :trace_context)
+    {now}, :unique_key, :serial_key, :trace_context,
+    CASE WHEN :serial_key IS NULL THEN {serial_unkeyed} END)
 ON CONFLICT (task, unique_key)
     WHERE unique_key IS NOT NULL AND status IN ('scheduled', 'available', 'claimed', 'running', 'retryable')
     DO NOTHING
@@ -27,10 +31,15 @@ RETURNING *
 
 -- name: job_insert_many_bulk
 -- enqueue_many without unique keys: status and times computed by the caller
--- from one {now} read in the same transaction.
+-- from one {now} read in the same transaction. The serial_unkeyed flag is
+-- looked up for the row's queue (?1) by a primary-key probe of a small table,
+-- inside the INSERT: a read of the serial queues first, on a caller's
+-- deferred transaction, would let another writer in before our write lock.
 INSERT INTO jobkeeper_jobs
-    (queue, task, args, status, priority, max_attempts, scheduled_at, created_at, trace_context)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
+    (queue, task, args, status, priority, max_attempts, scheduled_at, created_at, trace_context,
+     serial_unkeyed)
+VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9,
+        (SELECT 1 FROM jobkeeper_queues AS settings WHERE settings.name = ?1 AND settings.serial))
 
 -- name: job_insert_many_pending
 SELECT *
@@ -366,22 +375,31 @@ WHERE id = :id AND status IN ('scheduled', 'available', 'claimed', 'running', 'r
 RETURNING *
 
 -- name: job_retry
--- Attempts and the crash budget start afresh (see the PostgreSQL twin).
+-- Attempts and the crash budget start afresh; flagged as a new job would be
+-- (see the PostgreSQL twin).
 UPDATE jobkeeper_jobs
 SET status = 'available', attempt = 0, unstarted_returns = 0, crashes = 0, scheduled_at = {now},
-    finished_at = NULL, cancel_requested = 0
+    finished_at = NULL, cancel_requested = 0,
+    serial_unkeyed = CASE WHEN serial_key IS NULL THEN (
+        SELECT 1 FROM jobkeeper_queues AS settings
+        WHERE settings.name = jobkeeper_jobs.queue AND settings.serial) END
 WHERE id = :id AND status IN ('retryable', 'cancelled', 'completed')
 RETURNING *
 
 -- name: dead_letter_requeue
 -- Back to the jobs table with the same id, attempts reset, history kept;
--- dead_letter_requeue_delete follows in the same transaction.
+-- dead_letter_requeue_delete follows in the same transaction. Flagged as a
+-- new job would be.
 INSERT INTO jobkeeper_jobs
     (id, queue, task, args, status, priority, attempt, max_attempts, scheduled_at,
-     created_at, attempted_at, finished_at, unique_key, errors, result, serial_key)
+     created_at, attempted_at, finished_at, unique_key, errors, result, serial_key,
+     serial_unkeyed)
 SELECT id, queue, task, args, 'available', priority, 0, max_attempts, {now},
-       created_at, attempted_at, NULL, unique_key, errors, result, serial_key
-FROM jobkeeper_dead_letters
+       created_at, attempted_at, NULL, unique_key, errors, result, serial_key,
+       CASE WHEN serial_key IS NULL THEN (
+           SELECT 1 FROM jobkeeper_queues AS settings
+           WHERE settings.name = dead.queue AND settings.serial) END
+FROM jobkeeper_dead_letters AS dead
 WHERE :all OR id IN (SELECT value FROM json_each(:ids))
 RETURNING id
 
@@ -628,10 +646,11 @@ RETURNING task, queue, args, priority, max_attempts
 
 -- name: periodic_enqueue_tick_insert
 INSERT INTO jobkeeper_jobs
-    (queue, task, args, status, priority, max_attempts, scheduled_at, created_at)
+    (queue, task, args, status, priority, max_attempts, scheduled_at, created_at,
+     serial_unkeyed)
 VALUES (:queue, :task, :args,
         CASE WHEN :tick > {now} THEN 'scheduled' ELSE 'available' END,
-        :priority, :max_attempts, :tick, {now})
+        :priority, :max_attempts, :tick, {now}, {serial_unkeyed})
 RETURNING id
 
 -- name: periodic_skip
@@ -706,8 +725,18 @@ WHERE queue = :name
   AND NOT EXISTS (SELECT 1 FROM jobkeeper_queues WHERE name = :name AND rate_limit IS NOT NULL)
 
 -- name: job_insert_many_mark_serial
+-- Marks the queue serial; when it was not, job_insert_many_flag_unkeyed
+-- follows (the caller reads changes()).
 INSERT INTO jobkeeper_queues (name, serial) VALUES (:name, 1)
 ON CONFLICT (name) DO UPDATE SET serial = 1 WHERE NOT serial
+
+-- name: job_insert_many_flag_unkeyed
+-- A queue marked serial now flags its unfinished unkeyed jobs, those of this
+-- insert too (see 0017_serial_unkeyed_index.sql): it reads the queue's jobs
+-- once, in the life of the queue.
+UPDATE jobkeeper_jobs SET serial_unkeyed = 1
+WHERE queue = :name AND serial_key IS NULL AND serial_unkeyed IS NULL
+  AND status IN ('scheduled', 'available', 'claimed', 'running', 'retryable')
 
 -- name: job_insert_many_pending_limits
 SELECT name, max_pending FROM jobkeeper_queues
@@ -865,13 +894,16 @@ LIMIT :limit
 -- id) = (:priority, :scheduled_at, :id), at most :limit: past the keyed jobs
 -- a full claim takes, none is needed, and the walk stops there instead of
 -- stepping over every keyed job to the queue's end. Three ranges, as in
--- job_claim_serial_head.
+-- job_claim_serial_head. Flagged jobs only (jobkeeper_jobs_serial_unkeyed_idx):
+-- the claim index with "serial_key IS NULL" read past every keyed job ahead
+-- of them, the whole queue when the claim was short. An unkeyed job left
+-- unflagged is taken when a head walk reaches it.
 SELECT picked.id, picked.priority, picked.scheduled_at FROM (
     SELECT * FROM (
         SELECT job.id, job.priority, job.scheduled_at FROM jobkeeper_jobs AS job
         WHERE job.status = 'available' AND job.queue = :queue
           AND job.priority < :priority
-          AND job.serial_key IS NULL
+          AND job.serial_unkeyed = 1
         ORDER BY job.priority, job.scheduled_at, job.id
         LIMIT :limit)
     UNION ALL
@@ -879,7 +911,7 @@ SELECT picked.id, picked.priority, picked.scheduled_at FROM (
         SELECT job.id, job.priority, job.scheduled_at FROM jobkeeper_jobs AS job
         WHERE job.status = 'available' AND job.queue = :queue
           AND job.priority = :priority AND job.scheduled_at < :scheduled_at
-          AND job.serial_key IS NULL
+          AND job.serial_unkeyed = 1
         ORDER BY job.priority, job.scheduled_at, job.id
         LIMIT :limit)
     UNION ALL
@@ -888,7 +920,7 @@ SELECT picked.id, picked.priority, picked.scheduled_at FROM (
         WHERE job.status = 'available' AND job.queue = :queue
           AND job.priority = :priority AND job.scheduled_at = :scheduled_at
           AND job.id <= :id
-          AND job.serial_key IS NULL
+          AND job.serial_unkeyed = 1
         ORDER BY job.priority, job.scheduled_at, job.id
         LIMIT :limit)
 ) AS picked
