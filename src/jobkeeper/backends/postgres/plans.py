@@ -349,7 +349,8 @@ def _insert_copy(jobs: Sequence[NewJob], channel: str) -> Plan:
     rows = yield Execute("job_insert_many_reserve_ids", {"count": len(jobs)}, binary=True)
     reserved_now, ids, serial_queues = rows[0].values()
     # The jobs of serial queues are flagged (serial_unkeyed; none has a key
-    # here): COPY's text for true, or for NULL.
+    # here): COPY's text for true, or for NULL. Without serial queues the
+    # COPY leaves the column out (the usual case: nothing more to write).
     flags = {queue: "t" for queue in serial_queues}
     ids.sort()  # ascending in input order: FIFO among equal priorities
     now = reserved_now.astimezone(UTC)
@@ -380,11 +381,11 @@ def _insert_copy(jobs: Sequence[NewJob], channel: str) -> Plan:
                 # ``_ . : - /``: nothing to escape.
                 trace = new.trace_context
                 add_woken(new.queue)
+                end = f"\t{flags.get(new.queue, _COPY_NULL)}\n" if flags else "\n"
                 lines.append(
                     f"{job_id}\t{new.queue}\t{new.task}\t{_copy_text(new.args_json)}\t"
                     f"{new.priority}\t{new.max_attempts}\t"
-                    f"{_COPY_NULL if trace is None else _copy_text(trace)}\t"
-                    f"{flags.get(new.queue, _COPY_NULL)}\n"
+                    f"{_COPY_NULL if trace is None else _copy_text(trace)}{end}"
                 )
                 if len(lines) == COPY_CHUNK_ROWS:
                     yield "".join(lines)
@@ -399,7 +400,8 @@ def _insert_copy(jobs: Sequence[NewJob], channel: str) -> Plan:
     def build() -> None:
         built.extend(jobs_from_new(read, ids, now))
 
-    yield CopyText("job_insert_many_copy", immediate_lines(), build)
+    copy = "job_insert_many_copy_serial" if flags else "job_insert_many_copy"
+    yield CopyText(copy, immediate_lines(), build)
     waiting = [built[i] for i in delayed]
     if waiting:
         yield Copy(

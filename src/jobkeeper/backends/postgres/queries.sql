@@ -138,6 +138,12 @@ FROM sequence, generate_series(1, %(count)s) AS n
 -- name: job_insert_many_copy
 -- Jobs to run now: status, scheduled_at and created_at take their defaults
 -- ('available', and now(): the same transaction clock job_insert_many_reserve_ids read).
+COPY jobkeeper_jobs (id, queue, task, args, priority, max_attempts, trace_context)
+FROM STDIN
+
+-- name: job_insert_many_copy_serial
+-- job_insert_many_copy where the database has serial queues, whose jobs it
+-- flags (see job_insert_many_reserve_ids).
 COPY jobkeeper_jobs (id, queue, task, args, priority, max_attempts, trace_context,
                     serial_unkeyed)
 FROM STDIN
