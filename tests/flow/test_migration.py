@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import sys
 import threading
+import time
 
 import psycopg
 import pytest
@@ -105,3 +106,37 @@ def test_a_new_schema_drops_the_retired_index_without_a_warning(pg_url, caplog):
         assert jq.migrate() == sys.modules[type(jq.backend).__module__].MIGRATIONS[-1][0]
     assert sql(pg_url, RETIRED_INDEX) == [(False,)]
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+def test_a_claim_in_flight_while_a_column_is_added_claims_again(pg_url):
+    """helper-71: a worker's claim of a queue with settings, planned before a
+    migration added a column to the jobs table and run after it committed,
+    failed ("structure of query does not match function result type") and
+    the worker logged it as an ERROR. The backend claims again instead."""
+    with JobQueue(pg_url) as jq:
+        jq.migrate()
+        jq.configure_queue("q", concurrency=5)
+        jobs = jq.enqueue_many([("t", {}, {"queue": "q"})] * 3)
+        claimed: list[object] = []
+        with psycopg.connect(pg_url) as holder, psycopg.connect(pg_url) as migration:
+            # The claim function's first step waits for the queue's row.
+            holder.execute("SELECT 1 FROM jobkeeper_queues WHERE name = 'q' FOR UPDATE")
+            claiming = threading.Thread(
+                target=lambda: claimed.append(
+                    jq.backend.job_claim(worker_id="w", queue="q", limit=5)
+                )
+            )
+            claiming.start()
+            waiting = (
+                "SELECT count(*) FROM pg_stat_activity "
+                "WHERE wait_event_type = 'Lock' AND query LIKE '%%jobkeeper_claim_limited%%'"
+            )
+            deadline = time.monotonic() + 10
+            while not sql(pg_url, waiting)[0][0] and time.monotonic() < deadline:
+                time.sleep(0.01)
+            migration.execute("ALTER TABLE jobkeeper_jobs ADD COLUMN added_later integer")
+            migration.commit()
+            holder.commit()
+            claiming.join(timeout=30)
+    assert len(claimed) == 1, "the claim raised (see the thread's exception)"
+    assert {job.id for job in claimed[0]} == {job.id for job in jobs}

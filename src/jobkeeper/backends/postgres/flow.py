@@ -19,7 +19,7 @@ import psycopg
 
 from jobkeeper.backends.flow import configure_params, settings_from_row
 from jobkeeper.backends.rows import aware_utc, job_from_row
-from jobkeeper.errors import QueueFull
+from jobkeeper.errors import DatabaseError, QueueFull
 from jobkeeper.models import Job
 from jobkeeper.queues import QueueSettings
 
@@ -57,9 +57,17 @@ class PostgresFlow:
 
     def _claim_limited(self, *, worker_id: str, queue: str, limit: int) -> list[Job]:
         self._limited_queues()[queue] = time.monotonic() + LIMITED_RECHECK
-        rows = self._fetch(
-            "job_claim_limited", {"queue": queue, "worker_id": worker_id, "limit": limit}
-        )
+        params = {"queue": queue, "worker_id": worker_id, "limit": limit}
+        try:
+            rows = self._fetch("job_claim_limited", params)
+        except DatabaseError as exc:
+            if not isinstance(exc.__cause__, psycopg.errors.DatatypeMismatch):
+                raise
+            # A migration added a column to the jobs table while this claim
+            # ran: planned for the old row type, the statement failed ("does
+            # not match function result type") and claimed nothing. Planned
+            # again, it claims (a worker logged the first try as an ERROR).
+            rows = self._fetch("job_claim_limited", params)
         jobs = [job_from_row(row, aware_utc, json_decoded=True) for row in rows]
         return sorted(jobs, key=lambda j: (j.priority, j.scheduled_at, j.id))
 
