@@ -7,13 +7,13 @@ from __future__ import annotations
 import logging
 import sys
 import threading
-import time
 
 import psycopg
 import pytest
 
 from jobkeeper import JobQueue
 from support.db import migrate_to, sql
+from support.waiting import wait_for
 
 
 def test_0007_upgrades_a_database_in_use(db_url, monkeypatch):
@@ -131,9 +131,7 @@ def test_a_claim_in_flight_while_a_column_is_added_claims_again(pg_url):
                 "SELECT count(*) FROM pg_stat_activity "
                 "WHERE wait_event_type = 'Lock' AND query LIKE '%%jobkeeper_claim_limited%%'"
             )
-            deadline = time.monotonic() + 10
-            while not sql(pg_url, waiting)[0][0] and time.monotonic() < deadline:
-                time.sleep(0.01)
+            wait_for(lambda: sql(pg_url, waiting)[0][0], what="the claim to wait for the row")
             migration.execute("ALTER TABLE jobkeeper_jobs ADD COLUMN added_later integer")
             migration.commit()
             holder.commit()
