@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 import secrets
+import subprocess
 import sys
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from e2e.helpers import processes, wait_exit
 from jobkeeper import DatabaseError, JobQueue, JobStatus
 from support.db import PG_URL, migrate_to, sql
 from support.settings import FAST
+from support.waiting import wait_for
 
 from .helpers import running
 
@@ -150,3 +152,41 @@ def test_a_worker_whose_role_may_not_read_the_schema_version_runs_unchecked(pg_u
         admin.execute(f"DROP OWNED BY {role}")
         admin.execute(f"DROP ROLE IF EXISTS {role}")
         admin.close()
+
+
+def test_a_running_worker_warns_once_when_a_newer_release_migrates_under_it(db_url, caplog):
+    # A worker left running through a rolling deploy's migrate said nothing.
+    with JobQueue(db_url, **FAST) as jq:
+        jq.migrate()
+        worker = jq.worker()
+        worker.schema_watch.every = 0.2
+        with running(worker):
+            wait_for(lambda: worker.heartbeat.loop_passes >= 3, what="three heartbeats")
+            assert "upgrade it" not in caplog.text
+            ahead = ahead_by_one(db_url)
+            wait_for(lambda: "upgrade it" in caplog.text, what="the warning of a newer schema")
+            # Read again at least twice more: still one warning.
+            passes = worker.heartbeat.loop_passes
+            wait_for(lambda: worker.heartbeat.loop_passes >= passes + 6, what="six more heartbeats")
+        warnings = [r.getMessage() for r in caplog.records if "upgrade it" in r.getMessage()]
+        want = jq.backend.schema_expected()
+        assert len(warnings) == 1, warnings
+        assert (
+            f"whose schema version is {want}, on {jq.url.redacted()} at version {ahead}"
+            in (warnings[0])
+        )
+
+
+def test_migrate_from_an_older_release_applies_nothing_and_says_so(db_url, tmp_path):
+    with JobQueue(db_url) as jq:
+        jq.migrate()
+        ahead = ahead_by_one(db_url)
+        assert jq.migrate() == ahead
+        want = jq.backend.schema_expected()
+    argv = [sys.executable, "-m", "jobkeeper", "--database", db_url, "migrate"]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    assert f"schema at version {ahead}" in done.stdout
+    assert f"knows schema versions up to {want}" in done.stderr
+    assert "nothing was applied: upgrade jobkeeper here" in done.stderr
+    assert int(sql(db_url, "SELECT max(version) FROM jobkeeper_schema")[0][0]) == ahead

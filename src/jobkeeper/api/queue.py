@@ -210,10 +210,15 @@ class JobQueue(EnqueueMixin, ResultsMixin, OperationsMixin, RunningMixin, Period
         table, including one this process holds on another connection.
 
         Returns:
-            The schema version now applied.
+            The schema version now applied: above ``backend.schema_expected()``
+            when a newer jobkeeper migrated the database (nothing is applied
+            then; ``jobkeeper migrate`` says so).
 
         Raises:
             DatabaseUnavailable: the database cannot be reached.
+            DatabaseError: jobkeeper's tables exist with no schema version
+                recorded (``jobkeeper_schema`` emptied or dropped); nothing is
+                applied.
         """
         return self.backend.migrate()
 

@@ -13,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from jobkeeper.errors import DatabaseError
+
 #: Runs one statement with positional parameters and returns its rows.
 Execute = Callable[[str, Sequence[Any]], list[tuple[Any, ...]]]
 
@@ -28,14 +30,20 @@ def apply_migrations(
         execute: runs a statement in the caller's locked transaction.
         migrations: ``(version, statements)`` in ascending order.
         queries: the backend's named queries; uses ``schema_create``,
-            ``schema_version`` and ``schema_record`` (one positional
-            parameter: the version).
+            ``schema_version``, ``schema_tables_exist`` and
+            ``schema_record`` (one positional parameter: the version).
 
     Returns:
         The schema version now applied.
+
+    Raises:
+        DatabaseError: jobkeeper's tables exist with no version recorded
+            (see :func:`unrecorded_schema`); nothing is applied.
     """
     execute(queries["schema_create"], ())
     current = int(execute(queries["schema_version"], ())[0][0])
+    if current == 0 and execute(queries["schema_tables_exist"], ())[0][1]:
+        raise unrecorded_schema(migrations[-1][0])
     for version, statements in migrations:
         if version <= current:
             continue
@@ -44,3 +52,23 @@ def apply_migrations(
         execute(queries["schema_record"], (version,))
         current = version
     return current
+
+
+def unrecorded_schema(expected: int) -> DatabaseError:
+    """The error for jobkeeper's tables found without a schema version
+    recorded: ``jobkeeper_schema`` emptied or dropped (by hand, or by a
+    restore that left it out). Read as "not migrated", such a database had
+    ``migrate`` fail with "table jobkeeper_jobs already exists" while
+    ``doctor`` kept advising ``migrate``.
+
+    Args:
+        expected: the schema version of this code, named in the message
+            (the version of tables this code made or last migrated).
+    """
+    return DatabaseError(
+        "jobkeeper_schema records no schema version, yet jobkeeper's tables exist: its rows "
+        "were deleted or the table dropped, so which migrations to run is unknown; nothing "
+        "was changed. Record the version the tables are at (this jobkeeper's is "
+        f'{expected}; docs/deploying.md, "A lost schema record", has the SQL), then run '
+        "`jobkeeper migrate`"
+    )

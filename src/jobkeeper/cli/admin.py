@@ -16,11 +16,13 @@ from jobkeeper.cli.common import (
     Command,
     PortNumber,
     console,
+    err_console,
     json_option,
     open_queue,
     terminate_as_interrupt,
 )
 from jobkeeper.cli.loading import open_app_queue
+from jobkeeper.version import __version__
 
 
 @click.command("migrate", cls=Command)
@@ -33,6 +35,15 @@ def migrate(ctx: click.Context) -> None:
     console.print(
         f"schema at version {version} on {jq.url.redacted()}", markup=False, highlight=False
     )
+    known = jq.backend.schema_expected()
+    if version > known:
+        # Not an error: an older release's deploy step may still run it.
+        err_console.print(
+            f"note: this jobkeeper ({__version__}) knows schema versions up to {known}; "
+            f"the database is at {version}, so nothing was applied: upgrade jobkeeper here",
+            markup=False,
+            highlight=False,
+        )
 
 
 @click.command("status", cls=Command)

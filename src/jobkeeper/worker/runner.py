@@ -53,7 +53,7 @@ from jobkeeper.worker.completer import Completer, Outcome
 from jobkeeper.worker.executor import Executor
 from jobkeeper.worker.listener import SignalRelay, start_listener
 from jobkeeper.worker.producer import MAX_PREFETCH, Producer
-from jobkeeper.worker.schema import check_schema
+from jobkeeper.worker.schema import SchemaWatch, check_schema
 from jobkeeper.worker.sideeffects import SideEffects
 from jobkeeper.worker.stats import WorkerStats, checked_shares, make_worker_id
 from jobkeeper.worker.stopping import stop_running
@@ -145,6 +145,9 @@ class Worker:
         #: until the database has confirmed we still hold them.
         fresh_for = settings.rescue_after / 2
         maintenance_interval = min(max(settings.rescue_after / 4, 0.05), 5.0)
+        self.schema_watch = SchemaWatch(
+            where=self._base_backend.url.redacted(), worker_id=self.info.id
+        )
         self.heartbeat = Heartbeat(
             self._dedicated("heartbeat"),
             self.info,
@@ -152,6 +155,7 @@ class Worker:
             self._on_cancel,
             stale_after=fresh_for,
             on_holds=self._on_holds,
+            after_beat=self.schema_watch,
         )
         self.claims = Claims(
             # Not the API pool: tasks may hold every pooled connection

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 
 from jobkeeper.backends.base import Backend
 from jobkeeper.errors import DatabaseError, DatabaseUnavailable
@@ -48,6 +49,10 @@ def check_schema(backend: Backend, *, where: str, worker_id: str) -> None:
             f"the schema of {where} is at version {have}, behind this jobkeeper's {want} "
             "-- run `jobkeeper migrate` (or JobQueue.migrate()) first"
         )
+    _warn_if_ahead(have, want, where=where, worker_id=worker_id)
+
+
+def _warn_if_ahead(have: int, want: int, *, where: str, worker_id: str) -> None:
     if have > want and (where, have) not in _WARNED_AHEAD:
         _WARNED_AHEAD.add((where, have))
         logger.warning(
@@ -59,3 +64,39 @@ def check_schema(backend: Backend, *, where: str, worker_id: str) -> None:
             where,
             have,
         )
+
+
+class SchemaWatch:
+    """Reads the schema version again every ``every`` seconds of a running
+    worker, for the warning :func:`check_schema` gives at start: a worker
+    left running through a rolling deploy's ``migrate`` said nothing, so
+    only ``doctor`` (or the dashboard's worker versions) found it.
+
+    Called by the heartbeat thread after each beat, on its connection (a
+    read of ``jobkeeper_schema``, which no claim or enqueue locks). It never
+    raises: an unreadable version was said at start, and an outage is the
+    beat's to report.
+
+    Args:
+        where: the database's URL, redacted, for the warning.
+        worker_id: the worker's id, for the warning.
+        every: seconds between reads.
+    """
+
+    def __init__(self, *, where: str, worker_id: str, every: float = 60.0) -> None:
+        self.where = where
+        self.worker_id = worker_id
+        self.every = every
+        self._read_at = time.monotonic()
+
+    def __call__(self, backend: Backend) -> None:
+        now = time.monotonic()
+        if now - self._read_at < self.every:
+            return
+        self._read_at = now
+        try:
+            have = backend.schema_version()
+        except DatabaseError as exc:
+            logger.debug("schema version not read again: %s", exc)
+            return
+        _warn_if_ahead(have, backend.schema_expected(), where=self.where, worker_id=self.worker_id)

@@ -17,7 +17,7 @@ import psycopg
 from psycopg.rows import tuple_row
 
 from jobkeeper.backends.cockpit import CockpitReads
-from jobkeeper.backends.migrate import apply_migrations
+from jobkeeper.backends.migrate import apply_migrations, unrecorded_schema
 from jobkeeper.backends.postgres.aio import PostgresAsync
 from jobkeeper.backends.postgres.arrays import array_literals
 from jobkeeper.backends.postgres.claimrows import claimed_job
@@ -131,10 +131,11 @@ class PostgresBackend(
         return version
 
     def schema_version(self) -> int:
-        rows = self._fetch_raw(QUERIES["schema_exists"])
-        if not rows or not rows[0][0]:
-            return 0
-        return int(self._fetch_raw(QUERIES["schema_version"])[0][0])
+        recorded, jobs = self._fetch_raw(QUERIES["schema_tables_exist"])[0]
+        version = int(self._fetch_raw(QUERIES["schema_version"])[0][0]) if recorded else 0
+        if version == 0 and jobs:
+            raise unrecorded_schema(self.schema_expected())
+        return version
 
     def schema_expected(self) -> int:
         return int(MIGRATIONS[-1][0])

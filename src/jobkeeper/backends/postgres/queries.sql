@@ -746,8 +746,11 @@ CREATE TABLE IF NOT EXISTS jobkeeper_schema (
     applied_at timestamptz NOT NULL DEFAULT now()
 )
 
--- name: schema_exists
-SELECT to_regclass('jobkeeper_schema') IS NOT NULL
+-- name: schema_tables_exist
+-- Whether the record of versions applied exists, and whether the jobs table
+-- does: the second without the first (or with the record empty) is a schema
+-- whose record was lost, not one to create.
+SELECT to_regclass('jobkeeper_schema') IS NOT NULL, to_regclass('jobkeeper_jobs') IS NOT NULL
 
 -- name: schema_version
 SELECT coalesce(max(version), 0) FROM jobkeeper_schema

@@ -20,7 +20,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from jobkeeper.backends.cockpit import CockpitReads, json_ids
-from jobkeeper.backends.migrate import apply_migrations
+from jobkeeper.backends.migrate import apply_migrations, unrecorded_schema
 from jobkeeper.backends.rows import (
     STAGE_LIMIT,
     claim_arrays,
@@ -101,9 +101,11 @@ class SqliteBackend(
             return 0
         with self._errors():
             conn = self._conn()
-            if not conn.execute(QUERIES["schema_exists"]).fetchone()[0]:
-                return 0
-            return int(conn.execute(QUERIES["schema_version"]).fetchone()[0])
+            recorded, jobs = conn.execute(QUERIES["schema_tables_exist"]).fetchone()
+            version = int(conn.execute(QUERIES["schema_version"]).fetchone()[0]) if recorded else 0
+        if version == 0 and jobs:
+            raise unrecorded_schema(self.schema_expected())
+        return version
 
     def schema_expected(self) -> int:
         return int(MIGRATIONS[-1][0])

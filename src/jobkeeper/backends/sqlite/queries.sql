@@ -459,8 +459,10 @@ CREATE TABLE IF NOT EXISTS jobkeeper_schema (
     applied_at REAL    NOT NULL
 )
 
--- name: schema_exists
-SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'jobkeeper_schema')
+-- name: schema_tables_exist
+-- As PostgreSQL's: the record of versions applied, and the jobs table.
+SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'jobkeeper_schema'),
+       EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'jobkeeper_jobs')
 
 -- name: schema_version
 SELECT coalesce(max(version), 0) FROM jobkeeper_schema
