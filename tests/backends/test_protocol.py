@@ -44,6 +44,9 @@ ONLY_IN = {
         # migrate()'s lock of the jobs table before it migrates a schema in
         # use (a deadlock with a claim in flight); SQLite has one writer.
         "schema_lock_jobs",
+        # The schema watch's bound on waiting for a lock on jobkeeper_schema;
+        # SQLite's reads (WAL) never wait on a writer.
+        "schema_lock_wait",
         # A retired index dropped CONCURRENTLY after migrate commits; SQLite's
         # migration drops it inside (one writer: no deadlock to avoid).
         "schema_drop_serial_first_index",

@@ -14,7 +14,7 @@ from jobkeeper.doctor import run_checks
 from support.db import count, is_pg, sql
 
 DEPLOYING = Path(__file__).resolve().parents[2] / "docs" / "deploying.md"
-REFUSED = "jobkeeper_schema records no schema version, yet jobkeeper's tables exist"
+REFUSED = "jobkeeper_schema records no schema version, yet a jobkeeper_jobs table exists"
 
 
 def recording_sql(target: object, version: int) -> list[str]:
@@ -75,3 +75,38 @@ def test_a_fresh_database_is_still_created(db_url):
     with JobQueue(db_url) as jq:
         assert jq.backend.schema_version() == 0
         assert jq.migrate() == jq.backend.schema_expected()
+
+
+def test_postgres_tables_further_down_the_search_path_are_no_lost_record(pg_url):
+    # With "tenant, public", migrate creates the tenant's tables in tenant:
+    # the check looked through the whole search path and refused them
+    # because public had jobkeeper's tables (break-test 72).
+    schema = pg_url.rsplit("search_path%3D", 1)[1]
+    tenant = f"{schema}_tenant"
+    unrelated = f"{schema}_unrelated"
+    sql(pg_url, f'CREATE SCHEMA "{tenant}"')
+    sql(pg_url, f'CREATE SCHEMA "{unrelated}"')
+    sql(pg_url, f'CREATE TABLE "{unrelated}".jobkeeper_jobs (id int)')
+    try:
+        with JobQueue(pg_url) as jq:
+            want = jq.migrate()
+        for below in (schema, unrelated):
+            path = f"{tenant}_{below[-8:]}"
+            sql(pg_url, f'CREATE SCHEMA "{path}"')
+            try:
+                url = pg_url.replace(f"search_path%3D{schema}", f"search_path%3D{path}%2C{below}")
+                with JobQueue(url) as jq:
+                    assert jq.migrate() == want
+                    assert [c.level for c in run_checks(jq) if c.name == "schema"] == ["ok"]
+                tables = sql(
+                    pg_url,
+                    "SELECT count(*) FROM pg_tables WHERE schemaname = ? "
+                    "AND tablename IN ('jobkeeper_jobs', 'jobkeeper_schema')",
+                    (path,),
+                )
+                assert tables == [(2,)]
+            finally:
+                sql(pg_url, f'DROP SCHEMA "{path}" CASCADE')
+    finally:
+        sql(pg_url, f'DROP SCHEMA "{tenant}" CASCADE')
+        sql(pg_url, f'DROP SCHEMA "{unrelated}" CASCADE')

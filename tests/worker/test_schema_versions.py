@@ -8,6 +8,7 @@ import re
 import secrets
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import psycopg
@@ -15,7 +16,7 @@ import pytest
 
 from e2e.helpers import processes, wait_exit
 from jobkeeper import DatabaseError, JobQueue, JobStatus
-from support.db import PG_URL, migrate_to, sql
+from support.db import PG_URL, migrate_to, sql, url_of
 from support.settings import FAST
 from support.waiting import wait_for
 
@@ -190,3 +191,28 @@ def test_migrate_from_an_older_release_applies_nothing_and_says_so(db_url, tmp_p
     assert f"knows schema versions up to {want}" in done.stderr
     assert "nothing was applied: upgrade jobkeeper here" in done.stderr
     assert int(sql(db_url, "SELECT max(version) FROM jobkeeper_schema")[0][0]) == ahead
+
+
+def test_a_lock_held_on_the_schema_record_stops_no_heartbeat(pg_url):
+    # A restore's TRUNCATE of jobkeeper_schema, left open: the schema watch
+    # read on the heartbeat's connection waited behind it, the beats stopped,
+    # and a live worker's job was rescued and ran twice (break-test 72).
+    with JobQueue(pg_url, **FAST) as jq:
+        jq.migrate()
+        worker = jq.worker()
+        worker.schema_watch.every = 0.1
+        with running(worker), psycopg.connect(url_of(pg_url)) as locker:
+            wait_for(lambda: worker.rescuer.passes >= 2, what="two rescue passes")
+            locker.execute("LOCK TABLE jobkeeper_schema IN ACCESS EXCLUSIVE MODE")
+            beats, passes = worker.heartbeat.loop_passes, worker.rescuer.passes
+            ages = []
+            deadline = time.monotonic() + 3 * FAST["rescue_after"]
+            while time.monotonic() < deadline:
+                ages.append(worker.heartbeat.beat_age())
+                time.sleep(0.05)
+            locker.rollback()
+            # Beats every 0.1 s throughout, none older than the rescue window.
+            assert max(ages) < FAST["rescue_after"] / 2, max(ages)
+            assert worker.heartbeat.loop_passes >= beats + 10
+            # The watch's read gave up after LOCK_WAIT, so rescue passes went on.
+            assert worker.rescuer.passes >= passes + 2

@@ -292,6 +292,8 @@ class OperationsMixin(QueueBase):
 
         Raises:
             DatabaseUnavailable: the database cannot be reached.
+            DatabaseError: jobkeeper's jobs table exists with no schema
+                version recorded (``jobkeeper_schema`` emptied or dropped).
         """
         return self.backend.database_health()
 

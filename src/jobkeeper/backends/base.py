@@ -68,8 +68,19 @@ class Backend(CockpitSeam, PeriodicSeam, FlowSeam, WaitSeam, Protocol):
         """Apply pending migrations under a lock; return the schema version."""
         ...
 
-    def schema_version(self) -> int:
-        """The applied schema version, 0 when not migrated."""
+    def schema_version(self, *, lock_wait: float | None = None) -> int:
+        """The applied schema version, 0 when not migrated.
+
+        Args:
+            lock_wait: seconds to wait for a lock held on ``jobkeeper_schema``
+                (a TRUNCATE or DROP in an open transaction) before giving up
+                with ``DatabaseUnavailable``; None waits as long as it takes.
+                PostgreSQL only: SQLite's reads (WAL) never wait on a writer.
+
+        Raises:
+            DatabaseError: jobkeeper's jobs table exists with no version
+                recorded (``jobkeeper_schema`` emptied or dropped).
+        """
         ...
 
     def schema_expected(self) -> int:

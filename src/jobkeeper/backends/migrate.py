@@ -54,7 +54,13 @@ def apply_migrations(
     return current
 
 
-def unrecorded_schema(expected: int) -> DatabaseError:
+class UnrecordedSchemaError(DatabaseError):
+    """jobkeeper's jobs table found without a schema version recorded
+    (see :func:`unrecorded_schema`).
+    """
+
+
+def unrecorded_schema(expected: int) -> UnrecordedSchemaError:
     """The error for jobkeeper's tables found without a schema version
     recorded: ``jobkeeper_schema`` emptied or dropped (by hand, or by a
     restore that left it out). Read as "not migrated", such a database had
@@ -65,10 +71,10 @@ def unrecorded_schema(expected: int) -> DatabaseError:
         expected: the schema version of this code, named in the message
             (the version of tables this code made or last migrated).
     """
-    return DatabaseError(
-        "jobkeeper_schema records no schema version, yet jobkeeper's tables exist: its rows "
-        "were deleted or the table dropped, so which migrations to run is unknown; nothing "
-        "was changed. Record the version the tables are at (this jobkeeper's is "
-        f'{expected}; docs/deploying.md, "A lost schema record", has the SQL), then run '
-        "`jobkeeper migrate`"
+    return UnrecordedSchemaError(
+        "jobkeeper_schema records no schema version, yet a jobkeeper_jobs table exists: "
+        "jobkeeper_schema's rows were deleted or the table dropped (or that table is not "
+        "jobkeeper's), so which migrations to run is unknown; nothing was changed. Record the "
+        f"version the tables are at (this jobkeeper's is {expected}; docs/deploying.md, "
+        '"A lost schema record", has the SQL), then run `jobkeeper migrate`'
     )

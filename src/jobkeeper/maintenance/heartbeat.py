@@ -34,9 +34,6 @@ class Heartbeat(IntervalService):
         on_holds: called after a spell (on the beat that ends it and on the
             next) with the jobs the database says we hold, read after the
             beat, and the spell count as of that beat.
-        after_beat: called with the heartbeat's backend after each beat that
-            the database acknowledged (the worker's schema watch); it must
-            not raise.
     """
 
     def __init__(
@@ -47,14 +44,12 @@ class Heartbeat(IntervalService):
         on_cancel: Callable[[Claim], None],
         stale_after: float | None = None,
         on_holds: Callable[[list[Job], int], None] | None = None,
-        after_beat: Callable[[Backend], None] | None = None,
     ) -> None:
         super().__init__("jobkeeper-heartbeat", interval)
         self._backend = backend
         self._worker = worker
         self._on_cancel = on_cancel
         self._on_holds = on_holds
-        self._after_beat = after_beat
         #: Test hook: when set, beats are skipped (simulates a stalled worker).
         self.paused = False
         # Writers of the last acknowledged beat and the stale spells.
@@ -160,5 +155,3 @@ class Heartbeat(IntervalService):
             self._on_holds(self._backend.job_held_by(worker_id=self._worker.id), spells)
         for claim in self._backend.job_cancel_requested(worker_id=self._worker.id):
             self._on_cancel(claim)
-        if self._after_beat is not None:
-            self._after_beat(self._backend)

@@ -90,6 +90,9 @@ class Rescuer(IntervalService):
             the dead letters) is emitted per job rescued.
         max_crashes_of: a job's crash budget (its task's ``max_crashes`` in
             this worker's app, else the setting); None: the setting for all.
+        after_pass: called with the rescuer's backend after each pass (the
+            worker's schema watch); it must not raise, and must not wait on
+            a lock for long: the next pass waits for it.
     """
 
     def __init__(
@@ -100,8 +103,10 @@ class Rescuer(IntervalService):
         may_judge: Callable[[float], bool] | None = None,
         events: EventBus | None = None,
         max_crashes_of: Callable[[Job], int] | None = None,
+        after_pass: Callable[[Backend], None] | None = None,
     ) -> None:
         super().__init__("jobkeeper-rescuer", interval)
+        self._after_pass = after_pass
         self._max_crashes_of = max_crashes_of
         self._events = events if events is not None else EventBus()
         self._backend = backend
@@ -120,6 +125,8 @@ class Rescuer(IntervalService):
         except DatabaseUnavailable:
             self._unreachable = True
             raise
+        if self._after_pass is not None:
+            self._after_pass(self._backend)
 
     def _pass(self) -> None:
         rescue_after = self._settings.rescue_after

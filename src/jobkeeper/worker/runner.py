@@ -155,7 +155,6 @@ class Worker:
             self._on_cancel,
             stale_after=fresh_for,
             on_holds=self._on_holds,
-            after_beat=self.schema_watch,
         )
         self.claims = Claims(
             # Not the API pool: tasks may hold every pooled connection
@@ -210,6 +209,7 @@ class Worker:
             may_judge=self._may_judge,
             events=self.events,
             max_crashes_of=self._max_crashes_of,
+            after_pass=self.schema_watch,
         )
         self.leader = Leader(
             self._dedicated("leader"), self.info.id, ttl=max(3 * settings.heartbeat_interval, 1.0)

@@ -6,6 +6,7 @@ import logging
 import time
 
 from jobkeeper.backends.base import Backend
+from jobkeeper.backends.migrate import UnrecordedSchemaError
 from jobkeeper.errors import DatabaseError, DatabaseUnavailable
 from jobkeeper.version import __version__
 
@@ -40,6 +41,9 @@ def check_schema(backend: Backend, *, where: str, worker_id: str) -> None:
         have = backend.schema_version()
     except DatabaseUnavailable:
         raise
+    except UnrecordedSchemaError as exc:
+        logger.warning("%s -- this worker runs, unchecked", exc)
+        return
     except DatabaseError as exc:
         logger.warning("could not read the schema version (%s); not checked", exc)
         return
@@ -66,16 +70,24 @@ def _warn_if_ahead(have: int, want: int, *, where: str, worker_id: str) -> None:
         )
 
 
+#: Seconds the watch's read of the schema version waits for a lock on
+#: ``jobkeeper_schema`` before it gives up until its next read.
+LOCK_WAIT = 1.0
+
+
 class SchemaWatch:
     """Reads the schema version again every ``every`` seconds of a running
     worker, for the warning :func:`check_schema` gives at start: a worker
     left running through a rolling deploy's ``migrate`` said nothing, so
     only ``doctor`` (or the dashboard's worker versions) found it.
 
-    Called by the heartbeat thread after each beat, on its connection (a
-    read of ``jobkeeper_schema``, which no claim or enqueue locks). It never
-    raises: an unreadable version was said at start, and an outage is the
-    beat's to report.
+    Called by the rescuer thread after each pass, on its connection, never
+    by the heartbeat's: a restore's TRUNCATE of ``jobkeeper_schema`` held the
+    read, so the beats stopped, and a live worker's job was rescued and ran
+    twice (break-test 72). The read gives up after ``LOCK_WAIT`` seconds on
+    such a lock, so a rescue pass is held no longer. It never raises: an
+    unreadable version was said at start, and an outage is the rescuer's to
+    report.
 
     Args:
         where: the database's URL, redacted, for the warning.
@@ -95,7 +107,7 @@ class SchemaWatch:
             return
         self._read_at = now
         try:
-            have = backend.schema_version()
+            have = backend.schema_version(lock_wait=LOCK_WAIT)
         except DatabaseError as exc:
             logger.debug("schema version not read again: %s", exc)
             return

@@ -130,9 +130,14 @@ class PostgresBackend(
                 self._fetch_raw(QUERIES[query])
         return version
 
-    def schema_version(self) -> int:
-        recorded, jobs = self._fetch_raw(QUERIES["schema_tables_exist"])[0]
-        version = int(self._fetch_raw(QUERIES["schema_version"])[0][0]) if recorded else 0
+    def schema_version(self, *, lock_wait: float | None = None) -> int:
+        with self._cursor(transaction=lock_wait is not None) as cursor:
+            if lock_wait is not None:
+                cursor.execute(QUERIES["schema_lock_wait"], (f"{round(lock_wait * 1000)}ms",))
+            recorded, jobs = cursor.execute(QUERIES["schema_tables_exist"]).fetchall()[0]
+            version = 0
+            if recorded:
+                version = int(cursor.execute(QUERIES["schema_version"]).fetchall()[0][0])
         if version == 0 and jobs:
             raise unrecorded_schema(self.schema_expected())
         return version

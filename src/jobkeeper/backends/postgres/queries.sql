@@ -747,10 +747,22 @@ CREATE TABLE IF NOT EXISTS jobkeeper_schema (
 )
 
 -- name: schema_tables_exist
--- Whether the record of versions applied exists, and whether the jobs table
--- does: the second without the first (or with the record empty) is a schema
--- whose record was lost, not one to create.
-SELECT to_regclass('jobkeeper_schema') IS NOT NULL, to_regclass('jobkeeper_jobs') IS NOT NULL
+-- Whether the record of versions applied exists (on the search path, as
+-- every query finds it), and whether the jobs table exists in the schema
+-- where migrate creates tables (the first on the search path: with
+-- "tenant, public" the tables in public are no reason to refuse a new
+-- tenant). The jobs table without a record, or with the record empty, is a
+-- schema whose record was lost, not one to create.
+SELECT to_regclass('jobkeeper_schema') IS NOT NULL,
+       EXISTS (SELECT 1 FROM pg_class AS relation
+               JOIN pg_namespace AS namespace ON namespace.oid = relation.relnamespace
+               WHERE namespace.nspname = current_schema()
+                 AND relation.relname = 'jobkeeper_jobs')
+
+-- name: schema_lock_wait
+-- For the rest of the transaction: give up on a lock after this long (text,
+-- such as '1000ms') instead of waiting as long as it takes.
+SELECT set_config('lock_timeout', %s, true)
 
 -- name: schema_version
 SELECT coalesce(max(version), 0) FROM jobkeeper_schema

@@ -96,7 +96,8 @@ class SqliteBackend(
 
             return apply_migrations(execute, MIGRATIONS, QUERIES)
 
-    def schema_version(self) -> int:
+    def schema_version(self, *, lock_wait: float | None = None) -> int:
+        # lock_wait is PostgreSQL's: a read here (WAL) never waits on a writer.
         if not os.path.exists(self.path):
             return 0
         with self._errors():
