@@ -96,6 +96,20 @@ def test_prune_refuses_a_window_shorter_than_a_live_workers_refresh(cli, window)
     assert cli.json("periodic", "prune", "--stale-after", "15") == {"pruned": []}
 
 
+@pytest.mark.parametrize("command", ["list", "prune"])
+def test_a_window_longer_than_100_years_is_refused_by_name(cli, command):
+    # Found by a break-test: 1e12 s failed on PostgreSQL only, as "timestamp
+    # out of range" (exit 1), once a periodic row existed.
+    live = app(cli.url, every=60, task="live")
+    service(live).run_once()
+    code, _, err = cli("periodic", command, "--stale-after", "1e12")
+    assert code == 2 and "--stale-after=1000000000000.0 is longer than 100 years" in err, err
+    assert [r["name"] for r in cli.json("periodic", "list")] == ["live"]
+    # 100 years itself is a window like any other.
+    listed = cli.json("periodic", "list", "--stale-after", str(100 * 365.25 * 86400))
+    assert [(r["name"], r["stale"]) for r in listed] == [("live", False)]
+
+
 def test_a_live_periodic_whose_next_tick_passed_unfired_shows_overdue(cli):
     # Left over from an earlier break-test (found on the dashboard): a periodic
     # whose worker had stopped less than --stale-after ago listed a next tick

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import math
 from typing import Any, ParamSpec, TypeVar, overload
 
 from jobkeeper.api.base import DEFAULT_MAX_ATTEMPTS, DEFAULT_QUEUE, QueueBase, _PeriodicDecorator
+from jobkeeper.config import check_age
 from jobkeeper.errors import ConfigError, shown
 from jobkeeper.maintenance.periodic import MAX_REFRESH
 from jobkeeper.periodic import (
@@ -195,6 +195,10 @@ class PeriodicsMixin(QueueBase):
                 periodic after which it is ``stale`` (default: ``rescue_after``,
                 at least three of the workers' longest refresh periods, 15 s):
                 no running worker registers it any more.
+
+        Raises:
+            ConfigError: ``stale_after`` is not a number of seconds >= 0, or
+                is longer than 100 years.
         """
         return self.backend.periodic_list(stale_after=self._stale_after(stale_after))
 
@@ -210,8 +214,8 @@ class PeriodicsMixin(QueueBase):
                 between two passes and lose a tick.
 
         Raises:
-            ConfigError: ``stale_after`` is not a number of seconds, or is
-                below ``MIN_PRUNE_STALE_AFTER``.
+            ConfigError: ``stale_after`` is not a number of seconds, is
+                below ``MIN_PRUNE_STALE_AFTER`` or longer than 100 years.
         """
         window = self._stale_after(stale_after)
         if window < MIN_PRUNE_STALE_AFTER:
@@ -225,13 +229,7 @@ class PeriodicsMixin(QueueBase):
     def _stale_after(self, stale_after: float | None) -> float:
         if stale_after is None:
             return max(self.settings.rescue_after, MIN_PRUNE_STALE_AFTER)
-        try:
-            # isfinite() of an int past float's range raises OverflowError.
-            finite = isinstance(stale_after, int | float) and math.isfinite(stale_after)
-        except OverflowError:
-            finite = False
-        if isinstance(stale_after, bool) or not finite or stale_after < 0:
-            raise ConfigError(
-                f"stale_after must be a finite number of seconds >= 0, got {shown(stale_after)}"
-            )
-        return float(stale_after)
+        # At most 100 years, as every age: PostgreSQL's timestamps end in
+        # 294276 AD, and 1e12 s before now failed there as "timestamp out of
+        # range" (exit 1) where SQLite accepted it.
+        return check_age("stale_after", stale_after)
