@@ -365,10 +365,12 @@ def check_schedule(delay: Any, run_at: Any) -> tuple[float | None, datetime | No
             ) from None
         # As far back as ahead: a year-1 run_at would make every queue
         # latency figure read 2,000 years.
-        if abs((utc - datetime.now(UTC)).total_seconds()) > MAX_DELAY:
+        offset = (utc - datetime.now(UTC)).total_seconds()
+        if abs(offset) > MAX_DELAY:
             raise ConfigError(
-                f"run_at={run_at.isoformat()} is more than 100 years from now"
-                f" ({MAX_DELAY:.0f} seconds, the limit of delay too)"
+                f"run_at={run_at.isoformat()} is more than 100 years "
+                + ("from now" if offset > 0 else "ago")
+                + f" ({MAX_DELAY:.0f} seconds, the limit of delay too)"
             )
         return None, utc
     return None, None

@@ -79,6 +79,18 @@ def test_job_page_shows_args_result_errors_and_why(client, seeded):
     assert client.get("/jobs/nope").status_code == 404
 
 
+def test_job_page_shows_args_and_result_as_stored_and_escaped(client, jq):
+    # Found by a break-test: Jinja's tojson wrote <, >, & and ' as \u003c and
+    # so on, so an operator read "\u0026" in a URL where `jobs show` printed "&".
+    args = {"url": "https://x.test/?a=1&b=2", "msg": "<script>alert('x')</script>", "é": "ü"}
+    job = jq.enqueue("shown", args)
+    html = client.get(f"/jobs/{job.id}").text
+    assert "\\u00" not in html
+    assert "https://x.test/?a=1&amp;b=2" in html
+    assert "&lt;script&gt;alert(&#39;x&#39;)&lt;/script&gt;" in html and "<script>alert" not in html
+    assert "&#34;é&#34;: &#34;ü&#34;" in html
+
+
 def test_available_job_without_a_worker_says_so(client, jq):
     job = jq.enqueue("lonely", {}, queue="nobody")
     assert "No live worker serves queue &#39;nobody&#39;" in client.get(f"/jobs/{job.id}").text

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
+import sqlite3
 import sys
 import time
 from typing import Any
@@ -16,6 +18,7 @@ from jobkeeper import JobQueue
 from jobkeeper.cli.main import main
 from jobkeeper.dashboard.app import PASSWORD_ENV, is_loopback
 from jobkeeper.doctor import Check, exit_code, run_checks
+from support.db import migrate_to
 
 from .seed import seed
 
@@ -252,6 +255,35 @@ def test_throughput_and_oldest_due(jq):
     oldest = jq.oldest_due()
     assert oldest["emails"][0] == seeded.available[0] and oldest["emails"][1] >= 0
     assert "reports" not in oldest
+
+
+def test_dashboard_refuses_a_schema_it_cannot_read(db_url, capsys, served, monkeypatch):
+    # Found by a break-test: on an unmigrated PostgreSQL database it served,
+    # and answered every page (/metrics too) with a 500.
+    if db_url.startswith("sqlite"):
+        # A database file, without jobkeeper's tables (a missing or empty
+        # file is refused before, by the connection).
+        with contextlib.closing(sqlite3.connect(db_url.removeprefix("sqlite:///"))) as conn:
+            conn.execute("CREATE TABLE unrelated (x)")
+    code, out, err = run(capsys, "--database", db_url, "dashboard", "--port", "0")
+    assert code == 1 and "is not migrated: run `jobkeeper migrate`" in err, err
+    with JobQueue(db_url) as jq:
+        want = jq.backend.schema_expected()
+        migrate_to(jq, want - 1, monkeypatch)
+    code, out, err = run(capsys, "--database", db_url, "dashboard", "--port", "0")
+    assert code == 1, err
+    assert f"at schema version {want - 1}, behind this jobkeeper's {want}" in err
+    assert served == [] and "dashboard on" not in out
+    with JobQueue(db_url) as jq:
+        jq.migrate()
+    code, out, _ = run(capsys, "--database", db_url, "dashboard", "--port", "0")
+    assert code == 0 and "dashboard on" in out and len(served) == 1
+
+
+def test_dashboard_names_an_ipv6_address_in_brackets(jq, capsys, served):
+    # Found by a break-test: --host ::1 printed http://::1:8794/.
+    code, out, _ = run(capsys, "--database", jq.url.url, "dashboard", "--host", "::1")
+    assert code == 0 and "jobkeeper dashboard on http://[::1]:" in out, out
 
 
 def test_dashboard_on_a_port_in_use_fails_in_one_line(jq, capsys, monkeypatch, served):

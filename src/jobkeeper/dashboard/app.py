@@ -45,6 +45,7 @@ from jobkeeper.dashboard.present import (
     duration,
     next_tick_note,
     number,
+    pretty_json,
     stamp,
     why_waiting,
 )
@@ -110,7 +111,9 @@ class Dashboard:
             trim_blocks=True,
             lstrip_blocks=True,
         )
-        self.env.filters.update(duration=duration, stamp=stamp, number=number)
+        self.env.filters.update(
+            duration=duration, stamp=stamp, number=number, pretty_json=pretty_json
+        )
 
     # -- rendering -------------------------------------------------------------
 

@@ -4,7 +4,9 @@ job waits.
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime
+from typing import Any
 
 from jobkeeper.models import Job, JobStatus, WorkerInfo
 from jobkeeper.periodic import PeriodicRow
@@ -43,6 +45,20 @@ def stamp(value: datetime | None) -> str:
 def number(value: int) -> str:
     """Thousands separated: 1,234,567."""
     return f"{value:,}"
+
+
+def pretty_json(value: Any) -> str:
+    """A job's args or result as the JSON it is stored as, indented, for a
+    ``<pre>`` (the template escapes it). Jinja's ``tojson`` wrote ``<``, ``>``,
+    ``&`` and ``'`` as ``\\u003c`` and so on, so a URL's ``&`` showed as
+    ``\\u0026`` where ``jobs show`` prints the stored text.
+    """
+    text = json.dumps(value, indent=2, ensure_ascii=False)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate: shown escaped, as stored
+        text = json.dumps(value, indent=2)
+    return text
 
 
 def next_tick_note(row: PeriodicRow, now: datetime) -> str | None:
