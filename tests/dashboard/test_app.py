@@ -13,6 +13,7 @@ from starlette.testclient import TestClient
 from jobkeeper import JobQueue
 from jobkeeper.dashboard import create_app
 from jobkeeper.dashboard.app import CSRF_COOKIE, PASSWORD_ENV
+from jobkeeper.dashboard.present import rate
 from jobkeeper.dashboard.security import Csrf
 from jobkeeper.models import JobStatus
 
@@ -62,6 +63,17 @@ def test_overview_counts_queues_and_statuses(client, jq):
     assert '<a href="/dead?queue=reports">1</a>' in html
     # The throughput chart counts the 12 completed jobs and the cancelled one.
     assert "13 in all" in html
+    # 13 in the hour, 0.22 a minute: shown as not zero (it read "0.2").
+    assert '<span class="value">0.22</span>' in html
+
+
+@pytest.mark.parametrize(
+    ("per_minute", "shown"),
+    [(0, "0"), (2 / 60, "0.033"), (0.1, "0.1"), (13 / 60, "0.22"), (1.5, "1.5"), (1234.4, "1,234")],
+)
+def test_a_rate_keeps_the_digits_that_show_it_is_not_zero(per_minute, shown):
+    # Found by a break-test: 2 jobs in the hour showed as "0.0" a minute.
+    assert rate(per_minute) == shown
 
 
 def test_job_page_shows_args_result_errors_and_why(client, seeded):
@@ -145,6 +157,24 @@ def test_keyset_paging(jq, client, monkeypatch):
         second = client.get("/jobs?" + match.group(1).replace("&amp;", "&")).text
         seen += _ids(second)
     assert seen == everything
+
+
+def test_only_the_dashboards_own_flash_messages_are_shown(client, seeded):
+    # Found by a break-test: /?flash=... showed anyone's text in the banner
+    # that says what an action did (escaped, but a crafted link could show a
+    # plausible "Job 12 is safe to delete.").
+    token = _token(client)
+    response = client.post(
+        f"/jobs/{seeded.retryable}/retry", data={"csrf_token": token}, follow_redirects=False
+    )
+    location = response.headers["location"]
+    html = client.get(location).text
+    assert f'<p class="flash" role="status">Job {seeded.retryable} is available again.</p>' in html
+    forged = location.replace("is+available+again", "is+safe+to+delete")
+    assert forged != location
+    for url in (forged, "/?flash=Everything+is+fine", location.split("&flash_sig=")[0]):
+        html = client.get(url).text
+        assert 'class="flash"' not in html and "safe to delete" not in html, url
 
 
 def test_retry_cancel_requeue_delete_by_post(client, jq, seeded):

@@ -46,6 +46,7 @@ from jobkeeper.dashboard.present import (
     next_tick_note,
     number,
     pretty_json,
+    rate,
     stamp,
     why_waiting,
 )
@@ -112,7 +113,7 @@ class Dashboard:
             lstrip_blocks=True,
         )
         self.env.filters.update(
-            duration=duration, stamp=stamp, number=number, pretty_json=pretty_json
+            duration=duration, stamp=stamp, number=number, pretty_json=pretty_json, rate=rate
         )
 
     # -- rendering -------------------------------------------------------------
@@ -133,6 +134,7 @@ class Dashboard:
         if now is None and database_clock:
             now = self.jq.backend.db_now()
         root = request.scope.get("root_path", "")
+        flash = request.query_params.get("flash")
         html = self.env.get_template(template).render(
             request=request,
             root=root,
@@ -144,7 +146,7 @@ class Dashboard:
             now=now,
             ago=lambda then: "—" if now is None else ago(then, now),
             database=self.jq.url.redacted(),
-            flash=request.query_params.get("flash"),
+            flash=flash if self.csrf.signed(flash, request.query_params.get("flash_sig")) else None,
             section=context.pop("section", None),
             **context,
         )
@@ -352,7 +354,7 @@ class Dashboard:
                 if queue.paused
                 else "is not paused: workers start its jobs"
             )
-            return _see_other(request, "/queues", f"Queue {queue.name} {state}.")
+            return self.see_other(request, "/queues", f"Queue {queue.name} {state}.")
 
         return await _run_sync(act, request)
 
@@ -382,7 +384,7 @@ class Dashboard:
                 if not self.jq.purge_dead([job_id]):
                     raise JobNotFound(f"no dead letter {job_id}")
                 message = f"Dead letter {job_id} deleted."
-                return _see_other(request, "/dead", message)
+                return self.see_other(request, "/dead", message)
             else:
                 return PlainTextResponse("unknown action\n", status_code=404)
         except JobNotFound as exc:
@@ -391,7 +393,16 @@ class Dashboard:
             return self.error(request, 409, str(exc))
         except JobkeeperError as exc:
             return self.error(request, 503, str(exc))
-        return _see_other(request, f"/jobs/{job_id}", message)
+        return self.see_other(request, f"/jobs/{job_id}", message)
+
+    def see_other(self, request: Request, path: str, message: str) -> RedirectResponse:
+        """Post/redirect/get: back to a page that shows the outcome. The
+        message is signed: a link of anyone's making showed any text in the
+        banner that says what an action did.
+        """
+        root = request.scope.get("root_path", "")
+        query = urlencode({"flash": message, "flash_sig": self.csrf.sign(message)})
+        return RedirectResponse(f"{root}{path}?{query}", status_code=303)
 
     def metrics(self, request: Request) -> Response:
         from jobkeeper.dashboard.metrics import render_metrics
@@ -420,12 +431,6 @@ def _no_such_id(dashboard: Dashboard, request: Request) -> Response:
     return dashboard.error(
         request, 404, f"No job {request.path_params['job_id']!r}: a job id is a positive number."
     )
-
-
-def _see_other(request: Request, path: str, message: str) -> RedirectResponse:
-    """Post/redirect/get: back to a page that shows the outcome."""
-    root = request.scope.get("root_path", "")
-    return RedirectResponse(f"{root}{path}?{urlencode({'flash': message})}", status_code=303)
 
 
 async def _run_sync(function: Callable[[Request], Response], request: Request) -> Response:

@@ -42,6 +42,20 @@ def stamp(value: datetime | None) -> str:
     return "—" if value is None else value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
+def rate(value: float) -> str:
+    """A rate with the digits that show it is not zero: "0", "0.033", "0.22",
+    "1.5", "1,234". One decimal showed 2 jobs in an hour as "0.0" a minute,
+    beside a chart that said "2 in all".
+    """
+    if value == 0:
+        return "0"
+    if value < 1:
+        return f"{value:.2g}"
+    if value < 100:
+        return f"{value:.1f}"
+    return f"{value:,.0f}"
+
+
 def number(value: int) -> str:
     """Thousands separated: 1,234,567."""
     return f"{value:,}"

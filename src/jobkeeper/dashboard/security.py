@@ -33,8 +33,18 @@ class Csrf:
         nonce = secrets.token_urlsafe(18)
         return f"{nonce}.{self._sign(nonce)}"
 
-    def _sign(self, nonce: str) -> str:
-        return hmac.new(self._secret, nonce.encode(), hashlib.sha256).hexdigest()
+    def _sign(self, text: str) -> str:
+        return hmac.new(self._secret, _raw(text), hashlib.sha256).hexdigest()
+
+    def sign(self, text: str) -> str:
+        """The signature of ``text`` (a flash message in a redirect's URL)."""
+        return self._sign(text)
+
+    def signed(self, text: str | None, signature: str | None) -> bool:
+        """Whether ``signature`` is this dashboard's of ``text``."""
+        if text is None or signature is None:
+            return False
+        return hmac.compare_digest(_raw(signature), _raw(self._sign(text)))
 
     def valid(self, cookie: str | None, field: str | None) -> bool:
         # Bytes: compare_digest refuses str holding anything but ASCII, and
