@@ -23,6 +23,7 @@ def apply_migrations(
     execute: Execute,
     migrations: Sequence[tuple[int, Sequence[str]]],
     queries: dict[str, str],
+    before_applying: Callable[[int], None] | None = None,
 ) -> int:
     """Apply every migration newer than the recorded version, in order.
 
@@ -32,6 +33,9 @@ def apply_migrations(
         queries: the backend's named queries; uses ``schema_create``,
             ``schema_version``, ``schema_tables_exist`` and
             ``schema_record`` (one positional parameter: the version).
+        before_applying: called with the recorded version (0: none),
+            read under the caller's lock, when a migration is to be
+            applied, before the first one is.
 
     Returns:
         The schema version now applied.
@@ -44,6 +48,8 @@ def apply_migrations(
     current = int(execute(queries["schema_version"], ())[0][0])
     if current == 0 and execute(queries["schema_tables_exist"], ())[0][1]:
         raise unrecorded_schema(migrations[-1][0])
+    if before_applying is not None and current < migrations[-1][0]:
+        before_applying(current)
     for version, statements in migrations:
         if version <= current:
             continue

@@ -93,8 +93,7 @@ class PostgresBackend(
     def migrate(self) -> int:
         # A schema made by this call has no one else's transactions to wait
         # for: its retired indexes (made and dropped again) are not worth a warning.
-        current = self.schema_version()
-        new_schema = current == 0
+        new_schema = False
         with self._cursor(transaction=True) as cursor:
 
             def execute(statement: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
@@ -103,12 +102,19 @@ class PostgresBackend(
                 cursor.execute(statement, params or None)
                 return cursor.fetchall() if cursor.description else []
 
+            def before_applying(current: int) -> None:
+                # The version read under the lock below: one read before it
+                # could be overtaken by an older release's migrate, leaving
+                # this one to migrate a schema in use without the table lock.
+                nonlocal new_schema
+                new_schema = current == 0
+                if not new_schema:
+                    execute(QUERIES["schema_lock_jobs"], ())
+
             # Everything runs under one transaction-scoped lock, so concurrent
             # migrate() calls apply each migration exactly once.
             execute(QUERIES["schema_lock"], (MIGRATION_LOCK_KEY,))
-            if 0 < current < self.schema_expected():
-                execute(QUERIES["schema_lock_jobs"], ())
-            version = apply_migrations(execute, MIGRATIONS, QUERIES)
+            version = apply_migrations(execute, MIGRATIONS, QUERIES, before_applying)
         # Indexes a migration retired are dropped outside its transaction
         # (DROP INDEX CONCURRENTLY cannot run inside one), once the schema
         # that no longer needs them has committed. Each drop is idempotent,
