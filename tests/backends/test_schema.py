@@ -4,6 +4,7 @@ query stays on its partial index however much history piles up.
 
 from __future__ import annotations
 
+import logging
 import secrets
 import threading
 
@@ -11,10 +12,12 @@ import psycopg
 import pytest
 
 from jobkeeper import DatabaseError, JobQueue, JobStatus
+from jobkeeper.backends.postgres.backend import MIGRATION_LOCK_KEY, PostgresBackend
 from jobkeeper.backends.postgres.backend import MIGRATIONS as PG_MIGRATIONS
 from jobkeeper.backends.postgres.backend import QUERIES as PG_QUERIES
 from jobkeeper.backends.sqlite.backend import MIGRATIONS as SQLITE_MIGRATIONS
 from support.db import PG_URL, count, migrate_to, pg_schema_url, sql
+from support.waiting import wait_for
 
 from .helpers import claim
 
@@ -201,6 +204,55 @@ def test_migrate_from_four_threads_at_once(db_url):
     finally:
         for jq in queues:
             jq.close()
+
+
+def test_postgres_migrates_that_waited_on_the_schemas_creation_do_not_warn(pg_url, caplog):
+    # They met the retired index the creating migrate had not dropped yet and
+    # warned that its drop waits for open transactions (break-test 74, after
+    # 2c7ff99): 4 of 6 runs. The migration lock is held until all four wait
+    # on it, so each read the version before any schema existed.
+    name = f"jk-test-migrate-{secrets.token_hex(4)}"
+    backends = [
+        PostgresBackend(JobQueue(pg_url).url, dedicated=True, application_name=name)
+        for _ in range(4)
+    ]
+    versions: list[int] = []
+    errors: list[BaseException] = []
+
+    def run(backend: PostgresBackend) -> None:
+        try:
+            versions.append(backend.migrate())
+        except BaseException as exc:
+            errors.append(exc)
+
+    waiting = (
+        "SELECT count(*) FROM pg_stat_activity "
+        "WHERE application_name = %s AND wait_event_type = 'Lock'"
+    )
+    holder = psycopg.connect(PG_URL, autocommit=True)
+    threads = [threading.Thread(target=run, args=(backend,)) for backend in backends]
+    try:
+        holder.execute("SELECT pg_advisory_lock(%s)", (MIGRATION_LOCK_KEY,))
+        for thread in threads:
+            thread.start()
+        wait_for(
+            lambda: holder.execute(waiting, (name,)).fetchone() == (4,),
+            what="four migrates waiting on the migration lock",
+        )
+        holder.execute("SELECT pg_advisory_unlock(%s)", (MIGRATION_LOCK_KEY,))
+        for thread in threads:
+            thread.join(60)
+        assert errors == [] and versions == [LATEST] * 4
+        warned = [
+            r.getMessage()
+            for r in caplog.records
+            if r.levelno >= logging.WARNING and "dropping index" in r.getMessage()
+        ]
+        assert warned == []
+    finally:
+        holder.close()
+        for backend in backends:
+            backend.close()
 
 
 def _pg_plan(jq: JobQueue, query: str, params: dict[str, object]) -> str:

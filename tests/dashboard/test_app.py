@@ -69,7 +69,15 @@ def test_overview_counts_queues_and_statuses(client, jq):
 
 @pytest.mark.parametrize(
     ("per_minute", "shown"),
-    [(0, "0"), (2 / 60, "0.033"), (0.1, "0.1"), (13 / 60, "0.22"), (1.5, "1.5"), (1234.4, "1,234")],
+    [
+        (0, "0"),
+        (2 / 60, "0.033"),
+        (0.1, "0.1"),
+        (13 / 60, "0.22"),
+        (1.5, "1.5"),
+        (99.96, "100"),
+        (1234.4, "1,234"),
+    ],
 )
 def test_a_rate_keeps_the_digits_that_show_it_is_not_zero(per_minute, shown):
     # Found by a break-test: 2 jobs in the hour showed as "0.0" a minute.
@@ -159,10 +167,11 @@ def test_keyset_paging(jq, client, monkeypatch):
     assert seen == everything
 
 
-def test_only_the_dashboards_own_flash_messages_are_shown(client, seeded):
-    # Found by a break-test: /?flash=... showed anyone's text in the banner
-    # that says what an action did (escaped, but a crafted link could show a
-    # plausible "Job 12 is safe to delete.").
+def test_only_the_dashboards_own_flash_messages_are_shown(client, seeded, monkeypatch):
+    # Found by break-tests: /?flash=... showed anyone's text in the banner
+    # that says what an action did (73); a signed message could then be shown
+    # on any page, at any later time, and the CSRF cookie's nonce.signature
+    # passed as a signed message (74).
     token = _token(client)
     response = client.post(
         f"/jobs/{seeded.retryable}/retry", data={"csrf_token": token}, follow_redirects=False
@@ -170,11 +179,25 @@ def test_only_the_dashboards_own_flash_messages_are_shown(client, seeded):
     location = response.headers["location"]
     html = client.get(location).text
     assert f'<p class="flash" role="status">Job {seeded.retryable} is available again.</p>' in html
-    forged = location.replace("is+available+again", "is+safe+to+delete")
-    assert forged != location
-    for url in (forged, "/?flash=Everything+is+fine", location.split("&flash_sig=")[0]):
+    query = location.split("?", 1)[1]
+    nonce, _, signature = token.partition(".")
+    refused = [
+        location.replace("is+available+again", "is+safe+to+delete"),  # altered
+        "/?flash=Everything+is+fine",  # unsigned
+        location.split("&flash_sig=")[0],  # signature dropped
+        f"/?{query}",  # another page
+        f"/jobs/{seeded.completed[0]}?{query}",  # another job's page
+        f"/?flash={nonce}&flash_sig={signature}",  # the CSRF token
+    ]
+    for url in refused:
         html = client.get(url).text
         assert 'class="flash"' not in html and "safe to delete" not in html, url
+    # Shown again on a reload within a minute, not after.
+    import jobkeeper.dashboard.app as app_module
+
+    later = app_module.wall_clock() + 61
+    monkeypatch.setattr(app_module, "wall_clock", lambda: later)
+    assert 'class="flash"' not in client.get(location).text
 
 
 def test_retry_cancel_requeue_delete_by_post(client, jq, seeded):

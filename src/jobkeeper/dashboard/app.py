@@ -26,6 +26,7 @@ import os
 import secrets
 from collections.abc import Callable
 from importlib import resources
+from time import time as wall_clock
 from typing import Any
 from urllib.parse import parse_qs, urlencode
 
@@ -134,19 +135,20 @@ class Dashboard:
         if now is None and database_clock:
             now = self.jq.backend.db_now()
         root = request.scope.get("root_path", "")
-        flash = request.query_params.get("flash")
+        path = request.url.path.removeprefix(root) or "/"
+        flash = self.csrf.flash_message(path, request.query_params, wall_clock())
         html = self.env.get_template(template).render(
             request=request,
             root=root,
             nav=[entry for entry in NAV if entry.available(self.jq)],
-            path=request.url.path.removeprefix(root) or "/",
+            path=path,
             read_only=self.read_only,
             csrf_field=CSRF_FIELD,
             csrf_token=token,
             now=now,
             ago=lambda then: "—" if now is None else ago(then, now),
             database=self.jq.url.redacted(),
-            flash=flash if self.csrf.signed(flash, request.query_params.get("flash_sig")) else None,
+            flash=flash,
             section=context.pop("section", None),
             **context,
         )
@@ -396,12 +398,11 @@ class Dashboard:
         return self.see_other(request, f"/jobs/{job_id}", message)
 
     def see_other(self, request: Request, path: str, message: str) -> RedirectResponse:
-        """Post/redirect/get: back to a page that shows the outcome. The
-        message is signed: a link of anyone's making showed any text in the
-        banner that says what an action did.
+        """Post/redirect/get: back to a page that shows the outcome, signed
+        for that page and this moment (see :meth:`Csrf.flash_params`).
         """
         root = request.scope.get("root_path", "")
-        query = urlencode({"flash": message, "flash_sig": self.csrf.sign(message)})
+        query = urlencode(self.csrf.flash_params(path, message, wall_clock()))
         return RedirectResponse(f"{root}{path}?{query}", status_code=303)
 
     def metrics(self, request: Request) -> Response:

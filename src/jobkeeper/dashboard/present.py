@@ -51,7 +51,7 @@ def rate(value: float) -> str:
         return "0"
     if value < 1:
         return f"{value:.2g}"
-    if value < 100:
+    if round(value, 1) < 100:
         return f"{value:.1f}"
     return f"{value:,.0f}"
 

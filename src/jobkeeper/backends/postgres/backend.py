@@ -91,9 +91,12 @@ class PostgresBackend(
     # -- schema -------------------------------------------------------------
 
     def migrate(self) -> int:
-        # A schema made by this call has no one else's transactions to wait
-        # for: its retired indexes (made and dropped again) are not worth a warning.
-        new_schema = False
+        # A schema made by this call, or by another migrate this one waited
+        # on, has no one else's transactions to wait for: its retired indexes
+        # (made, and dropped again by each) are not worth a warning. Read
+        # before the lock for that only; the lock of the jobs table is decided
+        # under it (before_applying).
+        new_schema = self.schema_version() == 0
         with self._cursor(transaction=True) as cursor:
 
             def execute(statement: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
@@ -106,9 +109,7 @@ class PostgresBackend(
                 # The version read under the lock below: one read before it
                 # could be overtaken by an older release's migrate, leaving
                 # this one to migrate a schema in use without the table lock.
-                nonlocal new_schema
-                new_schema = current == 0
-                if not new_schema:
+                if current > 0:
                     execute(QUERIES["schema_lock_jobs"], ())
 
             # Everything runs under one transaction-scoped lock, so concurrent
