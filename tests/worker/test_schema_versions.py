@@ -79,6 +79,17 @@ def ahead_by_one(url: str) -> int:
     return int(sql(url, "SELECT max(version) FROM jobkeeper_schema")[0][0])
 
 
+def assert_warned_once_of(jq: JobQueue, ahead: int, caplog: pytest.LogCaptureFixture) -> None:
+    """One warning, naming this code's schema version and ``ahead``."""
+    warnings = [r.getMessage() for r in caplog.records if "upgrade it" in r.getMessage()]
+    want = jq.backend.schema_expected()
+    assert len(warnings) == 1, warnings
+    assert (
+        f"whose schema version is {want}, on {jq.url.redacted()} at version {ahead}"
+        in (warnings[0])
+    )
+
+
 def test_a_worker_on_a_newer_schema_runs_and_warns_once(db_url, caplog):
     with JobQueue(db_url, **FAST) as jq:
         jq.migrate()
@@ -97,13 +108,7 @@ def test_a_worker_on_a_newer_schema_runs_and_warns_once(db_url, caplog):
         for job in jobs:
             done = jq.get_job(job.id)
             assert done is not None and done.status is JobStatus.COMPLETED
-        warnings = [r.getMessage() for r in caplog.records if "upgrade it" in r.getMessage()]
-        want = jq.backend.schema_expected()
-        assert len(warnings) == 1, warnings
-        assert (
-            f"whose schema version is {want}, on {jq.url.redacted()} at version {ahead}"
-            in (warnings[0])
-        )
+        assert_warned_once_of(jq, ahead, caplog)
 
 
 def test_a_worker_process_on_a_newer_schema_runs_its_jobs(db_url, tmp_path):
@@ -162,20 +167,15 @@ def test_a_running_worker_warns_once_when_a_newer_release_migrates_under_it(db_u
         worker = jq.worker()
         worker.schema_watch.every = 0.2
         with running(worker):
-            wait_for(lambda: worker.heartbeat.loop_passes >= 3, what="three heartbeats")
+            # The watch reads after rescue passes (never on the heartbeat's thread).
+            wait_for(lambda: worker.rescuer.passes >= 3, what="three rescue passes")
             assert "upgrade it" not in caplog.text
             ahead = ahead_by_one(db_url)
             wait_for(lambda: "upgrade it" in caplog.text, what="the warning of a newer schema")
             # Read again at least twice more: still one warning.
-            passes = worker.heartbeat.loop_passes
-            wait_for(lambda: worker.heartbeat.loop_passes >= passes + 6, what="six more heartbeats")
-        warnings = [r.getMessage() for r in caplog.records if "upgrade it" in r.getMessage()]
-        want = jq.backend.schema_expected()
-        assert len(warnings) == 1, warnings
-        assert (
-            f"whose schema version is {want}, on {jq.url.redacted()} at version {ahead}"
-            in (warnings[0])
-        )
+            passes = worker.rescuer.passes
+            wait_for(lambda: worker.rescuer.passes >= passes + 4, what="four more rescue passes")
+        assert_warned_once_of(jq, ahead, caplog)
 
 
 def test_migrate_from_an_older_release_applies_nothing_and_says_so(db_url, tmp_path):
