@@ -9,7 +9,6 @@ import socket
 
 import click
 
-from jobkeeper.api import JobQueue
 from jobkeeper.cli import render
 from jobkeeper.cli.common import (
     COUNT,
@@ -23,8 +22,8 @@ from jobkeeper.cli.common import (
     terminate_as_interrupt,
 )
 from jobkeeper.cli.loading import open_app_queue
-from jobkeeper.errors import DatabaseError
 from jobkeeper.version import __version__
+from jobkeeper.worker.schema import require_migrated
 
 
 @click.command("migrate", cls=Command)
@@ -116,7 +115,9 @@ def dashboard(ctx: click.Context, host: str, port: int, read_only: bool) -> None
         )
     jq = open_queue(ctx)
     jq.backend.db_now()  # an unreachable database fails here, in one line
-    _check_dashboard_schema(jq)
+    # On an unmigrated PostgreSQL database it served, and answered every page
+    # (/metrics too) with a 500 naming the missing table.
+    require_migrated(jq.backend, where=jq.url.redacted())
     port = _check_listen(host, port)
     console.print(
         # An IPv6 address goes in brackets in a URL (RFC 3986).
@@ -126,22 +127,6 @@ def dashboard(ctx: click.Context, host: str, port: int, read_only: bool) -> None
         highlight=False,
     )
     uvicorn.run(create_app(jq, read_only=read_only), host=host, port=port, log_level="warning")
-
-
-def _check_dashboard_schema(jq: JobQueue) -> None:
-    """Refuse a schema the dashboard's pages cannot read, before serving
-    (exit 1, as a worker refuses one):
-    on an unmigrated PostgreSQL database it served, and answered every page
-    (``/metrics`` too) with a 500 naming the missing table.
-    """
-    have, want = jq.backend.schema_version(), jq.backend.schema_expected()
-    if have == 0:
-        raise DatabaseError(f"{jq.url.redacted()} is not migrated: run `jobkeeper migrate`")
-    if have < want:
-        raise DatabaseError(
-            f"{jq.url.redacted()} is at schema version {have}, behind this jobkeeper's {want}: "
-            "run `jobkeeper migrate`"
-        )
 
 
 @click.command("doctor", cls=Command)

@@ -22,6 +22,7 @@ from jobkeeper.errors import DatabaseError
 from jobkeeper.maintenance.leader import MAINTENANCE
 from jobkeeper.verify.fleet import FAULTS, Fleet
 from jobkeeper.verify.history import History, Report, Row, check, read_exec_logs
+from jobkeeper.worker.schema import require_migrated
 
 #: Worker log text that fails the run wherever it appears.
 FORBIDDEN_LOG_TEXT = ("Traceback", "unexpected error")
@@ -89,16 +90,7 @@ def preflight(url: str) -> str:
     except DatabaseError as exc:
         raise BadInput(str(exc)) from None
     try:
-        backend = jq.backend
-        if backend.schema_version() == 0:
-            raise BadInput(f"{jq.url.redacted()} is not migrated: run `jobkeeper migrate`")
-        facts = backend.database_health()
-        have, want = facts.get("schema_version"), facts.get("schema_expected")
-        if have is not None and want is not None and have < want:
-            raise BadInput(
-                f"{jq.url.redacted()} is at schema version {have}, the code needs {want}: "
-                "run `jobkeeper migrate`"
-            )
+        require_migrated(jq.backend, where=jq.url.redacted())
         return "postgresql" if jq.url.scheme.startswith("postgres") else "sqlite"
     except DatabaseError as exc:
         raise BadInput(str(exc)) from None

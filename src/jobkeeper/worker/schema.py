@@ -70,6 +70,30 @@ def _warn_if_ahead(have: int, want: int, *, where: str, worker_id: str) -> None:
         )
 
 
+def require_migrated(backend: Backend, *, where: str) -> None:
+    """Refuse a schema that is missing or behind this code's, for the
+    processes that read the database without registering a worker (the
+    dashboard, ``verify``): each wrote the same two checks in its own words.
+
+    Args:
+        backend: a backend on the database ``where`` names.
+        where: the database's URL, redacted, for the messages.
+
+    Raises:
+        DatabaseError: not migrated, behind this code's version, or a lost
+            schema record.
+        DatabaseUnavailable: the database cannot be reached.
+    """
+    have, want = backend.schema_version(), backend.schema_expected()
+    if have == 0:
+        raise DatabaseError(f"{where} is not migrated: run `jobkeeper migrate`")
+    if have < want:
+        raise DatabaseError(
+            f"{where} is at schema version {have}, behind this jobkeeper's {want}: "
+            "run `jobkeeper migrate`"
+        )
+
+
 #: Seconds the watch's read of the schema version waits for a lock on
 #: ``jobkeeper_schema`` before it gives up until its next read.
 LOCK_WAIT = 1.0
