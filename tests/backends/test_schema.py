@@ -12,9 +12,10 @@ import psycopg
 import pytest
 
 from jobkeeper import DatabaseError, JobQueue, JobStatus
-from jobkeeper.backends.postgres.backend import MIGRATION_LOCK_KEY, PostgresBackend
 from jobkeeper.backends.postgres.backend import MIGRATIONS as PG_MIGRATIONS
 from jobkeeper.backends.postgres.backend import QUERIES as PG_QUERIES
+from jobkeeper.backends.postgres.backend import PostgresBackend
+from jobkeeper.backends.postgres.schema import MIGRATION_LOCK_KEY
 from jobkeeper.backends.sqlite.backend import MIGRATIONS as SQLITE_MIGRATIONS
 from support.db import PG_URL, count, migrate_to, pg_schema_url, sql
 from support.waiting import wait_for

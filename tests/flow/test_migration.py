@@ -5,7 +5,6 @@ claim in flight."""
 from __future__ import annotations
 
 import logging
-import sys
 import threading
 
 import psycopg
@@ -18,25 +17,22 @@ from support.waiting import wait_for
 
 def test_0007_upgrades_a_database_in_use(db_url, monkeypatch):
     with JobQueue(db_url) as jq:
-        module = sys.modules[type(jq.backend).__module__]
-        with monkeypatch.context() as patch:
-            patch.setattr(module, "MIGRATIONS", [m for m in module.MIGRATIONS if m[0] < 7])
-            assert jq.migrate() < 7
-            # Rows written by the code of that version (raw SQL: this code
-            # writes the new columns).
-            sql(
-                db_url,
-                "INSERT INTO jobkeeper_jobs (queue, task, args) VALUES ('q', 't', ?)",
-                ['{"keep": 1}'],
-            )
-            job_id = int(sql(db_url, "SELECT max(id) FROM jobkeeper_jobs")[0][0])
-            sql(
-                db_url,
-                "INSERT INTO jobkeeper_workers (id, hostname, pid, queues, started_at, "
-                "heartbeat_at) VALUES ('old', 'h', 1, '[]', "
-                + ("now(), now())" if db_url.startswith("postgres") else "0, 0)"),
-            )
-        assert jq.migrate() == module.MIGRATIONS[-1][0] >= 7
+        migrate_to(jq, 6, monkeypatch)
+        # Rows written by the code of that version (raw SQL: this code
+        # writes the new columns).
+        sql(
+            db_url,
+            "INSERT INTO jobkeeper_jobs (queue, task, args) VALUES ('q', 't', ?)",
+            ['{"keep": 1}'],
+        )
+        job_id = int(sql(db_url, "SELECT max(id) FROM jobkeeper_jobs")[0][0])
+        sql(
+            db_url,
+            "INSERT INTO jobkeeper_workers (id, hostname, pid, queues, started_at, "
+            "heartbeat_at) VALUES ('old', 'h', 1, '[]', "
+            + ("now(), now())" if db_url.startswith("postgres") else "0, 0)"),
+        )
+        assert jq.migrate() == jq.backend.schema_expected() >= 7
         assert jq.get_job(job_id).args == {"keep": 1}
         assert jq.get_job(job_id).serial_key is None
         assert [(w.id, w.version) for w in jq.workers()] == [("old", None)]
@@ -103,7 +99,7 @@ def test_a_new_schema_drops_the_retired_index_without_a_warning(pg_url, caplog):
     # Version 13 makes the index and migrate drops it again: on a schema this
     # call created there is nothing to wait for, so nothing to warn about.
     with JobQueue(pg_url) as jq:
-        assert jq.migrate() == sys.modules[type(jq.backend).__module__].MIGRATIONS[-1][0]
+        assert jq.migrate() == jq.backend.schema_expected()
     assert sql(pg_url, RETIRED_INDEX) == [(False,)]
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
 

@@ -114,7 +114,8 @@ def end_sessions(application_name: str) -> None:
 
 def migrate_to(jq: JobQueue, version: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """Apply ``jq``'s backend's migrations up to ``version`` only (an older database)."""
-    module = sys.modules[type(jq.backend).__module__]
+    # The module whose MIGRATIONS its migrate() reads.
+    module = sys.modules[type(jq.backend).migrate.__module__]
     with monkeypatch.context() as patch:
         patch.setattr(module, "MIGRATIONS", [m for m in module.MIGRATIONS if m[0] <= version])
         assert jq.migrate() == version
