@@ -39,8 +39,8 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from jobkeeper.api import JobQueue
-from jobkeeper.config import parse_whole_number
 from jobkeeper.dashboard.nav import NAV, NavEntry
+from jobkeeper.dashboard.params import job_id_of, path_job_id
 from jobkeeper.dashboard.present import (
     ago,
     duration,
@@ -66,7 +66,7 @@ from jobkeeper.errors import (
     JobNotFound,
     JobStateError,
 )
-from jobkeeper.models import MAX_JOB_ID, JobStatus
+from jobkeeper.models import JobStatus
 from jobkeeper.waits import explain_wait
 
 #: The reasons of :func:`jobkeeper.waits.explain_wait` the job page adds to
@@ -206,7 +206,7 @@ class Dashboard:
         before_text = params.get("before") or None
         before = None
         if before_text is not None:
-            before = _job_id(before_text)
+            before = job_id_of(before_text)
             if before is None:
                 return self.error(
                     request,
@@ -243,7 +243,7 @@ class Dashboard:
         return self._job_list(request, dead=True)
 
     def job(self, request: Request) -> Response:
-        job_id = _path_job_id(request)
+        job_id = path_job_id(request)
         if job_id is None:
             return _no_such_id(self, request)
         job = self.jq.get_job(job_id)
@@ -363,7 +363,7 @@ class Dashboard:
     def _act(self, request: Request) -> Response:
         what = request.path_params["action"]
         kind = request.path_params["kind"]
-        job_id = _path_job_id(request)
+        job_id = path_job_id(request)
         if job_id is None:
             return _no_such_id(self, request)
         try:
@@ -410,22 +410,6 @@ class Dashboard:
 
         body, content_type = render_metrics(self.jq)
         return Response(body, media_type=content_type)
-
-
-def _path_job_id(request: Request) -> int | None:
-    """The URL's job id, or None when it is not one (a positive whole number)."""
-    return _job_id(request.path_params["job_id"])
-
-
-def _job_id(raw: object) -> int | None:
-    """``raw`` as a job id, or None when it is not one (see
-    :func:`~jobkeeper.config.parse_whole_number`).
-    """
-    try:
-        job_id = parse_whole_number(raw) if isinstance(raw, str) else 0
-    except ValueError:
-        return None
-    return job_id if 0 < job_id <= MAX_JOB_ID else None
 
 
 def _no_such_id(dashboard: Dashboard, request: Request) -> Response:
