@@ -1,4 +1,5 @@
-"""Helpers for testing code that uses jobkeeper, and a pytest plugin.
+"""Helpers for testing code that uses jobkeeper (they need no pytest), and
+the fixtures of its pytest plugin (:mod:`jobkeeper.pytest_plugin`).
 
 Installed with jobkeeper, the plugin is loaded by pytest on its own (entry
 point ``pytest11``) and gives two fixtures:
@@ -34,20 +35,12 @@ import concurrent.futures
 import contextlib
 import contextvars
 import dataclasses
-import importlib
 import inspect
 import json
-import os
-import secrets
-import sys
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
-from urllib.parse import quote
-
-import pytest
 
 from jobkeeper.api import DEFAULT_MAX_ATTEMPTS, DEFAULT_QUEUE, JobQueue
 from jobkeeper.context import set_current_job, unbind
@@ -377,89 +370,6 @@ def _run_coroutine(coroutine: Any) -> Any:
     context = contextvars.copy_context()
     with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="jobkeeper-run-task") as pool:
         return pool.submit(context.run, asyncio.run, coroutine).result()
-
-
-# -- the pytest plugin -----------------------------------------------------------
-
-
-def pytest_addoption(parser: pytest.Parser) -> None:
-    group = parser.getgroup("jobkeeper")
-    group.addoption(
-        "--jobkeeper-database",
-        default=None,
-        help="PostgreSQL URL for the jobkeeper_queue fixture (a fresh schema per test); "
-        f"default ${DATABASE_ENV}, else a SQLite file per test.",
-    )
-    parser.addini(
-        "jobkeeper_app",
-        "package.module:attribute of the application's JobQueue: the jobkeeper_queue "
-        "fixture points it at each test's database.",
-        default="",
-    )
-
-
-@pytest.fixture
-def jobkeeper_database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    """A fresh, empty database URL for one test: a SQLite file in ``tmp_path``,
-    or a new schema on the PostgreSQL server given by ``--jobkeeper-database``
-    or ``$JOBKEEPER_TEST_DATABASE_URL`` (dropped after the test).
-    """
-    server = request.config.getoption("--jobkeeper-database") or os.environ.get(DATABASE_ENV)
-    if not server:
-        yield f"sqlite:///{tmp_path / 'jobkeeper-test.db'}"
-        return
-    if not server.startswith(("postgresql://", "postgres://")):
-        raise pytest.UsageError(f"--jobkeeper-database must be a postgresql:// URL, got {server!r}")
-    import psycopg
-
-    schema = f"jobkeeper_test_{secrets.token_hex(6)}"
-    with psycopg.connect(server, autocommit=True) as conn:
-        conn.execute(f'CREATE SCHEMA "{schema}"')
-    separator = "&" if "?" in server else "?"
-    try:
-        yield f"{server}{separator}options={quote(f'-csearch_path={schema}')}"
-    finally:
-        with psycopg.connect(server, autocommit=True) as conn:
-            conn.execute(f'DROP SCHEMA "{schema}" CASCADE')
-
-
-@pytest.fixture
-def jobkeeper_queue(
-    request: pytest.FixtureRequest, jobkeeper_database_url: str
-) -> Iterator[JobQueue]:
-    """A migrated JobQueue on ``jobkeeper_database_url``: the application's
-    own (ini option ``jobkeeper_app``), pointed at the test database and back
-    after the test, else a new one, closed after the test.
-    """
-    spec = str(request.config.getini("jobkeeper_app") or "")
-    if not spec:
-        jq = JobQueue(jobkeeper_database_url)
-        jq.migrate()
-        try:
-            yield jq
-        finally:
-            jq.close()
-        return
-    jq = _import_app(spec, request.config.rootpath)
-    previous = jq.url.url
-    jq.use_database(jobkeeper_database_url)
-    try:
-        jq.migrate()
-        yield jq
-    finally:
-        jq.use_database(previous)
-
-
-def _import_app(spec: str, rootpath: Path) -> JobQueue:
-    module_name, sep, attribute = spec.partition(":")
-    if not sep:
-        raise pytest.UsageError(f"jobkeeper_app = {spec!r}: expected package.module:attribute")
-    if str(rootpath) not in sys.path:
-        sys.path.insert(0, str(rootpath))
-    jq = getattr(importlib.import_module(module_name), attribute, None)
-    if not isinstance(jq, JobQueue):
-        raise pytest.UsageError(f"jobkeeper_app = {spec!r} is not a JobQueue")
-    return jq
 
 
 __all__ = [

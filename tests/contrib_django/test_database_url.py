@@ -8,7 +8,7 @@ from urllib.parse import urlsplit
 import pytest
 
 from jobkeeper import JobQueue
-from jobkeeper.contrib.django.backend import postgres_url
+from jobkeeper.contrib.django.database import postgres_url
 
 PG_URL = os.environ.get("JOBKEEPER_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/test")
 #: Where Debian's PostgreSQL puts its socket (the test server's own).

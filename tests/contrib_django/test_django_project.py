@@ -15,6 +15,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 import pytest
@@ -31,19 +32,31 @@ BACKENDS = [
 pytestmark = pytest.mark.slow
 
 
+def copy_project(tmp_path: Path) -> tuple[Path, dict[str, str]]:
+    """A copy of the example project, and an environment free of ours."""
+    directory = tmp_path / "django_project"
+    shutil.copytree(EXAMPLE, directory, ignore=shutil.ignore_patterns("db.sqlite3", "__pycache__"))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("JOBKEEPER_", "DJANGO_"))}
+    return directory, env
+
+
+def sqlite_project(tmp_path: Path) -> tuple[Path, dict[str, str]]:
+    """:func:`copy_project` on a SQLite file of its own."""
+    directory, env = copy_project(tmp_path)
+    env["EXAMPLE_DATABASE_URL"] = f"sqlite:///{tmp_path / 'shop.db'}"
+    return directory, env
+
+
 @pytest.fixture(params=BACKENDS)
 def project(
     request: pytest.FixtureRequest, tmp_path: Path
 ) -> Iterator[tuple[Path, dict[str, str]]]:
     """A copy of the example project and the environment pointing it at a
     fresh database (a SQLite file, or a new PostgreSQL schema)."""
-    directory = tmp_path / "django_project"
-    shutil.copytree(EXAMPLE, directory, ignore=shutil.ignore_patterns("db.sqlite3", "__pycache__"))
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("JOBKEEPER_", "DJANGO_"))}
     if request.param == "sqlite":
-        env["EXAMPLE_DATABASE_URL"] = f"sqlite:///{tmp_path / 'shop.db'}"
-        yield directory, env
+        yield sqlite_project(tmp_path)
         return
+    directory, env = copy_project(tmp_path)
     schema = f"jk_django_{secrets.token_hex(5)}"
     with psycopg.connect(PG_URL, autocommit=True) as conn:
         conn.execute(f'CREATE SCHEMA "{schema}"')
@@ -192,3 +205,197 @@ def test_worker_command_refuses_another_backend(project: tuple[Path, dict[str, s
     )
     assert result.returncode != 0
     assert "missing" in result.stderr
+
+
+@pytest.fixture(params=BACKENDS)
+def project_with_own_database(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> Iterator[tuple[Path, dict[str, str]]]:
+    """A copy of the example project on a database of its own (a SQLite file,
+    or a new PostgreSQL database), for ``manage.py test``: Django's test
+    runner makes its test database beside it and drops it after.
+    """
+    if request.param == "sqlite":
+        yield sqlite_project(tmp_path)
+        return
+    directory, env = copy_project(tmp_path)
+    name = f"jk_djdev_{secrets.token_hex(5)}"
+    parts = urlsplit(PG_URL)
+    with psycopg.connect(PG_URL, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    env["EXAMPLE_DATABASE_URL"] = urlunsplit(parts._replace(path=f"/{name}"))
+    try:
+        yield directory, env
+    finally:
+        with psycopg.connect(PG_URL, autocommit=True) as conn:
+            for dropped in (name, f"test_{name}"):
+                conn.execute(f'DROP DATABASE IF EXISTS "{dropped}" WITH (FORCE)')
+
+
+DEV_JOB = """
+import json
+from django.tasks import task_backends
+from shop.tasks import send_receipt
+result = send_receipt.enqueue(order_id=999)
+print(json.dumps({"id": result.id}))
+"""
+
+DEV_STATUS = """
+import json
+from django.tasks import task_backends
+job = task_backends["default"].queue.get_job(%s)
+print(json.dumps({"status": job.status.value}))
+"""
+
+
+def test_manage_py_test_runs_jobs_on_the_test_database(
+    project_with_own_database: tuple[Path, dict[str, str]],
+) -> None:
+    project = project_with_own_database
+    # Django's migrate makes jobkeeper's tables too (post_migrate): no
+    # jobkeeper_migrate, here or on the test database.
+    manage(project, "migrate", "--verbosity", "0")
+    waiting = shell(project, DEV_JOB)["id"]
+
+    # The tests import the tasks before the test database exists; their jobs,
+    # and the jobs those jobs enqueue, still go to the test database, whose
+    # drop at the end is not refused for jobkeeper's open connections.
+    directory, env = project
+    result = subprocess.run(
+        [sys.executable, "manage.py", "test", "shop", "--verbosity", "2"],
+        cwd=directory,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, f"{result.stdout}\n{result.stderr}"
+    assert "Ran 3 tests" in result.stderr and "OK" in result.stderr
+
+    # The development database's job was left alone by the tests' drains.
+    status = shell(project, DEV_STATUS % waiting)
+    assert status["status"] == "available"
+
+
+SETTINGS_CHECKS = """
+import json
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
+from jobkeeper.contrib.django.backend import JobkeeperBackend, _task_error
+from shop.tasks import charge
+
+settings.DATABASES["memory"] = {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"}
+settings.DATABASES["other"] = {"ENGINE": "django.db.backends.dummy", "NAME": "x"}
+cases = {
+    "good": {},
+    "attempts_text": {"MAX_ATTEMPTS": "abc"},
+    "attempts_zero": {"MAX_ATTEMPTS": 0},
+    "unknown_option": {"MAX_ATTEMPT": 3},
+    "settings_unknown": {"SETTINGS": {"bogus": 1}},
+    "settings_list": {"SETTINGS": ["x"]},
+    "settings_value": {"SETTINGS": {"retention": -5}},
+    "database": {"DATABASE": "nope"},
+    "join": {"JOIN_TRANSACTION": "no"},
+    "url": {"DATABASE_URL": "mysql://x/y"},
+    "other_engine_with_url": {"DATABASE": "other", "DATABASE_URL": %r},
+    "in_memory": {"DATABASE": "memory"},
+}
+made, refused = {}, {}
+for name, options in cases.items():
+    try:
+        made[name] = JobkeeperBackend("bad", {"OPTIONS": options})
+    except ImproperlyConfigured as exc:
+        refused[name] = str(exc)
+try:
+    made["in_memory"].queue
+    memory = None
+except ImproperlyConfigured as exc:
+    memory = str(exc)
+lost = _task_error({"error": "worker lost: w1 sent no heartbeat for 60s", "traceback": None})
+job = charge.enqueue(amount=(1, (2, 3)))
+print(json.dumps({
+    "made": sorted(made),
+    "refused": refused,
+    "memory": memory,
+    "other_joins": made["other_engine_with_url"].join_transaction,
+    "lost_class": lost.exception_class.__name__,
+    "tuple_args": made["good"].queue.get_job(int(job.id)).args,
+}))
+"""
+
+
+def test_bad_settings_are_named_and_odd_values_still_work(tmp_path: Path) -> None:
+    # The settings are checked the same on both backends: SQLite is enough.
+    project = sqlite_project(tmp_path)
+    directory, _ = project
+    manage(project, "migrate", "--verbosity", "0")
+    jobs_url = f"sqlite:///{directory.parent / 'other_jobs.db'}"
+    out = shell(project, SETTINGS_CHECKS % jobs_url)
+    assert out["made"] == ["good", "in_memory", "other_engine_with_url"]
+    where = "TASKS['bad']['OPTIONS']"
+    assert out["refused"] == {
+        "attempts_text": f"{where}['MAX_ATTEMPTS'] must be an int between 1 and 1000000, got 'abc'",
+        "attempts_zero": f"{where}['MAX_ATTEMPTS'] must be an int between 1 and 1000000, got 0",
+        "unknown_option": f"{where} has an unknown option 'MAX_ATTEMPT' (did you mean "
+        "'MAX_ATTEMPTS'?); valid options: DATABASE, DATABASE_URL, JOIN_TRANSACTION, "
+        "MAX_ATTEMPTS, MIGRATE, SETTINGS",
+        "settings_unknown": out["refused"]["settings_unknown"],
+        "settings_list": f"{where}['SETTINGS'] must be a dict of JobQueue keyword arguments, "
+        "got ['x']",
+        "settings_value": out["refused"]["settings_value"],
+        "database": f"{where}['DATABASE'] must be an alias of DATABASES ('default', 'memory', "
+        "'other'), got 'nope'",
+        "join": f"{where}['JOIN_TRANSACTION'] must be True or False, got 'no'",
+        "url": out["refused"]["url"],
+    }
+    assert out["refused"]["settings_unknown"].startswith(
+        f"{where}['SETTINGS'] has 'bogus', which is not a JobQueue keyword argument"
+    )
+    assert out["refused"]["settings_value"].startswith(f"{where}: retention")
+    assert out["refused"]["url"].startswith(f"{where}: ") and "mysql" in out["refused"]["url"]
+    assert "in-memory SQLite database (':memory:')" in out["memory"]
+    # Another engine is fine with a URL of jobkeeper's own; no transaction to join.
+    assert out["other_joins"] is False
+    # A rescued attempt's entry names no exception: jobkeeper's base error.
+    assert out["lost_class"] == "JobkeeperError"
+    # Tuples are lists, as Django's own backends store them.
+    assert out["tuple_args"] == {"args": [], "kwargs": {"amount": [1, [2, 3]]}}
+
+
+ANY_QUEUE_SETTINGS = """
+from mysite.settings import *  # noqa: F403
+TASKS["default"]["QUEUES"] = []  # noqa: F405
+"""
+
+
+def test_worker_command_refuses_what_it_cannot_run(project: tuple[Path, dict[str, str]]) -> None:
+    directory, env = project
+    (directory / "mysite" / "settings_any_queue.py").write_text(ANY_QUEUE_SETTINGS)
+    runs = {
+        "no queues": (
+            ["jobkeeper_worker"],
+            {"DJANGO_SETTINGS_MODULE": "mysite.settings_any_queue"},
+        ),
+        "bad queue": (["jobkeeper_worker", "--queue", "bad queue!"], {}),
+        "concurrency": (["jobkeeper_worker", "--concurrency", "0"], {}),
+        "backend": (["jobkeeper_migrate", "--backend", "nope"], {}),
+    }
+    errors = {}
+    for name, (args, extra) in runs.items():
+        result = subprocess.run(
+            [sys.executable, "manage.py", *args],
+            cwd=directory,
+            env={**env, **extra},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert result.returncode != 0, name
+        assert "Traceback" not in result.stderr, result.stderr
+        errors[name] = result.stderr.strip()
+    assert "TASKS['default']['QUEUES'] is empty" in errors["no queues"]
+    assert "--queue" in errors["no queues"]
+    assert errors["bad queue"].startswith("CommandError: --queue: ")
+    assert "'bad queue!'" in errors["bad queue"]
+    assert errors["concurrency"] == "CommandError: --concurrency must be at least 1, got 0"
+    assert errors["backend"].startswith("CommandError: --backend nope: ")

@@ -12,9 +12,11 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 
 from jobkeeper import Discard, JobQueue, PayloadError, Retry, current_job
+from jobkeeper.pytest_plugin import schema_url
 from jobkeeper.testing import (
     DrainError,
     assert_enqueued,
@@ -276,3 +278,24 @@ def test_run_task_inside_a_running_loop(jq: JobQueue) -> None:
     # browser tests' Playwright leaves a loop running in the main thread).
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         assert pool.submit(asyncio.run, caller()).result(timeout=30) == 8
+
+
+def test_the_helpers_import_without_pytest() -> None:
+    # Django's test runner, unittest: code tested without pytest installed.
+    code = "import sys; sys.modules['pytest'] = None; import jobkeeper.testing; print('imported')"
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "imported"
+
+
+def test_a_test_schema_keeps_the_servers_own_options() -> None:
+    separator = "&" if "?" in PG_URL else "?"
+    server = f"{PG_URL}{separator}application_name=mine&options=-c%20statement_timeout%3D4321"
+    with psycopg.connect(schema_url(server, "jk_schema_x")) as conn:
+        shown = [
+            conn.execute(f"SHOW {name}").fetchone()[0]
+            for name in ("statement_timeout", "search_path", "application_name")
+        ]
+    assert shown == ["4321ms", "jk_schema_x", "mine"]

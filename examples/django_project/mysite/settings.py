@@ -32,7 +32,14 @@ except ImportError:
 
 def _database(url: str) -> dict:
     if url.startswith("sqlite:///"):
-        return {"ENGINE": "django.db.backends.sqlite3", "NAME": url[len("sqlite:///") :]}
+        path = Path(url[len("sqlite:///") :])
+        return {
+            "ENGINE": "django.db.backends.sqlite3",
+            "NAME": str(path),
+            # A file for `manage.py test`: workers cannot share Django's
+            # default in-memory test database.
+            "TEST": {"NAME": str(path.with_name(f"test_{path.name}"))},
+        }
     parts = urlsplit(url)
     options = {}
     if os.environ.get("EXAMPLE_SCHEMA"):

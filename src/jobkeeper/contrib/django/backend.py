@@ -15,14 +15,17 @@ the ``TASKS`` setting::
                 "DATABASE_URL": None,                 # or any jobkeeper URL instead
                 "MAX_ATTEMPTS": 20,                   # per task: attempts before dead
                 "JOIN_TRANSACTION": True,             # see below
+                "MIGRATE": True,                      # manage.py migrate migrates jobkeeper too
                 "SETTINGS": {"retention": 3600},      # JobQueue keyword arguments
             },
         }
     }
 
 Then ``@task`` functions enqueue jobkeeper jobs, and ``manage.py
-jobkeeper_worker`` runs them (``manage.py jobkeeper_migrate`` creates the
-tables first). Mapping:
+jobkeeper_worker`` runs them. ``manage.py migrate`` creates or upgrades
+jobkeeper's tables in the jobs' Django database after Django's own (unless
+``MIGRATE`` is False; ``manage.py jobkeeper_migrate`` does it alone), so the
+test runner's test database gets them too. Mapping:
 
 - A Django task is the jobkeeper task named by its dotted path
   (``myapp.tasks.send_email``); its positional and keyword arguments are the
@@ -41,36 +44,48 @@ tables first). Mapping:
   the backend's Django database writes the job in that transaction, so it is
   committed or rolled back with the rest (no ``transaction.on_commit``
   needed). Outside an atomic block the job is committed at once.
+- The backend's queue follows its Django database: while Django's test runner
+  has the test database in place, jobs go there.
 """
 
 from __future__ import annotations
 
 import builtins
 import logging
+import re
 import threading
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
-from urllib.parse import quote, urlencode
 
 from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
 from django.db import close_old_connections, connections
 from django.utils import timezone
 from django.utils.module_loading import import_string
 
 from jobkeeper import Job, JobQueue, JobStatus, current_job
+from jobkeeper.contrib.django import database
+from jobkeeper.contrib.django.database import QUEUES
+from jobkeeper.contrib.django.options import checked_options
+from jobkeeper.errors import ConfigError
 from jobkeeper.tasks import Task as JobkeeperTask
 
 try:  # Django >= 6.0
+    from django.tasks import task_backends
     from django.tasks.backends.base import BaseTaskBackend
     from django.tasks.base import Task, TaskContext, TaskError, TaskResult, TaskResultStatus
     from django.tasks.exceptions import TaskResultDoesNotExist
     from django.tasks.signals import task_enqueued
+    from django.utils.json import normalize_json
 except ImportError:  # the django-tasks backport
+    from django_tasks import task_backends
     from django_tasks.backends.base import BaseTaskBackend
     from django_tasks.base import Task, TaskContext, TaskError, TaskResult, TaskResultStatus
     from django_tasks.exceptions import TaskResultDoesNotExist
     from django_tasks.signals import task_enqueued
+    from django_tasks.utils import normalize_json
+
+__all__ = ["JobkeeperBackend", "task_backends"]
 
 logger = logging.getLogger("jobkeeper.contrib.django")
 
@@ -85,62 +100,6 @@ STATUSES = {
     JobStatus.DEAD: TaskResultStatus.FAILED,
     JobStatus.CANCELLED: TaskResultStatus.FAILED,
 }
-
-# Django makes one backend object per thread; the queue (and its PostgreSQL
-# pool) is shared by every backend of the same alias and configuration.
-_queues: dict[tuple[str, str, str], JobQueue] = {}
-_queues_lock = threading.Lock()
-
-
-def database_url(alias: str) -> str:
-    """The jobkeeper URL of Django's database ``alias`` (SQLite or PostgreSQL).
-
-    Raises:
-        ValueError: another database engine.
-    """
-    config = settings.DATABASES[alias]
-    engine = config["ENGINE"]
-    if engine.endswith("sqlite3"):
-        return f"sqlite:///{Path(config['NAME']).resolve()}"
-    if "postgresql" in engine:
-        return postgres_url(config)
-    raise ValueError(
-        f"DATABASES[{alias!r}] uses {engine}: jobkeeper supports sqlite3 and postgresql; "
-        "set OPTIONS['DATABASE_URL'] in TASKS instead"
-    )
-
-
-def postgres_url(config: Mapping[str, Any]) -> str:
-    """The ``postgresql://`` URL of a Django PostgreSQL ``DATABASES`` entry:
-    what Django's own connection gets.
-
-    ``OPTIONS`` keys that libpq knows (``sslrootcert``, ``service``,
-    ``target_session_attrs``...) go in the query; Django's own
-    (``isolation_level``, ``pool``...) do not. A ``HOST`` that is not a plain
-    name or IPv4 address (a Unix socket's directory such as
-    ``/var/run/postgresql``, several hosts ``h1,h2``, an IPv6 address) goes
-    in the query too, with ``PORT``, as libpq reads it there whole.
-    """
-    from psycopg import pq  # the postgres extra: only a PostgreSQL entry needs it
-
-    keywords = {default.keyword.decode() for default in pq.Conninfo.get_defaults()}
-    user = quote(config.get("USER") or "", safe="")
-    password = quote(str(config.get("PASSWORD") or ""), safe="")
-    credentials = f"{user}:{password}@" if password else (f"{user}@" if user else "")
-    host = str(config.get("HOST") or "")
-    port = str(config.get("PORT") or "")
-    query = {
-        key: str(value)
-        for key, value in (config.get("OPTIONS") or {}).items()
-        if key in keywords and key not in ("host", "port", "user", "password", "dbname")
-    }
-    if any(mark in host for mark in "/,:%") or "," in port:
-        where = {"host": host} if host else {}
-        query = {**where, **({"port": port} if port else {}), **query}
-        host = port = ""
-    netloc = f"{credentials}{host}{f':{port}' if port else ''}"
-    suffix = f"?{urlencode(query, quote_via=quote)}" if query else ""
-    return f"postgresql://{netloc}/{quote(config.get('NAME') or '', safe='')}{suffix}"
 
 
 class DjangoTasks(dict[str, JobkeeperTask[Any, Any]]):
@@ -215,6 +174,11 @@ class JobkeeperBackend(BaseTaskBackend):  # type: ignore[misc]
     Args:
         alias: the key in ``TASKS``.
         params: its settings (``QUEUES``, ``OPTIONS``).
+
+    Raises:
+        ImproperlyConfigured: an ``OPTIONS`` entry of the wrong type or value,
+            naming it; a ``DATABASE`` that ``DATABASES`` lacks or whose engine
+            jobkeeper cannot use.
     """
 
     supports_defer = True
@@ -224,31 +188,81 @@ class JobkeeperBackend(BaseTaskBackend):  # type: ignore[misc]
 
     def __init__(self, alias: str, params: dict[str, Any]) -> None:
         super().__init__(alias, params)
-        options: Mapping[str, Any] = self.options
-        self.database_alias: str = options.get("DATABASE", "default")
-        explicit = options.get("DATABASE_URL")
-        self.database_url: str = explicit or database_url(self.database_alias)
+        options = checked_options(alias, self.options)
+        #: The Django database the jobs live in (unless ``DATABASE_URL``).
+        self.database_alias: str = options["DATABASE"]
+        self._explicit_url: str | None = options["DATABASE_URL"]
+        #: Whether Django's ``migrate`` also migrates jobkeeper's tables.
+        self.migrates_with_django: bool = options["MIGRATE"] and self._explicit_url is None
         #: Whether enqueues inside ``transaction.atomic()`` join it (only when
         #: the jobs live in that Django database).
-        self.join_transaction: bool = bool(options.get("JOIN_TRANSACTION", True)) and (
-            not explicit or explicit == database_url(self.database_alias)
+        self.join_transaction: bool = options["JOIN_TRANSACTION"] and (
+            self._explicit_url is None or self._explicit_url == _url_or_none(self.database_alias)
         )
-        max_attempts = int(options.get("MAX_ATTEMPTS", 20))
-        job_settings = dict(options.get("SETTINGS", {}))
-        key = (alias, self.database_url, repr(sorted(job_settings.items())) + f"/{max_attempts}")
-        with _queues_lock:
-            queue = _queues.get(key)
-            if queue is None:
-                queue = JobQueue(self.database_url, **job_settings)
-                queue.tasks = DjangoTasks(queue, max_attempts)
-                # The registry fills lazily (a task by its dotted path, the
-                # first time it is seen), so it never holds every name: it
-                # cannot tell a misspelling from a task not loaded yet.
-                if "external_tasks" not in job_settings:
-                    queue.external_tasks = True
-                _queues[key] = queue
-        #: The :class:`jobkeeper.JobQueue` behind this backend.
-        self.queue: JobQueue = queue
+        self._max_attempts: int = options["MAX_ATTEMPTS"]
+        self._job_settings: dict[str, Any] = options["SETTINGS"]
+        self._key = (
+            alias,
+            self._explicit_url or f"django:{self.database_alias}",
+            repr(sorted(self._job_settings.items())),
+            str(self._max_attempts),
+        )
+        try:
+            self._kept_queue()
+        except ImproperlyConfigured:
+            # An in-memory SQLite database (Django's default test database)
+            # is refused when the queue is used, not here: a test run that
+            # imports tasks but never enqueues one still runs.
+            if self._explicit_url or not _in_memory(self.database_alias):
+                raise
+
+    @property
+    def queue(self) -> JobQueue:
+        """The :class:`jobkeeper.JobQueue` behind this backend: one for every
+        thread's backend object of the same alias and settings. With the jobs
+        in a Django database it follows that database, the test database
+        while Django's test runner has it in place.
+
+        Raises:
+            ImproperlyConfigured: the Django database is an in-memory SQLite
+                database.
+        """
+        return self._kept_queue()
+
+    @property
+    def database_url(self) -> str:
+        """The URL of the database the jobs live in (see :attr:`queue`)."""
+        return str(self.queue.url.url)
+
+    def _kept_queue(self) -> JobQueue:
+        if QUEUES.get(self._key) is None:
+            url = self._explicit_url or database.database_url(self.database_alias)
+            try:
+                queue = JobQueue(url, **self._job_settings)
+            except (ConfigError, TypeError) as exc:
+                raise ImproperlyConfigured(f"TASKS[{self.alias!r}]['OPTIONS']: {exc}") from None
+            queue.tasks = DjangoTasks(queue, self._max_attempts)
+            # The registry fills lazily (a task by its dotted path, the
+            # first time it is seen), so it never holds every name: it
+            # cannot tell a misspelling from a task not loaded yet.
+            if "external_tasks" not in self._job_settings:
+                queue.external_tasks = True
+            follows = None if self._explicit_url else self.database_alias
+            QUEUES.add(self._key, queue, follows)
+        return QUEUES.follow(self._key)
+
+    def migrate_with_django(self, using: str) -> int | None:
+        """Migrate jobkeeper's tables after Django's ``migrate`` (or ``flush``)
+        of database ``using``, when the jobs live there and ``OPTIONS
+        ["MIGRATE"]`` is on; returns the schema version, or None when it did
+        not migrate. An in-memory SQLite database is left alone (its use is
+        refused, see :attr:`queue`).
+        """
+        if not self.migrates_with_django or using != self.database_alias:
+            return None
+        if _in_memory(self.database_alias):
+            return None
+        return self.queue.migrate()
 
     def enqueue(self, task: Any, args: Any, kwargs: Any) -> Any:
         """Store a job for ``task`` (Django calls this from ``task.enqueue()``).
@@ -263,7 +277,7 @@ class JobkeeperBackend(BaseTaskBackend):  # type: ignore[misc]
             run_at = timezone.make_aware(run_at)
         job = self.queue.enqueue(
             task.module_path,
-            {"args": list(args), "kwargs": dict(kwargs)},
+            _task_args(args, kwargs),
             queue=task.queue_name,
             priority=-task.priority,
             run_at=run_at,
@@ -323,10 +337,32 @@ class JobkeeperBackend(BaseTaskBackend):  # type: ignore[misc]
         return result
 
 
+def _task_args(args: Any, kwargs: Any) -> dict[str, Any]:
+    """A Django task's arguments as the job's args: JSON values as Django's
+    own backends store them (tuples as lists, bytes as text). Values it cannot
+    convert go as given, for jobkeeper's validation to name the field.
+    """
+    payload = {"args": list(args), "kwargs": dict(kwargs)}
+    try:
+        normalized: dict[str, Any] = normalize_json(payload)
+    except (TypeError, ValueError):
+        return payload
+    return normalized
+
+
+#: A dotted path of Python identifiers (``module.Class``).
+_CLASS_PATH = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)+")
+#: The class path of a failure that raised no exception of the task's: a
+#: worker lost mid-job, a refused payload.
+_JOBKEEPER_ERROR = "jobkeeper.errors.JobkeeperError"
+
+
 def _task_error(error: Mapping[str, Any]) -> Any:
     """A Django ``TaskError`` from one of a job's ``errors``: the exception's
     dotted path comes from the traceback's last line (``module.Class: msg``),
-    which Python writes without a module for built-in exceptions.
+    which Python writes without a module for built-in exceptions. An entry
+    that names no class (``worker lost: ...``) gets jobkeeper's base error,
+    so that Django's ``exception_class`` still imports.
     """
     traceback = str(error.get("traceback") or error.get("error") or "")
     lines = traceback.strip().splitlines()
@@ -334,4 +370,20 @@ def _task_error(error: Mapping[str, Any]) -> Any:
     name = last.partition(":")[0].strip() or "Exception"
     if "." not in name and hasattr(builtins, name):
         name = f"builtins.{name}"
+    elif "." not in name or not _CLASS_PATH.fullmatch(name):
+        name = _JOBKEEPER_ERROR
     return TaskError(exception_class_path=name, traceback=traceback)
+
+
+def _url_or_none(alias: str) -> str | None:
+    try:
+        return database.database_url(alias)
+    except ImproperlyConfigured:
+        return None
+
+
+def _in_memory(alias: str) -> bool:
+    config = settings.DATABASES.get(alias) or {}
+    return str(config.get("ENGINE", "")).endswith("sqlite3") and database.is_in_memory(
+        str(config.get("NAME") or "")
+    )

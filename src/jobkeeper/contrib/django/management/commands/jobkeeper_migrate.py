@@ -4,14 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import BaseCommand, CommandParser
 
-from jobkeeper.contrib.django.backend import JobkeeperBackend
-
-try:  # Django >= 6.0
-    from django.tasks import task_backends
-except ImportError:  # the django-tasks backport
-    from django_tasks import task_backends
+from jobkeeper.contrib.django.management.commands._backend import jobkeeper_backend
 
 
 class Command(BaseCommand):  # type: ignore[misc]
@@ -21,10 +16,5 @@ class Command(BaseCommand):  # type: ignore[misc]
         parser.add_argument("--backend", default="default", help="The TASKS alias.")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        backend = task_backends[options["backend"]]
-        if not isinstance(backend, JobkeeperBackend):
-            raise CommandError(
-                f"TASKS[{options['backend']!r}] is {type(backend).__name__}, not JobkeeperBackend"
-            )
-        version = backend.queue.migrate()
+        version = jobkeeper_backend(options["backend"]).queue.migrate()
         self.stdout.write(f"jobkeeper schema at version {version}")

@@ -6,12 +6,9 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from jobkeeper.contrib.django.backend import JobkeeperBackend
-
-try:  # Django >= 6.0
-    from django.tasks import task_backends
-except ImportError:  # the django-tasks backport
-    from django_tasks import task_backends
+from jobkeeper.config import check_name
+from jobkeeper.contrib.django.management.commands._backend import jobkeeper_backend
+from jobkeeper.errors import ConfigError
 
 
 class Command(BaseCommand):  # type: ignore[misc]
@@ -35,12 +32,23 @@ class Command(BaseCommand):  # type: ignore[misc]
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
-        backend = task_backends[options["backend"]]
-        if not isinstance(backend, JobkeeperBackend):
+        alias = options["backend"]
+        backend = jobkeeper_backend(alias)
+        queues = options["queues"] or sorted(backend.queues)
+        if not queues:
+            # Django takes an empty QUEUES as "any queue_name": no list to
+            # serve, and a default one would leave other queues' jobs waiting.
             raise CommandError(
-                f"TASKS[{options['backend']!r}] is {type(backend).__name__}, not JobkeeperBackend"
+                f"TASKS[{alias!r}]['QUEUES'] is empty, so tasks may use any queue_name: "
+                "name the queues to work with --queue (repeat for several)"
             )
-        queues = options["queues"] or sorted(backend.queues) or ["default"]
+        try:
+            for queue in queues:
+                check_name("queue", queue)
+        except ConfigError as exc:
+            raise CommandError(f"--queue: {exc}") from None
+        if options["concurrency"] < 1:
+            raise CommandError(f"--concurrency must be at least 1, got {options['concurrency']}")
         code = backend.queue.run_worker(
             queues=queues, concurrency=options["concurrency"], burst=options["burst"]
         )
