@@ -51,7 +51,9 @@ class Retry(Exception):  # noqa: N818 - the contract's name
 
     Args:
         delay: seconds from now (database clock) before the next attempt;
-            ``None`` uses the normal exponential backoff. Must be finite and >= 0.
+            ``None`` uses the normal exponential backoff. Must be finite and >= 0;
+            a delay past about 100 years (``backoff.ABSOLUTE_MAX_BACKOFF``)
+            waits that long, so that the time is storable in every backend.
         reason: text recorded in the job's ``errors`` for this attempt.
 
     Raises:
@@ -76,7 +78,9 @@ class Snooze(Exception):  # noqa: N818 - the contract's name
     ``max_attempts``. A job with a cancel request ends ``cancelled`` instead.
 
     Args:
-        delay: seconds from now (database clock), finite and >= 0.
+        delay: seconds from now (database clock), finite and >= 0; past
+            about 100 years (``backoff.ABSOLUTE_MAX_BACKOFF``) it waits that
+            long, as :class:`Retry` does.
 
     Raises:
         ValueError: ``delay`` is negative, NaN, infinite or not a number.

@@ -228,8 +228,9 @@ class PeriodicEnqueuer(IntervalService):
                     count = _count(periodic, tick, through)
                     self.skipped += count
                     logger.warning(
-                        "periodic %r: skipped %s missed tick%s from %s to %s: no worker ran"
-                        " then, and they are older than catch_up=%gs",
+                        "periodic %r: skipped %s missed tick%s from %s to %s: no worker"
+                        " passed over them then (none ran, or every one was paused or cut"
+                        " off), and they are older than catch_up=%gs",
                         periodic.name,
                         f"{count}+" if count >= MAX_COUNTED else count,
                         "" if count == 1 else "s",
