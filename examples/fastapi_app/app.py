@@ -28,7 +28,11 @@ from jobkeeper import JobQueue
 
 DATABASE_URL = os.environ.get("EXAMPLE_DATABASE_URL", "sqlite:///fastapi-example.db")
 # The same database for both; SQLAlchemy names the psycopg 3 driver explicitly.
-engine = create_engine(DATABASE_URL.replace("postgresql://", "postgresql+psycopg://", 1))
+# pool_pre_ping: a connection the server cut (a restart, a failover) is replaced
+# before a request uses it, as jobkeeper's own pool does.
+engine = create_engine(
+    DATABASE_URL.replace("postgresql://", "postgresql+psycopg://", 1), pool_pre_ping=True
+)
 jq = JobQueue(DATABASE_URL)
 
 

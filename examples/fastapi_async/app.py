@@ -29,7 +29,11 @@ from jobkeeper import ConfigError, JobCancelled, JobFailed, JobNotFound, JobQueu
 
 DATABASE_URL = os.environ.get("EXAMPLE_DATABASE_URL", "postgresql://postgres@127.0.0.1/test")
 # SQLAlchemy runs the psycopg 3 driver async under create_async_engine.
-engine = create_async_engine(DATABASE_URL.replace("postgresql://", "postgresql+psycopg://", 1))
+# pool_pre_ping: a connection the server cut (a restart, a failover) is replaced
+# before a request uses it, as jobkeeper's own pool does.
+engine = create_async_engine(
+    DATABASE_URL.replace("postgresql://", "postgresql+psycopg://", 1), pool_pre_ping=True
+)
 sessions = async_sessionmaker(engine, expire_on_commit=False)
 jq = JobQueue(DATABASE_URL)
 
