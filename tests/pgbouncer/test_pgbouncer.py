@@ -16,6 +16,8 @@ run as root (``apt-get install -y pgbouncer``).
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import os
 import re
 import secrets
@@ -25,6 +27,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -33,7 +36,7 @@ import psycopg
 import pytest
 from psycopg.conninfo import conninfo_to_dict
 
-from jobkeeper import JobQueue
+from jobkeeper import JobQueue, waiting
 from support.db import PG_URL
 from support.settings import SOAK, soak_env
 from support.waiting import wait_for
@@ -245,8 +248,8 @@ def test_enqueue_claim_complete_and_rescue_through_pgbouncer(bouncer, tmp_path):
         assert rescued is not None
         assert rescued.attempt == 2
         assert [str(e["error"]).split(" ")[:2] for e in rescued.errors] == [["worker", "lost:"]]
-        # LISTEN cannot work through a transaction pooler: the canary gives up
-        # (after 3 silent connections) and says so.
+        # LISTEN cannot work through a transaction pooler: the canary of the
+        # first LISTEN connection, found to be the pooler's, gives up and says so.
         wait_for(
             lambda: GIVE_UP in log_b.read_text(), timeout=40, what="the LISTEN fallback message"
         )
@@ -268,9 +271,51 @@ def test_enqueue_claim_complete_and_rescue_through_pgbouncer(bouncer, tmp_path):
     text_b = log_b.read_text()
     logs = log_a.read_text() + text_b
     assert text_b.count(GIVE_UP) == 1, text_b
+    # No fresh LISTEN connections tried: each would stay on a pooled session.
+    assert "reconnecting the listener" not in text_b, text_b
     assert "prepared statement" not in logs, logs
     assert "Traceback" not in logs, logs
     assert " ERROR " not in logs, logs
     assert "prepared statement" not in bouncer.log_text()
     server_errors = [line for line in bouncer.server_log_lines() if "prepared statement" in line]
     assert server_errors == []
+
+
+WAIT_GIVE_UP = "wait: LISTEN/NOTIFY does not reach this process"
+
+
+def test_wait_through_a_transaction_pooler_polls(bouncer, tmp_path, monkeypatch, caplog):
+    # A waiter that counted on a wake-up would sleep out its recheck: make
+    # that an hour, so only polling can end these waits.
+    monkeypatch.setattr(waiting, "RECHECK", 3600.0)
+    jq = JobQueue(bouncer.url, **{**SOAK, "poll_interval": 0.2})
+    jq.migrate()
+    worker = start_worker(bouncer.url, tmp_path / "worker.log", "default")
+    try:
+        results: dict[str, object] = {}
+
+        def wait_both() -> None:
+            first = jq.enqueue("soak.work", {"n": 1, "ms": 1})
+            results["sync"] = jq.wait(first.id)
+            second = jq.enqueue("soak.work", {"n": 2, "ms": 1})
+            results["async"] = asyncio.run(jq.wait_async(second.id))
+
+        def warnings() -> list[str]:
+            return [r.getMessage() for r in caplog.records if WAIT_GIVE_UP in r.getMessage()]
+
+        with caplog.at_level(logging.WARNING, logger="jobkeeper.postgres"):
+            waiter = threading.Thread(target=wait_both, daemon=True)
+            waiter.start()
+            waiter.join(60)
+            assert not waiter.is_alive(), "a wait through the pooler never returned"
+            assert sorted(results) == ["async", "sync"]
+            # Waits poll from the start; the canary then gives up, once.
+            wait_for(lambda: warnings(), timeout=20, what="the waiter's polling message")
+            again = jq.enqueue("soak.work", {"n": 3, "ms": 1})
+            assert jq.wait(again.id, timeout=30) is not None
+        assert len(warnings()) == 1, warnings()
+        assert not jq.backend.completion_watch().ready
+    finally:
+        worker.kill()
+        worker.wait()
+        jq.close()

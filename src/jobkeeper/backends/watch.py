@@ -36,8 +36,10 @@ class WatchSource(Protocol):
         """Watch until ``watch.should_stop()``: call ``watch.set_ready(True)``
         once ends are being watched (from then on none may be missed),
         ``watch.deliver(ids)`` with the ids of jobs that may have ended, and
-        ``watch.set_ready(False)`` before raising or returning. Connection
-        errors may be raised: the watch wakes everyone and runs it again.
+        ``watch.set_ready(False)`` before raising or returning. A source that
+        finds it cannot watch (yet) calls ``watch.set_unwatched()``, so that
+        waiters poll at once instead of waiting for it. Connection errors
+        may be raised: the watch wakes everyone and runs it again.
         """
         ...
 
@@ -52,6 +54,8 @@ class CompletionWatch:
         self._waiters: dict[int, set[Callable[[], None]]] = {}
         self._thread: threading.Thread | None = None
         self._ready = threading.Event()
+        #: Set once the source said whether it watches (ready, or unwatched).
+        self._decided = threading.Event()
         self._idle_since = time.monotonic()
 
     def register(self, job_id: int, wake: Callable[[], None]) -> Callable[[], None]:
@@ -62,6 +66,7 @@ class CompletionWatch:
             self._waiters.setdefault(job_id, set()).add(wake)
             if self._thread is None or not self._thread.is_alive():
                 self._ready.clear()
+                self._decided.clear()
                 self._thread = threading.Thread(
                     target=self._run, name=f"jobkeeper-wait-{self._name}", daemon=True
                 )
@@ -80,10 +85,12 @@ class CompletionWatch:
         return unregister
 
     def wait_ready(self, timeout: float) -> bool:
-        """Block up to ``timeout`` seconds until ends are watched; False if
-        they are not (the waiter must then poll).
+        """Block up to ``timeout`` seconds until ends are watched, or the
+        source said they cannot be; False if they are not watched (the
+        waiter must then poll).
         """
-        return self._ready.wait(max(timeout, 0.0))
+        self._decided.wait(max(timeout, 0.0))
+        return self._ready.is_set()
 
     @property
     def ready(self) -> bool:
@@ -110,8 +117,14 @@ class CompletionWatch:
     def set_ready(self, ready: bool) -> None:
         if ready:
             self._ready.set()
+            self._decided.set()
         else:
             self._ready.clear()
+
+    def set_unwatched(self) -> None:
+        """Ends are not watched, and will not be soon: waiters poll now."""
+        self._ready.clear()
+        self._decided.set()
 
     def should_stop(self) -> bool:
         """True once nobody has waited for ``IDLE_STOP`` seconds; the thread
@@ -122,6 +135,7 @@ class CompletionWatch:
                 return False
             self._thread = None
             self._ready.clear()
+            self._decided.clear()
             return True
 
     def _run(self) -> None:

@@ -12,6 +12,7 @@ import psycopg
 from psycopg import sql
 
 from jobkeeper.backends.postgres.connections import PostgresConnections, describe
+from jobkeeper.backends.postgres.prepared import reaches_server
 from jobkeeper.backends.postgres.queries import QUERIES
 from jobkeeper.backends.postgres.sources import CONNECT_TIMEOUT, SingleConnection
 from jobkeeper.errors import DatabaseError
@@ -45,7 +46,10 @@ class PostgresListener(PostgresConnections):
         it): it is replaced. If echoes never arrive even on fresh connections
         (PgBouncer in transaction pooling mode, where LISTEN is not
         supported), the listener says so once and stops; workers then find
-        jobs by polling every ``poll_interval``.
+        jobs by polling every ``poll_interval``. A LISTEN connection found to
+        be a pooler's (its backend PID is not the server's) gets one canary:
+        through a transaction pooler every LISTEN stays on a pooled server
+        session, so trying fresh connections would only leave more behind.
         """
         sender = SingleConnection(self._conninfo)
         delay = 0.1
@@ -55,7 +59,9 @@ class PostgresListener(PostgresConnections):
                 try:
                     # Inside the loop: even naming the channel takes a query,
                     # and a refused connection here must not end the thread.
-                    echoed = self._listen_once(self.channel(), sender, on_queue, on_due, stop)
+                    echoed, direct = self._listen_once(
+                        self.channel(), sender, on_queue, on_due, stop
+                    )
                 except Exception as exc:
                     if isinstance(exc, psycopg.Error | DatabaseError):
                         reason = describe(exc) if isinstance(exc, psycopg.Error) else str(exc)
@@ -71,7 +77,7 @@ class PostgresListener(PostgresConnections):
                     silent_connections = 0
                     delay = 0.1
                     continue
-                silent_connections += 1
+                silent_connections += 1 if direct else CANARY_GIVE_UP
                 if silent_connections >= CANARY_GIVE_UP:
                     logger.warning(
                         "LISTEN/NOTIFY is not delivering on %s (a pooler in transaction "
@@ -90,15 +96,17 @@ class PostgresListener(PostgresConnections):
         on_queue: Callable[[str], None],
         on_due: Callable[[str, float], None] | None,
         stop: threading.Event,
-    ) -> bool:
+    ) -> tuple[bool, bool]:
         """One LISTEN connection's life. Returns whether any canary echoed
-        before the connection was given up (``False``: it never delivered).
+        before the connection was given up (``False``: it never delivered),
+        and whether the connection reached PostgreSQL itself (not a pooler).
         """
         token = f"{CANARY_PREFIX}{secrets.token_hex(6)}"
         echoed = False
         with psycopg.connect(
             self._conninfo, autocommit=True, connect_timeout=CONNECT_TIMEOUT
         ) as conn:
+            direct = reaches_server(conn)
             conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
             # Anything enqueued while we were not listening is found by a
             # claim now rather than by the next poll.
@@ -115,14 +123,14 @@ class PostgresListener(PostgresConnections):
                         self._dispatch(notify.payload, on_queue, on_due)
                 now = time.monotonic()
                 if sent_at is not None and now - sent_at > CANARY_TIMEOUT:
-                    return echoed
+                    return echoed, direct
                 if sent_at is None and now >= next_canary:
                     with sender.connection() as send:
                         send.execute(
                             QUERIES["notify_queues"], {"channel": channel, "queues": [token]}
                         )
                     sent_at, next_canary = now, now + CANARY_INTERVAL
-        return True
+        return True, direct
 
     @staticmethod
     def _dispatch(

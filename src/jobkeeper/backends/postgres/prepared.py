@@ -25,6 +25,14 @@ def _direct(conn_pid: int, server_pid: Any) -> bool:
     return server_pid is not None and conn_pid == server_pid
 
 
+def reaches_server(conn: psycopg.Connection[Any]) -> bool:
+    """Whether ``conn`` is a session of PostgreSQL itself, not a pooler's
+    client connection (see :func:`prepare_if_direct`). One round trip.
+    """
+    row = conn.execute(QUERIES["connection_backend_pid"], prepare=False).fetchone()
+    return _direct(conn.info.backend_pid, row[0] if row else None)
+
+
 def prepare_if_direct(conn: psycopg.Connection[Any]) -> None:
     """Let psycopg prepare statements on ``conn`` (a new connection of ours,
     opened with ``prepare_threshold=None``) when it is a session of
@@ -38,8 +46,7 @@ def prepare_if_direct(conn: psycopg.Connection[Any]) -> None:
     the server reports: only a session whose two PIDs agree prepares. One
     round trip per new connection.
     """
-    row = conn.execute(QUERIES["connection_backend_pid"], prepare=False).fetchone()
-    if _direct(conn.info.backend_pid, row[0] if row else None):
+    if reaches_server(conn):
         conn.prepare_threshold = PREPARE_THRESHOLD
 
 

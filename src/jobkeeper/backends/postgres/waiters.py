@@ -6,17 +6,35 @@ sends (migration 0006: the ``awaited`` flag and its trigger).
 from __future__ import annotations
 
 import hashlib
+import logging
+import secrets
+import threading
+import time
 from typing import Any
 
 import psycopg
 from psycopg import sql
 
+from jobkeeper.backends.postgres.prepared import reaches_server
 from jobkeeper.backends.postgres.queries import QUERIES
 from jobkeeper.backends.watch import CompletionWatch, watch_for
+from jobkeeper.config import redact_secrets
+
+logger = logging.getLogger("jobkeeper.postgres")
 
 #: Seconds between looks at whether the watch should stop, while idle.
 LISTEN_SLICE = 0.5
 CONNECT_TIMEOUT = 5
+#: Seconds a LISTEN made through a pooler has to hear its own canary before
+#: this process's waiters give up on wake-ups through that URL.
+POOLER_ECHO_WAIT = 5.0
+CANARY_PREFIX = "~canary:"  # a job id never starts with "~"
+#: The URLs whose LISTEN was found not to deliver (a pooler in transaction
+#: mode): their watch never LISTENs again in this process, for each LISTEN
+#: there stays on a pooled server session, which the pooler then warns
+#: about on every notification it cannot hand to a client.
+_SILENT: set[str] = set()
+_silent_lock = threading.Lock()
 
 
 def done_channel(schema: str) -> str:
@@ -26,31 +44,89 @@ def done_channel(schema: str) -> str:
     return f"jobkeeper_done_{schema}"
 
 
+def _idle(watch: CompletionWatch) -> None:
+    """Keep the watch thread, watching nothing, until nobody waits."""
+    watch.set_unwatched()
+    while not watch.should_stop():
+        time.sleep(LISTEN_SLICE)
+
+
 class _ListenSource:
     def __init__(self, conninfo: str) -> None:
         self._conninfo = conninfo
 
     def run(self, watch: CompletionWatch) -> None:
+        """LISTEN for the ends of awaited jobs. On a session of PostgreSQL
+        itself, ready at once. Through a pooler, waiters poll until a canary
+        NOTIFYed from another connection comes back: it does through a
+        session pooler, never through a transaction pooler, where a LISTEN
+        reaches whichever server session runs it and no notification comes
+        back to this client (the process then polls for good).
+        """
+        if self._conninfo in _SILENT:
+            _idle(watch)
+            return
         with psycopg.connect(
             self._conninfo, autocommit=True, connect_timeout=CONNECT_TIMEOUT
         ) as conn:
             row = conn.execute(QUERIES["notify_channel"]).fetchone()
             if row is None or row[0] is None:
                 raise psycopg.OperationalError("no current schema (check search_path)")
-            conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(done_channel(row[0]))))
-            watch.set_ready(True)
-            # Ends that committed while the connection was being made were
-            # not heard: every waiter re-reads once now that nothing is missed.
-            watch.deliver_all()
+            channel = done_channel(row[0])
+            direct = reaches_server(conn)
+            if not direct:
+                watch.set_unwatched()
+            conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
+            token = f"{CANARY_PREFIX}{secrets.token_hex(6)}"
+            echo_by: float | None = None
+            if direct:
+                self._ready(watch)
+            else:
+                self._send_canary(channel, token)
+                echo_by = time.monotonic() + POOLER_ECHO_WAIT
             try:
                 while not watch.should_stop():
                     # The timeout bounds the whole generator (psycopg 3.2+),
                     # so should_stop() is looked at every LISTEN_SLICE.
                     for notify in conn.notifies(timeout=LISTEN_SLICE):
-                        watch.deliver((int(notify.payload),))
+                        if notify.payload == token:
+                            echo_by = None
+                            self._ready(watch)
+                        elif notify.payload.isdigit():
+                            watch.deliver((int(notify.payload),))
+                    if echo_by is not None and time.monotonic() > echo_by:
+                        break
             except BaseException:
                 watch.set_ready(False)
                 raise
+        if echo_by is not None:
+            self._give_up()
+            _idle(watch)
+
+    @staticmethod
+    def _ready(watch: CompletionWatch) -> None:
+        watch.set_ready(True)
+        # Ends that committed while the connection was being made were
+        # not heard: every waiter re-reads once now that nothing is missed.
+        watch.deliver_all()
+
+    def _send_canary(self, channel: str, token: str) -> None:
+        with psycopg.connect(
+            self._conninfo, autocommit=True, connect_timeout=CONNECT_TIMEOUT
+        ) as sender:
+            sender.execute(QUERIES["notify_queues"], {"channel": channel, "queues": [token]})
+
+    def _give_up(self) -> None:
+        with _silent_lock:
+            if self._conninfo in _SILENT:
+                return
+            _SILENT.add(self._conninfo)
+        logger.warning(
+            "wait: LISTEN/NOTIFY does not reach this process through %s (a pooler in "
+            "transaction mode?): waits poll every poll_interval; point the waiting "
+            "process at PostgreSQL itself, or a session pooler, for instant wake-ups",
+            redact_secrets(self._conninfo),
+        )
 
 
 class PostgresWaiting:
