@@ -223,6 +223,35 @@ def test_retry_pending_job_is_refused(jq, delay):
         assert after is not None and after.status == JobStatus.CLAIMED and after.attempt == 1
 
 
+def test_retry_if_status_refuses_a_job_that_moved_on(jq):
+    # What a dashboard page showed: retryable. The job has completed since.
+    job = jq.enqueue("t", {}, queue="r")
+    (running,) = claim(jq, "r")
+    fail(jq, running, retry_in=0, error="first")
+    jq.retry(job.id)
+    (running,) = claim(jq, "r")
+    complete(jq, running)
+    before = jq.get_job(job.id)
+    with pytest.raises(JobStateError, match=f"job {job.id} is completed now, not retryable"):
+        jq.retry(job.id, if_status="retryable")
+    assert jq.get_job(job.id) == before
+    # The backend's check is the statement's own: a status that changed
+    # after the API read it is refused there too.
+    assert jq.backend.job_retry(job_id=job.id, statuses=["retryable"]) is None
+    assert jq.get_job(job.id) == before
+    # The status it is in: retried.
+    assert jq.retry(job.id, if_status=JobStatus.COMPLETED).status == JobStatus.AVAILABLE
+    # A dead letter, only as one.
+    dead = jq.enqueue("t", {}, queue="d")
+    kill(jq, dead)
+    with pytest.raises(JobStateError, match="is dead now, not cancelled"):
+        jq.retry(dead.id, if_status="cancelled")
+    assert jq.backend.job_retry(job_id=dead.id, statuses=["retryable"]) is None
+    assert jq.retry(dead.id, if_status="dead").status == JobStatus.AVAILABLE
+    with pytest.raises(ConfigError, match="if_status must be a job status"):
+        jq.retry(dead.id, if_status="finished")
+
+
 def test_retry_unknown_job(jq):
     with pytest.raises(JobNotFound):
         jq.retry(424_242)

@@ -15,7 +15,8 @@ from jobkeeper.dashboard import create_app
 from jobkeeper.dashboard.app import CSRF_COOKIE, PASSWORD_ENV
 from jobkeeper.dashboard.present import rate
 from jobkeeper.dashboard.security import Csrf
-from jobkeeper.models import JobStatus
+from jobkeeper.models import Completion, JobStatus
+from jobkeeper.outcomes import claim_of
 
 from .seed import seed
 
@@ -485,3 +486,34 @@ def test_pages_and_metrics_answer_503_while_the_database_is_unavailable():
         assert "database clock" not in response.text
     finally:
         down.close()
+
+
+def test_a_stale_page_neither_reruns_a_completed_job_nor_hides_a_requeue(client, jq, seeded):
+    # helper-77: a job page showed a retryable job's Retry button; the job then
+    # ran again and completed; the Retry from that page ran it a third time.
+    token = _token(client)
+    page = client.get(f"/jobs/{seeded.retryable}").text
+    assert 'name="seen" value="retryable"' in page
+    # Meanwhile the job runs again and completes.
+    jq.retry(seeded.retryable)
+    (claimed,) = jq.backend.job_claim(worker_id=seeded.worker_id, queue="default", limit=1)
+    assert claimed.id == seeded.retryable
+    jq.backend.job_complete_many(completions=[Completion(claim_of(claimed), "1")], delete=False)
+    before = jq.get_job(seeded.retryable)
+    response = client.post(
+        f"/jobs/{seeded.retryable}/retry", data={"csrf_token": token, "seen": "retryable"}
+    )
+    assert response.status_code == 409
+    assert f"job {seeded.retryable} is completed now, not retryable" in html.unescape(response.text)
+    assert jq.get_job(seeded.retryable) == before
+    assert before.status == JobStatus.COMPLETED and before.attempt == 1
+
+    # A dead letter requeued in another tab: its Requeue and Delete say where it went.
+    assert jq.requeue_dead([seeded.dead]) == [seeded.dead]
+    for action in ("requeue", "delete"):
+        response = client.post(f"/dead/{seeded.dead}/{action}", data={"csrf_token": token})
+        assert response.status_code == 409, action
+        assert f"Job {seeded.dead} is no longer a dead letter: it is available now" in (
+            html.unescape(response.text)
+        )
+    assert jq.get_job(seeded.dead).status == JobStatus.AVAILABLE

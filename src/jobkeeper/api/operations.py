@@ -106,16 +106,26 @@ class OperationsMixin(QueueBase):
             raise JobStateError(f"job {job_id} is {job.status.value}; it cannot be cancelled")
         return job
 
-    def retry(self, job_id: int) -> Job:
+    def retry(self, job_id: int, *, if_status: JobStatus | str | None = None) -> Job:
         """Run a dead, retryable, cancelled or completed job again now, with its
         attempts reset (errors are kept). Dead jobs move back from the dead letters.
 
+        Args:
+            job_id: the job.
+            if_status: retry only if the job is in this status now (what a page
+                showed: a job that completed since is not run again). The check
+                and the change are one statement.
+
         Raises:
             JobNotFound: no such job.
-            JobStateError: the job is pending or running, or a pending job of
+            JobStateError: the job is pending or running, or not ``if_status``
+                (it changed meanwhile; nothing was changed), or a pending job of
                 the same task holds its ``unique_key``.
+            ConfigError: ``if_status`` is not a job status.
         """
-        before = self.backend.job_get(job_id=_job_id(job_id))
+        job_id = _job_id(job_id)
+        allowed = RETRYABLE_FROM if if_status is None else {_status(if_status)}
+        before = self.backend.job_get(job_id=job_id)
         if before is None:
             raise JobNotFound(f"no job with id {job_id}")
         if before.status not in RETRYABLE_FROM:
@@ -123,8 +133,12 @@ class OperationsMixin(QueueBase):
                 f"job {job_id} is {before.status.value}; only dead, retryable, cancelled or "
                 "completed jobs can be retried"
             )
+        if before.status not in allowed:
+            raise _changed(job_id, before.status, allowed)
         try:
-            job = self.backend.job_retry(job_id=job_id)
+            job = self.backend.job_retry(
+                job_id=job_id, statuses=sorted(status.value for status in allowed)
+            )
         except UniqueKeyConflict:
             if before.status == JobStatus.DEAD:
                 raise self._requeue_refused([job_id]) from None
@@ -133,7 +147,10 @@ class OperationsMixin(QueueBase):
                 "already holds its unique_key"
             ) from None
         if job is None:
-            raise JobNotFound(f"job {job_id} was pruned before it could be retried")
+            now = self.backend.job_get(job_id=job_id)
+            if now is None:
+                raise JobNotFound(f"job {job_id} was pruned before it could be retried")
+            raise _changed(job_id, now.status, allowed)
         return job
 
     def requeue_dead(self, job_ids: Sequence[int] | None = None) -> list[int]:
@@ -423,4 +440,24 @@ def _queue_info(settings: QueueSettings, counts: dict[str, int], counted: QueueC
         counts=dict(counts),
         estimated=tuple(sorted(counted.estimated)),
         lower_bound=tuple(sorted(counted.lower_bound)),
+    )
+
+
+def _status(value: JobStatus | str) -> JobStatus:
+    try:
+        return JobStatus(value)
+    except ValueError:
+        raise ConfigError(
+            f"if_status must be a job status ({', '.join(s.value for s in JobStatus)}), "
+            f"got {value!r}"
+        ) from None
+
+
+def _changed(
+    job_id: int, status: JobStatus, expected: frozenset[JobStatus] | set[JobStatus]
+) -> JobStateError:
+    wanted = " or ".join(sorted(s.value for s in expected))
+    return JobStateError(
+        f"job {job_id} is {status.value} now, not {wanted}: it changed meanwhile, and "
+        "nothing was changed"
     )

@@ -35,6 +35,9 @@ from jobkeeper.models import (
     WorkerInfo,
 )
 
+#: The statuses a job may be retried from (``"dead"``: a dead letter).
+RETRY_STATUSES = ("dead", "retryable", "cancelled", "completed")
+
 
 class Backend(CockpitSeam, PeriodicSeam, FlowSeam, WaitSeam, Protocol):
     """What the API, the worker and the maintenance services need from a database
@@ -253,10 +256,11 @@ class Backend(CockpitSeam, PeriodicSeam, FlowSeam, WaitSeam, Protocol):
         """
         ...
 
-    def job_retry(self, *, job_id: int) -> Job | None:
-        """Make a retryable/cancelled/completed/dead job available now with
-        attempts reset. Returns the job after the change (unchanged when it is
-        pending), or None.
+    def job_retry(self, *, job_id: int, statuses: Sequence[str] = RETRY_STATUSES) -> Job | None:
+        """Make the job available now with attempts reset, if it is in one of
+        ``statuses`` (of ``RETRY_STATUSES``; ``"dead"``: a dead letter, moved
+        back). Returns the job as retried, or None when nothing was retried
+        (no such job, or not in one of ``statuses`` now).
 
         Raises:
             UniqueKeyConflict: a pending job of the same task holds its unique_key.

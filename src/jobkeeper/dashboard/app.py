@@ -22,6 +22,7 @@ go in :func:`create_app`.
 
 from __future__ import annotations
 
+import functools
 import os
 import secrets
 from collections.abc import Callable
@@ -39,6 +40,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from jobkeeper.api import JobQueue
+from jobkeeper.dashboard.actions import act_on_job, no_such_id
 from jobkeeper.dashboard.nav import NAV, NavEntry
 from jobkeeper.dashboard.params import job_id_of, path_job_id
 from jobkeeper.dashboard.present import (
@@ -63,8 +65,6 @@ from jobkeeper.errors import (
     ConfigError,
     DatabaseUnavailable,
     JobkeeperError,
-    JobNotFound,
-    JobStateError,
 )
 from jobkeeper.models import JobStatus
 from jobkeeper.waits import explain_wait
@@ -245,7 +245,7 @@ class Dashboard:
     def job(self, request: Request) -> Response:
         job_id = path_job_id(request)
         if job_id is None:
-            return _no_such_id(self, request)
+            return no_such_id(self, request)
         job = self.jq.get_job(job_id)
         if job is None:
             return self.error(request, 404, f"No job {job_id} (it may have been pruned).")
@@ -326,7 +326,10 @@ class Dashboard:
         form = await self._checked_form(request)
         if isinstance(form, Response):
             return form
-        return await _run_sync(self._act, request)
+        # The status the page showed: a retry from a page that has gone stale
+        # (the job completed since) is refused rather than run again.
+        seen = form["seen"][0] if form.get("seen") else None
+        return await _run_sync(functools.partial(act_on_job, self, seen=seen), request)
 
     async def queue_action(self, request: Request) -> Response:
         form = await self._checked_form(request)
@@ -360,43 +363,6 @@ class Dashboard:
 
         return await _run_sync(act, request)
 
-    def _act(self, request: Request) -> Response:
-        what = request.path_params["action"]
-        kind = request.path_params["kind"]
-        job_id = path_job_id(request)
-        if job_id is None:
-            return _no_such_id(self, request)
-        try:
-            if kind == "jobs" and what == "retry":
-                self.jq.retry(job_id)
-                message = f"Job {job_id} is available again."
-            elif kind == "jobs" and what == "cancel":
-                job = self.jq.cancel(job_id)
-                message = (
-                    f"Job {job_id} cancelled."
-                    if job.status == JobStatus.CANCELLED
-                    else f"Job {job_id} is running: its worker was asked to stop it."
-                )
-            elif kind == "dead" and what == "requeue":
-                moved = self.jq.requeue_dead([job_id])
-                if not moved:
-                    raise JobNotFound(f"no dead letter {job_id}")
-                message = f"Dead letter {job_id} requeued."
-            elif kind == "dead" and what == "delete":
-                if not self.jq.purge_dead([job_id]):
-                    raise JobNotFound(f"no dead letter {job_id}")
-                message = f"Dead letter {job_id} deleted."
-                return self.see_other(request, "/dead", message)
-            else:
-                return PlainTextResponse("unknown action\n", status_code=404)
-        except JobNotFound as exc:
-            return self.error(request, 404, str(exc))
-        except (JobStateError, ConfigError) as exc:
-            return self.error(request, 409, str(exc))
-        except JobkeeperError as exc:
-            return self.error(request, 503, str(exc))
-        return self.see_other(request, f"/jobs/{job_id}", message)
-
     def see_other(self, request: Request, path: str, message: str) -> RedirectResponse:
         """Post/redirect/get: back to a page that shows the outcome, signed
         for that page and this moment (see :meth:`Csrf.flash_params`).
@@ -410,12 +376,6 @@ class Dashboard:
 
         body, content_type = render_metrics(self.jq)
         return Response(body, media_type=content_type)
-
-
-def _no_such_id(dashboard: Dashboard, request: Request) -> Response:
-    return dashboard.error(
-        request, 404, f"No job {request.path_params['job_id']!r}: a job id is a positive number."
-    )
 
 
 async def _run_sync(function: Callable[[Request], Response], request: Request) -> Response:

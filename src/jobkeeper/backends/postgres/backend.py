@@ -16,6 +16,7 @@ from typing import Any
 import psycopg
 from psycopg.rows import tuple_row
 
+from jobkeeper.backends.base import RETRY_STATUSES
 from jobkeeper.backends.cockpit import CockpitReads
 from jobkeeper.backends.postgres.aio import PostgresAsync
 from jobkeeper.backends.postgres.arrays import array_literals
@@ -332,16 +333,17 @@ class PostgresBackend(
             self._fetch("notify_done", {"channel": self.done_channel(), "ids": [job_id]})
         return self._jobs(rows)[0] if rows else self.job_get(job_id=job_id)
 
-    def job_retry(self, *, job_id: int) -> Job | None:
-        rows = self._fetch("job_retry", {"id": job_id})
-        if not rows:
-            # A dead letter: its requeue announces it itself.
-            self.dead_letter_requeue(job_ids=[job_id])
-            return self.job_get(job_id=job_id)
-        job = self.job_get(job_id=job_id)
-        if job is not None:
+    def job_retry(self, *, job_id: int, statuses: Sequence[str] = RETRY_STATUSES) -> Job | None:
+        live = [status for status in statuses if status != "dead"]
+        rows = self._fetch("job_retry", {"id": job_id, "statuses": live}) if live else []
+        if rows:
+            job = self._jobs(rows)[0]
             self._notify([job.queue])
-        return job
+            return job
+        # A dead letter: its requeue announces it itself.
+        if "dead" in statuses and self.dead_letter_requeue(job_ids=[job_id]):
+            return self.job_get(job_id=job_id)
+        return None
 
     def _notify(self, queues: Sequence[str]) -> None:
         self._fetch("notify_queues", {"channel": self.channel(), "queues": list(queues)})

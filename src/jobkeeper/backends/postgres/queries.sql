@@ -624,14 +624,16 @@ RETURNING {job_columns}
 -- name: job_retry
 -- Attempts and the crash budget start afresh; run_alone is kept (a crash
 -- suspect still has its lone attempt to run). A job finished before its queue
--- became serial is flagged now (see job_insert_many).
+-- became serial is flagged now (see job_insert_many). Only from
+-- %(statuses)s: the statuses the caller saw (a dashboard page), each one of
+-- retryable, cancelled, completed.
 UPDATE jobkeeper_jobs
 SET status = 'available', attempt = 0, unstarted_returns = 0, crashes = 0, scheduled_at = now(),
     finished_at = NULL, cancel_requested = false,
     serial_unkeyed = CASE WHEN serial_key IS NULL THEN (
         SELECT true FROM jobkeeper_queues AS settings
         WHERE settings.name = jobkeeper_jobs.queue AND settings.serial) END
-WHERE id = %(id)s AND status IN ('retryable', 'cancelled', 'completed')
+WHERE id = %(id)s AND status = ANY(%(statuses)s::text[])
 RETURNING {job_columns}
 
 -- name: dead_letter_requeue

@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+from jobkeeper.backends.base import RETRY_STATUSES
 from jobkeeper.backends.cockpit import CockpitReads, json_ids
 from jobkeeper.backends.migrate import apply_migrations, unrecorded_schema
 from jobkeeper.backends.rows import (
@@ -339,11 +340,16 @@ class SqliteBackend(
             rows = _rows(conn.execute(QUERIES["job_cancel"], {"id": job_id}))
         return self._jobs(rows)[0] if rows else self.job_get(job_id=job_id)
 
-    def job_retry(self, *, job_id: int) -> Job | None:
+    def job_retry(self, *, job_id: int, statuses: Sequence[str] = RETRY_STATUSES) -> Job | None:
+        live = json.dumps([status for status in statuses if status != "dead"])
         with self._write() as conn:
-            rows = _rows(conn.execute(QUERIES["job_retry"], {"id": job_id}))
-            if not rows:
-                self._requeue(conn, [job_id])
+            retried = bool(
+                _rows(conn.execute(QUERIES["job_retry"], {"id": job_id, "statuses": live}))
+            )
+            if not retried and "dead" in statuses:
+                retried = bool(self._requeue(conn, [job_id]))
+        if not retried:
+            return None
         self.wake_listeners()
         return self.job_get(job_id=job_id)
 

@@ -375,15 +375,15 @@ WHERE id = :id AND status IN ('scheduled', 'available', 'claimed', 'running', 'r
 RETURNING *
 
 -- name: job_retry
--- Attempts and the crash budget start afresh; flagged as a new job would be
--- (see the PostgreSQL twin).
+-- Attempts and the crash budget start afresh; flagged as a new job would be,
+-- and only from :statuses (a JSON array; see the PostgreSQL twin).
 UPDATE jobkeeper_jobs
 SET status = 'available', attempt = 0, unstarted_returns = 0, crashes = 0, scheduled_at = {now},
     finished_at = NULL, cancel_requested = 0,
     serial_unkeyed = CASE WHEN serial_key IS NULL THEN (
         SELECT 1 FROM jobkeeper_queues AS settings
         WHERE settings.name = jobkeeper_jobs.queue AND settings.serial) END
-WHERE id = :id AND status IN ('retryable', 'cancelled', 'completed')
+WHERE id = :id AND status IN (SELECT value FROM json_each(:statuses))
 RETURNING *
 
 -- name: dead_letter_requeue
