@@ -67,6 +67,11 @@ class Retry(Exception):  # noqa: N818 - the contract's name
         self.delay = delay
         self.reason = reason
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Pickled as its arguments (Django's parallel test runner, a process
+        # pool): the default gives __init__ the message instead.
+        return (type(self), (self.delay, self.reason))
+
 
 class Snooze(Exception):  # noqa: N818 - the contract's name
     """Raise inside a task to run the job again after ``delay`` seconds
@@ -90,6 +95,9 @@ class Snooze(Exception):  # noqa: N818 - the contract's name
         delay = _delay_seconds("Snooze", delay)
         super().__init__(f"snoozed for {delay:g}s")
         self.delay = delay
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.delay,))
 
 
 class Discard(Exception):  # noqa: N818 - the contract's name
@@ -139,6 +147,9 @@ class JobFailed(JobkeeperError):  # noqa: N818 - the contract's name
         )
         self.job = job
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.job,))
+
 
 class JobCancelled(JobkeeperError):  # noqa: N818 - the contract's name
     """Raised by ``wait``: the job was cancelled.
@@ -150,6 +161,9 @@ class JobCancelled(JobkeeperError):  # noqa: N818 - the contract's name
     def __init__(self, job: Any) -> None:
         super().__init__(f"job {job.id} ({job.task}) was cancelled")
         self.job = job
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.job,))
 
 
 class JobStateError(JobkeeperError):
@@ -219,6 +233,10 @@ class QueueFull(JobkeeperError):  # noqa: N818 - the contract's name
         self.queue = queue
         self.limit = limit
         self.count = count
+        self.adding = adding
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.queue, self.limit, self.count, self.adding))
 
 
 class ClaimLost(JobkeeperError):  # noqa: N818 - the contract's name
@@ -243,3 +261,6 @@ class ClaimLost(JobkeeperError):  # noqa: N818 - the contract's name
         self.job_id = job_id
         self.attempt = attempt
         self.fence = fence
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.job_id, self.attempt, self.fence))

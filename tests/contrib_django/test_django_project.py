@@ -240,6 +240,19 @@ result = send_receipt.enqueue(order_id=999)
 print(json.dumps({"id": result.id}))
 """
 
+GUARD_TEST = """
+from django.test import SimpleTestCase
+from shop.tests import count_orders
+
+
+class NoDatabaseTests(SimpleTestCase):
+    def test_a_test_without_databases_cannot_enqueue(self):
+        # Django refuses the test its database; jobkeeper refuses it the same,
+        # rather than writing to the development database.
+        with self.assertRaisesRegex(Exception, "not allowed in SimpleTestCase"):
+            count_orders.enqueue()
+"""
+
 DEV_STATUS = """
 import json
 from django.tasks import task_backends
@@ -260,9 +273,12 @@ def test_manage_py_test_runs_jobs_on_the_test_database(
     # The tests import the tasks before the test database exists; their jobs,
     # and the jobs those jobs enqueue, still go to the test database, whose
     # drop at the end is not refused for jobkeeper's open connections.
+    # --parallel 2: Django copies the test database for each process (a file
+    # copy on SQLite, CREATE DATABASE ... TEMPLATE on PostgreSQL).
     directory, env = project
+    (directory / "shop" / "test_guard.py").write_text(GUARD_TEST)
     result = subprocess.run(
-        [sys.executable, "manage.py", "test", "shop", "--verbosity", "2"],
+        [sys.executable, "manage.py", "test", "shop", "--verbosity", "2", "--parallel", "2"],
         cwd=directory,
         env=env,
         capture_output=True,
@@ -270,7 +286,10 @@ def test_manage_py_test_runs_jobs_on_the_test_database(
         timeout=300,
     )
     assert result.returncode == 0, f"{result.stdout}\n{result.stderr}"
-    assert "Ran 3 tests" in result.stderr and "OK" in result.stderr
+    assert "Ran 4 tests" in result.stderr and "OK" in result.stderr
+    assert "Cloning test database" in result.stderr
+    # Django's test database (and a SQLite one's WAL and wake channel) is gone.
+    assert not [path.name for path in directory.parent.glob("test_shop*")]
 
     # The development database's job was left alone by the tests' drains.
     status = shell(project, DEV_STATUS % waiting)
@@ -399,3 +418,58 @@ def test_worker_command_refuses_what_it_cannot_run(project: tuple[Path, dict[str
     assert "'bad queue!'" in errors["bad queue"]
     assert errors["concurrency"] == "CommandError: --concurrency must be at least 1, got 0"
     assert errors["backend"].startswith("CommandError: --backend nope: ")
+
+
+MIRROR_SETTINGS = """
+from mysite.settings import *  # noqa: F403
+
+# The jobs' own alias, a test mirror of default's database, and a backend of
+# the project's own (a subclass): manage.py migrate and test still give the
+# test database jobkeeper's tables.
+DATABASES["jobs"] = {**DATABASES["default"], "TEST": {"MIRROR": "default"}}  # noqa: F405
+TASKS["default"]["BACKEND"] = "shop.backends.ShopBackend"  # noqa: F405
+TASKS["default"]["OPTIONS"]["DATABASE"] = "jobs"  # noqa: F405
+"""
+
+MIRROR_BACKEND = """
+from jobkeeper.contrib.django.backend import JobkeeperBackend
+
+
+class ShopBackend(JobkeeperBackend):
+    pass
+"""
+
+MIRROR_TEST = """
+from django.test import TransactionTestCase
+from jobkeeper.testing import drain
+from shop.tests import count_orders, task_backends
+
+
+class MirrorTests(TransactionTestCase):
+    databases = {"default", "jobs"}
+
+    def test_jobs_run_on_the_mirrored_test_database(self):
+        job = count_orders.enqueue()
+        drain(task_backends["default"].queue)
+        self.assertEqual(count_orders.get_result(job.id).status, "SUCCESSFUL")
+"""
+
+
+def test_a_mirror_alias_and_a_backend_subclass_get_the_tables(
+    project_with_own_database: tuple[Path, dict[str, str]],
+) -> None:
+    directory, env = project_with_own_database
+    (directory / "mysite" / "settings_mirror.py").write_text(MIRROR_SETTINGS)
+    (directory / "shop" / "backends.py").write_text(MIRROR_BACKEND)
+    (directory / "shop" / "test_mirror.py").write_text(MIRROR_TEST)
+    env = {**env, "DJANGO_SETTINGS_MODULE": "mysite.settings_mirror"}
+    result = subprocess.run(
+        [sys.executable, "manage.py", "test", "shop.test_mirror"],
+        cwd=directory,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, f"{result.stdout}\n{result.stderr}"
+    assert "Ran 1 test" in result.stderr and "OK" in result.stderr

@@ -47,6 +47,8 @@ class ReceiptTests(TransactionTestCase):
         self.assertEqual(failed.status_code, 500)
         self.assertEqual(drain(task_backends["default"].queue), {})
 
+
+class FollowUpTests(TransactionTestCase):
     def test_a_job_enqueued_by_a_job_runs_on_the_test_database(self) -> None:
         Order.objects.create(email="c@example.com")
         outer = count_later.enqueue()

@@ -85,7 +85,7 @@ def _external_tasks(value: Iterable[str] | bool) -> frozenset[str] | bool:
     """``external_tasks`` checked: True, or a set of valid task names."""
     if isinstance(value, bool):
         return value
-    if isinstance(value, str):
+    if isinstance(value, str) or not isinstance(value, Iterable):
         raise ConfigError(
             f"external_tasks must be a list of task names or True, got {shown(value)}"
         )

@@ -58,6 +58,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from django.conf import settings
+from django.core import mail
 from django.core.exceptions import ImproperlyConfigured
 from django.db import close_old_connections, connections
 from django.utils import timezone
@@ -191,14 +192,17 @@ class JobkeeperBackend(BaseTaskBackend):  # type: ignore[misc]
         options = checked_options(alias, self.options)
         #: The Django database the jobs live in (unless ``DATABASE_URL``).
         self.database_alias: str = options["DATABASE"]
-        self._explicit_url: str | None = options["DATABASE_URL"]
+        explicit: str | None = options["DATABASE_URL"]
+        # A URL that is the Django database's own is that database: the queue
+        # follows it into the test database, and migrates with it.
+        if explicit is not None and explicit == _url_or_none(self.database_alias):
+            explicit = None
+        self._explicit_url = explicit
         #: Whether Django's ``migrate`` also migrates jobkeeper's tables.
-        self.migrates_with_django: bool = options["MIGRATE"] and self._explicit_url is None
+        self.migrates_with_django: bool = options["MIGRATE"] and explicit is None
         #: Whether enqueues inside ``transaction.atomic()`` join it (only when
         #: the jobs live in that Django database).
-        self.join_transaction: bool = options["JOIN_TRANSACTION"] and (
-            self._explicit_url is None or self._explicit_url == _url_or_none(self.database_alias)
-        )
+        self.join_transaction: bool = options["JOIN_TRANSACTION"] and explicit is None
         self._max_attempts: int = options["MAX_ATTEMPTS"]
         self._job_settings: dict[str, Any] = options["SETTINGS"]
         self._key = (
@@ -223,10 +227,21 @@ class JobkeeperBackend(BaseTaskBackend):  # type: ignore[misc]
         in a Django database it follows that database, the test database
         while Django's test runner has it in place.
 
+        Under Django's test runner (or pytest-django) the queue of a Django
+        database may be used only where the test may use that database: in a
+        ``SimpleTestCase``, a test whose ``databases`` lacks it, or a test
+        without pytest-django's ``django_db`` mark, using it raises Django's
+        own error, as a query would. It would reach the real database, which
+        the test runner set up no test database for.
+
         Raises:
             ImproperlyConfigured: the Django database is an in-memory SQLite
                 database.
         """
+        if self._explicit_url is None and _testing():
+            # Django's own check of its connection: raises where the test
+            # may not use the database, does nothing (one cursor) otherwise.
+            connections[self.database_alias].cursor().close()
         return self._kept_queue()
 
     @property
@@ -258,11 +273,24 @@ class JobkeeperBackend(BaseTaskBackend):  # type: ignore[misc]
         not migrate. An in-memory SQLite database is left alone (its use is
         refused, see :attr:`queue`).
         """
-        if not self.migrates_with_django or using != self.database_alias:
+        if not self.migrates_with_django or _in_memory(self.database_alias):
             return None
-        if _in_memory(self.database_alias):
+        # By database, not alias: another alias of the same database, or the
+        # one the jobs' alias mirrors in tests (TEST["MIRROR"]: the test runner
+        # points the mirror at that alias's test database only after it made
+        # and migrated it), is the jobs' database too.
+        mirrors = (settings.DATABASES[self.database_alias].get("TEST") or {}).get("MIRROR")
+        if using not in (self.database_alias, mirrors) and _url_or_none(using) != _url_or_none(
+            self.database_alias
+        ):
             return None
-        return self.queue.migrate()
+        queue = self._kept_queue()
+        url = database.database_url(using)
+        if mirrors != using or queue.url.url == url:
+            return queue.migrate()
+        # The mirror is not pointed there yet: migrate the database it will be.
+        with queue.using(url) as mirrored:
+            return mirrored.migrate()
 
     def enqueue(self, task: Any, args: Any, kwargs: Any) -> Any:
         """Store a job for ``task`` (Django calls this from ``task.enqueue()``).
@@ -380,6 +408,14 @@ def _url_or_none(alias: str) -> str | None:
         return database.database_url(alias)
     except ImproperlyConfigured:
         return None
+
+
+def _testing() -> bool:
+    """Whether Django's test environment is set up (``setup_test_environment``,
+    which Django's test runner and pytest-django call): it gives
+    ``django.core.mail`` its ``outbox``.
+    """
+    return hasattr(mail, "outbox")
 
 
 def _in_memory(alias: str) -> bool:

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from jobkeeper.contrib.django.management.commands._backend import jobkeeper_backend
+from jobkeeper.errors import JobkeeperError
 
 
 class Command(BaseCommand):  # type: ignore[misc]
@@ -16,5 +17,9 @@ class Command(BaseCommand):  # type: ignore[misc]
         parser.add_argument("--backend", default="default", help="The TASKS alias.")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        version = jobkeeper_backend(options["backend"]).queue.migrate()
+        backend = jobkeeper_backend(options["backend"])
+        try:
+            version = backend.queue.migrate()
+        except JobkeeperError as exc:  # the database down, a role without rights
+            raise CommandError(str(exc)) from None
         self.stdout.write(f"jobkeeper schema at version {version}")

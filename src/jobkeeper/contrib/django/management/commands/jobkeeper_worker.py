@@ -8,7 +8,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from jobkeeper.config import check_name
 from jobkeeper.contrib.django.management.commands._backend import jobkeeper_backend
-from jobkeeper.errors import ConfigError
+from jobkeeper.errors import ConfigError, JobkeeperError
 
 
 class Command(BaseCommand):  # type: ignore[misc]
@@ -49,8 +49,11 @@ class Command(BaseCommand):  # type: ignore[misc]
             raise CommandError(f"--queue: {exc}") from None
         if options["concurrency"] < 1:
             raise CommandError(f"--concurrency must be at least 1, got {options['concurrency']}")
-        code = backend.queue.run_worker(
-            queues=queues, concurrency=options["concurrency"], burst=options["burst"]
-        )
+        try:
+            code = backend.queue.run_worker(
+                queues=queues, concurrency=options["concurrency"], burst=options["burst"]
+            )
+        except JobkeeperError as exc:  # the database down at the start, a bad setting
+            raise CommandError(str(exc)) from None
         if code:
             raise SystemExit(code)
