@@ -2,8 +2,11 @@
 seam (``pip install 'jobkeeper[metrics]'``; ``jobkeeper worker --metrics-port N``).
 
 - ``jobkeeper_jobs_processed_total{queue,task,outcome}``: attempts this worker
-  ended, by outcome: ``completed``, ``retried``, ``dead``, ``cancelled``,
-  ``snoozed``, ``released`` (handed back, attempt not spent). A job of a task
+  ended, by the outcome the database accepted (counted once written):
+  ``completed``, ``retried``, ``dead``, ``cancelled``, ``snoozed``,
+  ``released`` (handed back, attempt not spent; prefetched jobs included), and
+  ``claim_lost``: the outcome was refused, as the job had been rescued from
+  this worker while it was silent (another worker's outcome counts instead). A job of a task
   the worker does not register counts under ``task="(unregistered)"``: a task
   name is any text a producer stored, and one label value each would let
   them grow the metrics without bound.
@@ -27,6 +30,8 @@ from typing import Any
 
 from jobkeeper.events import EventKind, JobEvent
 
+#: The ``outcome`` label of an attempt whose outcome the database refused.
+CLAIM_LOST = "claim_lost"
 #: The ``task`` label of jobs whose task the worker does not register.
 UNREGISTERED_TASK = "(unregistered)"
 
@@ -80,27 +85,36 @@ class WorkerMetrics:
         self._duration_of: dict[tuple[str, str], Any] = {}
 
     #: The events it counts (give them to ``JobQueue.on_event(metrics, kinds=...)``).
-    kinds = frozenset({EventKind.FINISHED, EventKind.RESCUED})
+    kinds = frozenset(
+        {EventKind.FINISHED, EventKind.ACKED, EventKind.CLAIM_LOST, EventKind.RESCUED}
+    )
 
     def __call__(self, event: JobEvent) -> None:
         """Count one event (the listener given to ``JobQueue.on_event``)."""
-        if event.kind is EventKind.FINISHED and event.outcome is not None:
-            task = event.task
-            if self._tasks is not None and task not in self._tasks:
-                task = UNREGISTERED_TASK
-            key = (event.queue, task, event.outcome.value)
-            processed = self._processed_of.get(key)
-            if processed is None:
-                processed = self._processed_of[key] = self._processed.labels(*key)
-            processed.inc()
-            if event.duration is not None:
-                pair = (event.queue, task)
-                duration = self._duration_of.get(pair)
-                if duration is None:
-                    duration = self._duration_of[pair] = self._duration.labels(*pair)
-                duration.observe(event.duration)
-        elif event.kind is EventKind.RESCUED:
+        kind = event.kind
+        if kind is EventKind.ACKED and event.outcome is not None:
+            self._count(event, event.outcome.value)
+        elif kind is EventKind.CLAIM_LOST:
+            self._count(event, CLAIM_LOST)
+        elif kind is EventKind.FINISHED and event.duration is not None:
+            # How long the attempt ran, whatever became of its outcome.
+            pair = (event.queue, self._task_label(event.task))
+            duration = self._duration_of.get(pair)
+            if duration is None:
+                duration = self._duration_of[pair] = self._duration.labels(*pair)
+            duration.observe(event.duration)
+        elif kind is EventKind.RESCUED:
             self._rescues.inc()
+
+    def _task_label(self, task: str) -> str:
+        return task if self._tasks is None or task in self._tasks else UNREGISTERED_TASK
+
+    def _count(self, event: JobEvent, outcome: str) -> None:
+        key = (event.queue, self._task_label(event.task), outcome)
+        processed = self._processed_of.get(key)
+        if processed is None:
+            processed = self._processed_of[key] = self._processed.labels(*key)
+        processed.inc()
 
     def serve(self, port: int, host: str = "127.0.0.1") -> None:
         """Serve ``/metrics`` (Prometheus text) on ``host:port`` from a daemon thread.

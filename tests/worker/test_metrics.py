@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import socket
 import sys
+import threading
 import urllib.request
 
 from jobkeeper import Discard, JobStatus, Retry
@@ -132,3 +133,42 @@ def test_the_cli_worker_serves_its_metrics(db_url, tmp_path):
                 return text if done == 3 else None
 
             assert wait_for(scrape, what="the worker's /metrics to count 3 jobs")
+
+
+def test_an_outcome_the_database_refused_is_not_counted_as_done(jq):
+    # helper-77: a worker paused past rescue_after counted its refused
+    # completion as completed, so the fleet reported 2 completions of 1 job.
+    metrics = WorkerMetrics()
+    jq.on_event(metrics)
+    gate = threading.Event()
+
+    @jq.task
+    def slow() -> None:
+        gate.wait(30)
+
+    j = slow.enqueue()
+    worker = jq.worker(concurrency=1)
+    with running(worker):
+        wait_status(jq, [j.id], {JobStatus.RUNNING})
+        worker.heartbeat.paused = True
+        # Its own rescuer takes the job back: the holder looks silent.
+        wait_status(jq, [j.id], {JobStatus.RETRYABLE, JobStatus.AVAILABLE})
+        gate.set()
+        processed = "jobkeeper_jobs_processed_total"
+        wait_for(
+            lambda: (
+                _sample(
+                    metrics.render(), processed, queue="default", task="slow", outcome="claim_lost"
+                )
+                == 1
+            ),
+            what="the refused outcome to be counted",
+        )
+        worker.heartbeat.paused = False
+        # Run again, and completed: one completion for one completed job.
+        wait_status(jq, [j.id], {JobStatus.COMPLETED})
+    text = metrics.render()
+    assert _sample(text, processed, queue="default", task="slow", outcome="completed") == 1
+    assert _sample(text, processed, queue="default", task="slow", outcome="claim_lost") == 1
+    # Both attempts ran, and their time is kept.
+    assert _sample(text, "jobkeeper_job_duration_seconds_count", queue="default", task="slow") == 2
