@@ -23,6 +23,20 @@ def shown(value: Any) -> str:
     return text if len(text) <= MAX_SHOWN else text[: MAX_SHOWN - 1] + "…"
 
 
+#: C0 and C1 control characters (and DEL) as the escapes Python's repr uses.
+_CONTROL_ESCAPES = {code: repr(chr(code))[1:-1] for code in (*range(0x20), *range(0x7F, 0xA0))}
+
+
+def printable(text: str) -> str:
+    """``text`` on one line, with no control character: a newline, a carriage
+    return, an ESC and the like written as ``\\n``, ``\\r``, ``\\x1b``, as
+    repr writes them. For text that came from a job (an exception's message,
+    a task name written by hand) shown in a log line or a terminal, where it
+    could otherwise forge a line or move the cursor.
+    """
+    return text.translate(_CONTROL_ESCAPES)
+
+
 def _delay_seconds(kind: str, delay: Any) -> float:
     """``Retry``'s or ``Snooze``'s delay as finite seconds >= 0.
 

@@ -24,7 +24,7 @@ from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from jobkeeper.config import Settings
-from jobkeeper.errors import JobkeeperError, Retry
+from jobkeeper.errors import JobkeeperError, Retry, printable
 from jobkeeper.events import EventBus, EventKind, JobEvent, OutcomeKind
 
 #: The logger of job outcomes.
@@ -70,14 +70,19 @@ def log_event(event: JobEvent) -> None:
     level, text = _level_and_text(event)
     if not logger.isEnabledFor(level):
         return
-    message = f"job {event.job_id} ({event.task}, queue {event.queue}, attempt {event.attempt}) "
-    message += text
+    # The task's name and the error come from the job: one line each, with
+    # no control characters to forge another line or recolour a terminal.
+    # The JSON format's fields keep them as they are (JSON escapes them).
+    message = (
+        f"job {event.job_id} ({printable(event.task)}, queue {event.queue}, "
+        f"attempt {event.attempt}) {text}"
+    )
     if event.kind is EventKind.RESCUED and event.worker_id:
-        message += f" ({event.worker_id})"
+        message += f" ({printable(event.worker_id)})"
     if event.duration is not None:
         message += f" in {event.duration:.3f}s"
     if event.error:
-        message += f": {event.error}"
+        message += f": {printable(event.error)}"
     extra = {
         "job_id": event.job_id,
         "task": event.task,

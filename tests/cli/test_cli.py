@@ -235,6 +235,18 @@ def test_jobs_show_dead_and_completed(cli, queue):
     assert (shown["status"], shown["result"]) == ("completed", {"answer": 42})
 
 
+def test_jobs_show_and_list_print_no_control_characters(cli, queue):
+    # A job's error holds what its task raised: an ESC sequence there reached
+    # the terminal raw (helper-77), and a newline broke the table's row.
+    job = queue.enqueue("t", {}, queue="esc")
+    (running,) = claim(queue, "esc")
+    fail(queue, running, "dead", error="bad\x1b[2J\x1b[31mred\nnext line")
+    for argv in (["jobs", "show", str(job.id)], ["dead", "list"]):
+        out = cli.ok(*argv)
+        assert "\x1b" not in out, argv
+        assert "\\x1b[2J" in out.replace("\n", "").replace(" ", "").replace("│", ""), argv
+
+
 @pytest.mark.parametrize(
     "argv",
     [

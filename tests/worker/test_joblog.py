@@ -208,3 +208,26 @@ def test_successes_build_no_event_for_the_log_unless_debug_is_on(caplog):
     for outcome in (OutcomeKind.COMPLETED, OutcomeKind.DEAD):
         bus.emit(JobEvent(EventKind.FINISHED, 1, "t", "q", 1, None, at=0.0, outcome=outcome))
     assert [e.outcome for e in heard] == [OutcomeKind.DEAD]
+
+
+def test_a_jobs_error_cannot_forge_a_log_line_or_reach_the_terminal(jq, caplog):
+    # helper-77: an exception message with a newline wrote a second,
+    # made-up log line in the text format, and an ESC recoloured the terminal.
+    forged = "oops\n2026-12-06 03:00:00,000 INFO jobkeeper: job 1 (inj) completed \x1b[31mRED\x85"
+
+    @jq.task(max_attempts=1)
+    def inj() -> None:
+        raise ValueError(forged)
+
+    job = inj.enqueue()
+    with caplog.at_level(logging.WARNING, logger="jobkeeper"), running(jq.worker()):
+        wait_status(jq, [job.id], {JobStatus.DEAD})
+    # Its failure and its move to the dead letters, each on one line.
+    records = [r for r in caplog.records if f"job {job.id} (inj" in r.getMessage()]
+    assert len(records) == 2
+    for record in records:
+        line = record.getMessage()
+        assert "\n" not in line and "\x1b" not in line and "\x85" not in line
+        assert "oops\\n2026-12-06" in line and "\\x1b[31mRED\\x85" in line
+        # The JSON format's field keeps the text as it was: JSON escapes it.
+        assert record.error.endswith(forged)  # type: ignore[attr-defined]

@@ -10,13 +10,23 @@ from datetime import datetime
 from typing import Any
 
 from rich.console import Console
-from rich.markup import escape
+from rich.markup import escape as escape_markup
 from rich.table import Table
 
 from jobkeeper.config import holder_window
+from jobkeeper.errors import printable
 from jobkeeper.models import Job, JobStatus, WorkerInfo
 from jobkeeper.periodic import PeriodicRow
 from jobkeeper.queues import QueueInfo
+
+
+def escape(text: str) -> str:
+    """``text`` for a Rich table cell: its markup escaped, and its control
+    characters too (a job's error or result holds what its task put there;
+    an ESC would reach the terminal).
+    """
+    return escape_markup(printable(text))
+
 
 STATUS_STYLE = {
     "scheduled": "cyan",
