@@ -6,8 +6,8 @@ rescues at WARNING with the job's id, task, queue, attempt and error;
 cancellations and retries a task asked for (``Retry``) at INFO; claims,
 starts, successes, hand-backs and acks at DEBUG. Each record also carries
 those facts as attributes (``job_id``, ``task``, ``queue``, ``attempt``,
-``duration``, ``error``, ``event``, ``outcome``) for :class:`JsonFormatter`
-and any other formatter.
+``duration``, ``error``, ``event``, ``outcome``, ``worker_id``) for
+:class:`JsonFormatter` and any other formatter.
 
 Also here: the worker's start line (:func:`log_start`) and the one-object-a-
 line formatter behind ``jobkeeper worker --log-format json``.
@@ -32,7 +32,9 @@ logger = logging.getLogger("jobkeeper")
 _worker_logger = logging.getLogger("jobkeeper.worker")
 
 #: Record attributes a job event sets, in the order JSON lines show them.
-JOB_FIELDS = ("job_id", "task", "queue", "attempt", "duration", "error")
+JOB_FIELDS = (
+    "job_id", "task", "queue", "attempt", "duration", "error", "event", "outcome", "worker_id",
+)  # fmt: skip
 
 _FINISHED = {
     OutcomeKind.COMPLETED: (logging.DEBUG, "completed"),
@@ -92,6 +94,9 @@ def log_event(event: JobEvent) -> None:
         "error": event.error,
         "event": event.kind.value,
         "outcome": event.outcome.value if event.outcome is not None else None,
+        # Which worker: once logs are gathered, a line must say where it came
+        # from (a rescue's names the lost holder).
+        "worker_id": event.worker_id,
     }
     logger.log(level, "%s", message, extra=extra)
 

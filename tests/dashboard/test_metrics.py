@@ -10,6 +10,8 @@ from jobkeeper.backends import cockpit
 from jobkeeper.dashboard import create_app
 from jobkeeper.dashboard.app import PASSWORD_ENV
 from jobkeeper.dashboard.metrics import render_metrics
+from jobkeeper.models import JobStatus
+from worker.helpers import age_heartbeat
 
 from .seed import seed
 
@@ -39,14 +41,22 @@ def test_metrics_match_the_tables(jq, monkeypatch):
         for (name, labels), value in samples.items()
         if name == "jobkeeper_jobs"
     }
+    # Every status of every queue with jobs, zeros too: a series whose last
+    # job left reads 0, not "no data" (helper-77).
     expected = {
-        (queue, status): count
+        (queue, status.value): per_status.get(status.value, 0)
         for queue, per_status in jq.stats().items()
-        for status, count in per_status.items()
-        if count
+        for status in JobStatus
     }
     assert jobs == expected
-    assert samples[("jobkeeper_workers", ())] == 1
+    assert jobs[("reports", "running")] == 0
+    assert samples[("jobkeeper_workers", (("state", "live"),))] == 1
+    assert samples[("jobkeeper_workers", (("state", "stale"),))] == 0
+    # A worker silent past its window (SIGKILLed) is stale until pruned.
+    age_heartbeat(jq, seeded.worker_id, 3600)
+    samples = _samples(TestClient(create_app(jq)).get("/metrics").text)
+    assert samples[("jobkeeper_workers", (("state", "live"),))] == 0
+    assert samples[("jobkeeper_workers", (("state", "stale"),))] == 1
     latency = {
         dict(labels)["queue"]: value
         for (name, labels), value in samples.items()
@@ -81,5 +91,5 @@ def test_finished_counts_above_the_cap_come_from_a_recount(jq, exact_below, monk
 def test_metrics_on_an_empty_database(jq):
     body, _ = render_metrics(jq)
     samples = _samples(body.decode())
-    assert samples[("jobkeeper_workers", ())] == 0
+    assert samples[("jobkeeper_workers", (("state", "live"),))] == 0
     assert not [key for key in samples if key[0] == "jobkeeper_jobs"]

@@ -181,7 +181,10 @@ def test_cli_worker_log_format_json(db_url, tmp_path):
     assert failed and failed[0]["level"] == "WARNING" and failed[0]["task"] == "explode"
     assert failed[0]["queue"] == "default" and failed[0]["attempt"] == 1
     assert isinstance(failed[0]["job_id"], int) and failed[0]["duration"] >= 0
-    assert any(" started on " in line["message"] for line in lines)
+    assert (failed[0]["event"], failed[0]["outcome"]) == ("finished", "dead")
+    # The worker the line came from, as its start line names it.
+    (started,) = [line["message"] for line in lines if " started on " in line["message"]]
+    assert started.startswith(f"worker {failed[0]['worker_id']} started on ")
 
 
 def test_successes_build_no_event_for_the_log_unless_debug_is_on(caplog):

@@ -4,7 +4,8 @@ A custom collector reads the database at scrape time through the API, so
 the numbers are the database's, whichever process serves them:
 
 - ``jobkeeper_jobs{queue,status}``: jobs per queue and status (dead letters
-  as ``dead``). Live statuses are exact; ``completed`` and ``cancelled`` are
+  as ``dead``), every status of every queue that has jobs (0 included). Live
+  statuses are exact; ``completed`` and ``cancelled`` are
   exact while together below 100,000 rows, ``dead`` while the dead letters
   are; above, they come from a recount the serving process makes at most
   once a minute, plus the rows finished since
@@ -15,7 +16,8 @@ the numbers are the database's, whichever process serves them:
   newest rows hold.
 - ``jobkeeper_queue_latency_seconds{queue}``: age of the oldest job that
   could run now (0 for a queue with nothing due).
-- ``jobkeeper_workers``: registered worker processes.
+- ``jobkeeper_workers{state}``: registered worker processes, ``live`` or
+  ``stale`` (silent past their rescue window, as the rescuers judge it).
 
 Per-worker counters (processed, durations, rescues) live on the worker's
 own ``--metrics-port``, not here.
@@ -31,9 +33,15 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
 from jobkeeper.api import JobQueue
+from jobkeeper.config import holder_window
+from jobkeeper.models import JobStatus
 
 #: Rows of a finished status counted at each scrape; above, a recount.
 EXACT_BELOW = 100_000
+
+
+#: The statuses ``jobkeeper_jobs`` reports for each queue (dead: its dead letters).
+JOB_STATUSES = tuple(status.value for status in JobStatus)
 
 
 class QueueCollector(Collector):
@@ -53,9 +61,11 @@ class QueueCollector(Collector):
             f"{self.exact_below} rows; see jobkeeper_jobs_estimated).",
             labels=["queue", "status"],
         )
+        # Every status of every queue, 0 included: a series that vanished when
+        # its last job left would read as "no data", not as none.
         for queue, per_status in sorted(counts.counts.items()):
-            for status, count in sorted(per_status.items()):
-                jobs.add_metric([queue, status], count)
+            for status in JOB_STATUSES:
+                jobs.add_metric([queue, status], per_status.get(status, 0))
         yield jobs
         estimated = GaugeMetricFamily(
             "jobkeeper_jobs_estimated",
@@ -82,9 +92,23 @@ class QueueCollector(Collector):
         for queue in sorted(set(counts.counts) | set(oldest)):
             latency.add_metric([queue], oldest[queue][1] if queue in oldest else 0.0)
         yield latency
-        yield GaugeMetricFamily(
-            "jobkeeper_workers", "Registered worker processes.", value=len(workers)
+        now = self.jq.backend.db_now() if workers else None
+        stale = sum(
+            1
+            for worker in workers
+            if now is not None
+            and (now - worker.heartbeat_at).total_seconds()
+            > holder_window(worker.rescue_after, self.jq.settings.rescue_after)
         )
+        registered = GaugeMetricFamily(
+            "jobkeeper_workers",
+            "Registered worker processes; stale: silent past their rescue window (most "
+            "likely dead, their rows kept until pruned; their running jobs due for rescue).",
+            labels=["state"],
+        )
+        registered.add_metric(["live"], len(workers) - stale)
+        registered.add_metric(["stale"], stale)
+        yield registered
 
 
 def render_metrics(jq: JobQueue, *, exact_below: int = EXACT_BELOW) -> tuple[bytes, str]:
