@@ -413,6 +413,25 @@ def test_error_lines_print_the_quoted_input_literally(cli, queue):
     assert total_rows(queue) == 0
 
 
+def test_errors_name_the_cli_option_not_the_python_argument(cli, queue):
+    # helper-77: these named worker_id, delay/run_at, or asked for options
+    # when the queue name itself was the fault.
+    for args, needle in (
+        (["jobs", "list", "--worker", ""], "--worker must name a worker id"),
+        (
+            ["enqueue", "t", "--run-at", "2030-01-01T00:00:00Z", "--delay", "5"],
+            "--run-at or --delay",
+        ),
+        (["queues", "set", "", "--concurrency", "1"], "queue name '' is invalid"),
+        (["queues", "set", ""], "queue name '' is invalid"),
+    ):
+        code, out, err = cli(*args)
+        assert code == 2, (args, err)
+        assert_one_line_error(err, needle)
+        assert out == "", args
+    assert total_rows(queue) == 0
+
+
 def test_negative_job_ids_get_the_id_check_not_no_such_option(cli, queue):
     # "-1" is a job id, not an unknown option ("No such option: -1").
     job = queue.enqueue("t", {})

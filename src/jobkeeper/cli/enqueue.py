@@ -128,6 +128,8 @@ def enqueue(
     """Enqueue one job and print its id (--json: the stored job, its queue
     and status included, as `jobs show --json` prints it without "waiting").
     """
+    if run_at is not None and delay is not None:
+        raise BadInput("give --run-at or --delay, not both")
     when = None if run_at is None else _parse_run_at(run_at)
     jq = open_app_queue(ctx, app_spec) if app_spec is not None else open_queue(ctx)
     limit = jq.settings.max_payload_bytes

@@ -70,6 +70,8 @@ def jobs_list(
 
     A full page ends (on stderr) with the --after ID of the next one.
     """
+    if worker_id is not None and not worker_id.strip():
+        raise BadInput("--worker must name a worker id (jobkeeper workers lists them), got ''")
     jobs = open_queue(ctx).list_jobs(
         status=status_option(status),
         queue=queue,

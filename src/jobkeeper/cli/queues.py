@@ -145,6 +145,10 @@ def queues_set(
     max_pending: str | None,
 ) -> None:
     """Set the queue's limits; only the options given change."""
+    try:
+        check_name("queue", name)
+    except ConfigError as exc:
+        raise BadInput(f"queues set: {exc}") from None
     if concurrency is None and rate_limit is None and max_pending is None:
         raise BadInput("queues set: give --concurrency, --rate-limit or --max-pending")
     rate: str | Unset | None = UNSET
