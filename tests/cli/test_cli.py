@@ -342,7 +342,7 @@ BAD_ENQUEUES = [
     (["--delay", "soon"], "--delay"),
     (["--run-at", "2030-01-01T09:00:00"], "--run-at '2030-01-01T09:00:00': give its offset"),
     (["--run-at", "tomorrow"], "--run-at 'tomorrow': not an ISO 8601 time"),
-    (["--run-at", "2030-01-01T09:00:00Z", "--delay", "5"], "run_at"),
+    (["--run-at", "2030-01-01T09:00:00Z", "--delay", "5"], "--run-at or --delay"),
     (["--priority", "99999999999"], "--priority must be an int between"),
     (["--max-attempts", "0"], "--max-attempts must be an int between 1 and"),
     (["--queue", "has space"], "queue name"),
