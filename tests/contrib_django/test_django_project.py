@@ -261,6 +261,20 @@ print(json.dumps({"status": job.status.value}))
 """
 
 
+def manage_test(directory: Path, env: dict[str, str], *args: str) -> str:
+    """``manage.py test`` with ``args``, which must pass; its report (stderr)."""
+    result = subprocess.run(
+        [sys.executable, "manage.py", "test", *args],
+        cwd=directory,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, f"{result.stdout}\n{result.stderr}"
+    return result.stderr
+
+
 def test_manage_py_test_runs_jobs_on_the_test_database(
     project_with_own_database: tuple[Path, dict[str, str]],
 ) -> None:
@@ -277,17 +291,9 @@ def test_manage_py_test_runs_jobs_on_the_test_database(
     # copy on SQLite, CREATE DATABASE ... TEMPLATE on PostgreSQL).
     directory, env = project
     (directory / "shop" / "test_guard.py").write_text(GUARD_TEST)
-    result = subprocess.run(
-        [sys.executable, "manage.py", "test", "shop", "--verbosity", "2", "--parallel", "2"],
-        cwd=directory,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert result.returncode == 0, f"{result.stdout}\n{result.stderr}"
-    assert "Ran 4 tests" in result.stderr and "OK" in result.stderr
-    assert "Cloning test database" in result.stderr
+    out = manage_test(directory, env, "shop", "--verbosity", "2", "--parallel", "2")
+    assert "Ran 4 tests" in out and "OK" in out
+    assert "Cloning test database" in out
     # Django's test database (and a SQLite one's WAL and wake channel) is gone.
     assert not [path.name for path in directory.parent.glob("test_shop*")]
 
@@ -463,13 +469,5 @@ def test_a_mirror_alias_and_a_backend_subclass_get_the_tables(
     (directory / "shop" / "backends.py").write_text(MIRROR_BACKEND)
     (directory / "shop" / "test_mirror.py").write_text(MIRROR_TEST)
     env = {**env, "DJANGO_SETTINGS_MODULE": "mysite.settings_mirror"}
-    result = subprocess.run(
-        [sys.executable, "manage.py", "test", "shop.test_mirror"],
-        cwd=directory,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert result.returncode == 0, f"{result.stdout}\n{result.stderr}"
-    assert "Ran 1 test" in result.stderr and "OK" in result.stderr
+    out = manage_test(directory, env, "shop.test_mirror")
+    assert "Ran 1 test" in out and "OK" in out

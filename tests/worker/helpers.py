@@ -11,12 +11,12 @@ from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
 
-from jobkeeper import Job, JobQueue
+from jobkeeper import Job, JobQueue, JobStatus
 from jobkeeper.events import EventBus
 from jobkeeper.models import WorkerInfo
 from jobkeeper.worker.claims import Claims
 from support.db import is_pg, sql
-from support.waiting import DEADLINE
+from support.waiting import DEADLINE, wait_status
 
 
 def running_count(jq: JobQueue) -> int:
@@ -101,3 +101,25 @@ def claims_of(
         stopping=threading.Event(),
         events=EventBus(),
     )
+
+
+def gated_task(jq: JobQueue) -> tuple[Any, threading.Event]:
+    """A task ``slow`` of ``jq`` that runs until the returned event is set."""
+    gate = threading.Event()
+
+    @jq.task
+    def slow() -> None:
+        gate.wait(30)
+
+    return slow, gate
+
+
+def lose_claim_mid_run(jq: JobQueue, worker: Any, job_id: int, gate: threading.Event) -> None:
+    """With ``worker`` running job ``job_id`` of a :func:`gated_task`: pause
+    its heartbeat until its own rescuer takes the job back (the holder looks
+    silent), then let the task return, its outcome now refused by the fence.
+    """
+    wait_status(jq, [job_id], {JobStatus.RUNNING})
+    worker.heartbeat.paused = True
+    wait_status(jq, [job_id], {JobStatus.RETRYABLE, JobStatus.AVAILABLE})
+    gate.set()

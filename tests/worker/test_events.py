@@ -17,7 +17,7 @@ from jobkeeper.models import WorkerInfo
 from jobkeeper.outcomes import claim_of
 from support.waiting import wait_for, wait_status
 
-from .helpers import running
+from .helpers import gated_task, lose_claim_mid_run, running
 
 
 class Recorder:
@@ -183,20 +183,12 @@ def test_a_claim_lost_before_the_ack_is_emitted(jq):
     # rescue_after); its outcome is refused by the fence.
     recorder = Recorder()
     jq.on_event(recorder)
-    gate = threading.Event()
-
-    @jq.task
-    def slow() -> None:
-        gate.wait(30)
-
+    slow, gate = gated_task(jq)
     j = slow.enqueue()
     worker = jq.worker(concurrency=1)
     with running(worker):
         recorder.wait_for_kind(j.id, EventKind.STARTED)
-        worker.heartbeat.paused = True
-        # Rescued by a rescuer (this worker's own: its holder looks silent).
-        wait_status(jq, [j.id], {JobStatus.RETRYABLE, JobStatus.AVAILABLE})
-        gate.set()
+        lose_claim_mid_run(jq, worker, j.id, gate)
         recorder.wait_for_kind(j.id, EventKind.CLAIM_LOST)
         worker.heartbeat.paused = False
     lost = [e for e in recorder.of(j.id) if e.kind == EventKind.CLAIM_LOST]

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import socket
 import sys
-import threading
 import urllib.request
 
 from jobkeeper import Discard, JobStatus, Retry
@@ -14,7 +13,7 @@ from jobkeeper.metrics import WorkerMetrics
 from support.settings import FAST
 from support.waiting import wait_for, wait_status
 
-from .helpers import running
+from .helpers import gated_task, lose_claim_mid_run, running
 
 
 def _sample(text: str, name: str, **labels: str) -> float:
@@ -140,20 +139,11 @@ def test_an_outcome_the_database_refused_is_not_counted_as_done(jq):
     # completion as completed, so the fleet reported 2 completions of 1 job.
     metrics = WorkerMetrics()
     jq.on_event(metrics)
-    gate = threading.Event()
-
-    @jq.task
-    def slow() -> None:
-        gate.wait(30)
-
+    slow, gate = gated_task(jq)
     j = slow.enqueue()
     worker = jq.worker(concurrency=1)
     with running(worker):
-        wait_status(jq, [j.id], {JobStatus.RUNNING})
-        worker.heartbeat.paused = True
-        # Its own rescuer takes the job back: the holder looks silent.
-        wait_status(jq, [j.id], {JobStatus.RETRYABLE, JobStatus.AVAILABLE})
-        gate.set()
+        lose_claim_mid_run(jq, worker, j.id, gate)
         processed = "jobkeeper_jobs_processed_total"
         wait_for(
             lambda: (
