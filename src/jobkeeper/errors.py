@@ -23,8 +23,17 @@ def shown(value: Any) -> str:
     return text if len(text) <= MAX_SHOWN else text[: MAX_SHOWN - 1] + "…"
 
 
-#: C0 and C1 control characters (and DEL) as the escapes Python's repr uses.
-_CONTROL_ESCAPES = {code: repr(chr(code))[1:-1] for code in (*range(0x20), *range(0x7F, 0xA0))}
+#: What may not reach a log line or a terminal as it is: C0 and C1 control
+#: characters and DEL, the Unicode line and paragraph separators (a line
+#: break to many readers), and the bidirectional embeddings, overrides and
+#: isolates (which reorder what is shown); as the escapes Python's repr uses.
+_UNSAFE = (
+    *range(0x20), *range(0x7F, 0xA0),
+    0x2028, 0x2029, *range(0x202A, 0x202F), *range(0x2066, 0x206A),
+)  # fmt: skip
+_CONTROL_ESCAPES = {code: repr(chr(code))[1:-1] for code in _UNSAFE}
+#: Those a JSON encoder leaves raw (it escapes C0 itself), as JSON escapes.
+_JSON_ESCAPES = {code: f"\\u{code:04x}" for code in _UNSAFE if code >= 0x20}
 
 
 def printable(text: str) -> str:
@@ -35,6 +44,15 @@ def printable(text: str) -> str:
     could otherwise forge a line or move the cursor.
     """
     return text.translate(_CONTROL_ESCAPES)
+
+
+def printable_json(text: str) -> str:
+    """JSON text (from ``json.dumps(..., ensure_ascii=False)``, which keeps
+    non-ASCII text readable) with the characters :func:`printable` escapes
+    written as JSON ``\\u`` escapes: the same value, safe on a terminal.
+    Outside strings JSON holds none of them, so only strings change.
+    """
+    return text.translate(_JSON_ESCAPES)
 
 
 def _delay_seconds(kind: str, delay: Any) -> float:

@@ -24,7 +24,7 @@ from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from jobkeeper.config import Settings
-from jobkeeper.errors import JobkeeperError, Retry, printable
+from jobkeeper.errors import JobkeeperError, Retry, printable, printable_json
 from jobkeeper.events import EventBus, EventKind, JobEvent, OutcomeKind
 
 #: The logger of job outcomes.
@@ -272,4 +272,4 @@ class JsonFormatter(logging.Formatter):
                 line[name] = record.__dict__[name]
         if record.exc_info:
             line["exception"] = self.formatException(record.exc_info)
-        return json.dumps(line, default=str, ensure_ascii=False)
+        return printable_json(json.dumps(line, default=str, ensure_ascii=False))

@@ -239,8 +239,20 @@ def test_retry_if_status_refuses_a_job_that_moved_on(jq):
     # after the API read it is refused there too.
     assert jq.backend.job_retry(job_id=job.id, statuses=["retryable"]) is None
     assert jq.get_job(job.id) == before
-    # The status it is in: retried.
-    assert jq.retry(job.id, if_status=JobStatus.COMPLETED).status == JobStatus.AVAILABLE
+    # Completed again after another run: the same status, not the same job.
+    seen = jq.get_job(job.id)
+    jq.retry(job.id)
+    (running,) = claim(jq, "r")
+    complete(jq, running)
+    again = jq.get_job(job.id)
+    assert again.status == seen.status and again.fence != seen.fence
+    with pytest.raises(JobStateError, match=f"job {job.id} ran again since"):
+        jq.retry(job.id, if_status="completed", if_fence=seen.fence)
+    assert jq.backend.job_retry(job_id=job.id, statuses=["completed"], fence=seen.fence) is None
+    assert jq.get_job(job.id) == again
+    # The status and fence it is at: retried.
+    retried = jq.retry(job.id, if_status=JobStatus.COMPLETED, if_fence=again.fence)
+    assert retried.status == JobStatus.AVAILABLE
     # A dead letter, only as one.
     dead = jq.enqueue("t", {}, queue="d")
     kill(jq, dead)

@@ -240,11 +240,15 @@ def test_jobs_show_and_list_print_no_control_characters(cli, queue):
     # the terminal raw (helper-77), and a newline broke the table's row.
     job = queue.enqueue("t", {}, queue="esc")
     (running,) = claim(queue, "esc")
-    fail(queue, running, "dead", error="bad\x1b[2J\x1b[31mred\nnext line")
+    fail(queue, running, "dead", error="bad\x1b[2J\x1b[31mred\nnext line\x9b2J\u202e")
     for argv in (["jobs", "show", str(job.id)], ["dead", "list"]):
         out = cli.ok(*argv)
-        assert "\x1b" not in out, argv
+        assert "\x1b" not in out and "\x9b" not in out and "\u202e" not in out, argv
         assert "\\x1b[2J" in out.replace("\n", "").replace(" ", "").replace("│", ""), argv
+    # --json: the same text, its C1 and bidi characters as JSON escapes.
+    out = cli.ok("jobs", "show", str(job.id), "--json")
+    assert "\x9b" not in out and "\u202e" not in out
+    assert json.loads(out)["errors"][0]["error"].endswith("\x9b2J\u202e")
 
 
 @pytest.mark.parametrize(

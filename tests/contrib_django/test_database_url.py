@@ -8,7 +8,7 @@ from urllib.parse import urlsplit
 import pytest
 
 from jobkeeper import JobQueue
-from jobkeeper.contrib.django.database import postgres_url
+from jobkeeper.contrib.django.database import postgres_url, same_database
 
 PG_URL = os.environ.get("JOBKEEPER_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/test")
 #: Where Debian's PostgreSQL puts its socket (the test server's own).
@@ -97,3 +97,23 @@ def test_several_hosts_reach_the_server_past_a_dead_one():
         assert jq.backend._fetch_raw("SELECT 1") == [(1,)]
     finally:
         jq.close()
+
+
+@pytest.mark.parametrize(
+    ("url", "other", "same"),
+    [
+        ("postgres://u@127.0.0.1/shop", "postgresql://u@127.0.0.1:5432/shop", True),
+        ("postgresql://u:secret@db/shop?sslmode=require", "postgresql://u@db:5432/shop", True),
+        ("postgresql:///shop?host=/tmp", "postgresql:///shop?host=%2Ftmp&port=5432", True),
+        ("postgresql://u@db/shop", "postgresql://u@db/other", False),
+        ("postgresql://u@db:6432/shop", "postgresql://u@db/shop", False),
+        ("postgresql://a@db/shop", "postgresql://b@db/shop", False),
+        ("sqlite:///x.db", "sqlite:///./x.db", True),
+        ("sqlite:///x.db", "sqlite:///y.db", False),
+        ("postgresql://u@db/shop", None, False),
+    ],
+)
+def test_a_database_url_is_compared_by_what_it_names(url, other, same):
+    # helper-79: DATABASE_URL written as postgres:// without the port was
+    # taken for another database, so tests' jobs went to the real one.
+    assert same_database(url, other) is same

@@ -11,6 +11,7 @@ import json
 import os
 import secrets
 import shutil
+import sqlite3
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -336,12 +337,27 @@ try:
     memory = None
 except ImproperlyConfigured as exc:
     memory = str(exc)
+settings.DATABASES["copy"] = {
+    "ENGINE": "django.db.backends.sqlite3", "NAME": "file:memorydb_copy_1?mode=memory&cache=shared"
+}
+try:
+    JobkeeperBackend("bad", {"OPTIONS": {"DATABASE": "copy"}}).queue
+    spawned = None
+except ImproperlyConfigured as exc:
+    spawned = str(exc)
+try:
+    JobkeeperBackend("bad", {"QUEUES": "default"})
+    letters = None
+except ImproperlyConfigured as exc:
+    letters = str(exc)
 lost = _task_error({"error": "worker lost: w1 sent no heartbeat for 60s", "traceback": None})
 job = charge.enqueue(amount=(1, (2, 3)))
 print(json.dumps({
     "made": sorted(made),
     "refused": refused,
     "memory": memory,
+    "spawned": spawned,
+    "letters": letters,
     "other_joins": made["other_engine_with_url"].join_transaction,
     "lost_class": lost.exception_class.__name__,
     "tuple_args": made["good"].queue.get_job(int(job.id)).args,
@@ -379,6 +395,11 @@ def test_bad_settings_are_named_and_odd_values_still_work(tmp_path: Path) -> Non
     assert out["refused"]["settings_value"].startswith(f"{where}: retention")
     assert out["refused"]["url"].startswith(f"{where}: ") and "mysql" in out["refused"]["url"]
     assert "in-memory SQLite database (':memory:')" in out["memory"]
+    # A parallel test process's in-memory copy (spawn, forkserver) says so.
+    assert (
+        "for a parallel test process" in out["spawned"] and "without --parallel" in out["spawned"]
+    )
+    assert out["letters"] == "TASKS['bad']['QUEUES'] must be a list of queue names, got 'default'"
     # Another engine is fine with a URL of jobkeeper's own; no transaction to join.
     assert out["other_joins"] is False
     # A rescued attempt's entry names no exception: jobkeeper's base error.
@@ -396,12 +417,19 @@ TASKS["default"]["QUEUES"] = []  # noqa: F405
 def test_worker_command_refuses_what_it_cannot_run(project: tuple[Path, dict[str, str]]) -> None:
     directory, env = project
     (directory / "mysite" / "settings_any_queue.py").write_text(ANY_QUEUE_SETTINGS)
+    (directory / "mysite" / "settings_bad_queue.py").write_text(
+        ANY_QUEUE_SETTINGS.replace("= []", '= ["default", "emails", "a b"]')
+    )
     runs = {
         "no queues": (
             ["jobkeeper_worker"],
             {"DJANGO_SETTINGS_MODULE": "mysite.settings_any_queue"},
         ),
         "bad queue": (["jobkeeper_worker", "--queue", "bad queue!"], {}),
+        "bad queue setting": (
+            ["jobkeeper_worker"],
+            {"DJANGO_SETTINGS_MODULE": "mysite.settings_bad_queue"},
+        ),
         "concurrency": (["jobkeeper_worker", "--concurrency", "0"], {}),
         "backend": (["jobkeeper_migrate", "--backend", "nope"], {}),
     }
@@ -422,6 +450,7 @@ def test_worker_command_refuses_what_it_cannot_run(project: tuple[Path, dict[str
     assert "--queue" in errors["no queues"]
     assert errors["bad queue"].startswith("CommandError: --queue: ")
     assert "'bad queue!'" in errors["bad queue"]
+    assert errors["bad queue setting"].startswith("CommandError: TASKS['default']['QUEUES']: ")
     assert errors["concurrency"] == "CommandError: --concurrency must be at least 1, got 0"
     assert errors["backend"].startswith("CommandError: --backend nope: ")
 
@@ -471,3 +500,28 @@ def test_a_mirror_alias_and_a_backend_subclass_get_the_tables(
     env = {**env, "DJANGO_SETTINGS_MODULE": "mysite.settings_mirror"}
     out = manage_test(directory, env, "shop.test_mirror")
     assert "Ran 1 test" in out and "OK" in out
+
+
+def _plant_foreign_wal(path: Path) -> None:
+    """Put a WAL of another database beside ``path`` (what a parallel test
+    process that exits without closing leaves for the next run)."""
+    other = path.with_name(f"{path.name}.other")
+    keep = sqlite3.connect(other)
+    keep.execute("PRAGMA journal_mode=WAL")
+    keep.execute("PRAGMA wal_autocheckpoint=0")
+    keep.execute("CREATE TABLE poison (x)")
+    keep.executemany("INSERT INTO poison VALUES (?)", [("x" * 500,)] * 200)
+    keep.commit()
+    for suffix in ("-wal", "-shm"):
+        shutil.copy(f"{other}{suffix}", f"{path}{suffix}")
+    keep.close()
+
+
+def test_a_sqlite_test_run_ignores_the_wal_an_earlier_run_left(tmp_path: Path) -> None:
+    # helper-79: a WAL left beside a test database or a parallel copy was
+    # replayed into the new file: old jobs, or "database disk image is malformed".
+    directory, env = sqlite_project(tmp_path)
+    for name in ("test_shop.db", "test_shop_1.db", "test_shop_2.db"):
+        _plant_foreign_wal(tmp_path / name)
+    out = manage_test(directory, env, "shop", "--parallel", "2")
+    assert "Ran 3 tests" in out and "OK" in out

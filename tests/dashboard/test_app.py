@@ -507,6 +507,19 @@ def test_a_stale_page_neither_reruns_a_completed_job_nor_hides_a_requeue(client,
     assert f"job {seeded.retryable} is completed now, not retryable" in html.unescape(response.text)
     assert jq.get_job(seeded.retryable) == before
     assert before.status == JobStatus.COMPLETED and before.attempt == 1
+    # helper-79: a page showing it completed, then it ran and completed again.
+    page = client.get(f"/jobs/{seeded.retryable}").text
+    fence = re.search(r'name="seen_fence" value="(\d+)"', page)
+    assert fence is not None and int(fence.group(1)) == before.fence
+    form = {"csrf_token": token, "seen": "completed", "seen_fence": fence.group(1)}
+    jq.retry(seeded.retryable)
+    (claimed,) = jq.backend.job_claim(worker_id=seeded.worker_id, queue="default", limit=1)
+    jq.backend.job_complete_many(completions=[Completion(claim_of(claimed), "2")], delete=False)
+    again = jq.get_job(seeded.retryable)
+    response = client.post(f"/jobs/{seeded.retryable}/retry", data=form)
+    assert response.status_code == 409
+    assert f"job {seeded.retryable} ran again since" in html.unescape(response.text)
+    assert jq.get_job(seeded.retryable) == again
 
     # A dead letter requeued in another tab: its Requeue and Delete say where it went.
     assert jq.requeue_dead([seeded.dead]) == [seeded.dead]

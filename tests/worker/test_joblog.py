@@ -216,7 +216,10 @@ def test_successes_build_no_event_for_the_log_unless_debug_is_on(caplog):
 def test_a_jobs_error_cannot_forge_a_log_line_or_reach_the_terminal(jq, caplog):
     # helper-77: an exception message with a newline wrote a second,
     # made-up log line in the text format, and an ESC recoloured the terminal.
-    forged = "oops\n2026-12-06 03:00:00,000 INFO jobkeeper: job 1 (inj) completed \x1b[31mRED\x85"
+    forged = (
+        "oops\n2026-12-06 03:00:00,000 INFO jobkeeper: job 1 (inj) completed \x1b[31mRED\x85"
+        "\u202egnp.exe\u2028"
+    )
 
     @jq.task(max_attempts=1)
     def inj() -> None:
@@ -230,7 +233,13 @@ def test_a_jobs_error_cannot_forge_a_log_line_or_reach_the_terminal(jq, caplog):
     assert len(records) == 2
     for record in records:
         line = record.getMessage()
-        assert "\n" not in line and "\x1b" not in line and "\x85" not in line
-        assert "oops\\n2026-12-06" in line and "\\x1b[31mRED\\x85" in line
-        # The JSON format's field keeps the text as it was: JSON escapes it.
+        for raw in ("\n", "\x1b", "\x85", "\u202e", "\u2028"):
+            assert raw not in line
+        assert "oops\\n2026-12-06" in line and "\\x1b[31mRED\\x85\\u202egnp.exe\\u2028" in line
+        # The JSON format's field keeps the text as it was, written as JSON
+        # escapes (helper-79: C1 and U+202E went through ensure_ascii=False raw).
         assert record.error.endswith(forged)  # type: ignore[attr-defined]
+        json_line = JsonFormatter().format(record)
+        for raw in ("\n", "\x1b", "\x85", "\u202e", "\u2028"):
+            assert raw not in json_line
+        assert json.loads(json_line)["error"].endswith(forged)

@@ -106,7 +106,9 @@ class OperationsMixin(QueueBase):
             raise JobStateError(f"job {job_id} is {job.status.value}; it cannot be cancelled")
         return job
 
-    def retry(self, job_id: int, *, if_status: JobStatus | str | None = None) -> Job:
+    def retry(
+        self, job_id: int, *, if_status: JobStatus | str | None = None, if_fence: int | None = None
+    ) -> Job:
         """Run a dead, retryable, cancelled or completed job again now, with its
         attempts reset (errors are kept). Dead jobs move back from the dead letters.
 
@@ -115,6 +117,10 @@ class OperationsMixin(QueueBase):
             if_status: retry only if the job is in this status now (what a page
                 showed: a job that completed since is not run again). The check
                 and the change are one statement.
+            if_fence: retry a live job only if its ``fence`` (bumped by every
+                claim) is still this: one that ran again since, even back to the
+                same status, is not run again. Ignored for a dead letter, which
+                keeps no fence.
 
         Raises:
             JobNotFound: no such job.
@@ -135,9 +141,12 @@ class OperationsMixin(QueueBase):
             )
         if before.status not in allowed:
             raise _changed(job_id, before.status, allowed)
+        fence = None if if_fence is None or before.status == JobStatus.DEAD else if_fence
+        if fence is not None and before.fence != fence:
+            raise _ran_again(job_id, before.status)
         try:
             job = self.backend.job_retry(
-                job_id=job_id, statuses=sorted(status.value for status in allowed)
+                job_id=job_id, statuses=sorted(status.value for status in allowed), fence=fence
             )
         except UniqueKeyConflict:
             if before.status == JobStatus.DEAD:
@@ -150,6 +159,8 @@ class OperationsMixin(QueueBase):
             now = self.backend.job_get(job_id=job_id)
             if now is None:
                 raise JobNotFound(f"job {job_id} was pruned before it could be retried")
+            if now.status in allowed and fence is not None:
+                raise _ran_again(job_id, now.status)
             raise _changed(job_id, now.status, allowed)
         return job
 
@@ -459,5 +470,12 @@ def _changed(
     wanted = " or ".join(sorted(s.value for s in expected))
     return JobStateError(
         f"job {job_id} is {status.value} now, not {wanted}: it changed meanwhile, and "
+        "nothing was changed"
+    )
+
+
+def _ran_again(job_id: int, status: JobStatus) -> JobStateError:
+    return JobStateError(
+        f"job {job_id} ran again since (it is {status.value} again, after another claim): "
         "nothing was changed"
     )

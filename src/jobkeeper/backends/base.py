@@ -256,11 +256,14 @@ class Backend(CockpitSeam, PeriodicSeam, FlowSeam, WaitSeam, Protocol):
         """
         ...
 
-    def job_retry(self, *, job_id: int, statuses: Sequence[str] = RETRY_STATUSES) -> Job | None:
+    def job_retry(
+        self, *, job_id: int, statuses: Sequence[str] = RETRY_STATUSES, fence: int | None = None
+    ) -> Job | None:
         """Make the job available now with attempts reset, if it is in one of
         ``statuses`` (of ``RETRY_STATUSES``; ``"dead"``: a dead letter, moved
-        back). Returns the job as retried, or None when nothing was retried
-        (no such job, or not in one of ``statuses`` now).
+        back) and, given ``fence``, a live job still at that fence. Returns
+        the job as retried, or None when nothing was retried (no such job, or
+        not so now).
 
         Raises:
             UniqueKeyConflict: a pending job of the same task holds its unique_key.

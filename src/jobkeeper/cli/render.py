@@ -14,7 +14,7 @@ from rich.markup import escape as escape_markup
 from rich.table import Table
 
 from jobkeeper.config import holder_window
-from jobkeeper.errors import printable
+from jobkeeper.errors import printable, printable_json
 from jobkeeper.models import Job, JobStatus, WorkerInfo
 from jobkeeper.periodic import PeriodicRow
 from jobkeeper.queues import QueueInfo
@@ -41,8 +41,11 @@ STATUS_STYLE = {
 
 
 def print_json(console: Console, value: Any) -> None:
-    """Print ``value`` as indented JSON (plain text, no markup)."""
-    console.print_json(json.dumps(value, ensure_ascii=False, default=str), highlight=False)
+    """Print ``value`` as indented JSON (plain text, no markup), with what
+    :func:`~jobkeeper.errors.printable` escapes written as JSON escapes.
+    """
+    text = json.dumps(value, ensure_ascii=False, default=str, indent=2)
+    console.out(printable_json(text), highlight=False)
 
 
 def _when(value: datetime | None) -> str:

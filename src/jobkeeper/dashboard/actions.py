@@ -22,11 +22,18 @@ def no_such_id(dashboard: Dashboard, request: Request) -> Response:
     )
 
 
-def act_on_job(dashboard: Dashboard, request: Request, *, seen: str | None = None) -> Response:
+def act_on_job(
+    dashboard: Dashboard,
+    request: Request,
+    *,
+    seen: str | None = None,
+    seen_fence: str | None = None,
+) -> Response:
     """A job page's action (retry, cancel) or a dead letter's (requeue,
     delete), answered with a redirect to the page that shows its outcome, or
-    an error page. ``seen``: the status the page showed, which a retry
-    requires still (a job that completed since is not run again).
+    an error page. ``seen`` and ``seen_fence``: the status and fence the
+    page showed, which a retry requires still (a job that completed since, or
+    ran again and completed again, is not run again).
     """
     what = request.path_params["action"]
     kind = request.path_params["kind"]
@@ -35,7 +42,8 @@ def act_on_job(dashboard: Dashboard, request: Request, *, seen: str | None = Non
         return no_such_id(dashboard, request)
     try:
         if kind == "jobs" and what == "retry":
-            dashboard.jq.retry(job_id, if_status=seen)
+            fence = int(seen_fence) if seen_fence and seen_fence.isdigit() else None
+            dashboard.jq.retry(job_id, if_status=seen, if_fence=fence)
             message = f"Job {job_id} is available again."
         elif kind == "jobs" and what == "cancel":
             job = dashboard.jq.cancel(job_id)

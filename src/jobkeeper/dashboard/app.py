@@ -329,7 +329,9 @@ class Dashboard:
         # The status the page showed: a retry from a page that has gone stale
         # (the job completed since) is refused rather than run again.
         seen = form["seen"][0] if form.get("seen") else None
-        return await _run_sync(functools.partial(act_on_job, self, seen=seen), request)
+        fence = form["seen_fence"][0] if form.get("seen_fence") else None
+        act = functools.partial(act_on_job, self, seen=seen, seen_fence=fence)
+        return await _run_sync(act, request)
 
     async def queue_action(self, request: Request) -> Response:
         form = await self._checked_form(request)

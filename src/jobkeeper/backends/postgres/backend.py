@@ -333,9 +333,12 @@ class PostgresBackend(
             self._fetch("notify_done", {"channel": self.done_channel(), "ids": [job_id]})
         return self._jobs(rows)[0] if rows else self.job_get(job_id=job_id)
 
-    def job_retry(self, *, job_id: int, statuses: Sequence[str] = RETRY_STATUSES) -> Job | None:
+    def job_retry(
+        self, *, job_id: int, statuses: Sequence[str] = RETRY_STATUSES, fence: int | None = None
+    ) -> Job | None:
         live = [status for status in statuses if status != "dead"]
-        rows = self._fetch("job_retry", {"id": job_id, "statuses": live}) if live else []
+        params = {"id": job_id, "statuses": live, "fence": fence}
+        rows = self._fetch("job_retry", params) if live else []
         if rows:
             job = self._jobs(rows)[0]
             self._notify([job.queue])

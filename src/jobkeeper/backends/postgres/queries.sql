@@ -626,7 +626,8 @@ RETURNING {job_columns}
 -- suspect still has its lone attempt to run). A job finished before its queue
 -- became serial is flagged now (see job_insert_many). Only from
 -- %(statuses)s: the statuses the caller saw (a dashboard page), each one of
--- retryable, cancelled, completed.
+-- retryable, cancelled, completed; and with %(fence)s only if no claim was
+-- made since (the job did not run again, even back to the same status).
 UPDATE jobkeeper_jobs
 SET status = 'available', attempt = 0, unstarted_returns = 0, crashes = 0, scheduled_at = now(),
     finished_at = NULL, cancel_requested = false,
@@ -634,6 +635,7 @@ SET status = 'available', attempt = 0, unstarted_returns = 0, crashes = 0, sched
         SELECT true FROM jobkeeper_queues AS settings
         WHERE settings.name = jobkeeper_jobs.queue AND settings.serial) END
 WHERE id = %(id)s AND status = ANY(%(statuses)s::text[])
+  AND (%(fence)s::bigint IS NULL OR fence = %(fence)s::bigint)
 RETURNING {job_columns}
 
 -- name: dead_letter_requeue

@@ -340,12 +340,16 @@ class SqliteBackend(
             rows = _rows(conn.execute(QUERIES["job_cancel"], {"id": job_id}))
         return self._jobs(rows)[0] if rows else self.job_get(job_id=job_id)
 
-    def job_retry(self, *, job_id: int, statuses: Sequence[str] = RETRY_STATUSES) -> Job | None:
-        live = json.dumps([status for status in statuses if status != "dead"])
+    def job_retry(
+        self, *, job_id: int, statuses: Sequence[str] = RETRY_STATUSES, fence: int | None = None
+    ) -> Job | None:
+        params = {
+            "id": job_id,
+            "statuses": json.dumps([status for status in statuses if status != "dead"]),
+            "fence": fence,
+        }
         with self._write() as conn:
-            retried = bool(
-                _rows(conn.execute(QUERIES["job_retry"], {"id": job_id, "statuses": live}))
-            )
+            retried = bool(_rows(conn.execute(QUERIES["job_retry"], params)))
             if not retried and "dead" in statuses:
                 retried = bool(self._requeue(conn, [job_id]))
         if not retried:

@@ -384,6 +384,7 @@ SET status = 'available', attempt = 0, unstarted_returns = 0, crashes = 0, sched
         SELECT 1 FROM jobkeeper_queues AS settings
         WHERE settings.name = jobkeeper_jobs.queue AND settings.serial) END
 WHERE id = :id AND status IN (SELECT value FROM json_each(:statuses))
+  AND (:fence IS NULL OR fence = :fence)
 RETURNING *
 
 -- name: dead_letter_requeue

@@ -188,6 +188,12 @@ class JobkeeperBackend(BaseTaskBackend):  # type: ignore[misc]
     supports_priority = True
 
     def __init__(self, alias: str, params: dict[str, Any]) -> None:
+        if isinstance(params.get("QUEUES"), str):
+            # Django would take the string's letters as the queue names.
+            raise ImproperlyConfigured(
+                f"TASKS[{alias!r}]['QUEUES'] must be a list of queue names, "
+                f"got {params['QUEUES']!r}"
+            )
         super().__init__(alias, params)
         options = checked_options(alias, self.options)
         #: The Django database the jobs live in (unless ``DATABASE_URL``).
@@ -195,7 +201,9 @@ class JobkeeperBackend(BaseTaskBackend):  # type: ignore[misc]
         explicit: str | None = options["DATABASE_URL"]
         # A URL that is the Django database's own is that database: the queue
         # follows it into the test database, and migrates with it.
-        if explicit is not None and explicit == _url_or_none(self.database_alias):
+        if explicit is not None and database.same_database(
+            explicit, _url_or_none(self.database_alias)
+        ):
             explicit = None
         self._explicit_url = explicit
         #: Whether Django's ``migrate`` also migrates jobkeeper's tables.

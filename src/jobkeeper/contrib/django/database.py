@@ -11,7 +11,7 @@ import threading
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote, urlencode
+from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit
 
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
@@ -37,6 +37,15 @@ def database_url(alias: str) -> str:
     if engine.endswith("sqlite3"):
         name = str(config.get("NAME") or "")
         if is_in_memory(name):
+            if name.startswith(f"file:memorydb_{alias}_"):
+                # A parallel test process's copy: under the spawn and
+                # forkserver start methods Django copies the file into memory.
+                raise ImproperlyConfigured(
+                    f"DATABASES[{alias!r}] is Django's in-memory copy of the test database "
+                    f"for a parallel test process ({name!r}), made when processes start by "
+                    "spawn or forkserver, which jobkeeper's workers cannot share: run these "
+                    "tests without --parallel, or with the fork start method"
+                )
             raise ImproperlyConfigured(
                 f"DATABASES[{alias!r}] is an in-memory SQLite database ({name!r}), which "
                 "jobkeeper's workers cannot share: give it a file (for Django's test "
@@ -56,6 +65,35 @@ def is_in_memory(name: str) -> bool:
     the ``file:...?mode=memory`` URI Django's test runner uses by default.
     """
     return name in ("", ":memory:") or (name.startswith("file:") and "mode=memory" in name)
+
+
+def same_database(url: str, other: str | None) -> bool:
+    """Whether two jobkeeper URLs name the same database, however written:
+    ``postgres://`` or ``postgresql://``, the default port left out or not
+    (PostgreSQL: host, port, database and user; SQLite: the resolved file).
+    Hosts are compared as written: ``localhost`` is not ``127.0.0.1``.
+    """
+    if other is None:
+        return False
+
+    def key(text: str) -> tuple[str, ...]:
+        parts = urlsplit(text.strip())
+        scheme = "postgresql" if parts.scheme == "postgres" else parts.scheme
+        if scheme == "sqlite":
+            return (scheme, str(Path(unquote(text.strip()[len("sqlite:///") :])).resolve()))
+        query = dict(parse_qsl(parts.query))
+        return (
+            scheme,
+            (parts.hostname or query.get("host", "")).lower(),
+            str(parts.port or query.get("port") or 5432),
+            unquote(parts.path.lstrip("/")) or query.get("dbname", ""),
+            unquote(parts.username or query.get("user", "")),
+        )
+
+    try:
+        return key(url) == key(other)
+    except ValueError:  # a port that is not a number: not comparable
+        return url == other
 
 
 @functools.cache

@@ -46,7 +46,8 @@ class Command(BaseCommand):  # type: ignore[misc]
             for queue in queues:
                 check_name("queue", queue)
         except ConfigError as exc:
-            raise CommandError(f"--queue: {exc}") from None
+            where = "--queue" if options["queues"] else f"TASKS[{alias!r}]['QUEUES']"
+            raise CommandError(f"{where}: {exc}") from None
         if options["concurrency"] < 1:
             raise CommandError(f"--concurrency must be at least 1, got {options['concurrency']}")
         try:
