@@ -25,11 +25,13 @@ def shown(value: Any) -> str:
 
 #: What may not reach a log line or a terminal as it is: C0 and C1 control
 #: characters and DEL, the Unicode line and paragraph separators (a line
-#: break to many readers), and the bidirectional embeddings, overrides and
-#: isolates (which reorder what is shown); as the escapes Python's repr uses.
+#: break to many readers), every bidirectional control (the marks, the
+#: embeddings, overrides and isolates, which reorder what is shown) and the
+#: invisible format characters (zero width space, word joiner, BOM); as the
+#: escapes Python's repr uses.
 _UNSAFE = (
-    *range(0x20), *range(0x7F, 0xA0),
-    0x2028, 0x2029, *range(0x202A, 0x202F), *range(0x2066, 0x206A),
+    *range(0x20), *range(0x7F, 0xA0), 0x061C, 0x200B, 0x200E, 0x200F,
+    0x2028, 0x2029, *range(0x202A, 0x202F), *range(0x2060, 0x2070), 0xFEFF,
 )  # fmt: skip
 _CONTROL_ESCAPES = {code: repr(chr(code))[1:-1] for code in _UNSAFE}
 #: Those a JSON encoder leaves raw (it escapes C0 itself), as JSON escapes.

@@ -246,7 +246,7 @@ def test_retry_if_status_refuses_a_job_that_moved_on(jq):
     complete(jq, running)
     again = jq.get_job(job.id)
     assert again.status == seen.status and again.fence != seen.fence
-    with pytest.raises(JobStateError, match=f"job {job.id} ran again since"):
+    with pytest.raises(JobStateError, match=f"job {job.id} is completed at fence .*: it ran again"):
         jq.retry(job.id, if_status="completed", if_fence=seen.fence)
     assert jq.backend.job_retry(job_id=job.id, statuses=["completed"], fence=seen.fence) is None
     assert jq.get_job(job.id) == again

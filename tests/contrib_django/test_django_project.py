@@ -21,6 +21,8 @@ from urllib.parse import urlsplit, urlunsplit
 import psycopg
 import pytest
 
+from jobkeeper import JobQueue
+
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "django_project"
 PG_URL = os.environ.get("JOBKEEPER_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/test")
@@ -525,3 +527,30 @@ def test_a_sqlite_test_run_ignores_the_wal_an_earlier_run_left(tmp_path: Path) -
         _plant_foreign_wal(tmp_path / name)
     out = manage_test(directory, env, "shop", "--parallel", "2")
     assert "Ran 3 tests" in out and "OK" in out
+
+
+URL_SETTINGS = """
+import os
+from mysite.settings import *  # noqa: F403
+
+# The alias's own database, written another way (postgres://, no port).
+TASKS["default"]["OPTIONS"]["DATABASE_URL"] = os.environ["EXAMPLE_JOBS_URL"]  # noqa: F405
+"""
+
+
+def test_a_database_url_naming_the_alias_follows_it_into_the_test_database(
+    project_with_own_database: tuple[Path, dict[str, str]],
+) -> None:
+    # helper-80: a backend made on a thread after the test runner's swap
+    # compared DATABASE_URL with the test database's URL, took it for another
+    # database, and a follow-up job went to the real one.
+    directory, env = project_with_own_database
+    url = env["EXAMPLE_DATABASE_URL"]
+    jobs_url = url.replace("postgresql://", "postgres://").replace(":5432/", "/")
+    (directory / "mysite" / "settings_url.py").write_text(URL_SETTINGS)
+    env = {**env, "DJANGO_SETTINGS_MODULE": "mysite.settings_url", "EXAMPLE_JOBS_URL": jobs_url}
+    manage((directory, env), "migrate", "--verbosity", "0")
+    out = manage_test(directory, env, "shop")
+    assert "Ran 3 tests" in out and "OK" in out
+    with JobQueue(url) as real:
+        assert real.stats() == {}, "a test's job reached the real database"

@@ -15,7 +15,7 @@ from jobkeeper.dashboard import create_app
 from jobkeeper.dashboard.app import CSRF_COOKIE, PASSWORD_ENV
 from jobkeeper.dashboard.present import rate
 from jobkeeper.dashboard.security import Csrf
-from jobkeeper.models import Completion, JobStatus
+from jobkeeper.models import Completion, Failure, JobStatus
 from jobkeeper.outcomes import claim_of
 
 from .seed import seed
@@ -518,8 +518,40 @@ def test_a_stale_page_neither_reruns_a_completed_job_nor_hides_a_requeue(client,
     again = jq.get_job(seeded.retryable)
     response = client.post(f"/jobs/{seeded.retryable}/retry", data=form)
     assert response.status_code == 409
-    assert f"job {seeded.retryable} ran again since" in html.unescape(response.text)
+    assert "it ran again since" in html.unescape(response.text)
     assert jq.get_job(seeded.retryable) == again
+    # helper-80: through the dead letters and back, the fence starts again at
+    # 0 and came back to the page's; the count of errors did not.
+    job = jq.enqueue("aba", {}, queue="aba", max_attempts=1)
+
+    def run(outcome: str) -> None:
+        (claimed,) = jq.backend.job_claim(worker_id=seeded.worker_id, queue="aba", limit=1)
+        if outcome == "completed":
+            jq.backend.job_complete_many(
+                completions=[Completion(claim_of(claimed), "1")], delete=False
+            )
+        else:
+            failure = Failure(claim_of(claimed), "dead", '{"attempt": 1, "error": "x"}')
+            jq.backend.job_fail_many(failures=[failure])
+
+    run("completed")
+    page = client.get(f"/jobs/{job.id}").text
+    form = {"csrf_token": token, **dict(re.findall(r'name="(seen\w*)" value="([^"]*)"', page))}
+    assert set(form) == {"csrf_token", "seen", "seen_fence", "seen_errors"}
+    jq.retry(job.id)
+    run("dead")
+    assert jq.requeue_dead([job.id]) == [job.id]
+    run("completed")
+    again = jq.get_job(job.id)
+    assert again.fence == int(form["seen_fence"])  # the fence alone cannot tell
+    response = client.post(f"/jobs/{job.id}/retry", data=form)
+    assert response.status_code == 409 and "it ran again since" in html.unescape(response.text)
+    assert jq.get_job(job.id) == again
+    # A forged fence that is no whole number: refused, not ignored.
+    for forged in ("\u00b2", " 2", "-1", "0x2"):
+        response = client.post(f"/jobs/{job.id}/retry", data={**form, "seen_fence": forged})
+        assert response.status_code == 400, forged
+    assert jq.get_job(job.id) == again
 
     # A dead letter requeued in another tab: its Requeue and Delete say where it went.
     assert jq.requeue_dead([seeded.dead]) == [seeded.dead]

@@ -218,7 +218,7 @@ def test_a_jobs_error_cannot_forge_a_log_line_or_reach_the_terminal(jq, caplog):
     # made-up log line in the text format, and an ESC recoloured the terminal.
     forged = (
         "oops\n2026-12-06 03:00:00,000 INFO jobkeeper: job 1 (inj) completed \x1b[31mRED\x85"
-        "\u202egnp.exe\u2028"
+        "\u202egnp.exe\u2028\u200f\ufeff café 中文"
     )
 
     @jq.task(max_attempts=1)
@@ -233,8 +233,9 @@ def test_a_jobs_error_cannot_forge_a_log_line_or_reach_the_terminal(jq, caplog):
     assert len(records) == 2
     for record in records:
         line = record.getMessage()
-        for raw in ("\n", "\x1b", "\x85", "\u202e", "\u2028"):
+        for raw in ("\n", "\x1b", "\x85", "\u202e", "\u2028", "\u200f", "\ufeff"):
             assert raw not in line
+        assert "café 中文" in line  # text that is only text stays as it is
         assert "oops\\n2026-12-06" in line and "\\x1b[31mRED\\x85\\u202egnp.exe\\u2028" in line
         # The JSON format's field keeps the text as it was, written as JSON
         # escapes (helper-79: C1 and U+202E went through ensure_ascii=False raw).

@@ -120,7 +120,9 @@ class OperationsMixin(QueueBase):
             if_fence: retry a live job only if its ``fence`` (bumped by every
                 claim) is still this: one that ran again since, even back to the
                 same status, is not run again. Ignored for a dead letter, which
-                keeps no fence.
+                keeps no fence; a job requeued from the dead letters starts its
+                fence again at 0 (the dashboard also compares its count of
+                ``errors``, which such a round trip always grows).
 
         Raises:
             JobNotFound: no such job.
@@ -143,7 +145,7 @@ class OperationsMixin(QueueBase):
             raise _changed(job_id, before.status, allowed)
         fence = None if if_fence is None or before.status == JobStatus.DEAD else if_fence
         if fence is not None and before.fence != fence:
-            raise _ran_again(job_id, before.status)
+            raise _ran_again(job_id, before.status, before.fence, fence)
         try:
             job = self.backend.job_retry(
                 job_id=job_id, statuses=sorted(status.value for status in allowed), fence=fence
@@ -160,7 +162,7 @@ class OperationsMixin(QueueBase):
             if now is None:
                 raise JobNotFound(f"job {job_id} was pruned before it could be retried")
             if now.status in allowed and fence is not None:
-                raise _ran_again(job_id, now.status)
+                raise _ran_again(job_id, now.status, now.fence, fence)
             raise _changed(job_id, now.status, allowed)
         return job
 
@@ -474,8 +476,8 @@ def _changed(
     )
 
 
-def _ran_again(job_id: int, status: JobStatus) -> JobStateError:
+def _ran_again(job_id: int, status: JobStatus, fence: int, expected: int) -> JobStateError:
     return JobStateError(
-        f"job {job_id} ran again since (it is {status.value} again, after another claim): "
-        "nothing was changed"
+        f"job {job_id} is {status.value} at fence {fence}, not {expected}: it ran again "
+        "since, and nothing was changed"
     )

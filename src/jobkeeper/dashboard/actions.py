@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING
 
 from starlette.requests import Request
@@ -22,19 +23,29 @@ def no_such_id(dashboard: Dashboard, request: Request) -> Response:
     )
 
 
+#: A page's fence or count of errors: a whole number (the form's text).
+_COUNT = re.compile(r"[0-9]{1,18}")
+
+
 def act_on_job(
-    dashboard: Dashboard,
-    request: Request,
-    *,
-    seen: str | None = None,
-    seen_fence: str | None = None,
+    dashboard: Dashboard, request: Request, *, seen: dict[str, str] | None = None
 ) -> Response:
     """A job page's action (retry, cancel) or a dead letter's (requeue,
     delete), answered with a redirect to the page that shows its outcome, or
-    an error page. ``seen`` and ``seen_fence``: the status and fence the
-    page showed, which a retry requires still (a job that completed since, or
-    ran again and completed again, is not run again).
+    an error page. ``seen``: what the page showed of the job (form fields
+    ``seen``, its status; ``seen_fence``; ``seen_errors``, how many errors
+    it had), which a retry requires still: a job that completed since, or
+    ran again and completed again, is not run again.
     """
+    seen = seen or {}
+    counts: dict[str, int] = {}
+    for name in ("seen_fence", "seen_errors"):
+        if name in seen:
+            if not _COUNT.fullmatch(seen[name]):
+                return dashboard.error(
+                    request, 400, f"The form's {name} is not a whole number: {seen[name]!r}."
+                )
+            counts[name] = int(seen[name])
     what = request.path_params["action"]
     kind = request.path_params["kind"]
     job_id = path_job_id(request)
@@ -42,8 +53,17 @@ def act_on_job(
         return no_such_id(dashboard, request)
     try:
         if kind == "jobs" and what == "retry":
-            fence = int(seen_fence) if seen_fence and seen_fence.isdigit() else None
-            dashboard.jq.retry(job_id, if_status=seen, if_fence=fence)
+            errors = counts.get("seen_errors")
+            job_now = dashboard.jq.get_job(job_id) if errors is not None else None
+            if job_now is not None and errors is not None and len(job_now.errors) != errors:
+                # Through the dead letters and back: the fence started again.
+                raise JobStateError(
+                    f"job {job_id} has {len(job_now.errors)} errors, not the page's {errors}: "
+                    "it ran again since, and nothing was changed"
+                )
+            dashboard.jq.retry(
+                job_id, if_status=seen.get("seen"), if_fence=counts.get("seen_fence")
+            )
             message = f"Job {job_id} is available again."
         elif kind == "jobs" and what == "cancel":
             job = dashboard.jq.cancel(job_id)

@@ -328,9 +328,8 @@ class Dashboard:
             return form
         # The status the page showed: a retry from a page that has gone stale
         # (the job completed since) is refused rather than run again.
-        seen = form["seen"][0] if form.get("seen") else None
-        fence = form["seen_fence"][0] if form.get("seen_fence") else None
-        act = functools.partial(act_on_job, self, seen=seen, seen_fence=fence)
+        seen = {name: values[0] for name, values in form.items() if name.startswith("seen")}
+        act = functools.partial(act_on_job, self, seen=seen)
         return await _run_sync(act, request)
 
     async def queue_action(self, request: Request) -> Response:

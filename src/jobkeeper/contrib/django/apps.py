@@ -23,8 +23,9 @@ class JobkeeperConfig(AppConfig):  # type: ignore[misc]
     verbose_name = "jobkeeper"
 
     def ready(self) -> None:
-        from jobkeeper.contrib.django import testdb
+        from jobkeeper.contrib.django import database, testdb
 
+        database.remember_configured_urls()
         post_migrate.connect(migrate_jobkeeper, sender=self)
         testdb.install()
 

@@ -201,8 +201,10 @@ class JobkeeperBackend(BaseTaskBackend):  # type: ignore[misc]
         explicit: str | None = options["DATABASE_URL"]
         # A URL that is the Django database's own is that database: the queue
         # follows it into the test database, and migrates with it.
+        # Compared with the alias as configured, not as a test runner renamed
+        # it: a backend made on a thread after the swap must decide the same.
         if explicit is not None and database.same_database(
-            explicit, _url_or_none(self.database_alias)
+            explicit, database.configured_url(self.database_alias)
         ):
             explicit = None
         self._explicit_url = explicit

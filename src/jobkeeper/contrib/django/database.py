@@ -67,11 +67,41 @@ def is_in_memory(name: str) -> bool:
     return name in ("", ":memory:") or (name.startswith("file:") and "mode=memory" in name)
 
 
+#: Each Django alias's URL as the settings gave it when the app was ready,
+#: before any test runner renamed a database (see :func:`configured_url`).
+_CONFIGURED: dict[str, str | None] = {}
+
+
+def remember_configured_urls() -> None:
+    """Note each alias's URL now (``AppConfig.ready``: the settings as
+    written, before a test runner swaps in its test databases).
+    """
+    for alias in settings.DATABASES:
+        try:
+            _CONFIGURED[alias] = database_url(alias)
+        except (ImproperlyConfigured, ImportError):  # another engine; no psycopg
+            _CONFIGURED[alias] = None
+
+
+def configured_url(alias: str) -> str | None:
+    """The URL of ``alias`` as configured (not the test database's): what an
+    ``OPTIONS["DATABASE_URL"]`` is compared with to tell whether it names the
+    alias's own database. None: not a database jobkeeper can use.
+    """
+    if alias not in _CONFIGURED:
+        try:
+            return database_url(alias)
+        except ImproperlyConfigured:
+            return None
+    return _CONFIGURED[alias]
+
+
 def same_database(url: str, other: str | None) -> bool:
     """Whether two jobkeeper URLs name the same database, however written:
     ``postgres://`` or ``postgresql://``, the default port left out or not
-    (PostgreSQL: host, port, database and user; SQLite: the resolved file).
-    Hosts are compared as written: ``localhost`` is not ``127.0.0.1``.
+    (PostgreSQL: host, port, database, user and ``options``, each as libpq
+    reads it, a query parameter first; SQLite: the resolved file). Hosts are
+    compared as written: ``localhost`` is not ``127.0.0.1``.
     """
     if other is None:
         return False
@@ -81,13 +111,16 @@ def same_database(url: str, other: str | None) -> bool:
         scheme = "postgresql" if parts.scheme == "postgres" else parts.scheme
         if scheme == "sqlite":
             return (scheme, str(Path(unquote(text.strip()[len("sqlite:///") :])).resolve()))
+        # As libpq reads it: a query parameter wins over the same part
+        # before the "?"; options (a search_path) make it another place.
         query = dict(parse_qsl(parts.query))
         return (
             scheme,
-            (parts.hostname or query.get("host", "")).lower(),
-            str(parts.port or query.get("port") or 5432),
-            unquote(parts.path.lstrip("/")) or query.get("dbname", ""),
-            unquote(parts.username or query.get("user", "")),
+            (query.get("host") or parts.hostname or "").lower(),
+            str(query.get("port") or parts.port or 5432),
+            query.get("dbname") or unquote(parts.path.lstrip("/")),
+            query.get("user") or unquote(parts.username or ""),
+            query.get("options", ""),
         )
 
     try:
