@@ -15,29 +15,10 @@ from jobkeeper.dashboard import create_app
 from jobkeeper.dashboard.app import CSRF_COOKIE, PASSWORD_ENV
 from jobkeeper.dashboard.present import rate
 from jobkeeper.dashboard.security import Csrf
-from jobkeeper.models import Completion, Failure, JobStatus
+from jobkeeper.models import Failure, JobStatus
 from jobkeeper.outcomes import claim_of
 
-from .seed import seed
-
-
-@pytest.fixture
-def seeded(jq):
-    return seed(jq)
-
-
-@pytest.fixture
-def client(jq, seeded, monkeypatch):
-    monkeypatch.delenv(PASSWORD_ENV, raising=False)
-    with TestClient(create_app(jq)) as client:
-        yield client
-
-
-def _token(client: TestClient, page: str = "/dead") -> str:
-    html = client.get(page).text
-    match = re.search(r'name="csrf_token" value="([^"]+)"', html)
-    assert match, "no CSRF field on the page"
-    return match.group(1)
+from .conftest import _token
 
 
 def test_every_page_renders_and_links_from_the_overview(client, seeded):
@@ -239,8 +220,6 @@ def test_retry_cancel_requeue_delete_by_post(client, jq, seeded):
 
 
 def _make_dead(jq, seeded) -> int:
-    from jobkeeper.models import Failure
-    from jobkeeper.outcomes import claim_of
 
     job = jq.enqueue("doomed", {}, queue="doom", max_attempts=1)
     (claimed,) = jq.backend.job_claim(worker_id=seeded.worker_id, queue="doom", limit=1)
@@ -486,79 +465,3 @@ def test_pages_and_metrics_answer_503_while_the_database_is_unavailable():
         assert "database clock" not in response.text
     finally:
         down.close()
-
-
-def test_a_stale_page_neither_reruns_a_completed_job_nor_hides_a_requeue(client, jq, seeded):
-    # helper-77: a job page showed a retryable job's Retry button; the job then
-    # ran again and completed; the Retry from that page ran it a third time.
-    token = _token(client)
-    page = client.get(f"/jobs/{seeded.retryable}").text
-    assert 'name="seen" value="retryable"' in page
-    # Meanwhile the job runs again and completes.
-    jq.retry(seeded.retryable)
-    (claimed,) = jq.backend.job_claim(worker_id=seeded.worker_id, queue="default", limit=1)
-    assert claimed.id == seeded.retryable
-    jq.backend.job_complete_many(completions=[Completion(claim_of(claimed), "1")], delete=False)
-    before = jq.get_job(seeded.retryable)
-    response = client.post(
-        f"/jobs/{seeded.retryable}/retry", data={"csrf_token": token, "seen": "retryable"}
-    )
-    assert response.status_code == 409
-    assert f"job {seeded.retryable} is completed now, not retryable" in html.unescape(response.text)
-    assert jq.get_job(seeded.retryable) == before
-    assert before.status == JobStatus.COMPLETED and before.attempt == 1
-    # helper-79: a page showing it completed, then it ran and completed again.
-    page = client.get(f"/jobs/{seeded.retryable}").text
-    fence = re.search(r'name="seen_fence" value="(\d+)"', page)
-    assert fence is not None and int(fence.group(1)) == before.fence
-    form = {"csrf_token": token, "seen": "completed", "seen_fence": fence.group(1)}
-    jq.retry(seeded.retryable)
-    (claimed,) = jq.backend.job_claim(worker_id=seeded.worker_id, queue="default", limit=1)
-    jq.backend.job_complete_many(completions=[Completion(claim_of(claimed), "2")], delete=False)
-    again = jq.get_job(seeded.retryable)
-    response = client.post(f"/jobs/{seeded.retryable}/retry", data=form)
-    assert response.status_code == 409
-    assert "it ran again since" in html.unescape(response.text)
-    assert jq.get_job(seeded.retryable) == again
-    # helper-80: through the dead letters and back, the fence starts again at
-    # 0 and came back to the page's; the count of errors did not.
-    job = jq.enqueue("aba", {}, queue="aba", max_attempts=1)
-
-    def run(outcome: str) -> None:
-        (claimed,) = jq.backend.job_claim(worker_id=seeded.worker_id, queue="aba", limit=1)
-        if outcome == "completed":
-            jq.backend.job_complete_many(
-                completions=[Completion(claim_of(claimed), "1")], delete=False
-            )
-        else:
-            failure = Failure(claim_of(claimed), "dead", '{"attempt": 1, "error": "x"}')
-            jq.backend.job_fail_many(failures=[failure])
-
-    run("completed")
-    page = client.get(f"/jobs/{job.id}").text
-    form = {"csrf_token": token, **dict(re.findall(r'name="(seen\w*)" value="([^"]*)"', page))}
-    assert set(form) == {"csrf_token", "seen", "seen_fence", "seen_errors"}
-    jq.retry(job.id)
-    run("dead")
-    assert jq.requeue_dead([job.id]) == [job.id]
-    run("completed")
-    again = jq.get_job(job.id)
-    assert again.fence == int(form["seen_fence"])  # the fence alone cannot tell
-    response = client.post(f"/jobs/{job.id}/retry", data=form)
-    assert response.status_code == 409 and "it ran again since" in html.unescape(response.text)
-    assert jq.get_job(job.id) == again
-    # A forged fence that is no whole number: refused, not ignored.
-    for forged in ("\u00b2", " 2", "-1", "0x2"):
-        response = client.post(f"/jobs/{job.id}/retry", data={**form, "seen_fence": forged})
-        assert response.status_code == 400, forged
-    assert jq.get_job(job.id) == again
-
-    # A dead letter requeued in another tab: its Requeue and Delete say where it went.
-    assert jq.requeue_dead([seeded.dead]) == [seeded.dead]
-    for action in ("requeue", "delete"):
-        response = client.post(f"/dead/{seeded.dead}/{action}", data={"csrf_token": token})
-        assert response.status_code == 409, action
-        assert f"Job {seeded.dead} is no longer a dead letter: it is available now" in (
-            html.unescape(response.text)
-        )
-    assert jq.get_job(seeded.dead).status == JobStatus.AVAILABLE

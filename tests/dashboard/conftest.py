@@ -1,0 +1,32 @@
+"""Fixtures of the dashboard's tests: a seeded queue and a client of its app."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from starlette.testclient import TestClient
+
+from jobkeeper.dashboard import create_app
+from jobkeeper.dashboard.app import PASSWORD_ENV
+
+from .seed import seed
+
+
+@pytest.fixture
+def seeded(jq):
+    return seed(jq)
+
+
+@pytest.fixture
+def client(jq, seeded, monkeypatch):
+    monkeypatch.delenv(PASSWORD_ENV, raising=False)
+    with TestClient(create_app(jq)) as client:
+        yield client
+
+
+def _token(client: TestClient, page: str = "/dead") -> str:
+    html = client.get(page).text
+    match = re.search(r'name="csrf_token" value="([^"]+)"', html)
+    assert match, "no CSRF field on the page"
+    return match.group(1)
