@@ -11,8 +11,11 @@ import math
 import os
 import re
 from datetime import UTC, datetime
-from typing import Any, TypeGuard
+from typing import TYPE_CHECKING, Any, TypeGuard
 from urllib.parse import unquote
+
+if TYPE_CHECKING:
+    from jobkeeper.models import WorkerInfo
 
 from jobkeeper.backoff import ABSOLUTE_MAX_BACKOFF, DEFAULT_BASE, DEFAULT_MAX_BACKOFF
 from jobkeeper.errors import ConfigError, PayloadError, shown
@@ -56,6 +59,20 @@ def holder_window(declared: float | None, own: float) -> float:
     what such a worker most likely runs with.
     """
     return declared if declared is not None else max(own, DEFAULT_RESCUE_AFTER)
+
+
+def heartbeat_age(worker: WorkerInfo, now: datetime) -> float:
+    """Seconds since the worker's last heartbeat (never negative)."""
+    return max(0.0, (now - worker.heartbeat_at).total_seconds())
+
+
+def is_stale(worker: WorkerInfo, now: datetime, rescue_after: float) -> bool:
+    """Whether the worker has been silent longer than its window, judged as
+    the rescuers judge it (:func:`holder_window`, with ``rescue_after`` as the
+    judge's own): it most likely died without deregistering (its running jobs
+    are due for rescue).
+    """
+    return heartbeat_age(worker, now) > holder_window(worker.rescue_after, rescue_after)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.markup import escape as escape_markup
 from rich.table import Table
 
-from jobkeeper.config import holder_window
+from jobkeeper.config import heartbeat_age, is_stale
 from jobkeeper.errors import printable, printable_json
 from jobkeeper.models import Job, JobStatus, WorkerInfo
 from jobkeeper.periodic import PeriodicRow
@@ -71,20 +71,6 @@ def _clip(text: str, limit: int) -> str:
 
 def _status(status: str) -> str:
     return f"[{STATUS_STYLE.get(status, 'white')}]{status}[/]"
-
-
-def heartbeat_age(worker: WorkerInfo, now: datetime) -> float:
-    """Seconds since the worker's last heartbeat (never negative)."""
-    return max(0.0, (now - worker.heartbeat_at).total_seconds())
-
-
-def is_stale(worker: WorkerInfo, now: datetime, rescue_after: float) -> bool:
-    """Whether the worker has been silent longer than its window, judged as
-    the rescuers judge it (:func:`~jobkeeper.config.holder_window`, with
-    ``rescue_after`` as the judge's own): it most likely died without
-    deregistering (its running jobs are due for rescue).
-    """
-    return heartbeat_age(worker, now) > holder_window(worker.rescue_after, rescue_after)
 
 
 def _state_cell(worker: WorkerInfo, now: datetime, rescue_after: float) -> str:

@@ -33,7 +33,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
 from jobkeeper.api import JobQueue
-from jobkeeper.config import holder_window
+from jobkeeper.config import is_stale
 from jobkeeper.models import JobStatus
 
 #: Rows of a finished status counted at each scrape; above, a recount.
@@ -96,9 +96,7 @@ class QueueCollector(Collector):
         stale = sum(
             1
             for worker in workers
-            if now is not None
-            and (now - worker.heartbeat_at).total_seconds()
-            > holder_window(worker.rescue_after, self.jq.settings.rescue_after)
+            if now is not None and is_stale(worker, now, self.jq.settings.rescue_after)
         )
         registered = GaugeMetricFamily(
             "jobkeeper_workers",

@@ -290,12 +290,13 @@ class JobkeeperBackend(BaseTaskBackend):  # type: ignore[misc]
         # points the mirror at that alias's test database only after it made
         # and migrated it), is the jobs' database too.
         mirrors = (settings.DATABASES[self.database_alias].get("TEST") or {}).get("MIRROR")
-        if using not in (self.database_alias, mirrors) and _url_or_none(using) != _url_or_none(
-            self.database_alias
+        url = database.url_or_none(using)
+        if url is None or (
+            using not in (self.database_alias, mirrors)
+            and not (database.same_database(url, database.url_or_none(self.database_alias)))
         ):
             return None
         queue = self._kept_queue()
-        url = database.database_url(using)
         if mirrors != using or queue.url.url == url:
             return queue.migrate()
         # The mirror is not pointed there yet: migrate the database it will be.
@@ -411,13 +412,6 @@ def _task_error(error: Mapping[str, Any]) -> Any:
     elif "." not in name or not _CLASS_PATH.fullmatch(name):
         name = _JOBKEEPER_ERROR
     return TaskError(exception_class_path=name, traceback=traceback)
-
-
-def _url_or_none(alias: str) -> str | None:
-    try:
-        return database.database_url(alias)
-    except ImproperlyConfigured:
-        return None
 
 
 def _testing() -> bool:

@@ -83,17 +83,20 @@ def remember_configured_urls() -> None:
             _CONFIGURED[alias] = None
 
 
+def url_or_none(alias: str) -> str | None:
+    """:func:`database_url` of ``alias`` now, or None where it raises."""
+    try:
+        return database_url(alias)
+    except ImproperlyConfigured:
+        return None
+
+
 def configured_url(alias: str) -> str | None:
     """The URL of ``alias`` as configured (not the test database's): what an
     ``OPTIONS["DATABASE_URL"]`` is compared with to tell whether it names the
     alias's own database. None: not a database jobkeeper can use.
     """
-    if alias not in _CONFIGURED:
-        try:
-            return database_url(alias)
-        except ImproperlyConfigured:
-            return None
-    return _CONFIGURED[alias]
+    return _CONFIGURED[alias] if alias in _CONFIGURED else url_or_none(alias)
 
 
 def same_database(url: str, other: str | None) -> bool:
@@ -174,6 +177,9 @@ class _Kept:
     follows: str | None
     #: The URL it was last pointed at.
     url: str
+    #: The alias's ``NAME`` that URL was made from: what the test runner
+    #: changes (its test database, a parallel copy, a mirror's target).
+    name: Any = None
 
 
 class FollowedQueues:
@@ -200,8 +206,9 @@ class FollowedQueues:
         """Keep ``queue``, on its URL, under ``key`` unless one is kept there
         already; returns the one kept.
         """
+        name = _name_of(follows)
         with self._lock:
-            kept = self._kept.setdefault(key, _Kept(queue, follows, queue.url.url))
+            kept = self._kept.setdefault(key, _Kept(queue, follows, queue.url.url, name))
         return kept.queue
 
     def follow(self, key: tuple[str, ...]) -> JobQueue:
@@ -214,12 +221,18 @@ class FollowedQueues:
         kept = self._kept[key]
         if kept.follows is None:
             return kept.queue
+        # Every enqueue passes here: the URL is made again (a path resolved,
+        # libpq's options sorted out) only when the test runner renamed the
+        # database, the one change it makes to an entry.
+        name = _name_of(kept.follows)
+        if name == kept.name:
+            return kept.queue
         url = database_url(kept.follows)
-        if kept.url != url:
-            with self._lock:
-                if kept.url != url:
-                    kept.queue.use_database(url)
-                    kept.url = url
+        with self._lock:
+            if kept.url != url:
+                kept.queue.use_database(url)
+                kept.url = url
+            kept.name = name
         return kept.queue
 
     def close_followers(self) -> None:
@@ -234,3 +247,8 @@ class FollowedQueues:
 
 #: The queues of every JobkeeperBackend of this process.
 QUEUES = FollowedQueues()
+
+
+def _name_of(alias: str | None) -> Any:
+    """The ``NAME`` of Django database ``alias`` now (None: no alias)."""
+    return None if alias is None else (settings.DATABASES.get(alias) or {}).get("NAME")
