@@ -7,6 +7,7 @@ from __future__ import annotations
 import socket
 import sys
 import urllib.request
+from pathlib import Path
 
 from jobkeeper import Discard, JobStatus, Retry
 from jobkeeper.metrics import WorkerMetrics
@@ -14,6 +15,8 @@ from support.settings import FAST
 from support.waiting import wait_for, wait_status
 
 from .helpers import gated_task, lose_claim_mid_run, running
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _sample(text: str, name: str, **labels: str) -> float:
@@ -162,3 +165,24 @@ def test_an_outcome_the_database_refused_is_not_counted_as_done(jq):
     assert _sample(text, processed, queue="default", task="slow", outcome="claim_lost") == 1
     # Both attempts ran, and their time is kept.
     assert _sample(text, "jobkeeper_job_duration_seconds_count", queue="default", task="slow") == 2
+
+
+def test_a_metrics_port_in_use_fails_in_one_line_before_any_job_runs(db_url):
+    # A port in use is no bad input: exit 1, as the dashboard's --port, not 2.
+    import subprocess
+
+    from jobkeeper import JobQueue
+
+    with JobQueue(db_url) as jq:
+        jq.migrate()
+        job = jq.enqueue("sleep", {"seconds": 0.0})
+        with socket.create_server(("127.0.0.1", 0)) as taken:
+            port = str(taken.getsockname()[1])
+            argv = [sys.executable, "-m", "jobkeeper", "--database", db_url, "worker"]
+            argv += ["--app", "tests.e2e.apps:jq", "--metrics-port", port]
+            done = subprocess.run(argv, capture_output=True, text=True, timeout=60, cwd=ROOT)
+        assert done.returncode == 1, done.stderr
+        last = done.stderr.strip().splitlines()[-1]
+        assert f"--metrics-port {port}" in last and "cannot listen there" in last
+        assert "Traceback" not in done.stderr
+        assert jq.get_job(job.id).status is JobStatus.AVAILABLE

@@ -119,5 +119,9 @@ def _serve_metrics(jq: JobQueue, port: int, host: str) -> None:
     try:
         metrics.serve(port, host)
     except OSError as exc:
-        raise BadInput(f"--metrics-port {port}: cannot listen on {host}:{port}: {exc}") from None
+        # Exit 1, as the dashboard's --port: a port in use is no bad input.
+        raise click.ClickException(
+            f"--metrics-host {host} --metrics-port {port}: cannot listen there "
+            f"({exc.strerror or exc})"
+        ) from None
     jq.on_event(metrics, metrics.kinds)
