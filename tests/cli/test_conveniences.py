@@ -17,19 +17,7 @@ import pytest
 
 from backends.helpers import claim, kill, total_rows
 from jobkeeper import JobQueue, JobStatus
-from support.cli import Cli
 from support.waiting import DEADLINE, wait_for
-
-
-@pytest.fixture
-def cli(db_url: str, capsys: pytest.CaptureFixture[str]) -> Cli:
-    return Cli.migrated(db_url, capsys)
-
-
-@pytest.fixture
-def queue(cli: Cli):
-    with JobQueue(cli.url) as jq:
-        yield jq
 
 
 def ids(listed: list[dict]) -> list[int]:

@@ -8,24 +8,11 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-import pytest
-
 from backends.helpers import claim, complete
 from jobkeeper import JobQueue
 from jobkeeper.models import WorkerInfo
 from support.cli import Cli
 from support.db import is_pg, sql
-
-
-@pytest.fixture
-def cli(db_url: str, capsys: pytest.CaptureFixture[str]) -> Cli:
-    return Cli.migrated(db_url, capsys)
-
-
-@pytest.fixture
-def queue(cli: Cli):
-    with JobQueue(cli.url) as jq:
-        yield jq
 
 
 def serve(jq: JobQueue, queue: str, worker_id: str = "w-live") -> None:
