@@ -5,8 +5,9 @@ transaction: a request that fails after the enqueue leaves neither behind.
 ``GET /jobs/{id}`` shows the job. Run it with::
 
     pip install 'jobkeeper[postgres]' fastapi uvicorn sqlalchemy
-    EXAMPLE_DATABASE_URL=sqlite:///shop.db uvicorn app:app      # or postgresql://...
-    jobkeeper worker --app app:jq                                # in another terminal
+    export EXAMPLE_DATABASE_URL=sqlite:///shop.db   # or postgresql://...
+    uvicorn app:app
+    jobkeeper worker --app app:jq                   # in another terminal, same variable
 
 The jobkeeper tables and the app's tables live in the same database, which
 is what lets ``connection=session`` join the request's transaction.

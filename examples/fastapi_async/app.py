@@ -9,8 +9,9 @@ SQLAlchemy's async SQLite driver (aiosqlite) runs its connection on a thread
 of its own, which an enqueue cannot join. Run it with::
 
     pip install 'jobkeeper[postgres]' fastapi uvicorn 'sqlalchemy[asyncio]'
-    EXAMPLE_DATABASE_URL=postgresql://postgres@127.0.0.1/test uvicorn app:app
-    EXAMPLE_DATABASE_URL=postgresql://postgres@127.0.0.1/test jobkeeper worker --app app:jq
+    createdb jobkeeper_example                 # or set EXAMPLE_DATABASE_URL to yours
+    uvicorn app:app
+    jobkeeper worker --app app:jq              # in another terminal
 """
 
 from __future__ import annotations
@@ -27,7 +28,10 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from jobkeeper import ConfigError, JobCancelled, JobFailed, JobNotFound, JobQueue
 
-DATABASE_URL = os.environ.get("EXAMPLE_DATABASE_URL", "postgresql://postgres@127.0.0.1/test")
+# A database of its own by default: its tables are no other app's business.
+DATABASE_URL = os.environ.get(
+    "EXAMPLE_DATABASE_URL", "postgresql://postgres@127.0.0.1/jobkeeper_example"
+)
 # SQLAlchemy runs the psycopg 3 driver async under create_async_engine.
 # pool_pre_ping: a connection the server cut (a restart, a failover) is replaced
 # before a request uses it, as jobkeeper's own pool does.

@@ -10,6 +10,7 @@ import functools
 import math
 import os
 import re
+import shlex
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, TypeGuard
 from urllib.parse import unquote
@@ -414,6 +415,20 @@ class DatabaseURL:
         errors); see :func:`redact_secrets`.
         """
         return redact_secrets(self.url)
+
+    def migrate_hint(self) -> str:
+        """What an error that asks for a migration says to run: the command
+        with ``--database`` naming this database, as a bare
+        ``jobkeeper migrate`` migrates the default one, which an app's
+        database or ``--database`` often is not. A SQLite file is named by
+        its absolute path, so the command works from any directory; a
+        password shows as ``***``.
+        """
+        if self.scheme == "sqlite" and self.path and self.path != ":memory:":
+            where = "sqlite:///" + os.path.abspath(self.path)
+        else:
+            where = self.redacted()
+        return f"run `jobkeeper --database {shlex.quote(where)} migrate` (or JobQueue.migrate())"
 
     def __repr__(self) -> str:
         return f"DatabaseURL({self.scheme!r}, {self.redacted()!r})"

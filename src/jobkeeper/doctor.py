@@ -82,14 +82,14 @@ def run_checks(
                 "database",
                 "fail",
                 f"{facts['backend']} at {jq.url.redacted()}: the file does not exist "
-                f"(`jobkeeper migrate` creates it){also}",
+                f"({jq.url.migrate_hint()} to create it){also}",
             )
         ]
     checks = [Check("database", "ok", f"{facts['backend']} at {jq.url.redacted()} answers")]
     # Without the app, only the defaults can be judged: say so, or a
     # worker's own rescue_after of 2 s would pass as checked.
     whose = "" if app_settings else DEFAULTS_JUDGED
-    checks.append(_schema(facts))
+    checks.append(_schema(facts, jq.url.migrate_hint()))
     if facts["schema_version"] == 0:
         return checks
     checks.append(_claim_plan(facts))
@@ -114,15 +114,13 @@ def _periodics(jq: JobQueue) -> Check:
     return Check("periodics", "ok", f"{count} registered, each with a known task and args")
 
 
-def _schema(facts: dict[str, Any]) -> Check:
+def _schema(facts: dict[str, Any], migrate_hint: str) -> Check:
     have, want = facts["schema_version"], facts["schema_expected"]
     if have == 0:
-        return Check("schema", "fail", "not migrated: run `jobkeeper migrate`")
+        return Check("schema", "fail", f"not migrated: {migrate_hint}")
     if have < want:
         return Check(
-            "schema",
-            "fail",
-            f"version {have} is behind the code's {want}: run `jobkeeper migrate`",
+            "schema", "fail", f"version {have} is behind the code's {want}: {migrate_hint}"
         )
     if have > want:
         return Check(

@@ -81,7 +81,7 @@ def test_migrate_from_version_1_keeps_jobs_and_workers(db_url, monkeypatch):
         )
         (job_id,) = sql(jq, "SELECT id FROM jobkeeper_jobs")[0]
         # A new worker (or `status`) before the upgrade says what to do.
-        with pytest.raises(DatabaseError, match="run `jobkeeper migrate`"):
+        with pytest.raises(DatabaseError, match=r"run `jobkeeper --database .+ migrate`"):
             jq.workers()
         assert jq.migrate() == LATEST
         (worker,) = jq.workers()

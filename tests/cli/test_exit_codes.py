@@ -6,6 +6,10 @@ point, ``python -m jobkeeper``, in subprocesses.
 from __future__ import annotations
 
 import json
+import re
+import shlex
+import subprocess
+import sys
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -225,6 +229,29 @@ def test_retryable_job_can_be_retried_from_the_cli(cli, queue):
 
 
 # -- the real entry point in subprocesses ----------------------------------------------------
+
+
+def test_the_migrate_command_an_error_names_migrates_the_apps_database(db_url, tmp_path):
+    # Found by a break-test: a worker whose --app names a database of its own
+    # said "run `jobkeeper migrate`", which migrated the default one instead.
+    project, elsewhere = tmp_path / "project", tmp_path / "elsewhere"
+    project.mkdir()
+    elsewhere.mkdir()
+    url = "sqlite:///shop.db" if db_url.startswith("sqlite") else db_url
+    (project / "app.py").write_text(f"from jobkeeper import JobQueue\njq = JobQueue({url!r})\n")
+    worker = [sys.executable, "-m", "jobkeeper", "worker", "--app", "app:jq", "--burst"]
+    refused = subprocess.run(worker, cwd=project, capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 1, refused.stderr
+    hint = re.search(r"run `(jobkeeper [^`]+ migrate)`", refused.stderr)
+    assert hint is not None and "--database" in hint[1], refused.stderr
+    argv = shlex.split(hint[1])
+    done = subprocess.run(
+        [sys.executable, "-m", *argv], cwd=elsewhere, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert not (elsewhere / "jobkeeper.db").exists()
+    ran = subprocess.run(worker, cwd=project, capture_output=True, text=True, timeout=60)
+    assert ran.returncode == 0, ran.stderr
 
 
 def test_subprocess_enqueue_show_and_exit_codes(db_url):

@@ -112,7 +112,7 @@ def test_doctor_fails_on_an_unmigrated_database(db_url, capsys):
     else:  # an empty file is refused as it is, before anything opens it
         assert "fail database cannot use" in text and "is empty (0 bytes)" in text
         assert os.path.getsize(path) == 0
-    assert "jobkeeper migrate" in out
+    assert "jobkeeper migrate" in text or "`jobkeeper --database" in text
     checks = run_checks(JobQueue(db_url))
     assert exit_code(checks) == 1
 
@@ -127,7 +127,10 @@ def test_doctor_on_a_sqlite_file_that_does_not_exist_says_so(capsys, tmp_path):
         code, out, _ = run(capsys, "--database", f"sqlite:///{path}", "doctor")
         text = " ".join(out.split())
         assert code == 1 and text.startswith("fail database"), text
-        assert "the file does not exist" in text and "jobkeeper migrate" in text
+        assert (
+            "the file does not exist" in text
+            and "migrate` (or JobQueue.migrate()) to create it" in text
+        )
         assert ("its directory" in text) is directory_said, text
         assert not path.exists() and not (tmp_path / "nodir").exists()
 
@@ -266,7 +269,7 @@ def test_dashboard_refuses_a_schema_it_cannot_read(db_url, capsys, served, monke
         with contextlib.closing(sqlite3.connect(db_url.removeprefix("sqlite:///"))) as conn:
             conn.execute("CREATE TABLE unrelated (x)")
     code, out, err = run(capsys, "--database", db_url, "dashboard", "--port", "0")
-    assert code == 1 and "is not migrated: run `jobkeeper migrate`" in err, err
+    assert code == 1 and "is not migrated: run `jobkeeper --database" in err, err
     with JobQueue(db_url) as jq:
         want = jq.backend.schema_expected()
         migrate_to(jq, want - 1, monkeypatch)

@@ -63,3 +63,17 @@ def test_signup_enqueues_in_the_request_transaction(example: ModuleType) -> None
             "email": "a@example.com",
             "welcomed": True,
         }
+
+
+def test_the_dashboard_mounted_as_the_docs_say_serves_every_page(example: ModuleType) -> None:
+    # Found by a break-test: docs/fastapi.md mounted it at /jobs, where the
+    # example's own GET /jobs/{job_id} answered /jobs/queues with a 422.
+    import jobkeeper.dashboard
+
+    example.app.mount("/admin/jobs", jobkeeper.dashboard.create_app(example.jq, read_only=True))
+    with TestClient(example.app) as client:  # its lifespan migrates
+        job = example.jq.enqueue("send_welcome", {"signup_id": 1})
+        for page in ("/", "/queues", "/dead", "/workers", "/periodic", "/jobs", f"/jobs/{job.id}"):
+            answer = client.get("/admin/jobs" + page)
+            assert answer.status_code == 200, (page, answer.text[:200])
+        assert client.get(f"/jobs/{job.id}").json()["status"] == "available"

@@ -52,3 +52,16 @@ def test_the_first_task_runs(quickstart_jq, tmp_path: Path) -> None:
     retried = jq.get_job(waiting.id)
     assert retried.status == JobStatus.RETRYABLE
     assert [e["error"] for e in retried.errors] == ["Retry: retry requested"]
+
+
+def test_the_first_task_without_its_file_is_a_dead_letter_after_five_attempts(
+    quickstart_jq,
+) -> None:
+    # Found by a break-test: the page said it was retried until the file
+    # came; each Retry spends an attempt, so the fifth ends it.
+    from jobkeeper.testing import drain
+
+    job = quickstart_jq.resize.enqueue(path="missing.png", width=50)
+    assert drain(quickstart_jq.jq, include_scheduled=True) == {"retryable": 4, "dead": 1}
+    dead = quickstart_jq.jq.get_job(job.id)
+    assert dead.status == JobStatus.DEAD and dead.attempt == 5

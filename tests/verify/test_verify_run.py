@@ -152,7 +152,7 @@ def test_an_unmigrated_database_exits_2_with_one_line(db_url: str, tmp_path: Pat
     assert done.returncode == 2, done.stdout + done.stderr
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: "), done.stderr
-    assert "jobkeeper migrate" in lines[0]
+    assert "run `jobkeeper --database " in lines[0] and " migrate`" in lines[0]
     if db_url.startswith("sqlite"):
         assert not Path(db_url.split("///", 1)[1]).exists()  # nothing created
 

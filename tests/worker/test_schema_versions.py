@@ -45,7 +45,7 @@ def test_a_worker_refuses_a_schema_behind_its_code(db_url, monkeypatch, burst):
         where = re.escape(jq.url.redacted())
         message = (
             f"schema of {where} is at version {have}, behind this jobkeeper's {want} "
-            r"-- run `jobkeeper migrate`"
+            rf"-- {re.escape(jq.url.migrate_hint())}"
         )
         # At once, not after an outage's wait: migrating is someone's job.
         with pytest.raises(DatabaseError, match=message), running(jq.worker(burst=burst)) as handle:
@@ -64,7 +64,7 @@ def test_a_worker_process_on_a_schema_behind_it_exits_1_and_says_why(db_url, mon
         assert wait_exit(worker, timeout=60) == 1
         log = procs.log(worker)
     assert f"is at version {have}, behind this jobkeeper's {want}" in log
-    assert "run `jobkeeper migrate`" in log
+    assert jq.url.migrate_hint() in log
     assert worker_rows(db_url) == 0
 
 

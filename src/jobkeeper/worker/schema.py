@@ -51,7 +51,7 @@ def check_schema(backend: Backend, *, where: str, worker_id: str) -> None:
     if 0 < have < want:
         raise DatabaseError(
             f"the schema of {where} is at version {have}, behind this jobkeeper's {want} "
-            "-- run `jobkeeper migrate` (or JobQueue.migrate()) first"
+            f"-- {backend.url.migrate_hint()} first"
         )
     _warn_if_ahead(have, want, where=where, worker_id=worker_id)
 
@@ -86,11 +86,11 @@ def require_migrated(backend: Backend, *, where: str) -> None:
     """
     have, want = backend.schema_version(), backend.schema_expected()
     if have == 0:
-        raise DatabaseError(f"{where} is not migrated: run `jobkeeper migrate`")
+        raise DatabaseError(f"{where} is not migrated: {backend.url.migrate_hint()}")
     if have < want:
         raise DatabaseError(
             f"{where} is at schema version {have}, behind this jobkeeper's {want}: "
-            "run `jobkeeper migrate`"
+            f"{backend.url.migrate_hint()}"
         )
 
 

@@ -176,7 +176,7 @@ class PostgresBackend(
     def installation_get(self) -> str:
         rows = self._fetch("installation_get")
         if not rows:
-            raise DatabaseError("jobkeeper_installation is empty: run `jobkeeper migrate`")
+            raise DatabaseError(f"jobkeeper_installation is empty: {self.url.migrate_hint()}")
         return str(rows[0]["id"])
 
     def job_fail_many(

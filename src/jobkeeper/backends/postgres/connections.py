@@ -133,9 +133,7 @@ def translated(exc: BaseException, url: DatabaseURL) -> Exception | None:
     if isinstance(exc, psycopg.DataError | psycopg.IntegrityError):
         return DataRejected(f"PostgreSQL refused the data: {describe(exc)}")
     if isinstance(exc, psycopg.errors.UndefinedTable | psycopg.errors.UndefinedColumn):
-        return DatabaseError(
-            f"{describe(exc)} -- run `jobkeeper migrate` (or JobQueue.migrate()) first"
-        )
+        return DatabaseError(f"{describe(exc)} -- {url.migrate_hint()} first")
     if isinstance(exc, psycopg.errors.FeatureNotSupported) and stale_plan(exc):
         # A migration changed what a prepared statement returns; its
         # connection was given up, and the next one prepares afresh

@@ -162,8 +162,8 @@ class SqliteConnection:
         if conn is None:
             if not create and not os.path.exists(self.path):
                 raise DatabaseError(
-                    f"SQLite database {self.path!r} does not exist -- run `jobkeeper migrate` "
-                    "(or JobQueue.migrate()) first"
+                    f"SQLite database {self.path!r} does not exist -- "
+                    f"{self.url.migrate_hint()} first"
                 )
             if os.path.isdir(self.path):
                 raise DatabaseError(
@@ -232,9 +232,7 @@ class SqliteConnection:
                 ) from exc
             # A table or column a newer schema version adds: not migrated yet.
             if any(m in str(exc) for m in ("no such table", "no such column", "has no column")):
-                raise DatabaseError(
-                    f"SQLite: {exc} -- run `jobkeeper migrate` (or JobQueue.migrate()) first"
-                ) from exc
+                raise DatabaseError(f"SQLite: {exc} -- {self.url.migrate_hint()} first") from exc
             if any(word in str(exc).lower() for word in _PASSING_CONDITIONS):
                 hint = not_writable_hint(self.path) if "readonly" in str(exc) else ""
                 raise DatabaseUnavailable(f"SQLite database {self.path!r}: {exc}{hint}") from exc
