@@ -54,15 +54,19 @@ _OTHER = {
 }
 
 
-#: A task that raised ``Retry`` asked for its retry: it did not fail (as
-#: Celery logs ``Task ... retry`` at INFO).
-_ASKED_RETRY = (logging.INFO, "will be retried, as its task asked")
+def _asked_retry(retry: Retry) -> tuple[int, str]:
+    """A task that raised ``Retry`` asked for its retry: it did not fail (as
+    Celery logs ``Task ... retry`` at INFO). Its delay is named: the error
+    stored is only the reason.
+    """
+    when = "with the task's backoff" if retry.delay is None else f"in {retry.delay:g}s"
+    return logging.INFO, f"will be retried {when}, as its task asked"
 
 
 def _level_and_text(event: JobEvent) -> tuple[int, str]:
     if event.kind is EventKind.FINISHED and event.outcome is not None:
         if event.outcome is OutcomeKind.RETRIED and isinstance(event.exception, Retry):
-            return _ASKED_RETRY
+            return _asked_retry(event.exception)
         return _FINISHED[event.outcome]
     return _OTHER.get(event.kind, (logging.DEBUG, event.kind.value))
 
@@ -82,7 +86,8 @@ def log_event(event: JobEvent) -> None:
     if event.kind is EventKind.RESCUED and event.worker_id:
         message += f" ({printable(event.worker_id)})"
     if event.duration is not None:
-        message += f" in {event.duration:.3f}s"
+        # "ran", not "in": beside a retry's delay, "in 0.012s" read as when.
+        message += f" (ran {event.duration:.3f}s)"
     if event.error:
         message += f": {printable(event.error)}"
     extra = {

@@ -15,7 +15,7 @@ import pytest
 from backends.helpers import claim, complete, fail, kill
 from jobkeeper import JobStatus
 from jobkeeper.cli.main import main
-from support.db import count
+from support.db import count, sql
 
 from .helpers import JOB_KEYS, LATEST, STATUSES, assert_one_line_error
 
@@ -150,6 +150,23 @@ def test_jobs_list_and_show_json(cli, queue):
     assert str(a.id) in human
     table = cli.ok("jobs", "list")
     assert str(b.id) in table and "available" in table
+
+
+#: Fields ``jobs show`` leaves to ``--json``: shown in rows of their own
+#: (args, result, errors) or internal (the fence of a lone attempt).
+NOT_IN_THE_TABLE = {"args", "args_error", "result", "errors", "alone_fence"}
+
+
+def test_jobs_show_prints_every_field_that_is_set(cli, queue):
+    # Found by a break-test: a job waiting on its serial key showed no key.
+    job = queue.enqueue("t", {}, serial_key="user:42", unique_key="u-1")
+    sql(queue, "UPDATE jobkeeper_jobs SET run_alone = ?, crashes = 1 WHERE id = ?", [True, job.id])
+    shown = cli.json("jobs", "show", str(job.id))
+    human = " ".join(cli.ok("jobs", "show", str(job.id)).replace("│", " ").split())
+    set_fields = {k for k, v in shown.items() if v is not None and v is not False}
+    for key in sorted(set_fields - NOT_IN_THE_TABLE - {"waiting"}):
+        assert f" {key} " in human, key
+    assert "serial_key user:42" in human and "run_alone True" in human and "crashes 1" in human
 
 
 def test_jobs_show_dead_and_completed(cli, queue):

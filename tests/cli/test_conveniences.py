@@ -48,11 +48,18 @@ def test_jobs_list_filters_by_task_and_worker_and_pages_after_an_id(cli, queue):
     )
     assert first + second + third == [j.id for j in reversed(mails)]
 
-    # The table has a worker column, and a full page says how to get the next.
+    # The table has a worker column. A full page with more after it says how
+    # to get the next; the last page, full or not, offers none (helper-84).
     code, out, err = cli("jobs", "list", "--worker", "w-7", "--limit", "2")
     assert code == 0, err
     assert "┃ worker ┃" in out and out.count("w-7") == 2
-    assert f"--after {mails[0].id}" in err
+    assert "--after" not in err
+    code, out, err = cli("jobs", "list", "--task", "mail", "--limit", "2")
+    assert code == 0 and f"more follow: add --after {mails[3].id} for the next page" in err
+    code, out, err = cli(
+        "jobs", "list", "--task", "mail", "--limit", "1", "--after", str(mails[1].id)
+    )
+    assert code == 0 and "--after" not in err and out.count("mail") == 1
 
 
 def test_jobs_list_worker_filter_leaves_out_dead_letters(cli, queue):

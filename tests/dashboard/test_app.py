@@ -330,6 +330,8 @@ def test_queues_page_shows_limits_and_pauses_and_resumes_by_post(client, jq, see
     assert 'href="/queues"' in html  # in the navigation
     for text in (">emails</a>", "10/s", ">500<", "ops:nightly/2", ">Pause</button>"):
         assert text in html, text
+    # The state's word is the CLI's (queues list): "running" is a job status.
+    assert ">active</span>" in html and ">running</span>" not in html
     token = _token(client, "/queues")
 
     response = client.post(
@@ -465,3 +467,16 @@ def test_pages_and_metrics_answer_503_while_the_database_is_unavailable():
         assert "database clock" not in response.text
     finally:
         down.close()
+
+
+def test_job_page_shows_the_serial_key_and_a_crash_suspect(client, jq):
+    # Found by a break-test: a job waiting on its serial key did not show it.
+    from support.db import sql
+
+    job = jq.enqueue("keyed", {}, serial_key="user:42")
+    html = client.get(f"/jobs/{job.id}").text
+    assert '<dt>Serial key</dt><dd class="mono">user:42</dd>' in html
+    assert "Runs alone" not in html and "Crashes" not in html
+    sql(jq, "UPDATE jobkeeper_jobs SET run_alone = ?, crashes = 2 WHERE id = ?", [True, job.id])
+    html = client.get(f"/jobs/{job.id}").text
+    assert "<dt>Runs alone</dt>" in html and "<dt>Crashes</dt><dd>2:" in html

@@ -11,6 +11,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from jobkeeper import JobQueue, JobStatus, Retry
 from jobkeeper.joblog import JsonFormatter
 from support.waiting import wait_for, wait_status
@@ -81,7 +83,9 @@ def test_a_retry_the_task_asked_for_is_info_not_a_failure(jq, caplog):
         (logging.INFO, 1),
         (logging.WARNING, 2),  # no attempt left: a failure like any other
     ]
-    assert "will be retried, as its task asked" in finished[0].getMessage()
+    # helper-84: "as its task asked in 0.000s" read as the delay, which no
+    # line named: the delay is said, the run time is "ran".
+    assert "will be retried in 0s, as its task asked (ran " in finished[0].getMessage()
     assert "not uploaded yet" in finished[0].getMessage()
     assert "failed (no retry left)" in finished[1].getMessage()
 
@@ -244,3 +248,32 @@ def test_a_jobs_error_cannot_forge_a_log_line_or_reach_the_terminal(jq, caplog):
         for raw in ("\n", "\x1b", "\x85", "\u202e", "\u2028"):
             assert raw not in json_line
         assert json.loads(json_line)["error"].endswith(forged)
+
+
+@pytest.mark.parametrize(
+    ("retry", "said"),
+    [(Retry(delay=30), "will be retried in 30s,"), (Retry(), "will be retried with the task's")],
+)
+def test_a_retry_line_names_its_delay_and_the_run_time_apart(caplog, retry, said):
+    # helper-84: "will be retried, as its task asked in 0.000s" read 0.000s
+    # as the delay; the 30 s was on no line.
+    from jobkeeper.events import EventKind, JobEvent, OutcomeKind
+    from jobkeeper.joblog import log_event
+
+    caplog.set_level(logging.INFO, logger="jobkeeper")
+    event = JobEvent(
+        kind=EventKind.FINISHED,
+        job_id=7,
+        task="resize",
+        queue="images",
+        attempt=1,
+        worker_id="w",
+        at=0.0,
+        outcome=OutcomeKind.RETRIED,
+        duration=0.0004,
+        error="Retry: retry requested",
+        exception=retry,
+    )
+    log_event(event)
+    (line,) = [r.getMessage() for r in caplog.records if r.name == "jobkeeper"]
+    assert said in line and "as its task asked (ran 0.000s): Retry: retry requested" in line

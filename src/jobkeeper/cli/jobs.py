@@ -68,26 +68,27 @@ def jobs_list(
 ) -> None:
     """List jobs, newest first.
 
-    A full page ends (on stderr) with the --after ID of the next one.
+    A page with more after it ends (on stderr) with the --after ID of the next one.
     """
     if worker_id is not None and not worker_id.strip():
         raise BadInput("--worker must name a worker id (jobkeeper workers lists them), got ''")
-    jobs = open_queue(ctx).list_jobs(
-        status=status_option(status),
-        queue=queue,
-        limit=limit,
-        task=task,
-        worker_id=worker_id,
-        before=after,
-    )
+    jq = open_queue(ctx)
+    filters = {
+        "status": status_option(status),
+        "queue": queue,
+        "task": task,
+        "worker_id": worker_id,
+    }
+    jobs = jq.list_jobs(limit=limit, before=after, **filters)
     if as_json:
         render.print_json(console, [job.to_dict() for job in jobs])
         return
     console.print(render.jobs_table(jobs))
-    if jobs and len(jobs) == limit:
-        # Keyset paging: the next page starts below the last id shown.
+    # Keyset paging: the next page starts below the last id shown. A full
+    # page asks for one more row, so that the last page offers no next one.
+    if jobs and len(jobs) == limit and jq.list_jobs(limit=1, before=jobs[-1].id, **filters):
         err_console.print(
-            f"more may follow: add --after {jobs[-1].id} for the next page",
+            f"more follow: add --after {jobs[-1].id} for the next page",
             markup=False,
             highlight=False,
         )

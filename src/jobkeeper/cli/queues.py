@@ -129,7 +129,9 @@ def _int_or_none(
     "--concurrency", default=None, help="Most jobs held at once, all workers ('none' lifts it)."
 )
 @click.option(
-    "--rate-limit", default=None, help="Most starts per period: N/s, N/m or N/h ('none' lifts it)."
+    "--rate-limit",
+    default=None,
+    help="Most claims per period: N/s, N/m or N/h ('none' lifts it).",
 )
 @click.option(
     "--max-pending",
