@@ -15,6 +15,7 @@ Leaf module: imports only ``models``.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import enum
 import logging
@@ -241,4 +242,7 @@ class EventBus:
             try:
                 listener(event)
             except Exception:
-                logger.exception("event listener %r failed on %s", listener, event.kind.value)
+                # The log listener itself may be what failed (a task closed
+                # sys.stderr): its report must not raise into the worker.
+                with contextlib.suppress(Exception):
+                    logger.exception("event listener %r failed on %s", listener, event.kind.value)

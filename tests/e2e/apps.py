@@ -15,6 +15,8 @@ import json
 import os
 import select
 import signal
+import sys
+import threading
 import time
 from typing import Any
 
@@ -142,3 +144,18 @@ def pool_hold(seconds: float, record: str | None = None) -> float:
         conn.execute("SELECT pg_sleep(%s)", [seconds])
     jq.enqueue("record", {"record": "-"}, queue="followups")
     return time.time()
+
+
+@jq.task(max_attempts=5)
+def close_stderr() -> str:
+    """Closes the process's ``sys.stderr``, where the worker's log handler writes."""
+    sys.stderr.close()
+    return "closed"
+
+
+@jq.task(max_attempts=5)
+def leave_thread(seconds: float) -> str:
+    """Starts a non-daemon thread that outlives the job by ``seconds``."""
+    thread = threading.Thread(target=time.sleep, args=(seconds,), name="left-by-a-task", daemon=False)
+    thread.start()
+    return "left"

@@ -277,3 +277,32 @@ def test_a_retry_line_names_its_delay_and_the_run_time_apart(caplog, retry, said
     log_event(event)
     (line,) = [r.getMessage() for r in caplog.records if r.name == "jobkeeper"]
     assert said in line and "as its task asked (ran 0.000s): Retry: retry requested" in line
+
+
+def test_a_broken_log_stream_neither_stops_the_worker_nor_strands_its_job(jq):
+    # helper-81: a task closed sys.stderr; the next failure's log line raised
+    # out of the logging call, the runner thread died before handing the
+    # outcome on, and the job stayed running under a live heartbeat.
+    import io
+
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    stream.close()
+    logger = logging.getLogger("jobkeeper")
+    logger.addHandler(handler)
+    assert logging.raiseExceptions
+
+    @jq.task(max_attempts=3)
+    def breaks() -> None:
+        raise RuntimeError("fails with its log stream closed")
+
+    try:
+        job = breaks.enqueue()
+        with running(jq.worker(concurrency=1)):
+            wait_status(jq, [job.id], {JobStatus.RETRYABLE, JobStatus.DEAD})
+            assert not logging.raiseExceptions  # while a worker runs
+    finally:
+        logger.removeHandler(handler)
+    assert logging.raiseExceptions  # as it was, once none runs
+    failed = jq.get_job(job.id)
+    assert failed is not None and "fails with its log stream closed" in failed.errors[0]["error"]

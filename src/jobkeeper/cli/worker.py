@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import logging
+import os
 import sys
+import threading
 
 import click
 
@@ -15,6 +19,7 @@ from jobkeeper.cli.common import (
     PortNumber,
 )
 from jobkeeper.cli.loading import load_app
+from jobkeeper.errors import printable
 from jobkeeper.joblog import JsonFormatter
 from jobkeeper.queues import parse_queue_share
 
@@ -96,13 +101,44 @@ def worker(
                 f"--queue {text!r}: the share {share} is more than --concurrency {concurrency}"
             )
     logging.basicConfig(level=level, handlers=[handler])
+    # A worker process whose log stream broke (a task closed sys.stderr)
+    # drops log records rather than fail in the logging call, up to its exit.
+    logging.raiseExceptions = False
     jq = load_app(app_spec, ctx.find_root().params.get("database"))
     if metrics_port is not None:
         _serve_metrics(jq, metrics_port, metrics_host)
     code = jq.run_worker(
         queues=list(queue) or None, concurrency=concurrency, burst=burst, prefetch=prefetch
     )
+    _exit_past_task_threads(code)
     ctx.exit(code)
+
+
+def _exit_past_task_threads(code: int) -> None:
+    """End the process now if threads a task started (not daemons) still
+    run: the interpreter would wait for them at exit, and a stopped worker
+    whose process lives on looks hung to whoever sent the SIGTERM (a
+    second one killed it, exit 143). Exit handlers still run first.
+    """
+    left = [
+        thread
+        for thread in threading.enumerate()
+        if thread is not threading.main_thread() and not thread.daemon and thread.is_alive()
+    ]
+    if not left:
+        return
+    logging.getLogger("jobkeeper.worker").warning(
+        "threads started by tasks still run (%s): the worker has stopped, and its process "
+        "does not wait for them",
+        ", ".join(printable(thread.name) for thread in left),
+    )
+    with contextlib.suppress(Exception):
+        atexit._run_exitfuncs()  # what a normal exit runs, and os._exit skips
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
 
 
 def _serve_metrics(jq: JobQueue, port: int, host: str) -> None:

@@ -19,6 +19,7 @@ a slot held by code that never returns is freed only by stopping the worker
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import threading
@@ -179,20 +180,24 @@ class Executor:
         runner thread of a sync task, the asyncio task of an async one), so
         a listener may attach context at STARTED and detach it here.
         """
-        if self._events.wants(EventKind.FINISHED) and self._events.wants_finished(
-            kind := outcome_kind(outcome)
-        ):
-            self._events.emit(
-                JobEvent.of(
-                    EventKind.FINISHED,
-                    job,
-                    outcome=kind,
-                    duration=duration,
-                    error=outcome_error(outcome),
-                    exception=exc,
+        try:
+            if self._events.wants(EventKind.FINISHED) and self._events.wants_finished(
+                kind := outcome_kind(outcome)
+            ):
+                self._events.emit(
+                    JobEvent.of(
+                        EventKind.FINISHED,
+                        job,
+                        outcome=kind,
+                        duration=duration,
+                        error=outcome_error(outcome),
+                        exception=exc,
+                    )
                 )
-            )
-        self._on_outcome(job, outcome)
+        finally:
+            # Whatever the listeners did, the outcome goes on: undelivered,
+            # the job would stay running under this worker's live heartbeat.
+            self._on_outcome(job, outcome)
 
     # -- feeding and running ------------------------------------------------------
 
@@ -209,7 +214,8 @@ class Executor:
         try:
             self._execute(execution)
         except BaseException as exc:
-            logger.exception("unexpected error running job %s", execution.job.id)
+            with contextlib.suppress(Exception):  # a broken log handler included
+                logger.exception("unexpected error running job %s", execution.job.id)
             self._settle_after_internal_error(execution, exc)
 
     def _execute(self, execution: Execution) -> None:

@@ -100,4 +100,5 @@ class SignalRelay:
                 try:
                     self._handler(signum, None)
                 except Exception:  # the relay must outlive a failed handler
-                    logger.exception("handling signal %d failed", signum)
+                    with contextlib.suppress(Exception):  # and a failed log handler
+                        logger.exception("handling signal %d failed", signum)

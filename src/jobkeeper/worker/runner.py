@@ -24,6 +24,7 @@ grace period. Jobs whose code does not return even then stay held (see
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -267,13 +268,14 @@ class Worker:
             # Ctrl-C at a terminal sends SIGINT: say what a second one does,
             # or people reach for kill -9 (and lose the hand-back).
             again = "Ctrl-C" if signum == signal.SIGINT else name
-            logger.info(
-                "%s: stopping; running jobs get up to %ss to finish (%s again forces the stop: "
-                "running jobs are handed back at once)",
-                name,
-                self._settings.shutdown_grace,
-                again,
-            )
+            with contextlib.suppress(Exception):  # a broken log handler must not stop the stop
+                logger.info(
+                    "%s: stopping; running jobs get up to %ss to finish (%s again forces the "
+                    "stop: running jobs are handed back at once)",
+                    name,
+                    self._settings.shutdown_grace,
+                    again,
+                )
         self.stop()
 
     def _on_outcome(self, job: Job, outcome: Outcome) -> None:
