@@ -156,6 +156,8 @@ def close_stderr() -> str:
 @jq.task(max_attempts=5)
 def leave_thread(seconds: float) -> str:
     """Starts a non-daemon thread that outlives the job by ``seconds``."""
-    thread = threading.Thread(target=time.sleep, args=(seconds,), name="left-by-a-task", daemon=False)
+    thread = threading.Thread(
+        target=time.sleep, args=(seconds,), name="left-by-a-task", daemon=False
+    )
     thread.start()
     return "left"

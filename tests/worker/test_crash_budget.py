@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 
 from jobkeeper import DatabaseUnavailable, JobStatus
 from jobkeeper.maintenance.rescuer import Rescuer
-from jobkeeper.models import Job
+from jobkeeper.models import Completion, Job
 from jobkeeper.outcomes import claim_of, failed_attempt, released_attempt
 from jobkeeper.worker.claims import Claims
 from jobkeeper.worker.slots import Execution, Slots
@@ -120,6 +120,37 @@ def test_a_lone_attempt_that_ends_normally_clears_the_suspicion(make_queue):
     released = released_attempt(waiting, None)
     assert jq.backend.job_fail_many(failures=[released]) == {j.id}
     assert job(jq, j.id).run_alone
+
+
+def test_a_lone_attempt_that_completes_clears_the_suspicion(make_queue, db_url):
+    # helper-81: completed jobs kept run_alone; a retry of one ran alone again.
+    import contextlib
+    import sqlite3
+
+    import psycopg
+
+    jq = make_queue()
+    batched = jq.enqueue("some_task", {}, max_attempts=20)
+    in_tx = jq.enqueue("some_task", {}, max_attempts=20)
+    for n in range(2):
+        _start(jq, _claim(jq, f"w{n}:{n}:aaaa"))
+        _rescue(jq)
+    lone = [_claim(jq, "w7:7:bbbb") for _ in range(2)]
+    for claimed in lone:
+        assert claimed.run_alone
+        _start(jq, claimed)
+    first, second = sorted(lone, key=lambda j: j.id)
+    done = Completion(claim_of(first), "1")
+    assert jq.backend.job_complete_many(completions=[done], delete=False) == {batched.id}
+    connect = psycopg.connect if db_url.startswith("postgres") else sqlite3.connect
+    target = jq.url.url if db_url.startswith("postgres") else jq.url.path
+    with contextlib.closing(connect(target)) as conn:
+        completion = Completion(claim_of(second), "2")
+        assert jq.backend.job_complete_in(connection=conn, completion=completion, delete=False)
+        conn.commit()
+    for j in (batched, in_tx):
+        after = job(jq, j.id)
+        assert after.status == JobStatus.COMPLETED and not after.run_alone
 
 
 def _job(job_id: int, *, run_alone: bool = False) -> Job:

@@ -258,9 +258,11 @@ RETURNING id
 -- rescued or handed back (and perhaps re-claimed, even at the same attempt)
 -- writes nothing. A claimed job may complete before its start mark is
 -- written (the mark is then skipped). A success stays completed even with a
--- cancel request: the work was done.
+-- cancel request: the work was done. An attempt that completed did not crash
+-- its worker: a crash suspect is one no more (run_alone).
 UPDATE jobkeeper_jobs AS job
-SET status = 'completed', finished_at = now(), worker_id = NULL, result = done.result
+SET status = 'completed', finished_at = now(), worker_id = NULL, result = done.result,
+    run_alone = false
 FROM unnest(%(ids)s::bigint[], %(worker_ids)s::text[], %(attempts)s::int[],
             %(fences)s::int8[], %(results)s::json[])
      AS done(id, worker_id, attempt, fence, result)
@@ -1255,7 +1257,8 @@ SELECT id FROM jobkeeper_installation LIMIT 1
 -- is held until the caller's commit or rollback: a rescue or cancel of the
 -- job waits for it, then sees the outcome.
 UPDATE jobkeeper_jobs AS job
-SET status = 'completed', finished_at = now(), worker_id = NULL, result = %(result)s::json
+SET status = 'completed', finished_at = now(), worker_id = NULL, result = %(result)s::json,
+    run_alone = false
 WHERE job.id = %(id)s AND job.worker_id = %(worker_id)s AND job.attempt = %(attempt)s
   AND job.fence = %(fence)s AND job.status IN ('claimed', 'running')
 RETURNING job.id, job.awaited

@@ -151,7 +151,8 @@ RETURNING id
 -- (rescued, handed back, perhaps re-claimed at the same attempt) writes
 -- nothing. A success stays completed even with a cancel request.
 UPDATE jobkeeper_jobs
-SET status = 'completed', finished_at = {now}, worker_id = NULL, result = :result
+SET status = 'completed', finished_at = {now}, worker_id = NULL, result = :result,
+    run_alone = 0
 WHERE id = :id AND worker_id = :worker_id AND attempt = :attempt AND fence = :fence
   AND status IN ('claimed', 'running')
 
@@ -954,7 +955,8 @@ SELECT id FROM jobkeeper_installation LIMIT 1
 -- fenced on the whole claim (see the PostgreSQL twin). The caller's
 -- transaction holds SQLite's write lock from its first write to its commit.
 UPDATE jobkeeper_jobs
-SET status = 'completed', finished_at = {now}, worker_id = NULL, result = :result
+SET status = 'completed', finished_at = {now}, worker_id = NULL, result = :result,
+    run_alone = 0
 WHERE id = :id AND worker_id = :worker_id AND attempt = :attempt AND fence = :fence
   AND status IN ('claimed', 'running')
 
