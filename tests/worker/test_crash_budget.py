@@ -182,6 +182,7 @@ def test_slots_start_a_suspect_only_alone_and_hand_back_other_suspects():
         deliver, wake = slots.ended(execution)
         if deliver:
             slots.delivered(wake)
+            slots.settled([(execution.job.id, execution.job.fence)])  # written at once
 
     slots = Slots(
         concurrency=3, refill_at=1, on_need_jobs=lambda: None, timeout_of=lambda j: None, work=work
@@ -211,6 +212,52 @@ def test_slots_start_a_suspect_only_alone_and_hand_back_other_suspects():
     wait_for(lambda: len(started) == 5, what="the ordinary job after the lone one")
     assert started[4].job.id == 6 and not started[4].alone
     release[6].set()
+    slots.close()
+
+
+def test_a_suspect_starts_only_once_every_outcome_before_it_is_written_and_so_does_the_next():
+    # helper-81: the lone suspect started 2 ms after the job before it had
+    # returned, its outcome still in the completer's buffer; the suspect
+    # killed the worker, and the rescue pinned the crash on that finished
+    # job, found running with its lone fence (and dead-lettered it).
+    started: list[Execution] = []
+    release = {i: threading.Event() for i in range(1, 4)}
+    ended: list[Execution] = []
+    slots: Slots
+
+    def work(execution: Execution) -> None:
+        started.append(execution)
+        release[execution.job.id].wait(30)
+        deliver, wake = slots.ended(execution)
+        assert deliver
+        slots.delivered(wake)
+        ended.append(execution)  # handed to the completer, not written yet
+
+    def key(execution: Execution) -> tuple[int, int]:
+        return (execution.job.id, execution.job.fence)
+
+    slots = Slots(
+        concurrency=2, refill_at=0, on_need_jobs=lambda: None, timeout_of=lambda j: None, work=work
+    )
+    slots.offer([_job(1), _job(2, run_alone=True)])
+    wait_for(lambda: len(started) == 1, what="the ordinary job to start")
+    release[1].set()
+    wait_for(lambda: len(ended) == 1, what="it to end")
+    assert len(started) == 1 and slots.snapshot().alone == 1  # its outcome is unwritten
+    slots.settled([(99, 0)])  # another job's: still not
+    assert len(started) == 1
+    slots.settled([key(ended[0])])
+    wait_for(lambda: len(started) == 2, what="the suspect to start alone")
+    assert started[1].job.id == 2 and started[1].alone
+    slots.offer([_job(3)])
+    release[2].set()
+    wait_for(lambda: len(ended) == 2, what="the lone attempt to end")
+    assert len(started) == 2  # nothing starts until the lone outcome is written
+    assert slots.snapshot().alone == 1
+    slots.settled([key(ended[1])])
+    wait_for(lambda: len(started) == 3, what="the next job after the lone outcome")
+    assert started[2].job.id == 3 and slots.snapshot().alone == 0
+    release[3].set()
     slots.close()
 
 

@@ -142,6 +142,12 @@ class Executor:
         """Jobs this executor holds: running and ready."""
         return self._slots.held_jobs()
 
+    def settled(self, outcomes: Iterable[Outcome]) -> None:
+        """``outcomes`` are written, or refused by their fence: the crash
+        suspects' lone starts wait for that (see :mod:`.slots`).
+        """
+        self._slots.settled((o.claim.job_id, o.claim.fence) for o in outcomes)
+
     def set_refill_at(self, count: int) -> None:
         """Wake the producer when running + ready jobs fall to ``count``."""
         self._slots.set_refill_at(count)

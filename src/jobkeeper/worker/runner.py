@@ -335,6 +335,7 @@ class Worker:
             logger.info("job %s: cancel requested; asked its code to stop", claim.job_id)
 
     def _on_written(self, batch: list[Outcome], written: set[int]) -> None:
+        self.executor.settled(batch)
         self.stats.count_written(batch, written)
         # A retry or snooze we wrote comes due retry_in seconds from now (the database
         # computed its scheduled_at as of the write, just done): no other

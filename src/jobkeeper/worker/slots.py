@@ -9,10 +9,14 @@ may read of it is one frozen :class:`ExecutorState`.
 
 Jobs marked ``run_alone`` (rescued from a worker that went silent while
 running them: crash suspects, see :mod:`jobkeeper.maintenance.rescuer`) wait
-in a ready queue of their own and start only when nothing else runs; while
-one runs nothing else starts, and the other suspects still waiting are handed
-back (:attr:`Execution.beside`) for other workers to run, alone too. So a
-crash during a lone attempt is pinned on its job. The producer claims nothing
+in a ready queue of their own and start only when nothing else runs and
+every outcome of this worker is written (:meth:`Slots.settled`); while one
+runs, and until its own outcome is written, nothing else starts, and the
+other suspects still waiting are handed back (:attr:`Execution.beside`) for
+other workers to run, alone too. So a crash during a lone attempt is pinned
+on its job: an outcome still in the completer's buffer when the worker dies
+would leave its job running there, and a rescue would pin the crash on it
+(or on the lone one, for the job after it). The producer claims nothing
 while one is held (``ExecutorState.alone``), so the worker drains to it.
 """
 
@@ -176,6 +180,10 @@ class Slots:
         # and whether one runs now (then nothing else starts).
         self._alone: collections.deque[Job] = collections.deque()
         self._alone_running = False
+        # (job id, fence) of outcomes delivered but not yet written (or
+        # refused) by the completer, and the lone one's among them, if any.
+        self._unsettled: set[tuple[int, int]] = set()
+        self._alone_unsettled: tuple[int, int] | None = None
         self._running: dict[int, Execution] = {}
         self._lock = threading.Lock()
         # Two conditions on one lock: runners wait for work, wait_idle() for
@@ -207,7 +215,7 @@ class Slots:
                 last_start=self._last_start,
                 ready_moved=self._ready_moved,
                 held_by_queue=dict(self._held) if self._held else NO_HELD,
-                alone=len(self._alone) + self._alone_running,
+                alone=len(self._alone) + (self._alone_running or self._alone_unsettled is not None),
             )
 
     def held_jobs(self) -> list[Job]:
@@ -359,12 +367,12 @@ class Slots:
         Ordinary jobs first; a ``run_alone`` job once nothing runs, and then
         nothing else until it ends.
         """
-        if self._alone_running:
+        if self._alone_running or self._alone_unsettled is not None:
             return None
         alone = False
         if self._ready and len(self._running) < self.concurrency:
             job = self._ready.popleft()
-        elif self._alone and not self._running:
+        elif self._alone and not self._running and not self._delivering and not self._unsettled:
             job = self._alone.popleft()
             alone = True
         else:
@@ -409,6 +417,10 @@ class Slots:
             deliver = not self._abandoned
             if deliver:
                 self._delivering += 1
+                key = (execution.job.id, execution.job.fence)
+                self._unsettled.add(key)
+                if execution.alone:
+                    self._alone_unsettled = key
             wake = self._need_jobs() or at_share
             if not self._running and not self._delivering:
                 self._idle.notify_all()
@@ -424,6 +436,20 @@ class Slots:
                 self._idle.notify_all()
         if wake:
             self._on_need_jobs()
+
+    def settled(self, keys: Iterable[tuple[int, int]]) -> None:
+        """The completer wrote (or the fence refused) the outcomes of these
+        ``(job id, fence)``: a suspect may start once none of this worker's
+        is left, and anything once a lone one's is in.
+        """
+        with self._lock:
+            before = len(self._unsettled)
+            self._unsettled.difference_update(keys)
+            if self._alone_unsettled is not None and self._alone_unsettled not in self._unsettled:
+                self._alone_unsettled = None
+            elif before == len(self._unsettled) or self._unsettled or not self._alone:
+                return
+            self._changed.notify_all()
 
     def abandon(self) -> list[Job]:
         """Deliver no outcome of what still runs; return those jobs."""
