@@ -161,3 +161,12 @@ def leave_thread(seconds: float) -> str:
     )
     thread.start()
     return "left"
+
+
+@jq.task(max_attempts=10, max_crashes=1)
+def blocked_in_c(seconds: float, record: str | None = None) -> None:
+    """Blocks in C (``select``), where no interrupt reaches it: a stopping
+    worker gives up on it after its grace period.
+    """
+    note(record, "start")
+    select.select([], [], [], seconds)

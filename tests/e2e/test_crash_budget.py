@@ -140,7 +140,7 @@ def test_poison_job_is_dead_after_max_crashes_and_its_neighbours_are_not_charged
     assert dead.attempt == 3 and dead.crashes == 2
     assert f"worker lost: {first_id}" in dead.errors[0]["error"]
     assert "not counted as a crash" in dead.errors[0]["error"]
-    assert "crashed its worker 1 times" in dead.errors[1]["error"]
+    assert "crashed its worker 1 time (max_crashes=2)" in dead.errors[1]["error"]
     assert "crashed its worker 2 times" in dead.errors[2]["error"]
     assert _ran_alone(records, poison, 2) and _ran_alone(records, poison, 3)
     # The exact bound: three attempts, three worker deaths, no free return
@@ -201,3 +201,33 @@ def test_job_rescued_once_runs_alone_once_then_normally(
         assert "worker lost" in done.errors[0]["error"]
         assert "RuntimeError: fails on attempt 2" in done.errors[1]["error"]
         assert _ran_alone(records, job_id, 2)
+
+
+def test_a_job_its_stopping_worker_gave_up_on_is_charged_no_crash(db_url, tmp_path):
+    # helper-81: a job blocked in C, stopped by deploys (SIGTERM twice, "did
+    # not return ... stay held"), was dead-lettered as "crashed its worker"
+    # once a lone attempt of it had been given up on that way.
+    record = str(tmp_path / "records")
+    with JobQueue(db_url, **FAST) as jq:
+        jq.migrate()
+        job = jq.enqueue("blocked_in_c", {"seconds": 30, "record": record})
+        for stop in range(1, 4):
+            with processes(tmp_path) as procs:
+                worker = procs.worker(db_url, FAST, concurrency=2)
+                wait_for(
+                    lambda n=stop: len(read_records(Path(record))) == n,
+                    timeout=60,
+                    what=f"attempt {stop} to start",
+                )
+                worker.send_signal(signal.SIGTERM)
+                worker.send_signal(signal.SIGTERM)
+                assert wait_exit(worker) == 1  # one job left held
+                assert "stay held by this worker" in procs.log(worker)
+            # Rescued by the next worker, rescue_after (1 s) past the last beat.
+        with processes(tmp_path) as procs:
+            procs.worker(db_url, FAST, concurrency=2)
+            wait_for(lambda: len(read_records(Path(record))) == 4, timeout=60, what="attempt 4")
+            rescued = jq.get_job(job.id)
+    assert rescued is not None and rescued.crashes == 0 and rescued.attempt == 4
+    assert [e["attempt"] for e in rescued.errors] == [1, 2, 3]
+    assert all("not counted as a crash" in e["error"] for e in rescued.errors), rescued.errors

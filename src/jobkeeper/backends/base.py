@@ -118,6 +118,14 @@ class Backend(CockpitSeam, PeriodicSeam, FlowSeam, WaitSeam, Protocol):
         """
         ...
 
+    def job_abandon_many(self, *, claims: Sequence[Claim]) -> set[int]:
+        """A stopping worker gives up on these running attempts (their code
+        did not return after the interrupt): they stay held for the rescue,
+        which counts the attempt but pins no crash on them (their
+        ``alone_fence`` is cleared). Returns the ids written.
+        """
+        ...
+
     def job_start_alone(self, *, claim: Claim) -> bool:
         """Record the start mark of a ``run_alone`` job its worker starts
         alone (nothing else runs there until it ends): running, fenced on

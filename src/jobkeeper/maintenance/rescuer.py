@@ -206,7 +206,9 @@ class Rescuer(IntervalService):
         crash pinned on it -- dead at ``max_crashes``.
         """
         if not (job.run_alone and job.alone_fence == job.fence):
-            error = f"{lost} (ran beside other jobs: not counted as a crash; next attempt alone)"
+            # Started beside other jobs, or given up by its worker at
+            # shutdown (job_abandon_many): nothing says it crashed its worker.
+            error = f"{lost} (not counted as a crash: not known to run alone; next attempt alone)"
             failure = failed_attempt(job, self._settings, error=error)
             return dataclasses.replace(failure, suspect=True)
         crashes = job.crashes + 1
@@ -215,19 +217,19 @@ class Rescuer(IntervalService):
             if self._max_crashes_of is not None
             else self._settings.max_crashes
         )
-        error = f"{lost}, alone: crashed its worker {crashes} times (max_crashes={limit})"
+        times = f"{crashes} time{'s' if crashes != 1 else ''}"
+        error = f"{lost}, alone: crashed its worker {times} (max_crashes={limit})"
         failure = failed_attempt(job, self._settings, error=error)
         if crashes >= limit and failure.outcome != FailureKind.DEAD:
             reason = (
-                f"crashed its worker {crashes} times (max_crashes={limit}), each time "
+                f"crashed its worker {times} (max_crashes={limit}), each time "
                 f"running alone; {job.max_attempts - job.attempt} attempts were left"
             )
             failure = Failure(failure.claim, FailureKind.DEAD, failure.error_json, reason=reason)
         elif crashes >= limit:
             failure = dataclasses.replace(
                 failure,
-                reason=f"crashed its worker {crashes} times (max_crashes={limit}); "
-                f"{failure.reason}",
+                reason=f"crashed its worker {times} (max_crashes={limit}); {failure.reason}",
             )
         return dataclasses.replace(failure, suspect=True, crash=True)
 

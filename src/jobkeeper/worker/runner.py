@@ -449,6 +449,7 @@ class Worker:
         stopped = stop_running(
             self.executor,
             self.completer,
+            self._backend,
             grace=self._settings.shutdown_grace,
             force=self._force,
             rescue_after=self._settings.rescue_after,

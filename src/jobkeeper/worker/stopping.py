@@ -12,7 +12,10 @@ import threading
 import time
 from dataclasses import dataclass
 
+from jobkeeper.backends.base import Backend
+from jobkeeper.errors import DatabaseError
 from jobkeeper.models import Job
+from jobkeeper.outcomes import claim_of
 from jobkeeper.worker.completer import Completer
 from jobkeeper.worker.executor import Executor
 
@@ -49,6 +52,7 @@ class Stopped:
 def stop_running(
     executor: Executor,
     completer: Completer,
+    backend: Backend,
     *,
     grace: float,
     force: threading.Event,
@@ -61,6 +65,7 @@ def stop_running(
     Args:
         executor: the worker's executor.
         completer: the worker's completer; stopped here.
+        backend: where the jobs given up on are marked as such.
         grace: seconds running jobs get to finish (``shutdown_grace``).
         force: set by a second signal: skip what is left of the grace period.
         rescue_after: seconds after the last heartbeat that stuck jobs are
@@ -83,6 +88,8 @@ def stop_running(
         if executor.snapshot().active
         else []
     )
+    if stuck:
+        _abandon(backend, stuck)
     flush_for = SHUTDOWN_FLUSH if force.is_set() else deadline - time.monotonic()
     flushed = completer.stop(timeout=max(flush_for, SHUTDOWN_FLUSH))
     left_held = len({job.id for job in stuck} | completer.pending_ids())
@@ -120,3 +127,20 @@ def _interrupt_running(
             ", ".join(f"{job.id} ({job.task})" for job in stuck),
         )
     return stuck
+
+
+def _abandon(backend: Backend, stuck: list[Job]) -> None:
+    """Jobs whose code did not return stay held for the rescue, which counts
+    their attempt; but the worker stopped on purpose, so the rescue pins no
+    crash on them (three deploys over a job blocked in C dead-lettered it
+    as "crashed its worker").
+    """
+    try:
+        backend.job_abandon_many(claims=[claim_of(job) for job in stuck])
+    except DatabaseError as exc:
+        logger.warning(
+            "could not mark %d jobs given up at shutdown (%s): one that ran alone is "
+            "charged a crash when rescued",
+            len(stuck),
+            exc,
+        )

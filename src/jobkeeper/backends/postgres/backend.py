@@ -109,6 +109,12 @@ class PostgresBackend(
         params = array_literals(claim_arrays(claims))
         return {row[0] for row in self._fetch_raw(QUERIES["job_start_many"], params)}
 
+    def job_abandon_many(self, *, claims: Sequence[Claim]) -> set[int]:
+        if not claims:
+            return set()
+        params = array_literals(claim_arrays(claims))
+        return {row[0] for row in self._fetch_raw(QUERIES["job_abandon_many"], params)}
+
     def job_start_alone(self, *, claim: Claim) -> bool:
         params = {
             "id": claim.job_id,

@@ -253,6 +253,19 @@ WHERE id = %(id)s AND worker_id = %(worker_id)s AND attempt = %(attempt)s
   AND fence = %(fence)s AND status = 'claimed'
 RETURNING id
 
+-- name: job_abandon_many
+-- A stopping worker gives up on attempts whose code did not return after the
+-- interrupt: they stay held (running) for the rescue, but the worker did not
+-- crash under them, so their lone fence goes and the rescue pins no crash.
+UPDATE jobkeeper_jobs AS job
+SET alone_fence = NULL
+FROM unnest(%(ids)s::bigint[], %(worker_ids)s::text[], %(attempts)s::int[], %(fences)s::int8[])
+     AS held(id, worker_id, attempt, fence)
+WHERE job.id = ANY(%(ids)s::bigint[]) AND job.id = held.id
+  AND job.worker_id = held.worker_id AND job.attempt = held.attempt
+  AND job.fence = held.fence
+RETURNING job.id
+
 -- name: job_complete_many
 -- Fenced on (id, worker_id, attempt, fence): a worker whose claim was
 -- rescued or handed back (and perhaps re-claimed, even at the same attempt)

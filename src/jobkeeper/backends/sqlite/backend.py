@@ -151,6 +151,15 @@ class SqliteBackend(
         return sorted(self._jobs(rows), key=lambda j: (j.priority, j.scheduled_at, j.id))
 
     def job_start_many(self, *, claims: Sequence[Claim]) -> set[int]:
+        return self._per_claim("job_start_many", claims)
+
+    def job_abandon_many(self, *, claims: Sequence[Claim]) -> set[int]:
+        return self._per_claim("job_abandon_many", claims)
+
+    def _per_claim(self, query: str, claims: Sequence[Claim]) -> set[int]:
+        """Run ``query`` once per claim, fenced on it, in one write; return
+        the ids of the claims it changed a row of.
+        """
         if not claims:
             return set()
         arrays = claim_arrays(claims)
@@ -164,7 +173,7 @@ class SqliteBackend(
                 strict=True,
             ):
                 params = {"id": job_id, "worker_id": worker_id, "attempt": attempt, "fence": fence}
-                if conn.execute(QUERIES["job_start_many"], params).rowcount == 1:
+                if conn.execute(QUERIES[query], params).rowcount == 1:
                     written.add(job_id)
         return written
 

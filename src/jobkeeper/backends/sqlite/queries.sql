@@ -146,6 +146,13 @@ WHERE id = :id AND worker_id = :worker_id AND attempt = :attempt AND fence = :fe
   AND status = 'claimed'
 RETURNING id
 
+-- name: job_abandon_many
+-- A stopping worker gives up on an attempt whose code did not return: no
+-- crash pinned on it (see the PostgreSQL twin).
+UPDATE jobkeeper_jobs
+SET alone_fence = NULL
+WHERE id = :id AND worker_id = :worker_id AND attempt = :attempt AND fence = :fence
+
 -- name: job_complete_many
 -- Fenced on (id, worker_id, attempt, fence): a worker that lost its claim
 -- (rescued, handed back, perhaps re-claimed at the same attempt) writes
