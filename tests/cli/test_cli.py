@@ -174,6 +174,8 @@ def test_jobs_show_dead_and_completed(cli, queue):
     done = queue.enqueue("t", {}, queue="c")
     (running,) = claim(queue, "c")
     complete(queue, running, '{"answer":42}')
+    human = " ".join(cli.ok("jobs", "show", str(dead.id)).replace("│", " ").split())
+    assert " fence " not in human  # dead letters keep none: no made-up 0
     shown = cli.json("jobs", "show", str(dead.id))
     assert shown["status"] == "dead"
     assert shown["dead_reason"] == "boom"
