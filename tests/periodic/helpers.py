@@ -51,6 +51,8 @@ def service(jq: JobQueue, **options: Any) -> PeriodicEnqueuer:
     """A periodic enqueuer for ``jq``'s periodics (what each worker runs)."""
     backend = jq.backend.dedicated()
     OPENED.append(backend)
+    # Missed ticks judged at once (a test's clock is pinned, not waited for).
+    options.setdefault("judge_after", 0.0)
     return PeriodicEnqueuer(backend, list(jq.periodics.values()), **options)
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 from datetime import timedelta
 
 import pytest
@@ -255,3 +256,45 @@ def test_twin_tick_statements_insert_one_job(jq, racers):
     finally:
         for backend in backends:
             backend.close()
+
+
+def test_a_new_worker_leaves_an_outages_ticks_to_a_worker_cut_off_by_it(jq, caplog):
+    # helper-82: the database down for 30 s under a running worker; a worker
+    # started right after it came back found seen_at 30 s old, judged the
+    # outage's ticks missed (catch_up=0) and skipped them, before the worker
+    # that had run through the outage reconnected and could enqueue them.
+    jq.periodic(every=2, task="report", catch_up=0)
+    now = aligned(jq.backend.db_now(), 60, 30)
+    running = service(jq, judge_after=0.5)
+    running.run_once(now=now - 40 * SECOND)  # ran before the outage
+    before = now - 40 * SECOND
+    fabricate(jq.url.url, "report", since_at=before, last_tick_at=before, seen_at=before)
+    returning = service(jq, judge_after=0.5)
+    with caplog.at_level(logging.WARNING, logger="jobkeeper.periodic"):
+        returning.run_once(now=now)  # started right after it
+        assert ticks(jq.url.url) == [] and returning.skipped == 0
+        assert returning.interval <= 0.5
+        running.run_once(now=now)  # back: the ticks came due while it ran
+        expected = Schedule(every=2).ticks_between(before + SECOND, now)
+        assert ticks(jq.url.url) == expected
+        time.sleep(0.5)
+        returning.run_once(now=now)
+    assert ticks(jq.url.url) == expected and returning.skipped == 0
+    assert not [r for r in caplog.records if r.levelno == logging.WARNING]
+
+
+def test_missed_ticks_are_judged_once_the_database_was_reached_long_enough(jq, caplog):
+    jq.periodic(every=2, task="report", catch_up=0)
+    now = aligned(jq.backend.db_now(), 60, 30)
+    gone = service(jq, judge_after=0.5)
+    gone.run_once(now=now - 40 * SECOND)  # its worker died then
+    before = now - 40 * SECOND
+    fabricate(jq.url.url, "report", since_at=before, last_tick_at=before, seen_at=before)
+    returning = service(jq, judge_after=0.5)
+    returning.run_once(now=now)
+    assert returning.skipped == 0
+    time.sleep(0.5)
+    with caplog.at_level(logging.WARNING, logger="jobkeeper.periodic"):
+        returning.run_once(now=now)
+    assert returning.skipped == 19 and ticks(jq.url.url) == [now]  # now's is not missed
+    assert any("missed tick" in r.getMessage() for r in caplog.records)

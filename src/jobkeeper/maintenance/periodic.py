@@ -31,7 +31,13 @@ A pass (at each tick of the worker's periodics, and at least every
      this worker ran: all are enqueued, however late;
    * any other tick was *missed* (no worker ran): enqueued when it is at
      most ``catch_up`` seconds old, else skipped, with one WARNING naming
-     the periodic and how many ticks were skipped.
+     the periodic and how many ticks were skipped. Skipped only once this
+     worker has reached the database for ``JUDGE_AFTER`` seconds, since it
+     started or since its last failed pass: after a database outage every
+     live worker's ``seen_at`` is as old as the outage, and one that ran
+     through it (cut off, not gone) settles those ticks itself, as due
+     while it ran, once it reaches the database again. Until then this
+     worker settles the periodic no further (its ticks wait, in order).
 
 3. Refresh ``seen_at`` where the stored definition is this worker's
    (``periodic_touch``), after the ticks are settled: a pass that dies
@@ -50,11 +56,12 @@ from __future__ import annotations
 
 import itertools
 import logging
+import time
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 
 from jobkeeper.backends.base import Backend
-from jobkeeper.errors import ConfigError, QueueFull
+from jobkeeper.errors import ConfigError, DatabaseError, QueueFull
 from jobkeeper.maintenance.service import IntervalService
 from jobkeeper.periodic import Periodic, PeriodicRow, PeriodicTouch
 
@@ -72,6 +79,10 @@ ALIVE_SLACK = 2 * MAX_REFRESH
 MAX_TICKS_PER_PASS = 1_000
 #: Skipped ticks are counted up to this many for the log.
 MAX_COUNTED = 100_000
+#: Seconds a worker must have reached the database (since its start, or
+#: its last failed pass) before it judges ticks missed: every live worker
+#: refreshes within two refresh periods of the database's return.
+JUDGE_AFTER = 2 * ALIVE_SLACK
 #: Shortest wait between passes, seconds (a tick an instant away).
 MIN_WAIT = 0.005
 _MICROSECOND = timedelta(microseconds=1)
@@ -88,6 +99,8 @@ class PeriodicEnqueuer(IntervalService):
         stale_after: seconds, for the rows' ``stale`` flag (not used to decide).
         alive_slack: seconds after ``seen_at`` during which a tick counts as
             due while a worker was alive (default ``ALIVE_SLACK``).
+        judge_after: seconds of reaching the database before ticks are
+            judged missed (default ``JUDGE_AFTER``; see the module docstring).
     """
 
     def __init__(
@@ -98,6 +111,7 @@ class PeriodicEnqueuer(IntervalService):
         refresh: float = MAX_REFRESH,
         stale_after: float = 60.0,
         alive_slack: float = ALIVE_SLACK,
+        judge_after: float = JUDGE_AFTER,
     ) -> None:
         self._refresh = min(max(refresh, MIN_WAIT), MAX_REFRESH)
         super().__init__("jobkeeper-periodic", self._refresh)
@@ -105,6 +119,12 @@ class PeriodicEnqueuer(IntervalService):
         self._periodics = {p.name: p for p in periodics}
         self._stale_after = stale_after
         self._slack = timedelta(seconds=alive_slack)
+        self._judge_after = judge_after
+        # time.monotonic() of the first pass that reached the database since
+        # the start or a failed pass (None: none yet).
+        self._reached_at: float | None = None
+        # A pass left a periodic unsettled until missed ticks may be judged.
+        self._deferred = False
         #: The database clock at this worker's first pass: ticks from then on
         #: came due while it ran. None until the definitions are stored.
         self.started_at: datetime | None = None
@@ -128,11 +148,21 @@ class PeriodicEnqueuer(IntervalService):
         self.interval = self._refresh
         if not self._periodics:
             return
+        try:
+            self._pass(now)
+        except DatabaseError:
+            self._reached_at = None
+            raise
+
+    def _pass(self, now: datetime | None) -> None:
         if self.started_at is None:
             start = now if now is not None else self._backend.db_now()
             self._register(self.periodics)
             self.started_at = start
         now = now if now is not None else self._backend.db_now()
+        if self._reached_at is None:
+            self._reached_at = time.monotonic()
+        self._deferred = False
         rows = {row.name: row for row in self._backend.periodic_list(stale_after=self._stale_after)}
         missing = [p for p in self.periodics if p.name not in rows]
         if missing:
@@ -146,8 +176,8 @@ class PeriodicEnqueuer(IntervalService):
             row = rows.get(periodic.name)
             if row is not None and not self._is_mine(periodic, row):
                 continue
-            if row is not None:
-                self._settle(periodic, row, now)
+            if row is not None and not self._settle(periodic, row, now):
+                continue  # deferred: its seen_at keeps the evidence of the gap
             touches.append(
                 PeriodicTouch(
                     periodic.name,
@@ -161,6 +191,13 @@ class PeriodicEnqueuer(IntervalService):
         if upcoming:
             wait = (min(upcoming) - now).total_seconds() + 0.001
             self.interval = min(self._refresh, max(wait, MIN_WAIT))
+        if self._deferred:
+            self.interval = min(self.interval, max(self._judging_in(), MIN_WAIT))
+
+    def _judging_in(self) -> float:
+        """Seconds until missed ticks may be judged (0 or less: now)."""
+        assert self._reached_at is not None
+        return self._judge_after - (time.monotonic() - self._reached_at)
 
     def _register(self, periodics: Sequence[Periodic]) -> None:
         """Store the code's definitions, saying which ones replaced another."""
@@ -195,8 +232,11 @@ class PeriodicEnqueuer(IntervalService):
             )
         return False
 
-    def _settle(self, periodic: Periodic, row: PeriodicRow, now: datetime) -> None:
-        """Enqueue or skip every tick of ``periodic`` due by ``now``, oldest first."""
+    def _settle(self, periodic: Periodic, row: PeriodicRow, now: datetime) -> bool:
+        """Enqueue or skip every tick of ``periodic`` due by ``now``, oldest
+        first. Returns False when it stopped at a missed tick it may not
+        judge yet (see ``judge_after``).
+        """
         assert self.started_at is not None
         after = row.since_at if row.last_tick_at is None else max(row.since_at, row.last_tick_at)
         # A tick just after the last refresh may have come due before the
@@ -215,8 +255,13 @@ class PeriodicEnqueuer(IntervalService):
         while enqueued < MAX_TICKS_PER_PASS:
             tick = _next_after(periodic, after)
             if tick is None or tick > now:
-                return
+                return True
             if alive_until < tick < skip_before:
+                if self._judging_in() > 0:
+                    # A worker cut off by the same outage may be alive, and
+                    # settles these itself once it is back: judge them later.
+                    self._deferred = True
+                    return False
                 through = skip_before - _MICROSECOND
                 if self._backend.periodic_skip(
                     name=key[0],
@@ -259,6 +304,7 @@ class PeriodicEnqueuer(IntervalService):
                 self.enqueued += 1
                 logger.debug("periodic %r: tick %s enqueued as job %d", key[0], tick, job_id)
             after = tick
+        return True
 
 
 def _same_schedule(periodic: Periodic, row: PeriodicRow) -> bool:
