@@ -47,6 +47,9 @@ class ResultsMixin(QueueBase):
             JobCancelled: the job was cancelled (``.job``).
             JobNotFound: no such job, or it finished and was pruned (``retention``).
             TimeoutError: it did not end within ``timeout``.
+            DatabaseUnavailable: the database could not be reached until the
+                timeout ran out (whether the job ended is unknown; an
+                outage meanwhile that ends in time is waited out).
             ConfigError: a bad id or timeout.
         """
         job_id = _job_id(job_id)
@@ -167,7 +170,7 @@ async def _drive_wait_async(
             reply, error = None, None
             try:
                 if isinstance(step, Ready):
-                    reply = watch.ready or await asyncio.to_thread(watch.wait_ready, step.seconds)
+                    reply = watch.ready or await watch.wait_ready_async(step.seconds)
                 elif isinstance(step, Mark):
                     await backend.job_mark_awaited_async(job_id=job_id)
                 elif isinstance(step, Get):
