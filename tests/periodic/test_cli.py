@@ -123,10 +123,11 @@ def test_a_live_periodic_whose_next_tick_passed_unfired_shows_overdue(cli):
     assert code == 0
     states = {line.split()[1]: line.split()[-2] for line in out.splitlines() if "every " in line}
     assert states == {"stopped": "overdue", "live": "live"}, out
-    # Machines read the same from --json: stale is false, next_tick_at is past.
-    assert [(r["name"], r["stale"]) for r in cli.json("periodic", "list")] == [
-        ("live", False),
-        ("stopped", False),
+    # Machines read the same from --json: stale is false, overdue true (it
+    # had no overdue key: helper-82).
+    assert [(r["name"], r["stale"], r["overdue"]) for r in cli.json("periodic", "list")] == [
+        ("live", False, False),
+        ("stopped", False, True),
     ]
 
 

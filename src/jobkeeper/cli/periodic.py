@@ -38,10 +38,12 @@ def periodic_list(ctx: click.Context, stale_after: float | None, as_json: bool) 
     """
     jq = open_queue(ctx)
     rows = jq.periodic_list(stale_after=stale_after)
+    now = jq.backend.db_now()
     if as_json:
-        render.print_json(console, [row.to_dict() for row in rows])
+        # overdue as the table's state says it (it needs the database clock).
+        render.print_json(console, [{**row.to_dict(), "overdue": row.overdue(now)} for row in rows])
     else:
-        console.print(render.periodic_table(rows, now=jq.backend.db_now()))
+        console.print(render.periodic_table(rows, now=now))
 
 
 @periodic_app.command("prune")
