@@ -196,9 +196,17 @@ def check_max_pending(value: Any) -> int:
     return value
 
 
+#: Most bytes of a ``serial_key`` in UTF-8: with a queue name at its longest
+#: (200 ASCII characters), an entry of PostgreSQL's serial-key indexes stays
+#: under its 2,704-byte limit (950 CJK characters, 2,850 bytes, failed
+#: there, as "unavailable", while SQLite took them).
+SERIAL_KEY_MAX_BYTES = 2000
+
+
 def check_serial_key(value: Any) -> str | None:
     """A ``serial_key``: ``None`` or a non-empty string of at most 1,000
-    characters without NUL or lone surrogates.
+    characters and ``SERIAL_KEY_MAX_BYTES`` bytes in UTF-8, without NUL or
+    lone surrogates.
 
     Raises:
         ConfigError: not a string, empty or too long.
@@ -212,7 +220,14 @@ def check_serial_key(value: Any) -> str | None:
         )
     # NUL and lone surrogates: the same check as args' strings (a lone
     # surrogate once reached the driver and failed there, unnamed).
-    return plain_str(check_text(value, "serial_key"))
+    key = plain_str(check_text(value, "serial_key"))
+    size = len(key.encode("utf-8"))
+    if size > SERIAL_KEY_MAX_BYTES:
+        raise ConfigError(
+            f"serial_key is {size} bytes in UTF-8 ({len(key)} characters); the limit is "
+            f"{SERIAL_KEY_MAX_BYTES} bytes, got {key!r:.40}"
+        )
+    return key
 
 
 def parse_queue_share(text: str) -> tuple[str, int | None]:

@@ -388,3 +388,43 @@ def test_max_pending_holds_inside_callers_repeatable_read_transactions(pg_url, s
         second.close()
     assert pending(jq, "q") == size
     jq.close()
+
+
+def test_a_serial_key_past_its_size_in_bytes_is_refused_by_name_on_both_backends(jq):
+    # helper-83: 950 CJK characters (2,850 bytes) passed the 1,000-character
+    # check; PostgreSQL's serial-key index refused the row, reported as
+    # "unavailable", while SQLite stored it.
+    from jobkeeper import ConfigError
+
+    too_big = "中" * 667  # 2,001 bytes
+    for enqueue in (
+        lambda: jq.enqueue("t", {}, queue="q", serial_key=too_big),
+        lambda: jq.enqueue_many([("t", {}, {"queue": "q", "serial_key": too_big})]),
+    ):
+        with pytest.raises(ConfigError, match=r"serial_key is 2001 bytes in UTF-8 .* 2000 bytes"):
+            enqueue()
+    assert jq.stats() == {}
+    # At the limit, with the longest queue name, both backends store it.
+    longest = "中" * 666 + "ab"
+    job = jq.enqueue("t", {}, queue="q" * 200, serial_key=longest)
+    assert jq.get_job(job.id).serial_key == longest
+
+
+def test_a_row_past_postgresqls_limits_is_refused_data_not_an_outage(pg_url):
+    # The kind of helper-83's serial key: an index entry past 2,704 bytes
+    # read as "PostgreSQL ... is unavailable", which callers retry for ever.
+    import psycopg
+
+    from jobkeeper import DatabaseUnavailable, DataRejected
+
+    with JobQueue(pg_url) as jq:
+        jq.migrate()
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            conn.execute("CREATE INDEX test_args_idx ON jobkeeper_jobs ((args::text))")
+        try:
+            with pytest.raises(DataRejected, match="refused the data") as refused:
+                jq.enqueue("t", {"blob": "x" * 9000, "n": list(range(2000))})
+            assert not isinstance(refused.value, DatabaseUnavailable)
+        finally:
+            with psycopg.connect(pg_url, autocommit=True) as conn:
+                conn.execute("DROP INDEX test_args_idx")

@@ -116,6 +116,11 @@ def translated(exc: BaseException, url: DatabaseURL) -> Exception | None:
             f"PostgreSQL at {url.redacted()} cancelled the statement: {describe(exc)} "
             "(statement_timeout, lock_timeout or a cancel request; nothing of it committed)"
         )
+    if isinstance(exc, psycopg.errors.ProgramLimitExceeded):
+        # An index entry or a row past PostgreSQL's limits: the data's size,
+        # not the server's state (it read as "unavailable", and callers that
+        # retry an outage retried it for ever).
+        return DataRejected(f"PostgreSQL refused the data: {describe(exc)}")
     if isinstance(
         exc,
         psycopg.OperationalError
