@@ -344,11 +344,36 @@ def test_configure_and_pause_warn_while_an_old_worker_is_registered(jq):
         warnings.simplefilter("error")
         jq.pause("q")  # only workers of this version: no warning
     sql(jq.url.url, "UPDATE jobkeeper_workers SET version = NULL")
-    with pytest.warns(UserWarning, match="older than flow control"):
+    with pytest.warns(UserWarning, match="older than flow control") as warned:
         jq.configure_queue("q", concurrency=3)
-    with pytest.warns(UserWarning, match="no version"):
+    # Pointed at the caller's line, not at jobkeeper's (helper-83).
+    assert [w.filename for w in warned] == [__file__]
+    with pytest.warns(UserWarning, match="no version") as warned:
         jq.pause("q")
+    assert [w.filename for w in warned] == [__file__]
     assert jq.workers()[0].version is None
+
+
+def test_the_cli_says_once_that_an_old_worker_ignores_a_queue_change(jq):
+    # helper-83: the log line, then the same as a Python warning pointing
+    # inside jobkeeper.
+    import subprocess
+    import sys
+    from datetime import UTC, datetime
+
+    now = datetime.now(UTC)
+    jq.backend.worker_register(worker=WorkerInfo("old", "h", 1, ["q"], now, now))
+    sql(jq.url.url, "UPDATE jobkeeper_workers SET version = NULL")
+    for argv in (["queues", "pause", "q"], ["queues", "set", "q", "--concurrency", "2"]):
+        done = subprocess.run(
+            [sys.executable, "-m", "jobkeeper", "--database", jq.url.url, *argv],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 0, done.stderr
+        assert done.stderr.count("older than flow control") == 1, done.stderr
+        assert "UserWarning" not in done.stderr
 
 
 def test_workers_record_their_version(jq):

@@ -415,7 +415,8 @@ class OperationsMixin(QueueBase):
             f"flow control and will ignore its settings: {shown}{more}"
         )
         logger.warning("%s", message)
-        warnings.warn(message, UserWarning, stacklevel=3)
+        # The caller of pause(), resume() or configure_queue().
+        warnings.warn(message, UserWarning, stacklevel=4)
 
     def queues(self, exact_below: int = 100_000, *, recount: bool = True) -> list[QueueInfo]:
         """Every queue that has settings, live jobs, dead letters or finished

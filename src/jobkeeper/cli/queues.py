@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import warnings
+from collections.abc import Callable, Iterator
 
 import click
 
@@ -72,7 +74,8 @@ def queues_pause(ctx: click.Context, name: str) -> None:
     """Stop every worker from starting jobs of the queue (running jobs finish)."""
     queue = open_queue(ctx)
     known = _known(queue, name)
-    queue.pause(name)
+    with _warned_once():
+        queue.pause(name)
     note = ""
     if not known:
         note = " (no setting, live job or recent job named it yet: the pause holds for its jobs)"
@@ -96,7 +99,8 @@ def queues_resume(ctx: click.Context, name: str) -> None:
             f"queue {name} not paused ({what}): nothing to resume", markup=False, highlight=False
         )
         return
-    queue.resume(name)
+    with _warned_once():
+        queue.resume(name)
     console.print(f"queue {name} resumed", markup=False, highlight=False)
 
 
@@ -156,21 +160,22 @@ def queues_set(
     rate: str | Unset | None = UNSET
     if rate_limit is not None:
         rate = None if rate_limit.strip().lower() == "none" else rate_limit
-    info = open_queue(ctx).configure_queue(
-        name,
-        concurrency=_int_or_none(
-            "--concurrency",
-            concurrency,
-            check_concurrency,
-            1,
-            MAX_LIMIT,
-            " (pause the queue to stop it)",
-        ),
-        rate_limit=rate,
-        max_pending=_int_or_none(
-            "--max-pending", max_pending, check_max_pending, 0, MAX_PENDING_LIMIT
-        ),
-    )
+    with _warned_once():
+        info = open_queue(ctx).configure_queue(
+            name,
+            concurrency=_int_or_none(
+                "--concurrency",
+                concurrency,
+                check_concurrency,
+                1,
+                MAX_LIMIT,
+                " (pause the queue to stop it)",
+            ),
+            rate_limit=rate,
+            max_pending=_int_or_none(
+                "--max-pending", max_pending, check_max_pending, 0, MAX_PENDING_LIMIT
+            ),
+        )
     shown = ", ".join(
         f"{key}={'none' if value is None else value}"
         for key, value in (
@@ -180,3 +185,13 @@ def queues_set(
         )
     )
     console.print(f"queue {name}: {shown}", markup=False, highlight=False)
+
+
+@contextlib.contextmanager
+def _warned_once() -> Iterator[None]:
+    """A queue change that older workers will ignore is logged (one line on
+    stderr) and warned (``warnings``) for API callers: here, only logged.
+    """
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        yield
