@@ -222,7 +222,12 @@ class Producer:
                     self._executor.hand_back(stalled_for=PREFETCH_STALL)
                 claimed = self._claim()
                 if self._burst and claimed == 0 and self._drained():
-                    logger.info("burst: nothing left to run; stopping")
+                    # Not "nothing left": a paused queue's jobs, or ones a
+                    # rate limit or cap holds back, stay (helper-83).
+                    logger.info(
+                        "burst: nothing this worker may run now is due; stopping (jobs of "
+                        "paused queues or held back by limits, if any, stay queued)"
+                    )
                     return
                 outage_pause = 0.05
                 failures = 0
