@@ -19,8 +19,9 @@ import psycopg
 import pytest
 
 from backends.helpers import claim, total_rows
-from cli.test_cli import Cli, assert_one_line_error, run_module
+from cli.helpers import assert_one_line_error, run_module
 from jobkeeper import JobQueue, JobStatus, PayloadError
+from support.cli import Cli
 from support.db import is_pg, sql
 
 NON_FINITE = [

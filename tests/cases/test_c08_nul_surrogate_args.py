@@ -19,8 +19,9 @@ from typing import Any
 import pytest
 
 from backends.helpers import total_rows
-from cli.test_cli import Cli, assert_one_line_error
+from cli.helpers import assert_one_line_error
 from jobkeeper import JobQueue, JobStatus, PayloadError
+from support.cli import Cli
 
 UNSTORABLE = [
     ({"s": "a\x00b"}, "args.s", "string 'a\\x00b' contains a NUL character (\\x00) at index 1"),

@@ -20,9 +20,10 @@ import psycopg
 import pytest
 
 from backends.helpers import claim, fail, total_rows
-from cli.test_cli import Cli, assert_one_line_error
+from cli.helpers import assert_one_line_error
 from jobkeeper import JobQueue, JobStatus, PayloadError
 from jobkeeper.payload import dumps
+from support.cli import Cli
 from support.db import count, sql
 from support.notify import PAYLOAD_BOUND, Listener
 from support.settings import FAST

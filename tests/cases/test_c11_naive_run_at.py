@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from backends.helpers import total_rows
-from cli.test_cli import assert_one_line_error, run_module
+from cli.helpers import assert_one_line_error, run_module
 from jobkeeper import JobQueue, JobStatus
 from support.db import job
 from support.waiting import wait_status

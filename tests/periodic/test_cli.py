@@ -27,6 +27,7 @@ KEYS = {
     "next_tick_at",
     "seen_at",
     "stale",
+    "overdue",
 }
 
 
