@@ -10,11 +10,12 @@ import json
 import logging
 import threading
 import time
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import pytest
 
 from jobkeeper import Schedule
+from jobkeeper.maintenance.periodic import PeriodicEnqueuer
 from support.db import sql
 from support.threads import run_threads
 
@@ -258,17 +259,26 @@ def test_twin_tick_statements_insert_one_job(jq, racers):
             backend.close()
 
 
+def _last_seen_40_s_ago(jq) -> tuple[datetime, datetime, PeriodicEnqueuer]:
+    """A 2 s periodic (catch_up=0) whose worker last passed, ticked and
+    refreshed 40 s before the returned ``now``; returns (now, then, its
+    enqueuer), which judges missed ticks after 0.5 s.
+    """
+    jq.periodic(every=2, task="report", catch_up=0)
+    now = aligned(jq.backend.db_now(), 60, 30)
+    before = now - 40 * SECOND
+    first = service(jq, judge_after=0.5)
+    first.run_once(now=before)
+    fabricate(jq.url.url, "report", since_at=before, last_tick_at=before, seen_at=before)
+    return now, before, first
+
+
 def test_a_new_worker_leaves_an_outages_ticks_to_a_worker_cut_off_by_it(jq, caplog):
     # helper-82: the database down for 30 s under a running worker; a worker
     # started right after it came back found seen_at 30 s old, judged the
     # outage's ticks missed (catch_up=0) and skipped them, before the worker
     # that had run through the outage reconnected and could enqueue them.
-    jq.periodic(every=2, task="report", catch_up=0)
-    now = aligned(jq.backend.db_now(), 60, 30)
-    running = service(jq, judge_after=0.5)
-    running.run_once(now=now - 40 * SECOND)  # ran before the outage
-    before = now - 40 * SECOND
-    fabricate(jq.url.url, "report", since_at=before, last_tick_at=before, seen_at=before)
+    now, before, running = _last_seen_40_s_ago(jq)  # running: since before the outage
     returning = service(jq, judge_after=0.5)
     with caplog.at_level(logging.WARNING, logger="jobkeeper.periodic"):
         returning.run_once(now=now)  # started right after it
@@ -284,12 +294,7 @@ def test_a_new_worker_leaves_an_outages_ticks_to_a_worker_cut_off_by_it(jq, capl
 
 
 def test_missed_ticks_are_judged_once_the_database_was_reached_long_enough(jq, caplog):
-    jq.periodic(every=2, task="report", catch_up=0)
-    now = aligned(jq.backend.db_now(), 60, 30)
-    gone = service(jq, judge_after=0.5)
-    gone.run_once(now=now - 40 * SECOND)  # its worker died then
-    before = now - 40 * SECOND
-    fabricate(jq.url.url, "report", since_at=before, last_tick_at=before, seen_at=before)
+    now, _, _ = _last_seen_40_s_ago(jq)  # by a worker that died then
     returning = service(jq, judge_after=0.5)
     returning.run_once(now=now)
     assert returning.skipped == 0
