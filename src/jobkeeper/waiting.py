@@ -25,6 +25,12 @@ READY_WAIT = 5.0
 #: a backstop that costs nothing measurable and bounds any wake-up lost to
 #: the unforeseen.
 RECHECK = 30.0
+#: Least time (s) a database step of a wait with a timeout gets, however
+#: little of the timeout is left: a healthy database answers in
+#: milliseconds; a hung one (a frozen server, which accepts and never
+#: answers) makes the wait raise ``DatabaseUnavailable`` this long past
+#: its timeout at most.
+LEAST_CALL = 1.0
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -36,14 +42,21 @@ class Ready:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Mark:
-    """Mark the job as awaited; reply: None."""
+    """Mark the job as awaited; reply: None. The driver gives up after
+    ``seconds`` (``math.inf``: never) and raises ``DatabaseUnavailable``.
+    """
+
+    seconds: float = math.inf
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Get:
     """Read the job (live or dead); reply: the Job or None. The driver arms
-    its wake-up before reading, so an end after the read always wakes it.
+    its wake-up before reading, so an end after the read always wakes it,
+    and gives up after ``seconds`` as for :class:`Mark`.
     """
+
+    seconds: float = math.inf
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -110,6 +123,9 @@ def wait_plan(
     def left() -> float:
         return math.inf if deadline is None else deadline - time.monotonic()
 
+    def call_time() -> float:
+        return max(left(), LEAST_CALL)
+
     # Listening first, then the mark, then the read: an end committed
     # after the mark is heard, one committed before it is read.
     listening = yield Ready(min(left(), READY_WAIT))
@@ -119,9 +135,9 @@ def wait_plan(
         # waited out like the job itself: until the timeout, then raised.
         try:
             if not marked:
-                yield Mark()
+                yield Mark(call_time())
                 marked = True
-            job = yield Get()
+            job = yield Get(call_time())
         except DatabaseUnavailable:
             if left() <= 0:
                 raise

@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import threading
 import time
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar, cast
 
 from jobkeeper.api.base import QueueBase, _job_id
 from jobkeeper.backends import Backend
 from jobkeeper.errors import DatabaseUnavailable
 from jobkeeper.waiting import Get, Mark, Ready, Sleep, check_timeout, wait_plan
+
+T = TypeVar("T")
 
 
 class _QueueClosedError(Exception):
@@ -47,9 +50,10 @@ class ResultsMixin(QueueBase):
             JobCancelled: the job was cancelled (``.job``).
             JobNotFound: no such job, or it finished and was pruned (``retention``).
             TimeoutError: it did not end within ``timeout``.
-            DatabaseUnavailable: the database could not be reached until the
-                timeout ran out (whether the job ended is unknown; an
-                outage meanwhile that ends in time is waited out).
+            DatabaseUnavailable: the database could not be reached, or did
+                not answer, until the timeout ran out (at most
+                ``waiting.LEAST_CALL`` seconds past it; whether the job ended
+                is unknown; an outage that ends in time is waited out).
             ConfigError: a bad id or timeout.
         """
         job_id = _job_id(job_id)
@@ -120,10 +124,10 @@ def _drive_wait(
                 if isinstance(step, Ready):
                     reply = watch.wait_ready(step.seconds)
                 elif isinstance(step, Mark):
-                    backend.job_mark_awaited(job_id=job_id)
+                    _bounded(lambda: backend.job_mark_awaited(job_id=job_id), step.seconds)
                 elif isinstance(step, Get):
                     woken.clear()
-                    reply = backend.job_get(job_id=job_id)
+                    reply = _bounded(lambda: backend.job_get(job_id=job_id), step.seconds)
             except DatabaseUnavailable as exc:
                 if closed():
                     raise _QueueClosedError from None
@@ -172,10 +176,11 @@ async def _drive_wait_async(
                 if isinstance(step, Ready):
                     reply = watch.ready or await watch.wait_ready_async(step.seconds)
                 elif isinstance(step, Mark):
-                    await backend.job_mark_awaited_async(job_id=job_id)
+                    marking = backend.job_mark_awaited_async(job_id=job_id)
+                    await _bounded_async(marking, step.seconds)
                 elif isinstance(step, Get):
                     woken.clear()
-                    reply = await backend.job_get_async(job_id=job_id)
+                    reply = await _bounded_async(backend.job_get_async(job_id=job_id), step.seconds)
             except DatabaseUnavailable as exc:
                 if closed():
                     raise _QueueClosedError from None
@@ -187,3 +192,65 @@ async def _drive_wait_async(
     finally:
         unregister()
         plan.close()
+
+
+def _no_answer(seconds: float) -> DatabaseUnavailable:
+    return DatabaseUnavailable(
+        f"the database did not answer within {seconds:.3g}s, all the wait had left "
+        "(a server that accepts and never answers: frozen, or its host stalled)"
+    )
+
+
+def _bounded(call: Callable[[], T], seconds: float) -> T:
+    """``call()``, given up after ``seconds`` (``math.inf``: never). A sync
+    driver's thread cannot be interrupted in a read its server never
+    answers, so the call runs on a thread of its own, left to end when the
+    server does (holding its connection until then).
+
+    Raises:
+        DatabaseUnavailable: no answer within ``seconds``, or the call's own.
+    """
+    if math.isinf(seconds):
+        return call()
+    outcome: list[Any] = []
+    done = threading.Event()
+
+    def run() -> None:
+        try:
+            outcome.append((True, call()))
+        except BaseException as exc:  # noqa: BLE001 - handed to the waiter, raised there
+            outcome.append((False, exc))
+        done.set()
+
+    threading.Thread(target=run, name="jobkeeper-wait-call", daemon=True).start()
+    if not done.wait(seconds):
+        raise _no_answer(seconds)
+    ok, value = outcome[0]
+    if not ok:
+        raise value
+    return cast(T, value)
+
+
+async def _bounded_async(call: Awaitable[T], seconds: float) -> T:
+    """``await call``, given up after ``seconds`` (``math.inf``: never). The
+    call is cancelled and left to end in the background: psycopg then asks
+    the server to cancel the query, waits for that a while, and closes the
+    connection, which ``asyncio.wait_for`` would wait out.
+
+    Raises:
+        DatabaseUnavailable: no answer within ``seconds``, or the call's own.
+    """
+    if math.isinf(seconds):
+        return await call
+    task = asyncio.ensure_future(call)
+    try:
+        done, _ = await asyncio.wait({task}, timeout=seconds)
+    except asyncio.CancelledError:
+        task.cancel()
+        raise
+    if not done:
+        task.cancel()
+        # Its end (the cancellation, or an error) is nobody's to report.
+        task.add_done_callback(lambda t: t.cancelled() or t.exception())
+        raise _no_answer(seconds)
+    return task.result()
