@@ -15,6 +15,7 @@ import pytest
 
 from jobkeeper.api.results import _drive_wait, _drive_wait_async
 from jobkeeper.backends.watch import CompletionWatch
+from jobkeeper.config import DatabaseURL
 from jobkeeper.errors import DatabaseUnavailable
 
 
@@ -27,6 +28,8 @@ class _Unwatched:
 
 class _HungDatabase:
     """A backend whose server accepted the connection and never answers."""
+
+    url = DatabaseURL("postgresql", "postgresql://db.test/jobs")
 
     def __init__(self) -> None:
         self.released = threading.Event()
@@ -78,3 +81,19 @@ def test_a_wait_with_a_timeout_returns_while_its_database_hangs(flavour):
         backend.released.set()
     assert isinstance(raised, DatabaseUnavailable), raised
     assert "did not answer" in str(raised)
+
+
+def test_a_sqlite_wait_reads_on_its_own_thread(sqlite_url):
+    # A bounded read runs on a thread of its own; on SQLite (a file: it
+    # cannot hang) that would open a connection per read, so it does not.
+    from jobkeeper import JobQueue
+
+    with JobQueue(sqlite_url) as jq:
+        jq.migrate()
+        job = jq.enqueue("t", {})
+        before = threading.active_count()
+        for _ in range(5):
+            with pytest.raises(TimeoutError):
+                jq.wait(job.id, timeout=0.01)
+        assert not [t for t in threading.enumerate() if t.name == "jobkeeper-wait-call"]
+        assert threading.active_count() <= before + 1  # the watch's thread
