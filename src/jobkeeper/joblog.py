@@ -15,6 +15,8 @@ line formatter behind ``jobkeeper worker --log-format json``.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
 import logging
 import threading
@@ -184,6 +186,22 @@ class _TaskLike(Protocol):
     queue: str
 
 
+def _never_raises(log: Callable[..., None]) -> Callable[..., None]:
+    """The worker's own lines around its start and stop: a log handler
+    that raises from ``emit`` (against logging's protocol, where a failing
+    handler calls ``handleError``) must not fail the worker's start, or
+    make ``run_worker`` raise after a clean stop.
+    """
+
+    @functools.wraps(log)
+    def logged(*args: Any, **kwargs: Any) -> None:
+        with contextlib.suppress(Exception):
+            log(*args, **kwargs)
+
+    return logged
+
+
+@_never_raises
 def log_start(
     *,
     worker_id: str,
@@ -241,6 +259,7 @@ class _StopTally(Protocol):
     released: int
 
 
+@_never_raises
 def log_stopped_on_error(*, worker_id: str, error: Exception) -> None:
     """The worker's ERROR line when its start or run ends on ``error`` (the
     caller hears of it too, but a log pipeline reading only the worker's
@@ -253,6 +272,7 @@ def log_stopped_on_error(*, worker_id: str, error: Exception) -> None:
         _worker_logger.error("worker %s stopped on an unexpected error", worker_id, exc_info=error)
 
 
+@_never_raises
 def log_stop(*, worker_id: str, started: bool, tally: _StopTally, left_held: int) -> None:
     """The worker's stop line (INFO on ``jobkeeper.worker``): its tally and
     ``left_held``, the jobs it still holds in the database (code that would

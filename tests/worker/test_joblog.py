@@ -308,3 +308,31 @@ def test_a_broken_log_stream_neither_stops_the_worker_nor_strands_its_job(jq, mo
     assert logging.raiseExceptions  # as it was, once none runs
     failed = jq.get_job(job.id)
     assert failed is not None and "fails with its log stream closed" in failed.errors[0]["error"]
+
+
+def test_a_log_handler_that_raises_from_emit_fails_neither_start_nor_stop(jq):
+    # helper-85: a handler raising from emit (against logging's protocol)
+    # failed the worker's start line, or made run_worker raise on its stop
+    # line after a clean stop.
+    class Raising(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            raise OSError("log server gone")
+
+    handler = Raising()
+    logger = logging.getLogger("jobkeeper.worker")
+    logger.addHandler(handler)
+    old_level = logger.level
+    logger.setLevel(logging.INFO)
+
+    @jq.task()
+    def ok() -> int:
+        return 1
+
+    try:
+        job = ok.enqueue()
+        stats = jq.run_worker(concurrency=1, burst=True)
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(old_level)
+    assert stats == 0
+    assert jq.get_job(job.id).status is JobStatus.COMPLETED

@@ -19,6 +19,7 @@ delayed jobs comes due.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import threading
@@ -224,10 +225,11 @@ class Producer:
                 if self._burst and claimed == 0 and self._drained():
                     # Not "nothing left": a paused queue's jobs, or ones a
                     # rate limit or cap holds back, stay (helper-83).
-                    logger.info(
-                        "burst: nothing this worker may run now is due; stopping (jobs of "
-                        "paused queues or held back by limits, if any, stay queued)"
-                    )
+                    with contextlib.suppress(Exception):  # see joblog._never_raises
+                        logger.info(
+                            "burst: nothing this worker may run now is due; stopping (jobs of "
+                            "paused queues or held back by limits, if any, stay queued)"
+                        )
                     return
                 outage_pause = 0.05
                 failures = 0
