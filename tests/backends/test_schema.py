@@ -339,3 +339,16 @@ def test_sqlite_max_pending_count_reads_only_pending_rows(tmp_path):
     assert "SCAN jobkeeper_jobs\n" not in plan + "\n", plan
     assert all("USING INDEX" in line for line in plan.splitlines() if "jobkeeper_jobs" in line)
     assert counted == [("default", 20), ("lim", 1)]
+
+
+def test_a_search_path_naming_no_schema_says_so_when_migrating(pg_url):
+    # helper-85: "PostgreSQL error: no schema has been selected to create in",
+    # naming neither the search_path nor the schema.
+    from urllib.parse import quote
+
+    url = pg_url.split("?", 1)[0] + "?options=" + quote("-c search_path=no_such_schema_here")
+    with JobQueue(url) as jq, pytest.raises(DatabaseError) as refused:
+        jq.migrate()
+    message = str(refused.value)
+    assert "no schema of the search_path exists" in message and "CREATE SCHEMA" in message
+    assert "no_such_schema_here" in message  # in the URL it names

@@ -116,6 +116,12 @@ def translated(exc: BaseException, url: DatabaseURL) -> Exception | None:
             f"PostgreSQL at {url.redacted()} cancelled the statement: {describe(exc)} "
             "(statement_timeout, lock_timeout or a cancel request; nothing of it committed)"
         )
+    if isinstance(exc, psycopg.errors.InvalidSchemaName):
+        return DatabaseError(
+            f"{describe(exc)}: no schema of the search_path exists on {url.redacted()} "
+            "(the URL's options=-c search_path=... names one that does not): create it "
+            "(CREATE SCHEMA) or fix the URL"
+        )
     if isinstance(exc, psycopg.errors.ProgramLimitExceeded):
         # An index entry or a row past PostgreSQL's limits: the data's size,
         # not the server's state (it read as "unavailable", and callers that
