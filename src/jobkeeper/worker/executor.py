@@ -43,6 +43,7 @@ from jobkeeper.outcomes import (
 from jobkeeper.tasks import Task
 from jobkeeper.worker import sleeps
 from jobkeeper.worker.interrupts import Interrupts
+from jobkeeper.worker.sideeffects import AttemptBinding
 from jobkeeper.worker.slots import Execution, ExecutorState, Slots, raise_in_thread
 from jobkeeper.worker.verdicts import Outcome, Verdicts
 
@@ -430,7 +431,7 @@ class Executor:
 
     def _binding(self, execution: Execution) -> Binding:
         """What ``execution``'s task sees: ``current_job()`` and ``complete_in``."""
-        return _AttemptBinding(execution, self._running_job, self._complete_in)
+        return AttemptBinding(execution, self._running_job, self._complete_in)
 
     def _settle_after_internal_error(self, execution: Execution, exc: BaseException) -> None:
         """Last resort: an attempt whose outcome could not be built (a bug
@@ -476,30 +477,3 @@ class Executor:
         """
         self._interrupts.close()
         self._slots.close()
-
-
-class _AttemptBinding(Binding):
-    """One attempt's job context: its view is built only if the task asks
-    (``current_job()``), and ``complete_in`` writes through the worker and
-    marks the attempt so that its outcome is read back from the database.
-    """
-
-    __slots__ = ("_execution", "_write")
-
-    def __init__(
-        self,
-        execution: Execution,
-        view: Callable[[Job], Job] | None,
-        write: Callable[[Job, Any, Any], None] | None,
-    ) -> None:
-        super().__init__(execution.job, view)
-        self._execution = execution
-        self._write = write
-
-    def complete_in(self, conn: Any, result: Any) -> None:
-        if self._write is None:
-            super().complete_in(conn, result)
-            return
-        self._write(self.job, conn, result)
-        with self._execution.lock:
-            self._execution.completed_in = True

@@ -1,22 +1,26 @@
 """What a running task may rely on for its side effects (internal): its
 job's idempotency key and :func:`jobkeeper.complete_in`, the completion
-written on the task's own connection, in its own transaction.
+written on the task's own connection, in its own transaction, and the
+attempt's binding through which a task reaches them (:class:`AttemptBinding`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import threading
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from jobkeeper.backends.base import Backend
 from jobkeeper.config import Settings
 from jobkeeper.connections import unwrap_connection
+from jobkeeper.context import Binding
 from jobkeeper.errors import ClaimLost
 from jobkeeper.models import Completion, Job, RunningJob
 from jobkeeper.outcomes import claim_of
 from jobkeeper.payload import encode_result
+from jobkeeper.worker.slots import Execution
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
@@ -96,3 +100,30 @@ class SideEffects:
             )
         if not written:
             raise ClaimLost(job.id, job.attempt, job.fence)
+
+
+class AttemptBinding(Binding):
+    """One attempt's job context: its view is built only if the task asks
+    (``current_job()``), and ``complete_in`` writes through the worker and
+    marks the attempt so that its outcome is read back from the database.
+    """
+
+    __slots__ = ("_execution", "_write")
+
+    def __init__(
+        self,
+        execution: Execution,
+        view: Callable[[Job], Job] | None,
+        write: Callable[[Job, Any, Any], None] | None,
+    ) -> None:
+        super().__init__(execution.job, view)
+        self._execution = execution
+        self._write = write
+
+    def complete_in(self, conn: Any, result: Any) -> None:
+        if self._write is None:
+            super().complete_in(conn, result)
+            return
+        self._write(self.job, conn, result)
+        with self._execution.lock:
+            self._execution.completed_in = True
