@@ -114,9 +114,8 @@ _installed: weakref.WeakKeyDictionary[EventBus, tuple[int, Callable[[], None]]] 
     weakref.WeakKeyDictionary()
 )
 _installed_lock = threading.Lock()
-# Workers running with the log listener on, and logging.raiseExceptions as
-# it was before the first of them (see install()).
-_workers_logging = 0
+# logging.raiseExceptions as it was before the first running worker (see
+# install()); _installed is empty when none runs.
 _raise_before = True
 
 
@@ -151,32 +150,29 @@ def install(bus: EventBus) -> Callable[[], None]:
     its error report raised out of the logging call and stopped the worker
     thread that logged, leaving its job running under a live heartbeat.
     """
-    global _workers_logging, _raise_before
+    global _raise_before
     with _installed_lock:
+        if not _installed:
+            _raise_before = logging.raiseExceptions
+            logging.raiseExceptions = False
         entry = _installed.get(bus)
         if entry is None:
             entry = (0, bus.subscribe(log_event, logged_kinds(), outcomes=logged_outcomes()))
         _installed[bus] = (entry[0] + 1, entry[1])
-        if _workers_logging == 0:
-            _raise_before = logging.raiseExceptions
-            logging.raiseExceptions = False
-        _workers_logging += 1
     done = threading.Event()
 
     def uninstall() -> None:
-        global _workers_logging
         if done.is_set():
             return
         done.set()
         with _installed_lock:
-            _workers_logging -= 1
-            if _workers_logging == 0:
-                logging.raiseExceptions = _raise_before
             count, unsubscribe = _installed[bus]
             if count > 1:
                 _installed[bus] = (count - 1, unsubscribe)
                 return
             del _installed[bus]
+            if not _installed:
+                logging.raiseExceptions = _raise_before
         unsubscribe()
 
     return uninstall
