@@ -108,7 +108,6 @@ def _drive_wait(
         _QueueClosedError: ``closed()`` says the queue closed ``backend``.
     """
     watch = backend.completion_watch()
-    bound = _bound_of(backend)
     woken = threading.Event()
     unregister = watch.register(job_id, woken.set)
     plan = wait_plan(job_id, timeout, poll, started)
@@ -125,10 +124,10 @@ def _drive_wait(
                 if isinstance(step, Ready):
                     reply = watch.wait_ready(step.seconds)
                 elif isinstance(step, Mark):
-                    _bounded(lambda: backend.job_mark_awaited(job_id=job_id), bound(step))
+                    _bounded(lambda: backend.job_mark_awaited(job_id=job_id), _limit(backend, step))
                 elif isinstance(step, Get):
                     woken.clear()
-                    reply = _bounded(lambda: backend.job_get(job_id=job_id), bound(step))
+                    reply = _bounded(lambda: backend.job_get(job_id=job_id), _limit(backend, step))
             except DatabaseUnavailable as exc:
                 if closed():
                     raise _QueueClosedError from None
@@ -157,7 +156,6 @@ async def _drive_wait_async(
     """
     loop = asyncio.get_running_loop()
     watch = backend.completion_watch()
-    bound = _bound_of(backend)
     woken = asyncio.Event()
 
     def wake() -> None:
@@ -179,10 +177,11 @@ async def _drive_wait_async(
                     reply = watch.ready or await watch.wait_ready_async(step.seconds)
                 elif isinstance(step, Mark):
                     marking = backend.job_mark_awaited_async(job_id=job_id)
-                    await _bounded_async(marking, bound(step))
+                    await _bounded_async(marking, _limit(backend, step))
                 elif isinstance(step, Get):
                     woken.clear()
-                    reply = await _bounded_async(backend.job_get_async(job_id=job_id), bound(step))
+                    reading = backend.job_get_async(job_id=job_id)
+                    reply = await _bounded_async(reading, _limit(backend, step))
             except DatabaseUnavailable as exc:
                 if closed():
                     raise _QueueClosedError from None
@@ -196,15 +195,13 @@ async def _drive_wait_async(
         plan.close()
 
 
-def _bound_of(backend: Backend) -> Callable[[Mark | Get], float]:
-    """How long a database step of a wait on ``backend`` may take: a server
-    may hang (accept and never answer), a SQLite file cannot (a lock held
-    is its busy_timeout's), and a bounded sync call there would open a
-    connection on a thread of its own each time.
+def _limit(backend: Backend, step: Mark | Get) -> float:
+    """How long ``step`` of a wait on ``backend`` may take: a server may hang
+    (accept and never answer), a SQLite file cannot (a lock held is its
+    busy_timeout's), and a bounded sync call there would open a connection
+    on a thread of its own each time.
     """
-    if backend.url.scheme == "sqlite":
-        return lambda step: math.inf
-    return lambda step: step.seconds
+    return math.inf if backend.url.scheme == "sqlite" else step.seconds
 
 
 def _no_answer(seconds: float) -> DatabaseUnavailable:

@@ -123,8 +123,6 @@ class PeriodicEnqueuer(IntervalService):
         # time.monotonic() of the first pass that reached the database since
         # the start or a failed pass (None: none yet).
         self._reached_at: float | None = None
-        # A pass left a periodic unsettled until missed ticks may be judged.
-        self._deferred = False
         #: The database clock at this worker's first pass: ticks from then on
         #: came due while it ran. None until the definitions are stored.
         self.started_at: datetime | None = None
@@ -162,7 +160,6 @@ class PeriodicEnqueuer(IntervalService):
         now = now if now is not None else self._backend.db_now()
         if self._reached_at is None:
             self._reached_at = time.monotonic()
-        self._deferred = False
         rows = {row.name: row for row in self._backend.periodic_list(stale_after=self._stale_after)}
         missing = [p for p in self.periodics if p.name not in rows]
         if missing:
@@ -172,12 +169,14 @@ class PeriodicEnqueuer(IntervalService):
             )
             self._backend.periodic_upsert(periodics=missing)
         touches: list[PeriodicTouch] = []
+        deferred = False  # a periodic left unsettled until missed ticks may be judged
         for periodic in self.periodics:
             row = rows.get(periodic.name)
             if row is not None and not self._is_mine(periodic, row):
                 continue
             if row is not None and not self._settle(periodic, row, now):
-                continue  # deferred: its seen_at keeps the evidence of the gap
+                deferred = True  # and its seen_at keeps the evidence of the gap
+                continue
             touches.append(
                 PeriodicTouch(
                     periodic.name,
@@ -191,7 +190,7 @@ class PeriodicEnqueuer(IntervalService):
         if upcoming:
             wait = (min(upcoming) - now).total_seconds() + 0.001
             self.interval = min(self._refresh, max(wait, MIN_WAIT))
-        if self._deferred:
+        if deferred:
             self.interval = min(self.interval, max(self._judging_in(), MIN_WAIT))
 
     def _judging_in(self) -> float:
@@ -260,7 +259,6 @@ class PeriodicEnqueuer(IntervalService):
                 if self._judging_in() > 0:
                     # A worker cut off by the same outage may be alive, and
                     # settles these itself once it is back: judge them later.
-                    self._deferred = True
                     return False
                 through = skip_before - _MICROSECOND
                 if self._backend.periodic_skip(
