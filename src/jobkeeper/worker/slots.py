@@ -177,13 +177,13 @@ class Slots:
         self._ready_moved = self._last_start
         self._ready: collections.deque[Job] = collections.deque()
         # run_alone jobs waiting for the worker to have nothing else running,
-        # and whether one runs now (then nothing else starts).
+        # and the (job id, fence) of the one started alone, until its outcome
+        # is written (then nothing else starts).
         self._alone: collections.deque[Job] = collections.deque()
-        self._alone_running = False
+        self._lone: tuple[int, int] | None = None
         # (job id, fence) of outcomes delivered but not yet written (or
-        # refused) by the completer, and the lone one's among them, if any.
+        # refused) by the completer.
         self._unsettled: set[tuple[int, int]] = set()
-        self._alone_unsettled: tuple[int, int] | None = None
         self._running: dict[int, Execution] = {}
         self._lock = threading.Lock()
         # Two conditions on one lock: runners wait for work, wait_idle() for
@@ -215,7 +215,7 @@ class Slots:
                 last_start=self._last_start,
                 ready_moved=self._ready_moved,
                 held_by_queue=dict(self._held) if self._held else NO_HELD,
-                alone=len(self._alone) + (self._alone_running or self._alone_unsettled is not None),
+                alone=len(self._alone) + (self._lone is not None),
             )
 
     def held_jobs(self) -> list[Job]:
@@ -367,7 +367,7 @@ class Slots:
         Ordinary jobs first; a ``run_alone`` job once nothing runs, and then
         nothing else until it ends.
         """
-        if self._alone_running or self._alone_unsettled is not None:
+        if self._lone is not None:
             return None
         alone = False
         if self._ready and len(self._running) < self.concurrency:
@@ -380,7 +380,8 @@ class Slots:
         self._last_start = self._ready_moved = time.monotonic()
         execution = Execution(job, self._timeout_of(job))
         if alone:
-            self._alone_running = execution.alone = True
+            execution.alone = True
+            self._lone = (job.id, job.fence)
             execution.beside = list(self._alone)
             self._alone.clear()
             for other in execution.beside:  # handed back: no longer held here
@@ -408,19 +409,14 @@ class Slots:
                 at_share = self._release_share(execution.job)
             else:
                 at_share = False
-            if execution.alone:
-                # Jobs offered meanwhile may start now, on any waiting runner.
-                self._alone_running = False
-                self._changed.notify_all()
             mean = self._mean_run_seconds
             self._mean_run_seconds = elapsed if mean is None else mean + (elapsed - mean) * 0.05
             deliver = not self._abandoned
             if deliver:
                 self._delivering += 1
-                key = (execution.job.id, execution.job.fence)
-                self._unsettled.add(key)
-                if execution.alone:
-                    self._alone_unsettled = key
+                self._unsettled.add((execution.job.id, execution.job.fence))
+            elif execution.alone:
+                self._lone = None  # no outcome to wait for
             wake = self._need_jobs() or at_share
             if not self._running and not self._delivering:
                 self._idle.notify_all()
@@ -442,11 +438,13 @@ class Slots:
         ``(job id, fence)``: a suspect may start once none of this worker's
         is left, and anything once a lone one's is in.
         """
+        written = set(keys)
         with self._lock:
             before = len(self._unsettled)
-            self._unsettled.difference_update(keys)
-            if self._alone_unsettled is not None and self._alone_unsettled not in self._unsettled:
-                self._alone_unsettled = None
+            self._unsettled -= written
+            if self._lone in written:
+                # Jobs offered meanwhile may start now, on any waiting runner.
+                self._lone = None
             elif before == len(self._unsettled) or self._unsettled or not self._alone:
                 return
             self._changed.notify_all()
