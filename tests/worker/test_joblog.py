@@ -290,8 +290,7 @@ def test_a_broken_log_stream_neither_stops_the_worker_nor_strands_its_job(jq, mo
     stream.close()
     logger = logging.getLogger("jobkeeper")
     logger.addHandler(handler)
-    # Python's default (an in-process `jobkeeper worker` of another test
-    # turned it off for the process, as that command does).
+    # Python's default, whatever another test left.
     monkeypatch.setattr(logging, "raiseExceptions", True)
 
     @jq.task(max_attempts=3)

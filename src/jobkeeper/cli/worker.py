@@ -101,9 +101,6 @@ def worker(
                 f"--queue {text!r}: the share {share} is more than --concurrency {concurrency}"
             )
     logging.basicConfig(level=level, handlers=[handler])
-    # A worker process whose log stream broke (a task closed sys.stderr)
-    # drops log records rather than fail in the logging call, up to its exit.
-    logging.raiseExceptions = False
     jq = load_app(app_spec, ctx.find_root().params.get("database"))
     if metrics_port is not None:
         _serve_metrics(jq, metrics_port, metrics_host)
@@ -127,11 +124,14 @@ def _exit_past_task_threads(code: int) -> None:
     ]
     if not left:
         return
-    logging.getLogger("jobkeeper.worker").warning(
-        "threads started by tasks still run (%s): the worker has stopped, and its process "
-        "does not wait for them",
-        ", ".join(printable(thread.name) for thread in left),
-    )
+    # Past the worker's run its logging may fail (a task closed sys.stderr):
+    # the exit must happen all the same.
+    with contextlib.suppress(Exception):
+        logging.getLogger("jobkeeper.worker").warning(
+            "threads started by tasks still run (%s): the worker has stopped, and its "
+            "process does not wait for them",
+            ", ".join(printable(thread.name) for thread in left),
+        )
     with contextlib.suppress(Exception):
         atexit._run_exitfuncs()  # what a normal exit runs, and os._exit skips
     logging.shutdown()
