@@ -92,3 +92,17 @@ def test_a_misspelled_keyword_is_named(app):
     with pytest.raises(PayloadError, match=r"unexpected keyword argument 'colour'$"):
         app.enqueue("resize", {"path": "a", "colour": 1})
     assert total_rows(app) == 0
+
+
+def test_a_bad_option_names_the_public_method(app):
+    # Break-test: Python's error named the mixin behind JobQueue
+    # ("EnqueueMixin.enqueue() got an unexpected keyword argument").
+    with pytest.raises(TypeError, match=r"^JobQueue\.enqueue\(\) got an unexpected keyword"):
+        app.enqueue("resize", {"path": "a"}, dealy=5)  # type: ignore[call-arg]
+    with pytest.raises(TypeError, match=r"^JobQueue\.enqueue_many\(\)"):
+        app.enqueue_many([], dealy=5)  # type: ignore[call-arg]
+    with pytest.raises(TypeError, match=r"^JobQueue\.get_job\(\)"):
+        app.get_job(1, bogus=1)  # type: ignore[call-arg]
+    with pytest.raises(TypeError, match=r"^JobQueue\.wait_async\(\)"):
+        asyncio.run(app.wait_async(1, bogus=1))  # type: ignore[call-arg]
+    assert total_rows(app) == 0

@@ -6,6 +6,7 @@ class holds the construction, the connection's lifecycle and the tasks.
 
 from __future__ import annotations
 
+import inspect
 import threading
 from collections.abc import Callable, Iterable
 from typing import Any, ParamSpec, TypeVar, overload
@@ -311,6 +312,21 @@ class JobQueue(EnqueueMixin, ResultsMixin, OperationsMixin, RunningMixin, Period
         if self._backend is not None:
             await self._backend.aclose()
         self.close()
+
+
+def _name_as_job_queue(*mixins: type) -> None:
+    """Name the mixins' public methods ``JobQueue.<name>``: Python's own
+    errors for a bad call ("got an unexpected keyword argument") name a
+    function by its qualified name, which otherwise names a mixin users
+    never see.
+    """
+    for mixin in mixins:
+        for name, member in vars(mixin).items():
+            if not name.startswith("_") and inspect.isfunction(member):
+                member.__qualname__ = f"JobQueue.{name}"
+
+
+_name_as_job_queue(EnqueueMixin, ResultsMixin, OperationsMixin, RunningMixin, PeriodicsMixin)
 
 
 def _open_tracing(tracing: Any) -> Tracing | None:
