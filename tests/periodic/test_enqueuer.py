@@ -74,6 +74,9 @@ def test_catch_up_after_a_gap(jq, caplog):
     assert ticks(jq.url.url) == alive + recent  # oldest first
     (warning,) = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert "'report'" in warning and "skipped 28 missed ticks" in warning, warning
+    # It names the first and the last tick skipped (the last used to be the
+    # boundary of catch_up, which is no tick).
+    assert f", {skipped[0].isoformat()} to {skipped[-1].isoformat()}:" in warning, warning
     assert returning.skipped == 28 and returning.enqueued == 32
     # Settled: another worker returning at the same time finds nothing.
     service(jq).run_once(now=now)

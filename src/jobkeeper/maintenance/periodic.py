@@ -268,17 +268,17 @@ class PeriodicEnqueuer(IntervalService):
                     through=through,
                     next_tick=_next_after(periodic, now),
                 ):
-                    count = _count(periodic, tick, through)
+                    count, last = _count(periodic, tick, through)
                     self.skipped += count
                     logger.warning(
-                        "periodic %r: skipped %s missed tick%s from %s to %s: no worker"
+                        "periodic %r: skipped %s missed tick%s, %s to %s: no worker"
                         " passed over them then (none ran, or every one was paused or cut"
                         " off), and they are older than catch_up=%gs",
                         periodic.name,
                         f"{count}+" if count >= MAX_COUNTED else count,
                         "" if count == 1 else "s",
                         tick.isoformat(),
-                        through.isoformat(timespec="seconds"),
+                        last.isoformat(),
                         periodic.catch_up,
                     )
                 after = through
@@ -317,9 +317,14 @@ def _next_after(periodic: Periodic, when: datetime) -> datetime | None:
         return None
 
 
-def _count(periodic: Periodic, first: datetime, through: datetime) -> int:
-    """Ticks from ``first`` to ``through`` (both included), up to ``MAX_COUNTED``."""
+def _count(periodic: Periodic, first: datetime, through: datetime) -> tuple[int, datetime]:
+    """How many ticks there are from ``first`` (a tick) to ``through`` (both
+    included), up to ``MAX_COUNTED``, and the last of those counted.
+    """
     ticks = itertools.takewhile(
         lambda t: t <= through, periodic.schedule.iter_ticks(first - _MICROSECOND)
     )
-    return sum(1 for _ in itertools.islice(ticks, MAX_COUNTED))
+    count, last = 0, first
+    for tick in itertools.islice(ticks, MAX_COUNTED):
+        count, last = count + 1, tick
+    return count, last
