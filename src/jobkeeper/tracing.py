@@ -40,8 +40,10 @@ are non-recording no-ops and no context is stored.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
+import logging
 import threading
 from collections.abc import Sequence
 from types import TracebackType
@@ -50,6 +52,8 @@ from typing import Any
 from jobkeeper.events import EventKind, JobEvent, OutcomeKind
 from jobkeeper.models import Job, NewJob
 from jobkeeper.version import __version__
+
+logger = logging.getLogger("jobkeeper.tracing")
 
 #: ``messaging.system`` of every jobkeeper span.
 MESSAGING_SYSTEM = "jobkeeper"
@@ -104,6 +108,22 @@ class Tracing:
         # (job id, fence) -> (span, context token) of each running attempt.
         self._running: dict[tuple[int, int], tuple[Any, Any]] = {}
         self._lock = threading.Lock()
+        self._warned: set[tuple[str, type[BaseException]]] = set()
+
+    def failed(self, step: str, exc: Exception) -> None:
+        """A tracing call (the SDK's, a span processor's, an exporter's)
+        raised during ``step``: logged at WARNING once per step and kind of
+        error (the same fault repeats at every job), then at DEBUG. Tracing
+        is best-effort: it never fails an enqueue or a job, nor makes an
+        enqueue that was written look failed (a retry would enqueue the job
+        twice).
+        """
+        key = (step, type(exc))
+        level = logging.DEBUG if key in self._warned else logging.WARNING
+        self._warned.add(key)
+        # A repr or a log handler that raises: nothing more to say.
+        with contextlib.suppress(Exception):
+            logger.log(level, "tracing: %s failed (spans may be missing): %r", step, exc)
 
     # -- producer side ------------------------------------------------------------
 
@@ -120,10 +140,13 @@ class Tracing:
         job = event.job
         if job is None:
             return
-        if event.kind is EventKind.STARTED:
-            self._start(job, event.worker_id)
-        elif event.kind is EventKind.FINISHED:
-            self._end(job, event)
+        try:
+            if event.kind is EventKind.STARTED:
+                self._start(job, event.worker_id)
+            elif event.kind is EventKind.FINISHED:
+                self._end(job, event)
+        except Exception as exc:  # noqa: BLE001 - any fault of the SDK or its plugins
+            self.failed(f"the process span's {event.kind.value}", exc)
 
     def _start(self, job: Job, worker_id: str | None) -> None:
         # An empty base context: the runner thread's own context (what a
@@ -165,12 +188,19 @@ class Tracing:
             if outcome is not None:
                 span.set_attribute("jobkeeper.job.outcome", outcome.value)
             if outcome in FAILED_OUTCOMES:
-                if event.exception is not None:
-                    span.record_exception(event.exception)
                 span.set_status(self._trace.Status(self._trace.StatusCode.ERROR, event.error))
-            span.end()
+                if event.exception is not None:
+                    # The SDK formats the exception (str(), its traceback):
+                    # an exception whose __str__ raises must not cost the span.
+                    try:
+                        span.record_exception(event.exception)
+                    except Exception as exc:  # noqa: BLE001 - any fault of the SDK or its plugins
+                        self.failed("recording the exception of a process span", exc)
         finally:
-            self._context.detach(token)
+            try:
+                span.end()
+            finally:
+                self._context.detach(token)
 
 
 class EnqueueSpan:
@@ -192,6 +222,15 @@ class EnqueueSpan:
         self.jobs: Sequence[NewJob] = jobs
 
     def __enter__(self) -> EnqueueSpan:
+        try:
+            self._open()
+        except Exception as exc:  # noqa: BLE001 - any fault of the SDK or its plugins
+            self._tracing.failed("starting an enqueue span", exc)
+            self._close()
+            self.jobs = self._new
+        return self
+
+    def _open(self) -> None:
         tracing = self._tracing
         queues = {job.queue for job in self._new}
         tasks = {job.task for job in self._new}
@@ -216,12 +255,14 @@ class EnqueueSpan:
         text = _carrier_text(carrier)
         if text is not None:
             self.jobs = [_with_context(job, text) for job in self._new]
-        return self
 
     def stored(self, jobs: Sequence[Job]) -> None:
         """Name what was written (the id of a single job)."""
-        if len(jobs) == 1 and not self._batch:
-            self._span.set_attribute("messaging.message.id", str(jobs[0].id))
+        if len(jobs) == 1 and not self._batch and self._span is not None:
+            try:
+                self._span.set_attribute("messaging.message.id", str(jobs[0].id))
+            except Exception as exc:  # noqa: BLE001 - any fault of the SDK or its plugins
+                self._tracing.failed("naming an enqueue span's job", exc)
 
     def __exit__(
         self,
@@ -229,18 +270,31 @@ class EnqueueSpan:
         exc: BaseException | None,
         traceback: TracebackType | None,
     ) -> None:
-        tracing = self._tracing
+        # Whatever the span does, the block's own outcome stands: the jobs
+        # are written (or not) by now, and an error here must not say otherwise.
         try:
-            if exc is not None:
+            if exc is not None and self._span is not None:
+                trace = self._tracing._trace
+                self._span.set_status(trace.Status(trace.StatusCode.ERROR, type(exc).__name__))
                 self._span.record_exception(exc)
-                self._span.set_status(
-                    tracing._trace.Status(
-                        tracing._trace.StatusCode.ERROR, f"{type(exc).__name__}: {exc}"
-                    )
-                )
-            self._span.end()
-        finally:
-            tracing._context.detach(self._token)
+        except Exception as error:  # noqa: BLE001 - any fault of the SDK or its plugins
+            self._tracing.failed("recording an enqueue's error", error)
+        self._close()
+
+    def _close(self) -> None:
+        """End the span and restore the caller's context (each best-effort)."""
+        span, token = self._span, self._token
+        self._span = self._token = None
+        if span is not None:
+            try:
+                span.end()
+            except Exception as exc:  # noqa: BLE001 - any fault of the SDK or its plugins
+                self._tracing.failed("ending an enqueue span", exc)
+        if token is not None:
+            try:
+                self._tracing._context.detach(token)
+            except Exception as exc:  # noqa: BLE001 - any fault of the SDK or its plugins
+                self._tracing.failed("restoring the context after an enqueue span", exc)
 
 
 def _with_context(job: NewJob, text: str) -> NewJob:
