@@ -181,7 +181,7 @@ def test_slots_start_a_suspect_only_alone_and_hand_back_other_suspects():
         release[execution.job.id].wait(30)
         deliver, wake = slots.ended(execution)
         if deliver:
-            slots.delivered(wake)
+            slots.delivered(execution, wake)
             slots.settled([(execution.job.id, execution.job.fence)])  # written at once
 
     slots = Slots(
@@ -230,7 +230,7 @@ def test_a_suspect_starts_only_once_every_outcome_before_it_is_written_and_so_do
         release[execution.job.id].wait(30)
         deliver, wake = slots.ended(execution)
         assert deliver
-        slots.delivered(wake)
+        slots.delivered(execution, wake)
         ended.append(execution)  # handed to the completer, not written yet
 
     def key(execution: Execution) -> tuple[int, int]:

@@ -9,6 +9,7 @@ blocks its event loop) must never run beside its own retry.
 from __future__ import annotations
 
 import itertools
+import logging
 import select
 import threading
 import time
@@ -16,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from jobkeeper import JobQueue, JobStateError, JobStatus, current_job
+from jobkeeper import EventKind, JobQueue, JobStateError, JobStatus, current_job
 from support.db import job
 from support.waiting import DEADLINE, wait_for, wait_status
 
@@ -187,3 +188,46 @@ def test_a_stop_leaves_code_that_does_not_return_held_not_released(make_queue):
     # The late return writes nothing: the job waits for its rescue.
     after = job(jq, j.id)
     assert (after.status, after.worker_id, after.errors) == (JobStatus.RUNNING, worker.info.id, [])
+
+
+def test_a_stop_counts_outcomes_a_blocking_listener_holds_as_held(make_queue, caplog):
+    # Break-test: a FINISHED listener that blocks (a span exporter that does
+    # not answer, a log handler on a full pipe) held an outcome that was
+    # never written, while the stop said "interrupting 0 jobs" and "0 left
+    # held". The job stays held (rescued later, no crash charged) and the
+    # stop says why.
+    jq = make_queue(shutdown_grace=0.2, rescue_after=60)
+    unblock = threading.Event()
+    finishing = threading.Event()
+
+    def blocking(event: Any) -> None:
+        finishing.set()
+        unblock.wait(30)
+
+    unsubscribe = jq.events.subscribe(blocking, [EventKind.FINISHED])
+    try:
+
+        @jq.task
+        def quick() -> str:
+            return "done"
+
+        j = quick.enqueue()
+        worker = jq.worker(concurrency=1)
+        with caplog.at_level(logging.INFO, logger="jobkeeper"), running(worker) as handle:
+            assert finishing.wait(30)
+            worker.stop()
+            stats = handle.join()
+    finally:
+        unblock.set()
+        unsubscribe()
+    assert stats.exit_code == 1
+    held = job(jq, j.id)
+    assert held.status in (JobStatus.CLAIMED, JobStatus.RUNNING), held
+    assert held.worker_id == worker.info.id and held.errors == []
+    assert held.crashes == 0
+    messages = "\n".join(r.getMessage() for r in caplog.records)
+    assert "1 jobs returned, but their outcomes are still with the worker's event listeners" in (
+        messages
+    ), messages
+    assert f"{j.id} (quick)" in messages
+    assert "1 left held" in messages, messages

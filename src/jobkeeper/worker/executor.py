@@ -295,7 +295,7 @@ class Executor:
         try:
             self._report(execution.job, outcome, elapsed, exc)
         finally:
-            self._slots.delivered(wake)
+            self._slots.delivered(execution, wake)
         return True
 
     def _start_user_code(
@@ -465,9 +465,10 @@ class Executor:
         """Ask every running execution to stop; see :meth:`Interrupts.interrupt_all`."""
         return self._interrupts.interrupt_all(reason)
 
-    def abandon_running(self) -> list[Job]:
+    def abandon_running(self) -> tuple[list[Job], list[Job]]:
         """Deliver no outcome of what still runs (it did not return when
-        interrupted at shutdown); returns those jobs, which stay held.
+        interrupted at shutdown); returns those jobs, and those whose outcome
+        is still being reported (see :meth:`Slots.abandon`): all stay held.
         """
         return self._slots.abandon()
 

@@ -194,9 +194,10 @@ class Slots:
         self._runner_names = itertools.count(1)
         self._asked = False
         self._starting = True
-        # Executions whose outcome is being delivered: not running any more,
-        # but the worker must not flush and stop before they land.
-        self._delivering = 0
+        # Executions whose code returned and whose outcome is being delivered
+        # (FINISHED's listeners, then the completer): not running any more,
+        # but still held here; the worker must not flush and stop before they land.
+        self._delivering: dict[int, Execution] = {}
         # Set by abandon(): outcomes of code that returns later are not
         # delivered (the worker has stopped; its jobs await rescue).
         self._abandoned = False
@@ -208,7 +209,7 @@ class Slots:
         """The state as of now, read under the lock."""
         with self._lock:
             return ExecutorState(
-                active=len(self._running) + self._delivering,
+                active=len(self._running) + len(self._delivering),
                 running=len(self._running),
                 ready=len(self._ready) + len(self._alone),
                 mean_run_seconds=self._mean_run_seconds,
@@ -413,7 +414,7 @@ class Slots:
             self._mean_run_seconds = elapsed if mean is None else mean + (elapsed - mean) * 0.05
             deliver = not self._abandoned
             if deliver:
-                self._delivering += 1
+                self._delivering[execution.job.id] = execution
                 self._unsettled.add((execution.job.id, execution.job.fence))
             elif execution.alone:
                 self._lone = None  # no outcome to wait for
@@ -424,10 +425,10 @@ class Slots:
             # job is never waiting (it is this one, looping on).
         return deliver, wake
 
-    def delivered(self, wake: bool) -> None:
-        """An outcome from :meth:`ended` has been delivered."""
+    def delivered(self, execution: Execution, wake: bool) -> None:
+        """``execution``'s outcome, from :meth:`ended`, has been delivered."""
         with self._lock:
-            self._delivering -= 1
+            self._delivering.pop(execution.job.id, None)
             if not self._running and not self._delivering:
                 self._idle.notify_all()
         if wake:
@@ -449,11 +450,17 @@ class Slots:
                 return
             self._changed.notify_all()
 
-    def abandon(self) -> list[Job]:
-        """Deliver no outcome of what still runs; return those jobs."""
+    def abandon(self) -> tuple[list[Job], list[Job]]:
+        """Deliver no outcome of what still runs. Returns those jobs, and
+        those whose code returned but whose outcome is still being reported
+        (a FINISHED listener that blocks: a log handler on a full pipe, a
+        span exporter that does not answer): neither is written, so both
+        stay held for the rescue.
+        """
         with self._lock:
             self._abandoned = True
-            return [execution.job for execution in self._running.values()]
+            running = [execution.job for execution in self._running.values()]
+            return running, [execution.job for execution in self._delivering.values()]
 
     def close(self) -> None:
         """Let idle runner threads exit."""

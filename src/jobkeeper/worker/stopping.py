@@ -115,18 +115,32 @@ def _interrupt_running(
     )
     logger.warning("interrupting %d jobs still running at shutdown", asked)
     executor.wait_idle(INTERRUPT_WAIT)
-    stuck = executor.abandon_running()
-    if stuck:
+    running, reporting = executor.abandon_running()
+    if running:
         logger.error(
             "%d jobs did not return %gs after being interrupted at shutdown and stay held "
             "by this worker, to be rescued %gs after its last heartbeat (not handed back: "
             "their code may still be running): %s",
-            len(stuck),
+            len(running),
             INTERRUPT_WAIT,
             rescue_after,
-            ", ".join(f"{job.id} ({job.task})" for job in stuck),
+            _named(running),
         )
-    return stuck
+    if reporting:
+        logger.error(
+            "%d jobs returned, but their outcomes are still with the worker's event "
+            "listeners (a log handler or span exporter that blocks), so nothing of them is "
+            "written: they stay held by this worker, to be rescued %gs after its last "
+            "heartbeat and run again: %s",
+            len(reporting),
+            rescue_after,
+            _named(reporting),
+        )
+    return running + reporting
+
+
+def _named(jobs: list[Job]) -> str:
+    return ", ".join(f"{job.id} ({job.task})" for job in jobs)
 
 
 def _abandon(backend: Backend, stuck: list[Job]) -> None:
