@@ -67,6 +67,15 @@ def current_job() -> Job:
     return binding.current_job()
 
 
+def bound_job() -> Job | None:
+    """The job whose task runs in this thread or asyncio task, as claimed,
+    or None: :func:`current_job` for code that asks on every call and must
+    not raise (a log filter).
+    """
+    binding = _binding.get()
+    return None if binding is None else binding.job
+
+
 def complete_in(conn: Any, result: Any = None) -> None:
     """Complete the running job inside the caller's own transaction on
     ``conn``: the job is ``completed`` with ``result`` exactly when that

@@ -312,4 +312,6 @@ class JsonFormatter(logging.Formatter):
                 line[name] = record.__dict__[name]
         if record.exc_info:
             line["exception"] = self.formatException(record.exc_info)
+        elif record.exc_text:  # formatted already, on the thread that logged
+            line["exception"] = record.exc_text
         return printable_json(json.dumps(line, default=str, ensure_ascii=False))

@@ -19,6 +19,7 @@ from jobkeeper.cli.common import (
     PortNumber,
 )
 from jobkeeper.cli.loading import load_app
+from jobkeeper.cli.log_output import log_to_stderr
 from jobkeeper.errors import printable
 from jobkeeper.joblog import JsonFormatter
 from jobkeeper.queues import parse_queue_share
@@ -89,18 +90,18 @@ def worker(
     level = logging.getLevelName(log_level.upper())
     if not isinstance(level, int):
         raise BadInput(f"--log-level {log_level!r}: use DEBUG, INFO, WARNING or ERROR")
-    handler = logging.StreamHandler(sys.stderr)
-    if log_format == "json":
-        handler.setFormatter(JsonFormatter())
-    else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    formatter = (
+        JsonFormatter()
+        if log_format == "json"
+        else logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+    )
     for text in queue:
         _, share = parse_queue_share(text)
         if share is not None and share > concurrency:
             raise BadInput(
                 f"--queue {text!r}: the share {share} is more than --concurrency {concurrency}"
             )
-    logging.basicConfig(level=level, handlers=[handler])
+    log_to_stderr(level, formatter)
     jq = load_app(app_spec, ctx.find_root().params.get("database"))
     if metrics_port is not None:
         _serve_metrics(jq, metrics_port, metrics_host)
