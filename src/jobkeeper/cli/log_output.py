@@ -160,12 +160,16 @@ class StreamWriter:
 
 def log_to_stderr(
     level: int, formatter: logging.Formatter, stream: TextIO | None = None
-) -> StreamWriter:
+) -> StreamWriter | None:
     """Make the root logger write at ``level`` with ``formatter`` to
     ``stream`` (default: ``sys.stderr``) through a writer thread (see the
     module); what is queued is written at exit, for up to
-    :data:`FLUSH_AT_EXIT` seconds. Returns the writer (``stop_within`` ends it).
+    :data:`FLUSH_AT_EXIT` seconds. Like ``logging.basicConfig``, it does
+    nothing when the root logger has handlers already (the process set up
+    its own logging). Returns the writer (``stop_within`` ends it), or None.
     """
+    if logging.getLogger().handlers:
+        return None
     records: queue.SimpleQueue[logging.LogRecord | None] = queue.SimpleQueue()
     handler = DroppingQueueHandler(records)
     handler.addFilter(JobFields())
