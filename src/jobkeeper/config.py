@@ -46,6 +46,9 @@ MAX_CONCURRENCY = 10_000
 MAX_DELAY = ABSOLUTE_MAX_BACKOFF
 
 
+#: The default ``lock_wait`` of ``migrate`` (seconds): how long it may wait
+#: in all for the locks it takes, in attempts of a second on PostgreSQL.
+MIGRATE_LOCK_WAIT = 300.0
 #: The default ``rescue_after`` (seconds); also what rescuers assume, at the
 #: least, for workers of versions that did not record their own.
 DEFAULT_RESCUE_AFTER = 60.0

@@ -40,7 +40,11 @@ ONLY_IN = {
         "notify_due",
         "notify_queues",
         # migrate()'s advisory lock; SQLite's BEGIN IMMEDIATE serialises it.
+        # Its try first, and who holds it (or a table's lock) when a try
+        # waited in vain: SQLite cannot say who holds its write lock.
         "schema_lock",
+        "schema_lock_try",
+        "schema_lock_holders",
         # migrate()'s lock of the jobs table before it migrates a schema in
         # use (a deadlock with a claim in flight); SQLite has one writer.
         "schema_lock_jobs",

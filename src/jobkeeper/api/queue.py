@@ -23,7 +23,7 @@ from jobkeeper.api.periodics import PeriodicsMixin
 from jobkeeper.api.results import ResultsMixin
 from jobkeeper.api.running import RunningMixin
 from jobkeeper.backends import Backend, resolve_database_url
-from jobkeeper.config import DEFAULT_MAX_CRASHES, Settings
+from jobkeeper.config import DEFAULT_MAX_CRASHES, MIGRATE_LOCK_WAIT, Settings, check_seconds
 from jobkeeper.errors import ConfigError, shown
 from jobkeeper.events import EventBus, EventKind, JobEvent
 from jobkeeper.tasks import Task
@@ -203,12 +203,28 @@ class JobQueue(EnqueueMixin, ResultsMixin, OperationsMixin, RunningMixin, Period
 
     # -- schema ----------------------------------------------------------------
 
-    def migrate(self) -> int:
+    def migrate(self, *, lock_wait: float = MIGRATE_LOCK_WAIT) -> int:
         """Create or upgrade the schema; idempotent and safe to run from many
         processes at once (advisory lock / write lock). On PostgreSQL it then
         drops, concurrently, an index a newer version replaced (logging a
         warning first): that waits for the transactions open on the jobs
         table, including one this process holds on another connection.
+
+        Migrating a schema in use locks the jobs table. On PostgreSQL a lock
+        request waiting behind an open transaction holds every later
+        enqueue and claim behind it, so each attempt waits at most a second
+        for its locks; then it is rolled back, a warning names the session
+        holding the lock (pid, application, state, how long its transaction
+        has been open, its query), and it is tried again after a pause
+        (1 s, doubling up to 10 s) in which the workers and producers go on.
+        On SQLite a waiting writer holds no one up; after 2 s it warns that
+        it waits (SQLite cannot say for whom).
+
+        Args:
+            lock_wait: seconds to keep trying for the locks in all, > 0
+                (default 300); then ``DatabaseUnavailable`` is raised,
+                naming the holder, with nothing changed. Waiting for
+                another ``migrate`` to finish counts too.
 
         Returns:
             The schema version now applied: above ``backend.schema_expected()``
@@ -216,12 +232,15 @@ class JobQueue(EnqueueMixin, ResultsMixin, OperationsMixin, RunningMixin, Period
             then; ``jobkeeper migrate`` says so).
 
         Raises:
-            DatabaseUnavailable: the database cannot be reached.
+            ConfigError: ``lock_wait`` is not a finite number of seconds > 0.
+            DatabaseUnavailable: the database cannot be reached, or the
+                locks were not had within ``lock_wait``; nothing is applied.
             DatabaseError: jobkeeper's tables exist with no schema version
                 recorded (``jobkeeper_schema`` emptied or dropped); nothing is
                 applied.
         """
-        return self.backend.migrate()
+        wait = check_seconds("lock_wait", lock_wait, allow_zero=False)
+        return self.backend.migrate(lock_wait=wait)
 
     # -- tasks -----------------------------------------------------------------
 

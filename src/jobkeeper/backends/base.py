@@ -22,7 +22,7 @@ from datetime import datetime
 from typing import Any, Protocol
 
 from jobkeeper.backends.surfaces import CockpitSeam, FlowSeam, PeriodicSeam, WaitSeam
-from jobkeeper.config import DatabaseURL
+from jobkeeper.config import MIGRATE_LOCK_WAIT, DatabaseURL
 from jobkeeper.models import (
     Claim,
     Completion,
@@ -67,8 +67,19 @@ class Backend(CockpitSeam, PeriodicSeam, FlowSeam, WaitSeam, Protocol):
         """Close every connection this instance opened. Idempotent."""
         ...
 
-    def migrate(self) -> int:
-        """Apply pending migrations under a lock; return the schema version."""
+    def migrate(self, *, lock_wait: float = MIGRATE_LOCK_WAIT) -> int:
+        """Apply pending migrations under a lock; return the schema version.
+
+        Args:
+            lock_wait: seconds to wait in all for the locks migrate takes
+                (PostgreSQL: in attempts of ``LOCK_TIMEOUT`` seconds with
+                pauses between, so that no enqueue or claim queues behind
+                the wait for long; SQLite: the write lock).
+
+        Raises:
+            SchemaLockTimeoutError: a lock was not had within ``lock_wait``;
+                nothing was written (a ``DatabaseUnavailable``).
+        """
         ...
 
     def schema_version(self, *, lock_wait: float | None = None) -> int:

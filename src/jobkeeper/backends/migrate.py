@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from jobkeeper.errors import DatabaseError
+from jobkeeper.errors import DatabaseError, DatabaseUnavailable
 
 #: Runs one statement with positional parameters and returns its rows.
 Execute = Callable[[str, Sequence[Any]], list[tuple[Any, ...]]]
@@ -58,6 +58,13 @@ def apply_migrations(
         execute(queries["schema_record"], (version,))
         current = version
     return current
+
+
+class SchemaLockTimeoutError(DatabaseUnavailable):
+    """``migrate`` waited its ``lock_wait`` for its locks in vain; nothing of
+    it was written. Unavailable, like any lock timeout: it passes once the
+    session holding the lock ends its transaction.
+    """
 
 
 class UnrecordedSchemaError(DatabaseError):

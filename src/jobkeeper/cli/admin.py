@@ -12,6 +12,7 @@ import click
 from jobkeeper.cli import render
 from jobkeeper.cli.common import (
     COUNT,
+    DECIMAL_NUMBER,
     BadInput,
     Command,
     PortNumber,
@@ -22,16 +23,25 @@ from jobkeeper.cli.common import (
     terminate_as_interrupt,
 )
 from jobkeeper.cli.loading import open_app_queue
+from jobkeeper.config import MIGRATE_LOCK_WAIT
 from jobkeeper.version import __version__
 from jobkeeper.worker.schema import require_migrated
 
 
 @click.command("migrate", cls=Command)
+@click.option(
+    "--lock-wait",
+    type=DECIMAL_NUMBER,
+    default=MIGRATE_LOCK_WAIT,
+    help="Seconds to keep trying for the locks migrate takes, saying on stderr who holds "
+    "them, before giving up with nothing changed (exit 1). On PostgreSQL each try waits "
+    "at most 1 s, so enqueues and claims go on between tries.",
+)
 @click.pass_context
-def migrate(ctx: click.Context) -> None:
+def migrate(ctx: click.Context, lock_wait: float) -> None:
     """Create or upgrade the schema (idempotent; safe to run concurrently)."""
     jq = open_queue(ctx)
-    version = jq.migrate()
+    version = jq.migrate(lock_wait=lock_wait)
     # No markup: the URL is the user's text ("[/]" in it crashed Rich).
     console.print(
         f"schema at version {version} on {jq.url.redacted()}", markup=False, highlight=False

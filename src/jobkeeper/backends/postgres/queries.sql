@@ -749,6 +749,41 @@ SELECT now()
 -- Serialises migrate() across processes for the rest of the transaction.
 SELECT pg_advisory_xact_lock(%s)
 
+-- name: schema_lock_try
+-- schema_lock without waiting: false when another migrate holds it, so
+-- this one can say whom it waits for before it waits.
+SELECT pg_try_advisory_xact_lock(%s)
+
+-- name: schema_lock_holders
+-- Who holds what migrate waits for, oldest transaction first: with
+-- %(advisory)s, the migration lock (another migrate: an advisory lock on
+-- the key's two halves); without, a lock on one of jobkeeper's tables in
+-- the schema migrate creates them in (any lock at all conflicts with
+-- schema_lock_jobs's, and with the ALTERs of other tables). The sessions of
+-- short enqueues and claims come and go; the one with the oldest
+-- transaction is what keeps migrate waiting.
+SELECT activity.pid, coalesce(activity.application_name, '') AS application_name,
+       coalesce(activity.state, '') AS state,
+       extract(epoch FROM now() - activity.xact_start)::float8 AS open_for,
+       left(coalesce(activity.query, ''), 120) AS query
+FROM pg_stat_activity AS activity
+WHERE activity.pid <> pg_backend_pid()
+  AND activity.pid IN (
+      SELECT lock.pid FROM pg_locks AS lock
+      LEFT JOIN pg_class AS relation ON relation.oid = lock.relation
+      WHERE lock.granted AND lock.database = (SELECT oid FROM pg_database
+                                              WHERE datname = current_database())
+        AND CASE WHEN %(advisory)s
+            THEN lock.locktype = 'advisory' AND lock.objsubid = 1
+                 AND (lock.classid::int8 << 32) | lock.objid::int8 = %(key)s
+            ELSE lock.locktype = 'relation' AND relation.relkind IN ('r', 'p')
+                 AND relation.relnamespace = (SELECT oid FROM pg_namespace
+                                              WHERE nspname = current_schema())
+                 AND relation.relname LIKE 'jobkeeper\_%%'
+            END)
+ORDER BY activity.xact_start NULLS LAST, activity.pid
+LIMIT 5
+
 -- name: schema_lock_jobs
 -- Before migrations run on a schema in use: the jobs table, for the rest of
 -- migrate's transaction, taken before any migration takes a weaker lock on
@@ -779,8 +814,10 @@ SELECT to_regclass('jobkeeper_schema') IS NOT NULL,
                  AND relation.relname = 'jobkeeper_jobs')
 
 -- name: schema_lock_wait
--- For the rest of the transaction: give up on a lock after this long (text,
--- such as '1000ms') instead of waiting as long as it takes.
+-- For the rest of the transaction (or until set again): give up on a lock
+-- after this long (text, such as '1000ms') instead of waiting as long as it
+-- takes. migrate's wait for the jobs table's lock holds every enqueue and
+-- claim behind it, so it waits only this long at a time.
 SELECT set_config('lock_timeout', %s, true)
 
 -- name: schema_version

@@ -260,8 +260,11 @@ class SqliteConnection:
                     closing.close()
 
     @contextlib.contextmanager
-    def _write(self, *, create: bool = False, synced: bool = True) -> Iterator[sqlite3.Connection]:
-        """One BEGIN IMMEDIATE transaction, retried while the lock is busy.
+    def _write(
+        self, *, create: bool = False, synced: bool = True, lock_wait: float | None = None
+    ) -> Iterator[sqlite3.Connection]:
+        """One BEGIN IMMEDIATE transaction, retried while the lock is busy
+        (for up to ``lock_wait`` seconds; None: ``busy_timeout``).
 
         The connection's busy timeout already waits for the lock; the loop
         adds jittered retries for the cases SQLite reports BUSY at once, up
@@ -284,7 +287,7 @@ class SqliteConnection:
                 # in a write transaction nobody would end, every later call
                 # failing and every other process's writes waiting on it.
                 try:
-                    self._begin_immediate(conn)
+                    self._begin_immediate(conn, lock_wait)
                     yield conn
                     conn.execute("COMMIT")
                 except BaseException:
@@ -295,19 +298,23 @@ class SqliteConnection:
                 if not synced:
                     conn.execute(QUERIES["connection_synchronous_full"])
 
-    def _begin_immediate(self, conn: sqlite3.Connection) -> None:
+    def _begin_immediate(self, conn: sqlite3.Connection, lock_wait: float | None = None) -> None:
         """``BEGIN IMMEDIATE``: see :meth:`_take_write_lock`."""
-        self._take_write_lock(conn, lambda: conn.execute("BEGIN IMMEDIATE"))
+        self._take_write_lock(conn, lambda: conn.execute("BEGIN IMMEDIATE"), lock_wait)
 
-    def _take_write_lock(self, conn: sqlite3.Connection, action: Callable[[], T]) -> T:
+    def _take_write_lock(
+        self, conn: sqlite3.Connection, action: Callable[[], T], lock_wait: float | None = None
+    ) -> T:
         """Run ``action`` (a statement that takes the write lock), waiting up
-        to ``busy_timeout`` for the lock in attempts of ``BUSY_SLICE_MS`` (see
-        there); every other statement keeps the full busy timeout.
+        to ``lock_wait`` (None: ``busy_timeout``) for the lock in attempts of
+        ``BUSY_SLICE_MS`` (see there); every other statement keeps the full
+        busy timeout.
         """
         busy = QUERIES["connection_busy_timeout"]
         conn.execute(busy.replace("{ms}", str(BUSY_SLICE_MS)))
         try:
-            return _retry_while_locked(action, self.busy_timeout, 0.0)
+            timeout = self.busy_timeout if lock_wait is None else lock_wait
+            return _retry_while_locked(action, timeout, 0.0)
         finally:
             conn.execute(busy.replace("{ms}", str(int(self.busy_timeout * 1000))))
 
