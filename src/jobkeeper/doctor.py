@@ -15,6 +15,7 @@ from typing import Any, Literal
 from jobkeeper.api import JobQueue
 from jobkeeper.config import holder_window
 from jobkeeper.errors import ConfigError, DatabaseUnavailable, JobkeeperError
+from jobkeeper.version import split_worker_version
 
 Level = Literal["ok", "warn", "fail"]
 
@@ -97,7 +98,7 @@ def run_checks(
         checks += _postgres(facts, xmin_warn_after)
     else:
         checks += _sqlite(facts, whose)
-    checks.append(_workers(jq))
+    checks.append(_workers(jq, facts["schema_version"]))
     checks.append(_settings(jq, whose))
     if jq.periodics:
         checks.append(_periodics(jq))
@@ -299,7 +300,7 @@ def _sqlite(facts: dict[str, Any], whose: str) -> list[Check]:
     return checks
 
 
-def _workers(jq: JobQueue) -> Check:
+def _workers(jq: JobQueue, schema: int) -> Check:
     workers = jq.workers()
     if not workers:
         return Check("workers", "ok", "none registered")
@@ -317,6 +318,18 @@ def _workers(jq: JobQueue) -> Check:
             "warn",
             f"{len(stale)} of {len(workers)} worker(s) silent past their rescue window "
             f"({names}): their jobs are being rescued; check those hosts",
+        )
+    # A rolling deploy left half done: workers whose code expects an older
+    # schema (their version says which, see worker_version). Those of builds
+    # that recorded no schema version cannot be told apart here.
+    behind = [w for w in workers if (split_worker_version(w.version)[1] or schema) < schema]
+    if behind:
+        names = ", ".join(f"{w.id} ({w.version})" for w in behind[:3])
+        return Check(
+            "workers",
+            "warn",
+            f"{len(behind)} of {len(workers)} worker(s) run code of an older schema version "
+            f"than the database's {schema} ({names}): upgrade them",
         )
     return Check("workers", "ok", f"{len(workers)} alive")
 

@@ -211,7 +211,9 @@ class WorkerInfo:
     #: Seconds of silence after which this worker's jobs may be rescued (its
     #: own setting); ``None`` for rows written by older versions.
     rescue_after: float | None = None
-    #: The jobkeeper version the worker runs (written at registration);
+    #: The jobkeeper version the worker runs, with the schema version its
+    #: code expects (``"0.1.0 (schema 17)"``, written at registration; a
+    #: build from before the schema was added writes ``"0.1.0"`` alone);
     #: ``None`` for workers from before versions were recorded.
     version: str | None = None
 

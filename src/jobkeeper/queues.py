@@ -30,7 +30,7 @@ from typing import Any
 from jobkeeper.config import MAX_CONCURRENCY, MAX_DIGITS, check_name, plain_str
 from jobkeeper.errors import ConfigError, shown
 from jobkeeper.payload import check_text
-from jobkeeper.version import __version__
+from jobkeeper.version import __version__, split_worker_version
 
 #: Seconds per rate period unit.
 RATE_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0}
@@ -261,10 +261,15 @@ def parse_queue_share(text: str) -> tuple[str, int | None]:
 
 
 def version_tuple(version: str | None) -> tuple[int, ...] | None:
-    """``"0.1.0"`` -> ``(0, 1, 0)``; None for no version or an unreadable one."""
-    if not version:
+    """``"0.1.0"`` or a worker's ``"0.1.0 (schema 17)"`` -> ``(0, 1, 0)``;
+    None for no version or an unreadable one.
+    """
+    # The release alone: the schema's number read as a part of it made
+    # "1.2 (schema 17)" (1, 2, 17).
+    release, _ = split_worker_version(version)
+    if not release:
         return None
-    parts = re.findall(r"\d+", version.split("+")[0])
+    parts = re.findall(r"\d+", release.split("+")[0])
     return tuple(int(p) for p in parts[:3]) if parts else None
 
 

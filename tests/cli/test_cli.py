@@ -120,6 +120,7 @@ def test_status_json_is_stable(cli, queue):
         "stale",
         "rescue_after",
         "version",
+        "schema_version",
     }
     assert worker["stale"] is False
     assert "jobs by queue and status" in cli.ok("status")  # the human tables render

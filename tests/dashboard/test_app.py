@@ -480,3 +480,23 @@ def test_job_page_shows_the_serial_key_and_a_crash_suspect(client, jq):
     sql(jq, "UPDATE jobkeeper_jobs SET run_alone = ?, crashes = 2 WHERE id = ?", [True, job.id])
     html = client.get(f"/jobs/{job.id}").text
     assert "<dt>Runs alone</dt>" in html and "<dt>Crashes</dt><dd>2:" in html
+
+
+def test_workers_page_tells_builds_apart_by_their_schema_version(client, jq):
+    # Every build recorded "0.1.0": a rolling deploy's old and new workers
+    # looked alike. A worker from before versions were recorded shows a dash
+    # (the template printed "None").
+    from datetime import UTC, datetime
+
+    from jobkeeper.models import WorkerInfo
+    from jobkeeper.version import __version__
+    from support.db import sql
+
+    now = datetime.now(UTC)
+    for worker_id in ("w-new", "w-unversioned"):
+        jq.backend.worker_register(worker=WorkerInfo(worker_id, "h", 1, ["q"], now, now))
+    sql(jq, "UPDATE jobkeeper_workers SET version = NULL WHERE id = ?", ["w-unversioned"])
+    html = client.get("/workers").text
+    schema = jq.backend.schema_expected()
+    assert f'<td class="muted">{__version__} (schema {schema})</td>' in html
+    assert '<td class="muted">—</td>' in html and "None" not in html

@@ -117,7 +117,9 @@ def test_status_shows_each_workers_version(cli):
     with JobQueue(cli.url) as jq:
         now = datetime.now(UTC)
         jq.backend.worker_register(worker=WorkerInfo("w-1", "h", 1, ["q"], now, now))
+    schema = jq.backend.schema_expected()
+    recorded = f"{jobkeeper.__version__} (schema {schema})"
     status = cli.json("status")
-    assert [w["version"] for w in status["workers"]] == [jobkeeper.__version__]
+    assert [(w["version"], w["schema_version"]) for w in status["workers"]] == [(recorded, schema)]
     code, out, _ = cli("status")
-    assert code == 0 and jobkeeper.__version__ in out
+    assert code == 0 and f"(schema {schema})" in out

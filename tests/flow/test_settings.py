@@ -383,7 +383,8 @@ def test_workers_record_their_version(jq):
 
     now = datetime.now(UTC)
     jq.backend.worker_register(worker=WorkerInfo("w", "h", 1, ["q"], now, now))
-    assert [w.version for w in jq.workers()] == [jobkeeper.__version__]
+    expected = f"{jobkeeper.__version__} (schema {jq.backend.schema_expected()})"
+    assert [w.version for w in jq.workers()] == [expected]
 
 
 @pytest.mark.parametrize("size", [40, 600])

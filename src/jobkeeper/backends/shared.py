@@ -13,7 +13,7 @@ from datetime import datetime
 from typing import Any
 
 from jobkeeper.models import Claim, Job, JobStatus, RequeueConflict, WorkerInfo
-from jobkeeper.version import __version__
+from jobkeeper.version import worker_version
 
 #: The statements of ``queue_remove``, in order, in one transaction (each
 #: backend runs them its own way), and those whose row counts are the
@@ -55,8 +55,10 @@ class SharedReads:
             for row in rows
         ]
 
-    @staticmethod
-    def _worker_params(worker: WorkerInfo) -> dict[str, Any]:
+    def schema_expected(self) -> int:
+        raise NotImplementedError
+
+    def _worker_params(self, worker: WorkerInfo) -> dict[str, Any]:
         """The parameters of ``worker_register``."""
         return {
             "id": worker.id,
@@ -65,8 +67,9 @@ class SharedReads:
             "queues": json.dumps(worker.queues),
             "rescue_after": worker.rescue_after,
             # The code registering the worker is this package: its version
-            # is the worker's (a WorkerInfo built elsewhere may name one).
-            "version": worker.version or __version__,
+            # is the worker's (a WorkerInfo built elsewhere may name one),
+            # with the schema version it expects (see worker_version).
+            "version": worker.version or worker_version(self.schema_expected()),
         }
 
     def job_rescue_candidates(

@@ -18,6 +18,7 @@ from jobkeeper.errors import printable, printable_json
 from jobkeeper.models import Job, JobStatus, WorkerInfo
 from jobkeeper.periodic import PeriodicRow
 from jobkeeper.queues import QueueInfo
+from jobkeeper.version import split_worker_version
 
 
 def escape(text: str) -> str:
@@ -111,6 +112,9 @@ def status_json(
                 "heartbeat_at": w.heartbeat_at.isoformat(),
                 "heartbeat_age": round(heartbeat_age(w, now), 3),
                 "version": w.version,
+                # The schema version the worker's code expects; None for a
+                # build that recorded its release alone.
+                "schema_version": split_worker_version(w.version)[1],
                 "stale": is_stale(w, now, rescue_after),
                 "rescue_after": w.rescue_after,
             }
@@ -143,7 +147,8 @@ def workers_table(workers: list[WorkerInfo], *, now: datetime, rescue_after: flo
             _when(w.heartbeat_at),
             _state_cell(w, now, rescue_after),
             # No version: a worker from before versions were recorded, which
-            # ignores queue settings (pause, limits).
+            # ignores queue settings (pause, limits). A release without
+            # "(schema N)": a build from before workers recorded it.
             escape(w.version or "(old)"),
         )
     return table
