@@ -3,8 +3,9 @@ selects (``--status``, ``--queue``, ``--task``) after saying how many and
 asking (``--yes`` skips the question).
 
 A filtered action lists the matching ids first (keyset pages of
-``list_jobs``), then acts on each as ``retry ID`` / ``cancel ID`` would: a
-job that changed state in between is skipped and counted, never an error.
+``list_jobs``), then acts on each as ``retry ID`` / ``cancel ID`` would (a
+retry moves dead letters back a thousand at a time): a job that changed
+state in between is skipped and counted, never an error.
 These are operator actions: no queue limit (``max_pending``) refuses them.
 """
 
@@ -43,6 +44,8 @@ CANCEL_FROM = (
 )
 #: Ids read per page while collecting a filter's jobs.
 PAGE = 10_000
+#: Dead letters a filtered retry moves back per statement.
+DEAD_BATCH = 1_000
 
 _optional_job_id = click.argument(
     "job_id",
@@ -95,10 +98,11 @@ def _selected(
 
 def _matching_ids(
     jq: JobQueue, statuses: tuple[JobStatus, ...], queue: str | None, task: str | None
-) -> list[int]:
-    """Every id of the filter, newest first, read in keyset pages."""
-    ids: list[int] = []
+) -> dict[JobStatus, list[int]]:
+    """Every id of the filter by status, newest first, read in keyset pages."""
+    found: dict[JobStatus, list[int]] = {}
     for status in statuses:
+        ids: list[int] = []
         before: int | None = None
         while True:
             page = jq.list_jobs(status=status, queue=queue, task=task, limit=PAGE, before=before)
@@ -106,7 +110,9 @@ def _matching_ids(
             if len(page) < PAGE:
                 break
             before = page[-1].id
-    return sorted(ids, reverse=True)
+        if ids:
+            found[status] = sorted(ids, reverse=True)
+    return found
 
 
 def _describe(statuses: tuple[JobStatus, ...], queue: str | None, task: str | None) -> str:
@@ -122,6 +128,22 @@ def _plural(count: int) -> str:
     return f"{count} job" if count == 1 else f"{count} jobs"
 
 
+class _Tally:
+    """What a filtered action did so far (told in full when interrupted)."""
+
+    def __init__(self, total: int) -> None:
+        self.total = total
+        self.acted = self.asked = self.skipped = 0
+
+    def line(self, done: str) -> str:
+        line = f"{done} {_plural(self.acted)}"
+        if self.asked:
+            line += f"; asked the workers of {_plural(self.asked)} to stop them"
+        if self.skipped:
+            line += f"; skipped {self.skipped} that changed state meanwhile"
+        return line
+
+
 def _by_filter(
     ctx: click.Context,
     *,
@@ -132,34 +154,74 @@ def _by_filter(
     task: str | None,
     yes: bool,
     act: Callable[[JobQueue, int], bool],
+    act_dead: Callable[[JobQueue, list[int]], list[int]] | None = None,
 ) -> None:
     """Count the filter's jobs, ask, then ``act`` on each id (True: a job
     whose worker was only asked, counted apart); jobs that changed state
-    meanwhile are skipped and counted.
+    meanwhile are skipped and counted. ``act_dead``: acts on a batch of
+    dead letters at once, returning the ids it moved (one statement per
+    batch where ``act`` takes two round trips per job). Ctrl-C stops it
+    saying how far it got.
     """
     jq = open_queue(ctx)
     description = _describe(statuses, queue, task)
-    ids = _matching_ids(jq, statuses, queue, task)
-    if not ids:
+    found = _matching_ids(jq, statuses, queue, task)
+    total = sum(len(ids) for ids in found.values())
+    if not total:
         console.print(f"no jobs match ({description})", markup=False, highlight=False)
         return
     if not yes:
-        confirm(f"{action} {_plural(len(ids))} ({description})?", action)
-    acted = asked = skipped = 0
+        confirm(f"{action} {_plural(total)} ({description})?", action)
+    tally = _Tally(total)
+    try:
+        for status, ids in found.items():
+            if status is JobStatus.DEAD and act_dead is not None:
+                _dead_in_batches(jq, ids, act, act_dead, tally)
+            else:
+                _one_by_one(jq, ids, act, tally)
+    except KeyboardInterrupt:
+        seen = tally.acted + tally.asked + tally.skipped
+        console.print(
+            f"interrupted after {seen} of {_plural(total)}: {tally.line(done)}; the same "
+            "command selects what is left",
+            markup=False,
+            highlight=False,
+        )
+        raise
+    console.print(tally.line(done), markup=False, highlight=False)
+
+
+def _one_by_one(
+    jq: JobQueue, ids: list[int], act: Callable[[JobQueue, int], bool], tally: _Tally
+) -> None:
     for job_id in ids:
         try:
             if act(jq, job_id):
-                asked += 1
+                tally.asked += 1
             else:
-                acted += 1
+                tally.acted += 1
         except (JobNotFound, JobStateError):
-            skipped += 1
-    line = f"{done} {_plural(acted)}"
-    if asked:
-        line += f"; asked the workers of {_plural(asked)} to stop them"
-    if skipped:
-        line += f"; skipped {skipped} that changed state meanwhile"
-    console.print(line, markup=False, highlight=False)
+            tally.skipped += 1
+
+
+def _dead_in_batches(
+    jq: JobQueue,
+    ids: list[int],
+    act: Callable[[JobQueue, int], bool],
+    act_dead: Callable[[JobQueue, list[int]], list[int]],
+    tally: _Tally,
+) -> None:
+    for start in range(0, len(ids), DEAD_BATCH):
+        batch = ids[start : start + DEAD_BATCH]
+        try:
+            moved = len(act_dead(jq, batch))
+        except JobStateError:
+            # A unique_key in the way refuses the whole batch: one by one,
+            # only the jobs it concerns are skipped.
+            _one_by_one(jq, batch, act, tally)
+            continue
+        tally.acted += moved
+        tally.skipped += len(batch) - moved
 
 
 def _one_or_filter(job_id: int | None, *filters: str | None) -> bool:
@@ -197,6 +259,9 @@ def retry(
         jq.retry(one)
         return False
 
+    def act_dead(jq: JobQueue, ids: list[int]) -> list[int]:
+        return jq.requeue_dead(ids)
+
     _by_filter(
         ctx,
         action="retry",
@@ -206,6 +271,7 @@ def retry(
         task=task,
         yes=yes,
         act=act,
+        act_dead=act_dead,
     )
 
 
