@@ -134,6 +134,14 @@ def test_retry_by_filter_moves_dead_letters_in_batches(cli, queue, monkeypatch):
     assert queue.get_job(holder.id).status == JobStatus.AVAILABLE
 
 
+def test_requeue_all_names_a_few_ids_not_every_one(cli, queue):
+    dead = [kill(queue, queue.enqueue("mail", {"n": i}, queue="q")) for i in range(23)]
+    out = cli.ok("dead", "requeue", "--all", "--yes").strip()
+    assert out.startswith("requeued 23 jobs: ") and out.endswith(" and 3 more"), out
+    assert len(out.split(": ")[1].split(" and ")[0].split()) == 20
+    assert all(queue.get_job(j.id).status == JobStatus.AVAILABLE for j in dead)
+
+
 def test_an_interrupted_filter_says_how_far_it_got(cli, queue, monkeypatch):
     # Break-test: Ctrl-C printed only "error: aborted", not what was done.
     jobs = [queue.enqueue("mail", {"n": i}, queue="q") for i in range(3)]

@@ -58,7 +58,7 @@ def dead_requeue(ctx: click.Context, job_ids: tuple[int, ...], all_: bool, yes: 
     missing = sorted(set(job_ids) - set(moved))
     if moved:
         noun = "job" if len(moved) == 1 else "jobs"
-        console.print(f"requeued {len(moved)} {noun}: {' '.join(map(str, moved))}", highlight=False)
+        console.print(f"requeued {len(moved)} {noun}: {_some(moved)}", highlight=False)
     elif all_:
         console.print("requeued 0 jobs (there are no dead letters)", highlight=False)
     if missing:
@@ -70,6 +70,16 @@ def dead_requeue(ctx: click.Context, job_ids: tuple[int, ...], all_: bool, yes: 
             soft_wrap=True,
         )
         ctx.exit(1)
+
+
+#: Ids a requeue names before it says how many more it moved (--all may move
+#: a hundred thousand).
+SHOWN_IDS = 20
+
+
+def _some(ids: list[int]) -> str:
+    shown = " ".join(map(str, ids[:SHOWN_IDS]))
+    return shown if len(ids) <= SHOWN_IDS else f"{shown} and {len(ids) - SHOWN_IDS} more"
 
 
 @dead_app.command("purge", context_settings=IDS_MAY_LOOK_LIKE_OPTIONS)
