@@ -125,14 +125,21 @@ def test_postgres_migrate_gives_up_after_lock_wait_with_nothing_changed(pg_url, 
         assert jq.backend.schema_version() == LATEST - 1
 
 
-def test_postgres_migrate_waits_for_another_migrate_and_says_so(pg_url, monkeypatch, caplog):
+@pytest.mark.parametrize("pool_size", [10, 1])
+def test_postgres_migrate_waits_for_another_migrate_and_says_so(
+    pg_url, monkeypatch, caplog, pool_size
+):
     # Waiting for the migration lock holds no enqueue up: it is one wait,
-    # named, bounded by lock_wait too.
+    # named, bounded by lock_wait too. Who holds it is read on migrate's own
+    # connection: with pool_size=1 a second one never came (PoolTimeout).
+    from jobkeeper.backends.postgres import sources
+
+    monkeypatch.setattr(sources, "POOL_TIMEOUT", 3.0)
     older_schema(pg_url, monkeypatch)
     holder = psycopg.connect(pg_url, autocommit=True)
     holder.execute("SELECT pg_advisory_lock(%s)", (MIGRATION_LOCK_KEY,))
     try:
-        with JobQueue(pg_url) as jq, caplog.at_level(logging.WARNING):
+        with JobQueue(pg_url, pool_size=pool_size) as jq, caplog.at_level(logging.WARNING):
             with pytest.raises(DatabaseUnavailable, match="migrate gave up after") as raised:
                 jq.migrate(lock_wait=1.5)
             pid = holder.info.backend_pid

@@ -39,8 +39,8 @@ def test_a_ctrl_c_as_the_write_lock_is_taken_leaves_no_transaction(two_queues, m
     begin = backend._begin_immediate
     fired: list[int] = []
 
-    def begin_then_interrupted(conn: Any) -> None:
-        begin(conn)
+    def begin_then_interrupted(conn: Any, lock_wait: float | None = None) -> None:
+        begin(conn, lock_wait)
         if not fired:
             fired.append(1)
             raise KeyboardInterrupt

@@ -17,7 +17,7 @@ from jobkeeper.backends.migrate import (
     apply_migrations,
     unrecorded_schema,
 )
-from jobkeeper.backends.postgres.connections import PostgresConnections
+from jobkeeper.backends.postgres.connections import PostgresConnections, rows_of
 from jobkeeper.backends.postgres.queries import MIGRATIONS, QUERIES
 from jobkeeper.config import MIGRATE_LOCK_WAIT
 from jobkeeper.errors import DatabaseError, DatabaseUnavailable
@@ -149,9 +149,11 @@ class PostgresSchema(PostgresConnections):
                 # once. Waiting for it holds up no enqueue or claim: the
                 # whole of lock_wait. Said first when another migrate has it.
                 if not execute(QUERIES["schema_lock_try"], (MIGRATION_LOCK_KEY,))[0][0]:
+                    # Read on this connection: another one from the pool
+                    # would wait for ever with pool_size=1.
                     logger.warning(
                         "migrate is waiting for another migrate, %s, to finish",
-                        held_by(self._lock_holders(advisory=True)),
+                        held_by(self._lock_holders(advisory=True, cursor=cursor)),
                     )
                     lock_wait(remaining)
                     execute(QUERIES["schema_lock"], (MIGRATION_LOCK_KEY,))
@@ -176,9 +178,17 @@ class PostgresSchema(PostgresConnections):
         except DatabaseError:
             return "(unread)"
 
-    def _lock_holders(self, *, advisory: bool) -> list[dict[str, Any]]:
+    def _lock_holders(
+        self, *, advisory: bool, cursor: psycopg.Cursor[Any] | None = None
+    ) -> list[dict[str, Any]]:
+        """The sessions holding what migrate waits for (``schema_lock_holders``),
+        read on ``cursor`` when given, else on a pooled connection.
+        """
         params = {"advisory": advisory, "key": MIGRATION_LOCK_KEY}
-        return self._fetch("schema_lock_holders", params)
+        if cursor is None:
+            return self._fetch("schema_lock_holders", params)
+        cursor.execute(QUERIES["schema_lock_holders"], params)
+        return rows_of(cursor)
 
     def _drop_retired_indexes(self, version: int, *, new_schema: bool) -> None:
         # Indexes a migration retired are dropped outside its transaction
