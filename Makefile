@@ -91,11 +91,15 @@ $(VENV)/.bench-installed: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[dev,bench]'
 	touch $@
 
+# make bench ends with the dashboard's pages over a 1,000,000-row table with a 600,000-job backlog.
+DASHBOARD_BENCH_ARGS ?= --rows 400000 --available 600000 --repeat 3
+
 # oban needs Python >= 3.12: run.py makes .venv-oban for it with a Python >= 3.12
 # found on the machine (python3.12 on PATH, pyenv's 3.12.*; see benchmarks/oban_env.py)
 # and installs benchmarks/requirements-oban.txt there; with none, oban is n/a.
-bench: $(VENV)/.bench-installed ## Benchmark vs procrastinate, pgqueuer, oban (own venv, Python >= 3.12), raw SQL (BENCH_ARGS=--quick)
+bench: $(VENV)/.bench-installed ## Benchmark vs procrastinate, pgqueuer, oban (own venv, Python >= 3.12), raw SQL, dashboard pages (BENCH_ARGS=--quick)
 	$(BIN)/python benchmarks/run.py $(BENCH_ARGS)
+	$(BIN)/python benchmarks/dashboard_pages.py $(DASHBOARD_BENCH_ARGS)
 
 # The long chaos soak with flow control on (a concurrency cap and a rate limit
 # on one queue, serial keys on another's jobs), PostgreSQL (a private server:

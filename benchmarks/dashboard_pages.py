@@ -2,14 +2,17 @@
 
 Fills a fresh database with N completed jobs (default 1,000,000; one bulk
 INSERT ... SELECT, finished over the last 24 hours as retention keeps them),
-plus a live backlog (available, scheduled, retryable, running), cancelled
-jobs and dead letters in three queues, then times every page through
+an available backlog (``--available``, default 100,000, another bulk insert:
+three queues, three priorities, due over the last hour, no worker to take
+them), plus a live part (available, scheduled, retryable, running),
+cancelled jobs and dead letters in three queues, then times every page through
 Starlette's TestClient (the app's own time, no network): the median of
 ``--repeat`` requests after one warm-up. Issue 15 asks for every page under
 200 ms at 1,000,000 completed rows.
 
     .venv/bin/python benchmarks/dashboard_pages.py --rows 100000
     .venv/bin/python benchmarks/dashboard_pages.py --backend postgres   # 1,000,000 rows
+    .venv/bin/python benchmarks/dashboard_pages.py --rows 400000 --available 600000
 
 PostgreSQL gets a schema of its own on ``--pg-url`` (dropped after);
 SQLite a temporary file. Figures are printed, never asserted.
@@ -61,6 +64,24 @@ SELECT CASE i % 3 WHEN 0 THEN 'reports' WHEN 1 THEN 'default' ELSE 'emails' END,
        '{"ok": true}'
 FROM n, clock
 """
+PG_FILL_AVAILABLE = """
+INSERT INTO jobkeeper_jobs (queue, task, args, status, priority, scheduled_at, created_at)
+SELECT (ARRAY['default', 'emails', 'reports'])[1 + n %% 3], 'task_' || (n %% 7),
+       json_build_object('n', n), 'available', (ARRAY[0, 0, 0, 0, -1, 5])[1 + n %% 6],
+       now() - make_interval(secs => 3600.0 * (%(rows)s - n) / %(rows)s),
+       now() - make_interval(secs => 3600.0 * (%(rows)s - n) / %(rows)s)
+FROM generate_series(1, %(rows)s) AS n
+"""
+SQLITE_FILL_AVAILABLE = """
+WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < :rows),
+     clock(now) AS (SELECT (julianday('now') - 2440587.5) * 86400.0)
+INSERT INTO jobkeeper_jobs (queue, task, args, status, priority, scheduled_at, created_at)
+SELECT CASE i % 3 WHEN 0 THEN 'reports' WHEN 1 THEN 'default' ELSE 'emails' END,
+       'task_' || (i % 7), json_object('n', i), 'available',
+       CASE i % 6 WHEN 4 THEN -1 WHEN 5 THEN 5 ELSE 0 END,
+       now - 3600.0 * (:rows - i) / :rows, now - 3600.0 * (:rows - i) / :rows
+FROM n, clock
+"""
 
 
 @contextmanager
@@ -80,18 +101,22 @@ def database(backend: str, pg_url: str) -> Iterator[str]:
             conn.execute(f'DROP SCHEMA "{schema}" CASCADE')
 
 
-def fill(jq: JobQueue, rows: int) -> dict[str, int]:
-    """The big table, then the live jobs the pages link to."""
+def fill(jq: JobQueue, rows: int, available: int) -> dict[str, int]:
+    """The big table and backlog, then the live jobs the pages link to."""
     started = time.perf_counter()
     if jq.backend.name == "postgresql":
         with psycopg.connect(jq.url.url, autocommit=True) as conn:
             conn.execute(PG_FILL, {"rows": rows})
+            if available:
+                conn.execute(PG_FILL_AVAILABLE, {"rows": available})
     else:
         import sqlite3
 
         conn = sqlite3.connect(jq.url.path, isolation_level=None)
         conn.execute("BEGIN IMMEDIATE")
         conn.execute(SQLITE_FILL, {"rows": rows})
+        if available:
+            conn.execute(SQLITE_FILL_AVAILABLE, {"rows": available})
         conn.execute("COMMIT")
         conn.close()
     filled = time.perf_counter() - started
@@ -116,7 +141,7 @@ def fill(jq: JobQueue, rows: int) -> dict[str, int]:
             conn.execute("VACUUM ANALYZE jobkeeper_jobs")
             conn.execute("VACUUM ANALYZE jobkeeper_dead_letters")
     middle = rows // 2
-    return {"fill_seconds": round(filled, 1), "middle_id": middle, "live_id": rows + 10}
+    return {"fill_seconds": round(filled, 1), "middle_id": middle, "live_id": rows + available + 10}
 
 
 def time_pages(jq: JobQueue, repeat: int, ids: dict[str, int]) -> list[tuple[str, float, float]]:
@@ -162,6 +187,9 @@ def time_pages(jq: JobQueue, repeat: int, ids: dict[str, int]) -> list[tuple[str
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", type=int, default=1_000_000, help="completed rows")
+    parser.add_argument(
+        "--available", type=int, default=100_000, help="available backlog rows (no worker)"
+    )
     parser.add_argument("--backend", choices=["postgres", "sqlite", "all"], default="all")
     parser.add_argument("--repeat", type=int, default=7, help="timed requests per page")
     parser.add_argument("--pg-url", default=DEFAULT_PG_URL)
@@ -172,9 +200,10 @@ def main() -> None:
             jq = JobQueue(url)
             jq.migrate()
             try:
-                ids = fill(jq, args.rows)
+                ids = fill(jq, args.rows, args.available)
                 print(
-                    f"\n{backend}: {args.rows:,} completed rows (+3,400 live, 100 dead), "
+                    f"\n{backend}: {args.rows:,} completed rows, {args.available:,} available "
+                    f"(+3,400 live, 100 dead), "
                     f"filled in {ids['fill_seconds']} s; median of {args.repeat} requests"
                 )
                 print(f"  {'page':<42} {'median ms':>10} {'max ms':>8}")

@@ -53,6 +53,10 @@ THROUGHPUT_SETTLED = 60.0
 #: Closed buckets kept per bucket size (the API's most per call), and sizes kept.
 THROUGHPUT_KEPT = 10_000
 THROUGHPUT_SIZES = 4
+#: The (queue, priority) pairs of available jobs that ``queue_oldest_due``
+#: walks down the claim index (about 0.02 ms each); past that, one pass over
+#: every available job finds the oldest instead.
+OLDEST_WALK_PAIRS = 500
 #: Seconds the database clock may fall behind this process's between two
 #: throughput reads before the kept buckets are forgotten (a step back).
 CLOCK_STEP = 5.0
@@ -366,10 +370,18 @@ class CockpitReads:
         return Tally(_add_rows({}, rows), upto, started, time.monotonic() - started, started)
 
     def queue_oldest_due(self) -> dict[str, tuple[int, float]]:
-        return {
-            row["queue"]: (int(row["id"]), max(float(row["age"]), 0.0))
-            for row in self._fetch("queue_oldest_due")
-        }
+        rows = self._fetch("queue_oldest_due", {"pairs": OLDEST_WALK_PAIRS})
+        if sum(1 for row in rows if row["walked"]) > OLDEST_WALK_PAIRS:
+            # Too many priorities to walk: one pass over the available jobs.
+            rows = [row for row in rows if not row["walked"]]
+            rows += self._fetch("queue_oldest_available_spread")
+        oldest: dict[str, tuple[float, int, float]] = {}
+        for row in rows:
+            candidate = (float(row["at"]), int(row["id"]), max(float(row["age"]), 0.0))
+            kept = oldest.get(row["queue"])
+            if kept is None or candidate[:2] < kept[:2]:
+                oldest[row["queue"]] = candidate
+        return {queue: (job_id, age) for queue, (_, job_id, age) in oldest.items()}
 
     def job_throughput(
         self, *, since_seconds: float, bucket_seconds: float
