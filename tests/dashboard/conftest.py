@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import re
+import sys
+from pathlib import Path
 
 import pytest
 from starlette.testclient import TestClient
@@ -11,6 +13,12 @@ from jobkeeper.dashboard import create_app
 from jobkeeper.dashboard.app import PASSWORD_ENV
 
 from .seed import seed
+
+# The frozen-server test runs benchmarks.soak's private PostgreSQL (a
+# package at the repository root, which pytest does not put on sys.path).
+ROOT = str(Path(__file__).resolve().parents[2])
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
 
 
 @pytest.fixture

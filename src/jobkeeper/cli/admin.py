@@ -101,8 +101,17 @@ def _check_listen(host: str, port: int) -> int:
 @click.option("--host", default="127.0.0.1", help="Address to listen on.")
 @click.option("--port", type=PortNumber(0), default=8787, help="Port to listen on.")
 @click.option("--read-only", is_flag=True, help="No actions: pages only, every POST refused.")
+@click.option(
+    "--database-timeout",
+    type=click.FloatRange(min=0, min_open=True, max=86400),
+    default=5.0,
+    show_default=True,
+    help="Seconds a page, /metrics or an action waits for the database before answering 503.",
+)
 @click.pass_context
-def dashboard(ctx: click.Context, host: str, port: int, read_only: bool) -> None:
+def dashboard(
+    ctx: click.Context, host: str, port: int, read_only: bool, database_timeout: float
+) -> None:
     """Serve the web dashboard (pip install 'jobkeeper[dashboard]').
 
     Listens on loopback only, unless $JOBKEEPER_DASHBOARD_PASSWORD is set:
@@ -136,7 +145,8 @@ def dashboard(ctx: click.Context, host: str, port: int, read_only: bool) -> None
         markup=False,
         highlight=False,
     )
-    uvicorn.run(create_app(jq, read_only=read_only), host=host, port=port, log_level="warning")
+    app = create_app(jq, read_only=read_only, database_timeout=database_timeout)
+    uvicorn.run(app, host=host, port=port, log_level="warning")
 
 
 @click.command("doctor", cls=Command)

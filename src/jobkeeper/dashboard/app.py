@@ -25,7 +25,7 @@ from __future__ import annotations
 import functools
 import os
 import secrets
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from importlib import resources
 from time import time as wall_clock
 from typing import Any
@@ -40,7 +40,9 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from jobkeeper.api import JobQueue
+from jobkeeper.config import check_seconds
 from jobkeeper.dashboard.actions import act_on_job, no_such_id
+from jobkeeper.dashboard.bounded import DATABASE_TIMEOUT, BoundedRunner
 from jobkeeper.dashboard.nav import NAV, NavEntry
 from jobkeeper.dashboard.params import job_id_of, path_job_id
 from jobkeeper.dashboard.present import (
@@ -102,9 +104,19 @@ STATUS_ORDER = [
 class Dashboard:
     """The pages and actions of one dashboard (one per :func:`create_app`)."""
 
-    def __init__(self, jq: JobQueue, *, read_only: bool, secret: bytes) -> None:
+    def __init__(
+        self,
+        jq: JobQueue,
+        *,
+        read_only: bool,
+        secret: bytes,
+        database_timeout: float = DATABASE_TIMEOUT,
+    ) -> None:
         self.jq = jq
         self.read_only = read_only
+        # Every page, scrape and action runs here: a frozen server is
+        # answered with a 503 at the bound, not waited for.
+        self.runner = BoundedRunner(database_timeout)
         self.csrf = Csrf(secret)
         self.env = jinja2.Environment(
             loader=jinja2.PackageLoader("jobkeeper.dashboard", "templates"),
@@ -330,7 +342,7 @@ class Dashboard:
         # (the job completed since) is refused rather than run again.
         seen = {name: values[0] for name, values in form.items() if name.startswith("seen")}
         act = functools.partial(act_on_job, self, seen=seen)
-        return await _run_sync(act, request)
+        return await self.runner.run(act, request)
 
     async def queue_action(self, request: Request) -> Response:
         form = await self._checked_form(request)
@@ -362,7 +374,7 @@ class Dashboard:
             )
             return self.see_other(request, "/queues", f"Queue {queue.name} {state}.")
 
-        return await _run_sync(act, request)
+        return await self.runner.run(act, request)
 
     def see_other(self, request: Request, path: str, message: str) -> RedirectResponse:
         """Post/redirect/get: back to a page that shows the outcome, signed
@@ -378,12 +390,17 @@ class Dashboard:
         body, content_type = render_metrics(self.jq)
         return Response(body, media_type=content_type)
 
+    def bounded(
+        self, page: Callable[[Request], Response]
+    ) -> Callable[[Request], Awaitable[Response]]:
+        """``page`` as an endpoint whose database work is bounded (see
+        :mod:`jobkeeper.dashboard.bounded`).
+        """
 
-async def _run_sync(function: Callable[[Request], Response], request: Request) -> Response:
-    # Database calls block: off the event loop, as Starlette does for sync routes.
-    from starlette.concurrency import run_in_threadpool
+        async def endpoint(request: Request) -> Response:
+            return await self.runner.run(page, request)
 
-    return await run_in_threadpool(function, request)
+        return endpoint
 
 
 def create_app(
@@ -392,6 +409,7 @@ def create_app(
     *,
     password: str | None = None,
     secret: bytes | None = None,
+    database_timeout: float = DATABASE_TIMEOUT,
 ) -> Starlette:
     """The dashboard as an ASGI app, to serve with uvicorn or mount in another
     app (``Mount("/jobs", app=create_app(jq))``; links follow the mount path).
@@ -404,26 +422,37 @@ def create_app(
             default ``$JOBKEEPER_DASHBOARD_PASSWORD`` (unset or empty: none).
         secret: the key that signs CSRF tokens (default: random per app, so
             forms of a restarted dashboard need a reload).
+        database_timeout: seconds a page, ``/metrics`` or an action waits for
+            the database; past that it answers 503 (a frozen server accepts
+            and never answers). A POST so answered may still take effect
+            when the server answers.
 
     Returns:
         A Starlette application.
+
+    Raises:
+        ConfigError: ``database_timeout`` is not a finite number > 0.
     """
+    database_timeout = check_seconds("database_timeout", database_timeout, allow_zero=False)
     if password is None:
         password = os.environ.get(PASSWORD_ENV) or None
     dashboard = Dashboard(
-        jq, read_only=read_only, secret=secret if secret is not None else secrets.token_bytes(32)
+        jq,
+        read_only=read_only,
+        secret=secret if secret is not None else secrets.token_bytes(32),
+        database_timeout=database_timeout,
     )
     static = resources.files("jobkeeper.dashboard").joinpath("static")
     routes = [
-        Route("/", dashboard.overview, name="overview"),
-        Route("/jobs", dashboard.jobs, name="jobs"),
-        Route("/jobs/{job_id}", dashboard.job, name="job"),
-        Route("/dead", dashboard.dead_letters, name="dead"),
-        Route("/workers", dashboard.workers, name="workers"),
-        Route("/queues", dashboard.queues, name="queues"),
+        Route("/", dashboard.bounded(dashboard.overview), name="overview"),
+        Route("/jobs", dashboard.bounded(dashboard.jobs), name="jobs"),
+        Route("/jobs/{job_id}", dashboard.bounded(dashboard.job), name="job"),
+        Route("/dead", dashboard.bounded(dashboard.dead_letters), name="dead"),
+        Route("/workers", dashboard.bounded(dashboard.workers), name="workers"),
+        Route("/queues", dashboard.bounded(dashboard.queues), name="queues"),
         Route("/queues/{action:str}", dashboard.queue_action, methods=["POST"]),
-        Route("/periodic", dashboard.periodic, name="periodic"),
-        Route("/metrics", dashboard.metrics, name="metrics"),
+        Route("/periodic", dashboard.bounded(dashboard.periodic), name="periodic"),
+        Route("/metrics", dashboard.bounded(dashboard.metrics), name="metrics"),
         Route("/{kind:str}/{job_id}/{action:str}", dashboard.action, methods=["POST"]),
         Mount("/static", app=StaticFiles(directory=str(static)), name="static"),
     ]

@@ -1,0 +1,141 @@
+"""Pages, /metrics and actions answer 503 within the dashboard's
+database_timeout while the database does not answer, and work again once it
+does.
+
+Found by a break-test: with the PostgreSQL server SIGSTOPped (it accepts and
+never answers), ``curl -m 200 /metrics`` and ``/`` hung the full 200 s, each
+holding a threadpool thread.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from benchmarks.soak.pg import PrivatePostgres, _children
+from starlette.testclient import TestClient
+
+from jobkeeper import JobQueue
+from jobkeeper.dashboard import create_app
+from jobkeeper.dashboard.app import PASSWORD_ENV
+from jobkeeper.errors import ConfigError
+
+from .conftest import _token
+from .seed import seed
+
+PAGES = ["/", "/metrics", "/jobs", "/jobs/1", "/dead", "/workers", "/queues", "/periodic"]
+BOUND = 0.5
+#: Slack over the bound for a loaded 2-core machine; the hang was unbounded.
+SLACK = 3.0
+
+
+class _Freezable:
+    """A backend whose every call waits while ``frozen``: a server that
+    accepts and never answers.
+    """
+
+    def __init__(self, backend: Any) -> None:
+        self._backend = backend
+        self.thawed = threading.Event()
+        self.thawed.set()
+
+    def __getattr__(self, name: str) -> Any:
+        value = getattr(self._backend, name)
+        if not callable(value):
+            return value
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            self.thawed.wait(60)
+            return value(*args, **kwargs)
+
+        return call
+
+
+def _timed(request: Callable[[], Any]) -> tuple[Any, float]:
+    started = time.monotonic()
+    response = request()
+    return response, time.monotonic() - started
+
+
+def _assert_unanswered(response: Any, took: float, bound: float) -> None:
+    assert response.status_code == 503, response.text[:300]
+    assert f"the database did not answer within {bound:g}s" in response.text
+    assert response.headers["retry-after"] == "5"
+    assert took < bound + SLACK, f"answered after {took:.1f}s"
+
+
+def test_pages_answer_503_within_the_bound_while_the_database_hangs(jq, monkeypatch):
+    monkeypatch.delenv(PASSWORD_ENV, raising=False)
+    seed(jq)
+    freezable = _Freezable(jq.backend)
+    jq._backend = freezable  # type: ignore[assignment]
+    try:
+        with TestClient(create_app(jq, database_timeout=BOUND)) as client:
+            for page in PAGES:
+                assert client.get(page).status_code == 200, page
+            token = _token(client, "/queues")
+            freezable.thawed.clear()
+            # More requests than the dashboard has threads: later ones wait
+            # for a thread, and are answered at the bound too.
+            for page in PAGES + PAGES:
+                _assert_unanswered(*_timed(lambda page=page: client.get(page)), BOUND)
+            pause = client.post(
+                "/queues/pause",
+                data={"csrf_token": token, "queue": "emails"},
+                follow_redirects=False,
+            )
+            assert pause.status_code == 503
+            freezable.thawed.set()
+            for page in PAGES:
+                assert client.get(page).status_code == 200, page
+    finally:
+        freezable.thawed.set()
+        jq._backend = freezable._backend
+
+
+def test_database_timeout_must_be_a_positive_number(jq):
+    for bad in (0, -1, float("inf"), "5"):
+        with pytest.raises(ConfigError, match="database_timeout"):
+            create_app(jq, database_timeout=bad)
+
+
+def _signal_server(pg: PrivatePostgres, signum: int) -> None:
+    """``signum`` to our private server's postmaster and every backend."""
+    pid = pg.postmaster_pid()
+    assert pid is not None
+    for process in [pid, *_children(pid)]:
+        os.kill(process, signum)
+
+
+@pytest.mark.slow
+def test_a_sigstopped_postgres_gets_a_503_and_the_pages_come_back(monkeypatch):
+    monkeypatch.delenv(PASSWORD_ENV, raising=False)
+    pg = PrivatePostgres(database="frozen")
+    try:
+        pg.init()
+        jq = JobQueue(pg.url)
+        jq.migrate()
+        seed(jq)
+        bound = 1.0
+        with TestClient(create_app(jq, database_timeout=bound)) as client:
+            assert client.get("/").status_code == 200
+            assert client.get("/metrics").status_code == 200
+            _signal_server(pg, signal.SIGSTOP)
+            try:
+                for page in ("/", "/metrics", "/queues", "/"):
+                    _assert_unanswered(*_timed(lambda page=page: client.get(page)), bound)
+            finally:
+                _signal_server(pg, signal.SIGCONT)
+            deadline = time.monotonic() + 30
+            while client.get("/").status_code != 200:
+                assert time.monotonic() < deadline, "the overview did not come back"
+                time.sleep(0.2)
+            assert client.get("/metrics").status_code == 200
+        jq.close()
+    finally:
+        pg.cleanup()
