@@ -374,7 +374,7 @@ class CockpitReads:
         if sum(1 for row in rows if row["walked"]) > OLDEST_WALK_PAIRS:
             # Too many priorities to walk: one pass over the available jobs.
             rows = [row for row in rows if not row["walked"]]
-            rows += self._fetch("queue_oldest_available_spread")
+            rows += self._fetch("queue_oldest_due_spread")
         oldest: dict[str, tuple[float, int, float]] = {}
         for row in rows:
             candidate = (float(row["at"]), int(row["id"]), max(float(row["age"]), 0.0))

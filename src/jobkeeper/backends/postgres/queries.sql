@@ -934,7 +934,7 @@ GROUP BY 1, 2
 -- then false). Available: the claim index orders a queue's jobs by priority
 -- first, so its oldest is the oldest of the first jobs of its priorities; a
 -- walk down the index takes those, two probes per (queue, priority), at
--- most %(pairs)s + 1 of them (more: queue_oldest_available_spread). Its cost
+-- most %(pairs)s + 1 of them (more: queue_oldest_due_spread). Its cost
 -- follows the pairs, not the backlog: sorting every available job instead
 -- took 1.0-1.3 s at 600,000 (spilling to disk). Two arms rather than a row
 -- comparison: see migration 0016 on how PostgreSQL 15 scans one.
@@ -979,7 +979,7 @@ FROM (SELECT queue, min(scheduled_at) AS scheduled_at FROM jobkeeper_jobs
         LIMIT 1
      ) AS first
 
--- name: queue_oldest_available_spread
+-- name: queue_oldest_due_spread
 -- The oldest available job per queue when the available jobs hold more
 -- (queue, priority) pairs than queue_oldest_due walks: a hashed min per
 -- queue over the claim index (every available job, but no sort), then the

@@ -583,7 +583,7 @@ FROM jobkeeper_jobs
 WHERE status IN ('scheduled', 'retryable') AND scheduled_at <= {now}
 GROUP BY queue
 
--- name: queue_oldest_available_spread
+-- name: queue_oldest_due_spread
 -- See the PostgreSQL twin. Grouped in the claim index's order (by queue):
 -- every available job, but no temporary B-tree.
 SELECT queue, id, min(scheduled_at) AS at, {now} - min(scheduled_at) AS age
