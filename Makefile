@@ -54,8 +54,10 @@ chromium: ## Install Debian's chromium (tests/browser needs it) when missing, as
 		echo "chromium is missing, so tests/browser will fail: install it with 'sudo apt-get install -y chromium'"; \
 	fi
 
+# Three test processes on two cores: most tests wait (on worker processes,
+# heartbeats, rescue windows) rather than compute; the files stay whole per process.
 test: install pgbouncer chromium ## Run the whole test suite (SQLite, and PostgreSQL at JOBKEEPER_TEST_PG_URL), Django 6 included
-	$(BIN)/pytest -n 2 --dist loadfile --durations=15
+	$(BIN)/pytest -n 3 --dist loadfile --durations=15
 	$(MAKE) --no-print-directory test-django6
 
 # Django >= 6.0 (django.tasks built in) needs Python >= 3.12: its own venv,
