@@ -16,7 +16,7 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import psycopg
@@ -80,8 +80,10 @@ class PrivatePostgres:
         database: str = "soak",
         listen: Sequence[str] = (),
         trusted: Sequence[str] = (),
+        settings: Mapping[str, str] | None = None,
     ) -> None:
         self.bindir = bindir
+        self.settings = dict(settings or {})
         self.database = database
         self.listen = list(listen)
         self.trusted = list(trusted)
@@ -137,6 +139,7 @@ class PrivatePostgres:
                 "log_min_messages = warning\n"
                 "log_line_prefix = '%m [%p] %d '\n"
             )
+            conf.writelines(f"{name} = {value}\n" for name, value in self.settings.items())
         with (self.data / "pg_hba.conf").open("a") as hba:
             for network in self.trusted:
                 hba.write(f"host all all {network} trust\n")

@@ -184,6 +184,27 @@ def _indexes(rows: list[dict[str, Any]]) -> Check:
     )
 
 
+def _xmin_holder(holder: dict[str, Any]) -> str:
+    """One holder of the xmin horizon, and how to end it."""
+    if holder.get("gid") is not None:
+        # A prepared transaction has no session to end: only its own
+        # COMMIT PREPARED or ROLLBACK PREPARED releases it.
+        return (
+            f"prepared transaction {holder['gid']!r} ({holder['open_for']:.0f} s): end it "
+            f"(COMMIT PREPARED or ROLLBACK PREPARED {_sql_text(holder['gid'])}), or fix the "
+            "transaction manager that left it"
+        )
+    query = " ".join(str(holder["query"]).split())[:60]
+    return (
+        f"pid {holder['pid']} ({holder['state']}, {holder['open_for']:.0f} s, {query!r}): "
+        f"end it (SELECT pg_terminate_backend({holder['pid']})) or fix what leaves it open"
+    )
+
+
+def _sql_text(value: str) -> str:
+    return "'" + value.replace("'", "''") + "'"
+
+
 def _postgres(facts: dict[str, Any], xmin_warn_after: float) -> list[Check]:
     checks = []
     table = facts.get("table") or {}
@@ -230,15 +251,12 @@ def _postgres(facts: dict[str, Any], xmin_warn_after: float) -> list[Check]:
     if holders:
         oldest = holders[0]
         level: Level = "fail" if oldest["open_for"] > XMIN_FAIL_AFTER else "warn"
-        query = " ".join(str(oldest["query"]).split())[:60]
         checks.append(
             Check(
                 "xmin horizon",
                 level,
                 f"{len(holders)} transaction(s) open over {xmin_warn_after:g} s hold back "
-                f"vacuum; oldest: pid {oldest['pid']} ({oldest['state']}, "
-                f"{oldest['open_for']:.0f} s, {query!r}): end it "
-                f"(SELECT pg_terminate_backend({oldest['pid']})) or fix what leaves it open",
+                f"vacuum; oldest: {_xmin_holder(oldest)}",
             )
         )
     else:

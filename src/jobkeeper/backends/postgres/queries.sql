@@ -1081,17 +1081,27 @@ WHERE idx.indrelid = to_regclass('jobkeeper_jobs')
 ORDER BY ind.relname
 
 -- name: database_health_xmin
--- doctor: sessions of this database whose snapshot or transaction holds
--- back the xmin horizon (VACUUM cannot remove rows they might still see),
--- oldest first, with how long their transaction has been open.
-SELECT pid, coalesce(state, '') AS state, extract(epoch FROM now() - xact_start)::float8 AS open_for,
-       coalesce(age(backend_xmin), age(backend_xid)) AS xid_age,
-       left(coalesce(query, ''), 120) AS query
-FROM pg_stat_activity
-WHERE datname = current_database() AND pid <> pg_backend_pid()
-  AND (backend_xmin IS NOT NULL OR backend_xid IS NOT NULL)
-  AND xact_start IS NOT NULL
-ORDER BY xact_start
+-- doctor: what holds back the xmin horizon of this database (VACUUM cannot
+-- remove rows it might still see), oldest first, with how long it has been
+-- open: sessions with a snapshot or transaction, and prepared transactions
+-- (two-phase commit), which outlive their session and show in no
+-- pg_stat_activity row (gid set, pid null).
+SELECT * FROM (
+    SELECT pid, coalesce(state, '') AS state,
+           extract(epoch FROM now() - xact_start)::float8 AS open_for,
+           coalesce(age(backend_xmin), age(backend_xid)) AS xid_age,
+           left(coalesce(query, ''), 120) AS query, NULL::text AS gid
+    FROM pg_stat_activity
+    WHERE datname = current_database() AND pid <> pg_backend_pid()
+      AND (backend_xmin IS NOT NULL OR backend_xid IS NOT NULL)
+      AND xact_start IS NOT NULL
+    UNION ALL
+    SELECT NULL, 'prepared', extract(epoch FROM now() - prepared)::float8, age(transaction),
+           '', gid
+    FROM pg_prepared_xacts
+    WHERE database = current_database()
+) AS holders
+ORDER BY open_for DESC NULLS LAST
 LIMIT 5
 
 -- name: database_health_notify
