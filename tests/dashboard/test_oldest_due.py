@@ -74,7 +74,11 @@ def test_oldest_due_is_the_oldest_of_every_priority_and_due_job(jq, monkeypatch,
     assert all(age >= 0 for _, age in oldest.values())
 
 
-def test_oldest_due_breaks_a_tie_on_the_smaller_id(jq):
+@pytest.mark.parametrize("walk", [cockpit.OLDEST_WALK_PAIRS, 1])
+def test_oldest_due_breaks_a_tie_on_the_smaller_id(jq, monkeypatch, walk):
+    # walk=1: the fallback, whose SQLite query returned the first row of the
+    # oldest time it met, the lowest priority's (break-test), not the smallest id.
+    monkeypatch.setattr(cockpit, "OLDEST_WALK_PAIRS", walk)
     ids = [
         job.id for job in jq.enqueue_many([("t", {"i": i}, {"priority": 5 - i}) for i in range(3)])
     ]
@@ -83,6 +87,23 @@ def test_oldest_due_breaks_a_tie_on_the_smaller_id(jq):
         "UPDATE jobkeeper_jobs SET scheduled_at = (SELECT min(scheduled_at) FROM jobkeeper_jobs)",
     )
     assert jq.oldest_due()["default"][0] == min(ids)
+
+
+def test_oldest_due_breaks_a_tie_of_unstaged_due_jobs_on_the_smaller_id(jq):
+    # Due but not staged yet (no scheduler ran), several at the same time.
+    ids = [
+        job.id
+        for job in jq.enqueue_many(
+            [("t", {"i": i}, {"queue": "late", "delay": 3600, "priority": 5 - i}) for i in range(3)]
+        )
+    ]
+    _age_by(jq, 7200, "queue = 'late'")
+    sql(
+        jq,
+        "UPDATE jobkeeper_jobs SET scheduled_at = "
+        "(SELECT min(scheduled_at) FROM jobkeeper_jobs) WHERE queue = 'late'",
+    )
+    assert jq.oldest_due()["late"][0] == min(ids)
 
 
 def _rows_read_pg(jq: JobQueue, name: str) -> int:

@@ -577,19 +577,29 @@ WITH RECURSIVE pair(queue, priority, scheduled_at, id, n) AS (
 )
 SELECT 1 AS walked, queue, id, scheduled_at AS at, {now} - scheduled_at AS age FROM pair
 UNION ALL
--- SQLite returns the other columns of the row holding min(): its oldest.
-SELECT 0, queue, id, min(scheduled_at), {now} - min(scheduled_at)
-FROM jobkeeper_jobs
-WHERE status IN ('scheduled', 'retryable') AND scheduled_at <= {now}
-GROUP BY queue
+-- The smallest id among a queue's oldest, as on PostgreSQL (a bare id beside
+-- min() is the first such row SQLite meets, not the smallest).
+SELECT 0, late.queue,
+       (SELECT min(id) FROM jobkeeper_jobs
+        WHERE status IN ('scheduled', 'retryable') AND scheduled_at = late.at
+          AND queue = late.queue),
+       late.at, {now} - late.at
+FROM (SELECT queue, min(scheduled_at) AS at FROM jobkeeper_jobs
+      WHERE status IN ('scheduled', 'retryable') AND scheduled_at <= {now}
+      GROUP BY queue) AS late
 
 -- name: queue_oldest_due_spread
 -- See the PostgreSQL twin. Grouped in the claim index's order (by queue):
--- every available job, but no temporary B-tree.
-SELECT queue, id, min(scheduled_at) AS at, {now} - min(scheduled_at) AS age
-FROM jobkeeper_jobs
-WHERE status = 'available'
-GROUP BY queue
+-- every available job, but no temporary B-tree; then the smallest id at
+-- that time (a bare id beside min() is the first row SQLite meets: with
+-- ties, the one of the lowest priority).
+SELECT spread.queue,
+       (SELECT min(id) FROM jobkeeper_jobs
+        WHERE status = 'available' AND queue = spread.queue AND scheduled_at = spread.at) AS id,
+       spread.at, {now} - spread.at AS age
+FROM (SELECT queue, min(scheduled_at) AS at FROM jobkeeper_jobs
+      WHERE status = 'available'
+      GROUP BY queue) AS spread
 
 -- name: queue_counts_live
 SELECT queue, 'available' AS status, count(*) AS n FROM jobkeeper_jobs WHERE status = 'available'
