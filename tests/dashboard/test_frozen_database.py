@@ -27,6 +27,7 @@ from jobkeeper.errors import ConfigError
 
 from .conftest import _token
 from .seed import seed
+from .test_cli_and_doctor import run
 
 PAGES = ["/", "/metrics", "/jobs", "/jobs/1", "/dead", "/workers", "/queues", "/periodic"]
 BOUND = 0.5
@@ -90,6 +91,11 @@ def test_pages_answer_503_within_the_bound_while_the_database_hangs(jq, monkeypa
                 follow_redirects=False,
             )
             assert pause.status_code == 503
+            # Break-test: the action's 503 spoke only of "the page".
+            assert "the action may still take effect once it answers" in pause.text, pause.text
+            # And it names what keeps this backend from answering.
+            why = "write lock" if jq.url.scheme == "sqlite" else "accepts and never answers"
+            assert why in pause.text, pause.text
             freezable.thawed.set()
             for page in PAGES:
                 assert client.get(page).status_code == 200, page
@@ -99,9 +105,18 @@ def test_pages_answer_503_within_the_bound_while_the_database_hangs(jq, monkeypa
 
 
 def test_database_timeout_must_be_a_positive_number(jq):
-    for bad in (0, -1, float("inf"), "5"):
+    for bad in (0, -1, float("inf"), float("nan"), "5"):
         with pytest.raises(ConfigError, match="database_timeout"):
             create_app(jq, database_timeout=bad)
+
+
+@pytest.mark.parametrize("bad", ["nan", "0", "1e-9", "86401"])
+def test_the_cli_refuses_a_bad_database_timeout_before_serving(jq, capsys, bad):
+    # Break-test: nan passed the option's range, the banner said the
+    # dashboard served, then it failed; 1e-9 made every page a 503.
+    code, out, err = run(capsys, "--database", jq.url.url, "dashboard", "--database-timeout", bad)
+    assert code == 2, (out, err)
+    assert "--database-timeout" in err and "dashboard on http" not in out
 
 
 def _signal_server(pg: PrivatePostgres, signum: int) -> None:

@@ -4,6 +4,7 @@ the database, the fleet at a glance, and the demo.
 
 from __future__ import annotations
 
+import math
 import os
 import socket
 
@@ -103,7 +104,7 @@ def _check_listen(host: str, port: int) -> int:
 @click.option("--read-only", is_flag=True, help="No actions: pages only, every POST refused.")
 @click.option(
     "--database-timeout",
-    type=click.FloatRange(min=0, min_open=True, max=86400),
+    type=click.FloatRange(min=0.1, max=86400),
     default=5.0,
     show_default=True,
     help="Seconds a page, /metrics or an action waits for the database before answering 503.",
@@ -117,6 +118,8 @@ def dashboard(
     Listens on loopback only, unless $JOBKEEPER_DASHBOARD_PASSWORD is set:
     then any address, with HTTP basic auth (user jobkeeper) on every page.
     """
+    if not math.isfinite(database_timeout):  # nan passes FloatRange's comparisons
+        raise BadInput(f"--database-timeout {database_timeout}: give seconds from 0.1 to 86400")
     try:
         import uvicorn
 
@@ -138,6 +141,7 @@ def dashboard(
     # (/metrics too) with a 500 naming the missing table.
     require_migrated(jq.backend, where=jq.url.redacted())
     port = _check_listen(host, port)
+    app = create_app(jq, read_only=read_only, database_timeout=database_timeout)
     console.print(
         # An IPv6 address goes in brackets in a URL (RFC 3986).
         f"jobkeeper dashboard on http://{f'[{host}]' if ':' in host else host}:{port}/ "
@@ -145,7 +149,6 @@ def dashboard(
         markup=False,
         highlight=False,
     )
-    app = create_app(jq, read_only=read_only, database_timeout=database_timeout)
     uvicorn.run(app, host=host, port=port, log_level="warning")
 
 

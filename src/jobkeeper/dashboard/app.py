@@ -116,7 +116,7 @@ class Dashboard:
         self.read_only = read_only
         # Every page, scrape and action runs here: a frozen server is
         # answered with a 503 at the bound, not waited for.
-        self.runner = BoundedRunner(database_timeout)
+        self.runner = BoundedRunner(database_timeout, backend=jq.url.scheme)
         self.csrf = Csrf(secret)
         self.env = jinja2.Environment(
             loader=jinja2.PackageLoader("jobkeeper.dashboard", "templates"),
@@ -342,7 +342,7 @@ class Dashboard:
         # (the job completed since) is refused rather than run again.
         seen = {name: values[0] for name, values in form.items() if name.startswith("seen")}
         act = functools.partial(act_on_job, self, seen=seen)
-        return await self.runner.run(act, request)
+        return await self.runner.run(act, request, action=True)
 
     async def queue_action(self, request: Request) -> Response:
         form = await self._checked_form(request)
@@ -374,7 +374,7 @@ class Dashboard:
             )
             return self.see_other(request, "/queues", f"Queue {queue.name} {state}.")
 
-        return await self.runner.run(act, request)
+        return await self.runner.run(act, request, action=True)
 
     def see_other(self, request: Request, path: str, message: str) -> RedirectResponse:
         """Post/redirect/get: back to a page that shows the outcome, signed

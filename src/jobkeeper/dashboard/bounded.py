@@ -33,6 +33,12 @@ from jobkeeper.errors import DatabaseUnavailable
 DATABASE_TIMEOUT = 5.0
 #: Threads that run that work, at most (each may hold a database connection).
 THREADS = 8
+#: What keeps each backend from answering, for the 503's text.
+_WHY = {
+    "postgresql": "a server that accepts and never answers: frozen, or its host stalled",
+    "sqlite": "another connection holds the database file's write lock; a write waits for "
+    "it up to busy_timeout",
+}
 
 
 @dataclass(eq=False)
@@ -62,16 +68,24 @@ class BoundedRunner:
         threads: threads at most.
     """
 
-    def __init__(self, seconds: float, threads: int = THREADS) -> None:
+    def __init__(self, seconds: float, threads: int = THREADS, *, backend: str = "") -> None:
         self.seconds = seconds
+        self._why = _WHY.get(backend, _WHY["postgresql"])
         self._threads = threads
         self._lock = threading.Lock()
         self._started = 0
         self._idle = 0
         self._queue: queue.SimpleQueue[_Work] = queue.SimpleQueue()
 
-    async def run(self, function: Callable[[Request], Response], request: Request) -> Response:
-        """``function(request)`` on one of the threads.
+    async def run(
+        self,
+        function: Callable[[Request], Response],
+        request: Request,
+        *,
+        action: bool = False,
+    ) -> Response:
+        """``function(request)`` on one of the threads. ``action``: it
+        changes something (its 503 says the change may still happen).
 
         Raises:
             DatabaseUnavailable: no answer within ``seconds`` (the database
@@ -85,10 +99,14 @@ class BoundedRunner:
             return await asyncio.wait_for(work.future, self.seconds)
         except TimeoutError:
             work.abandoned = True
+            then = (
+                "the action may still take effect once it answers (or was never started, "
+                "if it waited behind others): reload to see"
+                if action
+                else "the page works again once it answers"
+            )
             raise DatabaseUnavailable(
-                f"the database did not answer within {self.seconds:g}s (a server that "
-                "accepts and never answers: frozen, or its host stalled); the page works "
-                "again once it answers"
+                f"the database did not answer within {self.seconds:g}s ({self._why}); {then}"
             ) from None
 
     def _submit(self, work: _Work) -> None:
