@@ -123,7 +123,7 @@ class Tracing:
         self._warned.add(key)
         # A repr or a log handler that raises: nothing more to say.
         with contextlib.suppress(Exception):
-            logger.log(level, "tracing: %s failed (spans may be missing): %r", step, exc)
+            logger.log(level, "%s failed (spans may be missing): %r", step, exc)
 
     # -- producer side ------------------------------------------------------------
 
@@ -146,7 +146,8 @@ class Tracing:
             elif event.kind is EventKind.FINISHED:
                 self._end(job, event)
         except Exception as exc:  # noqa: BLE001 - any fault of the SDK or its plugins
-            self.failed(f"the process span's {event.kind.value}", exc)
+            step = "starting" if event.kind is EventKind.STARTED else "ending"
+            self.failed(f"{step} a process span", exc)
 
     def _start(self, job: Job, worker_id: str | None) -> None:
         # An empty base context: the runner thread's own context (what a
