@@ -231,3 +231,44 @@ def test_a_stop_counts_outcomes_a_blocking_listener_holds_as_held(make_queue, ca
     ), messages
     assert f"{j.id} (quick)" in messages
     assert "1 left held" in messages, messages
+
+
+def test_an_outcome_a_listener_holds_is_named_while_the_worker_runs(
+    make_queue, caplog, monkeypatch
+):
+    # Held past SLOW_DELIVERY, the job stays running under a live heartbeat
+    # (no rescue overrides that): the worker says so, once, while it runs.
+    from jobkeeper.worker import executor
+
+    monkeypatch.setattr(executor, "SLOW_DELIVERY", 0.3)
+    jq = make_queue()
+    unblock = threading.Event()
+
+    def blocking(event: Any) -> None:
+        if event.job is not None and event.job.task == "stuck_outcome":
+            unblock.wait(30)
+
+    unsubscribe = jq.events.subscribe(blocking, [EventKind.FINISHED])
+    try:
+
+        @jq.task
+        def stuck_outcome() -> None:
+            return None
+
+        j = stuck_outcome.enqueue()
+        with caplog.at_level(logging.WARNING, logger="jobkeeper"), running(jq.worker()):
+            said = wait_for(
+                lambda: [
+                    r.getMessage()
+                    for r in caplog.records
+                    if "still waits for the worker's event listeners" in r.getMessage()
+                ],
+                what="the warning",
+            )
+            assert len(said) == 1 and said[0].startswith(f"job {j.id} (stuck_outcome)")
+            assert job(jq, j.id).status in (JobStatus.CLAIMED, JobStatus.RUNNING)
+            unblock.set()
+            wait_status(jq, [j.id], {JobStatus.COMPLETED})
+    finally:
+        unblock.set()
+        unsubscribe()

@@ -50,6 +50,9 @@ from jobkeeper.worker.verdicts import Outcome, Verdicts
 logger = logging.getLogger("jobkeeper.worker")
 
 
+#: Seconds a returned job's outcome may wait for the FINISHED listeners
+#: before the worker warns of it (a listener should take microseconds).
+SLOW_DELIVERY = 30.0
 #: Why a claimed job is handed back before it started.
 UNSTARTED = "worker stopping (or its claim was lost): handed back before it started"
 
@@ -464,6 +467,21 @@ class Executor:
     def interrupt_all(self, reason: str) -> int:
         """Ask every running execution to stop; see :meth:`Interrupts.interrupt_all`."""
         return self._interrupts.interrupt_all(reason)
+
+    def name_slow_deliveries(self) -> None:
+        """Warn of each outcome a FINISHED listener has held past
+        ``SLOW_DELIVERY`` seconds: its job stays running, unwritten, under
+        this worker's live heartbeat, which no rescue overrides.
+        """
+        for job, waited in self._slots.slow_deliveries(SLOW_DELIVERY):
+            logger.warning(
+                "job %s (%s) returned %.0fs ago, but its outcome still waits for the "
+                "worker's event listeners (a log handler or span exporter that blocks): "
+                "it stays running, unwritten, until they return",
+                job.id,
+                job.task,
+                waited,
+            )
 
     def abandon_running(self) -> tuple[list[Job], list[Job]]:
         """Deliver no outcome of what still runs (it did not return when

@@ -221,6 +221,7 @@ class Producer:
                     self._read_capped()
                 if self._fixed_prefetch is None:
                     self._executor.hand_back(stalled_for=PREFETCH_STALL)
+                self._executor.name_slow_deliveries()
                 claimed = self._claim()
                 if self._burst and claimed == 0 and self._drained():
                     # Not "nothing left": a paused queue's jobs, or ones a

@@ -197,7 +197,8 @@ class Slots:
         # Executions whose code returned and whose outcome is being delivered
         # (FINISHED's listeners, then the completer): not running any more,
         # but still held here; the worker must not flush and stop before they land.
-        self._delivering: dict[int, Execution] = {}
+        self._delivering: dict[int, tuple[Execution, float]] = {}  # and when it ended
+        self._slow_named: set[int] = set()  # of those, named by slow_deliveries()
         # Set by abandon(): outcomes of code that returns later are not
         # delivered (the worker has stopped; its jobs await rescue).
         self._abandoned = False
@@ -414,7 +415,7 @@ class Slots:
             self._mean_run_seconds = elapsed if mean is None else mean + (elapsed - mean) * 0.05
             deliver = not self._abandoned
             if deliver:
-                self._delivering[execution.job.id] = execution
+                self._delivering[execution.job.id] = (execution, time.monotonic())
                 self._unsettled.add((execution.job.id, execution.job.fence))
             elif execution.alone:
                 self._lone = None  # no outcome to wait for
@@ -429,6 +430,7 @@ class Slots:
         """``execution``'s outcome, from :meth:`ended`, has been delivered."""
         with self._lock:
             self._delivering.pop(execution.job.id, None)
+            self._slow_named.discard(execution.job.id)
             if not self._running and not self._delivering:
                 self._idle.notify_all()
         if wake:
@@ -460,7 +462,22 @@ class Slots:
         with self._lock:
             self._abandoned = True
             running = [execution.job for execution in self._running.values()]
-            return running, [execution.job for execution in self._delivering.values()]
+            return running, [execution.job for execution, _ in self._delivering.values()]
+
+    def slow_deliveries(self, older_than: float) -> list[tuple[Job, float]]:
+        """Jobs whose code returned over ``older_than`` seconds ago and whose
+        outcome is still being delivered, with those seconds; each is named
+        once.
+        """
+        now = time.monotonic()
+        with self._lock:
+            slow = [
+                (execution.job, now - ended)
+                for execution, ended in self._delivering.values()
+                if now - ended > older_than and execution.job.id not in self._slow_named
+            ]
+            self._slow_named.update(job.id for job, _ in slow)
+        return slow
 
     def close(self) -> None:
         """Let idle runner threads exit."""
