@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 
 import pytest
 
@@ -33,6 +34,15 @@ def chatty(lines: int) -> int:
 @jq.task
 def loud() -> None:
     raise ValueError("E" * 200_000)
+
+@jq.task(timeout=1, max_attempts=1)
+def babbling() -> None:
+    while True:
+        log.warning("still going")
+
+@jq.task
+def quick() -> None:
+    return None
 
 @jq.task
 def noted() -> None:
@@ -109,3 +119,26 @@ def test_a_tasks_own_lines_carry_its_job(make_queue, tmp_path):
     # The worker's own lines outside any job carry none.
     (started,) = [line for line in lines if " started on " in line["message"]]
     assert "job_id" not in started
+
+
+def test_a_task_interrupted_while_it_logs_stops_nothing_else(make_queue, tmp_path):
+    # Break-test (helper-90): a timeout or shutdown interrupts a task's code
+    # with an asynchronous exception; landing in logging's Handler.release
+    # it left the handler's lock held, and every thread that logged after,
+    # the stop's included, waited for ever (the job running under a live
+    # heartbeat, SIGTERM ignored).
+    jq = make_queue()
+    babbling = [j.id for j in jq.enqueue_many([("babbling", {}, {"max_attempts": 1})] * 3)]
+    quick = [j.id for j in jq.enqueue_many([("quick", {})] * 20)]
+    worker = start_worker(jq.url.url, tmp_path, "--concurrency", "2")
+    try:
+        reader = threading.Thread(target=worker.communicate, daemon=True)
+        reader.start()  # stderr read: only the lock can hold it up here
+        wait_status(jq, quick, {JobStatus.COMPLETED})
+        wait_status(jq, babbling, {JobStatus.DEAD})
+        worker.send_signal(signal.SIGTERM)
+        assert worker.wait(timeout=60) == 0
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+            worker.wait()

@@ -6,32 +6,37 @@ behind it is full (a log shipper, journald or docker that stopped reading).
 Every thread that logs then blocks: runner threads reporting their jobs'
 ends, so outcomes are never written, while the heartbeat thread, which logs
 nothing, keeps the held jobs from being rescued; and the SIGTERM handler's
-own line, so the worker cannot even stop. Here a logging call only queues the
-record (``queue.SimpleQueue``, safe in a signal handler), a writer thread
-writes it, and past :data:`MAX_QUEUED` waiting records new ones are dropped
-and counted; the writer says how many once the stream takes lines again.
+own line, so the worker cannot even stop. Here a logging call formats its
+line, as a ``StreamHandler`` would, and only queues it
+(``queue.SimpleQueue``, safe in a signal handler); a writer thread writes
+what is queued, many lines per write. Past :data:`MAX_QUEUED` lines or
+:data:`MAX_QUEUED_CHARS` characters waiting, new lines are dropped and
+counted, and the writer says how many once the stream takes lines again.
 This is the "non-blocking handler" pattern of Python's logging cookbook
-(``QueueHandler`` and a listener thread), with a bound.
+(a queue, and a thread that writes what it holds), with a bound.
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
-import copy
 import logging
 import queue
 import sys
 import threading
-from logging.handlers import QueueHandler
+from types import TracebackType
 from typing import TextIO
 
 from jobkeeper.context import bound_job
 
-#: Records waiting for the writer past which new ones are dropped (about
-#: 10 MB of log lines: enough to ride out a stall of the reader, bounded
-#: when it never returns).
+#: Lines waiting for the writer past which new ones are dropped.
 MAX_QUEUED = 10_000
+#: Characters waiting for the writer past which new lines are dropped: a
+#: task logging 100 kB lines took a worker to 1 GB behind a stalled stderr
+#: with the line count alone.
+MAX_QUEUED_CHARS = 16_000_000
+#: Lines the writer joins into one write.
+WRITE_BATCH = 1_000
 #: Seconds the writer gets at exit to write what is queued (a stream that
 #: takes nothing must not keep the process from exiting).
 FLUSH_AT_EXIT = 2.0
@@ -41,7 +46,8 @@ class JobFields(logging.Filter):
     """Adds the running job's ``job_id``, ``task``, ``queue`` and ``attempt``
     to what a task's own code logs, as the worker's lines about the job carry
     them (the JSON format writes them as fields). Runs on the thread that
-    logs, where :func:`jobkeeper.current_job` knows the job.
+    logs, where :func:`jobkeeper.current_job` knows the job (a thread the
+    task starts itself does not inherit it).
     """
 
     def filter(self, record: logging.LogRecord) -> bool:
@@ -53,49 +59,73 @@ class JobFields(logging.Filter):
         return True
 
 
-class DroppingQueueHandler(QueueHandler):
-    """Queues records for :class:`StreamWriter`; never blocks (see the module)."""
+class _NoLock:
+    """The lock of a handler that needs none (its queue is thread-safe).
 
-    def __init__(self, records: queue.SimpleQueue[logging.LogRecord | None]) -> None:
-        super().__init__(records)
-        self._records = records
-        self._dropped = 0
-        self._dropped_lock = threading.Lock()
+    ``Handler.handle`` takes the handler's lock around ``emit``; on Python
+    3.11 through ``acquire``/``release``, Python functions at whose entry an
+    asynchronous exception can land: a task interrupted (timeout, shutdown)
+    while logging then left the lock held, and every other thread that
+    logged, the stop's included, waited on it for ever.
+    """
 
-    def prepare(self, record: logging.LogRecord) -> logging.LogRecord:
-        # The message and traceback become text here, on the thread that
-        # logs (the objects they name may change once it goes on); the
-        # writer's formatter puts the line together.
-        prepared = copy.copy(record)
-        prepared.msg = record.getMessage()
-        prepared.args = None
-        if record.exc_info:
-            prepared.exc_text = record.exc_text or logging.Formatter().formatException(
-                record.exc_info
-            )
-            prepared.exc_info = None
-        return prepared
+    def acquire(self, *args: object) -> bool:
+        return True
 
-    def enqueue(self, record: logging.LogRecord) -> None:
-        if self._records.qsize() < MAX_QUEUED:
-            self._records.put_nowait(record)
+    def release(self) -> None:
+        return None
+
+    def __enter__(self) -> bool:
+        return True
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        return None
+
+
+class DroppingQueueHandler(logging.Handler):
+    """Formats each record on the thread that logs and queues its line for
+    :class:`StreamWriter`; never blocks and takes no lock (see the module).
+
+    The counts are plain integers each written by one side: the characters
+    and lines queued and dropped by the logging threads, the characters
+    written by the writer. A logging thread's increment can be lost to
+    another's at the same instant; the bound and the count are then off by
+    a line, which is better than a lock in a logging call.
+    """
+
+    def __init__(self, lines: queue.SimpleQueue[str | None], formatter: logging.Formatter) -> None:
+        super().__init__()
+        self._lines = lines
+        self.setFormatter(formatter)
+        self.queued_chars = 0
+        self.written_chars = 0
+        self.dropped = 0
+
+    def createLock(self) -> None:  # noqa: N802 - logging.Handler names it
+        self.lock = _NoLock()  # type: ignore[assignment]
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            line = self.format(record) + "\n"
+        except Exception:  # noqa: BLE001 - a record that cannot be formatted
+            self.handleError(record)
             return
-        # A count missed under contention is better than a logging call that
-        # waits on a lock (a signal handler's might wait on its own thread).
-        if self._dropped_lock.acquire(blocking=False):
-            self._dropped += 1
-            self._dropped_lock.release()
-
-    def take_dropped(self) -> int:
-        """Records dropped since the last call."""
-        with self._dropped_lock:
-            dropped, self._dropped = self._dropped, 0
-        return dropped
+        waiting = self.queued_chars - self.written_chars
+        if self._lines.qsize() >= MAX_QUEUED or waiting + len(line) > MAX_QUEUED_CHARS:
+            self.dropped += 1
+            return
+        self.queued_chars += len(line)
+        self._lines.put_nowait(line)
 
 
 class StreamWriter:
-    """Writes the queued records to ``stream`` with ``formatter``, first
-    saying how many were dropped since the last record written.
+    """Writes the queued lines to ``stream``, many per write, first saying
+    how many were dropped since it last wrote.
 
     It writes itself rather than through a ``logging.StreamHandler``:
     ``logging.shutdown`` flushes every handler at exit under the handler's
@@ -105,40 +135,15 @@ class StreamWriter:
 
     def __init__(
         self,
-        records: queue.SimpleQueue[logging.LogRecord | None],
+        lines: queue.SimpleQueue[str | None],
         source: DroppingQueueHandler,
         stream: TextIO,
-        formatter: logging.Formatter,
     ) -> None:
-        self._records = records
+        self._lines = lines
         self._source = source
         self._stream = stream
-        self._formatter = formatter
+        self._reported = 0
         self._writing: threading.Thread | None = None
-
-    def handle(self, record: logging.LogRecord) -> None:
-        """Write ``record`` (after the count of records dropped, if any)."""
-        dropped = self._source.take_dropped()
-        if dropped:
-            self._write(
-                logging.makeLogRecord(
-                    {
-                        "name": "jobkeeper.worker",
-                        "levelno": logging.WARNING,
-                        "levelname": "WARNING",
-                        "msg": f"{dropped} log lines dropped: stderr did not take them "
-                        f"(more than {MAX_QUEUED} were waiting)",
-                    }
-                )
-            )
-        self._write(record)
-
-    def _write(self, record: logging.LogRecord) -> None:
-        # A stream a task closed, or a formatter that fails on one record,
-        # costs that line, never the writer thread.
-        with contextlib.suppress(Exception):
-            self._stream.write(self._formatter.format(record) + "\n")
-            self._stream.flush()
 
     def start(self) -> None:
         """Start the writer thread."""
@@ -146,15 +151,53 @@ class StreamWriter:
         self._writing.start()
 
     def _run(self) -> None:
-        while (record := self._records.get()) is not None:
-            self.handle(record)
+        while True:
+            first = self._lines.get()
+            batch = [first] if first is not None else []
+            while first is not None and len(batch) < WRITE_BATCH:
+                try:
+                    line = self._lines.get_nowait()
+                except queue.Empty:
+                    break
+                if line is None:
+                    first = None
+                    break
+                batch.append(line)
+            self._write(batch)
+            if first is None:
+                return
+
+    def _write(self, batch: list[str]) -> None:
+        dropped = self._source.dropped - self._reported
+        if dropped > 0:
+            self._reported += dropped
+            batch.insert(0, self._dropped_line(dropped))
+        text = "".join(batch)
+        # A stream a task closed costs these lines, never the writer thread.
+        with contextlib.suppress(Exception):
+            self._stream.write(text)
+            self._stream.flush()
+        self._source.written_chars += len(text)
+
+    def _dropped_line(self, dropped: int) -> str:
+        record = logging.makeLogRecord(
+            {
+                "name": "jobkeeper.worker",
+                "levelno": logging.WARNING,
+                "levelname": "WARNING",
+                "msg": f"{dropped} log lines dropped: stderr did not take them as fast as "
+                f"they came (more than {MAX_QUEUED} lines or {MAX_QUEUED_CHARS // 1_000_000} "
+                "MB were waiting)",
+            }
+        )
+        return self._source.format(record) + "\n"
 
     def stop_within(self, timeout: float) -> None:
         """Write what is queued, for up to ``timeout`` seconds, then stop."""
         writing, self._writing = self._writing, None
         if writing is None:
             return
-        self._records.put_nowait(None)
+        self._lines.put_nowait(None)
         writing.join(timeout)
 
 
@@ -170,10 +213,10 @@ def log_to_stderr(
     """
     if logging.getLogger().handlers:
         return None
-    records: queue.SimpleQueue[logging.LogRecord | None] = queue.SimpleQueue()
-    handler = DroppingQueueHandler(records)
+    lines: queue.SimpleQueue[str | None] = queue.SimpleQueue()
+    handler = DroppingQueueHandler(lines, formatter)
     handler.addFilter(JobFields())
-    writer = StreamWriter(records, handler, sys.stderr if stream is None else stream, formatter)
+    writer = StreamWriter(lines, handler, sys.stderr if stream is None else stream)
     writer.start()
     atexit.register(writer.stop_within, FLUSH_AT_EXIT)
     logging.basicConfig(level=level, handlers=[handler])
