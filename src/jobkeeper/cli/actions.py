@@ -134,13 +134,21 @@ class _Tally:
     def __init__(self, total: int) -> None:
         self.total = total
         self.acted = self.asked = self.skipped = 0
+        #: Jobs of the step under way (its statement may have committed
+        #: when Ctrl-C lands before it is counted).
+        self.step = 0
 
     def line(self, done: str) -> str:
         line = f"{done} {_plural(self.acted)}"
+        if self.step:
+            line += f" (and perhaps up to {self.step} more: the step under way)"
         if self.asked:
             line += f"; asked the workers of {_plural(self.asked)} to stop them"
         if self.skipped:
-            line += f"; skipped {self.skipped} that changed state meanwhile"
+            line += (
+                f"; skipped {self.skipped} that changed state meanwhile (or whose "
+                "unique_key a pending job holds)"
+            )
         return line
 
 
@@ -195,6 +203,7 @@ def _one_by_one(
     jq: JobQueue, ids: list[int], act: Callable[[JobQueue, int], bool], tally: _Tally
 ) -> None:
     for job_id in ids:
+        tally.step = 1
         try:
             if act(jq, job_id):
                 tally.asked += 1
@@ -202,6 +211,7 @@ def _one_by_one(
                 tally.acted += 1
         except (JobNotFound, JobStateError):
             tally.skipped += 1
+        tally.step = 0
 
 
 def _dead_in_batches(
@@ -213,6 +223,7 @@ def _dead_in_batches(
 ) -> None:
     for start in range(0, len(ids), DEAD_BATCH):
         batch = ids[start : start + DEAD_BATCH]
+        tally.step = len(batch)
         try:
             moved = len(act_dead(jq, batch))
         except JobStateError:
@@ -222,6 +233,7 @@ def _dead_in_batches(
             continue
         tally.acted += moved
         tally.skipped += len(batch) - moved
+        tally.step = 0
 
 
 def _one_or_filter(job_id: int | None, *filters: str | None) -> bool:

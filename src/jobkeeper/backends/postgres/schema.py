@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import random
+import re
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -64,7 +65,8 @@ def held_by(holders: list[dict[str, Any]]) -> str:
     if not holders:
         return "a session whose transaction has ended since"
     oldest = holders[0]
-    query = " ".join(str(oldest["query"]).split())[:80]
+    # Comment lines dropped: a migrate's query starts with its file's header.
+    query = " ".join(re.sub(r"--[^\n]*", " ", str(oldest["query"])).split())[:80]
     name = f"{oldest['application_name']}, " if oldest["application_name"] else ""
     open_for = oldest["open_for"]
     opened = f"transaction open {open_for:.0f} s, " if open_for is not None else ""
