@@ -159,6 +159,7 @@ class Producer:
         #: worker could be running.
         self.capped: frozenset[str] = frozenset()
         self._capped_read_at = -math.inf
+        self._slow_checked_at = -math.inf  # name_slow_deliveries: once a second
 
     # -- wake-ups (any thread) -------------------------------------------------
 
@@ -221,7 +222,9 @@ class Producer:
                     self._read_capped()
                 if self._fixed_prefetch is None:
                     self._executor.hand_back(stalled_for=PREFETCH_STALL)
-                self._executor.name_slow_deliveries()
+                if time.monotonic() >= self._slow_checked_at + 1.0:
+                    self._slow_checked_at = time.monotonic()
+                    self._executor.name_slow_deliveries()
                 claimed = self._claim()
                 if self._burst and claimed == 0 and self._drained():
                     # Not "nothing left": a paused queue's jobs, or ones a
