@@ -87,7 +87,7 @@ class _NoLock:
         return None
 
 
-class DroppingQueueHandler(logging.Handler):
+class DroppingLineHandler(logging.Handler):
     """Formats each record on the thread that logs and queues its line for
     :class:`StreamWriter`; never blocks and takes no lock (see the module).
 
@@ -136,7 +136,7 @@ class StreamWriter:
     def __init__(
         self,
         lines: queue.SimpleQueue[str | None],
-        source: DroppingQueueHandler,
+        source: DroppingLineHandler,
         stream: TextIO,
     ) -> None:
         self._lines = lines
@@ -214,7 +214,7 @@ def log_to_stderr(
     if logging.getLogger().handlers:
         return None
     lines: queue.SimpleQueue[str | None] = queue.SimpleQueue()
-    handler = DroppingQueueHandler(lines, formatter)
+    handler = DroppingLineHandler(lines, formatter)
     handler.addFilter(JobFields())
     writer = StreamWriter(lines, handler, sys.stderr if stream is None else stream)
     writer.start()

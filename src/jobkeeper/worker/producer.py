@@ -222,8 +222,9 @@ class Producer:
                     self._read_capped()
                 if self._fixed_prefetch is None:
                     self._executor.hand_back(stalled_for=PREFETCH_STALL)
-                if time.monotonic() >= self._slow_checked_at + 1.0:
-                    self._slow_checked_at = time.monotonic()
+                now = time.monotonic()
+                if now >= self._slow_checked_at + 1.0:
+                    self._slow_checked_at = now
                     self._executor.name_slow_deliveries()
                 claimed = self._claim()
                 if self._burst and claimed == 0 and self._drained():
