@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from jobkeeper.api import JobQueue
 from jobkeeper.config import holder_window
-from jobkeeper.errors import ConfigError, DatabaseUnavailable, JobkeeperError
+from jobkeeper.errors import ConfigError, DatabaseUnavailable, JobkeeperError, query_excerpt
 from jobkeeper.version import split_worker_version
 
 Level = Literal["ok", "warn", "fail"]
@@ -194,7 +194,7 @@ def _xmin_holder(holder: dict[str, Any]) -> str:
             f"(COMMIT PREPARED or ROLLBACK PREPARED {_sql_text(holder['gid'])}), or fix the "
             "transaction manager that left it"
         )
-    query = " ".join(str(holder["query"]).split())[:60]
+    query = query_excerpt(holder["query"], 60)
     return (
         f"pid {holder['pid']} ({holder['state']}, {holder['open_for']:.0f} s, {query!r}): "
         f"end it (SELECT pg_terminate_backend({holder['pid']})) or fix what leaves it open"

@@ -5,6 +5,7 @@ Leaf module: imports nothing from the rest of jobkeeper.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 #: Longest repr of a refused value quoted in an error, in characters.
@@ -21,6 +22,19 @@ def shown(value: Any) -> str:
     except Exception:  # noqa: BLE001 - whatever a user's __repr__ raises
         return f"<a {type(value).__name__} whose repr() raised>"
     return text if len(text) <= MAX_SHOWN else text[: MAX_SHOWN - 1] + "…"
+
+
+def query_excerpt(query: object, length: int) -> str:
+    """A session's query (``pg_stat_activity.query``) on one line for a
+    message: SQL comments dropped (jobkeeper's own queries, and many an
+    ORM's, start with one, which told nothing of the statement), runs of
+    white space made one space, cut to ``length`` characters.
+    """
+    text = _SQL_COMMENT.sub(" ", str(query))
+    return " ".join(text.split())[:length]
+
+
+_SQL_COMMENT = re.compile(r"--[^\n]*|/\*.*?\*/", re.DOTALL)
 
 
 #: What may not reach a log line or a terminal as it is: C0 and C1 control

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import logging
 import random
-import re
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -21,7 +20,7 @@ from jobkeeper.backends.migrate import (
 from jobkeeper.backends.postgres.connections import PostgresConnections, rows_of
 from jobkeeper.backends.postgres.queries import MIGRATIONS, QUERIES
 from jobkeeper.config import MIGRATE_LOCK_WAIT
-from jobkeeper.errors import DatabaseError, DatabaseUnavailable
+from jobkeeper.errors import DatabaseError, DatabaseUnavailable, query_excerpt
 
 logger = logging.getLogger("jobkeeper.postgres")
 
@@ -65,8 +64,7 @@ def held_by(holders: list[dict[str, Any]]) -> str:
     if not holders:
         return "a session whose transaction has ended since"
     oldest = holders[0]
-    # Comment lines dropped: a migrate's query starts with its file's header.
-    query = " ".join(re.sub(r"--[^\n]*", " ", str(oldest["query"])).split())[:80]
+    query = query_excerpt(oldest["query"], 80)
     name = f"{oldest['application_name']}, " if oldest["application_name"] else ""
     open_for = oldest["open_for"]
     opened = f"transaction open {open_for:.0f} s, " if open_for is not None else ""
