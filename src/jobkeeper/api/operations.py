@@ -397,7 +397,8 @@ class OperationsMixin(QueueBase):
         # Never every finished row for one queue's line: stats() took 150-240
         # ms a pause at 1M retained rows, and a recount fails where a
         # statement_timeout is shorter than it, after the change committed.
-        counted = self.queue_counts(recount=False)
+        # Nor every queue's live rows: 0.3-1.0 s at 600k available jobs.
+        counted = self.backend.queue_counts_of(queue=queue, exact_below=100_000)
         per_status = counted.counts.get(queue, {})
         return _queue_info(
             settings, {s.value: per_status.get(s.value, 0) for s in JobStatus}, counted

@@ -256,6 +256,24 @@ class CockpitReads:
             counts=counts, estimated=frozenset(estimated), lower_bound=frozenset(lower_bound)
         )
 
+    def queue_counts_of(self, *, queue: str, exact_below: int) -> QueueCounts:
+        counts: dict[str, int] = {}
+        sampled = {"finished": 0, "dead": 0}  # every queue's rows in the capped samples
+        for row in self._fetch("queue_counts_of_queue", {"queue": queue, "cap": exact_below + 1}):
+            if row["n"]:
+                counts[row["status"]] = int(row["n"])
+            if row["sampled"] is not None:
+                sampled["dead" if row["status"] == "dead" else "finished"] += int(row["sampled"])
+        estimated = set(_CAPPED_STATUSES) if sampled["finished"] > exact_below else set()
+        if sampled["dead"] > exact_below:
+            estimated.add("dead")
+        for kind in ("finished", "dead"):
+            if sampled[kind] <= exact_below:
+                self._forget_tally(kind)
+        # Never recounted here: an estimate is the sample's lower bound.
+        shown = frozenset(estimated)
+        return QueueCounts({queue: counts} if counts else {}, shown, shown)
+
     def _finished_above_cap(self, cap: int) -> list[dict[str, Any]] | None:
         """The finished rows per queue and status once more than ``cap``
         exist: the last recount, plus the rows finished since it (up to

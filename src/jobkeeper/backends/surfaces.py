@@ -71,6 +71,16 @@ class CockpitSeam(Protocol):
         """
         ...
 
+    def queue_counts_of(self, *, queue: str, exact_below: int) -> QueueCounts:
+        """The jobs of ``queue`` per status, as ``queue_counts`` counts them
+        with ``recount=False`` (its ``counts`` holds ``queue`` alone, absent
+        when it has no rows; ``estimated`` and ``lower_bound`` judged on the
+        same samples of every queue's finished rows and dead letters),
+        reading the live rows of ``queue`` only: a backlog in another queue
+        costs nothing.
+        """
+        ...
+
     def queue_oldest_due(self) -> dict[str, tuple[int, float]]:
         """Per queue with due work, its oldest job that could run now
         (available, or past due): ``{queue: (job id, seconds since due)}``.

@@ -1045,6 +1045,34 @@ GROUP BY queue
 -- The recount of the dead letters above the cap.
 SELECT queue, count(*) AS n FROM jobkeeper_dead_letters GROUP BY queue
 
+-- name: queue_counts_of_queue
+-- One queue's counts for pause, resume and configure_queue, as queue_counts
+-- counts them with recount=False, but only %(queue)s's live rows: all
+-- queues' took 0.3-1.0 s at 600,000 available jobs. Its available jobs come
+-- from the claim index (led by queue), so another queue's backlog is never
+-- read. The finished and dead arms read the same capped samples as
+-- queue_counts_finished and queue_counts_dead and return, beside this
+-- queue's rows in them, every queue's (sampled): a full sample means an
+-- estimate, as there.
+SELECT 'available' AS status, count(*) AS n, NULL::bigint AS sampled
+FROM jobkeeper_jobs WHERE status = 'available' AND queue = %(queue)s
+UNION ALL
+SELECT status, count(*), NULL FROM jobkeeper_jobs
+WHERE status IN ('scheduled', 'retryable') AND queue = %(queue)s GROUP BY status
+UNION ALL
+SELECT status, count(*), NULL FROM jobkeeper_jobs
+WHERE status IN ('claimed', 'running') AND queue = %(queue)s GROUP BY status
+UNION ALL
+SELECT status, count(*) FILTER (WHERE queue = %(queue)s), count(*)
+FROM (SELECT queue, status FROM jobkeeper_jobs
+      WHERE status IN ('completed', 'cancelled')
+      ORDER BY finished_at DESC
+      LIMIT %(cap)s) AS sample
+GROUP BY status
+UNION ALL
+SELECT 'dead', count(*) FILTER (WHERE queue = %(queue)s), count(*)
+FROM (SELECT queue FROM jobkeeper_dead_letters LIMIT %(cap)s) AS sample
+
 -- name: database_health_claim_plan
 -- doctor: the claim's plan (not run) must walk jobkeeper_jobs_claim_idx.
 EXPLAIN (FORMAT JSON)

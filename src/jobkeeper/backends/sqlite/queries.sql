@@ -643,6 +643,29 @@ GROUP BY queue
 -- name: queue_counts_dead_all
 SELECT queue, count(*) AS n FROM jobkeeper_dead_letters GROUP BY queue
 
+-- name: queue_counts_of_queue
+-- See the PostgreSQL twin: :queue's live rows only (its available ones down
+-- the claim index), and the capped samples of every queue's finished rows
+-- and dead letters with their size (sampled).
+SELECT 'available' AS status, count(*) AS n, NULL AS sampled
+FROM jobkeeper_jobs WHERE status = 'available' AND queue = :queue
+UNION ALL
+SELECT status, count(*), NULL FROM jobkeeper_jobs
+WHERE status IN ('scheduled', 'retryable') AND queue = :queue GROUP BY status
+UNION ALL
+SELECT status, count(*), NULL FROM jobkeeper_jobs
+WHERE status IN ('claimed', 'running') AND queue = :queue GROUP BY status
+UNION ALL
+SELECT status, coalesce(sum(queue = :queue), 0), count(*)
+FROM (SELECT queue, status FROM jobkeeper_jobs
+      WHERE status IN ('completed', 'cancelled')
+      ORDER BY finished_at DESC
+      LIMIT :cap)
+GROUP BY status
+UNION ALL
+SELECT 'dead', coalesce(sum(queue = :queue), 0), count(*)
+FROM (SELECT queue FROM jobkeeper_dead_letters LIMIT :cap)
+
 -- name: database_health_journal_mode
 PRAGMA journal_mode
 
