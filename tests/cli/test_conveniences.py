@@ -17,6 +17,8 @@ import pytest
 
 from backends.helpers import claim, kill, total_rows
 from jobkeeper import JobQueue, JobStatus
+from jobkeeper.models import Failure
+from jobkeeper.outcomes import claim_of
 from support.waiting import DEADLINE, wait_for
 
 
@@ -122,7 +124,7 @@ def test_retry_by_filter_moves_dead_letters_in_batches(cli, queue, monkeypatch):
     # Break-test: a filtered retry made two round trips per dead letter
     # (about 100 jobs/s: 17 minutes for 100k); they now move a batch a
     # statement. A unique_key in the way refuses its batch, whose other
-    # jobs then go one by one.
+    # jobs then go in one more statement.
     monkeypatch.setattr("jobkeeper.cli.actions.DEAD_BATCH", 2)
     dead = [kill(queue, queue.enqueue("mail", {"n": i}, queue="q")) for i in range(4)]
     keyed = kill(queue, queue.enqueue("mail", {}, queue="q", unique_key="k"))
@@ -132,6 +134,79 @@ def test_retry_by_filter_moves_dead_letters_in_batches(cli, queue, monkeypatch):
     assert all(queue.get_job(j.id).status == JobStatus.AVAILABLE for j in dead)
     assert queue.get_job(keyed.id).status == JobStatus.DEAD
     assert queue.get_job(holder.id).status == JobStatus.AVAILABLE
+
+
+def bury(jq: JobQueue, keys: list[str | None]) -> list[int]:
+    """Dead letters of task ``mail`` in queue ``q``, one per key (None: no key)."""
+    jobs = jq.enqueue_many(
+        [
+            ("mail", {"n": n}, {"queue": "q", "max_attempts": 1, "unique_key": key})
+            for n, key in enumerate(keys)
+        ]
+    )
+    assert len(jobs) == len(keys)
+    claimed = jq.backend.job_claim(worker_id="w-1", queue="q", limit=len(keys))
+    failures = [Failure(claim_of(job), "dead", '{"error": "boom"}') for job in claimed]
+    assert jq.backend.job_fail_many(failures=failures) == {job.id for job in jobs}
+    return [job.id for job in jobs]
+
+
+def count_calls(monkeypatch, *names: str) -> dict[str, int]:
+    calls = dict.fromkeys(names, 0)
+    for name in names:
+        real = getattr(JobQueue, name)
+
+        def counted(self, *args, _real=real, _name=name, **kwargs):
+            calls[_name] += 1
+            return _real(self, *args, **kwargs)
+
+        monkeypatch.setattr(JobQueue, name, counted)
+    return calls
+
+
+def test_a_batch_of_dead_letters_skips_only_those_whose_key_clashes(cli, queue, monkeypatch):
+    # Break-test: one clash sent its whole batch of 1,000 one by one (two
+    # round trips a job). Now the clashing ones are left out and the rest
+    # move in one more statement.
+    plain = bury(queue, [None] * 25)
+    held = bury(queue, ["k1", "k2"])
+    free = bury(queue, ["k3", "twin"])
+    (twin,) = bury(queue, ["twin"])  # a dead letter of the same key as one above
+    holders = [queue.enqueue("mail", {}, queue="q", unique_key=key).id for key in ("k1", "k2")]
+    calls = count_calls(monkeypatch, "requeue_dead", "retry")
+    out = cli.ok("retry", "--queue", "q", "--status", "dead", "--yes")
+    assert "retried 27 jobs; skipped 3 that changed state meanwhile" in out, out
+    assert calls == {"requeue_dead": 2, "retry": 0}
+    for job_id in plain + free + holders:
+        assert queue.get_job(job_id).status == JobStatus.AVAILABLE
+    for job_id in (*held, twin):
+        assert queue.get_job(job_id).status == JobStatus.DEAD
+
+
+def test_a_batch_refused_again_and_again_goes_one_by_one(cli, queue, monkeypatch):
+    # Each statement finds a key taken since the clashes were looked up (a
+    # concurrent enqueue): after DEAD_TRIES statements, one by one.
+    from jobkeeper.cli.actions import DEAD_TRIES
+
+    keys = [f"k{n}" for n in range(DEAD_TRIES + 3)]
+    dead = bury(queue, keys)
+    queue.enqueue("mail", {}, queue="q", unique_key="k0")
+    calls = count_calls(monkeypatch, "retry")
+    real = JobQueue.requeue_dead
+    taken = iter(keys[1:])
+
+    def requeue_after_an_enqueue(self, job_ids=None):
+        calls["requeue_dead"] = calls.get("requeue_dead", 0) + 1
+        if calls["requeue_dead"] > 1:
+            self.enqueue("mail", {}, queue="q", unique_key=next(taken))
+        return real(self, job_ids)
+
+    monkeypatch.setattr(JobQueue, "requeue_dead", requeue_after_an_enqueue)
+    out = cli.ok("retry", "--queue", "q", "--status", "dead", "--yes")
+    assert f"retried 3 jobs; skipped {DEAD_TRIES} that changed state" in out, out
+    assert calls == {"requeue_dead": DEAD_TRIES, "retry": 3}
+    statuses = [queue.get_job(job_id).status for job_id in dead]
+    assert statuses == [JobStatus.DEAD] * DEAD_TRIES + [JobStatus.AVAILABLE] * 3
 
 
 def test_requeue_all_names_a_few_ids_not_every_one(cli, queue):

@@ -46,6 +46,9 @@ CANCEL_FROM = (
 PAGE = 10_000
 #: Dead letters a filtered retry moves back per statement.
 DEAD_BATCH = 1_000
+#: Statements a batch of dead letters gets, each after leaving out those
+#: whose unique_key a pending job took, before it goes one by one.
+DEAD_TRIES = 3
 
 _optional_job_id = click.argument(
     "job_id",
@@ -223,17 +226,40 @@ def _dead_in_batches(
 ) -> None:
     for start in range(0, len(ids), DEAD_BATCH):
         batch = ids[start : start + DEAD_BATCH]
-        tally.step = len(batch)
-        try:
-            moved = len(act_dead(jq, batch))
-        except JobStateError:
-            # A unique_key in the way refuses the whole batch: one by one,
-            # only the jobs it concerns are skipped.
+        for _ in range(DEAD_TRIES):
+            tally.step = len(batch)
+            try:
+                moved = len(act_dead(jq, batch)) if batch else 0
+            except JobStateError:
+                # A unique_key in the way refuses the whole batch: leave out
+                # the dead letters it concerns, try the rest again.
+                clashing = _clashing(jq, batch)
+                tally.skipped += len(clashing)
+                batch = [job_id for job_id in batch if job_id not in clashing]
+                continue
+            tally.acted += moved
+            tally.skipped += len(batch) - moved
+            break
+        else:
+            # Refused every time: pending jobs keep taking the keys left
+            # (concurrent enqueues). One by one, each clash skips one job.
             _one_by_one(jq, batch, act, tally)
-            continue
-        tally.acted += moved
-        tally.skipped += len(batch) - moved
         tally.step = 0
+
+
+def _clashing(jq: JobQueue, batch: list[int]) -> set[int]:
+    """The dead letters of ``batch`` whose requeue the unique index refuses
+    now: a pending job holds their key, or one of the batch with a smaller
+    id has it (one by one, that one would be requeued and these skipped).
+    """
+    clashing: set[int] = set()
+    first: set[tuple[str, str]] = set()
+    for conflict in jq.backend.dead_letter_requeue_conflicts(job_ids=batch):  # by id
+        key = (conflict.task, conflict.unique_key)
+        if conflict.holder is not None or key in first:
+            clashing.add(conflict.dead_letter_id)
+        first.add(key)
+    return clashing
 
 
 def _one_or_filter(job_id: int | None, *filters: str | None) -> bool:
