@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sqlite3
 import threading
 import time
 from collections.abc import Callable
@@ -24,6 +25,7 @@ from jobkeeper import JobQueue
 from jobkeeper.dashboard import create_app
 from jobkeeper.dashboard.app import PASSWORD_ENV
 from jobkeeper.errors import ConfigError
+from support.settings import FAST
 
 from .conftest import _token
 from .seed import seed
@@ -102,6 +104,52 @@ def test_pages_answer_503_within_the_bound_while_the_database_hangs(jq, monkeypa
     finally:
         freezable.thawed.set()
         jq._backend = freezable._backend
+
+
+def test_a_sqlite_action_behind_the_write_lock_lets_go_of_its_thread_at_the_bound(
+    sqlite_url, monkeypatch
+):
+    # Break-test: the POST was answered 503 at database_timeout, but the
+    # pause went on waiting busy_timeout (30 s) for the lock, holding one
+    # of the dashboard's 8 threads. SQLite only: a PostgreSQL connection is
+    # pooled, no thread's (connection_lock_wait does nothing there).
+    monkeypatch.delenv(PASSWORD_ENV, raising=False)
+    jq = JobQueue(sqlite_url, **FAST)
+    jq.migrate()
+    seed(jq)
+    ended = threading.Event()
+    real_pause = jq.pause
+
+    def pause(queue: str) -> Any:
+        try:
+            return real_pause(queue)
+        finally:
+            ended.set()
+
+    monkeypatch.setattr(jq, "pause", pause)
+    try:
+        with TestClient(create_app(jq, database_timeout=BOUND)) as client:
+            token = _token(client, "/queues")
+            form = {"csrf_token": token, "queue": "emails"}
+            holder = sqlite3.connect(jq.backend.path, isolation_level=None)
+            holder.execute("BEGIN IMMEDIATE")
+            try:
+                response, took = _timed(
+                    lambda: client.post("/queues/pause", data=form, follow_redirects=False)
+                )
+                assert response.status_code == 503 and took < BOUND + SLACK
+                assert ended.wait(BOUND + SLACK), "the pause held its thread past the bound"
+            finally:
+                holder.execute("ROLLBACK")
+                holder.close()
+            assert not any(q.paused for q in jq.queues())  # it gave up: nothing written
+            # Only the dashboard's threads are bound: this one (as a worker's) waits 30 s.
+            assert jq.backend._busy_timeout() == 30.0
+            assert jq.backend._conn().execute("PRAGMA busy_timeout").fetchone() == (30_000,)
+            assert client.post("/queues/pause", data=form, follow_redirects=False).is_redirect
+            assert [q.name for q in jq.queues() if q.paused] == ["emails"]
+    finally:
+        jq.close()
 
 
 def test_database_timeout_must_be_a_positive_number(jq):

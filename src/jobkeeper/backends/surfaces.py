@@ -81,6 +81,18 @@ class CockpitSeam(Protocol):
         """
         ...
 
+    def connection_lock_wait(self, *, seconds: float | None) -> None:
+        """Bound the calling thread's waits for SQLite's write lock to
+        ``seconds`` (None: ``busy_timeout`` again; never longer than it), for
+        the dashboard's threads, whose request is answered 503 at its
+        ``database_timeout``: a write behind another connection's lock then
+        gives up (``DatabaseUnavailable``, nothing written) instead of
+        holding the thread for ``busy_timeout``. Other threads keep
+        ``busy_timeout``. PostgreSQL: nothing (its connections are pooled,
+        not a thread's).
+        """
+        ...
+
     def queue_oldest_due(self) -> dict[str, tuple[int, float]]:
         """Per queue with due work, its oldest job that could run now
         (available, or past due): ``{queue: (job id, seconds since due)}``.

@@ -115,8 +115,14 @@ class Dashboard:
         self.jq = jq
         self.read_only = read_only
         # Every page, scrape and action runs here: a frozen server is
-        # answered with a 503 at the bound, not waited for.
-        self.runner = BoundedRunner(database_timeout, backend=jq.url.scheme)
+        # answered with a 503 at the bound, not waited for. On SQLite an
+        # action behind another connection's write lock gives up at the
+        # bound too, not at busy_timeout (30 s) holding one of the threads.
+        self.runner = BoundedRunner(
+            database_timeout,
+            backend=jq.url.scheme,
+            prepare=lambda: jq.backend.connection_lock_wait(seconds=database_timeout),
+        )
         self.csrf = Csrf(secret)
         self.env = jinja2.Environment(
             loader=jinja2.PackageLoader("jobkeeper.dashboard", "templates"),

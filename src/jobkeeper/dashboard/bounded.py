@@ -66,10 +66,21 @@ class BoundedRunner:
     Args:
         seconds: the bound, > 0.
         threads: threads at most.
+        prepare: called on the thread before each function (a SQLite
+            backend bounds the thread's lock waits there); what it raises
+            goes to the request, as the function's would.
     """
 
-    def __init__(self, seconds: float, threads: int = THREADS, *, backend: str = "") -> None:
+    def __init__(
+        self,
+        seconds: float,
+        threads: int = THREADS,
+        *,
+        backend: str = "",
+        prepare: Callable[[], None] | None = None,
+    ) -> None:
         self.seconds = seconds
+        self._prepare = prepare
         self._why = _WHY.get(backend, _WHY["postgresql"])
         self._threads = threads
         self._lock = threading.Lock()
@@ -126,6 +137,8 @@ class BoundedRunner:
             work = self._queue.get()
             if not work.abandoned:
                 try:
+                    if self._prepare is not None:
+                        self._prepare()
                     outcome: tuple[bool, Any] = (True, work.function(work.request))
                 except BaseException as exc:  # noqa: BLE001 - handed to the request, raised there
                     outcome = (False, exc)

@@ -321,6 +321,9 @@ class PostgresConnections:
             cursor.execute(query, params)
             return cursor.fetchall() if cursor.description else []
 
+    def connection_lock_wait(self, *, seconds: float | None) -> None:
+        """Nothing: a pooled connection is no thread's (see the Protocol)."""
+
     def _release_thread(self) -> None:
         """Nothing to let go of: connections go back to the pool after each call."""
 

@@ -28,7 +28,7 @@ class _ThreadConnection:
     another thread was running a statement on crashed the process).
     """
 
-    __slots__ = ("conn", "depth", "doomed")
+    __slots__ = ("busy_timeout", "conn", "depth", "doomed")
 
     def __init__(self) -> None:
         self.conn: sqlite3.Connection | None = None
@@ -37,6 +37,9 @@ class _ThreadConnection:
         #: ``close()`` came while the thread was in a call: its connection
         #: is closed when that call ends.
         self.doomed = False
+        #: This thread's bound on lock waits (s), below the backend's
+        #: busy_timeout (``connection_lock_wait``); None: that one.
+        self.busy_timeout: float | None = None
 
 
 def _rows(cursor: sqlite3.Cursor) -> list[dict[str, Any]]:
@@ -185,12 +188,12 @@ class SqliteConnection:
             try:
                 conn = sqlite3.connect(
                     self.path,
-                    timeout=self.busy_timeout,
+                    timeout=self._busy_timeout(),
                     isolation_level=None,  # we issue BEGIN IMMEDIATE / COMMIT ourselves
                     check_same_thread=False,
                 )
                 _retry_while_locked(
-                    lambda: conn.execute(QUERIES["connection_journal_wal"]), self.busy_timeout
+                    lambda: conn.execute(QUERIES["connection_journal_wal"]), self._busy_timeout()
                 )
                 conn.execute(QUERIES["connection_synchronous_full"])
             except sqlite3.Error as exc:
@@ -228,7 +231,7 @@ class SqliteConnection:
             if _is_locked(exc):
                 raise DatabaseUnavailable(
                     f"SQLite database {self.path!r} stayed locked for more than "
-                    f"busy_timeout={self.busy_timeout}s; nothing was written"
+                    f"busy_timeout={self._busy_timeout()}s; nothing was written"
                 ) from exc
             # A table or column a newer schema version adds: not migrated yet.
             if any(m in str(exc) for m in ("no such table", "no such column", "has no column")):
@@ -313,10 +316,25 @@ class SqliteConnection:
         busy = QUERIES["connection_busy_timeout"]
         conn.execute(busy.replace("{ms}", str(BUSY_SLICE_MS)))
         try:
-            timeout = self.busy_timeout if lock_wait is None else lock_wait
+            timeout = self._busy_timeout() if lock_wait is None else lock_wait
             return _retry_while_locked(action, timeout, 0.0)
         finally:
-            conn.execute(busy.replace("{ms}", str(int(self.busy_timeout * 1000))))
+            conn.execute(busy.replace("{ms}", str(int(self._busy_timeout() * 1000))))
+
+    def _busy_timeout(self) -> float:
+        """Seconds this thread's statements wait for the write lock."""
+        bound = self._thread().busy_timeout
+        return self.busy_timeout if bound is None else min(bound, self.busy_timeout)
+
+    def connection_lock_wait(self, *, seconds: float | None) -> None:
+        slot = self._thread()
+        if slot.busy_timeout == seconds:
+            return
+        slot.busy_timeout = seconds
+        if slot.conn is not None:
+            busy = QUERIES["connection_busy_timeout"]
+            with self._errors():
+                slot.conn.execute(busy.replace("{ms}", str(int(self._busy_timeout() * 1000))))
 
     def _fetch(self, name: str, params: dict[str, Any] | None = None) -> list[dict[str, Any]]:
         with self._errors():
