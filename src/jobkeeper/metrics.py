@@ -25,6 +25,7 @@ port nothing is counted at all. Oban's telemetry metrics are the model
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Container
 from typing import Any
 
@@ -117,14 +118,20 @@ class WorkerMetrics:
         processed.inc()
 
     def serve(self, port: int, host: str = "127.0.0.1") -> None:
-        """Serve ``/metrics`` (Prometheus text) on ``host:port`` from a daemon thread.
+        """Serve ``/metrics`` (Prometheus text) on ``host:port`` from a daemon
+        thread, each connection on a thread of its own: at most
+        ``MAX_CONNECTIONS`` at once (more are closed unanswered), each closed
+        after ``IDLE_TIMEOUT`` seconds without a request.
 
         Raises:
             OSError: the address cannot be bound.
         """
-        from prometheus_client import start_http_server
+        from prometheus_client import make_wsgi_app
 
-        start_http_server(port, addr=host, registry=self.registry)
+        from jobkeeper.metrics_server import bounded_server
+
+        server = bounded_server(host, port, make_wsgi_app(self.registry))
+        threading.Thread(target=server.serve_forever, name="jobkeeper-metrics", daemon=True).start()
 
     def render(self) -> str:
         """The metrics as Prometheus text (what ``/metrics`` serves)."""
