@@ -8,7 +8,9 @@ import importlib.metadata
 import os
 import subprocess
 import sys
+import tarfile
 import venv
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -42,6 +44,15 @@ def test_wheel_and_sdist_install_and_run_the_demo(tmp_path: Path) -> None:
     run(sys.executable, "-m", "build", "--outdir", dist, ROOT, cwd=tmp_path)
     (wheel,) = dist.glob("jobkeeper-*.whl")
     (sdist,) = dist.glob("jobkeeper-*.tar.gz")
+    # The licence ships in both, declared as an SPDX expression (PEP 639:
+    # setuptools refuses the older table form after 2027-02-18).
+    with zipfile.ZipFile(wheel) as archive:
+        names = archive.namelist()
+        (metadata,) = [n for n in names if n.endswith(".dist-info/METADATA")]
+        assert "License-Expression: MIT" in archive.read(metadata).decode()
+        assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names), names
+    with tarfile.open(sdist) as archive:
+        assert any(n.endswith("/LICENSE") for n in archive.getnames())
     for artifact in (wheel, sdist):
         home = tmp_path / f"venv-{artifact.suffix.lstrip('.')}"
         venv.EnvBuilder(with_pip=True).create(home)
