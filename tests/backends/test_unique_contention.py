@@ -114,3 +114,38 @@ def test_deadlock_in_the_callers_transaction_asks_the_caller_to_retry(pg_queue, 
         assert isinstance(error, DatabaseError)
         assert not isinstance(error, DatabaseUnavailable)
         assert "retry" in str(error) and "transaction" in str(error), error
+
+
+def test_a_batch_of_many_unique_keys_leaves_the_lock_table_to_others(pg_queue, pg_url):
+    """A lock per key filled PostgreSQL's shared lock table (6,400 entries by
+    default): this batch failed with "out of shared memory", and so did other
+    sessions' statements while it ran. The keys share a bounded set of locks.
+    """
+    keys = [f"many-{n}" for n in range(20_000)]
+    jobs = pg_queue.enqueue_many([("t", {}, {"unique_key": key}) for key in keys])
+    assert [job.unique_key for job in jobs] == keys
+    assert len({job.id for job in jobs}) == len(keys)
+
+
+def test_keys_sharing_one_lock_are_still_locked_before_the_rows_go_in():
+    """Two keys of a batch that fall on one lock must still take it: without
+    it, two batches holding them in opposite orders deadlock in the index.
+    """
+    from jobkeeper.backends.postgres.plans import (
+        UNIQUE_LOCK_BUCKETS,
+        Execute,
+        _insert,
+        unique_lock_key,
+    )
+    from jobkeeper.models import NewJob
+
+    first, second = "key-14", "key-21"
+    assert unique_lock_key("t", first) == unique_lock_key("t", second)
+    assert len({unique_lock_key("t", f"k{n}") for n in range(20_000)}) <= UNIQUE_LOCK_BUCKETS
+    batch = [
+        NewJob(task="t", args_json="{}", queue="default", priority=0, max_attempts=3, unique_key=k)
+        for k in (second, first)
+    ]
+    step = next(_insert(batch, "jobkeeper_public", checked=True))
+    assert isinstance(step, Execute) and step.query == "job_insert_many_lock_keys", step
+    assert step.params == {"keys": [unique_lock_key("t", first)]}

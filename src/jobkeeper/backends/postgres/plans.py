@@ -83,13 +83,23 @@ Step = Execute | Copy | CopyText
 Plan = Generator[Step, list[Any], Any]
 
 
+#: Advisory lock keys the unique keys of batches share (see unique_lock_key).
+UNIQUE_LOCK_BUCKETS = 1024
+#: The first of them: a range of bigint keys of jobkeeper's own ("jkun").
+UNIQUE_LOCK_BASE = 0x6A6B_756E_0000_0000
+
+
 def unique_lock_key(task: str, unique_key: str) -> int:
-    """The advisory lock key of a (task, unique_key): a stable 64-bit hash
-    (Python's ``hash`` differs between processes). A collision only makes two
-    batches wait for each other; uniqueness itself is the index's.
+    """The advisory lock key of a (task, unique_key): one of
+    ``UNIQUE_LOCK_BUCKETS`` keys, by a stable hash (Python's ``hash`` differs
+    between processes). A lock per key filled PostgreSQL's shared lock table
+    (``max_locks_per_transaction`` x ``max_connections``, 6,400 by default):
+    a batch of 20,000 keys failed with "out of shared memory", and so did
+    other sessions' statements meanwhile. Keys sharing a bucket only make
+    two batches wait for each other; uniqueness itself is the index's.
     """
     digest = hashlib.blake2b(f"{task}\0{unique_key}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "big", signed=True)
+    return UNIQUE_LOCK_BASE + int.from_bytes(digest, "big") % UNIQUE_LOCK_BUCKETS
 
 
 def is_single_statement(jobs: Sequence[NewJob]) -> bool:
@@ -262,14 +272,14 @@ def _insert(
     """
     if len(jobs) == 1 and jobs[0].unique_key is None:
         return [(yield from _insert_one(jobs[0], channel, checked=checked))]
-    lock_keys = sorted(
-        {unique_lock_key(j.task, j.unique_key) for j in jobs if j.unique_key is not None}
-    )
-    if len(lock_keys) > 1:
+    keys = {(j.task, j.unique_key) for j in jobs if j.unique_key is not None}
+    if len(keys) > 1:
         # Rows go in input order (ids ascend with it), so two batches
         # holding the same keys in different orders would each wait in
         # the unique index for a key the other took first: a deadlock.
-        # The locks are taken in one order for all batches instead.
+        # The locks are taken in one order for all batches instead; also
+        # when all of a batch's keys share one lock.
+        lock_keys = sorted({unique_lock_key(task, key) for task, key in keys})
         yield Execute("job_insert_many_lock_keys", {"keys": lock_keys})
     out: list[Job | None] = [None] * len(jobs)
     pending = list(range(len(jobs)))
