@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 from jobkeeper.backoff import ABSOLUTE_MAX_BACKOFF, backoff_delay
 from jobkeeper.config import Settings
+from jobkeeper.errors import shown
 from jobkeeper.events import OutcomeKind
 from jobkeeper.models import Claim, Completion, Failure, FailureKind, Job
 from jobkeeper.payload import clean_text, dumps
@@ -158,7 +159,8 @@ def returned_attempt(job: Job) -> Failure:
 def task_backoff(backoff: BackoffFunction, job: Job, exc: BaseException | None) -> float | None:
     """Seconds a task's own ``backoff`` asks for after ``job``'s attempt
     failed, or None (the default applies) when it raised or returned no
-    finite number >= 0 (both logged). Capped at ``ABSOLUTE_MAX_BACKOFF``.
+    finite number >= 0 (infinity, NaN, an int past float's range; both
+    logged). A finite result is capped at ``ABSOLUTE_MAX_BACKOFF``.
     """
     error = exc if exc is not None else RuntimeError("attempt failed")
     try:
@@ -170,21 +172,34 @@ def task_backoff(backoff: BackoffFunction, job: Job, exc: BaseException | None) 
             job.task,
         )
         return None
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int | float)
-        or math.isnan(value)
-        or value < 0
-    ):
+    seconds = _finite_seconds(value)
+    if seconds is None:
         logger.warning(
-            "job %s (%s): the task's backoff function returned %r, not seconds >= 0; "
+            "job %s (%s): the task's backoff function returned %s, not finite seconds >= 0; "
             "the default backoff is used",
             job.id,
             job.task,
-            value,
+            shown(value),
         )
         return None
-    return min(float(value), ABSOLUTE_MAX_BACKOFF)
+    return min(seconds, ABSOLUTE_MAX_BACKOFF)
+
+
+def _finite_seconds(value: object) -> float | None:
+    """``value`` as finite seconds >= 0, or None: the values ``Retry(delay=...)``
+    refuses (a bool, a non-number, NaN, infinity, an int past float's range,
+    a negative) are the ones a backoff function falls back on.
+    """
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    try:
+        seconds = float(value)
+    except OverflowError:  # 10**400: finite as an int, no float holds it
+        return None
+    # An infinite delay would otherwise be capped to a silent 100-year park.
+    if not (0.0 <= seconds < math.inf):
+        return None
+    return seconds
 
 
 def snoozed_attempt(job: Job, delay: float) -> Failure:
