@@ -18,7 +18,7 @@ from typing import NoReturn
 
 import click
 
-from jobkeeper.cli import common
+from jobkeeper.cli import common, streams
 from jobkeeper.cli.common import BadInput, Group
 from jobkeeper.cli.loading import AppImportFailed
 from jobkeeper.errors import (
@@ -131,6 +131,9 @@ def _in_option_terms(message: str, argv: list[str]) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     """Entry point of the ``jobkeeper`` console script."""
+    # Before any output: a job's text on a stdout that cannot encode it
+    # raised after the command had acted (enqueue --json: the job stored).
+    streams.escape_unencodable()
     try:
         # Not standalone: a `ctx.exit(n)` comes back as the return value, and
         # Click's own errors are raised here, to be printed as one line.

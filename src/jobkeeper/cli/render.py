@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.markup import escape as escape_markup
 from rich.table import Table
 
+from jobkeeper.cli.streams import as_stdout_takes
 from jobkeeper.config import heartbeat_age, is_stale
 from jobkeeper.errors import printable, printable_json
 from jobkeeper.models import Job, JobStatus, WorkerInfo
@@ -24,9 +25,9 @@ from jobkeeper.version import split_worker_version
 def escape(text: str) -> str:
     """``text`` for a Rich table cell: its markup escaped, and its control
     characters too (a job's error or result holds what its task put there;
-    an ESC would reach the terminal).
+    an ESC would reach the terminal), and what stdout cannot encode.
     """
-    return escape_markup(printable(text))
+    return escape_markup(as_stdout_takes(printable(text)))
 
 
 STATUS_STYLE = {
