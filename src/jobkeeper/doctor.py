@@ -93,7 +93,7 @@ def run_checks(
     checks.append(_schema(facts, jq.url.migrate_hint()))
     if facts["schema_version"] == 0:
         return checks
-    checks.append(_claim_plan(facts))
+    checks.append(_claim_plan(facts, jq.url.migrate_hint()))
     if facts["backend"] == "postgresql":
         checks += _postgres(facts, xmin_warn_after)
     else:
@@ -132,7 +132,7 @@ def _schema(facts: dict[str, Any], migrate_hint: str) -> Check:
     return Check("schema", "ok", f"version {have}, as the code expects")
 
 
-def _claim_plan(facts: dict[str, Any]) -> Check:
+def _claim_plan(facts: dict[str, Any], migrate_hint: str) -> Check:
     if facts.get("claim_uses_index"):
         return Check("claim plan", "ok", "the claim walks jobkeeper_jobs_claim_idx")
     live = (facts.get("table") or {}).get("live") or 0
@@ -144,7 +144,7 @@ def _claim_plan(facts: dict[str, Any]) -> Check:
         "claim plan",
         "fail",
         "the claim does not use jobkeeper_jobs_claim_idx: run ANALYZE jobkeeper_jobs "
-        "and check the index exists (`jobkeeper migrate`)",
+        f"and check the index exists ({migrate_hint})",
     )
 
 

@@ -45,7 +45,9 @@ def test_migrate_refuses_tables_without_a_schema_record_and_changes_nothing(db_u
         checks = run_checks(jq)
         assert [c.level for c in checks] == ["fail"]
         assert REFUSED in checks[0].message
-        assert "run `jobkeeper migrate`" in checks[0].message
+        # Naming the database: a bare `jobkeeper migrate` migrates the default one.
+        assert jq.url.migrate_hint() in checks[0].message
+        assert "`jobkeeper --database " in str(refused.value)
     # Nothing was written: the record is as it was left, the jobs are there.
     if how == "emptied":
         assert count(db_url, "jobkeeper_schema") == 0

@@ -24,6 +24,8 @@ def apply_migrations(
     migrations: Sequence[tuple[int, Sequence[str]]],
     queries: dict[str, str],
     before_applying: Callable[[int], None] | None = None,
+    *,
+    migrate_hint: str,
 ) -> int:
     """Apply every migration newer than the recorded version, in order.
 
@@ -36,6 +38,8 @@ def apply_migrations(
         before_applying: called with the recorded version (0: none),
             read under the caller's lock, when a migration is to be
             applied, before the first one is.
+        migrate_hint: the database's ``DatabaseURL.migrate_hint()``, for
+            the error below.
 
     Returns:
         The schema version now applied.
@@ -47,7 +51,7 @@ def apply_migrations(
     execute(queries["schema_create"], ())
     current = int(execute(queries["schema_version"], ())[0][0])
     if current == 0 and execute(queries["schema_tables_exist"], ())[0][1]:
-        raise unrecorded_schema(migrations[-1][0])
+        raise unrecorded_schema(migrations[-1][0], migrate_hint)
     if before_applying is not None and current < migrations[-1][0]:
         before_applying(current)
     for version, statements in migrations:
@@ -73,7 +77,7 @@ class UnrecordedSchemaError(DatabaseError):
     """
 
 
-def unrecorded_schema(expected: int) -> UnrecordedSchemaError:
+def unrecorded_schema(expected: int, migrate_hint: str) -> UnrecordedSchemaError:
     """The error for jobkeeper's tables found without a schema version
     recorded: ``jobkeeper_schema`` emptied or dropped (by hand, or by a
     restore that left it out). Read as "not migrated", such a database had
@@ -83,11 +87,13 @@ def unrecorded_schema(expected: int) -> UnrecordedSchemaError:
     Args:
         expected: the schema version of this code, named in the message
             (the version of tables this code made or last migrated).
+        migrate_hint: the database's ``DatabaseURL.migrate_hint()``: a bare
+            ``jobkeeper migrate`` migrates the default database.
     """
     return UnrecordedSchemaError(
         "jobkeeper_schema records no schema version, yet a jobkeeper_jobs table exists: "
         "jobkeeper_schema's rows were deleted or the table dropped (or that table is not "
         "jobkeeper's), so which migrations to run is unknown; nothing was changed. Record the "
         f"version the tables are at (this jobkeeper's is {expected}; docs/deploying.md, "
-        '"A lost schema record", has the SQL), then run `jobkeeper migrate`'
+        f'"A lost schema record", has the SQL), then {migrate_hint}'
     )

@@ -166,7 +166,13 @@ class PostgresSchema(PostgresConnections):
                 # most; then all is rolled back, and tried again after a pause
                 # in which the fleet works.
                 lock_wait(min(LOCK_TIMEOUT, max(remaining, 0.001)))
-                return apply_migrations(execute, MIGRATIONS, QUERIES, before_applying)
+                return apply_migrations(
+                    execute,
+                    MIGRATIONS,
+                    QUERIES,
+                    before_applying,
+                    migrate_hint=self.url.migrate_hint(),
+                )
         except DatabaseUnavailable as exc:
             if isinstance(exc.__cause__, psycopg.errors.LockNotAvailable):
                 raise LockWaitError(advisory=waiting_for_advisory) from exc
@@ -221,7 +227,7 @@ class PostgresSchema(PostgresConnections):
             if recorded:
                 version = int(cursor.execute(QUERIES["schema_version"]).fetchall()[0][0])
         if version == 0 and jobs:
-            raise unrecorded_schema(self.schema_expected())
+            raise unrecorded_schema(self.schema_expected(), self.url.migrate_hint())
         return version
 
     def schema_expected(self) -> int:

@@ -176,8 +176,8 @@ class SqliteConnection:
                 # SQLite would take it for an empty database and make it one
                 # (WAL mode, a header): a command that only reads must not.
                 raise DatabaseError(
-                    f"SQLite database {self.path!r} is empty (0 bytes) -- run `jobkeeper "
-                    "migrate` (or JobQueue.migrate()) first; the file was left as it is"
+                    f"SQLite database {self.path!r} is empty (0 bytes) -- "
+                    f"{self.url.migrate_hint()} first; the file was left as it is"
                 )
             directory = os.path.dirname(self.path)
             if directory and not os.path.isdir(directory):

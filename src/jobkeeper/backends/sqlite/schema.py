@@ -55,7 +55,9 @@ class SqliteSchema(SqliteConnection):
             def execute(statement: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
                 return conn.execute(statement, params).fetchall()
 
-            return apply_migrations(execute, MIGRATIONS, QUERIES)
+            return apply_migrations(
+                execute, MIGRATIONS, QUERIES, migrate_hint=self.url.migrate_hint()
+            )
 
     @staticmethod
     def _write_lock_busy(exc: DatabaseUnavailable) -> bool:
@@ -79,7 +81,7 @@ class SqliteSchema(SqliteConnection):
             recorded, jobs = conn.execute(QUERIES["schema_tables_exist"]).fetchone()
             version = int(conn.execute(QUERIES["schema_version"]).fetchone()[0]) if recorded else 0
         if version == 0 and jobs:
-            raise unrecorded_schema(self.schema_expected())
+            raise unrecorded_schema(self.schema_expected(), self.url.migrate_hint())
         return version
 
     def schema_expected(self) -> int:
