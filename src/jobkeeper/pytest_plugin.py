@@ -12,11 +12,14 @@ import secrets
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import NoReturn
 from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 import pytest
 
 from jobkeeper.api import JobQueue
+from jobkeeper.backends import resolve_database_url
+from jobkeeper.errors import ConfigError
 from jobkeeper.testing import DATABASE_ENV
 
 
@@ -57,22 +60,54 @@ def jobkeeper_database_url(request: pytest.FixtureRequest, tmp_path: Path) -> It
     or a new schema on the PostgreSQL server given by ``--jobkeeper-database``
     or ``$JOBKEEPER_TEST_DATABASE_URL`` (dropped after the test).
     """
-    server = request.config.getoption("--jobkeeper-database") or os.environ.get(DATABASE_ENV)
+    option = request.config.getoption("--jobkeeper-database")
+    server = option or os.environ.get(DATABASE_ENV)
     if not server:
         yield f"sqlite:///{tmp_path / 'jobkeeper-test.db'}"
         return
+    source = "--jobkeeper-database" if option else f"${DATABASE_ENV}"
     if not server.startswith(("postgresql://", "postgres://")):
-        raise pytest.UsageError(f"--jobkeeper-database must be a postgresql:// URL, got {server!r}")
-    import psycopg
-
+        _unusable(f"{source} must be a postgresql:// URL, got {server!r}")
     schema = f"jobkeeper_test_{secrets.token_hex(6)}"
-    with psycopg.connect(server, autocommit=True) as conn:
-        conn.execute(f'CREATE SCHEMA "{schema}"')
+    _on_server(server, source, f'CREATE SCHEMA "{schema}"')
     try:
         yield schema_url(server, schema)
     finally:
-        with psycopg.connect(server, autocommit=True) as conn:
-            conn.execute(f'DROP SCHEMA "{schema}" CASCADE')
+        _on_server(server, source, f'DROP SCHEMA "{schema}" CASCADE')
+
+
+def _on_server(server: str, source: str, statement: str) -> None:
+    """Run ``statement`` on ``server`` (given by ``source``, an option or a
+    variable). A missing driver, a URL libpq refuses or a server that cannot
+    be used fails the test with jobkeeper's one-line message, as ``JobQueue``
+    words it, where psycopg's ``ModuleNotFoundError`` or ``OperationalError``
+    came out of every test with its traceback.
+    """
+    # Failed after the except blocks, not in them: pytest would print the
+    # chain of exceptions ("During handling of the above exception...").
+    failed: BaseException | None = None
+    try:
+        url = resolve_database_url(server)  # names the extra when psycopg is missing
+        import psycopg
+
+        from jobkeeper.backends.postgres.connections import translated
+    except (ConfigError, ImportError) as exc:
+        failed = exc
+    else:
+        try:
+            with psycopg.connect(server, autocommit=True) as conn:
+                conn.execute(statement)
+        except psycopg.Error as exc:
+            failed = translated(exc, url) or exc
+    if failed is not None:
+        _unusable(f"{source}: {failed}")
+
+
+def _unusable(message: str) -> NoReturn:
+    """Fail the test using the fixture with ``message`` alone, no traceback
+    (a UsageError raised by a fixture is reported with one).
+    """
+    pytest.fail(message, pytrace=False)
 
 
 @pytest.fixture
