@@ -9,10 +9,17 @@ is a third entry.
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Callable
 
 from jobkeeper.backends.base import Backend
-from jobkeeper.config import DatabaseURL, Settings, redact_secrets, requested_database_url
+from jobkeeper.config import (
+    DATABASE_URL_ENV,
+    DatabaseURL,
+    Settings,
+    redact_secrets,
+    requested_database_url,
+)
 from jobkeeper.errors import ConfigError
 
 
@@ -82,9 +89,20 @@ def resolve_database_url(url: str | None) -> DatabaseURL:
 
     Raises:
         ConfigError: the URL is not a string, has an unknown scheme, or is
-            not valid for its backend (the message says why).
+            not valid for its backend (the message says why, and ends
+            "(from $JOBKEEPER_DATABASE_URL)" when that is where it came from).
     """
-    url = requested_database_url(url)
+    if url is None and os.environ.get(DATABASE_URL_ENV):
+        # The caller gave no URL, so it may not know the environment named
+        # one: "invalid database URL 'bogus'" left people searching their code.
+        try:
+            return _parse_requested(requested_database_url(None))
+        except ConfigError as exc:
+            raise ConfigError(f"{exc} (from ${DATABASE_URL_ENV})") from None
+    return _parse_requested(requested_database_url(url))
+
+
+def _parse_requested(url: str) -> DatabaseURL:
     scheme, sep, _ = url.partition("://")
     scheme = scheme.lower()
     if not sep:

@@ -17,6 +17,8 @@ from jobkeeper.cli.common import (
     err_console,
     terminate_as_interrupt,
 )
+from jobkeeper.config import DATABASE_URL_ENV
+from jobkeeper.errors import ConfigError
 from jobkeeper.verify import run as verify_run
 
 #: Violations listed under the verdict (the rest are counted).
@@ -79,15 +81,17 @@ def verify(ctx: click.Context, minutes: float) -> None:
     when the database is unreachable or not migrated.
     """
     url = ctx.find_root().params.get("database")
+    source = ""
     if url is None:
-        url = os.environ.get("JOBKEEPER_DATABASE_URL")
+        url = os.environ.get(DATABASE_URL_ENV)
+        source = f" (from ${DATABASE_URL_ENV})"
     if not url:
-        raise BadInput("verify needs --database URL (or $JOBKEEPER_DATABASE_URL)")
+        raise BadInput(f"verify needs --database URL (or ${DATABASE_URL_ENV})")
     seconds = _minutes(minutes) * 60
     try:
         verify_run.preflight(url)
-    except verify_run.BadInput as exc:
-        raise BadInput(str(exc)) from None
+    except (verify_run.BadInput, ConfigError) as exc:
+        raise BadInput(f"{exc}{source}") from None
     config = verify_run.VerifyConfig(url=url, seconds=seconds)
 
     def say(line: str) -> None:
