@@ -146,8 +146,27 @@ def parse_args_json(text: str) -> dict[str, Any]:
             f"than {marker.limit} digits are not supported"
         )
     if not isinstance(value, dict):
-        raise BadInput(f"--args must be a JSON object, got {type(value).__name__}: {text[:60]}")
+        raise BadInput(f"--args must be a JSON object, got {json_type(value)}: {text[:60]}")
     return value
+
+
+def json_type(value: Any) -> str:
+    """The JSON name of a parsed JSON value's type ("array", "null"...): the
+    user wrote JSON, and Python's "NoneType" or "list" was no word of theirs.
+    """
+    if value is None:
+        return "null"
+    if isinstance(value, bool):  # before int: a bool is one
+        return "boolean"
+    if isinstance(value, int | float):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list):
+        return "array"
+    if isinstance(value, dict):
+        return "object"
+    return type(value).__name__
 
 
 #: How many times the job's payload limit ``--args`` text may be: room for
