@@ -124,11 +124,18 @@ def status_json(
     }
 
 
+#: Count columns: right-aligned, and folded onto a second line when narrow.
+#: Rich's default overflow cut 123456 to "1234…" beside a long queue name on
+#: a terminal of 80 columns: a wrong number, shown as if right. Folded, like
+#: every column of ``jobs list``, nothing of it is lost.
+COUNT_COLUMN: dict[str, Any] = {"justify": "right", "overflow": "fold"}
+
+
 def status_table(stats: dict[str, dict[str, int]]) -> Table:
     table = Table(title="jobs by queue and status")
     table.add_column("queue", overflow="fold")
     for status in JobStatus:
-        table.add_column(_status(status.value), justify="right")
+        table.add_column(_status(status.value), **COUNT_COLUMN)
     for queue, per_status in stats.items():
         table.add_row(escape(queue), *(str(per_status.get(s.value, 0)) for s in JobStatus))
     if not stats:
@@ -275,8 +282,9 @@ def queues_table(queues: list[QueueInfo]) -> Table:
     columns = ("queue", "state", "concurrency", "rate limit", "max pending")
     for column in columns:
         table.add_column(column, overflow="fold")
-    for status in ("available", "claimed", "running", "scheduled", "retryable"):
-        table.add_column(_status(status), justify="right")
+    statuses = ("available", "claimed", "running", "scheduled", "retryable")
+    for status in statuses:
+        table.add_column(_status(status), **COUNT_COLUMN)
     for queue in queues:
         table.add_row(
             escape(queue.name),
@@ -284,10 +292,7 @@ def queues_table(queues: list[QueueInfo]) -> Table:
             "-" if queue.concurrency is None else str(queue.concurrency),
             "-" if queue.rate_limit is None else queue.rate_limit,
             "-" if queue.max_pending is None else str(queue.max_pending),
-            *(
-                str(queue.counts.get(s, 0))
-                for s in ("available", "claimed", "running", "scheduled", "retryable")
-            ),
+            *(str(queue.counts.get(s, 0)) for s in statuses),
         )
     if not queues:
         table.add_row("(no queues)", *("" for _ in range(len(columns) + 4)))
