@@ -23,6 +23,7 @@ from psycopg.rows import tuple_row
 from psycopg.types.json import set_json_loads
 from psycopg_pool import ConnectionPool, PoolClosed, PoolTimeout
 
+from jobkeeper.backends.postgres import pool_exit
 from jobkeeper.backends.postgres.prepared import prepare_if_direct, stale_plan
 from jobkeeper.backends.rows import load_json
 
@@ -368,8 +369,13 @@ class PooledConnections:
                 self._suspect = True
                 continue
             except PoolClosed:
-                if self._pool is not pool and not self._closed:
-                    continue  # replaced after a Ctrl-C in another call
+                if self._closed:
+                    raise
+                if self._pool is not pool:
+                    continue  # replaced after a Ctrl-C in another call, or released
+                if not self._opened:
+                    self._open()  # released at exit, then used again
+                    continue
                 raise
             except BaseException as exc:
                 if not isinstance(exc, Exception):  # Ctrl-C (see _replace_pool)
@@ -400,14 +406,18 @@ class PooledConnections:
         back with :meth:`checkin`.
         """
         if not self._opened:
-            with self._lock:
-                if self._closed:
-                    raise PoolClosed(f"the pool {self._pool.name!r} is already closed")
-                if not self._opened:
-                    self._probe()
-                    self._pool.open(wait=False)
-                    self._opened = True
+            self._open()
         return self._getconn()
+
+    def _open(self) -> None:
+        with self._lock:
+            if self._closed:
+                raise PoolClosed(f"the pool {self._pool.name!r} is already closed")
+            if not self._opened:
+                self._probe()
+                self._pool.open(wait=False)
+                self._opened = True
+                pool_exit.watch(self)
 
     def checkin(self, conn: psycopg.Connection[Any], error: BaseException | None) -> None:
         """Give back ``conn``, used without a transaction of its own
@@ -436,8 +446,22 @@ class PooledConnections:
         with self._lock:
             self._closed = True
             opened, self._opened = self._opened, False
+        pool_exit.forget(self)
         if opened:
             self._pool.close()
+
+    def release(self) -> None:
+        """Close the pool, as :meth:`close`, but open a new one if used
+        again (as a ``JobQueue`` reconnects after ``close()``); ``pool_exit``
+        calls it at interpreter exit.
+        """
+        with self._lock:
+            if self._closed or not self._opened:
+                return
+            pool, self._pool = self._pool, self._new_pool()
+            self._opened = False
+        pool_exit.forget(self)
+        pool.close()
 
 
 class PooledCheckout:
