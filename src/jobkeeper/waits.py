@@ -4,7 +4,8 @@ waiting job (Sidekiq's and Oban Web's "why is this job stuck" notes).
 Each reason is read from the database the way the claim itself judges it:
 the database clock for due times, ``jobkeeper_queues`` for pause and limits,
 the rate window of ``jobkeeper_queue_starts``, the holders of a serial key,
-and the registered workers' heartbeats (judged as the rescuer judges them).
+the registered workers' heartbeats (judged as the rescuer judges them),
+and the crash suspects they hold (a worker running one alone claims nothing).
 A client of the API, like the CLI and the dashboard.
 """
 
@@ -29,7 +30,8 @@ class WaitReason:
     Attributes:
         code: stable, for ``--json``: ``not_due``, ``claimed``, ``running``,
             ``holder_silent``, ``paused``, ``concurrency``, ``rate_limit``,
-            ``serial_key``, ``no_worker``, ``old_workers``, ``backlog``.
+            ``serial_key``, ``no_worker``, ``old_workers``, ``lone_attempt``,
+            ``backlog``.
         message: one line for people, saying what to do where there is something.
     """
 
@@ -95,6 +97,8 @@ def explain_wait(jq: JobQueue, job: Job) -> list[WaitReason]:
             )
     reasons += _serving(job.queue, list(workers.values()), now, rescue_after, settings)
     if not reasons:
+        reasons += _lone_attempts(jq, job.queue, list(workers.values()), now, rescue_after)
+    if not reasons:
         counts = jq.backend.queue_counts_live().get(job.queue, {})
         ahead = counts.get("available", 0) - (1 if job.status == JobStatus.AVAILABLE else 0)
         held = counts.get("claimed", 0) + counts.get("running", 0)
@@ -135,6 +139,39 @@ def _held(
             )
         )
     return reasons
+
+
+def _lone_attempts(
+    jq: JobQueue, queue: str, workers: list[WorkerInfo], now: datetime, rescue_after: float
+) -> list[WaitReason]:
+    """``lone_attempt`` when every live worker serving ``queue`` holds a
+    crash suspect (``run_alone``): it waits for the worker's other jobs to
+    end, then runs alone, and its worker claims nothing until it ends. Its
+    slots look free, but nothing takes this job ("it starts once a worker
+    has a free slot" said otherwise).
+    """
+    live = [w for w in workers if queue in w.queues and _is_live(w, now, rescue_after)]
+    lone: list[str] = []
+    for worker in live:
+        suspects = [j for j in jq.backend.job_held_by(worker_id=worker.id) if j.run_alone]
+        if not suspects:
+            return []  # this one claims as usual: the backlog's turn
+        lone += [
+            f"job {j.id} {'runs' if j.status == JobStatus.RUNNING else 'waits to run'} "
+            f"alone on worker {worker.id}"
+            for j in sorted(suspects, key=lambda j: j.id)
+        ]
+    if not lone:
+        return []
+    return [
+        WaitReason(
+            "lone_attempt",
+            f"every live worker serving queue {queue!r} is given over to a lone attempt "
+            f"and claims nothing else until it ends ({'; '.join(lone)}): a job rescued "
+            "from a worker that went silent runs its next attempt alone (max_crashes), "
+            "for as long as its task runs (its timeout bounds that)",
+        )
+    ]
 
 
 def _queue_limits(jq: JobQueue, queue: str, settings: QueueSettings) -> list[WaitReason]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from backends.helpers import claim, complete
+from backends.helpers import claim, claim_of, complete
 from jobkeeper import JobQueue
 from jobkeeper.models import WorkerInfo
 from support.cli import Cli
@@ -133,6 +133,35 @@ def test_a_due_job_with_a_live_worker_waits_its_turn(cli, queue):
     reasons = why(cli, jobs[-1].id)
     assert list(reasons) == ["backlog"]
     assert "2 other available" in reasons["backlog"]
+
+
+def test_every_worker_given_over_to_a_lone_attempt_is_named(cli, queue):
+    # A crash suspect's lone attempt keeps its worker from claiming anything
+    # else; "it starts once a worker has a free slot" was said while every
+    # slot sat idle. Both stages count: waiting for the worker's other jobs
+    # to end (claimed) and running alone.
+    serve(queue, "q", worker_id="w-1")
+    serve(queue, "q", worker_id="w-2")
+    suspects = [queue.enqueue("t", {}, queue="q") for _ in range(2)]
+    waiting = queue.enqueue("t", {}, queue="q")
+    ids = [job.id for job in suspects]
+    sql(queue, f"UPDATE jobkeeper_jobs SET run_alone = true WHERE id IN ({ids[0]}, {ids[1]})")
+    (first,) = claim(queue, "q", limit=1, worker_id="w-1")
+    assert queue.backend.job_start_alone(claim=claim_of(first))
+    reasons = why(cli, waiting.id)
+    assert list(reasons) == ["backlog"]  # w-2 claims as usual
+    (second,) = claim(queue, "q", limit=1, worker_id="w-2")
+    reasons = why(cli, waiting.id)
+    assert list(reasons) == ["lone_attempt"]
+    message = reasons["lone_attempt"]
+    assert "every live worker serving queue 'q'" in message
+    assert f"job {first.id} runs alone on worker w-1" in message
+    assert f"job {second.id} waits to run alone on worker w-2" in message
+    # The table says it too.
+    assert "given over to a lone attempt" in cli.ok("jobs", "show", str(waiting.id))
+    # Once a lone attempt ends its worker claims again.
+    complete(queue, first)
+    assert list(why(cli, waiting.id)) == ["backlog"]
 
 
 def test_a_finished_job_has_no_reasons(cli, queue):

@@ -15,8 +15,9 @@ from jobkeeper.dashboard import create_app
 from jobkeeper.dashboard.app import CSRF_COOKIE, PASSWORD_ENV
 from jobkeeper.dashboard.present import rate
 from jobkeeper.dashboard.security import Csrf
-from jobkeeper.models import Failure, JobStatus
+from jobkeeper.models import Failure, JobStatus, WorkerInfo
 from jobkeeper.outcomes import claim_of
+from support.db import sql
 
 from .conftest import _token
 
@@ -109,6 +110,22 @@ def test_job_page_says_a_paused_queue_or_a_held_serial_key_holds_a_job(client, j
     assert f"Its serial key &#39;user:42&#39; is held by job {first.id}" in html
     jq.pause("users")
     assert "Queue &#39;users&#39; is paused" in client.get(f"/jobs/{second.id}").text
+
+
+def test_job_page_names_the_lone_attempt_that_holds_every_worker(client, jq):
+    # A crash suspect running alone keeps its worker from claiming: the
+    # page's "every slot is busy" line alone left that out.
+    now = jq.backend.db_now()
+    worker = WorkerInfo("w-1", "host", 1, ["solo"], now, now, rescue_after=60.0)
+    jq.backend.worker_register(worker=worker)
+    suspect = jq.enqueue("sync", {}, queue="solo")
+    waiting = jq.enqueue("sync", {}, queue="solo")
+    sql(jq, f"UPDATE jobkeeper_jobs SET run_alone = true WHERE id = {suspect.id}")
+    (held,) = jq.backend.job_claim(worker_id="w-1", queue="solo", limit=1)
+    assert jq.backend.job_start_alone(claim=claim_of(held))
+    html = client.get(f"/jobs/{waiting.id}").text
+    assert "Every live worker serving queue &#39;solo&#39; is given over to a lone attempt" in html
+    assert f"job {suspect.id} runs alone on worker w-1" in html
 
 
 def _ids(html: str) -> list[int]:

@@ -74,7 +74,15 @@ from jobkeeper.waits import explain_wait
 #: The reasons of :func:`jobkeeper.waits.explain_wait` the job page adds to
 #: :func:`~jobkeeper.dashboard.present.why_waiting`'s line.
 _LIMIT_REASONS = frozenset(
-    {"paused", "concurrency", "rate_limit", "serial_key", "holder_silent", "old_workers"}
+    {
+        "paused",
+        "concurrency",
+        "rate_limit",
+        "serial_key",
+        "holder_silent",
+        "old_workers",
+        "lone_attempt",
+    }
 )
 #: Rows per page of the job lists.
 PAGE_SIZE = 50
