@@ -170,3 +170,13 @@ def blocked_in_c(seconds: float, record: str | None = None) -> None:
     """
     note(record, "start")
     select.select([], [], [], seconds)
+
+
+@jq.task(max_attempts=5)
+async def enqueue_follow_ups(count: int) -> int:
+    """Enqueues ``count`` jobs (queue ``followups``) with ``enqueue_async``:
+    on PostgreSQL they open the queue's async pool on the worker's task loop.
+    """
+    for n in range(count):
+        await jq.enqueue_async("record", {"record": "-", "n": n}, queue="followups")
+    return count

@@ -50,3 +50,23 @@ def test_a_thread_a_task_left_running_does_not_keep_the_stopped_worker_alive(db_
             assert wait_exit(worker, timeout=30) == 0
             log = procs.log(worker)
         assert "left-by-a-task" in log and "does not wait" in log
+
+
+def test_an_async_pool_a_task_opened_is_closed_with_its_loop(db_url, tmp_path):
+    # An async task's enqueue_async opens the queue's async pool on the
+    # worker's task loop; the worker closed that loop with the pool open,
+    # and every shutdown printed three "Exception ignored in
+    # AsyncConnectionPool.worker ... RuntimeError: Event loop is closed".
+    with JobQueue(db_url) as jq:
+        jq.migrate()
+        jobs = jq.enqueue_many([("enqueue_follow_ups", {"count": 3})] * 4)
+        with processes(tmp_path) as procs:
+            worker = procs.worker(db_url, FAST, concurrency=4)
+            wait_status(jq, [job.id for job in jobs], {JobStatus.COMPLETED})
+            worker.send_signal(signal.SIGTERM)
+            assert wait_exit(worker, timeout=30) == 0
+            log = procs.log(worker)
+        assert len(jq.list_jobs(queue="followups", limit=100)) == 12
+        assert "Exception ignored" not in log, log
+        assert "Event loop is closed" not in log, log
+        assert "Traceback" not in log, log

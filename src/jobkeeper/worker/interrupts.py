@@ -27,6 +27,37 @@ logger = logging.getLogger("jobkeeper.worker")
 #: Seconds between the warnings about an attempt still running past its
 #: timeout (the first comes at the deadline).
 PAST_TIMEOUT_REMINDER = 300.0
+#: Seconds the task loop's leftover tasks get to end, once cancelled, when
+#: the worker stops (see :func:`wind_down`).
+LOOP_WIND_DOWN = 5.0
+
+
+async def wind_down(timeout: float) -> None:
+    """What ``asyncio.run()`` does once its coroutine returns, for the task
+    loop the worker closes: cancel the loop's other tasks, wait (up to
+    ``timeout`` seconds) for them and for the tasks their cancellation
+    starts, and finish the async generators left open.
+
+    What the tasks opened on the loop ends with it: jobkeeper's async pool
+    of the loop (an async task's ``enqueue_async`` opens one) is closed by
+    its closer task once cancelled (``close_at_loop_end``). Closed with the
+    loop, the pool's workers were destroyed pending, and every shutdown of
+    such a worker printed "Exception ignored in AsyncConnectionPool.worker
+    ... RuntimeError: Event loop is closed" three times.
+    """
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    here = asyncio.current_task()
+    for task in asyncio.all_tasks() - {here}:
+        task.cancel()
+    # Not cancelled again: a task the cancels started (a pool's shut-down)
+    # would stop half-way.
+    while pending := asyncio.all_tasks() - {here}:
+        remaining = deadline - loop.time()
+        if remaining <= 0:
+            break
+        await asyncio.wait(pending, timeout=remaining)
+    await loop.shutdown_asyncgens()
 
 
 class Interrupts:
@@ -168,10 +199,19 @@ class Interrupts:
             return self._loop
 
     def close(self) -> None:
-        """Stop the deadline watch and the event loop."""
+        """Stop the deadline watch and the event loop (its tasks cancelled
+        first, see :func:`wind_down`).
+        """
         self._deadlines.close()
         loop = self._loop
         if loop is not None:
+            if loop.is_running():
+                ended = asyncio.run_coroutine_threadsafe(wind_down(LOOP_WIND_DOWN), loop)
+                try:
+                    ended.result(timeout=LOOP_WIND_DOWN + 1)
+                except Exception as exc:  # noqa: BLE001 - a task blocking the loop, say: the stop goes on
+                    ended.cancel()
+                    logger.debug("the task loop did not wind down: %r", exc)
             loop.call_soon_threadsafe(loop.stop)
             if self._loop_thread is not None:
                 self._loop_thread.join(timeout=2)
