@@ -127,7 +127,7 @@ class SqliteInserts(SqliteConnection):
             scheduled_epoch = now_epoch if scheduled_at is now else scheduled_at.timestamp()
             rows.append(
                 (new.queue, new.task, new.args_json, status.value, new.priority,
-                 new.max_attempts, scheduled_epoch, now_epoch, new.trace_context)
+                 new.max_attempts, scheduled_epoch, now_epoch, new.trace_context, new.queue)
             )  # fmt: skip
         conn.executemany(QUERIES["job_insert_many_bulk"], rows)
         last = int(conn.execute(QUERIES["job_insert_many_last_id"]).fetchone()[0])

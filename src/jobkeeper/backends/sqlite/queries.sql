@@ -32,14 +32,17 @@ RETURNING *
 -- name: job_insert_many_bulk
 -- enqueue_many without unique keys: status and times computed by the caller
 -- from one {now} read in the same transaction. The serial_unkeyed flag is
--- looked up for the row's queue (?1) by a primary-key probe of a small table,
--- inside the INSERT: a read of the serial queues first, on a caller's
--- deferred transaction, would let another writer in before our write lock.
+-- looked up for the row's queue (its 10th parameter, the queue again) by a
+-- primary-key probe of a small table, inside the INSERT: a read of the
+-- serial queues first, on a caller's deferred transaction, would let another
+-- writer in before our write lock. Plain ? placeholders, not ?1 twice: a
+-- sequence bound to numbered ones is misread as named on Python 3.12.0-3.12.3
+-- (a DeprecationWarning per call, an error under -W error; CPython gh-117995).
 INSERT INTO jobkeeper_jobs
     (queue, task, args, status, priority, max_attempts, scheduled_at, created_at, trace_context,
      serial_unkeyed)
-VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9,
-        (SELECT 1 FROM jobkeeper_queues AS settings WHERE settings.name = ?1 AND settings.serial))
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?,
+        (SELECT 1 FROM jobkeeper_queues AS settings WHERE settings.name = ? AND settings.serial))
 
 -- name: job_insert_many_pending
 SELECT *
