@@ -137,6 +137,13 @@ def run_demo(console: Console, *, database_url: str | None, workers: int, concur
     if database_url is None:
         _fresh_demo_file()
     jq = demo_jq.using(url)
+    try:
+        return _run(console, jq, url, workers, concurrency)
+    finally:
+        jq.close()
+
+
+def _run(console: Console, jq: JobQueue, url: str, workers: int, concurrency: int) -> int:
     jq.migrate()
     queue = f"{QUEUE_PREFIX}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
     files = stdlib_files()
