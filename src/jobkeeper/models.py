@@ -108,10 +108,15 @@ class Job:
         cancel_requested: ``True`` when ``cancel`` was asked while it was
             held; whatever its attempt does next (unless it succeeds), the
             job then ends ``cancelled``.
-        fence: grows by one with every claim of the job: every write of a
-            holder is fenced on it, so a stale holder (whose claim was handed
-            back, rescued, and perhaps re-claimed at the same attempt) writes
-            nothing.
+        fence: grows by one with every claim of the job and never goes
+            back (a retry or a requeue from the dead letters keeps it, where
+            ``attempt`` starts again): every write of a holder is fenced on
+            it, so a stale holder (whose claim was handed back, rescued, even
+            dead-lettered and requeued, and perhaps re-claimed at the same
+            attempt) writes nothing. A dead letter's is its last claim's
+            (for one moved before schema version 18, or by a worker of 17:
+            the most of its ``attempt`` and its count of ``errors``), the
+            fence a requeue gives back.
         unstarted_returns: how often a claim of the job was lost before it
             started and the attempt given back (bounded by the rescuer).
         run_alone: its last running attempt was rescued from a holder that

@@ -9,6 +9,7 @@ import re
 
 from jobkeeper.models import Completion, Failure, JobStatus
 from jobkeeper.outcomes import claim_of
+from support.db import sql
 
 from .conftest import _token
 
@@ -45,12 +46,13 @@ def test_a_stale_page_neither_reruns_a_completed_job_nor_hides_a_requeue(client,
     assert response.status_code == 409
     assert "it ran again since" in html.unescape(response.text)
     assert jq.get_job(seeded.retryable) == again
-    # helper-80: through the dead letters and back, the fence starts again at
-    # 0 and came back to the page's; the count of errors did not.
-    job = jq.enqueue("aba", {}, queue="aba", max_attempts=1)
 
-    def run(outcome: str) -> None:
-        (claimed,) = jq.backend.job_claim(worker_id=seeded.worker_id, queue="aba", limit=1)
+    # helper-80: through the dead letters and back. The fence goes on from
+    # the dead letter's (schema version 18), so it tells on its own; a
+    # requeue by an older release started it again at 0, back to the page's,
+    # and the count of errors tells.
+    def run(queue: str, outcome: str) -> None:
+        (claimed,) = jq.backend.job_claim(worker_id=seeded.worker_id, queue=queue, limit=1)
         if outcome == "completed":
             jq.backend.job_complete_many(
                 completions=[Completion(claim_of(claimed), "1")], delete=False
@@ -59,19 +61,24 @@ def test_a_stale_page_neither_reruns_a_completed_job_nor_hides_a_requeue(client,
             failure = Failure(claim_of(claimed), "dead", '{"attempt": 1, "error": "x"}')
             jq.backend.job_fail_many(failures=[failure])
 
-    run("completed")
-    page = client.get(f"/jobs/{job.id}").text
-    form = {"csrf_token": token, **dict(re.findall(r'name="(seen\w*)" value="([^"]*)"', page))}
-    assert set(form) == {"csrf_token", "seen", "seen_fence", "seen_errors"}
-    jq.retry(job.id)
-    run("dead")
-    assert jq.requeue_dead([job.id]) == [job.id]
-    run("completed")
-    again = jq.get_job(job.id)
-    assert again.fence == int(form["seen_fence"])  # the fence alone cannot tell
-    response = client.post(f"/jobs/{job.id}/retry", data=form)
-    assert response.status_code == 409 and "it ran again since" in html.unescape(response.text)
-    assert jq.get_job(job.id) == again
+    for older_release in (False, True):
+        queue = "aba-old" if older_release else "aba"
+        job = jq.enqueue("aba", {}, queue=queue, max_attempts=1)
+        run(queue, "completed")
+        page = client.get(f"/jobs/{job.id}").text
+        form = {"csrf_token": token, **dict(re.findall(r'name="(seen\w*)" value="([^"]*)"', page))}
+        assert set(form) == {"csrf_token", "seen", "seen_fence", "seen_errors"}
+        jq.retry(job.id)
+        run(queue, "dead")
+        assert jq.requeue_dead([job.id]) == [job.id]
+        if older_release:
+            sql(jq, "UPDATE jobkeeper_jobs SET fence = 0 WHERE id = ?", [job.id])
+        run(queue, "completed")
+        again = jq.get_job(job.id)
+        assert again.fence == (1 if older_release else 3) and form["seen_fence"] == "1"
+        response = client.post(f"/jobs/{job.id}/retry", data=form)
+        assert response.status_code == 409 and "it ran again since" in html.unescape(response.text)
+        assert jq.get_job(job.id) == again
     # A forged fence that is no whole number: refused, not ignored.
     for forged in ("\u00b2", " 2", "-1", "0x2"):
         response = client.post(f"/jobs/{job.id}/retry", data={**form, "seen_fence": forged})

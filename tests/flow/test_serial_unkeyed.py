@@ -172,7 +172,7 @@ def test_migration_17_flags_a_serial_queues_unfinished_unkeyed_jobs(db_url, monk
                 [queue, status, key],
             )
             made.append(int(sql(jq, "SELECT max(id) FROM jobkeeper_jobs")[0][0]))
-        assert jq.migrate() == jq.backend.schema_expected() == 17
+        assert jq.migrate() == jq.backend.schema_expected() >= 17
         assert flagged(jq) == set(made[:3])
 
 

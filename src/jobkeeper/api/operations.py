@@ -118,11 +118,12 @@ class OperationsMixin(QueueBase):
                 showed: a job that completed since is not run again). The check
                 and the change are one statement.
             if_fence: retry a live job only if its ``fence`` (bumped by every
-                claim) is still this: one that ran again since, even back to the
-                same status, is not run again. Ignored for a dead letter, which
-                keeps no fence; a job requeued from the dead letters starts its
-                fence again at 0 (the dashboard also compares its count of
-                ``errors``, which such a round trip always grows).
+                claim, never reset) is still this: one that ran again since,
+                even back to the same status or through the dead letters, is
+                not run again. Ignored for a dead letter. A requeue by a
+                release before schema version 18 started the fence again at 0
+                (the dashboard also compares its count of ``errors``, which
+                such a round trip always grows).
 
         Raises:
             JobNotFound: no such job.

@@ -92,6 +92,7 @@ def job_from_row(
     if json_decoded and isinstance(raw_args, str) and not isinstance(raw_args, UnloadableJSON):
         raw_args = json.dumps(raw_args)
     args, args_error = decode_args(raw_args)
+    errors = _errors(row["errors"])
     return _job_of_row(
         id=int(row["id"]),
         task=row["task"],
@@ -107,13 +108,12 @@ def job_from_row(
         finished_at=to_datetime(row["finished_at"]),
         worker_id=None if dead else row["worker_id"],
         unique_key=row["unique_key"],
-        errors=_errors(row["errors"]),
+        errors=errors,
         result=_result(row["result"], json_decoded=json_decoded),
         cancel_requested=False if dead else bool(row["cancel_requested"]),
         dead_reason=row["reason"] if dead else None,
         args_error=args_error,
-        # Dead letters keep no claim: their fence is history.
-        fence=0 if dead else int(row["fence"]),
+        fence=_dead_letter_fence(row, errors) if dead else int(row["fence"]),
         unstarted_returns=0 if dead else int(row["unstarted_returns"]),
         serial_key=row.get("serial_key"),
         trace_context=row.get("trace_context"),
@@ -123,6 +123,15 @@ def job_from_row(
         crashes=int(row.get("crashes") or 0),
         alone_fence=None if dead or row.get("alone_fence") is None else int(row["alone_fence"]),
     )
+
+
+def _dead_letter_fence(row: dict[str, Any], errors: list[dict[str, Any]]) -> int:
+    """The fence a requeue of this dead letter gives back (dead_letter_requeue
+    computes the same): its last claim's, or where none was recorded (0:
+    moved before schema version 18, or by a worker of 17), the most of its
+    attempts and errors entries, no claim adding more than one of each.
+    """
+    return max(int(row.get("fence") or 0), int(row["attempt"]), len(errors))
 
 
 def insert_params(new: NewJob, run_at: Any) -> dict[str, Any]:

@@ -56,7 +56,8 @@ def act_on_job(
             errors = counts.get("seen_errors")
             job_now = dashboard.jq.get_job(job_id) if errors is not None else None
             if job_now is not None and errors is not None and len(job_now.errors) != errors:
-                # Through the dead letters and back: the fence started again.
+                # Through the dead letters and back by a release before schema
+                # version 18, whose requeue started the fence again at 0.
                 raise JobStateError(
                     f"job {job_id} has {len(job_now.errors)} errors, not the page's {errors}: "
                     "it ran again since, and nothing was changed"

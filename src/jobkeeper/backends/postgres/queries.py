@@ -28,7 +28,7 @@ JOB_COLUMNS_SQL_ONLY = ("serial_unkeyed",)
 DEAD_LETTER_COLUMNS = (
     "id", "queue", "task", "args", "priority", "attempt", "max_attempts", "scheduled_at",
     "created_at", "attempted_at", "finished_at", "unique_key", "errors", "result", "reason",
-    "serial_key", "crashes",
+    "serial_key", "crashes", "fence",
 )  # fmt: skip
 _PLACEHOLDERS = {
     "{utc_now_text}": UTC_NOW_TEXT_SQL,

@@ -420,11 +420,12 @@ WITH failed AS (
 ), dead AS (
     INSERT INTO jobkeeper_dead_letters
         (id, queue, task, args, priority, attempt, max_attempts, scheduled_at, created_at,
-         attempted_at, finished_at, unique_key, errors, result, reason, serial_key, crashes)
+         attempted_at, finished_at, unique_key, errors, result, reason, serial_key, crashes,
+         fence)
     SELECT id, queue, task, args, priority, attempt, max_attempts, scheduled_at, created_at,
            attempted_at, now(), unique_key,
            errors || jsonb_build_array(new_error || jsonb_build_object('at', {utc_now_text})),
-           result, new_reason, serial_key, crashes + new_crash
+           result, new_reason, serial_key, crashes + new_crash, fence
     FROM moved
     RETURNING id
 )
@@ -656,7 +657,11 @@ RETURNING {job_columns}
 -- name: dead_letter_requeue
 -- Back to the jobs table with the same id, attempts reset, history kept;
 -- one NOTIFY per queue, and unkeyed jobs of serial queues flagged (as
--- job_insert_many).
+-- job_insert_many). The fence goes on from the dead letter's, never back:
+-- a holder stale from before the move must not match a later claim. Where
+-- none was recorded (0: a dead letter from before schema version 18, or
+-- moved by a worker of 17), the attempts and errors entries stand in for it
+-- (see migration 0018); rows.job_from_row shows a dead letter's alike.
 WITH revived AS (
     DELETE FROM jobkeeper_dead_letters
     WHERE %(all)s OR id = ANY(%(ids)b::bigint[])
@@ -665,12 +670,14 @@ WITH revived AS (
 INSERT INTO jobkeeper_jobs
     (id, queue, task, args, status, priority, attempt, max_attempts, scheduled_at,
      created_at, attempted_at, finished_at, unique_key, errors, result, serial_key,
-     serial_unkeyed)
+     serial_unkeyed, fence)
 SELECT id, queue, task, args, 'available', priority, 0, max_attempts, now(),
        created_at, attempted_at, NULL, unique_key, errors, result, serial_key,
        CASE WHEN serial_key IS NULL THEN (
            SELECT true FROM jobkeeper_queues AS settings
-           WHERE settings.name = revived.queue AND settings.serial) END
+           WHERE settings.name = revived.queue AND settings.serial) END,
+       greatest(fence, attempt, CASE jsonb_typeof(errors)
+                                    WHEN 'array' THEN jsonb_array_length(errors) ELSE 0 END)
 FROM revived
 RETURNING id, queue
 )

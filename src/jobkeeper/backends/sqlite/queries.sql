@@ -225,10 +225,10 @@ WHERE id = :id AND worker_id = :worker_id AND attempt = :attempt AND fence = :fe
 -- second, in the same transaction.
 INSERT INTO jobkeeper_dead_letters
     (id, queue, task, args, priority, attempt, max_attempts, scheduled_at, created_at,
-     attempted_at, finished_at, unique_key, errors, result, reason, serial_key, crashes)
+     attempted_at, finished_at, unique_key, errors, result, reason, serial_key, crashes, fence)
 SELECT id, queue, task, args, priority, attempt, max_attempts, scheduled_at, created_at,
        attempted_at, {now}, unique_key, {errors_plus_new}, result, :reason, serial_key,
-       crashes + :crash
+       crashes + :crash, fence
 FROM jobkeeper_jobs
 WHERE id = :id AND worker_id = :worker_id AND attempt = :attempt AND fence = :fence
   AND status IN ('claimed', 'running') AND NOT cancel_requested
@@ -401,16 +401,20 @@ RETURNING *
 -- name: dead_letter_requeue
 -- Back to the jobs table with the same id, attempts reset, history kept;
 -- dead_letter_requeue_delete follows in the same transaction. Flagged as a
--- new job would be.
+-- new job would be. The fence goes on from the dead letter's, never back
+-- (see the PostgreSQL twin).
 INSERT INTO jobkeeper_jobs
     (id, queue, task, args, status, priority, attempt, max_attempts, scheduled_at,
      created_at, attempted_at, finished_at, unique_key, errors, result, serial_key,
-     serial_unkeyed)
+     serial_unkeyed, fence)
 SELECT id, queue, task, args, 'available', priority, 0, max_attempts, {now},
        created_at, attempted_at, NULL, unique_key, errors, result, serial_key,
        CASE WHEN serial_key IS NULL THEN (
            SELECT 1 FROM jobkeeper_queues AS settings
-           WHERE settings.name = dead.queue AND settings.serial) END
+           WHERE settings.name = dead.queue AND settings.serial) END,
+       max(fence, attempt, CASE WHEN NOT json_valid(errors) THEN 0
+                                WHEN json_type(errors) = 'array' THEN json_array_length(errors)
+                                ELSE 0 END)
 FROM jobkeeper_dead_letters AS dead
 WHERE :all OR id IN (SELECT value FROM json_each(:ids))
 RETURNING id

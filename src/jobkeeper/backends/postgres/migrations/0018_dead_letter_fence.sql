@@ -1,0 +1,26 @@
+-- Version 18: a dead letter keeps its job's fence. A requeue (dead requeue,
+-- retry of a dead job, the dashboard's) wrote the job back with the fence's
+-- default, 0, so the claims after it were numbered 1, 2, ... again: a holder
+-- stale from before the requeue, and re-claimed by the same worker at the
+-- same attempt, had the very claim (id, worker_id, attempt, fence) of the new
+-- holder, and its fenced writes (complete_in, outcomes) went through.
+--
+-- A requeue now gives the job back greatest(fence, attempt, entries in
+-- errors), so its next claim is numbered above every claim before the move.
+-- The two others stand in where the fence was not recorded: dead letters
+-- from before this version, and those that workers of version 17 move here
+-- during a rolling deploy (they write no fence: 0). The fence is at least
+-- either: a claim spends at most one attempt and writes at most one entry
+-- (errors are kept across requeues and retries). It falls short only by
+-- the claims that ended without an entry (handed back or returned before
+-- they started, snoozed, completed and then retried), so it is exact for a
+-- job whose every claim failed, was rescued while running or was handed
+-- back running. No rows are rewritten (a constant default is a catalog
+-- change; an UPDATE would rewrite every dead letter): the rule is applied
+-- when a dead letter is read or requeued.
+--
+-- A producer of version 17 (a CLI, a dashboard) still requeues at fence 0
+-- until it is upgraded. A worker of version 18 refuses a schema of 17
+-- (worker/schema.py); its producers' dead-letter reads and requeues fail
+-- with the usual "run migrate" until then.
+ALTER TABLE jobkeeper_dead_letters ADD COLUMN fence bigint NOT NULL DEFAULT 0;
