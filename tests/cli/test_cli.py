@@ -176,7 +176,8 @@ def test_jobs_show_dead_and_completed(cli, queue):
     (running,) = claim(queue, "c")
     complete(queue, running, '{"answer":42}')
     human = " ".join(cli.ok("jobs", "show", str(dead.id)).replace("│", " ").split())
-    assert " fence " not in human  # dead letters keep none: no made-up 0
+    # A dead letter keeps its fence (schema 18): its one claim.
+    assert " fence 1 " in human, human
     shown = cli.json("jobs", "show", str(dead.id))
     assert shown["status"] == "dead"
     assert shown["dead_reason"] == "boom"

@@ -217,8 +217,6 @@ def job_detail(job: Job, waiting: list[str] | None = None) -> Table:
         value = data.get(key)
         if value is None or value is False:
             continue
-        if key == "fence" and job.status == JobStatus.DEAD:
-            continue  # dead letters keep no fence: 0 would read as one
         # Data is escaped: a "[/]" in it must print, not be parsed as markup.
         table.add_row(key, _status(str(value)) if key == "status" else escape(str(value)))
     table.add_row("args", escape(json.dumps(job.args, ensure_ascii=False)))
