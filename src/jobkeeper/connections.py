@@ -36,6 +36,12 @@ def unwrap_connection(connection: Any) -> Any:
         The connection to write on (``None`` for ``None``). Anything else is
         returned unchanged, for the backend to accept or refuse with a
         ``TypeError`` naming its type.
+
+    Raises:
+        django.db.transaction.TransactionManagementError: a Django connection
+            inside an ``atomic()`` block that an error has already doomed
+            (it will roll back): Django's own error, which any query there
+            raises; nothing is written.
     """
     if connection is None:
         return None
@@ -57,6 +63,12 @@ def unwrap_connection(connection: Any) -> Any:
         # alias's wrapper; `.connection` is the DBAPI connection (None until
         # first use).
         connection.ensure_connection()
+        validate = getattr(connection, "validate_no_broken_transaction", None)
+        if validate is not None:
+            # As every Django query does: in an atomic block an error already
+            # doomed (needs_rollback), a write would be rolled back with it
+            # while the enqueue reported success.
+            validate()
         return connection.connection
     return connection
 

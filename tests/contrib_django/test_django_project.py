@@ -136,7 +136,8 @@ SETTINGS_CHECKS = """
 import json
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
-from jobkeeper.contrib.django.backend import JobkeeperBackend, _task_error
+from jobkeeper.contrib.django.backend import JobkeeperBackend
+from jobkeeper.contrib.django.results import task_error as _task_error
 from shop.tasks import charge
 
 settings.DATABASES["memory"] = {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"}

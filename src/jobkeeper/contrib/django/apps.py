@@ -6,10 +6,12 @@ runner copy and drop its databases while jobkeeper has connections open
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 from django.apps import AppConfig
 from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import CommandError
 from django.db.models.signals import post_migrate
 from django.utils.module_loading import import_string
@@ -58,6 +60,43 @@ def migrate_jobkeeper(using: str, **kwargs: Any) -> None:
                 f"TASKS[{alias!r}]['OPTIONS']['MIGRATE'] = False and run `manage.py "
                 "jobkeeper_migrate` as a role that has them"
             ) from None
-        stdout = kwargs.get("stdout")
-        if version is not None and stdout is not None and kwargs.get("verbosity", 1) >= 2:
+        stdout = kwargs.get("stdout") or sys.stdout
+        verbosity = kwargs.get("verbosity", 1)
+        if version is not None and verbosity >= 2:
             stdout.write(f"jobkeeper schema of TASKS[{alias!r}] at version {version}\n")
+        elif version is None and verbosity >= 1:
+            warning = _missed(alias, backend, using)
+            if warning is not None:
+                stdout.write(f"{warning}\n")
+
+
+def _missed(alias: str, backend: Any, using: str) -> str | None:
+    """What to say when Django's ``migrate`` of ``using`` leaves out the
+    tables of a backend whose jobs live in another Django database (its
+    ``OPTIONS["DATABASE"]``) that lacks them or has them behind: Django
+    migrates one database per ``migrate``, and so does jobkeeper. None: the
+    tables are there and current, the backend does not migrate with Django,
+    or Django's test runner is migrating its test databases (each of them
+    gets its own ``migrate``).
+    """
+    from jobkeeper.contrib.django.backend import _in_memory, _testing
+
+    jobs = backend.database_alias
+    if (
+        not backend.migrates_with_django
+        or backend.lives_in(using)
+        or _in_memory(jobs)
+        or _testing()
+    ):
+        return None
+    try:
+        queue = backend.queue
+        if queue.backend.schema_version() >= queue.backend.schema_expected():
+            return None
+    except (JobkeeperError, ImproperlyConfigured):
+        pass  # not there (a missing SQLite file), or unreachable: say it all the same
+    return (
+        f"jobkeeper: the jobs of TASKS[{alias!r}] live in database {jobs!r}, which this "
+        f"migrate (of {using!r}) did not touch, and jobkeeper's tables there are missing or "
+        f"behind: {backend.migrate_command()}"
+    )

@@ -43,18 +43,22 @@ test runner's test database gets them too. Mapping:
 - ``JOIN_TRANSACTION``: an ``enqueue()`` inside ``transaction.atomic()`` on
   the backend's Django database writes the job in that transaction, so it is
   committed or rolled back with the rest (no ``transaction.on_commit``
-  needed). Outside an atomic block the job is committed at once.
+  needed); into a block an error has already doomed it raises Django's
+  ``TransactionManagementError``. Outside an atomic block the job is
+  committed at once, except on SQLite while this thread's Django connection
+  holds the file's write lock (see :mod:`jobkeeper.contrib.django.locks`).
+- A worker sends Django's ``task_started`` and ``task_finished`` for each
+  attempt (:mod:`jobkeeper.contrib.django.signals`).
 - The backend's queue follows its Django database: while Django's test runner
   has the test database in place, jobs go there.
 """
 
 from __future__ import annotations
 
-import builtins
+import contextlib
 import logging
-import re
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterator
 from typing import Any
 
 from django.conf import settings
@@ -64,24 +68,25 @@ from django.db import close_old_connections, connections
 from django.utils import timezone
 from django.utils.module_loading import import_string
 
-from jobkeeper import Job, JobQueue, JobStatus, current_job
-from jobkeeper.contrib.django import database
+from jobkeeper import Job, JobQueue, current_job
+from jobkeeper.contrib.django import database, locks, signals
 from jobkeeper.contrib.django.database import QUEUES
 from jobkeeper.contrib.django.options import checked_options
-from jobkeeper.errors import ConfigError
+from jobkeeper.contrib.django.results import task_result
+from jobkeeper.errors import ConfigError, JobkeeperError
 from jobkeeper.tasks import Task as JobkeeperTask
 
 try:  # Django >= 6.0
     from django.tasks import task_backends
     from django.tasks.backends.base import BaseTaskBackend
-    from django.tasks.base import Task, TaskContext, TaskError, TaskResult, TaskResultStatus
+    from django.tasks.base import Task, TaskContext
     from django.tasks.exceptions import TaskResultDoesNotExist
     from django.tasks.signals import task_enqueued
     from django.utils.json import normalize_json
 except ImportError:  # the django-tasks backport
     from django_tasks import task_backends
     from django_tasks.backends.base import BaseTaskBackend
-    from django_tasks.base import Task, TaskContext, TaskError, TaskResult, TaskResultStatus
+    from django_tasks.base import Task, TaskContext
     from django_tasks.exceptions import TaskResultDoesNotExist
     from django_tasks.signals import task_enqueued
     from django_tasks.utils import normalize_json
@@ -89,18 +94,6 @@ except ImportError:  # the django-tasks backport
 __all__ = ["JobkeeperBackend", "task_backends"]
 
 logger = logging.getLogger("jobkeeper.contrib.django")
-
-#: jobkeeper status -> Django's task result status.
-STATUSES = {
-    JobStatus.SCHEDULED: TaskResultStatus.READY,
-    JobStatus.AVAILABLE: TaskResultStatus.READY,
-    JobStatus.RETRYABLE: TaskResultStatus.READY,
-    JobStatus.CLAIMED: TaskResultStatus.RUNNING,
-    JobStatus.RUNNING: TaskResultStatus.RUNNING,
-    JobStatus.COMPLETED: TaskResultStatus.SUCCESSFUL,
-    JobStatus.DEAD: TaskResultStatus.FAILED,
-    JobStatus.CANCELLED: TaskResultStatus.FAILED,
-}
 
 
 class DjangoTasks(dict[str, JobkeeperTask[Any, Any]]):
@@ -154,15 +147,18 @@ def _runner(path: str) -> Any:
         # As Django does around a request: connections that broke or outlived
         # CONN_MAX_AGE are not reused by this worker thread.
         close_old_connections()
+        job = current_job()
         try:
             if django_task.takes_context:
-                job = current_job()
                 backend = django_task.get_backend()
                 context = TaskContext(task_result=backend.result_of(job, django_task))
-                return django_task.call(context, *args, **kwargs)
-            return django_task.call(*args, **kwargs)
+                returned = django_task.call(context, *args, **kwargs)
+            else:
+                returned = django_task.call(*args, **kwargs)
         finally:
             close_old_connections()
+        signals.note_return(job.id, job.attempt, returned)  # for task_finished
+        return returned
 
     run.__name__ = path.rpartition(".")[2]
     return run
@@ -272,6 +268,7 @@ class JobkeeperBackend(BaseTaskBackend):  # type: ignore[misc]
             # cannot tell a misspelling from a task not loaded yet.
             if "external_tasks" not in self._job_settings:
                 queue.external_tasks = True
+            queue.on_event(signals.TaskSignals(self.alias), signals.TaskSignals.KINDS)
             follows = None if self._explicit_url else self.database_alias
             QUEUES.add(self._key, queue, follows)
         return QUEUES.follow(self._key)
@@ -285,23 +282,33 @@ class JobkeeperBackend(BaseTaskBackend):  # type: ignore[misc]
         """
         if not self.migrates_with_django or _in_memory(self.database_alias):
             return None
-        # By database, not alias: another alias of the same database, or the
-        # one the jobs' alias mirrors in tests (TEST["MIRROR"]: the test runner
-        # points the mirror at that alias's test database only after it made
-        # and migrated it), is the jobs' database too.
-        mirrors = (settings.DATABASES[self.database_alias].get("TEST") or {}).get("MIRROR")
         url = database.url_or_none(using)
-        if url is None or (
-            using not in (self.database_alias, mirrors)
-            and not (database.same_database(url, database.url_or_none(self.database_alias)))
-        ):
+        if url is None or not self.lives_in(using):
             return None
+        mirrors = (settings.DATABASES[self.database_alias].get("TEST") or {}).get("MIRROR")
         queue = self._kept_queue()
         if mirrors != using or queue.url.url == url:
             return queue.migrate()
         # The mirror is not pointed there yet: migrate the database it will be.
         with queue.using(url) as mirrored:
             return mirrored.migrate()
+
+    def lives_in(self, using: str) -> bool:
+        """Whether the jobs live in Django database ``using`` (always False
+        with a ``DATABASE_URL`` of another database).
+        """
+        if self._explicit_url is not None:
+            return False
+        # By database, not alias: another alias of the same database, or the
+        # one the jobs' alias mirrors in tests (TEST["MIRROR"]: the test runner
+        # points the mirror at that alias's test database only after it made
+        # and migrated it), is the jobs' database too.
+        mirrors = (settings.DATABASES[self.database_alias].get("TEST") or {}).get("MIRROR")
+        url = database.url_or_none(using)
+        return url is not None and (
+            using in (self.database_alias, mirrors)
+            or database.same_database(url, database.url_or_none(self.database_alias))
+        )
 
     def enqueue(self, task: Any, args: Any, kwargs: Any) -> Any:
         """Store a job for ``task`` (Django calls this from ``task.enqueue()``).
@@ -314,14 +321,18 @@ class JobkeeperBackend(BaseTaskBackend):  # type: ignore[misc]
         run_at = task.run_after
         if run_at is not None and timezone.is_naive(run_at):
             run_at = timezone.make_aware(run_at)
-        job = self.queue.enqueue(
-            task.module_path,
-            _task_args(args, kwargs),
-            queue=task.queue_name,
-            priority=-task.priority,
-            run_at=run_at,
-            connection=self._joined_connection(),
-        )
+        queue = self.queue
+        joined = self._joined_connection()
+        own = locks.own_write(queue) if joined is None else contextlib.nullcontext()
+        with self.django_hints(), own:
+            job = queue.enqueue(
+                task.module_path,
+                _task_args(args, kwargs),
+                queue=task.queue_name,
+                priority=-task.priority,
+                run_at=run_at,
+                connection=joined,
+            )
         result = self.result_of(job, task)
         task_enqueued.send(type(self), task_result=result)
         return result
@@ -340,7 +351,8 @@ class JobkeeperBackend(BaseTaskBackend):  # type: ignore[misc]
                 ``retention``), or it is not a Django task's.
         """
         try:
-            job = self.queue.get_job(int(result_id))
+            with self.django_hints():
+                job = self.queue.get_job(int(result_id))
         except (TypeError, ValueError):
             job = None
         task = None
@@ -354,26 +366,39 @@ class JobkeeperBackend(BaseTaskBackend):  # type: ignore[misc]
         return self.result_of(job, task)
 
     def result_of(self, job: Job, task: Any) -> Any:
-        """Django's ``TaskResult`` for ``job`` of ``task``."""
-        finished = job.status in (JobStatus.COMPLETED, JobStatus.DEAD, JobStatus.CANCELLED)
-        payload = job.args or {}
-        result = TaskResult(
-            task=task,
-            id=str(job.id),
-            status=STATUSES.get(job.status, TaskResultStatus.READY),
-            enqueued_at=job.created_at,
-            started_at=job.attempted_at,
-            last_attempted_at=job.attempted_at,
-            finished_at=job.finished_at if finished else None,
-            args=list(payload.get("args", [])),
-            kwargs=dict(payload.get("kwargs", {})),
-            backend=self.alias,
-            errors=[_task_error(error) for error in job.errors],
-            worker_ids=[job.worker_id or "jobkeeper"] * job.attempt,
-        )
-        if job.status == JobStatus.COMPLETED:
-            object.__setattr__(result, "_return_value", job.result)
-        return result
+        """Django's ``TaskResult`` for ``job`` of ``task``: ``attempts`` counts
+        the attempts started; ``worker_ids`` holds the worker that holds the
+        job while it is claimed or running, else nothing (jobkeeper records
+        no worker per attempt); ``started_at`` and ``last_attempted_at`` are
+        the start of the current (or last) attempt.
+        """
+        return task_result(self.alias, job, task)
+
+    def migrate_command(self) -> str:
+        """What to run to create or upgrade this backend's tables, as a
+        Django project does (the hint of an error that finds them missing).
+        """
+        flag = "" if self.alias == "default" else f" --backend {self.alias}"
+        command = f"python manage.py jobkeeper_migrate{flag}"
+        if not self.migrates_with_django:
+            return f"run `{command}`"
+        where = "" if self.database_alias == "default" else f" --database {self.database_alias}"
+        return f"run `python manage.py migrate{where}` (or `{command}`)"
+
+    @contextlib.contextmanager
+    def django_hints(self) -> Iterator[None]:
+        """Around a use of the queue: an error that says how to migrate names
+        the ``manage.py`` command instead of the ``jobkeeper`` CLI's.
+        """
+        try:
+            yield
+        except JobkeeperError as exc:
+            hint = QUEUES.get(self._key)
+            if hint is not None and exc.args and isinstance(exc.args[0], str):
+                cli = hint.url.migrate_hint()
+                if cli in exc.args[0]:
+                    exc.args = (exc.args[0].replace(cli, self.migrate_command()), *exc.args[1:])
+            raise
 
 
 def _task_args(args: Any, kwargs: Any) -> dict[str, Any]:
@@ -387,31 +412,6 @@ def _task_args(args: Any, kwargs: Any) -> dict[str, Any]:
     except (TypeError, ValueError):
         return payload
     return normalized
-
-
-#: A dotted path of Python identifiers (``module.Class``).
-_CLASS_PATH = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)+")
-#: The class path of a failure that raised no exception of the task's: a
-#: worker lost mid-job, a refused payload.
-_JOBKEEPER_ERROR = "jobkeeper.errors.JobkeeperError"
-
-
-def _task_error(error: Mapping[str, Any]) -> Any:
-    """A Django ``TaskError`` from one of a job's ``errors``: the exception's
-    dotted path comes from the traceback's last line (``module.Class: msg``),
-    which Python writes without a module for built-in exceptions. An entry
-    that names no class (``worker lost: ...``) gets jobkeeper's base error,
-    so that Django's ``exception_class`` still imports.
-    """
-    traceback = str(error.get("traceback") or error.get("error") or "")
-    lines = traceback.strip().splitlines()
-    last = lines[-1] if lines else ""
-    name = last.partition(":")[0].strip() or "Exception"
-    if "." not in name and hasattr(builtins, name):
-        name = f"builtins.{name}"
-    elif "." not in name or not _CLASS_PATH.fullmatch(name):
-        name = _JOBKEEPER_ERROR
-    return TaskError(exception_class_path=name, traceback=traceback)
 
 
 def _testing() -> bool:

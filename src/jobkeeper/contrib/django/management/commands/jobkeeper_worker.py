@@ -51,9 +51,10 @@ class Command(BaseCommand):  # type: ignore[misc]
         if options["concurrency"] < 1:
             raise CommandError(f"--concurrency must be at least 1, got {options['concurrency']}")
         try:
-            code = backend.queue.run_worker(
-                queues=queues, concurrency=options["concurrency"], burst=options["burst"]
-            )
+            with backend.django_hints():
+                code = backend.queue.run_worker(
+                    queues=queues, concurrency=options["concurrency"], burst=options["burst"]
+                )
         except JobkeeperError as exc:  # the database down at the start, a bad setting
             raise CommandError(str(exc)) from None
         if code:

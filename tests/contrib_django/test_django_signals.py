@@ -1,0 +1,112 @@
+"""Django's ``task_started`` and ``task_finished`` signals, sent once per
+attempt by a jobkeeper worker running Django tasks, as Django's own backends
+send them; and what a ``TaskResult`` says of the workers and attempts.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from .projects import manage, shell
+
+pytestmark = pytest.mark.slow
+
+SIGNALS = """
+import json
+from django.tasks import signals, task_backends
+from jobkeeper.testing import drain
+from shop.models import Order
+from shop.tasks import attempts_so_far, charge, send_receipt
+
+seen = []
+
+
+def receiver(signal_name):
+    def receive(sender, task_result, **kwargs):
+        value = task_result.return_value if task_result.status == "SUCCESSFUL" else None
+        seen.append({
+            "signal": signal_name,
+            "sender": sender.__name__,
+            "task": task_result.task.name,
+            "id": task_result.id,
+            "status": task_result.status,
+            "attempts": task_result.attempts,
+            "workers": len(task_result.worker_ids),
+            "errors": [e.exception_class_path for e in task_result.errors],
+            "finished": task_result.finished_at is not None,
+            "started": task_result.started_at is not None,
+            "value": value,
+        })
+    return receive
+
+
+started, finished = receiver("started"), receiver("finished")
+signals.task_started.connect(started)
+signals.task_finished.connect(finished)
+order = Order.objects.create(email="a@example.com")
+ids = {
+    "send_receipt": send_receipt.enqueue(order_id=order.pk).id,
+    "charge": charge.enqueue(amount=5).id,
+    "attempts_so_far": attempts_so_far.enqueue().id,
+}
+drain(task_backends["default"].queue, include_scheduled=True)
+done = {name: charge.get_backend().get_result(result_id) for name, result_id in ids.items()}
+print(json.dumps({
+    "ids": ids,
+    "seen": seen,
+    "done": {
+        name: [r.status, r.attempts, r.worker_ids, r.started_at == r.last_attempted_at]
+        for name, r in done.items()
+    },
+}))
+"""
+
+
+def test_each_attempt_sends_task_started_and_task_finished(
+    project: tuple[Path, dict[str, str]],
+) -> None:
+    manage(project, "migrate", "--verbosity", "0")
+    out = shell(project, SIGNALS)
+    by_task: dict[str, list[tuple]] = {}
+    for sent in out["seen"]:
+        assert sent["sender"] == "JobkeeperBackend"
+        assert sent["id"] == out["ids"][sent["task"]]
+        assert sent["started"]
+        assert sent["workers"] == 1  # the worker holding it
+        by_task.setdefault(sent["task"], []).append(
+            (
+                sent["signal"],
+                sent["status"],
+                sent["attempts"],
+                sent["errors"],
+                sent["finished"],
+                sent["value"],
+            )
+        )
+    declined = "shop.tasks.PaymentDeclined"
+    assert by_task == {
+        "send_receipt": [
+            ("started", "RUNNING", 1, [], False, None),
+            ("finished", "SUCCESSFUL", 1, [], True, "receipt sent to a@example.com"),
+        ],
+        "attempts_so_far": [
+            ("started", "RUNNING", 1, [], False, None),
+            ("finished", "SUCCESSFUL", 1, [], True, 1),
+        ],
+        # MAX_ATTEMPTS=2 in the example: retried once (READY again), then failed.
+        "charge": [
+            ("started", "RUNNING", 1, [], False, None),
+            ("finished", "READY", 1, [declined], False, None),
+            ("started", "RUNNING", 2, [declined], False, None),
+            ("finished", "FAILED", 2, [declined, declined], True, None),
+        ],
+    }
+    # Once done no worker holds the job: worker_ids is empty, attempts the
+    # attempts made; started_at is the last attempt's start.
+    assert out["done"] == {
+        "send_receipt": ["SUCCESSFUL", 1, [], True],
+        "attempts_so_far": ["SUCCESSFUL", 1, [], True],
+        "charge": ["FAILED", 2, [], True],
+    }
