@@ -101,7 +101,7 @@ DASHBOARD_BENCH_ARGS ?= --rows 400000 --available 600000 --repeat 3
 # and installs benchmarks/requirements-oban.txt there; with none, oban is n/a.
 bench: $(VENV)/.bench-installed ## Benchmark vs procrastinate, pgqueuer, oban (own venv, Python >= 3.12), raw SQL, dashboard pages (BENCH_ARGS=--quick)
 	$(BIN)/python benchmarks/run.py $(BENCH_ARGS)
-	$(BIN)/python benchmarks/dashboard_pages.py $(DASHBOARD_BENCH_ARGS)
+	$(BIN)/python -m benchmarks.dashboard_pages $(DASHBOARD_BENCH_ARGS)
 
 # The long chaos soak with flow control on (a concurrency cap and a rate limit
 # on one queue, serial keys on another's jobs), PostgreSQL (a private server:

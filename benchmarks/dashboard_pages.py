@@ -22,17 +22,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import secrets
 import statistics
-import tempfile
 import time
 import warnings
-from collections.abc import Iterator
-from contextlib import contextmanager
-from urllib.parse import quote
 
 import psycopg
 
+from benchmarks.harness import scratch_database
 from jobkeeper import JobQueue
 
 DEFAULT_PG_URL = os.environ.get(
@@ -82,23 +78,6 @@ SELECT CASE i % 3 WHEN 0 THEN 'reports' WHEN 1 THEN 'default' ELSE 'emails' END,
        now - 3600.0 * (:rows - i) / :rows, now - 3600.0 * (:rows - i) / :rows
 FROM n, clock
 """
-
-
-@contextmanager
-def database(backend: str, pg_url: str) -> Iterator[str]:
-    if backend == "sqlite":
-        with tempfile.TemporaryDirectory() as directory:
-            yield f"sqlite:///{directory}/bench.db"
-        return
-    schema = f"jk_bench_{secrets.token_hex(4)}"
-    with psycopg.connect(pg_url, autocommit=True) as conn:
-        conn.execute(f'CREATE SCHEMA "{schema}"')
-    separator = "&" if "?" in pg_url else "?"
-    try:
-        yield f"{pg_url}{separator}options={quote(f'-csearch_path={schema}')}"
-    finally:
-        with psycopg.connect(pg_url, autocommit=True) as conn:
-            conn.execute(f'DROP SCHEMA "{schema}" CASCADE')
 
 
 def fill(jq: JobQueue, rows: int, available: int) -> dict[str, int]:
@@ -196,7 +175,7 @@ def main() -> None:
     args = parser.parse_args()
     backends = ["postgres", "sqlite"] if args.backend == "all" else [args.backend]
     for backend in backends:
-        with database(backend, args.pg_url) as url:
+        with scratch_database(backend, args.pg_url) as url:
             jq = JobQueue(url)
             jq.migrate()
             try:

@@ -9,6 +9,7 @@ import itertools
 import math
 import os
 import re
+import secrets
 import signal
 import sqlite3
 import statistics
@@ -20,7 +21,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import quote, urlsplit, urlunsplit
 
 import psycopg
 
@@ -195,6 +196,27 @@ def fresh_sqlite(label: str) -> Iterator[str]:
     """A fresh SQLite file in a temporary directory; yields its ``sqlite:///`` URL."""
     with tempfile.TemporaryDirectory(prefix=f"jkbench-{label}-") as directory:
         yield f"sqlite:///{directory}/bench.db"
+
+
+@contextlib.contextmanager
+def scratch_database(backend: str, pg_url: str) -> Iterator[str]:
+    """A URL of an empty jobkeeper database for one benchmark, gone after:
+    a SQLite file in a temporary directory, or a PostgreSQL schema of its
+    own on ``pg_url`` (the URL's ``search_path``), dropped with its tables.
+    """
+    if backend == "sqlite":
+        with tempfile.TemporaryDirectory() as directory:
+            yield f"sqlite:///{directory}/bench.db"
+        return
+    schema = f"jk_bench_{secrets.token_hex(4)}"
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute(f'CREATE SCHEMA "{schema}"')
+    separator = "&" if "?" in pg_url else "?"
+    try:
+        yield f"{pg_url}{separator}options={quote(f'-csearch_path={schema}')}"
+    finally:
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            conn.execute(f'DROP SCHEMA "{schema}" CASCADE')
 
 
 def sqlite_path(url: str) -> str:

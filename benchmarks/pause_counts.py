@@ -18,17 +18,12 @@ temporary file.
 from __future__ import annotations
 
 import argparse
-import secrets
 import statistics
-import tempfile
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from urllib.parse import quote
-
-import psycopg
+from collections.abc import Callable
 
 from benchmarks.dashboard_pages import DEFAULT_PG_URL
+from benchmarks.harness import scratch_database
 from jobkeeper import JobQueue
 
 PG_FILL = """
@@ -50,23 +45,6 @@ SELECT :queue, 't', json_object('n', i), :status, i % 3, now - i / 100.0, now - 
        CASE WHEN :status = 'completed' THEN now - i / 100.0 END
 FROM n, clock
 """
-
-
-@contextmanager
-def database(backend: str, pg_url: str) -> Iterator[str]:
-    if backend == "sqlite":
-        with tempfile.TemporaryDirectory() as tmp:
-            yield f"sqlite:///{tmp}/jobs.db"
-        return
-    schema = f"jk_bench_{secrets.token_hex(4)}"
-    with psycopg.connect(pg_url, autocommit=True) as conn:
-        conn.execute(f'CREATE SCHEMA "{schema}"')
-    try:
-        sep = "&" if "?" in pg_url else "?"
-        yield f"{pg_url}{sep}options={quote(f'-csearch_path={schema}')}"
-    finally:
-        with psycopg.connect(pg_url, autocommit=True) as conn:
-            conn.execute(f'DROP SCHEMA "{schema}" CASCADE')
 
 
 def fill(jq: JobQueue, queue: str, status: str, rows: int) -> None:
@@ -100,7 +78,7 @@ def main() -> None:
     parser.add_argument("--finished", type=int, default=0)
     parser.add_argument("--repeat", type=int, default=10)
     args = parser.parse_args()
-    with database(args.backend, args.pg_url) as url, JobQueue(url) as jq:
+    with scratch_database(args.backend, args.pg_url) as url, JobQueue(url) as jq:
         jq.migrate()
         fill(jq, "backlog", "available", args.available)
         fill(jq, "paused", "available", args.paused_jobs)
