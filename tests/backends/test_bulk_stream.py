@@ -298,3 +298,33 @@ def test_an_async_bulk_batch_on_a_callers_client_side_cursor_connection(pg_url):
         ids = asyncio.run(enqueue())
         assert ids == sorted(ids) and len(ids) == BATCH
         assert [row[0] for row in sql(pg_url, "SELECT id FROM jobkeeper_jobs ORDER BY id")] == ids
+
+
+def test_the_copy_path_validates_its_items_while_the_ids_are_reserved(pg_url):
+    """PostgreSQL's COPY writes a batch's first 1,000 rows only once it has
+    them all (its multi-insert buffer), so items validated between the
+    chunks overlapped nothing of the server's work; they are validated while
+    the server reserves the ids instead, and a refused one still raises
+    before any row is sent. (SQLite validates a batch whole first.)
+    """
+    from jobkeeper.backends.postgres.plans import Execute, insert_plan
+
+    jq = JobQueue(pg_url, external_tasks=True)
+    try:
+        items = [("t", {"i": i}) for i in range(BATCH)]
+        items[BATCH - 1] = ("t", {"x": float("nan")})
+        stream = jq._new_jobs(items)
+        assert isinstance(stream, NewJobStream)
+        reserve = next(insert_plan(stream, "jobkeeper_test", in_transaction=True))
+        assert isinstance(reserve, Execute) and reserve.query == "job_insert_many_reserve_ids"
+        assert reserve.meanwhile is not None
+        with pytest.raises(PayloadError, match=rf"^jobs\[{BATCH - 1}\]: args\.x: nan"):
+            reserve.meanwhile()
+        good = jq._new_jobs([("t", {"i": i}) for i in range(BATCH)])
+        assert isinstance(good, NewJobStream)
+        reserve = next(insert_plan(good, "jobkeeper_test", in_transaction=True))
+        assert isinstance(reserve, Execute) and reserve.meanwhile is not None
+        reserve.meanwhile()
+        assert len(good._read) == BATCH  # all validated, kept for the COPY
+    finally:
+        jq.close()

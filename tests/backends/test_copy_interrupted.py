@@ -204,3 +204,68 @@ def test_a_ctrl_c_after_the_copy_end_was_sent_leaves_the_connection_usable(
         assert fired == [1]
     finally:
         jq.close()
+
+
+@pytest.mark.parametrize("error", [KeyboardInterrupt(), asyncio.CancelledError()])
+def test_an_interruption_while_the_ids_are_reserved_leaves_the_connection_usable(
+    pg_url, caplog, error
+):
+    """The COPY path validates its items while the id reservation runs, sent
+    in pipeline mode: an interruption there (in a task's validation, a
+    Ctrl-C) leaves that statement's reply unread. The batch writes nothing,
+    nothing warns, and the next batch on the same (only) connection works.
+    """
+    from jobkeeper.models import NewJob, NewJobStream
+
+    jq = _queue(pg_url, pool_size=1)
+    try:
+        caplog.set_level(logging.WARNING)
+        stream = jq._new_jobs(ITEMS)
+        assert isinstance(stream, NewJobStream)
+        validate = stream._validate
+
+        def interrupted(index: int, item: object) -> NewJob:
+            if index == BATCH // 2:
+                raise error
+            return validate(index, item)
+
+        stream._validate = interrupted
+        with pytest.raises(type(error)):
+            jq.backend.job_insert_many(jobs=stream)
+        assert _psycopg_warnings(caplog) == []
+        assert count(jq) == 0
+        assert len(jq.enqueue_many(ITEMS)) == BATCH
+        assert count(jq) == BATCH
+    finally:
+        jq.close()
+
+
+def test_a_cancel_while_the_ids_are_reserved_async_leaves_the_connection_usable(pg_url, caplog):
+    """The same on the async API (its pool, its pipeline)."""
+    from jobkeeper.models import NewJob, NewJobStream
+
+    jq = _queue(pg_url, pool_size=1)
+
+    async def main() -> None:
+        stream = jq._new_jobs(ITEMS)
+        assert isinstance(stream, NewJobStream)
+        validate = stream._validate
+
+        def interrupted(index: int, item: object) -> NewJob:
+            if index == BATCH // 2:
+                raise asyncio.CancelledError()
+            return validate(index, item)
+
+        stream._validate = interrupted
+        with pytest.raises(asyncio.CancelledError):
+            await jq.backend.job_insert_many_async(jobs=stream)
+        assert len(await jq.enqueue_many_async(ITEMS)) == BATCH
+        await jq.aclose()
+
+    try:
+        caplog.set_level(logging.WARNING)
+        asyncio.run(main())
+        assert _psycopg_warnings(caplog) == []
+        assert count(jq) == BATCH
+    finally:
+        jq.close()

@@ -135,14 +135,28 @@ def _run_steps(cursor: psycopg.Cursor[Any], plan: Plan, queries: dict[str, str])
                 step.meanwhile()
             reply = []
             continue
-        cursor.execute(queries[step.query], step.params, binary=_binary(cursor, step.binary))
-        names = _names(cursor)
+        binary = _binary(cursor, step.binary)
+        if step.meanwhile is not None and _pipelines(cursor):
+            # Sent at once and its reply read after: the server runs the
+            # statement while the client does the step's own work.
+            with cursor.connection.pipeline():
+                cursor.execute(queries[step.query], step.params, binary=binary)
+                cursor.connection.pgconn.flush()
+                step.meanwhile()
+                rows = cursor.fetchall()
+                names = _names(cursor)
+        else:
+            cursor.execute(queries[step.query], step.params, binary=binary)
+            if step.meanwhile is not None:
+                step.meanwhile()
+            names = _names(cursor)
+            rows = cursor.fetchall() if names is not None else []
         if names is None:
             reply = []
         elif step.tuples:
-            reply = cursor.fetchall()
+            reply = rows
         else:
-            reply = [dict(zip(names, r, strict=True)) for r in cursor.fetchall()]
+            reply = [dict(zip(names, r, strict=True)) for r in rows]
 
 
 async def run_plan_async(
@@ -156,6 +170,14 @@ async def run_plan_async(
     except BaseException:
         await _settle_async(cursor)
         raise
+
+
+def _pipelines(cursor: psycopg.Cursor[Any] | psycopg.AsyncCursor[Any]) -> bool:
+    """Whether a step may send its statement in pipeline mode on ``cursor``:
+    libpq has it, and the cursor is psycopg's own server-side binding one
+    (a caller's client-side cursor, Django's, runs the step plainly).
+    """
+    return psycopg.Pipeline.is_supported() and not isinstance(cursor, _TEXT_ONLY)
 
 
 async def _run_steps_async(
@@ -181,9 +203,20 @@ async def _run_steps_async(
                 step.meanwhile()
             reply = []
             continue
-        await cursor.execute(queries[step.query], step.params, binary=_binary(cursor, step.binary))
-        names = _names(cursor)
-        rows = await cursor.fetchall() if names is not None else []
+        binary = _binary(cursor, step.binary)
+        if step.meanwhile is not None and _pipelines(cursor):
+            async with cursor.connection.pipeline():
+                await cursor.execute(queries[step.query], step.params, binary=binary)
+                cursor.connection.pgconn.flush()
+                step.meanwhile()
+                rows = await cursor.fetchall()
+                names = _names(cursor)
+        else:
+            await cursor.execute(queries[step.query], step.params, binary=binary)
+            if step.meanwhile is not None:
+                step.meanwhile()
+            names = _names(cursor)
+            rows = await cursor.fetchall() if names is not None else []
         if names is None or step.tuples:
             reply = rows
         else:

@@ -56,6 +56,9 @@ class Execute:
     params: dict[str, Any]
     tuples: bool = False
     binary: bool = False
+    #: Run while the server runs the statement, where the connection allows
+    #: it (else after): client work that needs nothing of its reply.
+    meanwhile: Callable[[], None] | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -356,7 +359,16 @@ def _insert_copy(jobs: Sequence[NewJob], channel: str) -> Plan:
     jobs' queues. Returns the Jobs, and those of them that were delayed
     (only these can be scheduled).
     """
-    rows = yield Execute("job_insert_many_reserve_ids", {"count": len(jobs)}, binary=True)
+    # The items are validated while the server reserves the ids: COPY
+    # buffers 1,000 rows before it writes any, so validating them between
+    # the chunks overlapped nothing of a batch of 1,000 (see the commit that
+    # moved it here). A refused item still writes nothing.
+    rows = yield Execute(
+        "job_insert_many_reserve_ids",
+        {"count": len(jobs)},
+        binary=True,
+        meanwhile=lambda: _read_all(jobs),
+    )
     reserved_now, ids, serial_queues = rows[0].values()
     # The jobs of serial queues are flagged (serial_unkeyed; none has a key
     # here): COPY's text for true, or for NULL. Without serial queues the
@@ -427,6 +439,15 @@ def _insert_copy(jobs: Sequence[NewJob], channel: str) -> Plan:
     limits = yield from _lock_limited(read, channel=channel, woken=sorted(woken), queues=queues)
     yield from _count_limited(limits, read, inserted=True)
     return built, waiting
+
+
+def _read_all(jobs: Sequence[NewJob]) -> None:
+    """Validate every item of a :class:`NewJobStream` now (it keeps them, so
+    the COPY reads them again for free); a list was validated whole already.
+    """
+    if isinstance(jobs, NewJobStream):
+        for _ in jobs:
+            pass
 
 
 #: COPY's text format escapes these; JSON text holds no raw control
