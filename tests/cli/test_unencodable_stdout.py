@@ -56,6 +56,13 @@ def test_output_on_a_stdout_that_cannot_encode_it(cli: Cli, encoding: str) -> No
     failed = run_in(encoding, "--database", cli.url, "enqueue", "add", "--queue", "日本")
     assert failed.returncode == 2
     assert "'\\u65e5\\u672c'" in failed.stderr and "Traceback" not in failed.stderr
+    # stderr opens with backslashreplace, whose \xe9 and \U0001f600 are no
+    # JSON escapes (a --log-format json line with one did not parse).
+    failed = run_in(
+        encoding, "--database", cli.url, "enqueue", "add", "--queue", "\u0101\U0001f600"
+    )
+    assert failed.returncode == 2
+    assert "\\u0101\\ud83d\\ude00" in failed.stderr, failed.stderr
 
 
 def test_the_escapes_keep_json_valid() -> None:

@@ -47,7 +47,8 @@ def escape_unencodable() -> None:
     A stream with a forgiving handler already (``replace``, ...) is left as
     it is, and so is a UTF-8 one with ``surrogateescape``, which writes an
     undecodable argv back as its bytes; one that cannot be reconfigured (not
-    a ``TextIOWrapper``) too.
+    a ``TextIOWrapper``) too. stderr's own ``backslashreplace`` is replaced
+    where the encoding is not UTF-8: its ``\xe9`` is no JSON escape.
     """
     for stream in (sys.stdout, sys.stderr):
         errors = getattr(stream, "errors", None)
@@ -56,7 +57,10 @@ def escape_unencodable() -> None:
             unicode = codecs.lookup(encoding).name.startswith("utf")
         except LookupError:
             unicode = False
-        if errors == "strict" or (errors == "surrogateescape" and not unicode):
+        # stderr opens with backslashreplace, whose \xe9 is no JSON escape:
+        # a --log-format json line with one was no JSON.
+        forgiving_but_not_json = errors in ("surrogateescape", "backslashreplace")
+        if errors == "strict" or (forgiving_but_not_json and not unicode):
             with contextlib.suppress(AttributeError, ValueError, OSError):
                 stream.reconfigure(errors=ESCAPE_ERRORS)  # type: ignore[union-attr]
 
