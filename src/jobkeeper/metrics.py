@@ -119,9 +119,8 @@ class WorkerMetrics:
 
     def serve(self, port: int, host: str = "127.0.0.1") -> None:
         """Serve ``/metrics`` (Prometheus text) on ``host:port`` from a daemon
-        thread, each connection on a thread of its own: at most
-        ``MAX_CONNECTIONS`` at once (more are closed unanswered), each closed
-        after ``IDLE_TIMEOUT`` seconds without a request.
+        thread, each connection on a thread of its own, closed once its
+        client sends nothing for ``IDLE_TIMEOUT`` seconds.
 
         Raises:
             OSError: the address cannot be bound.

@@ -5,24 +5,23 @@ server whose connections cannot pile up.
 that waits for its request without a time limit: a client that connects
 and sends nothing (a port scanner, a half-open health check, a stuck
 scraper) held a thread of the worker for as long as it stayed connected,
-one more per connection. Here a connection that sends no request within
-``IDLE_TIMEOUT`` seconds is closed, and past ``MAX_CONNECTIONS`` at once
-new ones are closed unanswered; the exposition itself is prometheus_client's
-(``make_wsgi_app``: content negotiation, gzip, ``name[]`` filters).
+one more per connection. Here a connection whose client sends nothing for
+``IDLE_TIMEOUT`` seconds is closed, so such threads last seconds, not for
+ever. Connections are not capped: a cap of 16 let 16 silent clients (TCP
+health checks) turn every scrape away until they timed out. The exposition
+itself is prometheus_client's (``make_wsgi_app``: content negotiation, gzip,
+``name[]`` filters).
 """
 
 from __future__ import annotations
 
 import socket
-import threading
 from socketserver import ThreadingMixIn
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
 #: Seconds a connection may wait between its bytes before it is closed.
 IDLE_TIMEOUT = 10.0
-#: Connections served at once; a scraper needs one.
-MAX_CONNECTIONS = 16
 
 
 class _QuietHandler(WSGIRequestHandler):
@@ -44,24 +43,7 @@ class _BoundedServer(ThreadingMixIn, WSGIServer):
 
     def __init__(self, address: tuple[str, int], family: socket.AddressFamily) -> None:
         self.address_family = family
-        self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
         super().__init__(address, _QuietHandler)
-
-    def process_request(self, request: Any, client_address: Any) -> None:
-        if not self._slots.acquire(blocking=False):
-            self.shutdown_request(request)  # closed unanswered: the client may try again
-            return
-        try:
-            super().process_request(request, client_address)
-        except BaseException:
-            self._slots.release()
-            raise
-
-    def process_request_thread(self, request: Any, client_address: Any) -> None:
-        try:
-            super().process_request_thread(request, client_address)
-        finally:
-            self._slots.release()
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         pass  # a client that went away or timed out: nothing to report
