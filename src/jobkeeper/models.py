@@ -253,12 +253,13 @@ class NewJobStream(Sequence[NewJob]):
     """The jobs of one ``enqueue_many``, validated as they are read (internal).
 
     ``validate(index, item)`` turns the caller's ``item`` into a NewJob or
-    raises the error that names it. A backend that writes rows while it
-    reads them (PostgreSQL's COPY) lets the server parse the first rows
-    while the later ones are validated; its transaction rolls back when an
+    raises the error that names it. PostgreSQL's COPY path reads it inside
+    its transaction while the server reserves the batch's ids, so the
+    validation costs no time of its own; its transaction rolls back when an
     item is refused, so nothing is written either way. Any other reader
     validates every job first (``list(stream)``). Jobs read once are kept:
-    reading again (a retried transaction) validates nothing twice.
+    reading again (the COPY's rows, a retried transaction) validates
+    nothing twice.
 
     Attributes:
         keyed: some item's options name ``unique_key`` or ``serial_key``

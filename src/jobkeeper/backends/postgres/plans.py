@@ -34,8 +34,9 @@ from jobkeeper.models import Job, JobStatus, NewJob, NewJobStream
 
 #: Batches at least this large (and without unique keys) are written with COPY.
 COPY_MIN_JOBS = 64
-#: Rows per chunk the COPY path hands psycopg: small enough that the server
-#: parses the first rows while later ones are still being validated.
+#: Rows per chunk the COPY path hands psycopg: in a batch past PostgreSQL's
+#: 1,000-row COPY buffer, the server writes the first rows while later ones
+#: are still being formatted.
 COPY_CHUNK_ROWS = 128
 #: Rounds of insert-then-look-up before unique-key conflicts are given up on.
 UNIQUE_ROUNDS = 5
@@ -352,8 +353,8 @@ def _insert_one(new: NewJob, channel: str, *, checked: bool) -> Plan:
 
 def _insert_copy(jobs: Sequence[NewJob], channel: str) -> Plan:
     """Bulk insert with COPY (no unique keys to resolve): a fixed number of
-    round trips whatever the count. The ids are reserved first, so each row
-    is written (and, for a stream, validated) in one pass; the Jobs are
+    round trips whatever the count. The ids are reserved first (a stream is
+    validated meanwhile), so each row is written in one pass; the Jobs are
     built while the server inserts the rows. ``max_pending`` is checked
     after the rows are in, by the statement that announces the available
     jobs' queues. Returns the Jobs, and those of them that were delayed
@@ -367,7 +368,9 @@ def _insert_copy(jobs: Sequence[NewJob], channel: str) -> Plan:
         "job_insert_many_reserve_ids",
         {"count": len(jobs)},
         binary=True,
-        meanwhile=lambda: _read_all(jobs),
+        # A list was validated whole before the transaction: nothing to
+        # overlap, and no pipeline to enter for it.
+        meanwhile=(lambda: _read_all(jobs)) if isinstance(jobs, NewJobStream) else None,
     )
     reserved_now, ids, serial_queues = rows[0].values()
     # The jobs of serial queues are flagged (serial_unkeyed; none has a key
@@ -441,13 +444,12 @@ def _insert_copy(jobs: Sequence[NewJob], channel: str) -> Plan:
     return built, waiting
 
 
-def _read_all(jobs: Sequence[NewJob]) -> None:
-    """Validate every item of a :class:`NewJobStream` now (it keeps them, so
-    the COPY reads them again for free); a list was validated whole already.
+def _read_all(jobs: NewJobStream) -> None:
+    """Validate every item of ``jobs`` now (the stream keeps them, so the
+    COPY reads them again for free).
     """
-    if isinstance(jobs, NewJobStream):
-        for _ in jobs:
-            pass
+    for _ in jobs:
+        pass
 
 
 #: COPY's text format escapes these; JSON text holds no raw control
