@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import itertools
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from datetime import datetime
 from typing import Any, TypeVar, overload
 
@@ -399,6 +399,26 @@ class RequeueConflict:
     task: str
     unique_key: str
     holder: int | None
+
+
+def requeue_clashes(
+    conflicts: Iterable[RequeueConflict],
+) -> list[tuple[RequeueConflict, int | None]]:
+    """The dead letters a requeue of them all cannot move (internal), from
+    ``conflicts`` in id order: each with the dead letter of the same key and
+    a smaller id that would go back instead, or None when a pending job
+    (``holder``) has the key. One by one, exactly these would be refused.
+    """
+    first: dict[tuple[str, str], int] = {}
+    clashes: list[tuple[RequeueConflict, int | None]] = []
+    for conflict in conflicts:
+        key = (conflict.task, conflict.unique_key)
+        if conflict.holder is not None:
+            clashes.append((conflict, None))
+        elif key in first:
+            clashes.append((conflict, first[key]))
+        first.setdefault(key, conflict.dead_letter_id)
+    return clashes
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

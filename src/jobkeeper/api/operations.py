@@ -11,7 +11,14 @@ from typing import Any
 from jobkeeper.api.base import RETRYABLE_FROM, QueueBase, _job_id
 from jobkeeper.config import check_age, check_name, check_seconds, is_int_between
 from jobkeeper.errors import ConfigError, JobNotFound, JobStateError, UniqueKeyConflict, shown
-from jobkeeper.models import TERMINAL_STATUSES, Job, JobStatus, QueueCounts, WorkerInfo
+from jobkeeper.models import (
+    TERMINAL_STATUSES,
+    Job,
+    JobStatus,
+    QueueCounts,
+    WorkerInfo,
+    requeue_clashes,
+)
 from jobkeeper.queues import (
     UNSET,
     QueueInfo,
@@ -185,16 +192,17 @@ class OperationsMixin(QueueBase):
         """The error for a requeue refused by the unique index, naming the
         dead letters in the way and what holds their keys.
         """
-        seen: dict[tuple[str, str], int] = {}
         clashes: list[str] = []
-        for conflict in self.backend.dead_letter_requeue_conflicts(job_ids=job_ids):
-            key = (conflict.task, conflict.unique_key)
-            what = f"dead letter {conflict.dead_letter_id} (task {key[0]!r}, unique_key {key[1]!r})"
-            if conflict.holder is not None:
+        conflicts = self.backend.dead_letter_requeue_conflicts(job_ids=job_ids)
+        for conflict, instead in requeue_clashes(conflicts):
+            what = (
+                f"dead letter {conflict.dead_letter_id} "
+                f"(task {conflict.task!r}, unique_key {conflict.unique_key!r})"
+            )
+            if instead is None:
                 clashes.append(f"{what} is held by pending job {conflict.holder}")
-            elif key in seen:
-                clashes.append(f"{what} clashes with dead letter {seen[key]}")
-            seen.setdefault(key, conflict.dead_letter_id)
+            else:
+                clashes.append(f"{what} clashes with dead letter {instead}")
         shown = "; ".join(clashes[:3]) or "a pending job of the same task holds a unique_key"
         more = f" (and {len(clashes) - 3} more)" if len(clashes) > 3 else ""
         return JobStateError(f"cannot requeue: {shown}{more}; nothing was requeued")

@@ -28,7 +28,7 @@ from jobkeeper.cli.common import (
     yes_option,
 )
 from jobkeeper.errors import JobNotFound, JobStateError
-from jobkeeper.models import HELD_STATUSES, JobStatus
+from jobkeeper.models import HELD_STATUSES, JobStatus, requeue_clashes
 
 #: What a filtered retry selects without --status; completed jobs only when
 #: asked (running a finished job again is rarely what a filter means).
@@ -252,14 +252,8 @@ def _clashing(jq: JobQueue, batch: list[int]) -> set[int]:
     now: a pending job holds their key, or one of the batch with a smaller
     id has it (one by one, that one would be requeued and these skipped).
     """
-    clashing: set[int] = set()
-    first: set[tuple[str, str]] = set()
-    for conflict in jq.backend.dead_letter_requeue_conflicts(job_ids=batch):  # by id
-        key = (conflict.task, conflict.unique_key)
-        if conflict.holder is not None or key in first:
-            clashing.add(conflict.dead_letter_id)
-        first.add(key)
-    return clashing
+    conflicts = jq.backend.dead_letter_requeue_conflicts(job_ids=batch)
+    return {conflict.dead_letter_id for conflict, _ in requeue_clashes(conflicts)}
 
 
 def _one_or_filter(job_id: int | None, *filters: str | None) -> bool:
