@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import re
+import secrets
 import sqlite3
 import subprocess
 import sys
@@ -20,8 +21,8 @@ import psycopg
 import pytest
 
 from jobkeeper import ConfigError, DatabaseUnavailable, JobQueue
-from jobkeeper.backends.postgres.schema import LOCK_TIMEOUT, MIGRATION_LOCK_KEY
-from support.db import migrate_to, sql
+from jobkeeper.backends.postgres.schema import LOCK_TIMEOUT, migration_lock_key
+from support.db import PG_URL, migrate_to, pg_schema_url, sql
 
 from .test_schema import LATEST
 
@@ -142,7 +143,8 @@ def test_postgres_migrate_waits_for_another_migrate_and_says_so(
     monkeypatch.setattr(sources, "POOL_TIMEOUT", 3.0)
     older_schema(pg_url, monkeypatch)
     holder = psycopg.connect(pg_url, autocommit=True)
-    holder.execute("SELECT pg_advisory_lock(%s)", (MIGRATION_LOCK_KEY,))
+    schema = holder.execute("SELECT current_schema()").fetchone()[0]
+    holder.execute("SELECT pg_advisory_lock(%s)", (migration_lock_key(schema),))
     try:
         with JobQueue(pg_url, pool_size=pool_size) as jq, caplog.at_level(logging.WARNING):
             with pytest.raises(DatabaseUnavailable, match="migrate gave up after") as raised:
@@ -151,9 +153,7 @@ def test_postgres_migrate_waits_for_another_migrate_and_says_so(
             assert f"the migration lock (lock_wait=1.5 s), held by pid {pid}" in str(raised.value)
             assert jq.backend.schema_version() == LATEST - 1
         said = [r.getMessage() for r in caplog.records if "another migrate" in r.getMessage()]
-        # Other tests' migrates (their schemas share the database's lock)
-        # may be waited for as well, before the holder.
-        assert any(f"pid {holder.info.backend_pid} " in line for line in said), said
+        assert said and all(f"pid {holder.info.backend_pid} " in line for line in said), said
     finally:
         holder.close()
 
@@ -210,3 +210,49 @@ def test_cli_migrate_refuses_a_bad_lock_wait_by_its_option(sqlite_url):
     assert done.stderr.strip() == "error: --lock-wait must be a finite number of seconds > 0, got 0"
     with JobQueue(sqlite_url) as jq:
         assert jq.backend.schema_version() == 0
+
+
+def test_postgres_migrate_does_not_wait_for_a_migrate_of_another_schema(
+    pg_url, monkeypatch, caplog
+):
+    # One lock for the whole database made migrates of separate schemas wait
+    # for each other, named the other schema's migrate as the one to end, and
+    # gave up after lock_wait (a CI run: "waiting for the migration lock" of
+    # another test's schema). Here the other schema's migrate holds its lock,
+    # whatever its key, until this one has finished.
+    from jobkeeper.backends.postgres import schema as schema_module
+
+    other = f"jk_test_{secrets.token_hex(6)}"
+    with psycopg.connect(PG_URL, autocommit=True) as admin:
+        admin.execute(f'CREATE SCHEMA "{other}"')
+    under_lock = threading.Event()
+    release = threading.Event()
+    real_apply = schema_module.apply_migrations
+
+    def apply_when_released(*args, **kwargs):
+        if threading.current_thread().name == "other-migrate":
+            under_lock.set()
+            release.wait(30)
+        return real_apply(*args, **kwargs)
+
+    monkeypatch.setattr(schema_module, "apply_migrations", apply_when_released)
+    outcome: list[object] = []
+    try:
+        with JobQueue(pg_schema_url(other)) as other_jq, JobQueue(pg_url) as jq:
+            migrating = threading.Thread(
+                target=lambda: outcome.append(other_jq.migrate(lock_wait=30)),
+                name="other-migrate",
+            )
+            migrating.start()
+            assert under_lock.wait(10)
+            try:
+                with caplog.at_level(logging.WARNING):
+                    assert jq.migrate(lock_wait=1.0) == LATEST
+            finally:
+                release.set()
+                migrating.join(30)
+        assert outcome == [LATEST]
+        assert not [r for r in caplog.records if "another migrate" in r.getMessage()]
+    finally:
+        with psycopg.connect(PG_URL, autocommit=True) as admin:
+            admin.execute(f'DROP SCHEMA "{other}" CASCADE')

@@ -15,7 +15,7 @@ from jobkeeper import DatabaseError, JobQueue, JobStatus
 from jobkeeper.backends.postgres.backend import MIGRATIONS as PG_MIGRATIONS
 from jobkeeper.backends.postgres.backend import QUERIES as PG_QUERIES
 from jobkeeper.backends.postgres.backend import PostgresBackend
-from jobkeeper.backends.postgres.schema import MIGRATION_LOCK_KEY
+from jobkeeper.backends.postgres.schema import migration_lock_key
 from jobkeeper.backends.sqlite.backend import MIGRATIONS as SQLITE_MIGRATIONS
 from support.db import PG_URL, count, migrate_to, pg_schema_url, sql
 from support.waiting import wait_for
@@ -230,17 +230,18 @@ def test_postgres_migrates_that_waited_on_the_schemas_creation_do_not_warn(pg_ur
         "SELECT count(*) FROM pg_stat_activity "
         "WHERE application_name = %s AND wait_event_type = 'Lock'"
     )
-    holder = psycopg.connect(PG_URL, autocommit=True)
+    holder = psycopg.connect(pg_url, autocommit=True)
+    key = migration_lock_key(holder.execute("SELECT current_schema()").fetchone()[0])
     threads = [threading.Thread(target=run, args=(backend,)) for backend in backends]
     try:
-        holder.execute("SELECT pg_advisory_lock(%s)", (MIGRATION_LOCK_KEY,))
+        holder.execute("SELECT pg_advisory_lock(%s)", (key,))
         for thread in threads:
             thread.start()
         wait_for(
             lambda: holder.execute(waiting, (name,)).fetchone() == (4,),
             what="four migrates waiting on the migration lock",
         )
-        holder.execute("SELECT pg_advisory_unlock(%s)", (MIGRATION_LOCK_KEY,))
+        holder.execute("SELECT pg_advisory_unlock(%s)", (key,))
         for thread in threads:
             thread.join(60)
         assert errors == [] and versions == [LATEST] * 4

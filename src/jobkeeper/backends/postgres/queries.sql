@@ -752,8 +752,14 @@ SELECT pg_backend_pid()
 -- name: db_now
 SELECT now()
 
+-- name: schema_current
+-- The schema migrate creates jobkeeper's tables in, whose migration lock it
+-- takes (NULL: none on the search_path exists).
+SELECT current_schema()
+
 -- name: schema_lock
--- Serialises migrate() across processes for the rest of the transaction.
+-- Serialises migrate() of one schema across processes for the rest of the
+-- transaction.
 SELECT pg_advisory_xact_lock(%s)
 
 -- name: schema_lock_try

@@ -4,6 +4,7 @@ applied, and the indexes a version retired (internal).
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import random
 import time
@@ -24,9 +25,9 @@ from jobkeeper.errors import DatabaseError, DatabaseUnavailable, query_excerpt
 
 logger = logging.getLogger("jobkeeper.postgres")
 
-#: pg_advisory_xact_lock key serialising migrate() across processes
-#: (the bytes of "jobkeepr" as a big-endian int64).
-MIGRATION_LOCK_KEY = 0x6A6F626B65657072
+#: What a schema's migration lock key is derived from (see
+#: :func:`migration_lock_key`).
+MIGRATION_LOCK_PREFIX = b"jobkeeper migrate\0"
 #: ``(schema version, index, query)``: indexes that schema version replaced,
 #: each dropped by its query after ``migrate`` commits.
 RETIRED_INDEX_DROPS = ((14, "jobkeeper_jobs_serial_first_idx", "schema_drop_serial_first_index"),)
@@ -39,15 +40,26 @@ FIRST_PAUSE = 1.0
 LONGEST_PAUSE = 10.0
 
 
+def migration_lock_key(schema: str) -> int:
+    """The pg_advisory_xact_lock key serialising migrate() of ``schema``
+    across processes: one per schema, so that migrates of jobkeeper's tables
+    in other schemas of the database neither wait for it nor are named as
+    what it waits for.
+    """
+    digest = hashlib.blake2b(MIGRATION_LOCK_PREFIX + schema.encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big", signed=True)
+
+
 class LockWaitError(Exception):
     """An attempt of ``migrate`` that met its lock_timeout (internal):
-    ``advisory`` when it waited for the migration lock (another migrate),
-    else for a table's.
+    ``advisory`` when it waited for the migration lock ``key`` (another
+    migrate), else for a table's.
     """
 
-    def __init__(self, *, advisory: bool) -> None:
+    def __init__(self, *, advisory: bool, key: int) -> None:
         super().__init__("lock wait timed out")
         self.advisory = advisory
+        self.key = key
 
 
 def terminate_hint(holders: list[dict[str, Any]]) -> str:
@@ -92,7 +104,7 @@ class PostgresSchema(PostgresConnections):
                 break
             except LockWaitError as waited:
                 remaining = lock_wait - (time.monotonic() - started)
-                holders = self._lock_holders(advisory=waited.advisory)
+                holders = self._lock_holders(advisory=waited.advisory, key=waited.key)
                 what = "the migration lock" if waited.advisory else "a lock on jobkeeper's tables"
                 if remaining <= 0:
                     raise SchemaLockTimeoutError(
@@ -125,6 +137,7 @@ class PostgresSchema(PostgresConnections):
                 was rolled back, nothing of it written.
         """
         waiting_for_advisory = True
+        key = 0
         try:
             with self._cursor(transaction=True) as cursor:
 
@@ -148,15 +161,16 @@ class PostgresSchema(PostgresConnections):
                 # concurrent migrate() calls apply each migration exactly
                 # once. Waiting for it holds up no enqueue or claim: the
                 # whole of lock_wait. Said first when another migrate has it.
-                if not execute(QUERIES["schema_lock_try"], (MIGRATION_LOCK_KEY,))[0][0]:
+                key = migration_lock_key(execute(QUERIES["schema_current"], ())[0][0] or "")
+                if not execute(QUERIES["schema_lock_try"], (key,))[0][0]:
                     # Read on this connection: another one from the pool
                     # would wait for ever with pool_size=1.
                     logger.warning(
                         "migrate is waiting for another migrate, %s, to finish",
-                        held_by(self._lock_holders(advisory=True, cursor=cursor)),
+                        held_by(self._lock_holders(advisory=True, key=key, cursor=cursor)),
                     )
                     lock_wait(remaining)
-                    execute(QUERIES["schema_lock"], (MIGRATION_LOCK_KEY,))
+                    execute(QUERIES["schema_lock"], (key,))
                 waiting_for_advisory = False
                 # A lock request waiting on the jobs table queues every later
                 # one behind it: each enqueue and claim of the fleet waited as
@@ -175,7 +189,7 @@ class PostgresSchema(PostgresConnections):
                 )
         except DatabaseUnavailable as exc:
             if isinstance(exc.__cause__, psycopg.errors.LockNotAvailable):
-                raise LockWaitError(advisory=waiting_for_advisory) from exc
+                raise LockWaitError(advisory=waiting_for_advisory, key=key) from exc
             raise
 
     def _version_or_unknown(self) -> str:
@@ -185,12 +199,13 @@ class PostgresSchema(PostgresConnections):
             return "(unread)"
 
     def _lock_holders(
-        self, *, advisory: bool, cursor: psycopg.Cursor[Any] | None = None
+        self, *, advisory: bool, key: int, cursor: psycopg.Cursor[Any] | None = None
     ) -> list[dict[str, Any]]:
-        """The sessions holding what migrate waits for (``schema_lock_holders``),
-        read on ``cursor`` when given, else on a pooled connection.
+        """The sessions holding what migrate waits for (``schema_lock_holders``,
+        with the migration lock ``key``), read on ``cursor`` when given, else
+        on a pooled connection.
         """
-        params = {"advisory": advisory, "key": MIGRATION_LOCK_KEY}
+        params = {"advisory": advisory, "key": key}
         if cursor is None:
             return self._fetch("schema_lock_holders", params)
         cursor.execute(QUERIES["schema_lock_holders"], params)
