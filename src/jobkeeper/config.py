@@ -406,12 +406,16 @@ class DatabaseURL:
         url: the URL as given (for PostgreSQL, what psycopg connects with).
         path: SQLite only: the database file path.
         options: query-string options (``?key=value``).
+        migrate_command: what :meth:`migrate_hint` says to run instead of
+            the ``jobkeeper`` CLI's command, for a queue whose tables are
+            migrated another way (a Django project's ``manage.py``).
     """
 
     scheme: str
     url: str
     path: str = ""
     options: dict[str, str] = dataclasses.field(default_factory=dict)
+    migrate_command: str | None = dataclasses.field(default=None, compare=False)
 
     def redacted(self) -> str:
         """The URL with any password replaced by ``***`` (for logs and
@@ -427,6 +431,8 @@ class DatabaseURL:
         its absolute path, so the command works from any directory; a
         password shows as ``***``.
         """
+        if self.migrate_command is not None:
+            return self.migrate_command
         if self.scheme == "sqlite" and self.path and self.path != ":memory:":
             where = "sqlite:///" + os.path.abspath(self.path)
         else:

@@ -90,12 +90,36 @@ def test_jobs_in_another_database_are_migrated_with_its_migrate(
         timeout=60,
     )
     assert worker.returncode != 0
-    # Its last word, the command's error (the worker's log line before it is
-    # jobkeeper's own).
+    # Its last word, the command's error; the worker's own log line before it
+    # named the jobkeeper CLI's command.
     error = worker.stderr.strip().splitlines()[-1]
     assert error.startswith("CommandError: ")
-    assert django_hint in error and "jobkeeper --database" not in error
+    assert django_hint in error
+    assert "jobkeeper --database" not in worker.stderr, worker.stderr
 
     manage(jobs_project, "migrate", "--database", "jobs", "--verbosity", "0")
     assert "jobkeeper" not in manage(jobs_project, "migrate")  # the tables are there now
     assert shell(jobs_project, ENQUEUE)[0] == "enqueued"
+
+
+UNREACHABLE_SETTINGS = """
+from mysite.settings import *  # noqa: F403
+
+jobs = DATABASES["jobs"] = dict(DATABASES["default"])  # noqa: F405
+jobs["HOST"], jobs["PORT"] = "127.0.0.1", "1"  # nothing listens there
+TASKS["default"]["OPTIONS"]["DATABASE"] = "jobs"  # noqa: F405
+"""
+
+
+@pytest.mark.parametrize("project", ["postgres"], indirect=True)
+def test_migrate_says_the_jobs_database_could_not_be_reached(
+    project: tuple[Path, dict[str, str]],
+) -> None:
+    # It said the tables there were "missing or behind", which nobody knew.
+    directory, env = project
+    (directory / "mysite" / "settings_unreachable.py").write_text(UNREACHABLE_SETTINGS)
+    said = manage(
+        (directory, {**env, "DJANGO_SETTINGS_MODULE": "mysite.settings_unreachable"}), "migrate"
+    )
+    assert "jobkeeper's tables there could not be checked (PostgreSQL at" in said, said
+    assert "port 1 failed" in said and "missing or behind:" in said, said

@@ -39,6 +39,23 @@ class NoDatabaseTests(SimpleTestCase):
             count_orders.enqueue()
 """
 
+HINT_TEST = """
+from django.test import TestCase
+
+try:
+    from django.tasks import task_backends
+except ImportError:  # Django < 6: the backport
+    from django_tasks import task_backends
+
+
+class HintTests(TestCase):
+    def test_the_queue_on_the_test_database_names_manage_pys_migrate(self):
+        # The queue moved to the test database keeps the hint it was made with.
+        hint = task_backends["default"].queue.url.migrate_hint()
+        self.assertIn("test", task_backends["default"].database_url)
+        self.assertTrue(hint.startswith("run `python manage.py migrate"), hint)
+"""
+
 DEV_STATUS = """
 import json
 from django.tasks import task_backends
@@ -63,8 +80,9 @@ def test_manage_py_test_runs_jobs_on_the_test_database(
     # copy on SQLite, CREATE DATABASE ... TEMPLATE on PostgreSQL).
     directory, env = project
     (directory / "shop" / "test_guard.py").write_text(GUARD_TEST)
+    (directory / "shop" / "test_hint.py").write_text(HINT_TEST)
     out = manage_test(directory, env, "shop", "--verbosity", "2", "--parallel", "2")
-    assert "Ran 4 tests" in out and "OK" in out
+    assert "Ran 5 tests" in out and "OK" in out
     assert "Cloning test database" in out
     # Django's test database (and a SQLite one's WAL and wake channel) is gone.
     assert not [path.name for path in directory.parent.glob("test_shop*")]

@@ -16,7 +16,7 @@ from django.core.management.base import CommandError
 from django.db.models.signals import post_migrate
 from django.utils.module_loading import import_string
 
-from jobkeeper.errors import JobkeeperError
+from jobkeeper.errors import DatabaseUnavailable, JobkeeperError
 
 
 class JobkeeperConfig(AppConfig):  # type: ignore[misc]
@@ -89,14 +89,17 @@ def _missed(alias: str, backend: Any, using: str) -> str | None:
         or _testing()
     ):
         return None
+    state = "are missing or behind"
     try:
         queue = backend.queue
         if queue.backend.schema_version() >= queue.backend.schema_expected():
             return None
+    except DatabaseUnavailable as exc:
+        state = f"could not be checked ({exc}); once it answers, if they are missing or behind"
     except (JobkeeperError, ImproperlyConfigured):
-        pass  # not there (a missing SQLite file), or unreachable: say it all the same
+        pass  # not there (a missing SQLite file)
     return (
         f"jobkeeper: the jobs of TASKS[{alias!r}] live in database {jobs!r}, which this "
-        f"migrate (of {using!r}) did not touch, and jobkeeper's tables there are missing or "
-        f"behind: {backend.migrate_command()}"
+        f"migrate (of {using!r}) did not touch, and jobkeeper's tables there {state}: "
+        f"{backend.migrate_command()}"
     )

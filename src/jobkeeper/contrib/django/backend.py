@@ -56,9 +56,9 @@ test runner's test database gets them too. Mapping:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import threading
-from collections.abc import Iterator
 from typing import Any
 
 from django.conf import settings
@@ -73,7 +73,7 @@ from jobkeeper.contrib.django import database, locks, signals
 from jobkeeper.contrib.django.database import QUEUES
 from jobkeeper.contrib.django.options import checked_options
 from jobkeeper.contrib.django.results import task_result
-from jobkeeper.errors import ConfigError, JobkeeperError
+from jobkeeper.errors import ConfigError
 from jobkeeper.tasks import Task as JobkeeperTask
 
 try:  # Django >= 6.0
@@ -262,6 +262,9 @@ class JobkeeperBackend(BaseTaskBackend):  # type: ignore[misc]
                 queue = JobQueue(url, **self._job_settings)
             except (ConfigError, TypeError) as exc:
                 raise ImproperlyConfigured(f"TASKS[{self.alias!r}]['OPTIONS']: {exc}") from None
+            # Every error and log line that asks for a migration (the
+            # worker's own included) names manage.py's command.
+            queue.url = dataclasses.replace(queue.url, migrate_command=self.migrate_command())
             queue.tasks = DjangoTasks(queue, self._max_attempts)
             # The registry fills lazily (a task by its dotted path, the
             # first time it is seen), so it never holds every name: it
@@ -324,7 +327,7 @@ class JobkeeperBackend(BaseTaskBackend):  # type: ignore[misc]
         queue = self.queue
         joined = self._joined_connection()
         own = locks.own_write(queue) if joined is None else contextlib.nullcontext()
-        with self.django_hints(), own:
+        with own:
             job = queue.enqueue(
                 task.module_path,
                 _task_args(args, kwargs),
@@ -351,8 +354,7 @@ class JobkeeperBackend(BaseTaskBackend):  # type: ignore[misc]
                 ``retention``), or it is not a Django task's.
         """
         try:
-            with self.django_hints():
-                job = self.queue.get_job(int(result_id))
+            job = self.queue.get_job(int(result_id))
         except (TypeError, ValueError):
             job = None
         task = None
@@ -384,21 +386,6 @@ class JobkeeperBackend(BaseTaskBackend):  # type: ignore[misc]
             return f"run `{command}`"
         where = "" if self.database_alias == "default" else f" --database {self.database_alias}"
         return f"run `python manage.py migrate{where}` (or `{command}`)"
-
-    @contextlib.contextmanager
-    def django_hints(self) -> Iterator[None]:
-        """Around a use of the queue: an error that says how to migrate names
-        the ``manage.py`` command instead of the ``jobkeeper`` CLI's.
-        """
-        try:
-            yield
-        except JobkeeperError as exc:
-            hint = QUEUES.get(self._key)
-            if hint is not None and exc.args and isinstance(exc.args[0], str):
-                cli = hint.url.migrate_hint()
-                if cli in exc.args[0]:
-                    exc.args = (exc.args[0].replace(cli, self.migrate_command()), *exc.args[1:])
-            raise
 
 
 def _task_args(args: Any, kwargs: Any) -> dict[str, Any]:

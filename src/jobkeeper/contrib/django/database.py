@@ -230,7 +230,9 @@ class FollowedQueues:
         url = database_url(kept.follows)
         with self._lock:
             if kept.url != url:
+                command = kept.queue.url.migrate_command
                 kept.queue.use_database(url)
+                kept.queue.url = dataclasses.replace(kept.queue.url, migrate_command=command)
                 kept.url = url
             kept.name = name
         return kept.queue

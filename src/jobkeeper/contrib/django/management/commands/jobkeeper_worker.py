@@ -51,10 +51,9 @@ class Command(BaseCommand):  # type: ignore[misc]
         if options["concurrency"] < 1:
             raise CommandError(f"--concurrency must be at least 1, got {options['concurrency']}")
         try:
-            with backend.django_hints():
-                code = backend.queue.run_worker(
-                    queues=queues, concurrency=options["concurrency"], burst=options["burst"]
-                )
+            code = backend.queue.run_worker(
+                queues=queues, concurrency=options["concurrency"], burst=options["burst"]
+            )
         except JobkeeperError as exc:  # the database down at the start, a bad setting
             raise CommandError(str(exc)) from None
         if code:
