@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import socket
 import threading
+import time
 import urllib.request
 
 import pytest
@@ -80,3 +81,33 @@ def test_a_scrape_is_served_with_content_negotiation(served):
     with urllib.request.urlopen(request, timeout=5) as reply:
         assert reply.headers["Content-Type"].startswith("application/openmetrics-text")
         assert reply.read().decode().rstrip().endswith("# EOF")
+
+
+def test_a_trickling_request_is_closed_at_the_deadline(served, monkeypatch):
+    # One byte every 0.5 s, each within the idle timeout: the connection and
+    # its thread lasted as long as the client kept trickling.
+    monkeypatch.setattr(metrics_server, "REQUEST_DEADLINE", 2.0, raising=False)
+    port, before = served
+    request = b"GET /metrics HTTP/1.1\r\nHost: x\r\n" + b"X-Slow: " + b"a" * 200
+    closed: list[float] = []
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        started = time.monotonic()
+        for byte in request:
+            if time.monotonic() - started > 8.0:
+                break  # still open well past the deadline
+            try:
+                sock.sendall(bytes([byte]))
+            except OSError:
+                closed.append(time.monotonic() - started)
+                break
+            sock.settimeout(0.5)
+            try:
+                if sock.recv(1) == b"":
+                    closed.append(time.monotonic() - started)
+                    break
+            except TimeoutError:
+                pass  # still open: the next byte
+    # Closed at the deadline, not after the 2 minutes the whole trickle takes.
+    assert closed and closed[0] < 2.0 + 4.0, closed
+    assert wait_for(lambda: _server_threads() - before == 0, what="the server's threads to end")
+    assert "jobkeeper_rescues_total" in _scrape(port)
