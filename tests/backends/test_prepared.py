@@ -13,7 +13,7 @@ import pytest
 
 from backends.helpers import WORKER, claim, complete, fail, register
 from jobkeeper import JobQueue
-from jobkeeper.backends.postgres.prepared import _direct
+from jobkeeper.backends.postgres.prepared import direct_session
 from jobkeeper.backends.postgres.queries import (
     DEAD_LETTER_COLUMNS,
     JOB_COLUMNS,
@@ -70,9 +70,9 @@ def test_a_direct_connection_prepares_its_statements(pg_url: str) -> None:
 
 def test_a_pooler_session_is_told_from_a_direct_one() -> None:
     # A pooler answers the startup with a backend key of its own.
-    assert _direct(4242, 4242)
-    assert not _direct(4242, 777)
-    assert not _direct(4242, None)
+    assert direct_session(4242, 4242)
+    assert not direct_session(4242, 777)
+    assert not direct_session(4242, None)
 
 
 def test_statements_prepared_before_a_migration_added_columns_keep_working(

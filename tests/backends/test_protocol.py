@@ -39,9 +39,11 @@ ONLY_IN = {
         "notify_channel",
         "notify_due",
         "notify_queues",
-        # migrate()'s advisory lock; SQLite's BEGIN IMMEDIATE serialises it.
-        # Its try first, and who holds it (or a table's lock) when a try
-        # waited in vain: SQLite cannot say who holds its write lock.
+        # migrate()'s advisory lock (one per schema, named by schema_current);
+        # SQLite's BEGIN IMMEDIATE serialises it. Its try first, and who holds
+        # it (or a table's lock) when a try waited in vain: SQLite cannot say
+        # who holds its write lock.
+        "schema_current",
         "schema_lock",
         "schema_lock_try",
         "schema_lock_holders",
@@ -67,7 +69,11 @@ ONLY_IN = {
         "database_health_xmin",
         # Whether a new connection reaches the server itself or a pooler
         # (prepared statements only on the former); SQLite has no pooler.
+        # And where its search path finds the jobs table, pinned to the
+        # current schema when that is further down: SQLite has no schemas.
         "connection_backend_pid",
+        "connection_setup",
+        "connection_pin_schema",
     },
     "sqlite": {
         # Settings of each new connection; PostgreSQL's are the server's.
@@ -100,6 +106,8 @@ NOT_OPERATIONS = {
     "connection_synchronous_normal",
     "connection_busy_timeout",
     "connection_backend_pid",
+    "connection_setup",
+    "connection_pin_schema",
 }
 
 

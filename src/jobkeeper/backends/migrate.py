@@ -97,3 +97,31 @@ def unrecorded_schema(expected: int, migrate_hint: str) -> UnrecordedSchemaError
         f"version the tables are at (this jobkeeper's is {expected}; docs/deploying.md, "
         f'"A lost schema record", has the SQL), then {migrate_hint}'
     )
+
+
+class MisplacedSchemaError(DatabaseError):
+    """PostgreSQL: the current schema (the first of the search path, where
+    jobkeeper keeps its tables) has none of them, while the search path
+    finds a jobkeeper_jobs table in another schema further down (see
+    :func:`misplaced_schema`).
+    """
+
+
+def misplaced_schema(current: str, found: str, migrate_hint: str) -> MisplacedSchemaError:
+    """The error for a search path such as ``tenant,public`` whose first
+    schema, ``current``, is not migrated while ``found`` has jobkeeper's
+    tables: jobkeeper's statements found and wrote ``found``'s jobs, one
+    tenant's worker running another's.
+
+    Args:
+        current: the current schema's name.
+        found: the schema whose jobkeeper_jobs the search path finds.
+        migrate_hint: the database's ``DatabaseURL.migrate_hint()``.
+    """
+    return MisplacedSchemaError(
+        f"jobkeeper's tables are not in schema {current!r}, the first of the search path, "
+        f"where jobkeeper keeps them and migrate creates them; the jobkeeper_jobs that the "
+        f"search path finds is in schema {found!r}, and jobkeeper neither reads nor writes "
+        f"it from here. To use {found!r}'s, put {found!r} first in the URL's search_path; "
+        f"to give {current!r} its own, {migrate_hint}"
+    )

@@ -6,7 +6,7 @@ import logging
 import time
 
 from jobkeeper.backends.base import Backend
-from jobkeeper.backends.migrate import UnrecordedSchemaError
+from jobkeeper.backends.migrate import MisplacedSchemaError, UnrecordedSchemaError
 from jobkeeper.errors import DatabaseError, DatabaseUnavailable
 from jobkeeper.version import __version__
 
@@ -34,12 +34,14 @@ def check_schema(backend: Backend, *, where: str, worker_id: str) -> None:
         worker_id: the worker's id, for the warning.
 
     Raises:
-        DatabaseError: the schema is behind this code's version.
+        DatabaseError: the schema is behind this code's version, or the search
+            path finds jobkeeper's tables only beyond its first schema
+            (MisplacedSchemaError).
         DatabaseUnavailable: the database cannot be reached.
     """
     try:
         have = backend.schema_version()
-    except DatabaseUnavailable:
+    except (DatabaseUnavailable, MisplacedSchemaError):
         raise
     except UnrecordedSchemaError as exc:
         logger.warning("%s -- this worker runs, unchecked", exc)

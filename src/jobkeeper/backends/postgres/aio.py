@@ -40,8 +40,8 @@ from jobkeeper.backends.postgres.plans import (
     is_single_statement,
     read_for_insert,
 )
-from jobkeeper.backends.postgres.prepared import prepare_if_direct_async
 from jobkeeper.backends.postgres.queries import QUERIES
+from jobkeeper.backends.postgres.session_setup import set_up_async
 from jobkeeper.backends.postgres.sources import RETRY_ASKED, load_json_safely
 from jobkeeper.errors import DatabaseError
 from jobkeeper.models import Job, NewJob
@@ -67,7 +67,7 @@ def _reused_cursor_async(conn: psycopg.AsyncConnection[Any]) -> psycopg.AsyncCur
 
 async def _configure_async(conn: psycopg.AsyncConnection[Any]) -> None:
     load_json_safely(conn)
-    await prepare_if_direct_async(conn)
+    await set_up_async(conn)
 
 
 class PostgresAsync:

@@ -7,7 +7,7 @@ client's time (CPU per call on a held connection: 79 us through a cursor,
 A statement here is written with ``$n`` placeholders, takes its parameters
 as text (bytes, or None for NULL) and returns its rows in binary, decoded by
 column type. On a connection that reaches PostgreSQL itself (see
-:func:`~jobkeeper.backends.postgres.prepared.prepare_if_direct`) it is
+:func:`~jobkeeper.backends.postgres.prepared.direct_session`) it is
 prepared once, under its own name, the first time the connection runs it;
 behind a pooler it is sent with its text every time (an unnamed statement,
 as psycopg does there). It runs only on a connection of ours that is idle

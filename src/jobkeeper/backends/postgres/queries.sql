@@ -746,8 +746,25 @@ SELECT current_schema()
 
 -- name: connection_backend_pid
 -- The server's PID for this session: a pooler's client sees another one
--- from libpq (see prepare_if_direct).
+-- from libpq (see prepared.direct_session).
 SELECT pg_backend_pid()
+
+-- name: connection_setup
+-- On each new connection of ours: the server's PID (connection_backend_pid),
+-- the schema the unqualified jobkeeper_jobs resolves to (NULL: none), and the
+-- current schema (where migrate creates the tables) quoted as a search_path
+-- (NULL: no schema of the search path exists). See pin_to_current_schema.
+SELECT pg_backend_pid(),
+       (SELECT namespace.nspname FROM pg_class AS relation
+        JOIN pg_namespace AS namespace ON namespace.oid = relation.relnamespace
+        WHERE relation.oid = to_regclass('jobkeeper_jobs')),
+       current_schema(), quote_ident(current_schema())
+
+-- name: connection_pin_schema
+-- Only the current schema on this session's search_path (see
+-- connection_setup); statements then find jobkeeper's tables there or not at
+-- all.
+SELECT set_config('search_path', %s, false)
 
 -- name: db_now
 SELECT now()
@@ -814,13 +831,15 @@ CREATE TABLE IF NOT EXISTS jobkeeper_schema (
 )
 
 -- name: schema_tables_exist
--- Whether the record of versions applied exists (on the search path, as
--- every query finds it), and whether the jobs table exists in the schema
--- where migrate creates tables (the first on the search path: with
+-- Whether the record of versions applied and the jobs table exist in the
+-- schema where migrate creates tables (the first on the search path: with
 -- "tenant, public" the tables in public are no reason to refuse a new
--- tenant). The jobs table without a record, or with the record empty, is a
--- schema whose record was lost, not one to create.
-SELECT to_regclass('jobkeeper_schema') IS NOT NULL,
+-- tenant, nor its version). The jobs table without a record, or with the
+-- record empty, is a schema whose record was lost, not one to create.
+SELECT EXISTS (SELECT 1 FROM pg_class AS relation
+               JOIN pg_namespace AS namespace ON namespace.oid = relation.relnamespace
+               WHERE namespace.nspname = current_schema()
+                 AND relation.relname = 'jobkeeper_schema'),
        EXISTS (SELECT 1 FROM pg_class AS relation
                JOIN pg_namespace AS namespace ON namespace.oid = relation.relnamespace
                WHERE namespace.nspname = current_schema()

@@ -14,12 +14,15 @@ from typing import Any
 import psycopg
 
 from jobkeeper.backends.migrate import (
+    MisplacedSchemaError,
     SchemaLockTimeoutError,
     apply_migrations,
+    misplaced_schema,
     unrecorded_schema,
 )
 from jobkeeper.backends.postgres.connections import PostgresConnections, rows_of
 from jobkeeper.backends.postgres.queries import MIGRATIONS, QUERIES
+from jobkeeper.backends.postgres.session_setup import misplaced_tables
 from jobkeeper.config import MIGRATE_LOCK_WAIT
 from jobkeeper.errors import DatabaseError, DatabaseUnavailable, query_excerpt
 
@@ -94,7 +97,10 @@ class PostgresSchema(PostgresConnections):
         # (made, and dropped again by each) are not worth a warning. Read
         # before the lock for that only; the lock of the jobs table is decided
         # under it (before_applying).
-        new_schema = self.schema_version() == 0
+        try:
+            new_schema = self.schema_version() == 0
+        except MisplacedSchemaError:
+            new_schema = True  # the current schema has no tables yet
         started = time.monotonic()
         pause = FIRST_PAUSE
         while True:
@@ -241,8 +247,11 @@ class PostgresSchema(PostgresConnections):
             version = 0
             if recorded:
                 version = int(cursor.execute(QUERIES["schema_version"]).fetchall()[0][0])
+            misplaced = misplaced_tables(cursor.connection)
         if version == 0 and jobs:
             raise unrecorded_schema(self.schema_expected(), self.url.migrate_hint())
+        if version == 0 and misplaced is not None:
+            raise misplaced_schema(misplaced.current, misplaced.found, self.url.migrate_hint())
         return version
 
     def schema_expected(self) -> int:

@@ -24,7 +24,8 @@ from psycopg.types.json import set_json_loads
 from psycopg_pool import ConnectionPool, PoolClosed, PoolTimeout
 
 from jobkeeper.backends.postgres import pool_exit
-from jobkeeper.backends.postgres.prepared import prepare_if_direct, stale_plan
+from jobkeeper.backends.postgres.prepared import stale_plan
+from jobkeeper.backends.postgres.session_setup import set_up
 from jobkeeper.backends.rows import load_json
 
 # The pool logs every failed reconnect during an outage. An application that
@@ -40,7 +41,7 @@ POOL_TIMEOUT = 10.0
 POOL_SLICE = 0.5
 CONNECT_TIMEOUT = 5
 #: What every connection of ours is opened with (the worker's own, the sync
-#: and async pools'): no prepared statements until prepare_if_direct has
+#: and async pools'): no prepared statements until session_setup.set_up has
 #: seen where the connection leads; UTF-8 whatever the database's encoding,
 #: because stored JSON is read back as UTF-8 (in a LATIN1 database the
 #: session spoke LATIN1, and "é" came back as U+FFFD); the server converts,
@@ -197,11 +198,11 @@ RETRY_ASKED = (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFail
 
 
 def configure_connection(conn: psycopg.Connection[Any]) -> None:
-    """What every new connection of ours gets: safe JSON loading and, on a
-    direct session, prepared statements.
+    """What every new connection of ours gets: safe JSON loading, and what
+    :func:`~jobkeeper.backends.postgres.session_setup.set_up` gives it.
     """
     load_json_safely(conn)
-    prepare_if_direct(conn)
+    set_up(conn)
 
 
 def load_json_safely(context: AdaptContext) -> None:

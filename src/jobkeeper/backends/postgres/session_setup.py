@@ -1,0 +1,73 @@
+"""What each new connection of ours is set up with beyond its options
+(internal): prepared statements when it reaches the server itself, and a
+search path that finds jobkeeper's tables only in the current schema.
+
+jobkeeper keeps its tables in the current schema, the first of the search
+path that exists, where ``migrate`` creates them. Its statements name the
+tables unqualified, so with ``search_path=tenant,public`` and the tenant not
+migrated yet they found public's: a worker of the new tenant ran the other
+tenant's jobs, and its enqueues landed there. A session on which the jobs
+table resolves to another schema is therefore pinned to the current schema
+alone (on a session of the server itself; through a pooler a session setting
+would outlive our use of the server connection), and the schemas are kept on
+the connection for ``schema_version`` to name.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import psycopg
+
+from jobkeeper.backends.postgres.prepared import PREPARE_THRESHOLD, direct_session
+from jobkeeper.backends.postgres.queries import QUERIES
+
+#: The connection attribute holding its :class:`MisplacedTables`, if any.
+_MISPLACED = "_jobkeeper_misplaced_tables"
+
+
+class MisplacedTables(NamedTuple):
+    """A session whose search path finds jobkeeper's jobs table in ``found``
+    rather than in ``current``, the schema jobkeeper keeps its tables in.
+    """
+
+    found: str
+    current: str
+    pinned: bool
+
+
+def set_up(conn: psycopg.Connection[Any]) -> None:
+    """Set up ``conn``, a new connection of ours (one round trip, two when
+    it is pinned).
+    """
+    row = conn.execute(QUERIES["connection_setup"], prepare=False).fetchone()
+    server_pid, found, current, quoted = row if row else (None, None, None, None)
+    reaches = direct_session(conn.info.backend_pid, server_pid)
+    if reaches:
+        conn.prepare_threshold = PREPARE_THRESHOLD
+    if found is not None and current is not None and found != current:
+        if reaches:
+            conn.execute(QUERIES["connection_pin_schema"], (quoted,), prepare=False)
+        setattr(conn, _MISPLACED, MisplacedTables(found, current, pinned=reaches))
+
+
+async def set_up_async(conn: psycopg.AsyncConnection[Any]) -> None:
+    """:func:`set_up` for an async connection."""
+    cursor = await conn.execute(QUERIES["connection_setup"], prepare=False)
+    row = await cursor.fetchone()
+    server_pid, found, current, quoted = row if row else (None, None, None, None)
+    reaches = direct_session(conn.info.backend_pid, server_pid)
+    if reaches:
+        conn.prepare_threshold = PREPARE_THRESHOLD
+    if found is not None and current is not None and found != current:
+        if reaches:
+            await conn.execute(QUERIES["connection_pin_schema"], (quoted,), prepare=False)
+        setattr(conn, _MISPLACED, MisplacedTables(found, current, pinned=reaches))
+
+
+def misplaced_tables(conn: Any) -> MisplacedTables | None:
+    """What :func:`set_up` found on ``conn``: None when the search path
+    finds jobkeeper's tables in the current schema, or none at all.
+    """
+    found: MisplacedTables | None = getattr(conn, _MISPLACED, None)
+    return found
