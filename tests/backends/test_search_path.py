@@ -16,7 +16,7 @@ from collections.abc import Iterator
 import pytest
 
 from jobkeeper import DatabaseError, JobQueue
-from jobkeeper.backends.migrate import MisplacedSchemaError
+from jobkeeper.backends.migrate import MisplacedSchemaError, MissingSchemaError
 from support.db import sql
 
 
@@ -90,3 +90,24 @@ def test_a_worker_refuses_to_start_and_migrate_gives_the_tenant_its_own(pg_url, 
         assert [j.task for j in jq.list_jobs()] == ["tenant.job"]
         assert job.id == 1
     assert _rows_below(pg_url) == [("below.job", "available")]
+
+
+def test_a_search_path_of_no_existing_schema_is_named_by_every_reader(pg_url):
+    # doctor, status and a worker said "not migrated: run migrate", and that
+    # migrate then failed: "no schema has been selected to create in".
+    below = pg_url.rsplit("search_path%3D", 1)[1]
+    url = pg_url.replace(f"search_path%3D{below}", "search_path%3DNoSuch")
+    with JobQueue(url) as jq:
+        with pytest.raises(MissingSchemaError, match="no schema of the search_path exists"):
+            jq.backend.schema_version()
+        with pytest.raises(MissingSchemaError, match="%22Tenant3%22"):
+            jq.migrate()
+    command = ["worker", "--app", "tests.e2e.apps:jq", "--burst"]
+    worker = subprocess.run(
+        [sys.executable, "-m", "jobkeeper", "--database", url, *command],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert worker.returncode == 1, worker.stderr
+    assert "no schema of the search_path exists" in worker.stderr, worker.stderr

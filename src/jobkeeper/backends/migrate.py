@@ -99,6 +99,13 @@ def unrecorded_schema(expected: int, migrate_hint: str) -> UnrecordedSchemaError
     )
 
 
+class MissingSchemaError(DatabaseError):
+    """PostgreSQL: no schema of the search path exists, so there is no
+    current schema to keep jobkeeper's tables in (a misspelt or unquoted
+    name in the URL).
+    """
+
+
 class MisplacedSchemaError(DatabaseError):
     """PostgreSQL: the current schema (the first of the search path, where
     jobkeeper keeps its tables) has none of them, while the search path

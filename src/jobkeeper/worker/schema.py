@@ -6,7 +6,11 @@ import logging
 import time
 
 from jobkeeper.backends.base import Backend
-from jobkeeper.backends.migrate import MisplacedSchemaError, UnrecordedSchemaError
+from jobkeeper.backends.migrate import (
+    MisplacedSchemaError,
+    MissingSchemaError,
+    UnrecordedSchemaError,
+)
 from jobkeeper.errors import DatabaseError, DatabaseUnavailable
 from jobkeeper.version import __version__
 
@@ -36,12 +40,13 @@ def check_schema(backend: Backend, *, where: str, worker_id: str) -> None:
     Raises:
         DatabaseError: the schema is behind this code's version, or the search
             path finds jobkeeper's tables only beyond its first schema
-            (MisplacedSchemaError).
+            (MisplacedSchemaError), or names no schema that exists
+            (MissingSchemaError).
         DatabaseUnavailable: the database cannot be reached.
     """
     try:
         have = backend.schema_version()
-    except (DatabaseUnavailable, MisplacedSchemaError):
+    except (DatabaseUnavailable, MisplacedSchemaError, MissingSchemaError):
         raise
     except UnrecordedSchemaError as exc:
         logger.warning("%s -- this worker runs, unchecked", exc)

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 from psycopg_pool import PoolClosed, PoolTimeout
 
+from jobkeeper.backends.migrate import MissingSchemaError
 from jobkeeper.backends.postgres.prepared import stale_plan
 from jobkeeper.backends.postgres.queries import QUERIES
 from jobkeeper.backends.postgres.sources import (
@@ -117,11 +118,7 @@ def translated(exc: BaseException, url: DatabaseURL) -> Exception | None:
             "(statement_timeout, lock_timeout or a cancel request; nothing of it committed)"
         )
     if isinstance(exc, psycopg.errors.InvalidSchemaName):
-        return DatabaseError(
-            f"{describe(exc)}: no schema of the search_path exists on {url.redacted()} "
-            "(the URL's options=-c search_path=... names one that does not): create it "
-            "(CREATE SCHEMA) or fix the URL"
-        )
+        return no_schema(url, describe(exc))
     if isinstance(exc, psycopg.errors.ProgramLimitExceeded):
         # An index entry or a row past PostgreSQL's limits: the data's size,
         # not the server's state (it read as "unavailable", and callers that
@@ -156,6 +153,18 @@ def translated(exc: BaseException, url: DatabaseURL) -> Exception | None:
     if isinstance(exc, psycopg.Error):
         return DatabaseError(f"PostgreSQL error: {describe(exc)}")
     return None
+
+
+def no_schema(url: DatabaseURL, what: str) -> MissingSchemaError:
+    """The error for a search path none of whose schemas exists, where
+    ``migrate`` would create nothing and every statement finds no table.
+    """
+    return MissingSchemaError(
+        f"{what}: no schema of the search_path exists on {url.redacted()} (the URL's "
+        "options=-c search_path=... names one that does not; PostgreSQL folds an unquoted "
+        "name to lower case, so write Tenant3 as %22Tenant3%22): create it (CREATE SCHEMA) "
+        "or fix the URL"
+    )
 
 
 def session_lost(exc: BaseException) -> bool:

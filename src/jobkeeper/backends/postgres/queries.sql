@@ -835,7 +835,8 @@ CREATE TABLE IF NOT EXISTS jobkeeper_schema (
 -- schema where migrate creates tables (the first on the search path: with
 -- "tenant, public" the tables in public are no reason to refuse a new
 -- tenant, nor its version). The jobs table without a record, or with the
--- record empty, is a schema whose record was lost, not one to create.
+-- record empty, is a schema whose record was lost, not one to create. And
+-- whether there is no current schema at all (none of the path exists).
 SELECT EXISTS (SELECT 1 FROM pg_class AS relation
                JOIN pg_namespace AS namespace ON namespace.oid = relation.relnamespace
                WHERE namespace.nspname = current_schema()
@@ -843,7 +844,8 @@ SELECT EXISTS (SELECT 1 FROM pg_class AS relation
        EXISTS (SELECT 1 FROM pg_class AS relation
                JOIN pg_namespace AS namespace ON namespace.oid = relation.relnamespace
                WHERE namespace.nspname = current_schema()
-                 AND relation.relname = 'jobkeeper_jobs')
+                 AND relation.relname = 'jobkeeper_jobs'),
+       current_schema() IS NULL
 
 -- name: schema_lock_wait
 -- For the rest of the transaction (or until set again): give up on a lock

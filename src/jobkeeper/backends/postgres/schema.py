@@ -20,7 +20,7 @@ from jobkeeper.backends.migrate import (
     misplaced_schema,
     unrecorded_schema,
 )
-from jobkeeper.backends.postgres.connections import PostgresConnections, rows_of
+from jobkeeper.backends.postgres.connections import PostgresConnections, no_schema, rows_of
 from jobkeeper.backends.postgres.queries import MIGRATIONS, QUERIES
 from jobkeeper.backends.postgres.session_setup import misplaced_tables
 from jobkeeper.config import MIGRATE_LOCK_WAIT
@@ -243,7 +243,11 @@ class PostgresSchema(PostgresConnections):
         with self._cursor(transaction=lock_wait is not None) as cursor:
             if lock_wait is not None:
                 cursor.execute(QUERIES["schema_lock_wait"], (f"{round(lock_wait * 1000)}ms",))
-            recorded, jobs = cursor.execute(QUERIES["schema_tables_exist"]).fetchall()[0]
+            recorded, jobs, no_schema_exists = cursor.execute(
+                QUERIES["schema_tables_exist"]
+            ).fetchall()[0]
+            if no_schema_exists:
+                raise no_schema(self.url, "the search path names no schema that exists")
             version = 0
             if recorded:
                 version = int(cursor.execute(QUERIES["schema_version"]).fetchall()[0][0])
