@@ -27,8 +27,10 @@ def check_overlaps(
             for b in runs[i + 1 :]:
                 if b.start >= end_a - TOLERANCE:
                     continue
-                # The first holder is the earlier claim: the lower attempt.
-                first, second = (a, b) if (a.attempt, a.start) <= (b.attempt, b.start) else (b, a)
+                # The first holder is the earlier claim: the lower fence
+                # (attempts start again at a requeue; fences never do), or
+                # the lower attempt where the log has no fences.
+                first, second = (a, b) if _order(a) <= _order(b) else (b, a)
                 reason = overlap_unjustified(ctx, first, second, rescues)
                 if reason is None:
                     justified += 1
@@ -49,6 +51,10 @@ def check_overlaps(
     ctx.stats["overlaps_justified"] = justified
     ctx.stats["duplicates"] = unjustified
     ctx.stats["started_after_rescue"] = stale_starts
+
+
+def _order(run: Execution) -> tuple[int, int, float]:
+    return (run.fence, run.attempt, run.start)
 
 
 def overlap_unjustified(

@@ -31,13 +31,24 @@ What the checker verifies (each failure is a :class:`Violation`)
       (``serial_overlap``); an execution stops counting when its claim is
       rescued;
     - no execution started after its job had finished (``ran_after_finish``),
-      none is of a job nobody enqueued (``phantom_execution``), and the log
-      is well formed (``bad_log``).
+      nor while it was in the dead letters before a requeue; none is of a
+      job nobody enqueued (``phantom_execution``), and the log is well
+      formed (``bad_log``);
+    - claim numbers: a job's executions' fences strictly grow in order of
+      start, across requeues too, but for a stale start of a rescued claim
+      (``fence_not_increasing``), and no two executions share one
+      (``fence_reused``); the final row agrees with the last claim
+      (``final_row_mismatch``);
+    - the dead letters' way back: every confirmed requeue is followed by a
+      run or a new end of the job (``requeue_lost``), and a job left the
+      dead letters as often as it was requeued, counting maybe-requeues
+      (``dead_letter_accounting``; never, for a job never requeued).
 
 Where each part lives: the records a run leaves in :mod:`.records`, the
 rescues and the live-holder check in :mod:`.rescues`, the checks of each
 job's final row in :mod:`.job_checks`, those of what ran at once in
-:mod:`.concurrency_checks`; here, the order they run in and the report.
+:mod:`.concurrency_checks`, fences and requeues in :mod:`.requeue_checks`;
+here, the order they run in and the report.
 """
 
 from __future__ import annotations
@@ -58,11 +69,13 @@ from benchmarks.soak.records import (
     Ack,
     Expected,
     History,
+    Requeue,
     Row,
     deaths_by_pid,
     faulted_at,
     parse_db_time,
 )
+from benchmarks.soak.requeue_checks import check_fences, check_requeues
 from benchmarks.soak.rescues import check_rescues, rescues_of
 
 # The log and the report are the package's (``jobkeeper verify`` writes and
@@ -86,6 +99,7 @@ __all__ = [
     "Expected",
     "History",
     "Report",
+    "Requeue",
     "Row",
     "Violation",
     "check",
@@ -126,11 +140,15 @@ def check(history: History) -> Report:
     check_limits(ctx, rows, executions, rescues)
     check_completions(ctx, rows, executions, rescues)
     check_phantoms(ctx, rows, executions)
+    check_fences(ctx, rows, executions, rescues)
+    check_requeues(ctx, rows, executions, rescues)
     status = Counter(row.status for row in rows.values())
     all_runs = [run for runs in executions.values() for run in runs]
     ctx.stats.update(
         jobs=len(history.enqueued),
         ambiguous_enqueues=len(history.ambiguous),
+        requeues_confirmed=sum(r.confirmed for r in history.requeues),
+        requeues_maybe=sum(not r.confirmed for r in history.requeues),
         rows=len(rows),
         by_status=dict(sorted(status.items())),
         executions=len(all_runs),

@@ -79,10 +79,11 @@ END;
 
 _JOB_COLUMNS = (
     "id, status, attempt, max_attempts, args, result, errors, finished_at, worker_id, "
-    "queue, serial_key"
+    "queue, serial_key, fence"
 )
 _DEAD_COLUMNS = (
-    "id, 'dead', attempt, max_attempts, args, result, errors, finished_at, NULL, queue, serial_key"
+    "id, 'dead', attempt, max_attempts, args, result, errors, finished_at, NULL, queue, "
+    "serial_key, fence"
 )
 
 
@@ -126,6 +127,7 @@ def _row(values: tuple[Any, ...], decode: bool) -> Row:
         worker_id,
         queue,
         serial_key,
+        fence,
     ) = values
     args = _json(args, decode)
     token = args.get("n") if isinstance(args, dict) else None
@@ -142,6 +144,7 @@ def _row(values: tuple[Any, ...], decode: bool) -> Row:
         worker_id=worker_id,
         queue=queue,
         serial_key=serial_key,
+        fence=None if fence is None else int(fence),
     )
 
 

@@ -50,6 +50,7 @@ class Row:
     worker_id: str | None = None
     queue: str | None = None
     serial_key: str | None = None
+    fence: int | None = None  # the last claim's number (None: not read)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -65,6 +66,23 @@ class Ack:
     attempt: int
     at: float
     fence: int | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Requeue:
+    """One job the requeuer took out of the dead letters (or may have).
+
+    ``began``/``ended`` bound the call on this machine's clock (the move
+    committed in between); ``confirmed``: the call said the job moved,
+    else the outcome is unknown (the connection died at the commit, a CLI
+    run timed out): maybe requeued, maybe not.
+    """
+
+    job: int
+    way: str  # api_requeue_dead | api_retry | cli_dead_requeue | cli_retry
+    began: float
+    ended: float
+    confirmed: bool = True
 
 
 @dataclasses.dataclass
@@ -93,6 +111,9 @@ class History:
             faults (a SIGKILL, a SIGSTOP, a partition; never a poison job's
             self-kill) kept that process from heartbeating. A crash pinned on
             a job in such a span was the soak's doing, not the job's.
+        requeues: the requeuer's moves out of the dead letters, confirmed
+            and maybe (see :class:`Requeue`); a job in none of them must
+            never leave the dead letters.
     """
 
     rescue_after: float
@@ -107,6 +128,7 @@ class History:
     caps: dict[str, int] = dataclasses.field(default_factory=dict)
     rate_limits: dict[str, tuple[int, float]] = dataclasses.field(default_factory=dict)
     faulted: dict[int, list[tuple[float, float]]] = dataclasses.field(default_factory=dict)
+    requeues: list[Requeue] = dataclasses.field(default_factory=list)
 
 
 def parse_db_time(value: Any) -> float | None:
