@@ -30,6 +30,8 @@ class SoakConfig:
     rss_bound_mib: float = 32.0
     poison_jobs: int = 2  # jobs that SIGKILL their worker at every attempt
     max_crashes: int = 2
+    #: Seconds between the requeuer's takes from the dead letters (0: none).
+    requeue_every: float = 2.0
     seed: int = 1
     keep: bool = False
     out: Path | None = None  # where to put logs (default: a temp dir)
@@ -67,6 +69,8 @@ class SoakResult:
     elapsed: float
     failures: list[str]
     summary: str = ""
+    #: The requeuer's calls and jobs per way (see requeuer.Requeuer.stats).
+    requeues: dict[str, dict[str, int]] = dataclasses.field(default_factory=dict)
 
     @property
     def passed(self) -> bool:

@@ -45,8 +45,10 @@ from benchmarks.soak.history import (
 )
 from benchmarks.soak.holders import classify_rescues, fault_windows, lost_to_faults
 from benchmarks.soak.pg import PrivatePostgres
+from benchmarks.soak.probe import probe_down
+from benchmarks.soak.requeuer import CLI_TIMEOUT, Requeuer
 from benchmarks.soak.summary import mib, summarize
-from jobkeeper import DatabaseError, DatabaseUnavailable, JobQueue
+from jobkeeper import DatabaseError, JobQueue
 
 QUEUES = ["default", "bulk", "noop"]
 #: Worker log lines that are a failure wherever they appear.
@@ -181,6 +183,12 @@ def run_soak(config: SoakConfig) -> SoakResult:
             target=enqueuer.run, args=(config.jobs, config.seconds, stop), daemon=True
         )
         feeder.start()
+        requeuer = Requeuer(
+            jq, url, random.Random(config.seed + 1), enqueuer.enqueued, every=config.requeue_every
+        )
+        requeue_thread = threading.Thread(target=requeuer.run, args=(stop,), daemon=True)
+        if config.requeue_every > 0:
+            requeue_thread.start()
         deadline = time.monotonic() + config.seconds
         next_fault = time.monotonic() + min(config.fault_every, 2.0)
         while time.monotonic() < deadline:
@@ -192,6 +200,8 @@ def run_soak(config: SoakConfig) -> SoakResult:
             time.sleep(0.1)
         feeder.join(timeout=config.seconds + 60)
         stop.set()
+        if requeue_thread.is_alive():
+            requeue_thread.join(timeout=2 * CLI_TIMEOUT + 10)  # a requeue after the drain: lost
         say(f"  {time.monotonic() - began:6.1f}s faults over; draining")
 
         def drained() -> bool:
@@ -276,7 +286,7 @@ def run_soak(config: SoakConfig) -> SoakResult:
         # -- enqueue against a stopped database -----------------------------------
         probe: dict[str, Any] = {}
         if pg is not None:
-            probe = _probe_down(pg, config, settings)
+            probe = probe_down(pg, config, settings)
             if not probe.get("ok"):
                 failures.append(f"enqueue while PostgreSQL was down: {probe.get('detail')}")
 
@@ -307,6 +317,7 @@ def run_soak(config: SoakConfig) -> SoakResult:
             bad_log_lines=bad_lines,
             caps=caps,
             rate_limits=rate_limits,
+            requeues=list(requeuer.requeues),
         )
         report = check(history)
         holders = classify_rescues(rows, workers.lives, faults.pauses, faults.cuts)
@@ -326,6 +337,8 @@ def run_soak(config: SoakConfig) -> SoakResult:
             notes[text] += 1
         if log_problems:
             failures.append(f"{len(log_problems)} forbidden lines in worker logs")
+        if requeuer.errors:
+            failures.append(f"{len(requeuer.errors)} requeue calls failed: {requeuer.errors[:3]}")
         if enqueuer.errors:
             failures.append(f"{len(enqueuer.errors)} enqueue calls failed with an unclear error")
         expected_kinds = set(faults.rotation)
@@ -349,6 +362,7 @@ def run_soak(config: SoakConfig) -> SoakResult:
             rescued_holders=holders,
             elapsed=time.monotonic() - began,
             failures=failures,
+            requeues=requeuer.stats(),
         )
         result.summary = summarize(result, notes, enqueuer.refusal_messages, out)
         return result
@@ -415,35 +429,6 @@ def _check_poison(
     return out, notes
 
 
-def _probe_down(
-    pg: PrivatePostgres, config: SoakConfig, settings: dict[str, float]
-) -> dict[str, Any]:
-    """Stop PostgreSQL, enqueue, expect DatabaseUnavailable; start it again."""
-    from jobkeeper.backends.postgres import sources as pg_sources
-
-    token = 10**12
-    saved = pg_sources.POOL_TIMEOUT
-    if config.probe_pool_timeout is not None:
-        pg_sources.POOL_TIMEOUT = config.probe_pool_timeout
-    pg.stop("fast")
-    probe_jq = JobQueue(pg.url, **settings)
-    started = time.monotonic()
-    try:
-        probe_jq.enqueue("soak.work", {"n": token, "ms": 1})
-        outcome: dict[str, Any] = {"ok": False, "detail": "enqueue returned with the database down"}
-    except DatabaseUnavailable as exc:
-        outcome = {"ok": True, "message": str(exc)}
-    except Exception as exc:
-        outcome = {"ok": False, "detail": f"raised {type(exc).__name__}: {exc}"}
-    finally:
-        pg_sources.POOL_TIMEOUT = saved
-        probe_jq.close()
-    outcome["seconds"] = time.monotonic() - started
-    outcome["token"] = token
-    pg.start()
-    return outcome
-
-
 def _interrupted(signum: int, frame: Any) -> None:
     raise SystemExit(128 + signum)
 
@@ -465,6 +450,9 @@ def main(argv: list[str] | None = None) -> int:
         "--poison-jobs", type=int, default=2, help="jobs that SIGKILL their worker every attempt"
     )
     parser.add_argument("--max-crashes", type=int, default=2)
+    parser.add_argument(
+        "--requeue-every", type=float, default=2.0, help="seconds between requeues (0: none)"
+    )
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--out", type=Path, help="keep logs here")
     parser.add_argument("--keep", action="store_true", help="keep the temp dir with logs")
@@ -496,6 +484,7 @@ def main(argv: list[str] | None = None) -> int:
         fault_every=args.fault_every,
         stop_for=args.stop_for,
         drain_timeout=max(300.0, args.noop_jobs / 200),
+        requeue_every=args.requeue_every,
         rss_bound_mib=args.rss_bound_mib,
         poison_jobs=args.poison_jobs,
         max_crashes=args.max_crashes,

@@ -8,6 +8,15 @@ from pathlib import Path
 from benchmarks.soak.config import SoakResult
 from benchmarks.soak.history import percentile
 
+#: The violations of :mod:`benchmarks.soak.requeue_checks`.
+REQUEUE_KINDS = (
+    "fence_reused",
+    "fence_not_increasing",
+    "final_row_mismatch",
+    "requeue_lost",
+    "dead_letter_accounting",
+)
+
 
 def mib(value: float) -> str:
     return f"{value / (1 << 20):+.1f} MiB"
@@ -74,6 +83,7 @@ def summarize(result: SoakResult, notes: Counter[str], refusals: list[str], out:
         f"({s['overlaps_justified']} overlaps after a holder was silent > rescue_after; "
         f"{s['started_after_rescue']} executions started after their claim was rescued)",
         f"  lost           {s['lost']}",
+        _requeue_line(result),
         *_limits_lines(result),
         f"  executions     {s['executions']} logged, {s['executions_unfinished']} cut short by "
         f"SIGKILL, {s['re_executed_jobs']} jobs ran to success more than once",
@@ -130,3 +140,19 @@ def _limits_lines(result: SoakResult) -> list[str]:
         f"{s['serial_overlaps']} overlaps (must be 0); "
         f"{result.report.count('cap_exceeded')} cap excesses (must be 0)"
     ]
+
+
+def _requeue_line(result: SoakResult) -> str:
+    s = result.report.stats
+    ways = result.requeues
+    made = sum(w["jobs"] for w in ways.values())
+    per_way = ", ".join(
+        f"{way} {w['jobs']} in {w['calls']} calls: {w['confirmed']} confirmed, {w['maybe']} maybe"
+        for way, w in ways.items()
+    )
+    return (
+        f"  requeues       {made} made ({per_way}); {s.get('requeues_confirmed', 0)} "
+        f"confirmed in all, {s.get('requeues_maybe', 0)} maybe, of "
+        f"{s.get('requeued_jobs', 0)} jobs; fence and requeue violations: "
+        f"{sum(result.report.count(k) for k in REQUEUE_KINDS)} (must be 0)"
+    )

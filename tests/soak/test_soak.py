@@ -5,8 +5,10 @@ restart, SIGSTOP past rescue_after, and on PostgreSQL (a private server the
 soak starts) ``pg_terminate_backend``, restarts (fast, immediate, kill -9)
 and partitions: each worker runs in a network namespace of its own and hosts
 are cut off both ways, only outgoing and only incoming (benchmarks/soak/netns.py).
-Then the history checker must pass: nothing lost, no two live holders, every
-completion from the current holder. The long run is
+Meanwhile a requeuer takes dead letters back by every public way (API and
+CLI). Then the history checker must pass: nothing lost, no two live holders,
+every completion from the current holder, claim numbers (fences) growing
+across requeues, nothing lost out of the dead letters. The long run is
 ``python -m benchmarks.soak.run`` (see benchmarks/soak/README.md).
 
 The flow-control variant runs the same faults with a concurrency cap and a
@@ -22,6 +24,7 @@ import dataclasses
 import os
 
 import pytest
+from benchmarks.soak.requeuer import WAYS
 from benchmarks.soak.run import SoakConfig, run_soak
 
 pytestmark = [pytest.mark.soak, pytest.mark.slow]
@@ -57,6 +60,19 @@ SHORT = {
 }
 
 
+def assert_requeued(result):
+    """The requeuer took dead letters back by every way, and some moves were
+    confirmed (the checker then held their fences and what followed).
+    """
+    ways = result.requeues
+    assert set(ways) == set(WAYS)
+    assert all(way["calls"] >= 1 for way in ways.values()), ways
+    confirmed = sum(way["confirmed"] for way in ways.values())
+    assert confirmed >= 1, ways
+    assert confirmed == result.report.stats["requeues_confirmed"]
+    assert f"{confirmed} confirmed in all" in result.summary
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_short_chaos_soak(backend):
     result = run_soak(SHORT[backend])
@@ -74,6 +90,7 @@ def test_short_chaos_soak(backend):
     # the crash budget (run_soak checks each is dead for its crashes, and
     # bounds the workers they killed).
     assert result.poison_kills >= 1
+    assert_requeued(result)
     if backend == "postgres":
         for kind in (
             "terminate",
@@ -117,3 +134,4 @@ def test_short_chaos_soak_with_limits(backend):
     assert result.faults.get("kill", 0) >= 2
     assert result.faults.get("stop", 0) >= 1
     assert not result.unexpected_exits
+    assert_requeued(result)
