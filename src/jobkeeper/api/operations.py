@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import warnings
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -114,16 +114,21 @@ class OperationsMixin(QueueBase):
         return job
 
     def retry(
-        self, job_id: int, *, if_status: JobStatus | str | None = None, if_fence: int | None = None
+        self,
+        job_id: int,
+        *,
+        if_status: JobStatus | str | Collection[JobStatus | str] | None = None,
+        if_fence: int | None = None,
     ) -> Job:
         """Run a dead, retryable, cancelled or completed job again now, with its
         attempts reset (errors are kept). Dead jobs move back from the dead letters.
 
         Args:
             job_id: the job.
-            if_status: retry only if the job is in this status now (what a page
-                showed: a job that completed since is not run again). The check
-                and the change are one statement.
+            if_status: retry only if the job is in this status (or one of
+                these statuses) now: what a page showed, or what a filter
+                selects; a job that completed since is not run again. The
+                check and the change are one statement.
             if_fence: retry a live job only if its ``fence`` (bumped by every
                 claim, never reset) is still this: one that ran again since,
                 even back to the same status or through the dead letters, is
@@ -140,7 +145,7 @@ class OperationsMixin(QueueBase):
             ConfigError: ``if_status`` is not a job status.
         """
         job_id = _job_id(job_id)
-        allowed = RETRYABLE_FROM if if_status is None else {_status(if_status)}
+        allowed = RETRYABLE_FROM if if_status is None else _statuses(if_status)
         before = self.backend.job_get(job_id=job_id)
         if before is None:
             raise JobNotFound(f"no job with id {job_id}")
@@ -156,7 +161,11 @@ class OperationsMixin(QueueBase):
             raise _ran_again(job_id, before.status, before.fence, fence)
         try:
             job = self.backend.job_retry(
-                job_id=job_id, statuses=sorted(status.value for status in allowed), fence=fence
+                job_id=job_id,
+                # Never from a status a retry does not apply to (running...),
+                # whatever if_status names: the job may be there by now.
+                statuses=sorted(status.value for status in allowed & RETRYABLE_FROM),
+                fence=fence,
             )
         except UniqueKeyConflict:
             if before.status == JobStatus.DEAD:
@@ -465,6 +474,15 @@ def _queue_info(settings: QueueSettings, counts: dict[str, int], counted: QueueC
         estimated=tuple(sorted(counted.estimated)),
         lower_bound=tuple(sorted(counted.lower_bound)),
     )
+
+
+def _statuses(value: JobStatus | str | Collection[JobStatus | str]) -> set[JobStatus]:
+    if isinstance(value, str):
+        return {_status(value)}
+    statuses = {_status(one) for one in value}
+    if not statuses:
+        raise ConfigError("if_status must name at least one job status, got none")
+    return statuses
 
 
 def _status(value: JobStatus | str) -> JobStatus:

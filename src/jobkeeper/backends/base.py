@@ -269,6 +269,22 @@ class Backend(CockpitSeam, PeriodicSeam, FlowSeam, WaitSeam, Protocol):
         """
         ...
 
+    def job_list_ids(
+        self,
+        *,
+        statuses: Sequence[str],
+        queue: str | None,
+        task: str | None,
+        before: int | None,
+        limit: int,
+    ) -> list[tuple[int, JobStatus]]:
+        """``(id, status)`` of the jobs in one of ``statuses`` (``"dead"``:
+        the dead letters) of ``queue`` and ``task`` (None: any), newest first,
+        ids below ``before`` (keyset paging), at most ``limit``. One
+        statement: a job moving meanwhile is listed once, as it was then.
+        """
+        ...
+
     def job_cancel(self, *, job_id: int) -> Job | None:
         """Cancel a pending job, or flag a held one for its worker to stop.
         Returns the job after the change (unchanged when finished), or None.

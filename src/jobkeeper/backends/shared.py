@@ -95,6 +95,29 @@ class SharedReads:
         dead = self._fetch("job_get_dead_letter", {"id": job_id})
         return self._jobs(dead, dead=True)[0] if dead else None
 
+    def _texts_param(self, values: Sequence[str]) -> Any:
+        """``values`` as one parameter (an array; SQLite: a JSON array)."""
+        raise NotImplementedError
+
+    def job_list_ids(
+        self,
+        *,
+        statuses: Sequence[str],
+        queue: str | None,
+        task: str | None,
+        before: int | None,
+        limit: int,
+    ) -> list[tuple[int, JobStatus]]:
+        params = {
+            "statuses": self._texts_param(list(statuses)),
+            "queue": queue,
+            "task": task,
+            "before": before,
+            "limit": limit,
+        }
+        rows = self._fetch("job_list_ids", params)
+        return [(int(row["id"]), JobStatus(row["status"])) for row in rows]
+
     def job_list(
         self,
         *,

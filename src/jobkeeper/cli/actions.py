@@ -2,10 +2,13 @@
 selects (``--status``, ``--queue``, ``--task``) after saying how many and
 asking (``--yes`` skips the question).
 
-A filtered action lists the matching ids first (keyset pages of
-``list_jobs``), then acts on each as ``retry ID`` / ``cancel ID`` would (a
-retry moves dead letters back a thousand at a time): a job that changed
-state in between is skipped and counted, never an error.
+A filtered action lists the matching ids first, then acts on each as
+``retry ID`` / ``cancel ID`` would (a retry moves dead letters back a
+thousand at a time, and only jobs still in a status the filter selects): a
+job that changed state in between is skipped and counted, never an error.
+Each keyset page of ids is one statement over every selected status and
+the dead letters (one snapshot): read a status at a time, a job that moved
+between two reads was acted on twice, or not at all.
 These are operator actions: no queue limit (``max_pending``) refuses them.
 """
 
@@ -27,6 +30,7 @@ from jobkeeper.cli.common import (
     open_queue,
     yes_option,
 )
+from jobkeeper.config import check_name
 from jobkeeper.errors import JobNotFound, JobStateError
 from jobkeeper.models import HELD_STATUSES, JobStatus, requeue_clashes
 
@@ -102,20 +106,29 @@ def _selected(
 def _matching_ids(
     jq: JobQueue, statuses: tuple[JobStatus, ...], queue: str | None, task: str | None
 ) -> dict[JobStatus, list[int]]:
-    """Every id of the filter by status, newest first, read in keyset pages."""
-    found: dict[JobStatus, list[int]] = {}
-    for status in statuses:
-        ids: list[int] = []
-        before: int | None = None
-        while True:
-            page = jq.list_jobs(status=status, queue=queue, task=task, limit=PAGE, before=before)
-            ids.extend(job.id for job in page)
-            if len(page) < PAGE:
-                break
-            before = page[-1].id
-        if ids:
-            found[status] = sorted(ids, reverse=True)
-    return found
+    """Every id of the filter by the status it was read in (in the order of
+    ``statuses``), newest first. Each id once: the keyset pages are disjoint
+    ranges of ids, each read in one statement over every status.
+    """
+    for name, value in (("queue", queue), ("task", task)):
+        if value is not None:
+            check_name(name, value)
+    read: dict[JobStatus, list[int]] = {}
+    before: int | None = None
+    while True:
+        page = jq.backend.job_list_ids(
+            statuses=[status.value for status in statuses],
+            queue=queue,
+            task=task,
+            before=before,
+            limit=PAGE,
+        )
+        for job_id, status in page:
+            read.setdefault(status, []).append(job_id)
+        if len(page) < PAGE:
+            break
+        before = page[-1][0]
+    return {status: read[status] for status in statuses if status in read}
 
 
 def _describe(statuses: tuple[JobStatus, ...], queue: str | None, task: str | None) -> str:
@@ -287,8 +300,11 @@ def retry(
         console.print(f"job {job.id} is {job.status.value}", highlight=False)
         return
 
+    chosen = _selected("retry", RETRY_FROM, RETRY_DEFAULT, status)
+
     def act(jq: JobQueue, one: int) -> bool:
-        jq.retry(one)
+        # Still selected: a job that ran and completed since is not run again.
+        jq.retry(one, if_status=chosen)
         return False
 
     def act_dead(jq: JobQueue, ids: list[int]) -> list[int]:
@@ -298,7 +314,7 @@ def retry(
         ctx,
         action="retry",
         done="retried",
-        statuses=_selected("retry", RETRY_FROM, RETRY_DEFAULT, status),
+        statuses=chosen,
         queue=queue,
         task=task,
         yes=yes,

@@ -428,6 +428,9 @@ class PostgresBackend(
     def _ids_param(self, job_ids: Sequence[int] | None) -> Any:
         return None if job_ids is None else list(job_ids)
 
+    def _texts_param(self, values: Sequence[str]) -> Any:
+        return list(values)
+
     def database_health(self) -> dict[str, Any]:
         facts: dict[str, Any] = {
             "backend": self.name,

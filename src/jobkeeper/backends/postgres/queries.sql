@@ -625,6 +625,30 @@ WHERE (%(queue)s::text IS NULL OR queue = %(queue)s::text)
 ORDER BY id DESC
 LIMIT %(limit)s
 
+-- name: job_list_ids
+-- The ids a filtered cancel or retry acts on. One statement, so one snapshot
+-- of both tables: a job that moves between statuses (or to the dead letters)
+-- while the pages are read is listed once, never twice or not at all.
+(SELECT id, status
+ FROM jobkeeper_jobs
+ WHERE status = ANY(%(statuses)s::text[])
+   AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
+   AND (%(task)s::text IS NULL OR task = %(task)s::text)
+   AND (%(before)s::bigint IS NULL OR id < %(before)s::bigint)
+ ORDER BY id DESC
+ LIMIT %(limit)s)
+UNION ALL
+(SELECT id, 'dead'
+ FROM jobkeeper_dead_letters
+ WHERE 'dead' = ANY(%(statuses)s::text[])
+   AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
+   AND (%(task)s::text IS NULL OR task = %(task)s::text)
+   AND (%(before)s::bigint IS NULL OR id < %(before)s::bigint)
+ ORDER BY id DESC
+ LIMIT %(limit)s)
+ORDER BY id DESC
+LIMIT %(limit)s
+
 -- name: job_cancel
 -- Pending jobs are cancelled at once; a held (claimed or running) job is
 -- flagged and its worker (or the rescuer, if the worker is gone) finishes

@@ -390,6 +390,9 @@ class SqliteBackend(
     def _ids_param(self, job_ids: Sequence[int] | None) -> Any:
         return json_ids(job_ids)
 
+    def _texts_param(self, values: Sequence[str]) -> Any:
+        return json.dumps(list(values))
+
     def dead_letter_purge(
         self, *, job_ids: Sequence[int] | None, older_than: float | None
     ) -> list[int]:

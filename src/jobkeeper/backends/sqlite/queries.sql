@@ -374,6 +374,30 @@ WHERE (:queue IS NULL OR queue = :queue) AND (:task IS NULL OR task = :task)
 ORDER BY id DESC
 LIMIT :limit
 
+-- name: job_list_ids
+-- One statement, one snapshot of both tables (see the PostgreSQL twin);
+-- :statuses is a JSON array.
+SELECT id, status FROM (
+    SELECT * FROM (
+        SELECT id, status
+        FROM jobkeeper_jobs
+        WHERE status IN (SELECT value FROM json_each(:statuses))
+          AND (:queue IS NULL OR queue = :queue) AND (:task IS NULL OR task = :task)
+          AND (:before IS NULL OR id < :before)
+        ORDER BY id DESC
+        LIMIT :limit)
+    UNION ALL
+    SELECT * FROM (
+        SELECT id, 'dead' AS status
+        FROM jobkeeper_dead_letters
+        WHERE 'dead' IN (SELECT value FROM json_each(:statuses))
+          AND (:queue IS NULL OR queue = :queue) AND (:task IS NULL OR task = :task)
+          AND (:before IS NULL OR id < :before)
+        ORDER BY id DESC
+        LIMIT :limit))
+ORDER BY id DESC
+LIMIT :limit
+
 -- name: job_cancel
 -- Pending jobs are cancelled at once; a held (claimed or running) job is
 -- flagged and its worker (or the rescuer, if the worker is gone) finishes
