@@ -9,6 +9,7 @@ one order and retries what the server asks to retry, so no call fails.
 from __future__ import annotations
 
 import random
+import secrets
 import threading
 from collections.abc import Iterator
 
@@ -17,6 +18,7 @@ import pytest
 
 from jobkeeper import JobQueue
 from jobkeeper.errors import DatabaseError, DatabaseUnavailable
+from support.db import PG_URL, pg_schema_url
 
 THREADS = 4
 CALLS = 40
@@ -135,17 +137,95 @@ def test_keys_sharing_one_lock_are_still_locked_before_the_rows_go_in():
         UNIQUE_LOCK_BUCKETS,
         Execute,
         _insert,
-        unique_lock_key,
+        unique_lock_bucket,
     )
     from jobkeeper.models import NewJob
 
     first, second = "key-14", "key-21"
-    assert unique_lock_key("t", first) == unique_lock_key("t", second)
-    assert len({unique_lock_key("t", f"k{n}") for n in range(20_000)}) <= UNIQUE_LOCK_BUCKETS
+    assert unique_lock_bucket("t", first) == unique_lock_bucket("t", second)
+    buckets = {unique_lock_bucket("t", f"k{n}") for n in range(20_000)}
+    assert buckets <= set(range(UNIQUE_LOCK_BUCKETS))
     batch = [
         NewJob(task="t", args_json="{}", queue="default", priority=0, max_attempts=3, unique_key=k)
         for k in (second, first)
     ]
     step = next(_insert(batch, "jobkeeper_public", checked=True))
     assert isinstance(step, Execute) and step.query == "job_insert_many_lock_keys", step
-    assert step.params == {"keys": [unique_lock_key("t", first)]}
+    assert step.params == {"buckets": [unique_lock_bucket("t", first)]}
+
+
+@pytest.fixture
+def other_schema_url() -> Iterator[str]:
+    """A URL on a second fresh schema of the same database (dropped after)."""
+    schema = f"jk_test_{secrets.token_hex(6)}"
+    with psycopg.connect(PG_URL, autocommit=True) as admin:
+        admin.execute(f'CREATE SCHEMA "{schema}"')
+    try:
+        yield pg_schema_url(schema)
+    finally:
+        with psycopg.connect(PG_URL, autocommit=True) as admin:
+            admin.execute(f'DROP SCHEMA "{schema}" CASCADE')
+
+
+def test_a_keyed_batch_does_not_wait_for_one_of_another_schema(pg_queue, pg_url, other_schema_url):
+    """Break-test: advisory locks are per database, and the unique keys'
+    lock keys did not depend on the schema: tenant 1 holding a two-key batch
+    open 5 s made tenant 2's batch of 200 unrelated keys wait 4.07 s. Here
+    tenant 2 even uses the same keys (certain to share the locks before),
+    and must finish while tenant 1's transaction is still open.
+    """
+    keys = ["a", "b", *(f"k{n}" for n in range(200))]
+    with JobQueue(other_schema_url) as other, psycopg.connect(pg_url) as holder:
+        other.migrate()
+        held = pg_queue.enqueue_many(
+            [("t", {}, {"unique_key": key}) for key in keys[:2]], connection=holder
+        )
+        assert len(held) == 2  # tenant 1's locks are held until `holder` ends
+        finished = threading.Event()
+        failed: list[BaseException] = []
+
+        def enqueue_other() -> None:
+            try:
+                jobs = other.enqueue_many([("t", {}, {"unique_key": key}) for key in keys])
+                assert [job.unique_key for job in jobs] == keys
+            except BaseException as exc:  # reported below
+                failed.append(exc)
+            finished.set()
+
+        thread = threading.Thread(target=enqueue_other)
+        thread.start()
+        try:
+            done_first = finished.wait(20)
+        finally:
+            holder.commit()
+            thread.join(30)
+        assert not failed, failed
+        assert done_first, "tenant 2's batch waited for tenant 1's transaction to end"
+
+
+def held_lock_keys(url: str, buckets: list[int]) -> list[int]:
+    """The advisory lock keys a session on ``url`` holds after locking ``buckets``."""
+    from jobkeeper.backends.postgres.queries import QUERIES
+
+    with psycopg.connect(url) as conn:
+        conn.execute(QUERIES["job_insert_many_lock_keys"], {"buckets": buckets})
+        rows = conn.execute(
+            "SELECT (classid::bigint << 32) | objid::bigint FROM pg_locks "
+            "WHERE locktype = 'advisory' AND objsubid = 1 AND pid = pg_backend_pid()"
+        ).fetchall()
+        conn.rollback()
+    return sorted(row[0] for row in rows)
+
+
+def test_each_schema_has_its_own_1024_lock_keys_in_the_buckets_order(
+    pg_queue, pg_url, other_schema_url
+):
+    buckets = [0, 1, 511, 1023]
+    mine = held_lock_keys(pg_url, buckets)
+    theirs = held_lock_keys(other_schema_url, buckets)
+    # One schema: the buckets' keys, in the buckets' order, 1,024 apart at most.
+    assert [key - mine[0] for key in mine] == buckets
+    assert [key - theirs[0] for key in theirs] == buckets
+    assert not set(mine) & set(theirs)
+    # jobkeeper's range: "jk" in the top 16 bits.
+    assert all(key >> 48 == 0x6A6B for key in mine + theirs)

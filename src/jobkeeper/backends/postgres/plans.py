@@ -87,23 +87,25 @@ Step = Execute | Copy | CopyText
 Plan = Generator[Step, list[Any], Any]
 
 
-#: Advisory lock keys the unique keys of batches share (see unique_lock_key).
+#: Advisory lock keys the unique keys of a batch share, per schema (see
+#: unique_lock_bucket; the keys are made in job_insert_many_lock_keys).
 UNIQUE_LOCK_BUCKETS = 1024
-#: The first of them: a range of bigint keys of jobkeeper's own ("jkun").
-UNIQUE_LOCK_BASE = 0x6A6B_756E_0000_0000
 
 
-def unique_lock_key(task: str, unique_key: str) -> int:
-    """The advisory lock key of a (task, unique_key): one of
-    ``UNIQUE_LOCK_BUCKETS`` keys, by a stable hash (Python's ``hash`` differs
-    between processes). A lock per key filled PostgreSQL's shared lock table
-    (``max_locks_per_transaction`` x ``max_connections``, 6,400 by default):
-    a batch of 20,000 keys failed with "out of shared memory", and so did
-    other sessions' statements meanwhile. Keys sharing a bucket only make
-    two batches wait for each other; uniqueness itself is the index's.
+def unique_lock_bucket(task: str, unique_key: str) -> int:
+    """The bucket (0 to ``UNIQUE_LOCK_BUCKETS`` - 1) of a (task, unique_key),
+    by a stable hash (Python's ``hash`` differs between processes). A lock
+    per key filled PostgreSQL's shared lock table (``max_locks_per_transaction``
+    x ``max_connections``, 6,400 by default): a batch of 20,000 keys failed
+    with "out of shared memory", and so did other sessions' statements
+    meanwhile. Keys sharing a bucket only make two batches wait for each
+    other; uniqueness itself is the index's. The advisory lock key adds the
+    schema (in SQL: locks are per database, and installations in separate
+    schemas of one database must not wait for each other), and keeps the
+    buckets' order.
     """
     digest = hashlib.blake2b(f"{task}\0{unique_key}".encode(), digest_size=8).digest()
-    return UNIQUE_LOCK_BASE + int.from_bytes(digest, "big") % UNIQUE_LOCK_BUCKETS
+    return int.from_bytes(digest, "big") % UNIQUE_LOCK_BUCKETS
 
 
 def is_single_statement(jobs: Sequence[NewJob]) -> bool:
@@ -283,8 +285,8 @@ def _insert(
         # the unique index for a key the other took first: a deadlock.
         # The locks are taken in one order for all batches instead; also
         # when all of a batch's keys share one lock.
-        lock_keys = sorted({unique_lock_key(task, key) for task, key in keys})
-        yield Execute("job_insert_many_lock_keys", {"keys": lock_keys})
+        buckets = sorted({unique_lock_bucket(task, key) for task, key in keys})
+        yield Execute("job_insert_many_lock_keys", {"buckets": buckets})
     out: list[Job | None] = [None] * len(jobs)
     pending = list(range(len(jobs)))
     # A duplicate can finish between the skipped insert and the lookup;

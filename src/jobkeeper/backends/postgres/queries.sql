@@ -61,10 +61,20 @@ WHERE (SELECT count(pg_notify(%(channel)s, queue))
 
 -- name: job_insert_many_lock_keys
 -- Batches with unique keys first take a transaction-scoped advisory lock per
--- (task, key), in the order of the array (sorted by the caller): two batches
--- sharing keys then never wait for each other in opposite orders. unnest
--- yields the elements in order and each row's lock is taken as it is read.
-SELECT pg_advisory_xact_lock(key) FROM unnest(%(keys)s::bigint[]) AS key;
+-- bucket of (task, key), in the order of the array (sorted by the caller):
+-- two batches sharing keys then never wait for each other in opposite orders.
+-- unnest yields the elements in order and each row's lock is taken as it is
+-- read. Advisory locks are per database: the key is jobkeeper's range ("jk",
+-- 0x6A6B, in the top 16 bits), 38 bits of the md5 of the session's schema,
+-- then the bucket (10 bits), so installations in separate schemas do not
+-- wait for each other (unless two schemas' 38 bits agree), and one
+-- schema's keys keep the buckets' order.
+SELECT pg_advisory_xact_lock(
+    7668222790528401408  -- 0x6A6B << 48
+    | ((('x' || left(md5(coalesce(current_schema(), '')), 10))::bit(40)::bigint
+        & 274877906943) << 10)
+    | bucket)
+FROM unnest(%(buckets)s::bigint[]) AS bucket;
 
 -- name: job_insert_many_one
 -- One job without a unique key (so no conflict is possible): plain
