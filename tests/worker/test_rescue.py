@@ -9,7 +9,7 @@ import asyncio
 import itertools
 import threading
 import time
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 from jobkeeper import JobStatus, current_job
 from jobkeeper.maintenance.rescuer import Rescuer
@@ -582,3 +582,61 @@ def test_a_claimed_job_of_a_lost_holder_goes_back_without_spending_its_attempt(j
             JobStatus.AVAILABLE, 0, 1, None
         )  # fmt: skip
         assert p.errors == []  # nothing failed: errors holds failed attempts only
+
+
+class _SteppedClock:
+    """Wraps a backend: its database clock reads ``step`` seconds ahead, as
+    after the server's clock stepped forward.
+    """
+
+    def __init__(self, inner) -> None:
+        self._inner = inner
+        self.step = 0.0
+
+    def db_now(self):
+        return self._inner.db_now() + timedelta(seconds=self.step)
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+
+def test_a_step_of_the_database_clock_rescues_no_live_holder(jq):
+    # Break-test 104: the server's clock stepped +60 s five times (libfaketime)
+    # while every worker ran: live holders looked silent until their next
+    # beat, a rescuer pass fell in between, the same job ran on two workers
+    # at once and was charged a crash. Here the step is what the rescuer's
+    # database clock and the holder's heartbeat age both show.
+    holder = "stepped:1:aaaa"
+    job_id = _silent_holder_of_a_job(jq, holder, 2.0, 0)
+    backend = _SteppedClock(jq.backend)
+    rescuer = Rescuer(backend, jq.settings, 0.1)
+    rescuer.run_once()  # the first reading of the clock
+    backend.step = 60.0
+    age_heartbeat(jq, holder, 60)
+    rescuer.run_once()
+    assert rescuer.rescued == 0
+    stepped_at = time.monotonic()
+    # Until the holder's whole window (2 s) has passed on the rescuer's own
+    # clock, its silence proves nothing; it beats again meanwhile.
+    now = datetime.now(UTC)
+    beat = WorkerInfo(holder, "h", 1, ["default"], now, now, 2.0)
+    jq.backend.worker_heartbeat(worker=beat)
+    rescuer.run_once()
+    assert rescuer.rescued == 0
+    assert job(jq, job_id).status == JobStatus.RUNNING
+    # A holder that really went silent is still rescued, a window later.
+    age_heartbeat(jq, holder, 60)
+    time.sleep(max(0.0, stepped_at + 2.1 - time.monotonic()))
+    rescuer.run_once()
+    assert rescuer.rescued == 1
+
+
+def test_the_database_clock_in_step_with_ours_delays_no_rescue(jq):
+    holder = "steady:1:aaaa"
+    job_id = _silent_holder_of_a_job(jq, holder, 2.0, 0)
+    rescuer = Rescuer(jq.backend, jq.settings, 0.1)
+    rescuer.run_once()
+    age_heartbeat(jq, holder, 60)
+    rescuer.run_once()
+    assert rescuer.rescued == 1
+    assert job(jq, job_id).status in (JobStatus.RETRYABLE, JobStatus.AVAILABLE)

@@ -66,6 +66,9 @@ logger = logging.getLogger("jobkeeper.maintenance")
 
 #: Most jobs rescued per pass.
 BATCH = 500
+#: Seconds by which the database's clock may gain on this process's
+#: monotonic clock between two passes before it counts as a step forward.
+CLOCK_STEP_SLACK = 1.0
 #: Free returns of a claimed (unstarted) job before a lost claim of it spends
 #: the attempt like a lost running one. Bounds the crash loop of a job that
 #: kills its worker before its start mark is flushed: with ``max_attempts``
@@ -116,6 +119,9 @@ class Rescuer(IntervalService):
         self.rescued = 0
         self._unreachable = False
         self._back_at = -math.inf
+        #: (monotonic before, database clock, monotonic after) of the last
+        #: pass's reading of the database's clock.
+        self._clock: tuple[float, float, float] | None = None
         #: Completed passes (tests, logs).
         self.passes = 0
 
@@ -147,8 +153,13 @@ class Rescuer(IntervalService):
         windows = {
             w.id: holder_window(w.rescue_after, rescue_after) for w in self._backend.worker_list()
         }
-        since_back = time.monotonic() - self._back_at
         candidates = self._backend.job_rescue_candidates(rescue_after=unknown, limit=BATCH)
+        if self._clock_stepped():
+            # Read after the candidates, so a step before their query is
+            # seen; read every pass, so each reading has a recent one to
+            # compare with.
+            self._back_at = time.monotonic()
+        since_back = time.monotonic() - self._back_at
         failures: list[Failure] = []
         returns: list[int] = []
         judged: dict[int, Job] = {}
@@ -199,6 +210,34 @@ class Rescuer(IntervalService):
                 )
         # Rescue never depends on worker rows, so pruning them is only tidying.
         self._backend.worker_prune_stale(older_than=max(2 * rescue_after, 60.0))
+
+    def _clock_stepped(self) -> bool:
+        """Whether the database's clock stepped forward since the last
+        reading, by more than the monotonic clock advanced around both
+        readings: an NTP step or a VM's clock resync on the server (on
+        SQLite, this machine's clock). Every live holder's last beat then
+        looks older by the step until it beats again; judged now, each would
+        lose its job to a rescue while it ran (and, running alone, be
+        charged a crash). Such a pass leaves every holder a whole window, as
+        after an outage. A step backward only delays rescues by its size.
+        """
+        before = time.monotonic()
+        now = self._backend.db_now().timestamp()
+        after = time.monotonic()
+        last, self._clock = self._clock, (before, now, after)
+        if last is None:
+            return False
+        last_before, last_now, _ = last
+        gained = (now - last_now) - (after - last_before)
+        if gained <= CLOCK_STEP_SLACK:
+            return False
+        logger.warning(
+            "the database's clock moved %.0f s more than this process's since the rescuer's "
+            "last pass (a clock step): no worker is judged silent until each has had its "
+            "rescue_after to beat again",
+            gained,
+        )
+        return True
 
     def _crash(self, job: Job, lost: str) -> Failure:
         """The rescue of a running job, under the crash budget: a suspect
