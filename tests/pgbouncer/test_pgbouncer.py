@@ -30,6 +30,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import psycopg
@@ -319,3 +320,34 @@ def test_wait_through_a_transaction_pooler_polls(bouncer, tmp_path, monkeypatch,
         worker.kill()
         worker.wait()
         jq.close()
+
+
+def test_a_non_iso_datestyle_is_set_to_iso_for_this_client_only(bouncer, monkeypatch):
+    # psycopg reads timestamps only in ISO; our sessions set it. Through a
+    # transaction pooler that is safe because PgBouncer tracks DateStyle per
+    # client (one of the parameters it tracks by default) and sets it on
+    # whichever server connection serves the client; other clients keep theirs.
+    with psycopg.connect(PG_URL) as server:
+        default = server.execute("SHOW DateStyle").fetchone()[0]
+    monkeypatch.setenv("PGDATESTYLE", "SQL, DMY")
+    with psycopg.connect(bouncer.url) as plain:
+        assert plain.info.parameter_status("DateStyle") == "SQL, DMY"
+    jq = JobQueue(bouncer.url, pool_size=4)
+    try:
+        jq.migrate()
+        ids = [jq.enqueue("soak.noop", {"n": i}, queue="datestyle").id for i in range(12)]
+        ids += [job.id for job in jq.enqueue_many([("soak.noop", {}, {"queue": "datestyle"})] * 3)]
+        with ThreadPoolExecutor(4) as pool:  # over several server connections
+            read = list(pool.map(jq.get_job, ids * 4))
+        assert all(job is not None and job.created_at is not None for job in read)
+        assert {job.id for job in jq.list_jobs(queue="datestyle", limit=100)} == set(ids)
+    finally:
+        jq.close()
+    monkeypatch.delenv("PGDATESTYLE")
+    others = [psycopg.connect(bouncer.url, autocommit=True) for _ in range(4)]
+    try:
+        seen = {c.execute("SHOW DateStyle").fetchone()[0] for c in others * 5}
+    finally:
+        for conn in others:
+            conn.close()
+    assert seen == {default}

@@ -41,7 +41,7 @@ from jobkeeper.backends.postgres.plans import (
     read_for_insert,
 )
 from jobkeeper.backends.postgres.queries import QUERIES
-from jobkeeper.backends.postgres.session_setup import set_up_async
+from jobkeeper.backends.postgres.session_setup import require_iso_datestyle, set_up_async
 from jobkeeper.backends.postgres.sources import RETRY_ASKED, load_json_safely
 from jobkeeper.errors import DatabaseError
 from jobkeeper.models import Job, NewJob
@@ -257,6 +257,7 @@ class PostgresAsync:
                 "connection= of an async call must be a psycopg 3 AsyncConnection to this "
                 f"database, got {type(connection).__module__}.{type(connection).__name__}"
             )
+        require_iso_datestyle(connection)
         with self._errors():
             await self._check_same_database_async(connection)
             if not connection.autocommit:

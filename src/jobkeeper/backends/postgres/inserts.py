@@ -21,6 +21,7 @@ from jobkeeper.backends.postgres.plans import (
     read_for_insert,
 )
 from jobkeeper.backends.postgres.queries import QUERIES
+from jobkeeper.backends.postgres.session_setup import require_iso_datestyle
 from jobkeeper.backends.postgres.sources import RETRY_ASKED, load_json_safely
 from jobkeeper.backends.rows import job_from_new
 from jobkeeper.errors import DatabaseError
@@ -111,6 +112,8 @@ class PostgresInserts(PostgresConnections):
         # own, which may be run again; otherwise it is a savepoint in the
         # caller's transaction, which an abort ends whole.
         own = connection.autocommit
+
+        require_iso_datestyle(connection)
 
         def insert() -> list[Job]:
             with self._errors():

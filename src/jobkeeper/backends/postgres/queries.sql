@@ -800,6 +800,13 @@ SELECT pg_backend_pid(),
 -- all.
 SELECT set_config('search_path', %s, false)
 
+-- name: connection_iso_datestyle
+-- ISO output for this session's dates and times, keeping the day/month order
+-- of input the session was given: psycopg reads timestamptz text only in ISO
+-- (see session_setup). Safe through PgBouncer: it tracks DateStyle per
+-- client and restores it on whichever server connection serves the client.
+SELECT set_config('DateStyle', 'ISO', false)
+
 -- name: db_now
 SELECT now()
 

@@ -11,6 +11,16 @@ table resolves to another schema is therefore pinned to the current schema
 alone (on a session of the server itself; through a pooler a session setting
 would outlive our use of the server connection), and the schemas are kept on
 the connection for ``schema_version`` to name.
+
+psycopg reads timestamptz text only when the session's DateStyle is ISO:
+with ``ALTER DATABASE ... SET datestyle = 'SQL, DMY'``, ``PGDATESTYLE=German``
+or ``-cDateStyle=...`` in the URL's options, every read of a timestamp raised
+NotImplementedError (the rescuer and the periodic service failed every
+pass). A session whose DateStyle (as the server reported it at startup, what
+psycopg itself goes by) is not ISO is set to ISO, keeping its day/month
+order. This is a session setting, but one that is safe through a pooler:
+PgBouncer tracks DateStyle per client and restores it on whichever server
+connection serves the client.
 """
 
 from __future__ import annotations
@@ -21,6 +31,7 @@ import psycopg
 
 from jobkeeper.backends.postgres.prepared import PREPARE_THRESHOLD, direct_session
 from jobkeeper.backends.postgres.queries import QUERIES
+from jobkeeper.errors import ConfigError
 
 #: The connection attribute holding its :class:`MisplacedTables`, if any.
 _MISPLACED = "_jobkeeper_misplaced_tables"
@@ -37,9 +48,11 @@ class MisplacedTables(NamedTuple):
 
 
 def set_up(conn: psycopg.Connection[Any]) -> None:
-    """Set up ``conn``, a new connection of ours (one round trip, two when
-    it is pinned).
+    """Set up ``conn``, a new connection of ours (one round trip; one more
+    when it is pinned, and one more when its DateStyle is not ISO).
     """
+    if not iso_datestyle(conn):
+        conn.execute(QUERIES["connection_iso_datestyle"], prepare=False)
     row = conn.execute(QUERIES["connection_setup"], prepare=False).fetchone()
     server_pid, found, current, quoted = row if row else (None, None, None, None)
     reaches = direct_session(conn.info.backend_pid, server_pid)
@@ -53,6 +66,8 @@ def set_up(conn: psycopg.Connection[Any]) -> None:
 
 async def set_up_async(conn: psycopg.AsyncConnection[Any]) -> None:
     """:func:`set_up` for an async connection."""
+    if not iso_datestyle(conn):
+        await conn.execute(QUERIES["connection_iso_datestyle"], prepare=False)
     cursor = await conn.execute(QUERIES["connection_setup"], prepare=False)
     row = await cursor.fetchone()
     server_pid, found, current, quoted = row if row else (None, None, None, None)
@@ -63,6 +78,35 @@ async def set_up_async(conn: psycopg.AsyncConnection[Any]) -> None:
         if reaches:
             await conn.execute(QUERIES["connection_pin_schema"], (quoted,), prepare=False)
         setattr(conn, _MISPLACED, MisplacedTables(found, current, pinned=reaches))
+
+
+def iso_datestyle(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> bool:
+    """Whether ``conn``'s session reports an ISO DateStyle, the only one
+    in which psycopg parses timestamptz text; no round trip (the server
+    reports DateStyle at startup and whenever it changes). A session that
+    reports none is taken as ISO, as psycopg takes it.
+    """
+    reported = conn.info.parameter_status("DateStyle")
+    return reported is None or reported.startswith("ISO")
+
+
+def require_iso_datestyle(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> None:
+    """Refuse a caller's connection (``connection=``) whose DateStyle is not
+    ISO, before anything is written on it: the insert reads back the rows it
+    writes, whose timestamps psycopg parses in no other DateStyle (a bare
+    NotImplementedError out of the insert, before). The session is the
+    caller's, so it is not changed here.
+
+    Raises:
+        ConfigError: the connection's DateStyle is not ISO.
+    """
+    if not iso_datestyle(conn):
+        reported = conn.info.parameter_status("DateStyle")
+        raise ConfigError(
+            f"connection= has DateStyle {reported!r}, and psycopg reads timestamps only in "
+            "ISO: set DateStyle to ISO on that connection (SET DateStyle = 'ISO'; the "
+            "day/month order stays) or in its URL (options=-cDateStyle%3DISO)"
+        )
 
 
 def misplaced_tables(conn: Any) -> MisplacedTables | None:
