@@ -310,9 +310,10 @@ def _aware(dt: object, name: str) -> datetime:
 
 
 def _interval_ticks(every: timedelta, after: datetime) -> Iterator[datetime]:
-    # timedelta // timedelta is exact integer arithmetic on microseconds.
-    tick = _EPOCH + ((after - _EPOCH) // every + 1) * every
     try:
+        # timedelta // timedelta is exact integer arithmetic on microseconds;
+        # the first tick, too, may lie past year 9999.
+        tick = _EPOCH + ((after - _EPOCH) // every + 1) * every
         while True:
             yield tick
             tick += every
@@ -329,7 +330,26 @@ def _walls(fields: str, after: datetime) -> Iterator[datetime]:
 
 
 def _instant(wall: datetime, zone: tzinfo, fold: int) -> datetime:
+    """The instant ``wall`` reads in ``zone`` (``fold``: its first or second
+    occurrence).
+
+    Raises:
+        OverflowError: the instant is past year 9999 (a wall of the last
+            hours of 9999 in a zone behind UTC).
+    """
     return wall.replace(tzinfo=zone, fold=fold).astimezone(UTC)
+
+
+def _wall_of(instant: datetime, zone: tzinfo) -> datetime | None:
+    """The naive wall time ``instant`` reads in ``zone``; None when that is
+    past year 9999 (a zone ahead of UTC on the last day): no wall is later.
+    """
+    try:
+        return instant.astimezone(zone).replace(tzinfo=None)
+    except OverflowError:
+        if instant.year < datetime.max.year:
+            raise  # before year 1 (a zone behind UTC on its first day): not handled
+        return None
 
 
 def _exists(wall: datetime, instant: datetime, zone: tzinfo) -> bool:
@@ -366,13 +386,19 @@ def _wall_clock_ticks(fields: str, zone: ZoneInfo, after: datetime) -> Iterator[
     """
     utc = zone.key == "UTC"
     last = after
-    for wall in _walls(fields, after.astimezone(zone).replace(tzinfo=None)):
+    start = _wall_of(after, zone)
+    if start is None:
+        return
+    for wall in _walls(fields, start):
         if utc:
             tick = wall.replace(tzinfo=UTC)
         else:
-            tick = _instant(wall, zone, 0)
-            if not _exists(wall, tick, zone):
-                tick = _gap_end(wall, zone)
+            try:
+                tick = _instant(wall, zone, 0)
+                if not _exists(wall, tick, zone):
+                    tick = _gap_end(wall, zone)
+            except OverflowError:  # this wall and every later one is past year 9999
+                return
         if tick > last:  # gap walls share one tick; a fall-back may repeat earlier ones
             last = tick
             yield tick
@@ -390,21 +416,32 @@ def _real_time_ticks(fields: str, zone: ZoneInfo, after: datetime) -> Iterator[d
         for wall in _walls(fields, after.replace(tzinfo=None)):
             yield wall.replace(tzinfo=UTC)
         return
-    start = after.astimezone(zone).replace(tzinfo=None)
-    # When ``after`` reads a repeated wall time for the first time, the second
-    # occurrences of walls up to one fold earlier are still ahead: look back.
-    lookback = _instant(start, zone, 1) - _instant(start, zone, 0)
+    start = _wall_of(after, zone)
+    if start is None:
+        return
     later: list[datetime] = []
-    for wall in _walls(fields, start - lookback):
-        first = _instant(wall, zone, 0)
-        if not _exists(wall, first, zone):
-            continue  # skipped by a spring-forward: no instant reads it
-        while later and later[0] < first:
-            tick = heapq.heappop(later)
-            if tick > after:
-                yield tick
-        if first > after:
-            yield first
-        second = _instant(wall, zone, 1)
-        if second != first:
-            heapq.heappush(later, second)
+    try:
+        # When ``after`` reads a repeated wall time for the first time, the
+        # second occurrences of walls up to one fold earlier are still ahead:
+        # look back.
+        lookback = _instant(start, zone, 1) - _instant(start, zone, 0)
+        for wall in _walls(fields, start - lookback):
+            first = _instant(wall, zone, 0)
+            if not _exists(wall, first, zone):
+                continue  # skipped by a spring-forward: no instant reads it
+            while later and later[0] < first:
+                tick = heapq.heappop(later)
+                if tick > after:
+                    yield tick
+            if first > after:
+                yield first
+            second = _instant(wall, zone, 1)
+            if second != first:
+                heapq.heappush(later, second)
+    except OverflowError:
+        pass  # an instant past year 9999: no later wall has an earlier one
+    # Second occurrences still waiting when the walls ran out.
+    while later:
+        tick = heapq.heappop(later)
+        if tick > after:
+            yield tick

@@ -258,6 +258,73 @@ def test_naive_datetimes_are_refused():
         Schedule(every=5).iter_ticks(naive)
 
 
+# -- the end of the calendar -------------------------------------------------------------------
+# A tick past 9999-12-31T23:59:59.999999Z cannot be a datetime: no tick, a
+# ConfigError from next_after, never an OverflowError (raised where the first
+# tick, or a wall time's instant, fell past the end).
+
+LAST = datetime.max.replace(tzinfo=UTC)
+_END_EXPRESSIONS = ["* * * * *", "30 * * * *", "30 2 * * *", "0 */2 * * *", "59 23 31 12 *"]
+
+
+@pytest.mark.parametrize(
+    ("schedule", "after"),
+    [
+        (Schedule("30 2 * * *", timezone="Europe/Berlin"), utc(9999, 12, 31, 23)),
+        (Schedule(every=1), LAST),
+        (Schedule(every=MAX_EVERY), utc(9999, 1, 1)),
+        (Schedule("30 * * * *", timezone="America/New_York"), utc(9999, 12, 31, 23, 45)),
+        (Schedule("30 2 * * *", timezone="Pacific/Kiritimati"), utc(9999, 12, 31, 23, 45)),
+        (Schedule("* * * * *", timezone="Etc/GMT-14"), utc(9999, 12, 31, 23, 58)),
+        (Schedule("* * * * *", timezone="Etc/GMT+12"), utc(9999, 12, 31, 23, 59)),
+    ],
+    ids=repr,
+)
+def test_no_tick_before_the_end_of_the_calendar_is_a_config_error(schedule, after):
+    with pytest.raises(ConfigError, match="has no tick after"):
+        schedule.next_after(after)
+    assert schedule.ticks_between(after, LAST) == []
+    assert list(schedule.iter_ticks(after)) == []
+
+
+def test_the_last_ticks_of_the_calendar():
+    assert Schedule(every=1).ticks_between(utc(9999, 12, 31, 23, 59, 57), LAST) == [
+        utc(9999, 12, 31, 23, 59, 58),
+        utc(9999, 12, 31, 23, 59, 59),
+    ]
+    # 12 h behind UTC: walls from noon on the last day have no instant.
+    behind = Schedule("* * * * *", timezone="Etc/GMT+12")
+    ticks = behind.ticks_between(utc(9999, 12, 31, 11), LAST)
+    assert (len(ticks), ticks[0], ticks[-1]) == (
+        779,
+        utc(9999, 12, 31, 11, 1),
+        LAST.replace(second=0, microsecond=0),
+    )
+    # 14 h ahead: the last day's 02:30 is the 30th's 12:30 UTC, and it is the last.
+    ahead = Schedule("30 2 * * *", timezone="Pacific/Kiritimati")
+    assert ahead.next_after(utc(9999, 12, 30)) == utc(9999, 12, 30, 12, 30)
+    with pytest.raises(ConfigError, match="has no tick after"):
+        ahead.next_after(utc(9999, 12, 30, 12, 30))
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.sampled_from(_END_EXPRESSIONS),
+    st.sampled_from(["UTC", "Europe/Berlin", "America/New_York", "Etc/GMT+12", "Etc/GMT-14"]),
+    st.datetimes(min_value=datetime(9999, 12, 29), timezones=st.just(UTC)),
+)
+def test_near_the_end_ticks_agree_with_next_after_and_never_overflow(expression, zone, after):
+    schedule = Schedule(expression, timezone=zone)
+    ticks = schedule.ticks_between(after, LAST)
+    assert all(after < t for t in ticks) and all(x < y for x, y in pairwise(ticks))
+    previous = after
+    for tick in ticks:
+        assert schedule.next_after(previous) == tick
+        previous = tick
+    with pytest.raises(ConfigError, match="has no tick after"):
+        schedule.next_after(previous)
+
+
 # -- properties ------------------------------------------------------------------------------------
 
 EXPRESSIONS = [
