@@ -71,9 +71,12 @@ ONLY_IN = {
         # (prepared statements only on the former); SQLite has no pooler.
         # And where its search path finds the jobs table, pinned to the
         # current schema when that is further down: SQLite has no schemas.
+        # A session's DateStyle set to ISO (psycopg parses only that):
+        # SQLite's timestamps are numbers.
         "connection_backend_pid",
         "connection_setup",
         "connection_pin_schema",
+        "connection_iso_datestyle",
     },
     "sqlite": {
         # Settings of each new connection; PostgreSQL's are the server's.
@@ -108,6 +111,7 @@ NOT_OPERATIONS = {
     "connection_backend_pid",
     "connection_setup",
     "connection_pin_schema",
+    "connection_iso_datestyle",
 }
 
 
