@@ -47,6 +47,24 @@ class MisplacedTables(NamedTuple):
     pinned: bool
 
 
+class _Setup(NamedTuple):
+    """What ``connection_setup`` read, decided: whether the session is the
+    server's own, and the search path to pin it to (None: none).
+    """
+
+    reaches: bool
+    misplaced: MisplacedTables | None
+    pin_to: str | None
+
+
+def _decide(conn_pid: int, row: Any) -> _Setup:
+    server_pid, found, current, quoted = row if row else (None, None, None, None)
+    reaches = direct_session(conn_pid, server_pid)
+    if found is None or current is None or found == current:
+        return _Setup(reaches, None, None)
+    return _Setup(reaches, MisplacedTables(found, current, pinned=reaches), quoted)
+
+
 def set_up(conn: psycopg.Connection[Any]) -> None:
     """Set up ``conn``, a new connection of ours (one round trip; one more
     when it is pinned, and one more when its DateStyle is not ISO).
@@ -54,14 +72,12 @@ def set_up(conn: psycopg.Connection[Any]) -> None:
     if not iso_datestyle(conn):
         conn.execute(QUERIES["connection_iso_datestyle"], prepare=False)
     row = conn.execute(QUERIES["connection_setup"], prepare=False).fetchone()
-    server_pid, found, current, quoted = row if row else (None, None, None, None)
-    reaches = direct_session(conn.info.backend_pid, server_pid)
-    if reaches:
+    setup = _decide(conn.info.backend_pid, row)
+    if setup.reaches:
         conn.prepare_threshold = PREPARE_THRESHOLD
-    if found is not None and current is not None and found != current:
-        if reaches:
-            conn.execute(QUERIES["connection_pin_schema"], (quoted,), prepare=False)
-        setattr(conn, _MISPLACED, MisplacedTables(found, current, pinned=reaches))
+        if setup.pin_to is not None:
+            conn.execute(QUERIES["connection_pin_schema"], (setup.pin_to,), prepare=False)
+    setattr(conn, _MISPLACED, setup.misplaced)
 
 
 async def set_up_async(conn: psycopg.AsyncConnection[Any]) -> None:
@@ -69,15 +85,12 @@ async def set_up_async(conn: psycopg.AsyncConnection[Any]) -> None:
     if not iso_datestyle(conn):
         await conn.execute(QUERIES["connection_iso_datestyle"], prepare=False)
     cursor = await conn.execute(QUERIES["connection_setup"], prepare=False)
-    row = await cursor.fetchone()
-    server_pid, found, current, quoted = row if row else (None, None, None, None)
-    reaches = direct_session(conn.info.backend_pid, server_pid)
-    if reaches:
+    setup = _decide(conn.info.backend_pid, await cursor.fetchone())
+    if setup.reaches:
         conn.prepare_threshold = PREPARE_THRESHOLD
-    if found is not None and current is not None and found != current:
-        if reaches:
-            await conn.execute(QUERIES["connection_pin_schema"], (quoted,), prepare=False)
-        setattr(conn, _MISPLACED, MisplacedTables(found, current, pinned=reaches))
+        if setup.pin_to is not None:
+            await conn.execute(QUERIES["connection_pin_schema"], (setup.pin_to,), prepare=False)
+    setattr(conn, _MISPLACED, setup.misplaced)
 
 
 def iso_datestyle(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> bool:
