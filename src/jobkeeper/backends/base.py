@@ -291,6 +291,14 @@ class Backend(CockpitSeam, PeriodicSeam, FlowSeam, WaitSeam, Protocol):
         """
         ...
 
+    def job_cancel_many(self, *, job_ids: Sequence[int]) -> dict[int, JobStatus]:
+        """:meth:`job_cancel` of each of ``job_ids`` in one statement: the
+        jobs it changed, each with its status after (CANCELLED, or the held
+        status of a job flagged for its worker). Finished and missing jobs
+        are left out.
+        """
+        ...
+
     def job_retry(
         self, *, job_id: int, statuses: Sequence[str] = RETRY_STATUSES, fence: int | None = None
     ) -> Job | None:

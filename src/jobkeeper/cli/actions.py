@@ -48,8 +48,9 @@ CANCEL_FROM = (
 )
 #: Ids read per page while collecting a filter's jobs.
 PAGE = 10_000
-#: Dead letters a filtered retry moves back per statement.
-DEAD_BATCH = 1_000
+#: Jobs a filtered action moves per statement: dead letters a retry moves
+#: back, jobs a cancel cancels (or flags for their workers).
+BATCH = 1_000
 #: Statements a batch of dead letters gets, each after leaving out those
 #: whose unique_key a pending job took, before it goes one by one.
 DEAD_TRIES = 3
@@ -179,13 +180,15 @@ def _by_filter(
     yes: bool,
     act: Callable[[JobQueue, int], bool],
     act_dead: Callable[[JobQueue, list[int]], list[int]] | None = None,
+    act_live: Callable[[JobQueue, list[int]], tuple[int, int]] | None = None,
 ) -> None:
     """Count the filter's jobs, ask, then ``act`` on each id (True: a job
     whose worker was only asked, counted apart); jobs that changed state
     meanwhile are skipped and counted. ``act_dead``: acts on a batch of
     dead letters at once, returning the ids it moved (one statement per
-    batch where ``act`` takes two round trips per job). Ctrl-C stops it
-    saying how far it got.
+    batch where ``act`` takes two round trips per job); ``act_live`` on a
+    batch of other jobs, returning how many it acted on and how many of
+    those workers were asked to stop. Ctrl-C stops it saying how far it got.
     """
     jq = open_queue(ctx)
     description = _describe(statuses, queue, task)
@@ -201,6 +204,8 @@ def _by_filter(
         for status, ids in found.items():
             if status is JobStatus.DEAD and act_dead is not None:
                 _dead_in_batches(jq, ids, act, act_dead, tally)
+            elif status is not JobStatus.DEAD and act_live is not None:
+                _live_in_batches(jq, ids, act_live, tally)
             else:
                 _one_by_one(jq, ids, act, tally)
     except KeyboardInterrupt:
@@ -230,6 +235,22 @@ def _one_by_one(
         tally.step = 0
 
 
+def _live_in_batches(
+    jq: JobQueue,
+    ids: list[int],
+    act_live: Callable[[JobQueue, list[int]], tuple[int, int]],
+    tally: _Tally,
+) -> None:
+    for start in range(0, len(ids), BATCH):
+        batch = ids[start : start + BATCH]
+        tally.step = len(batch)
+        changed, asked = act_live(jq, batch)
+        tally.acted += changed - asked
+        tally.asked += asked
+        tally.skipped += len(batch) - changed
+        tally.step = 0
+
+
 def _dead_in_batches(
     jq: JobQueue,
     ids: list[int],
@@ -237,8 +258,8 @@ def _dead_in_batches(
     act_dead: Callable[[JobQueue, list[int]], list[int]],
     tally: _Tally,
 ) -> None:
-    for start in range(0, len(ids), DEAD_BATCH):
-        batch = ids[start : start + DEAD_BATCH]
+    for start in range(0, len(ids), BATCH):
+        batch = ids[start : start + BATCH]
         for _ in range(DEAD_TRIES):
             tally.step = len(batch)
             try:
@@ -351,6 +372,11 @@ def cancel(
     def act(jq: JobQueue, one: int) -> bool:
         return jq.cancel(one).status in HELD_STATUSES
 
+    def act_live(jq: JobQueue, ids: list[int]) -> tuple[int, int]:
+        # One statement per thousand jobs: one by one, 50,000 took 35 s.
+        after = jq.backend.job_cancel_many(job_ids=ids)
+        return len(after), sum(status in HELD_STATUSES for status in after.values())
+
     _by_filter(
         ctx,
         action="cancel",
@@ -360,4 +386,5 @@ def cancel(
         task=task,
         yes=yes,
         act=act,
+        act_live=act_live,
     )

@@ -44,6 +44,7 @@ from jobkeeper.models import (
     Completion,
     Failure,
     Job,
+    JobStatus,
     Staging,
     WorkerInfo,
 )
@@ -338,6 +339,13 @@ class PostgresBackend(
         if rows and rows[0]["status"] == "cancelled" and rows[0]["awaited"]:
             self._fetch("notify_done", {"channel": self.done_channel(), "ids": [job_id]})
         return self._jobs(rows)[0] if rows else self.job_get(job_id=job_id)
+
+    def job_cancel_many(self, *, job_ids: Sequence[int]) -> dict[int, JobStatus]:
+        rows = self._fetch("job_cancel_many", {"ids": list(job_ids)})
+        awaited = [row["id"] for row in rows if row["status"] == "cancelled" and row["awaited"]]
+        if awaited:
+            self._fetch("notify_done", {"channel": self.done_channel(), "ids": awaited})
+        return {row["id"]: JobStatus(row["status"]) for row in rows}
 
     def job_retry(
         self, *, job_id: int, statuses: Sequence[str] = RETRY_STATUSES, fence: int | None = None

@@ -671,6 +671,17 @@ SET status = CASE WHEN status IN ('claimed', 'running') THEN status ELSE 'cancel
 WHERE id = %(id)s AND status IN ('scheduled', 'available', 'claimed', 'running', 'retryable')
 RETURNING {job_columns}
 
+-- name: job_cancel_many
+-- job_cancel of many jobs (a filtered `jobkeeper cancel`, a thousand at a
+-- time): the ids, statuses after, and whether someone awaits each.
+UPDATE jobkeeper_jobs
+SET status = CASE WHEN status IN ('claimed', 'running') THEN status ELSE 'cancelled' END,
+    finished_at = CASE WHEN status IN ('claimed', 'running') THEN finished_at ELSE now() END,
+    cancel_requested = true
+WHERE id = ANY(%(ids)s::bigint[])
+  AND status IN ('scheduled', 'available', 'claimed', 'running', 'retryable')
+RETURNING id, status, awaited
+
 -- name: job_retry
 -- Attempts and the crash budget start afresh; run_alone is kept (a crash
 -- suspect still has its lone attempt to run). A job finished before its queue

@@ -325,6 +325,13 @@ class SqliteBackend(
             rows = _rows(conn.execute(QUERIES["job_cancel"], {"id": job_id}))
         return self._jobs(rows)[0] if rows else self.job_get(job_id=job_id)
 
+    def job_cancel_many(self, *, job_ids: Sequence[int]) -> dict[int, JobStatus]:
+        with self._write() as conn:
+            rows = _rows(
+                conn.execute(QUERIES["job_cancel_many"], {"ids": json.dumps(list(job_ids))})
+            )
+        return {row["id"]: JobStatus(row["status"]) for row in rows}
+
     def job_retry(
         self, *, job_id: int, statuses: Sequence[str] = RETRY_STATUSES, fence: int | None = None
     ) -> Job | None:

@@ -409,6 +409,16 @@ SET status = CASE WHEN status IN ('claimed', 'running') THEN status ELSE 'cancel
 WHERE id = :id AND status IN ('scheduled', 'available', 'claimed', 'running', 'retryable')
 RETURNING *
 
+-- name: job_cancel_many
+-- job_cancel of the jobs of :ids (a JSON array): their ids and statuses after.
+UPDATE jobkeeper_jobs
+SET status = CASE WHEN status IN ('claimed', 'running') THEN status ELSE 'cancelled' END,
+    finished_at = CASE WHEN status IN ('claimed', 'running') THEN finished_at ELSE {now} END,
+    cancel_requested = 1
+WHERE id IN (SELECT value FROM json_each(:ids))
+  AND status IN ('scheduled', 'available', 'claimed', 'running', 'retryable')
+RETURNING id, status
+
 -- name: job_retry
 -- Attempts and the crash budget start afresh; flagged as a new job would be,
 -- and only from :statuses (a JSON array; see the PostgreSQL twin).
