@@ -640,3 +640,22 @@ def test_the_database_clock_in_step_with_ours_delays_no_rescue(jq):
     rescuer.run_once()
     assert rescuer.rescued == 1
     assert job(jq, job_id).status in (JobStatus.RETRYABLE, JobStatus.AVAILABLE)
+
+
+def test_a_worker_started_just_after_a_clock_step_takes_no_live_holders_job(jq):
+    # Break-test 108: the server's clock stepped +100 s, and a worker started
+    # at once took four jobs from two live workers in its first pass: a
+    # rescuer's first reading of the clock has nothing to compare with. The
+    # worker's rescuer settles first: no holder is judged until it has run
+    # for the holder's window (2 s here).
+    holder = "live:1:aaaa"
+    job_id = _silent_holder_of_a_job(jq, holder, 2.0, 100)  # as the step shows it
+    started = time.monotonic()
+    rescuer = Rescuer(jq.backend, jq.settings, 0.1, settle_first=True)
+    rescuer.run_once()
+    assert rescuer.rescued == 0
+    assert job(jq, job_id).status == JobStatus.RUNNING
+    # Really silent: rescued once this rescuer has run for the window.
+    time.sleep(max(0.0, started + 2.1 - time.monotonic()))
+    rescuer.run_once()
+    assert rescuer.rescued == 1

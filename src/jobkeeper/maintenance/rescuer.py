@@ -96,6 +96,14 @@ class Rescuer(IntervalService):
         after_pass: called with the rescuer's backend after each pass (the
             worker's schema watch); it must not raise, and must not wait on
             a lock for long: the next pass waits for it.
+        settle_first: judge no holder until this rescuer has run for the
+            holder's whole window, as after an outage. A step of the
+            database's clock just before the first pass cannot be told from
+            silence (there is no earlier reading to compare with): a worker
+            started right after a +100 s step took four jobs from two live
+            workers in its first pass. The worker's rescuer settles; a
+            holder's jobs are then rescued at its last beat plus its window
+            or this rescuer's start plus that window, whichever is later.
     """
 
     def __init__(
@@ -107,6 +115,8 @@ class Rescuer(IntervalService):
         events: EventBus | None = None,
         max_crashes_of: Callable[[Job], int] | None = None,
         after_pass: Callable[[Backend], None] | None = None,
+        *,
+        settle_first: bool = False,
     ) -> None:
         super().__init__("jobkeeper-rescuer", interval)
         self._after_pass = after_pass
@@ -118,7 +128,7 @@ class Rescuer(IntervalService):
         #: Total jobs this rescuer has rescued (for logs and tests).
         self.rescued = 0
         self._unreachable = False
-        self._back_at = -math.inf
+        self._back_at = time.monotonic() if settle_first else -math.inf
         #: (monotonic before, database clock, monotonic after) of the last
         #: pass's reading of the database's clock.
         self._clock: tuple[float, float, float] | None = None

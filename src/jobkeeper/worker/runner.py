@@ -211,6 +211,9 @@ class Worker:
             events=self.events,
             max_crashes_of=self._max_crashes_of,
             after_pass=self.schema_watch,
+            # A burst worker hands back a dead holder's jobs in its first
+            # pass, or it would call itself drained with them left held.
+            settle_first=not burst,
         )
         self.leader = Leader(
             self._dedicated("leader"), self.info.id, ttl=max(3 * settings.heartbeat_interval, 1.0)
