@@ -13,9 +13,10 @@ import subprocess
 import sys
 from collections.abc import Iterator
 
+import psycopg
 import pytest
 
-from jobkeeper import DatabaseError, JobQueue
+from jobkeeper import JobQueue
 from jobkeeper.backends.migrate import MisplacedSchemaError, MissingSchemaError
 from support.db import sql
 
@@ -50,10 +51,12 @@ def test_an_unmigrated_first_schema_reaches_nothing_further_down(pg_url, tenant_
         assert f"not in schema {tenant!r}, the first of the search path" in message
         assert "put" in message and "first in the URL's search_path" in message
         assert "migrate" in message
-        with pytest.raises(DatabaseError, match=r"not migrated|does not exist"):
+        # Each statement says why, not only "run migrate" (which, in the
+        # "$user", public case, would make a second, empty installation).
+        with pytest.raises(MisplacedSchemaError, match="not in schema"):
             jq.enqueue("tenant.job", {"x": 2})
         for read in (lambda: jq.get_job(1), jq.stats, jq.queue_counts):
-            with pytest.raises(DatabaseError, match=r"not migrated|does not exist"):
+            with pytest.raises(MisplacedSchemaError, match="not in schema"):
                 read()
     assert _rows_below(pg_url) == [("below.job", "available")]
 
@@ -67,7 +70,7 @@ def test_an_unmigrated_first_schema_reaches_nothing_further_down_async(pg_url, t
             await jq.aclose()
             jq.close()
 
-    with pytest.raises(DatabaseError, match=r"not migrated|does not exist"):
+    with pytest.raises(MisplacedSchemaError, match="not in schema"):
         asyncio.run(enqueue())
     assert _rows_below(pg_url) == [("below.job", "available")]
 
@@ -111,3 +114,28 @@ def test_a_search_path_of_no_existing_schema_is_named_by_every_reader(pg_url):
     )
     assert worker.returncode == 1, worker.stderr
     assert "no schema of the search_path exists" in worker.stderr, worker.stderr
+
+
+def test_a_callers_connection_whose_search_path_finds_another_schemas_tables_is_refused(
+    pg_url, tenant_url
+):
+    # Break-test 108: the queue's own connections were pinned, but the
+    # caller's connection= still found public's table, and the job landed in
+    # the other tenant's queue (sync and async).
+    with JobQueue(tenant_url) as jq, psycopg.connect(tenant_url) as conn:
+        with pytest.raises(MisplacedSchemaError, match="not in schema"):
+            jq.enqueue("tenant.job", {"x": 2}, connection=conn)
+        conn.rollback()
+
+    async def enqueue_async() -> None:
+        jq = JobQueue(tenant_url)
+        try:
+            async with await psycopg.AsyncConnection.connect(tenant_url) as conn:
+                await jq.enqueue_async("tenant.job", {"x": 3}, connection=conn)
+        finally:
+            await jq.aclose()
+            jq.close()
+
+    with pytest.raises(MisplacedSchemaError, match="not in schema"):
+        asyncio.run(enqueue_async())
+    assert _rows_below(pg_url) == [("below.job", "available")]

@@ -129,6 +129,6 @@ def misplaced_schema(current: str, found: str, migrate_hint: str) -> MisplacedSc
         f"jobkeeper's tables are not in schema {current!r}, the first of the search path, "
         f"where jobkeeper keeps them and migrate creates them; the jobkeeper_jobs that the "
         f"search path finds is in schema {found!r}, and jobkeeper neither reads nor writes "
-        f"it from here. To use {found!r}'s, put {found!r} first in the URL's search_path; "
-        f"to give {current!r} its own, {migrate_hint}"
+        f"it from here. To use the tables of {found!r}, put {found!r} first in the URL's "
+        f"search_path; to give {current!r} tables of its own, {migrate_hint}"
     )

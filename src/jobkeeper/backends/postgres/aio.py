@@ -22,7 +22,12 @@ from psycopg_pool import AsyncConnectionPool
 from jobkeeper.backends.postgres.connections import DriverErrors, describe, retry_asked
 from jobkeeper.backends.postgres.direct import run_direct_async
 from jobkeeper.backends.postgres.flow import FlowNeeded
-from jobkeeper.backends.postgres.inserts import INSERT_NOW, insert_now_params, inserted_now
+from jobkeeper.backends.postgres.inserts import (
+    INSERT_NOW,
+    insert_now_params,
+    inserted_now,
+    refuse_elsewhere,
+)
 from jobkeeper.backends.postgres.loop_pools import (
     POOL_NAME,
     LoopPool,
@@ -43,6 +48,7 @@ from jobkeeper.backends.postgres.plans import (
 from jobkeeper.backends.postgres.queries import QUERIES
 from jobkeeper.backends.postgres.session_setup import require_iso_datestyle, set_up_async
 from jobkeeper.backends.postgres.sources import RETRY_ASKED, load_json_safely
+from jobkeeper.config import DatabaseURL
 from jobkeeper.errors import DatabaseError
 from jobkeeper.models import Job, NewJob
 
@@ -75,6 +81,7 @@ class PostgresAsync:
 
     _conninfo: str
     _pool_size: int
+    url: DatabaseURL
     _async_pools: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, LoopPool]
     _async_checked: weakref.WeakSet[psycopg.AsyncConnection[Any]]
 
@@ -164,6 +171,7 @@ class PostgresAsync:
             # and warns, as the sync pool's does.
             conn = await loop_pool.checkout()
             call.checked_out = True
+            call.connection = conn
             failed = True
             try:
                 cursor = _reused_cursor_async(conn)
@@ -294,11 +302,7 @@ class PostgresAsync:
             return await cursor.fetchone()
 
         ours = await self._with_cursor(read_ours, transaction=False)
-        if theirs is None or ours is None or tuple(theirs) != tuple(ours):
-            raise TypeError(
-                f"connection= is open on database/schema {tuple(theirs or ())!r}, not on "
-                f"this queue's {tuple(ours or ())!r}"
-            )
+        refuse_elsewhere(theirs, ours, self.url.migrate_hint())
         self._async_checked.add(connection)
 
     async def job_get_async(self, *, job_id: int) -> Job | None:

@@ -18,9 +18,10 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 from psycopg_pool import PoolClosed, PoolTimeout
 
-from jobkeeper.backends.migrate import MissingSchemaError
+from jobkeeper.backends.migrate import MissingSchemaError, misplaced_schema
 from jobkeeper.backends.postgres.prepared import stale_plan
 from jobkeeper.backends.postgres.queries import QUERIES
+from jobkeeper.backends.postgres.session_setup import misplaced_tables
 from jobkeeper.backends.postgres.sources import (
     APPLICATION_NAME,
     CONNECTION_OPTIONS,
@@ -191,12 +192,15 @@ class DriverErrors:
     it again can write it twice.
     """
 
-    __slots__ = ("_url", "checked_out")
+    __slots__ = ("_url", "checked_out", "connection")
 
     def __init__(self, url: DatabaseURL) -> None:
         self._url = url
         #: Set by the caller once it holds a connection.
         self.checked_out = False
+        #: The connection held, when the caller sets it: a missing table on
+        #: a session pinned to its current schema is said as such.
+        self.connection: Any = None
 
     def __enter__(self) -> DriverErrors:
         return self
@@ -207,6 +211,13 @@ class DriverErrors:
         error = translated(exc, self._url)
         if error is None:
             return
+        misplaced = misplaced_tables(self.connection)
+        if misplaced is not None and isinstance(exc, psycopg.errors.UndefinedTable):
+            # "run migrate" alone would make a second, empty installation
+            # where jobkeeper's tables are further down the search path.
+            raise misplaced_schema(
+                misplaced.current, misplaced.found, self._url.migrate_hint()
+            ) from exc
         if self.checked_out and isinstance(error, DatabaseUnavailable) and session_lost(exc):
             error = DatabaseUnavailable(
                 f"{error} (the connection was lost during the call: what it was writing may "
@@ -271,6 +282,7 @@ class PostgresConnections:
     def _cursor(self, *, transaction: bool = False) -> Iterator[psycopg.Cursor[Any]]:
         with self._errors() as call, self._source.connection() as conn:
             call.checked_out = True
+            call.connection = conn
             cursor = reused_cursor(conn)
             if transaction:
                 with conn.transaction():

@@ -11,6 +11,7 @@ from typing import Any
 import psycopg
 from psycopg.rows import tuple_row
 
+from jobkeeper.backends.migrate import misplaced_schema
 from jobkeeper.backends.postgres.connections import PostgresConnections, describe, retrying
 from jobkeeper.backends.postgres.direct import direct_statement, run_direct
 from jobkeeper.backends.postgres.flow import FlowNeeded
@@ -153,6 +154,7 @@ class PostgresInserts(PostgresConnections):
         """
         with self._errors() as call, self._source.connection() as conn:
             call.checked_out = True
+            call.connection = conn
             rows = run_direct(conn, INSERT_NOW, params)
         return [inserted_now(new, rows)]
 
@@ -163,9 +165,25 @@ class PostgresInserts(PostgresConnections):
         query = QUERIES["job_insert_many_same_database"]
         theirs = connection.execute(query).fetchone()
         ours = self._fetch_raw(query)[0]
-        if theirs is None or tuple(theirs) != tuple(ours):
-            raise TypeError(
-                f"connection= is open on database/schema {tuple(theirs or ())!r}, not on "
-                f"this queue's {tuple(ours)!r}"
-            )
+        refuse_elsewhere(theirs, ours, self.url.migrate_hint())
         self._checked_connections.add(connection)
+
+
+def refuse_elsewhere(theirs: Any, ours: Any, migrate_hint: str) -> None:
+    """Refuse a caller's connection whose ``job_insert_many_same_database``
+    row, ``theirs``, is not ``ours``: another database or schema, or a
+    search path that finds jobkeeper's tables in another schema than its
+    current one (the insert would land there; see ``session_setup``).
+
+    Raises:
+        TypeError: another database or schema.
+        MisplacedSchemaError: the tables it would write are another schema's.
+    """
+    if theirs is None or ours is None or tuple(theirs[:2]) != tuple(ours[:2]):
+        raise TypeError(
+            f"connection= is open on database/schema {tuple((theirs or ())[:2])!r}, not on "
+            f"this queue's {tuple((ours or ())[:2])!r}"
+        )
+    found, current = theirs[2], theirs[1]
+    if found is not None and found != current:
+        raise misplaced_schema(current, found, migrate_hint)

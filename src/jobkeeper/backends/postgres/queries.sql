@@ -173,8 +173,13 @@ WHERE job.status IN ('scheduled', 'available', 'claimed', 'running', 'retryable'
 
 -- name: job_insert_many_same_database
 -- Where a connection is (the caller's connection= and ours), so that jobs are
--- never inserted into another database or schema than the queue's.
-SELECT current_database(), current_schema()
+-- never inserted into another database or schema than the queue's; and the
+-- schema its search path finds jobkeeper_jobs in (see connection_setup: the
+-- caller's session is theirs, so one that finds another schema's is refused).
+SELECT current_database(), current_schema(),
+       (SELECT namespace.nspname FROM pg_class AS relation
+        JOIN pg_namespace AS namespace ON namespace.oid = relation.relnamespace
+        WHERE relation.oid = to_regclass('jobkeeper_jobs'))
 
 -- name: job_insert_many_open_transaction
 -- Any statement opens the caller's (non-autocommit) transaction, so that the
