@@ -6,7 +6,10 @@ confirmed requeue is followed by a run or a new end; the final row agrees
 with the job's last claim.
 
 A fence of 0 in the log (or a row's ``None``) is "not recorded" (hand-made
-histories): a real claim is numbered from 1.
+histories): a real claim is numbered from 1. So where the row's fence was
+read (a real run), an execution logged under a number below 1 is flagged
+(``fence_missing``): a bug that numbered claims from 0 would otherwise pass
+every fence check.
 """
 
 from __future__ import annotations
@@ -50,6 +53,16 @@ def check_fences(
                 f"attempt {attempt} on {worker} under fence {fence} started {count} times",
             )
     for job, runs in executions.items():
+        row = rows.get(job)
+        if row is not None and row.fence is not None:
+            for run in runs:
+                if run.fence < 1:
+                    ctx.flag(
+                        "fence_missing",
+                        job,
+                        f"attempt {run.attempt} on {run.worker} ran under fence {run.fence} "
+                        "(real claims are numbered from 1)",
+                    )
         fenced = [run for run in runs if run.fence > 0]
         by_fence: dict[int, set[tuple[int, str]]] = defaultdict(set)
         for run in fenced:

@@ -256,3 +256,10 @@ def test_postgres_migrate_does_not_wait_for_a_migrate_of_another_schema(
     finally:
         with psycopg.connect(PG_URL, autocommit=True) as admin:
             admin.execute(f'DROP SCHEMA "{other}" CASCADE')
+
+
+def test_a_holder_whose_transaction_began_after_ours_is_not_open_for_minus_0_s():
+    from jobkeeper.backends.postgres.schema import held_by
+
+    holder = {"pid": 7, "application_name": "", "state": "active", "open_for": -0.3, "query": ""}
+    assert "transaction open 0 s" in held_by([holder])

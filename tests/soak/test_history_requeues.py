@@ -146,3 +146,17 @@ def test_a_claim_after_the_completing_one_is_caught():
     row(history, 11).fence = None
     history.events += run(11, 2, W2, 103.12, 103.13, "error", fence=4)
     assert "final_row_mismatch" in kinds(check(history))
+
+
+def test_a_claim_logged_under_fence_0_in_a_real_run_is_caught():
+    # A fence of 0 reads as "not recorded" in hand-made histories, so a bug
+    # that numbered a claim 0 (a requeue writing -1) passed every other
+    # fence check (helper-108's reading). Where the row's fence was read, a
+    # run under 0 is flagged.
+    history = requeue_history()
+    history.events = [e for e in history.events if not (e.job == 10 and e.t >= 103.0)]
+    history.events += run(10, 1, W1, 103.0, 103.1, "error", fence=0)
+    history.events += run(10, 2, W2, 104.0, 104.1, "error", fence=1)
+    row(history, 10).fence = 1
+    assert "fence_missing" in kinds(check(history))
+    assert check(requeue_history()).violations == []

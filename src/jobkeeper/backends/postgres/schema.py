@@ -82,7 +82,8 @@ def held_by(holders: list[dict[str, Any]]) -> str:
     query = query_excerpt(oldest["query"], 80)
     name = f"{oldest['application_name']}, " if oldest["application_name"] else ""
     open_for = oldest["open_for"]
-    opened = f"transaction open {open_for:.0f} s, " if open_for is not None else ""
+    # A transaction begun after this one read now() shows a negative age.
+    opened = f"transaction open {max(open_for, 0.0):.0f} s, " if open_for is not None else ""
     others = f" (and {len(holders) - 1} other session(s))" if len(holders) > 1 else ""
     state = oldest["state"] or "state unknown"
     return f"pid {oldest['pid']} ({name}{state}, {opened}{query!r}){others}"
