@@ -123,6 +123,15 @@ class Backend(CockpitSeam, PeriodicSeam, FlowSeam, WaitSeam, Protocol):
         """
         ...
 
+    def queues_with_available(self, *, queues: Sequence[str]) -> list[str]:
+        """Which of ``queues`` hold an available job (status ``available``,
+        the only rows any :meth:`job_claim` takes), in the order given, in one
+        statement. A queue whose settings (paused, a cap, a rate) let a claim
+        take none of them is still listed: the claim decides. A worker serving
+        many queues asks this before it claims, instead of claiming from each.
+        """
+        ...
+
     def job_start_many(self, *, claims: Sequence[Claim]) -> set[int]:
         """Record start marks: fenced claimed jobs become running (their task
         is being called). Returns the ids written.

@@ -104,6 +104,10 @@ class PostgresBackend(
         jobs = [claimed_job(row, worker_id, utc) for row in rows]
         return sorted(jobs, key=lambda j: (j.priority, j.scheduled_at, j.id))
 
+    def queues_with_available(self, *, queues: Sequence[str]) -> list[str]:
+        rows = self._fetch("queues_with_available", {"queues": list(queues)})
+        return [row["name"] for row in rows]
+
     def job_start_many(self, *, claims: Sequence[Claim]) -> set[int]:
         if not claims:
             return set()

@@ -237,6 +237,25 @@ UNION ALL
 SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
 FROM limited WHERE yes
 
+-- name: queues_with_available
+-- A worker's many queues asked in one statement: one probe per queue of the
+-- partial claim index (jobkeeper_jobs_claim_idx, available rows only), a LIMIT
+-- 1 under LATERAL so that the plan stays a nested loop of index probes (as
+-- EXISTS, a queue of millions could be hashed whole). Its WHERE is the one
+-- every claim path shares (job_claim and jobkeeper_claim_limited take only
+-- available rows of the queue), so a queue left out here has nothing a claim
+-- could take.
+SELECT wanted.name
+FROM unnest(%(queues)s::text[]) WITH ORDINALITY AS wanted(name, place)
+CROSS JOIN LATERAL (
+    SELECT 1
+    FROM jobkeeper_jobs AS job
+    WHERE job.status = 'available' AND job.queue = wanted.name
+    ORDER BY job.priority, job.scheduled_at, job.id
+    LIMIT 1
+) AS found
+ORDER BY wanted.place
+
 -- name: job_start_many
 -- Start marks: claimed -> running when the task is really called, fenced on
 -- the claim. A job whose outcome was written first is left alone.

@@ -126,6 +126,12 @@ class SqliteBackend(
                 rows = self._claim_picked(conn, "job_claim_pick", params, worker_id)
         return sorted(self._jobs(rows), key=lambda j: (j.priority, j.scheduled_at, j.id))
 
+    def queues_with_available(self, *, queues: Sequence[str]) -> list[str]:
+        params = {"queues": json.dumps(list(queues))}
+        with self._errors():
+            rows = self._conn().execute(QUERIES["queues_with_available"], params).fetchall()
+        return [row[0] for row in rows]
+
     def job_start_many(self, *, claims: Sequence[Claim]) -> set[int]:
         return self._per_claim("job_start_many", claims)
 

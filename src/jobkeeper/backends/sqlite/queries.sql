@@ -133,6 +133,20 @@ WHERE status = 'available' AND queue = :queue
 ORDER BY priority, scheduled_at, id
 LIMIT 1
 
+-- name: queues_with_available
+-- A worker's many queues asked in one read (see the PostgreSQL twin), the
+-- names as one JSON array so that thousands stay one parameter. Each probe
+-- keeps job_claim_probe's ORDER BY ... LIMIT 1, which SQLite answers from the
+-- claim index (as EXISTS it scanned the table).
+SELECT wanted.value
+FROM json_each(:queues) AS wanted
+WHERE (SELECT 1
+       FROM jobkeeper_jobs AS job
+       WHERE job.status = 'available' AND job.queue = wanted.value
+       ORDER BY job.priority, job.scheduled_at, job.id
+       LIMIT 1) IS NOT NULL
+ORDER BY wanted.key
+
 -- name: job_start_many
 -- A start mark: claimed -> running when the task is really called, fenced.
 UPDATE jobkeeper_jobs
