@@ -44,13 +44,10 @@ logger = logging.getLogger("jobkeeper.worker")
 #: own). Commits can come by the thousand: this bounds the extra stagings
 #: (each a lock-free read) to ten a second.
 CHANGE_RESTAGE_GAP = 0.1
-#: A worker serving more queues than this asks, in one statement, which of
-#: them hold an available job, and claims only from those; with this many or
-#: fewer it claims from each in turn, as one queue always does. A claim of an
-#: empty queue is one index probe, but a statement (a transaction on
-#: PostgreSQL) of its own: 5,000 queues made an idle worker run 4,265 a
-#: second. Up to eight, an idle pass costs a few round trips, and a busy one
-#: saves the probe's.
+#: More queues than this are first narrowed, in one statement, to those with
+#: an available job (see ``_claim_order``): a claim of an empty queue is a
+#: statement of its own (5,000 queues: 4,265 a second, idle). With up to
+#: eight, an idle pass costs a few round trips and a busy one no probe.
 PROBE_QUEUES_ABOVE = 8
 #: Most jobs a worker may hold beyond its free slots (``prefetch``).
 MAX_PREFETCH = 10_000
@@ -446,15 +443,12 @@ class Producer:
         return claimed
 
     def _claim_order(self) -> list[str]:
-        """The queues this pass claims from, in the order it tries them.
-
-        Rotated so one busy queue cannot starve the others. By passes, not
-        jobs claimed: a queue that always yields an even batch kept the
-        rotation of two queues from ever turning. More than
-        ``PROBE_QUEUES_ABOVE`` queues are first narrowed, in one statement,
-        to those holding an available job, and the rotation turns among
-        these: turning over the whole list, a queue behind a long run of
-        empty ones would come first nearly every pass.
+        """The queues this pass claims from, rotated so one busy queue
+        cannot starve the others: by passes, not jobs claimed (a queue that
+        always yields an even batch kept two queues' rotation from turning).
+        Past ``PROBE_QUEUES_ABOVE``, only those holding an available job, the
+        rotation turning among them: over the whole list, a queue behind a
+        long run of empty ones would come first nearly every pass.
         """
         queues = self.queues
         if len(queues) > PROBE_QUEUES_ABOVE:
