@@ -837,3 +837,26 @@ def test_a_burst_worker_runs_what_its_own_rescuer_hands_back(make_queue):
         stats = handle.join()
     assert stats.exit_code == 0
     assert [job(jq, j.id).status for j in jobs] == [JobStatus.COMPLETED] * 20
+
+
+def test_a_burst_worker_ends_soon_after_its_rescuers_first_pass(make_queue, monkeypatch):
+    # Builder-109: a burst worker drained but for its rescuer's first pass
+    # slept until the next staging, poll_interval away: with 3600 s it hung
+    # (1 run in 6). Its first pass is held back 0.5 s here.
+    from jobkeeper.maintenance.rescuer import Rescuer
+
+    jq = make_queue(poll_interval=3600.0)
+    first_pass = Rescuer.run_once
+    delayed: list[bool] = []
+
+    def slow_first_pass(self):
+        if not delayed:
+            delayed.append(True)
+            time.sleep(0.5)
+        return first_pass(self)
+
+    monkeypatch.setattr(Rescuer, "run_once", slow_first_pass)
+    worker = jq.worker(concurrency=2, burst=True)
+    with running(worker) as handle:
+        stats = handle.join(timeout=30)
+    assert stats.exit_code == 0 and delayed

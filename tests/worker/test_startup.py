@@ -15,8 +15,8 @@ import psycopg
 import pytest
 
 from jobkeeper import DatabaseError, DatabaseUnavailable, JobQueue, JobStatus
-from jobkeeper.worker import producer
-from jobkeeper.worker.producer import BURST_CLAIM_FAILURES
+from jobkeeper.worker import burst as burst_module
+from jobkeeper.worker.burst import BURST_CLAIM_FAILURES
 from support.db import PG_URL, pg_database_url
 from support.settings import FAST
 from support.waiting import wait_status
@@ -212,7 +212,7 @@ def test_a_burst_worker_stops_when_an_outage_outlasts_its_wait(tmp_path, caplog,
     # waited on for ever: the script that ran it hung. After
     # BURST_OUTAGE_WAIT it stops with the error; nothing is lost (what it
     # held is rescued and run by the next worker).
-    monkeypatch.setattr(producer, "BURST_OUTAGE_WAIT", 1.0)
+    monkeypatch.setattr(burst_module, "BURST_OUTAGE_WAIT", 1.0)
     jq = JobQueue(f"sqlite:///{tmp_path}/jobs.db", **{**FAST, "busy_timeout": 0.2})
     started = threading.Event()
 
@@ -263,8 +263,8 @@ def test_a_burst_worker_paused_past_its_outage_wait_goes_on(tmp_path):
         f"""
         import time
         from jobkeeper import JobQueue
-        from jobkeeper.worker import producer
-        producer.BURST_OUTAGE_WAIT = 1.0
+        from jobkeeper.worker import burst
+        burst.BURST_OUTAGE_WAIT = 1.0
         jq = JobQueue({url!r}, heartbeat_interval=0.1, rescue_after=30.0, poll_interval=0.05)
 
         @jq.task(name="slow")

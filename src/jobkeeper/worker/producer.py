@@ -32,6 +32,7 @@ from jobkeeper.config import Settings
 from jobkeeper.errors import DatabaseError, DatabaseUnavailable
 from jobkeeper.events import EventBus, EventKind, JobEvent
 from jobkeeper.outcomes import released_attempt
+from jobkeeper.worker.burst import BURST_CLAIM_FAILURES, stop_after_outage
 from jobkeeper.worker.claims import Claims
 from jobkeeper.worker.completer import Completer
 from jobkeeper.worker.executor import Executor
@@ -65,16 +66,8 @@ PREFETCH_STALL = 1.0
 #: first pass (see ``drain_after``): a rescuer that cannot finish one must
 #: not keep a script's worker from ever ending.
 BURST_RESCUE_WAIT = 10.0
-#: Claims in a row that a burst worker lets fail with an error that is not
-#: an outage (a damaged SQLite file, a schema it cannot use) before it stops
-#: with that error: a script must not wait forever on what no retry mends. A
-#: worker that is not burst goes on retrying, logging each failure.
-BURST_CLAIM_FAILURES = 3
-#: Longest a burst worker waits out an outage that began after it started
-#: (seconds); then it stops with the error, as it does when the database is
-#: unreachable at its start. A script must not wait forever on a database
-#: that was dropped; the jobs it held are rescued once the database is back.
-BURST_OUTAGE_WAIT = 60.0
+#: Seconds between a drained burst worker's looks at its rescuer's first pass.
+BURST_RESCUE_RECHECK = 0.05
 
 
 class Producer:
@@ -254,7 +247,7 @@ class Producer:
                 if outage_since is None:
                     outage_since = time.monotonic()
                 if self._burst:
-                    self._stop_after_outage(outage_since, exc)
+                    stop_after_outage(outage_since, exc)
                 logger.warning("database unavailable (%s); retrying in %.2fs", exc, outage_pause)
                 self._stopping.wait(outage_pause)
                 outage_pause = min(outage_pause * 2, 5.0)
@@ -270,34 +263,20 @@ class Producer:
             if self._burst and outage_since is not None:
                 # Claims paused for a stale heartbeat: no claim is made, so
                 # none fails.
-                self._stop_after_outage(outage_since, None)
+                stop_after_outage(outage_since, None)
             if self._batch_filled and self._wanted() > 0:
                 # A full batch came back: the queue may hold more. A short
                 # one took all there was; what comes later comes with a
                 # wake-up, and another pass now would only contend with the
                 # runner starting what was just claimed.
                 continue
-            self._wake.wait(max(self._stage_at - time.monotonic(), 0.0))
-
-    def _stop_after_outage(self, since: float, error: DatabaseUnavailable | None) -> None:
-        """A burst worker in an outage since ``since`` (monotonic seconds)
-        stops once it has lasted ``BURST_OUTAGE_WAIT``: with ``error``, the
-        claim's, or, when no claim was made (its heartbeat stale), one that
-        says so.
-
-        Raises:
-            DatabaseUnavailable: the outage has lasted ``BURST_OUTAGE_WAIT``.
-        """
-        waited = time.monotonic() - since
-        if waited < BURST_OUTAGE_WAIT:
-            return
-        logger.error("burst: the database has been unavailable for %.0fs; stopping", waited)
-        if error is not None:
-            raise error
-        raise DatabaseUnavailable(
-            f"the database has acknowledged no heartbeat for {waited:.0f}s "
-            f"(a burst worker waits at most {BURST_OUTAGE_WAIT:g}s for it)"
-        )
+            wait = max(self._stage_at - time.monotonic(), 0.0)
+            if self._drain_asked_at is not None:
+                # Drained but for the rescuer's first pass: nothing wakes
+                # us when it ends, and the next staging may be poll_interval
+                # away (a burst worker at 3600 s waited that long).
+                wait = min(wait, BURST_RESCUE_RECHECK)
+            self._wake.wait(wait)
 
     def _stage(self) -> None:
         """Stage due jobs, and set when to stage next: when the next job of our
