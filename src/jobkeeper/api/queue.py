@@ -18,6 +18,7 @@ from jobkeeper.api.base import (
     _TaskDecorator,
 )
 from jobkeeper.api.enqueue import EnqueueMixin
+from jobkeeper.api.flow_control import FlowControlMixin
 from jobkeeper.api.operations import OperationsMixin
 from jobkeeper.api.periodics import PeriodicsMixin
 from jobkeeper.api.results import ResultsMixin
@@ -33,7 +34,9 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 
-class JobQueue(EnqueueMixin, ResultsMixin, OperationsMixin, RunningMixin, PeriodicsMixin):
+class JobQueue(
+    EnqueueMixin, ResultsMixin, OperationsMixin, FlowControlMixin, RunningMixin, PeriodicsMixin
+):
     """A durable job queue on one database.
 
     Creating one connects to nothing; the first call that needs the database
@@ -345,7 +348,9 @@ def _name_as_job_queue(*mixins: type) -> None:
                 member.__qualname__ = f"JobQueue.{name}"
 
 
-_name_as_job_queue(EnqueueMixin, ResultsMixin, OperationsMixin, RunningMixin, PeriodicsMixin)
+_name_as_job_queue(
+    EnqueueMixin, ResultsMixin, OperationsMixin, FlowControlMixin, RunningMixin, PeriodicsMixin
+)
 
 
 def _open_tracing(tracing: Any) -> Tracing | None:
