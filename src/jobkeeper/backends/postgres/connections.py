@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 from psycopg_pool import PoolClosed, PoolTimeout
 
-from jobkeeper.backends.migrate import MissingSchemaError, misplaced_schema
+from jobkeeper.backends.migrate import MissingSchemaError
 from jobkeeper.backends.postgres.prepared import stale_plan
 from jobkeeper.backends.postgres.queries import QUERIES
 from jobkeeper.backends.postgres.session_setup import misplaced_tables
@@ -215,9 +215,7 @@ class DriverErrors:
         if misplaced is not None and isinstance(exc, psycopg.errors.UndefinedTable):
             # "run migrate" alone would make a second, empty installation
             # where jobkeeper's tables are further down the search path.
-            raise misplaced_schema(
-                misplaced.current, misplaced.found, self._url.migrate_hint()
-            ) from exc
+            raise misplaced.error(self._url.migrate_hint()) from exc
         if self.checked_out and isinstance(error, DatabaseUnavailable) and session_lost(exc):
             error = DatabaseUnavailable(
                 f"{error} (the connection was lost during the call: what it was writing may "

@@ -11,7 +11,6 @@ from typing import Any
 import psycopg
 from psycopg.rows import tuple_row
 
-from jobkeeper.backends.migrate import misplaced_schema
 from jobkeeper.backends.postgres.connections import PostgresConnections, describe, retrying
 from jobkeeper.backends.postgres.direct import direct_statement, run_direct
 from jobkeeper.backends.postgres.flow import FlowNeeded
@@ -22,7 +21,7 @@ from jobkeeper.backends.postgres.plans import (
     read_for_insert,
 )
 from jobkeeper.backends.postgres.queries import QUERIES
-from jobkeeper.backends.postgres.session_setup import require_iso_datestyle
+from jobkeeper.backends.postgres.session_setup import MisplacedTables, require_iso_datestyle
 from jobkeeper.backends.postgres.sources import RETRY_ASKED, load_json_safely
 from jobkeeper.backends.rows import job_from_new
 from jobkeeper.errors import DatabaseError
@@ -184,6 +183,6 @@ def refuse_elsewhere(theirs: Any, ours: Any, migrate_hint: str) -> None:
             f"connection= is open on database/schema {tuple((theirs or ())[:2])!r}, not on "
             f"this queue's {tuple((ours or ())[:2])!r}"
         )
-    found, current = theirs[2], theirs[1]
-    if found is not None and found != current:
-        raise misplaced_schema(current, found, migrate_hint)
+    misplaced = MisplacedTables.of(found=theirs[2], current=theirs[1])
+    if misplaced is not None:
+        raise misplaced.error(migrate_hint)

@@ -822,7 +822,7 @@ SELECT pg_backend_pid()
 -- On each new connection of ours: the server's PID (connection_backend_pid),
 -- the schema the unqualified jobkeeper_jobs resolves to (NULL: none), and the
 -- current schema (where migrate creates the tables) quoted as a search_path
--- (NULL: no schema of the search path exists). See pin_to_current_schema.
+-- (NULL: no schema of the search path exists). See session_setup.set_up.
 SELECT pg_backend_pid(),
        (SELECT namespace.nspname FROM pg_class AS relation
         JOIN pg_namespace AS namespace ON namespace.oid = relation.relnamespace

@@ -17,7 +17,6 @@ from jobkeeper.backends.migrate import (
     MisplacedSchemaError,
     SchemaLockTimeoutError,
     apply_migrations,
-    misplaced_schema,
     unrecorded_schema,
 )
 from jobkeeper.backends.postgres.connections import PostgresConnections, no_schema, rows_of
@@ -256,7 +255,7 @@ class PostgresSchema(PostgresConnections):
         if version == 0 and jobs:
             raise unrecorded_schema(self.schema_expected(), self.url.migrate_hint())
         if version == 0 and misplaced is not None:
-            raise misplaced_schema(misplaced.current, misplaced.found, self.url.migrate_hint())
+            raise misplaced.error(self.url.migrate_hint())
         return version
 
     def schema_expected(self) -> int:

@@ -29,6 +29,7 @@ from typing import Any, NamedTuple
 
 import psycopg
 
+from jobkeeper.backends.migrate import MisplacedSchemaError, misplaced_schema
 from jobkeeper.backends.postgres.prepared import PREPARE_THRESHOLD, direct_session
 from jobkeeper.backends.postgres.queries import QUERIES
 from jobkeeper.errors import ConfigError
@@ -44,7 +45,20 @@ class MisplacedTables(NamedTuple):
 
     found: str
     current: str
-    pinned: bool
+
+    @classmethod
+    def of(cls, found: str | None, current: str | None) -> MisplacedTables | None:
+        """From where a session's search path finds ``jobkeeper_jobs``
+        (None: nowhere) and its current schema (None: none exists): None
+        when the two agree, or there is nothing to misplace.
+        """
+        if found is None or current is None or found == current:
+            return None
+        return cls(found, current)
+
+    def error(self, migrate_hint: str) -> MisplacedSchemaError:
+        """The error that says so (see :func:`misplaced_schema`)."""
+        return misplaced_schema(self.current, self.found, migrate_hint)
 
 
 class _Setup(NamedTuple):
@@ -59,10 +73,10 @@ class _Setup(NamedTuple):
 
 def _decide(conn_pid: int, row: Any) -> _Setup:
     server_pid, found, current, quoted = row if row else (None, None, None, None)
-    reaches = direct_session(conn_pid, server_pid)
-    if found is None or current is None or found == current:
-        return _Setup(reaches, None, None)
-    return _Setup(reaches, MisplacedTables(found, current, pinned=reaches), quoted)
+    misplaced = MisplacedTables.of(found, current)
+    return _Setup(
+        direct_session(conn_pid, server_pid), misplaced, None if misplaced is None else quoted
+    )
 
 
 def set_up(conn: psycopg.Connection[Any]) -> None:
