@@ -339,17 +339,21 @@ class PostgresBackend(
         return []
 
     def job_cancel(self, *, job_id: int) -> Job | None:
-        rows = self._fetch("job_cancel", {"id": job_id})
-        if rows and rows[0]["status"] == "cancelled" and rows[0]["awaited"]:
-            self._fetch("notify_done", {"channel": self.done_channel(), "ids": [job_id]})
+        rows = self._cancel([job_id])
         return self._jobs(rows)[0] if rows else self.job_get(job_id=job_id)
 
     def job_cancel_many(self, *, job_ids: Sequence[int]) -> dict[int, JobStatus]:
-        rows = self._fetch("job_cancel_many", {"ids": list(job_ids)})
+        return {row["id"]: JobStatus(row["status"]) for row in self._cancel(job_ids)}
+
+    def _cancel(self, job_ids: Sequence[int]) -> list[dict[str, Any]]:
+        """``job_cancel`` of ``job_ids``, then the end of those cancelled that
+        someone awaits announced; the rows changed.
+        """
+        rows = self._fetch("job_cancel", {"ids": list(job_ids)})
         awaited = [row["id"] for row in rows if row["status"] == "cancelled" and row["awaited"]]
         if awaited:
             self._fetch("notify_done", {"channel": self.done_channel(), "ids": awaited})
-        return {row["id"]: JobStatus(row["status"]) for row in rows}
+        return rows
 
     def job_retry(
         self, *, job_id: int, statuses: Sequence[str] = RETRY_STATUSES, fence: int | None = None

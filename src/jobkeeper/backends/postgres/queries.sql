@@ -687,24 +687,15 @@ LIMIT %(limit)s
 -- Pending jobs are cancelled at once; a held (claimed or running) job is
 -- flagged and its worker (or the rescuer, if the worker is gone) finishes
 -- the cancellation: whatever outcome it writes next but a success becomes
--- cancelled (see job_fail_many).
-UPDATE jobkeeper_jobs
-SET status = CASE WHEN status IN ('claimed', 'running') THEN status ELSE 'cancelled' END,
-    finished_at = CASE WHEN status IN ('claimed', 'running') THEN finished_at ELSE now() END,
-    cancel_requested = true
-WHERE id = %(id)s AND status IN ('scheduled', 'available', 'claimed', 'running', 'retryable')
-RETURNING {job_columns}
-
--- name: job_cancel_many
--- job_cancel of many jobs (a filtered `jobkeeper cancel`, a thousand at a
--- time): the ids, statuses after, and whether someone awaits each.
+-- cancelled (see job_fail_many). One job, or many (a filtered `jobkeeper
+-- cancel`, a thousand at a time).
 UPDATE jobkeeper_jobs
 SET status = CASE WHEN status IN ('claimed', 'running') THEN status ELSE 'cancelled' END,
     finished_at = CASE WHEN status IN ('claimed', 'running') THEN finished_at ELSE now() END,
     cancel_requested = true
 WHERE id = ANY(%(ids)s::bigint[])
   AND status IN ('scheduled', 'available', 'claimed', 'running', 'retryable')
-RETURNING id, status, awaited
+RETURNING {job_columns}
 
 -- name: job_retry
 -- Attempts and the crash budget start afresh; run_alone is kept (a crash

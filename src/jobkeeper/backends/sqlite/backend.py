@@ -327,16 +327,16 @@ class SqliteBackend(
         return []
 
     def job_cancel(self, *, job_id: int) -> Job | None:
-        with self._write() as conn:
-            rows = _rows(conn.execute(QUERIES["job_cancel"], {"id": job_id}))
+        rows = self._cancel([job_id])
         return self._jobs(rows)[0] if rows else self.job_get(job_id=job_id)
 
     def job_cancel_many(self, *, job_ids: Sequence[int]) -> dict[int, JobStatus]:
+        return {row["id"]: JobStatus(row["status"]) for row in self._cancel(job_ids)}
+
+    def _cancel(self, job_ids: Sequence[int]) -> list[dict[str, Any]]:
+        """``job_cancel`` of ``job_ids``: the rows changed."""
         with self._write() as conn:
-            rows = _rows(
-                conn.execute(QUERIES["job_cancel_many"], {"ids": json.dumps(list(job_ids))})
-            )
-        return {row["id"]: JobStatus(row["status"]) for row in rows}
+            return _rows(conn.execute(QUERIES["job_cancel"], {"ids": json.dumps(list(job_ids))}))
 
     def job_retry(
         self, *, job_id: int, statuses: Sequence[str] = RETRY_STATUSES, fence: int | None = None

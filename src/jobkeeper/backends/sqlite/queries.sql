@@ -415,23 +415,15 @@ LIMIT :limit
 -- name: job_cancel
 -- Pending jobs are cancelled at once; a held (claimed or running) job is
 -- flagged and its worker (or the rescuer, if the worker is gone) finishes
--- the cancellation (see job_fail_many).
-UPDATE jobkeeper_jobs
-SET status = CASE WHEN status IN ('claimed', 'running') THEN status ELSE 'cancelled' END,
-    finished_at = CASE WHEN status IN ('claimed', 'running') THEN finished_at ELSE {now} END,
-    cancel_requested = 1
-WHERE id = :id AND status IN ('scheduled', 'available', 'claimed', 'running', 'retryable')
-RETURNING *
-
--- name: job_cancel_many
--- job_cancel of the jobs of :ids (a JSON array): their ids and statuses after.
+-- the cancellation (see job_fail_many). The jobs of :ids, a JSON array:
+-- one, or many (a filtered `jobkeeper cancel`).
 UPDATE jobkeeper_jobs
 SET status = CASE WHEN status IN ('claimed', 'running') THEN status ELSE 'cancelled' END,
     finished_at = CASE WHEN status IN ('claimed', 'running') THEN finished_at ELSE {now} END,
     cancel_requested = 1
 WHERE id IN (SELECT value FROM json_each(:ids))
   AND status IN ('scheduled', 'available', 'claimed', 'running', 'retryable')
-RETURNING id, status
+RETURNING *
 
 -- name: job_retry
 -- Attempts and the crash budget start afresh; flagged as a new job would be,
