@@ -63,6 +63,9 @@ class _QuietHandler(WSGIRequestHandler):
         super().setup()
         self.connection.settimeout(IDLE_TIMEOUT)
         deadline = time.monotonic() + REQUEST_DEADLINE
+        # The socket's own reader is replaced: closed here, not left to the
+        # collector (while it is open, closing the socket is deferred).
+        self.rfile.close()
         self.rfile = io.BufferedReader(_DeadlineSocketReader(self.connection, deadline))
 
     def log_message(self, format: str, *args: Any) -> None:

@@ -129,9 +129,9 @@ class Rescuer(IntervalService):
         self.rescued = 0
         self._unreachable = False
         self._back_at = time.monotonic() if settle_first else -math.inf
-        #: (monotonic before, database clock, monotonic after) of the last
-        #: pass's reading of the database's clock.
-        self._clock: tuple[float, float, float] | None = None
+        #: (monotonic clock just before, database clock) of the last pass's
+        #: reading of the database's clock.
+        self._clock: tuple[float, float] | None = None
         #: Completed passes (tests, logs).
         self.passes = 0
 
@@ -233,12 +233,13 @@ class Rescuer(IntervalService):
         """
         before = time.monotonic()
         now = self._backend.db_now().timestamp()
-        after = time.monotonic()
-        last, self._clock = self._clock, (before, now, after)
+        last, self._clock = self._clock, (before, now)
         if last is None:
             return False
-        last_before, last_now, _ = last
-        gained = (now - last_now) - (after - last_before)
+        last_before, last_now = last
+        # From before the last reading to after this one: the most the
+        # database's clock can have advanced without a step.
+        gained = (now - last_now) - (time.monotonic() - last_before)
         if gained <= CLOCK_STEP_SLACK:
             return False
         logger.warning(
