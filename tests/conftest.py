@@ -11,7 +11,6 @@ them out, and the run says so.
 from __future__ import annotations
 
 import os
-import secrets
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -26,7 +25,7 @@ import pytest
 os.environ.pop("COLUMNS", None)
 
 from jobkeeper import JobQueue
-from support.db import PG_URL, pg_schema_url
+from support.db import PG_URL, fresh_pg_schema
 from support.notify import listener, pg_jq  # noqa: F401 - fixtures: a queue and its LISTEN
 from support.settings import FAST
 
@@ -60,14 +59,15 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 @pytest.fixture
 def pg_url() -> Iterator[str]:
     """A PostgreSQL URL whose search_path is a fresh, empty schema (dropped after)."""
-    schema = f"jk_test_{secrets.token_hex(6)}"
-    with psycopg.connect(PG_URL, autocommit=True) as conn:
-        conn.execute(f'CREATE SCHEMA "{schema}"')
-    try:
-        yield pg_schema_url(schema)
-    finally:
-        with psycopg.connect(PG_URL, autocommit=True) as conn:
-            conn.execute(f'DROP SCHEMA "{schema}" CASCADE')
+    with fresh_pg_schema() as url:
+        yield url
+
+
+@pytest.fixture
+def other_pg_url() -> Iterator[str]:
+    """A second fresh schema of the same database, beside :func:`pg_url`'s."""
+    with fresh_pg_schema() as url:
+        yield url
 
 
 @pytest.fixture

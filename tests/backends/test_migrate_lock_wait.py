@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import re
-import secrets
 import sqlite3
 import subprocess
 import sys
@@ -22,7 +21,7 @@ import pytest
 
 from jobkeeper import ConfigError, DatabaseUnavailable, JobQueue
 from jobkeeper.backends.postgres.schema import LOCK_TIMEOUT, migration_lock_key
-from support.db import PG_URL, migrate_to, pg_schema_url, sql
+from support.db import migrate_to, sql
 
 from .test_schema import LATEST
 
@@ -213,7 +212,7 @@ def test_cli_migrate_refuses_a_bad_lock_wait_by_its_option(sqlite_url):
 
 
 def test_postgres_migrate_does_not_wait_for_a_migrate_of_another_schema(
-    pg_url, monkeypatch, caplog
+    pg_url, other_pg_url, monkeypatch, caplog
 ):
     # One lock for the whole database made migrates of separate schemas wait
     # for each other, named the other schema's migrate as the one to end, and
@@ -222,9 +221,6 @@ def test_postgres_migrate_does_not_wait_for_a_migrate_of_another_schema(
     # whatever its key, until this one has finished.
     from jobkeeper.backends.postgres import schema as schema_module
 
-    other = f"jk_test_{secrets.token_hex(6)}"
-    with psycopg.connect(PG_URL, autocommit=True) as admin:
-        admin.execute(f'CREATE SCHEMA "{other}"')
     under_lock = threading.Event()
     release = threading.Event()
     real_apply = schema_module.apply_migrations
@@ -237,25 +233,21 @@ def test_postgres_migrate_does_not_wait_for_a_migrate_of_another_schema(
 
     monkeypatch.setattr(schema_module, "apply_migrations", apply_when_released)
     outcome: list[object] = []
-    try:
-        with JobQueue(pg_schema_url(other)) as other_jq, JobQueue(pg_url) as jq:
-            migrating = threading.Thread(
-                target=lambda: outcome.append(other_jq.migrate(lock_wait=30)),
-                name="other-migrate",
-            )
-            migrating.start()
-            assert under_lock.wait(10)
-            try:
-                with caplog.at_level(logging.WARNING):
-                    assert jq.migrate(lock_wait=1.0) == LATEST
-            finally:
-                release.set()
-                migrating.join(30)
-        assert outcome == [LATEST]
-        assert not [r for r in caplog.records if "another migrate" in r.getMessage()]
-    finally:
-        with psycopg.connect(PG_URL, autocommit=True) as admin:
-            admin.execute(f'DROP SCHEMA "{other}" CASCADE')
+    with JobQueue(other_pg_url) as other_jq, JobQueue(pg_url) as jq:
+        migrating = threading.Thread(
+            target=lambda: outcome.append(other_jq.migrate(lock_wait=30)),
+            name="other-migrate",
+        )
+        migrating.start()
+        assert under_lock.wait(10)
+        try:
+            with caplog.at_level(logging.WARNING):
+                assert jq.migrate(lock_wait=1.0) == LATEST
+        finally:
+            release.set()
+            migrating.join(30)
+    assert outcome == [LATEST]
+    assert not [r for r in caplog.records if "another migrate" in r.getMessage()]
 
 
 def test_a_holder_whose_transaction_began_after_ours_is_not_open_for_minus_0_s():

@@ -38,6 +38,16 @@ def tenant_url(pg_url: str) -> Iterator[str]:
         sql(pg_url, f'DROP SCHEMA "{tenant}" CASCADE')
 
 
+def _burst_worker(url: str) -> subprocess.CompletedProcess[str]:
+    command = ["worker", "--app", "tests.e2e.apps:jq", "--burst"]
+    return subprocess.run(
+        [sys.executable, "-m", "jobkeeper", "--database", url, *command],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
 def _rows_below(pg_url: str) -> list[tuple[object, ...]]:
     return sql(pg_url, "SELECT task, status FROM jobkeeper_jobs ORDER BY id")
 
@@ -76,13 +86,7 @@ def test_an_unmigrated_first_schema_reaches_nothing_further_down_async(pg_url, t
 
 
 def test_a_worker_refuses_to_start_and_migrate_gives_the_tenant_its_own(pg_url, tenant_url):
-    command = ["worker", "--app", "tests.e2e.apps:jq", "--burst"]
-    worker = subprocess.run(
-        [sys.executable, "-m", "jobkeeper", "--database", tenant_url, *command],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    worker = _burst_worker(tenant_url)
     assert worker.returncode == 1, worker.stderr
     assert "jobkeeper's tables are not in schema" in worker.stderr, worker.stderr
     assert _rows_below(pg_url) == [("below.job", "available")]
@@ -105,13 +109,7 @@ def test_a_search_path_of_no_existing_schema_is_named_by_every_reader(pg_url):
             jq.backend.schema_version()
         with pytest.raises(MissingSchemaError, match="%22Tenant3%22"):
             jq.migrate()
-    command = ["worker", "--app", "tests.e2e.apps:jq", "--burst"]
-    worker = subprocess.run(
-        [sys.executable, "-m", "jobkeeper", "--database", url, *command],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    worker = _burst_worker(url)
     assert worker.returncode == 1, worker.stderr
     assert "no schema of the search_path exists" in worker.stderr, worker.stderr
 

@@ -9,7 +9,6 @@ one order and retries what the server asks to retry, so no call fails.
 from __future__ import annotations
 
 import random
-import secrets
 import threading
 from collections.abc import Iterator
 
@@ -18,7 +17,6 @@ import pytest
 
 from jobkeeper import JobQueue
 from jobkeeper.errors import DatabaseError, DatabaseUnavailable
-from support.db import PG_URL, pg_schema_url
 
 THREADS = 4
 CALLS = 40
@@ -154,20 +152,7 @@ def test_keys_sharing_one_lock_are_still_locked_before_the_rows_go_in():
     assert step.params == {"buckets": [unique_lock_bucket("t", first)]}
 
 
-@pytest.fixture
-def other_schema_url() -> Iterator[str]:
-    """A URL on a second fresh schema of the same database (dropped after)."""
-    schema = f"jk_test_{secrets.token_hex(6)}"
-    with psycopg.connect(PG_URL, autocommit=True) as admin:
-        admin.execute(f'CREATE SCHEMA "{schema}"')
-    try:
-        yield pg_schema_url(schema)
-    finally:
-        with psycopg.connect(PG_URL, autocommit=True) as admin:
-            admin.execute(f'DROP SCHEMA "{schema}" CASCADE')
-
-
-def test_a_keyed_batch_does_not_wait_for_one_of_another_schema(pg_queue, pg_url, other_schema_url):
+def test_a_keyed_batch_does_not_wait_for_one_of_another_schema(pg_queue, pg_url, other_pg_url):
     """Break-test: advisory locks are per database, and the unique keys'
     lock keys did not depend on the schema: tenant 1 holding a two-key batch
     open 5 s made tenant 2's batch of 200 unrelated keys wait 4.07 s. Here
@@ -175,7 +160,7 @@ def test_a_keyed_batch_does_not_wait_for_one_of_another_schema(pg_queue, pg_url,
     and must finish while tenant 1's transaction is still open.
     """
     keys = ["a", "b", *(f"k{n}" for n in range(200))]
-    with JobQueue(other_schema_url) as other, psycopg.connect(pg_url) as holder:
+    with JobQueue(other_pg_url) as other, psycopg.connect(pg_url) as holder:
         other.migrate()
         held = pg_queue.enqueue_many(
             [("t", {}, {"unique_key": key}) for key in keys[:2]], connection=holder
@@ -218,11 +203,11 @@ def held_lock_keys(url: str, buckets: list[int]) -> list[int]:
 
 
 def test_each_schema_has_its_own_1024_lock_keys_in_the_buckets_order(
-    pg_queue, pg_url, other_schema_url
+    pg_queue, pg_url, other_pg_url
 ):
     buckets = [0, 1, 511, 1023]
     mine = held_lock_keys(pg_url, buckets)
-    theirs = held_lock_keys(other_schema_url, buckets)
+    theirs = held_lock_keys(other_pg_url, buckets)
     # One schema: the buckets' keys, in the buckets' order, 1,024 apart at most.
     assert [key - mine[0] for key in mine] == buckets
     assert [key - theirs[0] for key in theirs] == buckets

@@ -7,11 +7,13 @@ they hand to workers) share one set of helpers.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import secrets
 import sqlite3
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 from urllib.parse import quote, urlsplit, urlunsplit
 
@@ -80,6 +82,21 @@ def pg_schema_url(schema: str, server: str = PG_URL) -> str:
     """``server`` with ``search_path`` set to ``schema``."""
     separator = "&" if "?" in server else "?"
     return f"{server}{separator}options={quote(f'-csearch_path={schema}')}"
+
+
+@contextlib.contextmanager
+def fresh_pg_schema() -> Iterator[str]:
+    """A PostgreSQL URL whose search_path is a fresh, empty schema of the
+    test database, dropped after the block.
+    """
+    schema = f"jk_test_{secrets.token_hex(6)}"
+    with psycopg.connect(PG_URL, autocommit=True) as admin:
+        admin.execute(f'CREATE SCHEMA "{schema}"')
+    try:
+        yield pg_schema_url(schema)
+    finally:
+        with psycopg.connect(PG_URL, autocommit=True) as admin:
+            admin.execute(f'DROP SCHEMA "{schema}" CASCADE')
 
 
 def pg_database_url(database: str) -> str:
