@@ -14,11 +14,8 @@ import pytest
 from jobkeeper import ConfigError, JobQueue, PayloadError
 from jobkeeper.backends import resolve_database_url
 from jobkeeper.config import (
-    DATABASE_URL_ENV,
-    DEFAULT_DATABASE_URL,
     MAX_DELAY,
     NAME_MAX_LENGTH,
-    DatabaseURL,
     Settings,
     check_max_attempts,
     check_name,
@@ -28,6 +25,7 @@ from jobkeeper.config import (
     check_timeout,
     check_unique_key,
 )
+from jobkeeper.database_url import DATABASE_URL_ENV, DEFAULT_DATABASE_URL, DatabaseURL
 
 # -- database URL ------------------------------------------------------------------------------
 

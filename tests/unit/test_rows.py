@@ -10,7 +10,8 @@ import pytest
 
 from jobkeeper.backends.postgres.claimrows import claimed_job
 from jobkeeper.backends.rows import job_from_new, job_from_row
-from jobkeeper.models import Job, JobStatus, NewJob, frozen_builder
+from jobkeeper.frozen import frozen_builder
+from jobkeeper.models import Job, JobStatus, NewJob
 
 NOW = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
 

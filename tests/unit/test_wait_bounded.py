@@ -15,7 +15,7 @@ import pytest
 
 from jobkeeper.api.results import _drive_wait, _drive_wait_async
 from jobkeeper.backends.watch import CompletionWatch
-from jobkeeper.config import DatabaseURL
+from jobkeeper.database_url import DatabaseURL
 from jobkeeper.errors import DatabaseUnavailable
 
 

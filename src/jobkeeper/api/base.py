@@ -8,7 +8,8 @@ from collections.abc import Callable, Iterable
 from typing import Any, ParamSpec, Protocol, TypeVar
 
 from jobkeeper.backends import Backend, open_backend
-from jobkeeper.config import DatabaseURL, Settings, check_name
+from jobkeeper.config import Settings, check_name
+from jobkeeper.database_url import DatabaseURL
 from jobkeeper.errors import ConfigError, shown
 from jobkeeper.events import EventBus
 from jobkeeper.models import MAX_JOB_ID, JobStatus

@@ -25,7 +25,8 @@ from jobkeeper.config import (
 )
 from jobkeeper.connections import unwrap_connection, unwrap_connection_async
 from jobkeeper.errors import ConfigError, PayloadError, shown
-from jobkeeper.models import Job, NewJob, NewJobStream, frozen_builder
+from jobkeeper.frozen import frozen_builder
+from jobkeeper.models import Job, NewJob, NewJobStream
 from jobkeeper.payload import encode_args, encode_checked
 from jobkeeper.queues import check_serial_key
 from jobkeeper.tasks import ENQUEUE_OPTIONS, Task, suggest

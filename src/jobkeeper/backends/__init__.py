@@ -13,10 +13,10 @@ import os
 from collections.abc import Callable
 
 from jobkeeper.backends.base import Backend
-from jobkeeper.config import (
+from jobkeeper.config import Settings
+from jobkeeper.database_url import (
     DATABASE_URL_ENV,
     DatabaseURL,
-    Settings,
     redact_secrets,
     requested_database_url,
 )

@@ -22,7 +22,8 @@ from datetime import datetime
 from typing import Any, Protocol
 
 from jobkeeper.backends.surfaces import CockpitSeam, FlowSeam, PeriodicSeam, WaitSeam
-from jobkeeper.config import MIGRATE_LOCK_WAIT, DatabaseURL
+from jobkeeper.config import MIGRATE_LOCK_WAIT
+from jobkeeper.database_url import DatabaseURL
 from jobkeeper.models import (
     Claim,
     Completion,

@@ -8,16 +8,8 @@ from collections.abc import Iterable, Iterator, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from jobkeeper.models import (
-    Claim,
-    Completion,
-    Failure,
-    FailureKind,
-    Job,
-    JobStatus,
-    NewJob,
-    frozen_builder,
-)
+from jobkeeper.frozen import frozen_builder
+from jobkeeper.models import Claim, Completion, Failure, FailureKind, Job, JobStatus, NewJob
 from jobkeeper.payload import decode_args
 
 #: Outcomes of job_fail_many (dead goes through job_fail_many_dead).

@@ -15,7 +15,7 @@ from jobkeeper.backends import resolve_database_url
 from jobkeeper.cli.common import (
     BadInput,
 )
-from jobkeeper.config import DATABASE_URL_ENV
+from jobkeeper.database_url import DATABASE_URL_ENV
 from jobkeeper.errors import DatabaseError, JobkeeperError
 
 

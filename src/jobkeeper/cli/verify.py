@@ -17,7 +17,7 @@ from jobkeeper.cli.common import (
     err_console,
     terminate_as_interrupt,
 )
-from jobkeeper.config import DATABASE_URL_ENV
+from jobkeeper.database_url import DATABASE_URL_ENV
 from jobkeeper.errors import ConfigError
 from jobkeeper.verify import run as verify_run
 

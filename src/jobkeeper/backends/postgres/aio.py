@@ -48,7 +48,7 @@ from jobkeeper.backends.postgres.plans import (
 from jobkeeper.backends.postgres.queries import QUERIES
 from jobkeeper.backends.postgres.session_setup import require_iso_datestyle, set_up_async
 from jobkeeper.backends.postgres.sources import RETRY_ASKED, load_json_safely
-from jobkeeper.config import DatabaseURL
+from jobkeeper.database_url import DatabaseURL
 from jobkeeper.errors import DatabaseError
 from jobkeeper.models import Job, NewJob
 

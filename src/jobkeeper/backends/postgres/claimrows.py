@@ -9,7 +9,8 @@ import json
 from datetime import UTC, datetime
 from typing import Any
 
-from jobkeeper.models import Job, JobStatus, frozen_builder
+from jobkeeper.frozen import frozen_builder
+from jobkeeper.models import Job, JobStatus
 from jobkeeper.payload import decode_args
 
 _JSON = json.JSONDecoder()

@@ -32,7 +32,7 @@ from jobkeeper.backends.postgres.sources import (
     with_session_defaults,
 )
 from jobkeeper.backends.rows import aware_utc, job_from_row
-from jobkeeper.config import DatabaseURL
+from jobkeeper.database_url import DatabaseURL
 from jobkeeper.errors import (
     DatabaseError,
     DatabaseUnavailable,

@@ -8,7 +8,7 @@ import re
 from typing import Any
 from urllib.parse import urlsplit
 
-from jobkeeper.config import DatabaseURL, may_hold_secrets, redact_secrets
+from jobkeeper.database_url import DatabaseURL, may_hold_secrets, redact_secrets
 from jobkeeper.errors import ConfigError
 
 #: libpq options whose values libpq checks only when connecting (so a typo

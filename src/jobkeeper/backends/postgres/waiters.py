@@ -18,7 +18,7 @@ from psycopg import sql
 from jobkeeper.backends.postgres.prepared import reaches_server
 from jobkeeper.backends.postgres.queries import QUERIES
 from jobkeeper.backends.watch import CompletionWatch, watch_for
-from jobkeeper.config import redact_secrets
+from jobkeeper.database_url import redact_secrets
 
 logger = logging.getLogger("jobkeeper.postgres")
 

@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 from jobkeeper.backends.rows import epoch_to_datetime, job_from_row
 from jobkeeper.backends.sqlite.queries import QUERIES
-from jobkeeper.config import DatabaseURL
+from jobkeeper.database_url import DatabaseURL
 from jobkeeper.errors import DatabaseError, DatabaseUnavailable, DataRejected, UniqueKeyConflict
 from jobkeeper.models import Job
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from urllib.parse import parse_qsl
 
-from jobkeeper.config import DatabaseURL, redact_secrets
+from jobkeeper.database_url import DatabaseURL, redact_secrets
 from jobkeeper.errors import ConfigError
 
 
