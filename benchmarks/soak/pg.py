@@ -170,6 +170,19 @@ class PrivatePostgres:
         except (OSError, ValueError):
             return None
 
+    def signal_all(self, signum: int) -> None:
+        """``signum`` to the postmaster and every backend (SIGSTOP freezes
+        the whole server, SIGCONT wakes it).
+        """
+        pid = self.postmaster_pid()
+        assert pid is not None, "the server is not running"
+        os.kill(pid, signum)
+        for child in _children(pid):
+            # A backend whose client went away ends between the listing and
+            # the signal (a CI run: the SIGCONT of a cleanup met one gone).
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child, signum)
+
     def kill9(self, timeout: float = 20) -> None:
         """SIGKILL the postmaster, then wait for its backends to notice and exit
         (they would otherwise keep the old shared memory and block a restart).

@@ -9,7 +9,6 @@ holding a threadpool thread.
 
 from __future__ import annotations
 
-import os
 import signal
 import sqlite3
 import threading
@@ -18,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from benchmarks.soak.pg import PrivatePostgres, _children
+from benchmarks.soak.pg import PrivatePostgres
 from starlette.testclient import TestClient
 
 from jobkeeper import JobQueue
@@ -167,14 +166,6 @@ def test_the_cli_refuses_a_bad_database_timeout_before_serving(jq, capsys, bad):
     assert "--database-timeout" in err and "dashboard on http" not in out
 
 
-def _signal_server(pg: PrivatePostgres, signum: int) -> None:
-    """``signum`` to our private server's postmaster and every backend."""
-    pid = pg.postmaster_pid()
-    assert pid is not None
-    for process in [pid, *_children(pid)]:
-        os.kill(process, signum)
-
-
 @pytest.mark.slow
 def test_a_sigstopped_postgres_gets_a_503_and_the_pages_come_back(monkeypatch):
     monkeypatch.delenv(PASSWORD_ENV, raising=False)
@@ -188,12 +179,12 @@ def test_a_sigstopped_postgres_gets_a_503_and_the_pages_come_back(monkeypatch):
         with TestClient(create_app(jq, database_timeout=bound)) as client:
             assert client.get("/").status_code == 200
             assert client.get("/metrics").status_code == 200
-            _signal_server(pg, signal.SIGSTOP)
+            pg.signal_all(signal.SIGSTOP)
             try:
                 for page in ("/", "/metrics", "/queues", "/"):
                     _assert_unanswered(*_timed(lambda page=page: client.get(page)), bound)
             finally:
-                _signal_server(pg, signal.SIGCONT)
+                pg.signal_all(signal.SIGCONT)
             deadline = time.monotonic() + 30
             while client.get("/").status_code != 200:
                 assert time.monotonic() < deadline, "the overview did not come back"

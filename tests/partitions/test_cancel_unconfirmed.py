@@ -11,24 +11,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import signal
 from collections.abc import Iterator
 
 import pytest
-from benchmarks.soak.pg import PrivatePostgres, _children
+from benchmarks.soak.pg import PrivatePostgres
 
 from jobkeeper import JobQueue
 from jobkeeper.backends.postgres.aio import UNSETTLED
 
 pytestmark = pytest.mark.slow
-
-
-def _signal_server(pg: PrivatePostgres, signum: int) -> None:
-    pid = pg.postmaster_pid()
-    assert pid is not None
-    for process in [pid, *_children(pid)]:
-        os.kill(process, signum)
 
 
 @pytest.fixture
@@ -48,13 +40,13 @@ def test_an_enqueue_cancelled_while_the_server_is_frozen_says_it_may_still_commi
 
     async def main() -> None:
         await jq.enqueue_async("x", {"warm": True})  # the loop's pool holds a connection
-        _signal_server(server, signal.SIGSTOP)
+        server.signal_all(signal.SIGSTOP)
         try:
             await asyncio.wait_for(jq.enqueue_async("x", {"frozen": True}), 1)
         except TimeoutError as exc:
             caught.append(exc)
         finally:
-            _signal_server(server, signal.SIGCONT)
+            server.signal_all(signal.SIGCONT)
         await jq.aclose()
 
     try:
@@ -67,7 +59,7 @@ def test_an_enqueue_cancelled_while_the_server_is_frozen_says_it_may_still_commi
         warned = [r for r in caplog.records if r.name.startswith("jobkeeper")]
         assert any(UNSETTLED in r.getMessage() for r in warned), [r.getMessage() for r in warned]
     finally:
-        _signal_server(server, signal.SIGCONT)
+        server.signal_all(signal.SIGCONT)
         jq.close()
 
 
