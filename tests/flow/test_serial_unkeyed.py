@@ -41,8 +41,10 @@ def test_every_write_of_an_unkeyed_job_into_a_serial_queue_flags_it(jq):
     # Before the queue is serial: a dead letter, a finished job, pending ones.
     dead = kill(jq, jq.enqueue("t", {}, queue="q"))
     jq.enqueue("t", {}, queue="q")
-    (finished,) = claim_all(jq, "q")
+    jq.enqueue("t", {}, queue="q")
+    finished, finished_too = claim_all(jq, "q")
     assert complete(jq, finished) == {finished.id}
+    assert complete(jq, finished_too) == {finished_too.id}
     pending = [jq.enqueue("t", {}, queue="q"), jq.enqueue("t", {}, queue="q", delay=3600)]
     elsewhere = jq.enqueue("t", {}, queue="other")
     assert flagged(jq) == set()
@@ -62,6 +64,8 @@ def test_every_write_of_an_unkeyed_job_into_a_serial_queue_flags_it(jq):
         jq.retry(finished.id),
     ]
     assert jq.requeue_dead([dead.id]) == [dead.id]
+    # A filtered retry's batch.
+    assert jq.backend.job_retry_many(job_ids=[finished_too.id]) == [finished_too.id]
     # A batch that marks its queue flags its own unkeyed jobs too.
     mixed = jq.enqueue_many(
         [("t", {}, {"queue": "q2"}), ("t", {}, {"queue": "q2", "serial_key": "k2"})]
@@ -89,7 +93,7 @@ def test_every_write_of_an_unkeyed_job_into_a_serial_queue_flags_it(jq):
     ticked -= ids(keyed_again) | ids(mixed) | {dead.id}
     assert len(ticked) >= 2
 
-    want = ids(pending) | ids(written) | {dead.id, mixed[0].id} | ticked
+    want = ids(pending) | ids(written) | {dead.id, finished_too.id, mixed[0].id} | ticked
     assert flagged(jq) == want
     never = ids([keyed, elsewhere, mixed[1], *keyed_again, *unflagged_elsewhere])
     assert not never & flagged(jq)

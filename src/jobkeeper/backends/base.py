@@ -323,6 +323,25 @@ class Backend(CockpitSeam, PeriodicSeam, FlowSeam, WaitSeam, Protocol):
         """
         ...
 
+    def job_retry_many(
+        self, *, job_ids: Sequence[int], statuses: Sequence[str] = RETRY_STATUSES
+    ) -> list[int]:
+        """:meth:`job_retry` of each of ``job_ids`` in turn, the newest
+        (largest id) first as a filtered listing gives them, without a
+        fence, in one statement (dead letters are left to
+        :meth:`dead_letter_requeue`: ``"dead"`` in ``statuses`` is ignored).
+        Where :meth:`job_retry` would raise UniqueKeyConflict (a pending job of
+        the job's task holds its unique_key, or a newer one of ``job_ids``
+        took it back first), that job is left out and the others retried.
+        Returns the ids retried, ascending; jobs missing or not in
+        ``statuses`` are left out.
+
+        Raises:
+            UniqueKeyConflict: a pending job holding one's key was committed
+                while the statement ran; nothing was retried.
+        """
+        ...
+
     def dead_letter_requeue(self, *, job_ids: Sequence[int] | None) -> list[int]:
         """Move dead letters (all when ``job_ids`` is None) back to available;
         return the ids moved.

@@ -370,6 +370,15 @@ class PostgresBackend(
             return self.job_get(job_id=job_id)
         return None
 
+    def job_retry_many(
+        self, *, job_ids: Sequence[int], statuses: Sequence[str] = RETRY_STATUSES
+    ) -> list[int]:
+        live = [status for status in statuses if status != "dead"]
+        if not live or not job_ids:
+            return []
+        params = {"ids": list(job_ids), "statuses": live, "channel": self.channel()}
+        return sorted(row["id"] for row in self._fetch("job_retry_many", params))
+
     def _notify(self, queues: Sequence[str]) -> None:
         self._fetch("notify_queues", {"channel": self.channel(), "queues": list(queues)})
 

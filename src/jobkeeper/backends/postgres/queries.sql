@@ -714,6 +714,52 @@ WHERE id = %(id)s AND status = ANY(%(statuses)s::text[])
   AND (%(fence)s::bigint IS NULL OR fence = %(fence)s::bigint)
 RETURNING {job_columns}
 
+-- name: job_retry_many
+-- job_retry of each job of %(ids)s in turn, the newest (largest id) first as
+-- a filtered `jobkeeper retry` lists them, a thousand at a time: without a
+-- fence, in one statement; the ids retried, and one NOTIFY per queue woken.
+-- Where job_retry would hit the unique index (a cancelled or completed job
+-- whose unique_key a pending job of its task holds), the job is left out
+-- instead and the others go on: one by one, that job's retry was refused
+-- and the next one's made.
+WITH candidate AS (
+    SELECT id, task, unique_key, status
+    FROM jobkeeper_jobs
+    WHERE id = ANY(%(ids)s::bigint[]) AND status = ANY(%(statuses)s::text[])
+), keyed AS (
+    -- Finished jobs (outside the unique index) that would take a key back:
+    -- of those sharing one, the first in turn; a retryable job keeps its
+    -- own key, and holds it against them as any pending job does.
+    SELECT id, task, unique_key,
+           row_number() OVER (PARTITION BY task, unique_key ORDER BY id DESC) AS turn
+    FROM candidate
+    WHERE unique_key IS NOT NULL AND status IN ('cancelled', 'completed')
+), chosen AS (
+    SELECT id FROM candidate
+    WHERE unique_key IS NULL OR status NOT IN ('cancelled', 'completed')
+    UNION ALL
+    SELECT id FROM keyed
+    WHERE turn = 1 AND NOT EXISTS (
+        SELECT 1 FROM jobkeeper_jobs AS holder
+        WHERE holder.task = keyed.task AND holder.unique_key = keyed.unique_key
+          AND holder.status IN ('scheduled', 'available', 'claimed', 'running', 'retryable'))
+), retried AS (
+    -- As job_retry. The status again: a job that changed since the
+    -- snapshot is read anew (a pending holder committed since then is not:
+    -- the unique index refuses the statement, which writes nothing).
+    UPDATE jobkeeper_jobs
+    SET status = 'available', attempt = 0, unstarted_returns = 0, crashes = 0,
+        scheduled_at = now(), finished_at = NULL, cancel_requested = false,
+        serial_unkeyed = CASE WHEN serial_key IS NULL THEN (
+            SELECT true FROM jobkeeper_queues AS settings
+            WHERE settings.name = jobkeeper_jobs.queue AND settings.serial) END
+    WHERE id = ANY(ARRAY(SELECT id FROM chosen)) AND status = ANY(%(statuses)s::text[])
+    RETURNING id, queue
+)
+SELECT id FROM retried
+WHERE (SELECT count(pg_notify(%(channel)s, queue))
+       FROM (SELECT DISTINCT queue FROM retried) AS woken) >= 0
+
 -- name: dead_letter_requeue
 -- Back to the jobs table with the same id, attempts reset, history kept;
 -- one NOTIFY per queue, and unkeyed jobs of serial queues flagged (as

@@ -355,6 +355,21 @@ class SqliteBackend(
         self.wake_listeners()
         return self.job_get(job_id=job_id)
 
+    def job_retry_many(
+        self, *, job_ids: Sequence[int], statuses: Sequence[str] = RETRY_STATUSES
+    ) -> list[int]:
+        live = [status for status in statuses if status != "dead"]
+        if not live or not job_ids:
+            return []
+        params = {"ids": json.dumps(list(job_ids)), "statuses": json.dumps(live)}
+        with self._write() as conn:
+            retried = sorted(
+                row["id"] for row in _rows(conn.execute(QUERIES["job_retry_many"], params))
+            )
+        if retried:
+            self.wake_listeners()
+        return retried
+
     def _requeue_params(self, job_ids: Sequence[int] | None) -> dict[str, Any]:
         """Which dead letters a requeue takes (``None``: all of them)."""
         return {"all": job_ids is None, "ids": json.dumps(list(job_ids or []))}

@@ -438,6 +438,41 @@ WHERE id = :id AND status IN (SELECT value FROM json_each(:statuses))
   AND (:fence IS NULL OR fence = :fence)
 RETURNING *
 
+-- name: job_retry_many
+-- job_retry of each job of :ids (a JSON array) in turn, the newest first,
+-- without a fence: the ids retried. A cancelled or completed job whose
+-- unique_key a pending job of its task holds, or a newer one of :ids takes
+-- first, is left out (see the PostgreSQL twin). The holders' lookup names
+-- the unique index's statuses as the index does, so that it reads that index.
+WITH candidate AS (
+    SELECT id, task, unique_key, status
+    FROM jobkeeper_jobs
+    WHERE id IN (SELECT value FROM json_each(:ids))
+      AND status IN (SELECT value FROM json_each(:statuses))
+), keyed AS (
+    SELECT id, task, unique_key,
+           row_number() OVER (PARTITION BY task, unique_key ORDER BY id DESC) AS turn
+    FROM candidate
+    WHERE unique_key IS NOT NULL AND status IN ('cancelled', 'completed')
+)
+UPDATE jobkeeper_jobs
+SET status = 'available', attempt = 0, unstarted_returns = 0, crashes = 0, scheduled_at = {now},
+    finished_at = NULL, cancel_requested = 0,
+    serial_unkeyed = CASE WHEN serial_key IS NULL THEN (
+        SELECT 1 FROM jobkeeper_queues AS settings
+        WHERE settings.name = jobkeeper_jobs.queue AND settings.serial) END
+WHERE id IN (
+    SELECT id FROM candidate
+    WHERE unique_key IS NULL OR status NOT IN ('cancelled', 'completed')
+    UNION ALL
+    SELECT id FROM keyed
+    WHERE turn = 1 AND NOT EXISTS (
+        SELECT 1 FROM jobkeeper_jobs AS holder
+        WHERE holder.task = keyed.task AND holder.unique_key = keyed.unique_key
+          AND holder.unique_key IS NOT NULL
+          AND holder.status IN ('scheduled', 'available', 'claimed', 'running', 'retryable')))
+RETURNING id
+
 -- name: dead_letter_requeue
 -- Back to the jobs table with the same id, attempts reset, history kept;
 -- dead_letter_requeue_delete follows in the same transaction. Flagged as a
