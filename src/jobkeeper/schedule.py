@@ -179,7 +179,8 @@ class Schedule:
             The tick, an aware datetime in UTC.
 
         Raises:
-            ConfigError: ``dt`` is naive, or no tick exists before year 9999.
+            ConfigError: ``dt`` is naive, or no tick exists before year 9999,
+                or ``dt`` reads before year 1 in the schedule's time zone.
         """
         for tick in self._ticks(_aware(dt, "dt")):
             return tick
@@ -199,7 +200,8 @@ class Schedule:
 
         Raises:
             ConfigError: ``a`` or ``b`` is naive, or the range holds more than
-                ``limit`` ticks (nothing is returned then).
+                ``limit`` ticks (nothing is returned then), or ``a`` reads
+                before year 1 in the schedule's time zone.
         """
         start, end = _aware(a, "a"), _aware(b, "b")
         ticks: list[datetime] = []
@@ -226,7 +228,9 @@ class Schedule:
             only near year 9999.
 
         Raises:
-            ConfigError: ``after`` is naive (raised at once, not on first use).
+            ConfigError: ``after`` is naive (raised at once, not on first
+                use); on first use, ``after`` reads before year 1 in the
+                schedule's time zone.
         """
         return self._ticks(_aware(after, "after"))
 
@@ -343,12 +347,20 @@ def _instant(wall: datetime, zone: tzinfo, fold: int) -> datetime:
 def _wall_of(instant: datetime, zone: tzinfo) -> datetime | None:
     """The naive wall time ``instant`` reads in ``zone``; None when that is
     past year 9999 (a zone ahead of UTC on the last day): no wall is later.
+
+    Raises:
+        ConfigError: the wall time is before year 1 (a zone behind UTC on
+            the calendar's first day), where no tick can be computed from.
     """
     try:
         return instant.astimezone(zone).replace(tzinfo=None)
     except OverflowError:
         if instant.year < datetime.max.year:
-            raise  # before year 1 (a zone behind UTC on its first day): not handled
+            # An OverflowError out of next_after, whose contract is ConfigError.
+            raise ConfigError(
+                f"no tick can be computed after {instant.isoformat()}: in {zone} it reads "
+                "before year 1, the first the calendar holds"
+            ) from None
         return None
 
 
