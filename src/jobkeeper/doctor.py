@@ -14,7 +14,13 @@ from typing import Any, Literal
 
 from jobkeeper.api import JobQueue
 from jobkeeper.config import holder_window
-from jobkeeper.errors import ConfigError, DatabaseUnavailable, JobkeeperError, query_excerpt
+from jobkeeper.errors import (
+    ConfigError,
+    DatabaseRefused,
+    DatabaseUnavailable,
+    JobkeeperError,
+    query_excerpt,
+)
 from jobkeeper.version import split_worker_version
 
 Level = Literal["ok", "warn", "fail"]
@@ -71,6 +77,8 @@ def run_checks(
     """
     try:
         facts = jq.health()
+    except DatabaseRefused as exc:  # reached, and refused: said as a worker's start says it
+        return [Check("database", "fail", f"cannot use {jq.url.redacted()}: {exc}")]
     except DatabaseUnavailable as exc:
         return [Check("database", "fail", f"cannot reach {jq.url.redacted()}: {exc}")]
     except JobkeeperError as exc:  # reached, but not usable as it is (a file that is no database)

@@ -232,6 +232,25 @@ class DatabaseUnavailable(DatabaseError):  # noqa: N818
     restarts at that moment), the write may have committed before the reply
     was lost. An ``enqueue`` retried after such an error can then store the
     job twice; a ``unique_key`` makes the retry safe.
+
+    One subclass does not pass with time: :class:`DatabaseRefused`.
+    """
+
+
+class DatabaseRefused(DatabaseUnavailable):
+    """The database (or a pooler in front of it) refused the connection for a
+    reason that waiting does not fix: the URL names a database or role that
+    does not exist, the password is wrong, ``pg_hba.conf`` has no entry for
+    this client, PgBouncer does not know the database or will not pass a
+    startup parameter (the URL's ``options``). The message names the reason
+    and what to change.
+
+    A worker that meets it at start stops with it (``jobkeeper worker``
+    exits 1) instead of waiting, as it waits out an outage. It is a
+    :class:`DatabaseUnavailable` so that code already running treats it as
+    one: a running worker retries through it (a password rotated or a
+    database restored under it comes back without a restart), and an
+    ``except DatabaseUnavailable`` still catches it. Nothing was written.
     """
 
 

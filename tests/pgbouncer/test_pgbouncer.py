@@ -351,3 +351,40 @@ def test_a_non_iso_datestyle_is_set_to_iso_for_this_client_only(bouncer, monkeyp
         for conn in others:
             conn.close()
     assert seen == {default}
+
+
+@pytest.mark.parametrize(
+    ("tail", "names"),
+    [
+        ("?options=-c%20search_path%3Dtenant", "unsupported startup parameter: options"),
+        ("_not_listed", "[databases]"),
+    ],
+    ids=["options", "unknown-database"],
+)
+def test_a_worker_through_pgbouncer_refused_for_good_exits_at_once(bouncer, tail, names):
+    # PgBouncer refuses the URL's options (what the schema-per-tenant URLs
+    # use) and a database it does not list, every time: the worker says so
+    # and exits 1 instead of waiting for ever, and migrate says the same.
+    url = bouncer.url + tail
+    command = [sys.executable, "-m", "jobkeeper", "--database", url]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    started = time.monotonic()
+    worker = subprocess.run(
+        [*command, "worker", "--app", "benchmarks.soak.app:jq"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert worker.returncode == 1, worker.stderr
+    assert time.monotonic() - started < 15
+    assert "Traceback" not in worker.stderr
+    line = worker.stderr.strip().splitlines()[-1]
+    assert line.startswith("error: ") and "refused the connection" in line and names in line
+    assert "database unavailable at start" not in worker.stderr
+    migrate = subprocess.run(
+        [*command, "migrate"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=30
+    )
+    assert migrate.returncode == 1
+    assert migrate.stderr.strip() == line

@@ -38,7 +38,7 @@ from typing import Any
 from jobkeeper import joblog
 from jobkeeper.backends.base import Backend
 from jobkeeper.config import Settings, is_int_between
-from jobkeeper.errors import ConfigError, DatabaseError, DatabaseUnavailable
+from jobkeeper.errors import ConfigError, DatabaseError, DatabaseRefused, DatabaseUnavailable
 from jobkeeper.events import EventBus
 from jobkeeper.maintenance.heartbeat import Heartbeat
 from jobkeeper.maintenance.leader import Leader
@@ -365,8 +365,15 @@ class Worker:
         logging each failure, the way a worker started beside its database
         (docker-compose, a reboot) should; SIGTERM/SIGINT meanwhile ends it
         cleanly. A ``burst`` worker is for scripts and fails at once instead.
+        What waiting does not fix stops the start at once, logged and
+        raised: a database, role or password the server refuses
+        (``DatabaseRefused``), a search path naming no schema that exists,
+        a schema not migrated, a SQLite file that is missing or no database.
+        Once started, the worker waits out every outage, whatever it says.
 
         Raises:
+            DatabaseRefused: the server (or a pooler) refused the URL's
+                connection for a reason that waiting does not fix.
             DatabaseUnavailable: with ``burst``, the database cannot be
                 reached at start.
             DatabaseError: the schema is behind this code's (run
@@ -414,7 +421,8 @@ class Worker:
 
     def _register_when_reachable(self) -> bool:
         """Register this worker, waiting out an unreachable database (not in
-        burst mode). Returns False if told to stop before it could.
+        burst mode) but not a refusal no wait fixes. Returns False if told to
+        stop before it could.
         """
         delay = 0.5
         where = self._base_backend.url.redacted()
@@ -423,7 +431,7 @@ class Worker:
                 check_schema(self._backend, where=where, worker_id=self.info.id)
                 self._backend.worker_register(worker=self.info)
             except DatabaseUnavailable as exc:
-                if self.burst:
+                if self.burst or isinstance(exc, DatabaseRefused):
                     raise
                 logger.warning("database unavailable at start (%s); retrying in %.1fs", exc, delay)
                 if self._stopping.wait(delay):

@@ -21,7 +21,8 @@ from psycopg_pool import PoolClosed, PoolTimeout
 from jobkeeper.backends.migrate import MissingSchemaError
 from jobkeeper.backends.postgres.prepared import stale_plan
 from jobkeeper.backends.postgres.queries import QUERIES
-from jobkeeper.backends.postgres.session_setup import misplaced_tables
+from jobkeeper.backends.postgres.refusals import refusal
+from jobkeeper.backends.postgres.session_setup import misplaced_tables, no_current_schema
 from jobkeeper.backends.postgres.sources import (
     APPLICATION_NAME,
     CONNECTION_OPTIONS,
@@ -35,6 +36,7 @@ from jobkeeper.backends.rows import aware_utc, job_from_row
 from jobkeeper.database_url import DatabaseURL
 from jobkeeper.errors import (
     DatabaseError,
+    DatabaseRefused,
     DatabaseUnavailable,
     DataRejected,
     UniqueKeyConflict,
@@ -125,6 +127,11 @@ def translated(exc: BaseException, url: DatabaseURL) -> Exception | None:
         # not the server's state (it read as "unavailable", and callers that
         # retry an outage retried it for ever).
         return DataRejected(f"PostgreSQL refused the data: {describe(exc)}")
+    refused = refusal(exc)
+    if refused is not None:
+        # What the URL or the server's set-up refuses, not an outage: a
+        # worker stops on it at start instead of waiting (see refusals.py).
+        return DatabaseRefused(f"PostgreSQL at {url.redacted()} refused the connection: {refused}")
     if isinstance(
         exc,
         psycopg.OperationalError
@@ -166,6 +173,10 @@ def no_schema(url: DatabaseURL, what: str) -> MissingSchemaError:
         "name to lower case, so write Tenant3 as %22Tenant3%22): create it (CREATE SCHEMA) "
         "or fix the URL"
     )
+
+
+#: What a statement meets when the search path names no schema that exists.
+UNDEFINED = (psycopg.errors.UndefinedTable, psycopg.errors.UndefinedFunction)
 
 
 def session_lost(exc: BaseException) -> bool:
@@ -211,6 +222,10 @@ class DriverErrors:
         error = translated(exc, self._url)
         if error is None:
             return
+        if isinstance(exc, UNDEFINED) and no_current_schema(self.connection):
+            # Said as migrate, doctor and a worker's start say it: "run
+            # migrate" would fail the same way (no schema to create tables in).
+            raise no_schema(self._url, "the search path names no schema that exists") from exc
         misplaced = misplaced_tables(self.connection)
         if misplaced is not None and isinstance(exc, psycopg.errors.UndefinedTable):
             # "run migrate" alone would make a second, empty installation
@@ -329,7 +344,7 @@ class PostgresConnections:
     def _remember_schema(self, schema: str | None) -> str:
         """Keep ``schema`` (what ``notify_channel`` read) for the channels."""
         if schema is None:
-            raise DatabaseError("PostgreSQL has no current schema (check search_path in the URL)")
+            raise no_schema(self.url, "the search path names no schema that exists")
         self._schema: str = schema
         return schema
 

@@ -36,6 +36,8 @@ from jobkeeper.errors import ConfigError
 
 #: The connection attribute holding its :class:`MisplacedTables`, if any.
 _MISPLACED = "_jobkeeper_misplaced_tables"
+#: The connection attribute set when its search path names no schema that exists.
+_NO_SCHEMA = "_jobkeeper_no_current_schema"
 
 
 class MisplacedTables(NamedTuple):
@@ -87,6 +89,7 @@ def set_up(conn: psycopg.Connection[Any]) -> None:
         conn.execute(QUERIES["connection_iso_datestyle"], prepare=False)
     row = conn.execute(QUERIES["connection_setup"], prepare=False).fetchone()
     setup = _decide(conn.info.backend_pid, row)
+    setattr(conn, _NO_SCHEMA, row is not None and row[2] is None)
     if setup.reaches:
         conn.prepare_threshold = PREPARE_THRESHOLD
         if setup.pin_to is not None:
@@ -99,7 +102,9 @@ async def set_up_async(conn: psycopg.AsyncConnection[Any]) -> None:
     if not iso_datestyle(conn):
         await conn.execute(QUERIES["connection_iso_datestyle"], prepare=False)
     cursor = await conn.execute(QUERIES["connection_setup"], prepare=False)
-    setup = _decide(conn.info.backend_pid, await cursor.fetchone())
+    row = await cursor.fetchone()
+    setup = _decide(conn.info.backend_pid, row)
+    setattr(conn, _NO_SCHEMA, row is not None and row[2] is None)
     if setup.reaches:
         conn.prepare_threshold = PREPARE_THRESHOLD
         if setup.pin_to is not None:
@@ -142,3 +147,10 @@ def misplaced_tables(conn: Any) -> MisplacedTables | None:
     """
     found: MisplacedTables | None = getattr(conn, _MISPLACED, None)
     return found
+
+
+def no_current_schema(conn: Any) -> bool:
+    """Whether :func:`set_up` found that ``conn``'s search path names no
+    schema that exists (None, a caller's connection: not known, False).
+    """
+    return bool(getattr(conn, _NO_SCHEMA, False))

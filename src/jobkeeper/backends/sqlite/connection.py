@@ -179,6 +179,15 @@ class SqliteConnection:
         slot = self._thread()
         conn = slot.conn
         if conn is None:
+            directory = os.path.dirname(self.path)
+            if directory and not os.path.isdir(directory):
+                # Not an outage (waited on, a worker never said what was
+                # wrong): every command says the same, migrate included.
+                then = "" if create else f", then {self.url.migrate_hint()}"
+                raise DatabaseError(
+                    f"SQLite database {self.path!r}: directory {directory!r} does not exist "
+                    f"-- create it{then}, or fix the URL"
+                )
             if not create and not os.path.exists(self.path):
                 raise DatabaseError(
                     f"SQLite database {self.path!r} does not exist -- "
@@ -194,11 +203,6 @@ class SqliteConnection:
                 raise DatabaseError(
                     f"SQLite database {self.path!r} is empty (0 bytes) -- "
                     f"{self.url.migrate_hint()} first; the file was left as it is"
-                )
-            directory = os.path.dirname(self.path)
-            if directory and not os.path.isdir(directory):
-                raise DatabaseUnavailable(
-                    f"SQLite database {self.path!r}: directory {directory!r} does not exist"
                 )
             conn = None
             try:
