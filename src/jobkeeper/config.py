@@ -44,6 +44,13 @@ MIGRATE_LOCK_WAIT = 300.0
 #: The default ``rescue_after`` (seconds); also what rescuers assume, at the
 #: least, for workers of versions that did not record their own.
 DEFAULT_RESCUE_AFTER = 60.0
+#: The least ``rescue_after`` accepted, in heartbeat intervals: below it a
+#: live worker looks dead after one slow heartbeat (pgqueuer#430).
+MIN_RESCUE_BEATS = 3
+#: What ``jobkeeper doctor`` recommends, in heartbeat intervals: accepted
+#: values below it leave little margin for a heartbeat delayed by a busy
+#: process (the GIL) or a slow database.
+RECOMMENDED_RESCUE_BEATS = 5
 #: Longest accepted duration setting: 100 years, in seconds (the backoff's own cap).
 MAX_SETTING_SECONDS = ABSOLUTE_MAX_BACKOFF
 
@@ -79,8 +86,9 @@ class Settings:
         heartbeat_interval: how often a worker refreshes its heartbeat (s, default 5).
         rescue_after: seconds without a heartbeat after which a running job's
             holder is presumed dead and the job is rescued (default 60). Must be
-            at least 3 x ``heartbeat_interval`` so a live worker can miss a beat
-            without losing its jobs (pgqueuer#430).
+            at least :data:`MIN_RESCUE_BEATS` (3) x ``heartbeat_interval`` so a
+            live worker can miss a beat without losing its jobs (pgqueuer#430);
+            :data:`RECOMMENDED_RESCUE_BEATS` (5) x or more is recommended.
         poll_interval: how often an idle worker looks for due work when no
             wake-up arrives (s, default 1).
         retention: how long completed and cancelled jobs are kept (s, default
@@ -150,9 +158,9 @@ class Settings:
                 )
         # Compared with a relative tolerance: 3 * 0.1 is 0.30000000000000004
         # in binary floating point, and rescue_after=0.3 is exactly 3 beats.
-        if self.rescue_after < 3 * self.heartbeat_interval * (1 - 1e-9):
+        if self.rescue_after < MIN_RESCUE_BEATS * self.heartbeat_interval * (1 - 1e-9):
             raise ConfigError(
-                f"rescue_after={self.rescue_after} must be at least 3 x "
+                f"rescue_after={self.rescue_after} must be at least {MIN_RESCUE_BEATS} x "
                 f"heartbeat_interval={self.heartbeat_interval}: a live worker would "
                 "otherwise look dead after one slow heartbeat and its jobs would run twice"
             )

@@ -13,7 +13,7 @@ import dataclasses
 from typing import Any, Literal
 
 from jobkeeper.api import JobQueue
-from jobkeeper.config import holder_window
+from jobkeeper.config import MIN_RESCUE_BEATS, RECOMMENDED_RESCUE_BEATS, holder_window
 from jobkeeper.errors import (
     ConfigError,
     DatabaseRefused,
@@ -37,8 +37,6 @@ SMALL_TABLE_ROWS = 10_000
 NOTIFY_WARN, NOTIFY_FAIL = 0.5, 0.9
 #: A WAL file this large means checkpoints cannot keep up (a long reader).
 WAL_WARN_BYTES = 256 << 20
-#: rescue_after below this many heartbeat intervals is one slow beat from a false rescue.
-SAFE_BEATS = 5
 #: Said after a check of settings made without the app's JobQueue.
 DEFAULTS_JUDGED = (
     " (jobkeeper's defaults: pass --app package.module:jq to check your app's settings)"
@@ -339,11 +337,16 @@ def _workers(jq: JobQueue, schema: int) -> Check:
     ]
     if stale:
         names = ", ".join(w.id for w in stale[:3])
+        # Every live worker runs a rescuer; with none alive, nobody rescues.
+        if len(stale) < len(workers):
+            rescue = "the live workers rescue their jobs"
+        else:
+            rescue = "their jobs will be rescued when a worker runs (none is alive now)"
         return Check(
             "workers",
             "warn",
             f"{len(stale)} of {len(workers)} worker(s) silent past their rescue window "
-            f"({names}): their jobs are being rescued; check those hosts",
+            f"({names}): {rescue}; check those hosts",
         )
     # A rolling deploy left half done: workers whose code expects an older
     # schema (their version says which, see worker_version). Those of builds
@@ -363,13 +366,18 @@ def _workers(jq: JobQueue, schema: int) -> Check:
 def _settings(jq: JobQueue, whose: str) -> Check:
     settings = jq.settings
     beats = settings.rescue_after / settings.heartbeat_interval
-    if beats < SAFE_BEATS:
+    # JobQueue refuses fewer than MIN_RESCUE_BEATS; between that and the
+    # recommendation the setting works, with a thin margin: a recommendation.
+    if beats < RECOMMENDED_RESCUE_BEATS * (1 - 1e-9):
+        margin = settings.rescue_after - settings.heartbeat_interval
         return Check(
             "settings",
             "warn",
-            f"rescue_after={settings.rescue_after:g} s is only {beats:.1f} heartbeats "
-            f"(heartbeat_interval={settings.heartbeat_interval:g} s): one slow beat away "
-            f"from running a job twice; make it >= {SAFE_BEATS} x heartbeat_interval",
+            f"rescue_after={settings.rescue_after:g} s is {beats:.1f} heartbeats "
+            f"(heartbeat_interval={settings.heartbeat_interval:g} s): allowed (the least is "
+            f"{MIN_RESCUE_BEATS} x), but a heartbeat more than {margin:g} s late gets a live "
+            f"worker's jobs rescued and run twice; {RECOMMENDED_RESCUE_BEATS} x heartbeat_interval "
+            f"or more is recommended{whose}",
         )
     return Check(
         "settings",

@@ -48,7 +48,8 @@ class JobQueue(
             default: ``$JOBKEEPER_DATABASE_URL``, else ``sqlite:///jobkeeper.db``.
         heartbeat_interval: seconds between worker heartbeats (default 5).
         rescue_after: seconds without a heartbeat before a running job is
-            rescued (default 60; at least 3 x ``heartbeat_interval``).
+            rescued (default 60; at least 3 x ``heartbeat_interval``; 5 x or more
+            recommended).
         poll_interval: seconds an idle worker waits between looks for due
             work when no wake-up arrives (default 1).
         retention: seconds completed and cancelled jobs are kept (default
