@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from starlette.testclient import TestClient
@@ -19,6 +20,21 @@ from .seed import seed
 ROOT = str(Path(__file__).resolve().parents[2])
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
+
+
+@pytest.fixture
+def served(monkeypatch) -> list[dict[str, Any]]:
+    """Replaces uvicorn's Server.run: records what would be served instead of serving."""
+    import uvicorn
+
+    calls: list[dict[str, Any]] = []
+
+    def run(server: uvicorn.Server, sockets: Any = None) -> None:
+        config = server.config
+        calls.append({"app": config.app, "host": config.host, "port": config.port})
+
+    monkeypatch.setattr(uvicorn.Server, "run", run)
+    return calls
 
 
 @pytest.fixture

@@ -9,7 +9,6 @@ import socket
 import sqlite3
 import sys
 import time
-from typing import Any
 
 import psycopg
 import pytest
@@ -30,16 +29,6 @@ def run(capsys, *argv: str) -> tuple[int, str, str]:
     out, err = capsys.readouterr()
     code = info.value.code
     return (code if isinstance(code, int) else 1), out, err
-
-
-@pytest.fixture
-def served(monkeypatch) -> list[dict[str, Any]]:
-    """Replaces uvicorn.run: records what would be served instead of serving."""
-    import uvicorn
-
-    calls: list[dict[str, Any]] = []
-    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: calls.append({"app": app, **kw}))
-    return calls
 
 
 @pytest.mark.parametrize("host", ["0.0.0.0", "192.168.1.20", "::", "example.com"])

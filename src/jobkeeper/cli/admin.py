@@ -5,8 +5,8 @@ the database, the fleet at a glance, and the demo.
 from __future__ import annotations
 
 import math
-import os
 import socket
+from typing import Any
 
 import click
 
@@ -125,12 +125,15 @@ def dashboard(
 
         from jobkeeper.dashboard import create_app
         from jobkeeper.dashboard.app import PASSWORD_ENV, is_loopback
+        from jobkeeper.dashboard.security import dashboard_password
     except ImportError as exc:
         raise BadInput(
             f"the dashboard needs its extra ({exc.name} is missing): "
             "pip install 'jobkeeper[dashboard]'"
         ) from None
-    if not is_loopback(host) and not os.environ.get(PASSWORD_ENV):
+    # A blank password (" ") is refused (exit 2) before anything else.
+    password = dashboard_password()
+    if not is_loopback(host) and password is None:
         raise BadInput(
             f"--host {host} is not a loopback address: set {PASSWORD_ENV} to serve it "
             "there (with basic auth), or use --host 127.0.0.1"
@@ -141,7 +144,7 @@ def dashboard(
     # (/metrics too) with a 500 naming the missing table.
     require_migrated(jq.backend, where=jq.url.redacted())
     port = _check_listen(host, port)
-    app = create_app(jq, read_only=read_only, database_timeout=database_timeout)
+    app = create_app(jq, read_only=read_only, password=password, database_timeout=database_timeout)
     console.print(
         # An IPv6 address goes in brackets in a URL (RFC 3986).
         f"jobkeeper dashboard on http://{f'[{host}]' if ':' in host else host}:{port}/ "
@@ -149,7 +152,29 @@ def dashboard(
         markup=False,
         highlight=False,
     )
-    uvicorn.run(app, host=host, port=port, log_level="warning")
+    _serve(uvicorn, app, host, port)
+
+
+def _serve(uvicorn: Any, app: Any, host: str, port: int) -> None:
+    """Serve ``app`` until SIGINT or SIGTERM.
+
+    Ctrl-C ends the command with exit 130, as any interrupted command (the
+    README's exit codes): ``uvicorn.run`` swallows the KeyboardInterrupt
+    that its server raises again after a graceful stop, and returned 0.
+    SIGTERM, raised again the same way, ends the process as SIGTERM does.
+
+    Raises:
+        click.Abort: the server stopped on a signal (exit 130).
+    """
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning"))
+    try:
+        server.run()
+    except KeyboardInterrupt:
+        raise click.Abort from None
+    if server.should_exit:
+        # Stopped on a signal whose default action did not end the process
+        # (SIGINT ignored, as in a background job of a script).
+        raise click.Abort
 
 
 @click.command("doctor", cls=Command)

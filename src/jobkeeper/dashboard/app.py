@@ -23,7 +23,6 @@ go in :func:`create_app`.
 from __future__ import annotations
 
 import functools
-import os
 import secrets
 from collections.abc import Awaitable, Callable
 from importlib import resources
@@ -61,6 +60,7 @@ from jobkeeper.dashboard.security import (
     PASSWORD_ENV,
     BasicAuth,
     Csrf,
+    dashboard_password,
     is_loopback,
 )
 from jobkeeper.errors import (
@@ -445,11 +445,11 @@ def create_app(
         A Starlette application.
 
     Raises:
-        ConfigError: ``database_timeout`` is not a finite number > 0.
+        ConfigError: ``database_timeout`` is not a finite number > 0; the
+            password is blank (only whitespace).
     """
     database_timeout = check_seconds("database_timeout", database_timeout, allow_zero=False)
-    if password is None:
-        password = os.environ.get(PASSWORD_ENV) or None
+    password = dashboard_password(password)
     dashboard = Dashboard(
         jq,
         read_only=read_only,

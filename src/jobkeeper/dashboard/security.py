@@ -8,6 +8,7 @@ import base64
 import hashlib
 import hmac
 import ipaddress
+import os
 import secrets
 from collections.abc import Mapping
 from typing import Any
@@ -16,12 +17,38 @@ from starlette.middleware.base import BaseHTTPMiddleware, RequestResponseEndpoin
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 
+from jobkeeper.errors import ConfigError
+
 #: Environment variable holding the dashboard's basic-auth password.
 PASSWORD_ENV = "JOBKEEPER_DASHBOARD_PASSWORD"
 #: The basic-auth user name.
 USER = "jobkeeper"
 CSRF_COOKIE = "jobkeeper_csrf"
 CSRF_FIELD = "csrf_token"
+
+
+def dashboard_password(password: str | None = None) -> str | None:
+    """The basic-auth password: ``password``, else ``$JOBKEEPER_DASHBOARD_PASSWORD``.
+
+    Returns:
+        The password, or None for none (neither given, or the variable
+        empty: no basic auth).
+
+    Raises:
+        ConfigError: the password is blank (only whitespace): a variable set
+            by mistake (``=" "``) would otherwise guard a dashboard served
+            on every address with a password anyone can guess.
+    """
+    source = "password"
+    if password is None:
+        password = os.environ.get(PASSWORD_ENV) or None
+        source = f"${PASSWORD_ENV}"
+    if password is not None and not password.strip():
+        raise ConfigError(
+            f"{source} is blank (only whitespace): set a real password, or unset it "
+            "(the dashboard then listens on loopback addresses only, without basic auth)"
+        )
+    return password
 
 
 #: Seconds a signed flash message is shown after its action (a reload
