@@ -24,8 +24,13 @@ from jobkeeper.worker.slots import Execution, Slots, raise_in_thread
 
 logger = logging.getLogger("jobkeeper.worker")
 
+#: Seconds an attempt asked to stop at its timeout gets to return before the
+#: worker warns that its code has not: an interrupted ``time.sleep`` or
+#: Python loop returns at once (then the failure alone is logged); code
+#: blocked in C does not.
+NOT_RETURNED_AFTER = 1.0
 #: Seconds between the warnings about an attempt still running past its
-#: timeout (the first comes at the deadline).
+#: timeout (the first comes :data:`NOT_RETURNED_AFTER` after the deadline).
 PAST_TIMEOUT_REMINDER = 300.0
 #: Seconds the task loop's leftover tasks get to end, once cancelled, when
 #: the worker stops (see :func:`wind_down`).
@@ -143,9 +148,12 @@ class Interrupts:
         return asked
 
     def _on_deadline(self, job_id: int) -> None:
-        """The deadline watch: ``job_id``'s attempt passed its timeout (or,
-        when it already had, a reminder is due). Asks the code to stop; the
-        job stays held until the code returns.
+        """The deadline watch, for ``job_id``'s attempt: at its timeout, asks
+        the code to stop; :data:`NOT_RETURNED_AFTER` later, if the code has
+        not returned, warns that the job stays held; then reminds every
+        :data:`PAST_TIMEOUT_REMINDER` seconds. An attempt whose code returns
+        is unwatched (the executor marks it finished first), so nothing is
+        said of code that heeded the request: its failure says it all.
         """
         execution = self._slots.running(job_id)
         if execution is None or execution.deadline is None:
@@ -153,19 +161,26 @@ class Interrupts:
         with execution.lock:
             if execution.finished:
                 return
-            first = not execution.timed_out
-            execution.timed_out = True
-            self._interrupt(execution)
-            # Under the lock: the executor marks it finished before it
-            # unwatches, so this reminder cannot outlive the execution.
+            if not execution.timed_out:
+                execution.timed_out = True
+                self._interrupt(execution)
+                # Under the lock: the executor marks it finished before it
+                # unwatches, so this watch cannot outlive the execution.
+                self._deadlines.watch(job_id, time.monotonic() + NOT_RETURNED_AFTER)
+                return
+            first = execution.past_timeout_warnings == 0
+            execution.past_timeout_warnings += 1
             self._deadlines.watch(job_id, time.monotonic() + PAST_TIMEOUT_REMINDER)
         job = execution.job
+        late = time.monotonic() - execution.deadline
         if first:
             logger.warning(
-                "job %s (%s) passed its timeout of %gs and has not returned; it was asked to "
-                "stop, and its slot stays busy and the job held until its code returns",
+                "job %s (%s) has not returned %.1fs after its timeout of %gs asked it to "
+                "stop (code blocked in C or an async task blocking its loop sees the request "
+                "only when that call returns): its slot stays busy and the job held until then",
                 job.id,
                 job.task,
+                late,
                 execution.timeout,
             )
         else:
@@ -174,7 +189,7 @@ class Interrupts:
                 "busy until its code returns (stopping the worker frees it)",
                 job.id,
                 job.task,
-                time.monotonic() - execution.deadline,
+                late,
                 execution.timeout,
             )
 

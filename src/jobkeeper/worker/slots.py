@@ -68,6 +68,7 @@ class Execution:
         "interrupted",
         "job",
         "lock",
+        "past_timeout_warnings",
         "release_reason",
         "started",
         "thread_id",
@@ -87,6 +88,8 @@ class Execution:
         self.in_user_code = False
         self.interrupted = False
         self.timed_out = False
+        #: Warnings logged that the code has not returned past its timeout.
+        self.past_timeout_warnings = 0
         self.cancel_reason: str | None = None
         self.release_reason: str | None = None
         self.thread_id: int | None = None
