@@ -14,7 +14,7 @@ workers rescue the jobs of dead ones.
     def send_email(to: str) -> None: ...
 
     send_email.enqueue(to="a@example.com")
-    jq.run_worker()
+    jq.run_worker()          # logs to stderr, unless the process set up logging
 """
 
 from jobkeeper.api import JobQueue

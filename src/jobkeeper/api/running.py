@@ -95,6 +95,13 @@ class RunningMixin(QueueBase):
                 adapts it to how long jobs take against how long a claim takes
                 (none for jobs slower than a claim, up to ``concurrency``).
 
+        Logging: when neither the ``jobkeeper`` logger nor the root logger
+        has a handler (a script that set up no logging), the worker logs as
+        ``jobkeeper worker`` does: INFO and up to stderr, one line per record
+        (its start and stop, failed attempts, dead letters, rescues). Any
+        handler on either logger (``logging.basicConfig()``, a framework's
+        setup, a ``NullHandler`` on ``jobkeeper`` for silence) is left alone.
+
         Returns:
             0 after a clean stop; 1 if some outcomes could not be written
             (those jobs will be rescued and re-run).
@@ -108,7 +115,11 @@ class RunningMixin(QueueBase):
             DatabaseError: the schema is behind this code's (run
                 ``jobkeeper migrate``), or not there at all.
         """
-        stats = self.worker(queues, concurrency, burst, prefetch).run()
+        from jobkeeper.worker.log_output import log_unless_configured
+
+        worker = self.worker(queues, concurrency, burst, prefetch)
+        log_unless_configured()
+        stats = worker.run()
         return int(stats.exit_code)
 
 

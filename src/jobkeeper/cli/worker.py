@@ -19,10 +19,10 @@ from jobkeeper.cli.common import (
     PortNumber,
 )
 from jobkeeper.cli.loading import load_app
-from jobkeeper.cli.log_output import log_to_stderr
 from jobkeeper.errors import printable
 from jobkeeper.joblog import JsonFormatter
 from jobkeeper.queues import parse_queue_share
+from jobkeeper.worker.log_output import TEXT_FORMAT, log_to_stderr
 
 
 @click.command("worker", cls=Command)
@@ -90,11 +90,7 @@ def worker(
     level = logging.getLevelName(log_level.upper())
     if not isinstance(level, int):
         raise BadInput(f"--log-level {log_level!r}: use DEBUG, INFO, WARNING or ERROR")
-    formatter = (
-        JsonFormatter()
-        if log_format == "json"
-        else logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
-    )
+    formatter = JsonFormatter() if log_format == "json" else logging.Formatter(TEXT_FORMAT)
     for text in queue:
         _, share = parse_queue_share(text)
         if share is not None and share > concurrency:

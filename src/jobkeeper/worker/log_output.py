@@ -1,5 +1,7 @@
-"""Where ``jobkeeper worker`` writes its log: stderr, through a thread of its
-own, so that a stream that stops taking lines never stops the worker.
+"""Where ``jobkeeper worker`` writes its log (and ``run_worker`` when the
+process set up no logging, see :func:`log_unless_configured`): stderr,
+through a thread of its own, so that a stream that stops taking lines never
+stops the worker.
 
 A worker that logs straight to stderr blocks inside the write once the pipe
 behind it is full (a log shipper, journald or docker that stopped reading).
@@ -29,6 +31,8 @@ from typing import TextIO
 
 from jobkeeper.context import bound_job
 
+#: The format of the worker's text log lines (``--log-format text``).
+TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 #: Lines waiting for the writer past which new ones are dropped.
 MAX_QUEUED = 10_000
 #: Characters waiting for the writer past which new lines are dropped: a
@@ -221,3 +225,22 @@ def log_to_stderr(
     atexit.register(writer.stop_within, FLUSH_AT_EXIT)
     logging.basicConfig(level=level, handlers=[handler])
     return writer
+
+
+def log_unless_configured() -> StreamWriter | None:
+    """For a worker run from Python (``jq.run_worker()``): when neither the
+    ``jobkeeper`` logger nor the root logger has a handler (a plain script
+    that set up no logging), log as ``jobkeeper worker`` does by default:
+    INFO and up, in :data:`TEXT_FORMAT`, to stderr, through
+    :func:`log_to_stderr`. Without this such a worker printed nothing: not
+    its start, not a failed job (the way ``uvicorn.run`` and Celery's
+    ``worker_main`` set up their own logging). Logging the process set up
+    (any handler on either logger) is left alone.
+
+    Returns:
+        The writer (see :func:`log_to_stderr`), or None when logging was
+        already set up.
+    """
+    if logging.getLogger("jobkeeper").handlers or logging.getLogger().handlers:
+        return None
+    return log_to_stderr(logging.INFO, logging.Formatter(TEXT_FORMAT))
