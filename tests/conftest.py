@@ -25,6 +25,7 @@ import pytest
 os.environ.pop("COLUMNS", None)
 
 from jobkeeper import JobQueue
+from jobkeeper.database_url import DATABASE_URL_ENV
 from support.db import PG_URL, fresh_pg_schema
 from support.notify import listener, pg_jq  # noqa: F401 - fixtures: a queue and its LISTEN
 from support.settings import FAST
@@ -54,6 +55,21 @@ def pytest_sessionstart(session: pytest.Session) -> None:
             "PostgreSQL tests never skip.",
             returncode=3,
         )
+
+
+@pytest.fixture(autouse=True)
+def _database_url_variable_restored() -> Iterator[None]:
+    """``jobkeeper --database URL ... --app ...`` run in-process sets
+    ``$JOBKEEPER_DATABASE_URL`` for the process (so that a worker's
+    follow-up jobs use that database): put it back after each test, or a
+    later test's command would find it set (and say it leaves it unused).
+    """
+    saved = os.environ.get(DATABASE_URL_ENV)
+    yield
+    if saved is None:
+        os.environ.pop(DATABASE_URL_ENV, None)
+    else:
+        os.environ[DATABASE_URL_ENV] = saved
 
 
 @pytest.fixture

@@ -51,6 +51,17 @@ def _is_live(worker: WorkerInfo, now: datetime, rescue_after: float) -> bool:
     return _silence(worker, now) <= holder_window(worker.rescue_after, rescue_after)
 
 
+def live_workers(jq: JobQueue) -> list[WorkerInfo]:
+    """The registered workers that are alive: not silent past their own
+    rescue window, judged as rescuers judge them (the database clock).
+
+    Raises:
+        DatabaseUnavailable: the database cannot be reached.
+    """
+    now = jq.backend.db_now()
+    return [w for w in jq.workers() if _is_live(w, now, jq.settings.rescue_after)]
+
+
 def _when(value: datetime) -> str:
     return value.strftime("%Y-%m-%d %H:%M:%S UTC")
 

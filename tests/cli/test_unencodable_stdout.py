@@ -37,7 +37,9 @@ def run_in(encoding: str, *args: str) -> subprocess.CompletedProcess[str]:
 def test_output_on_a_stdout_that_cannot_encode_it(cli: Cli, encoding: str) -> None:
     def run(*args: str) -> str:
         done = run_in(encoding, "--database", cli.url, *args)
-        assert (done.returncode, done.stderr) == (0, ""), done.stderr
+        # enqueue's warnings (no --app, no live worker) are all it says on stderr.
+        said = [line for line in done.stderr.splitlines() if not line.startswith("warning: ")]
+        assert (done.returncode, said) == (0, []), done.stderr
         return done.stdout
 
     enqueued = json.loads(run("enqueue", "add", "--args", json.dumps(ARGS), "--json"))

@@ -5,6 +5,7 @@ the database, the fleet at a glance, and the demo.
 from __future__ import annotations
 
 import math
+import os
 import socket
 from typing import Any
 
@@ -23,8 +24,9 @@ from jobkeeper.cli.common import (
     open_queue,
     terminate_as_interrupt,
 )
-from jobkeeper.cli.loading import open_app_queue
+from jobkeeper.cli.loading import open_app_queue, print_warning
 from jobkeeper.config import MIGRATE_LOCK_WAIT
+from jobkeeper.database_url import DATABASE_URL_ENV, redact_secrets
 from jobkeeper.version import __version__
 from jobkeeper.worker.schema import require_migrated
 
@@ -216,11 +218,21 @@ def doctor(ctx: click.Context, app_spec: str | None, as_json: bool) -> None:
 @click.pass_context
 def demo(ctx: click.Context, workers: int, concurrency: int) -> None:
     """Hash every .py file of the standard library through the queue, SIGKILL a
-    worker midway, and reconcile every job (uses ./jobkeeper-demo.db unless --database).
+    worker midway, and reconcile every job (uses a fresh ./jobkeeper-demo.db unless
+    --database; not $JOBKEEPER_DATABASE_URL, and it says so when that is set).
     """
-    from jobkeeper.demo.runner import run_demo
+    from jobkeeper.demo.runner import DEFAULT_DEMO_URL, run_demo
 
     url = ctx.find_root().params.get("database")
+    environment = os.environ.get(DATABASE_URL_ENV)
+    if url is None and environment:
+        # The demo starts from a fresh file of its own, deleting the last
+        # one: never the database the variable names, unless asked.
+        print_warning(
+            f"${DATABASE_URL_ENV} ({redact_secrets(environment.strip())}) is not used: the "
+            f"demo runs on a fresh {DEFAULT_DEMO_URL} of its own; pass --database URL to run it "
+            "on that database"
+        )
     with terminate_as_interrupt():
         code = run_demo(console, database_url=url, workers=workers, concurrency=concurrency)
     ctx.exit(code)

@@ -6,7 +6,7 @@ from datetime import datetime
 
 import click
 
-from jobkeeper.api import JobQueue
+from jobkeeper.api import DEFAULT_MAX_ATTEMPTS, DEFAULT_QUEUE, JobQueue
 from jobkeeper.cli import render
 from jobkeeper.cli.args_json import parse_args_json, read_args_text
 from jobkeeper.cli.common import (
@@ -17,14 +17,81 @@ from jobkeeper.cli.common import (
     BadInput,
     Command,
     console,
+    err_console,
     json_option,
     open_queue,
 )
 from jobkeeper.cli.loading import open_app_queue
+from jobkeeper.errors import JobkeeperError
+from jobkeeper.models import Job
 from jobkeeper.tasks import suggest
+from jobkeeper.waits import live_workers
 
 #: How many of an app's task names an unknown-task error lists.
 _TASKS_SHOWN = 10
+#: How many queue names the warning about an unserved queue lists.
+_QUEUES_SHOWN = 10
+
+
+def _and(items: list[str]) -> str:
+    """``a``, ``a and b``, ``a, b and c``."""
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
+
+
+def defaults_warning(
+    task: str, queue: str | None, priority: int | None, max_attempts: int | None
+) -> str | None:
+    """Without ``--app``: which settings the task may declare for itself
+    the CLI cannot know, and the defaults it used instead (None when the
+    options gave all three). A break-test's job went to ``default`` with 20
+    attempts while its task said ``queue="images", max_attempts=5``, and no
+    worker of the app served ``default``.
+    """
+    left = [
+        (option, used)
+        for option, value, used in (
+            ("--queue", queue, f"queue {DEFAULT_QUEUE!r}"),
+            ("--priority", priority, "priority 0"),
+            ("--max-attempts", max_attempts, f"max_attempts {DEFAULT_MAX_ATTEMPTS}"),
+        )
+        if value is None
+    ]
+    if not left:
+        return None
+    return (
+        f"without --app the CLI does not know the queue, priority and max_attempts task "
+        f"{task!r} declares: it used jobkeeper's defaults, {_and([used for _, used in left])}; "
+        f"pass --app package.module:jq to apply the task's own, or "
+        f"{'/'.join(option for option, _ in left)}"
+    )
+
+
+def unserved_warning(jq: JobQueue, job: Job) -> str | None:
+    """None when a live worker serves ``job``'s queue; else what the
+    live workers serve, and that the job waits.
+
+    Raises:
+        DatabaseUnavailable: the database cannot be reached.
+    """
+    live = live_workers(jq)
+    if any(job.queue in worker.queues for worker in live):
+        return None
+    served = sorted({queue for worker in live for queue in worker.queues})
+    if served:
+        more = len(served) - _QUEUES_SHOWN
+        shown = ", ".join(served[:_QUEUES_SHOWN]) + (f" and {more} more" if more > 0 else "")
+        who = f"live workers serve {shown}"
+    else:
+        who = "no live worker is registered"
+    return (
+        f"no live worker serves queue {job.queue!r} ({who}): job {job.id} waits until one "
+        f"does (jobkeeper worker --app ... --queue {job.queue})"
+    )
+
+
+def _warn(message: str) -> None:
+    # No markup: the message quotes the user's names.
+    err_console.print(f"warning: {message}", markup=False, highlight=False, soft_wrap=True)
 
 
 def _check_task_known(jq: JobQueue, task: str, app_spec: str) -> None:
@@ -87,7 +154,11 @@ def _parse_run_at(text: str) -> datetime:
     help="Your JobQueue (package.module:attribute): the task's own queue, "
     "priority and max_attempts apply and its arguments are checked.",
 )
-@click.option("--queue", default=None, help="Queue (default: default).")
+@click.option(
+    "--queue",
+    default=None,
+    help="Queue (default: with --app the task's, else default).",
+)
 @click.option("--delay", type=DECIMAL_NUMBER, default=None, help="Seconds from now, >= 0.")
 @click.option(
     "--run-at",
@@ -95,8 +166,18 @@ def _parse_run_at(text: str) -> datetime:
     help="Not before this time: ISO 8601 with its offset, e.g. 2026-12-24T09:00:00+01:00 "
     "or ...Z (not with --delay).",
 )
-@click.option("--priority", type=WHOLE_NUMBER, default=None, help="Lower runs first.")
-@click.option("--max-attempts", type=COUNT, default=None, help="Attempts before dead.")
+@click.option(
+    "--priority",
+    type=WHOLE_NUMBER,
+    default=None,
+    help="Lower runs first (default: with --app the task's, else 0).",
+)
+@click.option(
+    "--max-attempts",
+    type=COUNT,
+    default=None,
+    help="Attempts before dead (default: with --app the task's, else 20).",
+)
 @click.option(
     "--unique-key",
     default=None,
@@ -127,6 +208,11 @@ def enqueue(
 ) -> None:
     """Enqueue one job and print its id (--json: the stored job, its queue
     and status included, as `jobs show --json` prints it without "waiting").
+
+    Warns on stderr, the job enqueued all the same (exit 0): without --app,
+    that the task's own queue, priority and max_attempts are unknown and
+    which defaults were used; with or without it, when no live worker
+    serves the job's queue.
     """
     if run_at is not None and delay is not None:
         raise BadInput("give --run-at or --delay, not both")
@@ -151,3 +237,15 @@ def enqueue(
         render.print_json(console, job.to_dict())
     else:
         console.print(job.id, highlight=False)
+    # After the id (stdout stays the id alone, for scripts): the job is
+    # stored whatever these say, and the command exits 0.
+    if app_spec is None:
+        unknown = defaults_warning(task, queue, priority, max_attempts)
+        if unknown is not None:
+            _warn(unknown)
+    try:
+        unserved = unserved_warning(jq, job)
+    except JobkeeperError as exc:
+        unserved = f"job {job.id} is stored, but the live workers could not be read: {exc}"
+    if unserved is not None:
+        _warn(unserved)

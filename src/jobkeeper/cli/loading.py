@@ -7,16 +7,18 @@ import importlib
 import os
 import sys
 import traceback
+from collections.abc import Callable
 
 import click
 
 from jobkeeper.api import JobQueue
 from jobkeeper.backends import resolve_database_url
+from jobkeeper.cli import common
 from jobkeeper.cli.common import (
     BadInput,
 )
-from jobkeeper.database_url import DATABASE_URL_ENV
-from jobkeeper.errors import DatabaseError, JobkeeperError
+from jobkeeper.database_url import DATABASE_URL_ENV, redact_secrets
+from jobkeeper.errors import ConfigError, DatabaseError, JobkeeperError
 
 
 class AppImportFailed(BadInput):
@@ -72,19 +74,56 @@ def _app_frame(exc: BaseException) -> str | None:
     return found
 
 
-def load_app(spec: str, database_url: str | None) -> JobQueue:
+def print_warning(message: str) -> None:
+    """``warning: message`` on stderr, one line (no markup: it quotes URLs)."""
+    common.err_console.print(f"warning: {message}", markup=False, highlight=False, soft_wrap=True)
+
+
+def unused_environment_warning(spec: str, environment: str | None, jq: JobQueue) -> str | None:
+    """What a command given ``--app`` (and no ``--database``) says when the
+    app's JobQueue names a database other than ``$JOBKEEPER_DATABASE_URL``
+    (``environment``, as it was before the import): the app's wins, as in
+    the app's own code, while the commands without ``--app`` use the
+    variable's. Both URLs are shown with their passwords masked. None when
+    the variable is unset or empty, or names the app's database.
+    """
+    if not environment:
+        return None
+    try:
+        named = resolve_database_url(environment)
+    except ConfigError:  # not a URL the app could have used: it is unused all the same
+        shown = redact_secrets(environment.strip())
+    else:
+        if named.url == jq.url.url:
+            return None
+        shown = named.redacted()
+    return (
+        f"${DATABASE_URL_ENV} ({shown}) is not used: --app {spec}'s JobQueue names its own "
+        f"database, {jq.url.redacted()}, which commands given --app use; commands without "
+        f"--app (jobs, status, dashboard ...) use ${DATABASE_URL_ENV}. Pass --database URL "
+        "to name one database for every command"
+    )
+
+
+def load_app(
+    spec: str, database_url: str | None, *, warn: Callable[[str], None] = print_warning
+) -> JobQueue:
     """Import the app's JobQueue, on ``database_url`` when one is given.
 
     ``--database`` is put in ``JOBKEEPER_DATABASE_URL`` before the import (so
     an app that uses the database at import time already uses that one), and
     the app's queue is then pointed at it in place: its tasks, and the
-    follow-up jobs they enqueue, use that database too.
+    follow-up jobs they enqueue, use that database too. Without it the
+    app's queue keeps its own URL (its ``JobQueue(url)``, else the
+    variable's): when that is not the variable's, ``warn`` is called with
+    :func:`unused_environment_warning`'s message.
     """
     module_name, sep, attribute = spec.partition(":")
     if not sep or not module_name or not attribute:
         raise BadInput(f"--app {spec!r}: expected package.module:attribute, e.g. myapp.jobs:jq")
     # `--database ''` is refused here as by every other command, not ignored.
     wanted = resolve_database_url(database_url) if database_url is not None else None
+    environment = os.environ.get(DATABASE_URL_ENV)
     if wanted is not None:
         os.environ[DATABASE_URL_ENV] = wanted.url
     if os.getcwd() not in sys.path:
@@ -125,8 +164,13 @@ def load_app(spec: str, database_url: str | None) -> JobQueue:
             f"--app {spec!r}: {module_name}.{attribute} is "
             f"{type(jq).__name__ if jq is not None else 'missing'}, not a JobQueue"
         )
-    if wanted is not None and jq.url.url != wanted.url:
-        jq.use_database(wanted.url)
+    if wanted is not None:
+        if jq.url.url != wanted.url:
+            jq.use_database(wanted.url)
+    else:
+        unused = unused_environment_warning(spec, environment, jq)
+        if unused is not None:
+            warn(unused)
     return jq
 
 

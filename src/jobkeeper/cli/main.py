@@ -96,8 +96,13 @@ class LazyGroup(Group):
     "--database",
     default=None,
     show_default=False,
-    help="Database URL (sqlite:///path.db or postgresql://user@host/db); "
-    "default $JOBKEEPER_DATABASE_URL, else sqlite:///jobkeeper.db.",
+    help="Database URL (sqlite:///path.db or postgresql://user@host/db). Given, it wins "
+    "over everything, the --app's JobQueue included (the app is pointed at it). Else: for "
+    "a command given --app, the URL of the app's JobQueue (its argument, else "
+    "$JOBKEEPER_DATABASE_URL: what the app's own code uses); for the others "
+    "$JOBKEEPER_DATABASE_URL; else sqlite:///jobkeeper.db (demo: a fresh "
+    "./jobkeeper-demo.db). A command that leaves a set $JOBKEEPER_DATABASE_URL unused says "
+    "so on stderr.",
 )
 def app(database: str | None) -> None:
     """A durable background job queue on PostgreSQL or SQLite."""

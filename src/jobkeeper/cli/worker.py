@@ -98,7 +98,12 @@ def worker(
                 f"--queue {text!r}: the share {share} is more than --concurrency {concurrency}"
             )
     log_to_stderr(level, formatter)
-    jq = load_app(app_spec, ctx.find_root().params.get("database"))
+    # Warnings as log lines: --log-format json keeps stderr one JSON object a line.
+    jq = load_app(
+        app_spec,
+        ctx.find_root().params.get("database"),
+        warn=logging.getLogger("jobkeeper.worker").warning,
+    )
     if metrics_port is not None:
         _serve_metrics(jq, metrics_port, metrics_host)
     code = jq.run_worker(
