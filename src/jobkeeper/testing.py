@@ -12,6 +12,10 @@ point ``pytest11``) and gives two fixtures:
   database. With the ini option ``jobkeeper_app = "myapp.jobs:jq"`` it is
   the application's own queue, pointed at the test database for the test
   (so its tasks, and the jobs they enqueue, use it) and pointed back after.
+  While it is active, any other queue of the process not on the test
+  database refuses to use its own (``ConfigError`` naming the ini option),
+  and the test fails: without the option, the application's tasks would
+  write their jobs into its real database.
 
 and functions to call from tests:
 

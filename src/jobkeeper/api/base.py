@@ -41,6 +41,26 @@ RETRYABLE_FROM = frozenset(
 )
 DEFAULT_MAX_ATTEMPTS = 20
 
+#: Called with every queue about to use its database while a check is set
+#: (:func:`check_database_use`); None, the rule, costs one comparison.
+_database_check: Callable[[QueueBase], None] | None = None
+
+
+def check_database_use(check: Callable[[QueueBase], None] | None) -> None:
+    """Have ``check`` called with each queue of this process about to use its
+    database (every enqueue, read, drain and worker goes through
+    :attr:`QueueBase.backend`), or stop with None.
+
+    The pytest plugin's ``jobkeeper_queue`` fixture sets one for a test, which
+    raises when a queue is not on the test's database: the application's tasks
+    would otherwise write jobs to the developer's real one.
+
+    Args:
+        check: raises to refuse the use; None removes the check.
+    """
+    global _database_check
+    _database_check = check
+
 
 class QueueBase:
     """What every part of :class:`~jobkeeper.JobQueue` shares: its URL,
@@ -59,7 +79,14 @@ class QueueBase:
 
     @property
     def backend(self) -> Backend:
-        """The backend (created on first use)."""
+        """The backend (created on first use).
+
+        Raises:
+            Exception: whatever a check set by :func:`check_database_use`
+                raises (the pytest plugin's: a queue not on the test's database).
+        """
+        if _database_check is not None:
+            _database_check(self)
         if self._backend is None:
             with self._backend_lock:
                 if self._backend is None:
