@@ -140,11 +140,10 @@ class Task(Generic[P, R]):
         self._required: frozenset[str] = frozenset()
         if self._signature is not None:
             params = self._signature.parameters.values()
+            _refuse_positional_only(self.name, fn, params)
             keyword = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
             if not any(p.kind == inspect.Parameter.VAR_KEYWORD for p in params):
                 self._allowed = frozenset(p.name for p in params if p.kind in keyword)
-            # Required positional-only parameters can never be passed as
-            # keywords: keeping them here sends such args to bind()'s error.
             self._required = frozenset(
                 p.name
                 for p in params
@@ -259,6 +258,27 @@ class Task(Generic[P, R]):
     async def enqueue_with_async(self, args: dict[str, Any], options: dict[str, Any]) -> Job:
         """Enqueue (async) with explicit ``args`` and ``options`` dicts."""
         return await self._owner.enqueue_async(self.name, args, **options)
+
+
+def _refuse_positional_only(
+    name: str, fn: Callable[..., Any], params: Iterable[inspect.Parameter]
+) -> None:
+    """Refuse a function with a required positional-only parameter: jobs
+    pass their args as keywords (a JSON object), so no job could ever bind
+    it. One with a default is allowed: it always takes its default.
+
+    Raises:
+        ConfigError: naming the task, the function and the parameter.
+    """
+    for param in params:
+        if param.kind is inspect.Parameter.POSITIONAL_ONLY and param.default is param.empty:
+            raise ConfigError(
+                f"task {name!r}: parameter {param.name!r} of "
+                f"{getattr(fn, '__qualname__', fn)!r} is positional-only (before '/') and "
+                "has no default, but a job passes its args by keyword (a JSON object), so "
+                "no job could run it: make it a keyword parameter (drop the '/'), or give "
+                "it a default"
+            )
 
 
 def check_backoff(
