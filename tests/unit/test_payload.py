@@ -24,8 +24,8 @@ from jobkeeper.payload import (
     decode_args,
     dumps,
     encode_args,
-    encode_result,
 )
+from jobkeeper.results_json import encode_result
 
 MiB = 1 << 20
 

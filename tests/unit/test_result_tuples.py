@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 
 from jobkeeper.errors import PayloadError
-from jobkeeper.payload import MAX_DEPTH, encode_args, encode_result
+from jobkeeper.payload import MAX_DEPTH, encode_args
+from jobkeeper.results_json import encode_result
 
 Pair = namedtuple("Pair", "left right")
 

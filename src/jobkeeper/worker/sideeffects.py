@@ -19,7 +19,7 @@ from jobkeeper.context import Binding
 from jobkeeper.errors import ClaimLost
 from jobkeeper.models import Completion, Job, RunningJob
 from jobkeeper.outcomes import claim_of
-from jobkeeper.payload import encode_result
+from jobkeeper.results_json import encode_result
 from jobkeeper.worker.slots import Execution
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)

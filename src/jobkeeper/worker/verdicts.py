@@ -24,7 +24,7 @@ from jobkeeper.outcomes import (
     snoozed_attempt,
     unstorable_result,
 )
-from jobkeeper.payload import encode_result
+from jobkeeper.results_json import encode_result
 from jobkeeper.tasks import Task
 from jobkeeper.worker.slots import Execution
 
