@@ -110,3 +110,113 @@ def test_each_attempt_sends_task_started_and_task_finished(
         "attempts_so_far": ["SUCCESSFUL", 1, [], True],
         "charge": ["FAILED", 2, [], True],
     }
+
+
+EXC_INFO = """
+import json, logging, sys, traceback
+from django.tasks import signals, task_backends
+from jobkeeper.testing import drain
+from shop.tasks import charge
+from shop.unstorable import returns_a_set
+
+
+def exc_name(kind):
+    return None if kind is None else f"{kind.__module__}.{kind.__qualname__}"
+
+
+seen = []
+
+
+def finished(sender, task_result, **kwargs):
+    kind, exc, tb = sys.exc_info()
+    seen.append({
+        "task": task_result.task.name,
+        "status": task_result.status,
+        "exc": exc_name(kind),
+        "message": str(exc) if exc is not None else None,
+        "frame": traceback.extract_tb(tb)[-1].name if tb is not None else None,
+        "as_recorded": bool(task_result.errors)
+        and task_result.errors[-1].exception_class_path == exc_name(kind),
+    })
+
+
+class Records(logging.Handler):
+    records = []
+
+    def emit(self, record):
+        if "state=FAILED" in record.getMessage():
+            shown = record.exc_info[0] if record.exc_info else None
+            self.records.append([record.levelname, exc_name(shown)])
+
+
+for name in ("django.tasks", "django_tasks"):
+    logging.getLogger(name).addHandler(Records())
+signals.task_finished.connect(finished)
+charge.enqueue(amount=5)
+returns_a_set.enqueue()
+drain(task_backends["default"].queue, include_scheduled=True)
+print(json.dumps({"seen": seen, "logged": Records.records}))
+"""
+
+UNSTORABLE = """
+try:  # Django >= 6.0
+    from django.tasks import task
+except ImportError:  # the django-tasks backport
+    from django_tasks import task
+
+
+@task()
+def returns_a_set():
+    return {1, 2}
+"""
+
+
+def test_a_failed_task_finished_is_sent_inside_an_except_block(
+    project: tuple[Path, dict[str, str]],
+) -> None:
+    # Break-test: task_finished for a FAILED result was sent outside any
+    # except block, so Django's own receiver (which reads sys.exc_info(),
+    # "Signal is sent inside exception handlers") logged state=FAILED with
+    # no traceback on Django 6, and the backport's logger.exception printed
+    # "NoneType: None" after each.
+    (project[0] / "shop" / "unstorable.py").write_text(UNSTORABLE)
+    manage(project, "migrate", "--verbosity", "0")
+    out = shell(project, EXC_INFO)
+    declined = "shop.tasks.PaymentDeclined"
+    base = "jobkeeper.errors.JobkeeperError"
+    # In order per task (the drain's rounds interleave the two).
+    assert sorted(out["seen"], key=lambda sent: sent["task"]) == [
+        # The retried attempt (READY) is not a failure: no exception lent.
+        {
+            "task": "charge",
+            "status": "READY",
+            "exc": None,
+            "message": None,
+            "frame": None,
+            "as_recorded": False,
+        },
+        # The last attempt: the task's own exception, its traceback down to
+        # the task's frame, the class its TaskError records.
+        {
+            "task": "charge",
+            "status": "FAILED",
+            "exc": declined,
+            "message": "declined: 5",
+            "frame": "charge",
+            "as_recorded": True,
+        },
+        # Failed without an exception of the task's (its result could not
+        # be stored): jobkeeper's base error with the attempt's error text.
+        {
+            "task": "returns_a_set",
+            "status": "FAILED",
+            "exc": base,
+            "message": "result not storable: result: {1, 2} is a set, not a JSON value "
+            "(use dict, list, str, int, float, bool or None)",
+            "frame": "_send_failed",
+            "as_recorded": True,
+        },
+    ]
+    # What Django's own receiver logs (Django 6: django.tasks; the backport:
+    # django_tasks): an ERROR carrying the exception, never NoneType.
+    assert sorted(out["logged"]) == [["ERROR", base], ["ERROR", declined]]

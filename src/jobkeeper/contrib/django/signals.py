@@ -21,6 +21,7 @@ from typing import Any
 from django.utils.module_loading import import_string
 
 from jobkeeper.contrib.django.results import task_error
+from jobkeeper.errors import JobkeeperError
 from jobkeeper.events import EventKind, JobEvent, OutcomeKind
 
 try:  # Django >= 6.0
@@ -105,7 +106,39 @@ class TaskSignals:
         _returned.value = None
         if event.outcome is OutcomeKind.COMPLETED and returned and returned[:2] == key:
             object.__setattr__(result, "_return_value", _json(returned[2]))
-        task_finished.send(sender=type(backend), task_result=result)
+        if status is TaskResultStatus.FAILED:
+            _send_failed(type(backend), result, _failure(event))
+        else:
+            task_finished.send(sender=type(backend), task_result=result)
+
+
+def _send_failed(sender: type, result: Any, failure: BaseException) -> None:
+    """Send a FAILED ``task_finished`` inside an ``except`` block holding
+    ``failure``, as Django's ImmediateBackend sends it: Django's own receiver
+    (``Signal is sent inside exception handlers, so exc_info() is
+    available``) logs the failure with ``sys.exc_info()``'s traceback, and
+    the django-tasks backport's with ``logger.exception``, which printed
+    ``NoneType: None`` outside one. The exception's traceback and context
+    are put back afterwards: raising it here only lends it to the receivers.
+    """
+    traceback, context = failure.__traceback__, failure.__context__
+    try:
+        raise failure
+    except BaseException:  # noqa: BLE001 - the task's own, raised again only for exc_info()
+        task_finished.send(sender=sender, task_result=result)
+    finally:
+        failure.__traceback__, failure.__context__ = traceback, context
+
+
+def _failure(event: JobEvent) -> BaseException:
+    """What the failed attempt's code raised, or, when it raised nothing (a
+    timeout once its code returned, args that do not bind, a result that
+    cannot be stored), jobkeeper's base error with the attempt's error text:
+    the exception class its ``TaskError`` names (see :func:`task_error`).
+    """
+    if event.exception is not None:
+        return event.exception
+    return JobkeeperError(event.error or f"job {event.job_id}: {event.outcome}")
 
 
 def _django_task(path: str) -> Any:
