@@ -23,9 +23,18 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _server_threads() -> int:
+def _server_threads() -> set[threading.Thread]:
     """Threads serving a connection (socketserver names them for their target)."""
-    return sum(1 for t in threading.enumerate() if "process_request_thread" in t.name)
+    return {t for t in threading.enumerate() if "process_request_thread" in t.name}
+
+
+def _new_server_threads(before: set[threading.Thread]) -> int:
+    """Serving threads started since ``before`` that are still alive: counted
+    as a difference, one of an earlier test that ended meanwhile (a scrape's
+    kept-alive connection closing at its idle timeout) hid one of this test's,
+    or left the count below ``before`` for good.
+    """
+    return len(_server_threads() - before)
 
 
 def _scrape(port: int) -> str:
@@ -49,7 +58,7 @@ def test_silent_connections_are_closed_and_scrapes_are_served_beside_them(served
         # Served while the silent ones are still open and held (a cap of 16
         # turned every scrape away until they timed out).
         assert wait_for(
-            lambda: _server_threads() - before >= 20, what="the silent connections to be held"
+            lambda: _new_server_threads(before) >= 20, what="the silent connections to be held"
         )
         assert "jobkeeper_rescues_total" in _scrape(port)
         # Each is closed once its client has sent nothing for the idle
@@ -60,7 +69,7 @@ def test_silent_connections_are_closed_and_scrapes_are_served_beside_them(served
     finally:
         for sock in silent:
             sock.close()
-    assert wait_for(lambda: _server_threads() - before == 0, what="the server's threads to end")
+    assert wait_for(lambda: _new_server_threads(before) == 0, what="the server's threads to end")
     assert "jobkeeper_rescues_total" in _scrape(port)
 
 
@@ -109,5 +118,5 @@ def test_a_trickling_request_is_closed_at_the_deadline(served, monkeypatch):
                 pass  # still open: the next byte
     # Closed at the deadline, not after the 2 minutes the whole trickle takes.
     assert closed and closed[0] < 2.0 + 4.0, closed
-    assert wait_for(lambda: _server_threads() - before == 0, what="the server's threads to end")
+    assert wait_for(lambda: _new_server_threads(before) == 0, what="the server's threads to end")
     assert "jobkeeper_rescues_total" in _scrape(port)
