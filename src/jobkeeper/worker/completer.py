@@ -53,6 +53,8 @@ class Completer:
             batch is written.
         on_urgent_written: called (on the writer thread) after a batch
             holding an urgent outcome is written.
+        on_written_again: called (on the writer thread) once a backlog left
+            by failed writes is written (see :attr:`failing_since`).
     """
 
     def __init__(
@@ -65,6 +67,7 @@ class Completer:
         on_written: Callable[[list[Outcome], set[int]], None] | None = None,
         events: EventBus | None = None,
         on_urgent_written: Callable[[], None] | None = None,
+        on_written_again: Callable[[], None] | None = None,
     ) -> None:
         self._backend = backend
         self._delete = delete_completed
@@ -73,6 +76,13 @@ class Completer:
         self._on_written = on_written
         self._events = events if events is not None else EventBus()
         self._on_urgent_written = on_urgent_written
+        self._on_written_again = on_written_again
+        #: When (time.monotonic()) the writes began to fail, or None while
+        #: nothing that failed to be written is left: set at the first
+        #: failed flush, cleared once a flush that took all there was to
+        #: write succeeds. A plain attribute, read without the lock once per
+        #: claim pass (see :mod:`jobkeeper.worker.claim_hold`).
+        self.failing_since: float | None = None
         # An urgent outcome waits in the buffer: no lingering.
         self._urgent = False
         self._urgent_in_flight = False
@@ -195,6 +205,7 @@ class Completer:
                 urgent = self._urgent
                 batch = self._take_batch()
                 starts, self._starts = list(self._starts.values()), {}
+                took_all = not self._buffer
                 self._urgent = urgent and bool(self._buffer)
                 self._urgent_in_flight = urgent
                 self._in_flight = len(batch) + len(starts)
@@ -211,6 +222,7 @@ class Completer:
                 with self._lock:
                     self._urgent_in_flight = False
                 self._on_urgent_written()
+            written_again = False
             with self._cond:
                 self._urgent_in_flight = False
                 self._in_flight = 0
@@ -220,18 +232,29 @@ class Completer:
                     if failing:
                         logger.info("outcomes are being written again")
                     failing, retry_pause = False, 0.05
-                    continue
-                # Keep them, in order, and try again after a pause: every
-                # error here is one that passes (the database is down, read-only,
-                # out of disk...); errors about the data were settled in _write.
-                self._buffer[:0] = unwritten
-                self._restore_starts(unmarked)
-                self._urgent = self._urgent or urgent
-                if self._abandoned:
-                    return
-                failing = True
-                self._cond.wait(retry_pause)
-            retry_pause = min(retry_pause * 2, 5.0)
+                    # The backlog is written once a flush that took all
+                    # there was succeeds (what came in meanwhile is new).
+                    written_again = took_all and self.failing_since is not None
+                    if written_again:
+                        self.failing_since = None
+                else:
+                    # Keep them, in order, and try again after a pause: every
+                    # error here is one that passes (the database is down,
+                    # read-only, out of disk...); errors about the data were
+                    # settled in _write.
+                    self._buffer[:0] = unwritten
+                    self._restore_starts(unmarked)
+                    self._urgent = self._urgent or urgent
+                    if self._abandoned:
+                        return
+                    failing = True
+                    if self.failing_since is None:
+                        self.failing_since = time.monotonic()
+                    self._cond.wait(retry_pause)
+            if failing:
+                retry_pause = min(retry_pause * 2, 5.0)
+            elif written_again and self._on_written_again is not None:
+                self._on_written_again()
 
     def _take_batch(self) -> list[Outcome]:
         """Remove and return up to ``max_batch`` outcomes (lock held), at most

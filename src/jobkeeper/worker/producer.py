@@ -33,6 +33,7 @@ from jobkeeper.errors import DatabaseError, DatabaseUnavailable
 from jobkeeper.events import EventBus, EventKind, JobEvent
 from jobkeeper.outcomes import released_attempt
 from jobkeeper.worker.burst import BURST_CLAIM_FAILURES, stop_after_outage
+from jobkeeper.worker.claim_hold import ClaimHold
 from jobkeeper.worker.claims import Claims
 from jobkeeper.worker.completer import Completer
 from jobkeeper.worker.executor import Executor
@@ -149,7 +150,8 @@ class Producer:
         self._stage_at = 0.0
         self._staged_at = -math.inf
         self._reconcile_needed = False
-        self._claims_paused = False
+        # "Do not claim now": a stale heartbeat, outcomes not written.
+        self._hold = ClaimHold(claims, completer)
         #: Our queues with a concurrency cap, as last read. The cap counts a
         #: job until its outcome is written, so their outcomes are written
         #: without lingering and their claims take no adaptive prefetch: a
@@ -236,7 +238,7 @@ class Producer:
                     return
                 outage_pause = 0.05
                 failures = 0
-                if not self._claims_paused:
+                if not self._hold.paused:
                     outage_since = None
                 elif outage_since is None:
                     outage_since = time.monotonic()
@@ -261,8 +263,8 @@ class Producer:
                 self._stopping.wait(self._settings.poll_interval)
                 continue
             if self._burst and outage_since is not None:
-                # Claims paused for a stale heartbeat: no claim is made, so
-                # none fails.
+                # Claims paused for a stale heartbeat or unwritten outcomes:
+                # no claim is made, so none fails.
                 stop_after_outage(outage_since, None)
             if self._batch_filled and self._wanted() > 0:
                 # A full batch came back: the queue may hold more. A short
@@ -359,17 +361,10 @@ class Producer:
         when at least half its capacity (slots + prefetch) can be filled.
         """
         self._batch_filled = False
-        if not self._claims.fresh():
-            # Our heartbeat is stale (database trouble, a paused process):
-            # anything claimed now could be rescued from under us at once.
-            if not self._claims_paused:
-                logger.warning(
-                    "no heartbeat acknowledged for %.1fs; not claiming until one is",
-                    self._claims.beat_age(),
-                )
-            self._claims_paused = True
+        if self._hold.holding():
+            # Our heartbeat is stale (anything claimed now could be rescued
+            # from under us at once), or what we ran cannot be written.
             return 0
-        self._claims_paused = False
         if self._executor.snapshot().alone:
             # A crash suspect waits to run, or runs, alone (the crash
             # budget, see the slots): nothing is claimed to run beside it.

@@ -138,8 +138,10 @@ class Worker:
             delete_completed=settings.retention == 0,
             on_written=self._on_written,
             events=self.events,
-            # Capacity of a capped queue was freed: claim into it now.
+            # Capacity of a capped queue was freed, or a backlog of failed
+            # writes was written: claim now.
             on_urgent_written=lambda: self.producer.wake(),
+            on_written_again=lambda: self.producer.wake(),
         )
         #: A heartbeat younger than this (seconds) means no rescuer can have
         #: taken our claims; older, and we stop claiming and starting jobs
