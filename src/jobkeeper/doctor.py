@@ -99,12 +99,14 @@ def run_checks(
     checks.append(_schema(facts, jq.url.migrate_hint()))
     if facts["schema_version"] == 0:
         return checks
+    write_error = facts.get("write_error")
+    checks.append(_writes(write_error))
     checks.append(_claim_plan(facts, jq.url.migrate_hint()))
     if facts["backend"] == "postgresql":
         checks += _postgres(facts, xmin_warn_after)
     else:
         checks += _sqlite(facts, whose)
-    checks.append(_workers(jq, facts["schema_version"]))
+    checks.append(_workers(jq, facts["schema_version"], writes_fail=write_error is not None))
     checks.append(_settings(jq, whose))
     if jq.periodics:
         checks.append(_periodics(jq))
@@ -136,6 +138,21 @@ def _schema(facts: dict[str, Any], migrate_hint: str) -> Check:
             f"version {have} is ahead of this jobkeeper's {want}: upgrade jobkeeper here",
         )
     return Check("schema", "ok", f"version {have}, as the code expects")
+
+
+def _writes(error: str | None) -> Check:
+    """The write probe: a write that needs new space, rolled back. Reads,
+    and updates that fit in pages that exist (claims, heartbeats), can pass
+    while it fails: enqueues and outcome writes fail with it.
+    """
+    if error is None:
+        return Check("writes", "ok", "a write (rolled back) succeeds")
+    return Check(
+        "writes",
+        "fail",
+        f"a write (rolled back) fails: {error}; enqueues and the workers' outcomes fail "
+        "with it (a full disk: free space; a read-only database or file: make it writable)",
+    )
 
 
 def _claim_plan(facts: dict[str, Any], migrate_hint: str) -> Check:
@@ -324,7 +341,7 @@ def _sqlite(facts: dict[str, Any], whose: str) -> list[Check]:
     return checks
 
 
-def _workers(jq: JobQueue, schema: int) -> Check:
+def _workers(jq: JobQueue, schema: int, *, writes_fail: bool = False) -> Check:
     workers = jq.workers()
     if not workers:
         return Check("workers", "ok", "none registered")
@@ -337,6 +354,16 @@ def _workers(jq: JobQueue, schema: int) -> Check:
     ]
     if stale:
         names = ", ".join(w.id for w in stale[:3])
+        if writes_fail:
+            # Their heartbeats are writes too: the database, not their
+            # hosts, is the likelier cause (see the writes check).
+            return Check(
+                "workers",
+                "warn",
+                f"{len(stale)} of {len(workers)} worker(s) silent past their rescue window "
+                f"({names}): this database takes no writes (see writes above), which stops "
+                "heartbeats too; fix that first",
+            )
         # Every live worker runs a rescuer; with none alive, nobody rescues.
         if len(stale) < len(workers):
             rescue = "the live workers rescue their jobs"

@@ -64,7 +64,7 @@ def test_doctor_on_a_healthy_database(jq, capsys):
     seed(jq)
     checks = run_checks(jq)
     names = [check.name for check in checks]
-    assert names[:3] == ["database", "schema", "claim plan"]
+    assert names[:4] == ["database", "schema", "writes", "claim plan"]
     assert not [c for c in checks if c.level == "fail"], checks
     if jq.backend.name == "sqlite":
         assert {"journal mode", "wal size", "busy timeout"} <= set(names)

@@ -120,6 +120,8 @@ class CockpitSeam(Protocol):
         (e.g. ``UTF8``); on SQLite ``journal_mode``, ``busy_timeout_ms``, ``wal_bytes``,
         or, when the file does not exist (schema version 0, nothing created),
         ``missing``: ``{"file": path, "directory": its path when missing too, else None}``.
+        Once the database exists, ``write_error``: None when a write that
+        needs new space (rolled back) succeeds, else why it failed (str).
         """
         ...
 

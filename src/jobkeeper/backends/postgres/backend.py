@@ -473,4 +473,17 @@ class PostgresBackend(
         facts["xmin_holders"] = self._fetch("database_health_xmin")
         facts["notify_usage"] = float(self._fetch("database_health_notify")[0]["usage"])
         facts["encoding"] = self._fetch("database_health_encoding")[0]["encoding"]
+        facts["write_error"] = self._write_probe()
         return facts
+
+    def _write_probe(self) -> str | None:
+        """None when a write that needs new space succeeds (rolled back),
+        else the error: a full disk, a read-only session or standby.
+        """
+        try:
+            with self._cursor(transaction=True) as cursor:
+                cursor.execute(QUERIES["database_health_write_probe"])
+                raise psycopg.Rollback()
+        except DatabaseError as exc:
+            return str(exc)
+        return None

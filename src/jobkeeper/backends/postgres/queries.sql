@@ -1284,6 +1284,15 @@ LIMIT 5
 -- listener stops reading inside an open transaction.
 SELECT pg_notification_queue_usage() AS usage
 
+-- name: database_health_write_probe
+-- doctor: a write that needs new space, in a transaction the caller rolls
+-- back: a temporary table's first row extends a new file, so a full disk
+-- fails it ("could not extend file ... No space left on device") where the
+-- claim's and heartbeat's updates, fitting in pages that exist, still pass;
+-- a read-only transaction or a standby refuses the CREATE.
+CREATE TEMPORARY TABLE jobkeeper_write_probe ON COMMIT DROP AS
+SELECT repeat('x', 64) AS filler
+
 -- name: database_health_encoding
 -- doctor: the database's encoding (jobkeeper's sessions speak UTF-8, which
 -- the server converts; a character the encoding lacks is refused).

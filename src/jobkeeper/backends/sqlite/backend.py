@@ -53,6 +53,14 @@ from jobkeeper.models import (
 __all__ = ["MIGRATIONS", "QUERIES", "SqliteBackend"]
 
 
+#: Free bytes beside the file under which ``doctor``'s write probe fails.
+PROBE_MIN_FREE = 64 << 10
+
+
+class _RolledBackError(Exception):
+    """Ends the write probe's transaction with a rollback."""
+
+
 class SqliteBackend(
     SqliteSchema,
     SqliteInserts,
@@ -460,4 +468,29 @@ class SqliteBackend(
         facts["claim_uses_index"] = "jobkeeper_jobs_claim_idx" in facts["claim_plan"]
         wal = self.path + "-wal"
         facts["wal_bytes"] = os.path.getsize(wal) if os.path.exists(wal) else 0
+        facts["write_error"] = self._write_probe()
         return facts
+
+    def _write_probe(self) -> str | None:
+        """None when a write succeeds (rolled back), else why not: a file
+        SQLite cannot write, or no room left beside it. A rolled-back write
+        touches no disk here, so the free space of the file's file system is
+        read too: under ``PROBE_MIN_FREE`` bytes, the next commit that grows
+        the WAL or the file fails ("database or disk is full").
+        """
+        try:
+            with self._write() as conn:
+                conn.execute(QUERIES["database_health_write_probe"])
+                raise _RolledBackError
+        except _RolledBackError:
+            pass
+        except DatabaseError as exc:
+            return str(exc)
+        try:
+            stat = os.statvfs(os.path.dirname(self.path) or ".")
+        except OSError:
+            return None
+        free = stat.f_bavail * stat.f_frsize
+        if free < PROBE_MIN_FREE:
+            return f"no space left on the device holding {self.path} ({free} bytes free)"
+        return None

@@ -748,6 +748,11 @@ UNION ALL
 SELECT 'dead', coalesce(sum(queue = :queue), 0), count(*)
 FROM (SELECT queue FROM jobkeeper_dead_letters LIMIT :cap)
 
+-- name: database_health_write_probe
+-- doctor: a write, in a BEGIN IMMEDIATE transaction the caller rolls back:
+-- a file the process cannot write (read-only, chattr +i) refuses it.
+CREATE TABLE main.jobkeeper_write_probe AS SELECT 'x' AS filler
+
 -- name: database_health_journal_mode
 PRAGMA journal_mode
 
