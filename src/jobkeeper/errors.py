@@ -219,7 +219,26 @@ class JobStateError(JobkeeperError):
 
 
 class DatabaseError(JobkeeperError):
-    """The database refused or failed an operation."""
+    """The database refused or failed an operation.
+
+    Args:
+        *args: the message, as for any exception.
+        retry_asked: sets :attr:`retry_asked`.
+    """
+
+    #: Whether nothing of the call was written and running it again at once
+    #: may succeed: the database aborted its transaction asking for a rerun
+    #: (PostgreSQL's serialization failure, SQLSTATE 40001, or deadlock,
+    #: 40P01), or -- on a :class:`DatabaseUnavailable` -- closed the session
+    #: for sitting idle before the call's statement ran (57P05
+    #: ``idle_session_timeout``; 25P03 ``idle_in_transaction_session_timeout``
+    #: rolled the transaction back); a new session runs it. False otherwise.
+    retry_asked: bool = False
+
+    def __init__(self, *args: object, retry_asked: bool = False) -> None:
+        super().__init__(*args)
+        if retry_asked:
+            self.retry_asked = True
 
 
 class DatabaseUnavailable(DatabaseError):  # noqa: N818
@@ -234,7 +253,24 @@ class DatabaseUnavailable(DatabaseError):  # noqa: N818
     job twice; a ``unique_key`` makes the retry safe.
 
     One subclass does not pass with time: :class:`DatabaseRefused`.
+
+    Args:
+        *args: the message, as for any exception.
+        unreachable: sets :attr:`unreachable`.
+        retry_asked: sets :attr:`~DatabaseError.retry_asked`.
     """
+
+    #: Whether the database could not be reached (down, restarting, refusing
+    #: connections, read-only): an outage. False when it answered and gave up
+    #: on the call itself -- a cancelled statement, a full disk, a lock held
+    #: past the busy timeout, a session it closed while idle -- which passes
+    #: too, but says nothing of the server's reachability.
+    unreachable: bool = True
+
+    def __init__(self, *args: object, unreachable: bool = True, retry_asked: bool = False) -> None:
+        super().__init__(*args, retry_asked=retry_asked)
+        if not unreachable:
+            self.unreachable = False
 
 
 class DatabaseRefused(DatabaseUnavailable):

@@ -535,6 +535,8 @@ def test_a_statement_timeout_is_not_called_a_lost_connection(pg_url):
         assert "cancelled the statement" in str(caught.value)
         assert "unavailable" not in str(caught.value)
         assert "lost during the call" not in str(caught.value)
+        # The server answered: no outage, so no "database reachable again" after.
+        assert caught.value.unreachable is False
         assert len(jq.list_jobs(limit=10)) == 1  # and the session still works
     finally:
         jq.close()

@@ -19,7 +19,7 @@ import pytest
 
 from jobkeeper import JobQueue
 from jobkeeper.backends.sqlite.backend import QUERIES
-from jobkeeper.errors import DatabaseError
+from jobkeeper.errors import DatabaseError, DatabaseUnavailable
 from jobkeeper.models import WorkerInfo
 
 WORKER = WorkerInfo(
@@ -120,8 +120,11 @@ def test_polls_with_work_still_write_under_the_lock(locked_queue):
     backend = jq.backend.dedicated()
     try:
         _lock(holder)
-        with pytest.raises(DatabaseError, match="locked"):
+        with pytest.raises(DatabaseError, match="locked") as caught:
             backend.job_claim(worker_id=WORKER.id, queue="default", limit=10)
+        # A lock held past the busy timeout is no outage (see IntervalService).
+        assert isinstance(caught.value, DatabaseUnavailable)
+        assert caught.value.unreachable is False
         holder.execute("ROLLBACK")
         claimed = backend.job_claim(worker_id=WORKER.id, queue="default", limit=10)
         assert [j.id for j in claimed] == [job.id]

@@ -20,7 +20,7 @@ import psycopg
 import pytest
 
 from jobkeeper import JobQueue
-from jobkeeper.backends.postgres.sources import SingleConnection
+from jobkeeper.backends.postgres.single import SingleConnection
 from support.db import count
 from support.settings import FAST
 

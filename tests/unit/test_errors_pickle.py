@@ -13,6 +13,8 @@ import pytest
 from jobkeeper import (
     ClaimLost,
     ConfigError,
+    DatabaseError,
+    DatabaseUnavailable,
     Discard,
     JobCancelled,
     JobFailed,
@@ -44,6 +46,8 @@ def _job() -> Job:
         ClaimLost(7, 2, 9),
         ConfigError("bad"),
         PayloadError("worse"),
+        DatabaseError("lost a race", retry_asked=True),
+        DatabaseUnavailable("statement timeout", unreachable=False),
     ],
     ids=lambda e: type(e).__name__,
 )

@@ -100,3 +100,33 @@ def test_a_multi_host_url_is_refused_only_when_every_host_refuses():
 
 def test_not_a_driver_error():
     assert refusal(ValueError('database "shop" does not exist')) is None
+
+
+@pytest.mark.parametrize(
+    ("error", "retry_asked", "unreachable"),
+    [
+        (psycopg.errors.SerializationFailure("could not serialize access"), True, None),
+        (psycopg.errors.DeadlockDetected("deadlock detected"), True, None),
+        # The server answered each of these: no outage.
+        (psycopg.errors.DiskFull("could not extend file"), False, False),
+        (
+            psycopg.errors.QueryCanceled("canceling statement due to statement timeout"),
+            False,
+            False,
+        ),
+        (psycopg.OperationalError("connection refused"), False, True),
+    ],
+    ids=lambda value: type(value).__name__ if isinstance(value, Exception) else None,
+)
+def test_what_a_translated_error_says_of_itself(error, retry_asked, unreachable):
+    # What the worker's loops log hangs on these: a lost race is a warning
+    # naming its step, and "database reachable again" follows an outage only.
+    translated_error = translated(error, resolve_database_url("postgresql://u@h/shop"))
+    assert translated_error.retry_asked is retry_asked
+    if unreachable is None:
+        assert not isinstance(translated_error, DatabaseUnavailable)
+    else:
+        assert isinstance(translated_error, DatabaseUnavailable)
+        assert translated_error.unreachable is unreachable
+    if isinstance(error, psycopg.errors.DiskFull):
+        assert "is unavailable" not in str(translated_error)

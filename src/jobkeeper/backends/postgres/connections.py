@@ -23,12 +23,12 @@ from jobkeeper.backends.postgres.prepared import stale_plan
 from jobkeeper.backends.postgres.queries import QUERIES
 from jobkeeper.backends.postgres.refusals import refusal
 from jobkeeper.backends.postgres.session_setup import misplaced_tables, no_current_schema
+from jobkeeper.backends.postgres.single import SingleConnection
 from jobkeeper.backends.postgres.sources import (
     APPLICATION_NAME,
     CONNECTION_OPTIONS,
     RETRY_ASKED,
     PooledConnections,
-    SingleConnection,
     reused_cursor,
     with_session_defaults,
 )
@@ -96,7 +96,8 @@ def translated(exc: BaseException, url: DatabaseURL) -> Exception | None:
         # Not the server's health: the transaction lost a race (callers
         # that own the transaction retry it, see job_insert_many).
         return DatabaseError(
-            f"PostgreSQL aborted the transaction ({describe(exc)}); running it again may succeed"
+            f"PostgreSQL aborted the transaction ({describe(exc)}); running it again may succeed",
+            retry_asked=True,
         )
     if isinstance(exc, psycopg.errors.ReadOnlySqlTransaction):
         return DatabaseUnavailable(
@@ -118,7 +119,15 @@ def translated(exc: BaseException, url: DatabaseURL) -> Exception | None:
         # (a lock released, a quieter moment), so callers retry it alike.
         return DatabaseUnavailable(
             f"PostgreSQL at {url.redacted()} cancelled the statement: {describe(exc)} "
-            "(statement_timeout, lock_timeout or a cancel request; nothing of it committed)"
+            "(statement_timeout, lock_timeout or a cancel request; nothing of it committed)",
+            unreachable=False,
+        )
+    closed = closed_while_idle(exc)
+    if closed is not None:
+        return DatabaseUnavailable(
+            f"PostgreSQL at {url.redacted()} closed the session: {describe(exc)} ({closed})",
+            unreachable=False,
+            retry_asked=True,
         )
     if isinstance(exc, psycopg.errors.InvalidSchemaName):
         return no_schema(url, describe(exc))
@@ -132,13 +141,14 @@ def translated(exc: BaseException, url: DatabaseURL) -> Exception | None:
         # What the URL or the server's set-up refuses, not an outage: a
         # worker stops on it at start instead of waiting (see refusals.py).
         return DatabaseRefused(f"PostgreSQL at {url.redacted()} refused the connection: {refused}")
-    if isinstance(
-        exc,
-        psycopg.OperationalError
-        | PoolTimeout
-        # Conditions that pass, not properties of the call: a full disk, no memory.
-        | psycopg.errors.InsufficientResources,
-    ):
+    if isinstance(exc, psycopg.Error) and insufficient_resources(exc.sqlstate):
+        # Conditions that pass, not properties of the call (a full disk, no
+        # memory); the server answered, so no outage either.
+        return DatabaseUnavailable(
+            f"PostgreSQL at {url.redacted()} could not take the call: {describe(exc)}",
+            unreachable=False,
+        )
+    if isinstance(exc, psycopg.OperationalError | PoolTimeout):
         return DatabaseUnavailable(
             f"PostgreSQL at {url.redacted()} is unavailable: {describe(exc)}"
         )
@@ -163,6 +173,13 @@ def translated(exc: BaseException, url: DatabaseURL) -> Exception | None:
     return None
 
 
+def insufficient_resources(sqlstate: str | None) -> bool:
+    """Whether ``sqlstate`` is of class 53 (a full disk, out of memory),
+    but for 53300, too many connections: that one keeps us out.
+    """
+    return sqlstate is not None and sqlstate.startswith("53") and sqlstate != "53300"
+
+
 def no_schema(url: DatabaseURL, what: str) -> MissingSchemaError:
     """The error for a search path none of whose schemas exists, where
     ``migrate`` would create nothing and every statement finds no table.
@@ -177,6 +194,30 @@ def no_schema(url: DatabaseURL, what: str) -> MissingSchemaError:
 
 #: What a statement meets when the search path names no schema that exists.
 UNDEFINED = (psycopg.errors.UndefinedTable, psycopg.errors.UndefinedFunction)
+
+
+def closed_while_idle(exc: BaseException) -> str | None:
+    """What is known of a call whose session the server closed for sitting
+    idle (None: ``exc`` is not that). Such a session was closed before the
+    call's statement reached it (57P05, ``idle_session_timeout``: a session
+    running a statement is not idle), or with its transaction rolled back
+    (25P03, ``idle_in_transaction_session_timeout``): either way nothing of
+    the call was written. (A call of several autocommitted statements sits
+    idle between them only for its own Python's time, far below any such
+    timeout.) Not so after ``pg_terminate_backend`` (57P01), which may land
+    with a statement in flight.
+    """
+    if isinstance(exc, psycopg.errors.IdleSessionTimeout):
+        return (
+            "idle_session_timeout: the server had closed the idle session before the "
+            "statement reached it; nothing of the call was written"
+        )
+    if isinstance(exc, psycopg.errors.IdleInTransactionSessionTimeout):
+        return (
+            "idle_in_transaction_session_timeout: the server rolled back the transaction "
+            "left idle and closed the session; nothing of the call was written"
+        )
+    return None
 
 
 def session_lost(exc: BaseException) -> bool:
@@ -231,7 +272,12 @@ class DriverErrors:
             # "run migrate" alone would make a second, empty installation
             # where jobkeeper's tables are further down the search path.
             raise misplaced.error(self._url.migrate_hint()) from exc
-        if self.checked_out and isinstance(error, DatabaseUnavailable) and session_lost(exc):
+        if (
+            self.checked_out
+            and isinstance(error, DatabaseUnavailable)
+            and session_lost(exc)
+            and closed_while_idle(exc) is None
+        ):
             error = DatabaseUnavailable(
                 f"{error} (the connection was lost during the call: what it was writing may "
                 "have committed; check before running it again)"
@@ -264,7 +310,7 @@ class PostgresConnections:
             url.url.replace("postgres://", "postgresql://", 1), application_name
         )
         self._source: SingleConnection | PooledConnections = (
-            SingleConnection(self._conninfo)
+            SingleConnection(self._conninfo, application_name)
             if dedicated
             else PooledConnections(self._conninfo, pool_size)
         )

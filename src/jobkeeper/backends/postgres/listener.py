@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import secrets
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import psycopg
 from psycopg import sql
@@ -14,7 +16,8 @@ from psycopg import sql
 from jobkeeper.backends.postgres.connections import PostgresConnections, describe
 from jobkeeper.backends.postgres.prepared import reaches_server
 from jobkeeper.backends.postgres.queries import QUERIES
-from jobkeeper.backends.postgres.sources import CONNECT_TIMEOUT, SingleConnection
+from jobkeeper.backends.postgres.single import SingleConnection
+from jobkeeper.backends.postgres.sources import CONNECT_TIMEOUT
 from jobkeeper.errors import DatabaseError
 
 logger = logging.getLogger("jobkeeper.postgres")
@@ -25,6 +28,34 @@ CANARY_INTERVAL = 10.0
 CANARY_TIMEOUT = 5.0
 CANARY_GIVE_UP = 3
 CANARY_PREFIX = "~canary:"  # "~" is not allowed in queue names
+
+
+class ClosedIdle(Exception):  # noqa: N818 - reads as what happened
+    """The server closed the LISTEN session for sitting idle (57P05)."""
+
+
+@contextlib.contextmanager
+def closed_idle_told(conn: psycopg.Connection[Any]) -> Iterator[None]:
+    """Raise :class:`ClosedIdle` for a connection error of ``conn`` that
+    follows the server's FATAL 57P05 (``idle_session_timeout``). A session
+    waiting for notifications gets that error as a notice (libpq: no query
+    was running), and the read then fails as "server closed the connection
+    unexpectedly", which alone reads as a crash.
+    """
+    fatal: list[str] = []
+
+    def note(diag: psycopg.errors.Diagnostic) -> None:
+        if diag.severity_nonlocalized == "FATAL" and diag.sqlstate == "57P05":
+            fatal.append(diag.message_primary or "idle-session timeout")
+
+    conn.add_notice_handler(note)
+    try:
+        yield
+    except psycopg.OperationalError as exc:
+        if fatal or isinstance(exc, psycopg.errors.IdleSessionTimeout):
+            told = fatal[0] if fatal else describe(exc)
+            raise ClosedIdle(f"{told}: idle_session_timeout") from exc
+        raise
 
 
 class PostgresListener(PostgresConnections):
@@ -51,9 +82,10 @@ class PostgresListener(PostgresConnections):
         through a transaction pooler every LISTEN stays on a pooled server
         session, so trying fresh connections would only leave more behind.
         """
-        sender = SingleConnection(self._conninfo)
+        sender = SingleConnection(self._conninfo, "LISTEN canary sender")
         delay = 0.1
         silent_connections = 0
+        said_idle_closed = False
         try:
             while not stop.is_set():
                 try:
@@ -63,6 +95,21 @@ class PostgresListener(PostgresConnections):
                         self.channel(), sender, on_queue, on_due, stop
                     )
                 except Exception as exc:
+                    if isinstance(exc, ClosedIdle):
+                        # A LISTEN session is idle by design: under an
+                        # idle_session_timeout the server closes it every
+                        # time. Reopened at once; the claim that follows
+                        # finds what was enqueued meanwhile. Said once.
+                        logger.log(
+                            logging.DEBUG if said_idle_closed else logging.INFO,
+                            "the server closed the idle LISTEN connection (%s); reconnecting "
+                            "each time (wake-ups missed meanwhile are found by the next claim)",
+                            exc,
+                        )
+                        said_idle_closed = True
+                        delay = 0.1
+                        stop.wait(delay)  # a timeout of a few ms must not spin
+                        continue
                     if isinstance(exc, psycopg.Error | DatabaseError):
                         reason = describe(exc) if isinstance(exc, psycopg.Error) else str(exc)
                         logger.warning("LISTEN connection lost (%s); reconnecting", reason)
@@ -103,9 +150,12 @@ class PostgresListener(PostgresConnections):
         """
         token = f"{CANARY_PREFIX}{secrets.token_hex(6)}"
         echoed = False
-        with psycopg.connect(
-            self._conninfo, autocommit=True, connect_timeout=CONNECT_TIMEOUT
-        ) as conn:
+        with (
+            psycopg.connect(
+                self._conninfo, autocommit=True, connect_timeout=CONNECT_TIMEOUT
+            ) as conn,
+            closed_idle_told(conn),
+        ):
             direct = reaches_server(conn)
             conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
             # Anything enqueued while we were not listening is found by a

@@ -1,18 +1,16 @@
-"""Where a PostgreSQL backend's connections come from (internal): one
-lazily reopened connection for a worker thread, a pool for API calls that
-checks connections on checkout, and what every connection of ours is opened
-and configured with. ``connections.py`` runs statements on them.
+"""Where a PostgreSQL backend's connections come from (internal): a pool
+for API calls that checks connections on checkout, and what every connection
+of ours is opened and configured with (``single.py`` has a worker thread's
+one connection). ``connections.py`` runs statements on them.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import select
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any
 from urllib.parse import quote, urlencode
 
@@ -192,7 +190,12 @@ def with_session_defaults(conninfo: str, application_name: str = APPLICATION_NAM
 #: its whole life (PostgreSQL reads default_transaction_read_only at session
 #: start; a server in recovery stays in it): retrying on it wedged workers
 #: after a failover even once the address led to a writable server again.
-LOST_SESSION = (psycopg.OperationalError, psycopg.errors.ReadOnlySqlTransaction)
+LOST_SESSION = (
+    psycopg.OperationalError,
+    psycopg.errors.ReadOnlySqlTransaction,
+    # The server rolled back a transaction left idle, and closed the session.
+    psycopg.errors.IdleInTransactionSessionTimeout,
+)
 #: What PostgreSQL aborts a transaction with, asking for it to be run again.
 RETRY_ASKED = (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure)
 
@@ -213,50 +216,6 @@ def load_json_safely(context: AdaptContext) -> None:
     text instead of failing the fetch.
     """
     set_json_loads(load_json, context)
-
-
-class SingleConnection:
-    """One lazily (re)opened connection for one worker thread.
-
-    After a connection error the connection is dropped and the next use
-    reconnects, so a worker survives a database restart or
-    ``pg_terminate_backend`` by retrying its loop.
-    """
-
-    def __init__(self, conninfo: str) -> None:
-        self._conninfo = conninfo
-        self._conn: psycopg.Connection[Any] | None = None
-
-    @contextlib.contextmanager
-    def connection(self) -> Iterator[psycopg.Connection[Any]]:
-        if self._conn is None or self._conn.closed or self._conn.broken:
-            self._drop()
-            self._conn = psycopg.connect(self._conninfo, **CONNECTION_OPTIONS)
-            configure_connection(self._conn)
-        try:
-            yield self._conn
-        except RETRY_ASKED:
-            raise  # the transaction failed, not the session
-        except LOST_SESSION:
-            self._drop()
-            raise
-        except psycopg.errors.FeatureNotSupported as exc:
-            if stale_plan(exc):
-                self._drop()
-            raise
-        except BaseException:
-            if transaction_blocks_unbalanced(self._conn):
-                self._drop()
-            raise
-
-    def _drop(self) -> None:
-        if self._conn is not None:
-            with contextlib.suppress(Exception):
-                self._conn.close()
-        self._conn = None
-
-    def close(self) -> None:
-        self._drop()
 
 
 class PooledConnections:

@@ -249,14 +249,19 @@ class SqliteConnection:
             if _is_locked(exc):
                 raise DatabaseUnavailable(
                     f"SQLite database {self.path!r} stayed locked for more than "
-                    f"busy_timeout={self._busy_timeout()}s; nothing was written"
+                    f"busy_timeout={self._busy_timeout()}s; nothing was written",
+                    unreachable=False,
                 ) from exc
             # A table or column a newer schema version adds: not migrated yet.
             if any(m in str(exc) for m in ("no such table", "no such column", "has no column")):
                 raise DatabaseError(f"SQLite: {exc} -- {self.url.migrate_hint()} first") from exc
             if any(word in str(exc).lower() for word in _PASSING_CONDITIONS):
                 hint = not_writable_hint(self.path) if "readonly" in str(exc) else ""
-                raise DatabaseUnavailable(f"SQLite database {self.path!r}: {exc}{hint}") from exc
+                raise DatabaseUnavailable(
+                    f"SQLite database {self.path!r}: {exc}{hint}",
+                    # A full disk: the file answered, and what passes is no outage.
+                    unreachable="disk is full" not in str(exc).lower(),
+                ) from exc
             raise DatabaseError(f"SQLite error: {exc}") from exc
         except sqlite3.IntegrityError as exc:
             if "unique_key" in str(exc):
