@@ -2,8 +2,10 @@
 
 ``start()`` runs ``run_once()`` on a daemon thread every ``interval`` seconds;
 ``stop()`` is synchronous and idempotent; tests call ``run_once()`` directly.
-A database error never kills the loop: it is logged (once per outage) and
-the next pass comes sooner, with backoff.
+A database error never kills the loop: it is logged (once per run of
+failures, as a warning without traceback) and the next pass comes sooner,
+with backoff; the first pass that succeeds after says "database reachable
+again" when the failures were an outage, "calls succeed again" otherwise.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from jobkeeper.errors import DatabaseError
+from jobkeeper.errors import DatabaseError, DatabaseUnavailable
 
 logger = logging.getLogger("jobkeeper.maintenance")
 
@@ -41,6 +43,8 @@ class IntervalService:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._failing = False
+        #: Whether the failures since the last good pass include an outage.
+        self._unreachable = False
 
     def run_once(self) -> None:
         """One pass of the service's work."""
@@ -53,6 +57,7 @@ class IntervalService:
 
     def _loop(self) -> None:
         retry = min(self.interval, 0.1)
+        rerun = False  # whether this pass is a closed idle session's rerun
         while not self._stop.is_set():
             started = time.monotonic()
             ran = False
@@ -61,9 +66,22 @@ class IntervalService:
                     self.run_once()
                     ran = True
             except DatabaseError as exc:
-                if not self._failing:
+                if isinstance(exc, DatabaseUnavailable) and exc.retry_asked and not rerun:
+                    # The server closed the session for sitting idle as the
+                    # statement went out, after the check before use: nothing
+                    # of it ran, and a new session runs it at once.
+                    logger.debug("%s: %s; running it again at once", self.name, exc)
+                    rerun = True
+                    continue
+                unreachable = isinstance(exc, DatabaseUnavailable) and exc.unreachable
+                if not self._failing or (unreachable and not self._unreachable):
+                    # Once per run of failures, and again if it turns into
+                    # an outage. A serialization failure or deadlock is a
+                    # lost race: a warning, as any passing error, with no
+                    # traceback.
                     logger.warning("%s: %s; retrying", self.name, exc)
                 self._failing = True
+                self._unreachable = self._unreachable or unreachable
                 self._stop.wait(retry)
                 retry = min(retry * 2, self.interval)
                 continue
@@ -74,12 +92,18 @@ class IntervalService:
             # Only a pass that ran says the database answered: a skipped one
             # (not the leader) said nothing while the server was still down.
             if ran and self._failing:
-                logger.info("%s: database reachable again", self.name)
-                self._failing = False
+                # "Reachable" only after an outage: not after a statement
+                # timeout, a full disk or a serialization failure, whose
+                # server answered all along.
+                if self._unreachable:
+                    logger.info("%s: database reachable again", self.name)
+                else:
+                    logger.info("%s: calls succeed again", self.name)
+                self._failing = self._unreachable = False
             with self._passed:
                 self.loop_passes += 1
                 self._passed.notify_all()
-            retry = min(self.interval, 0.1)
+            retry, rerun = min(self.interval, 0.1), False
             # Fixed rate: a slow pass (e.g. a heartbeat starved of the GIL by
             # CPU-bound tasks) must not stretch the period to interval + pass
             # time (pgqueuer#430: beats slower than the rescue window).

@@ -25,15 +25,33 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from typing import TypeVar
 
 from jobkeeper.backends.base import Backend
-from jobkeeper.errors import DatabaseError, DataRejected
+from jobkeeper.errors import DatabaseError, DatabaseUnavailable, DataRejected
 from jobkeeper.events import EventBus, EventKind, JobEvent
 from jobkeeper.models import Claim, Completion, Failure, Job
 from jobkeeper.outcomes import outcome_error, outcome_kind, unstorable_result
 from jobkeeper.payload import dumps
 
 logger = logging.getLogger("jobkeeper.worker")
+
+T = TypeVar("T")
+
+
+def again_if_closed_idle(call: Callable[[], T]) -> T:
+    """``call()``, run once more at once when the server closed its session
+    for sitting idle as it went out (after the check before use): nothing
+    of it ran (see :attr:`~jobkeeper.errors.DatabaseError.retry_asked`).
+    """
+    try:
+        return call()
+    except DatabaseUnavailable as exc:
+        if not exc.retry_asked:
+            raise
+        logger.debug("%s; running it again at once", exc)
+        return call()
+
 
 Outcome = Completion | Failure
 #: The events the completer emits once a batch is written.
@@ -305,7 +323,7 @@ class Completer:
             try:
                 # Refused marks (the claim was lost, or its outcome was
                 # written first) change nothing and need no report.
-                self._backend.job_start_many(claims=starts)
+                again_if_closed_idle(lambda: self._backend.job_start_many(claims=starts))
             except DatabaseError as exc:
                 logger.warning("could not write %d start marks (%s); retrying", len(starts), exc)
                 return starts, batch
@@ -420,7 +438,11 @@ class Completer:
         appended to ``failures``.
         """
         try:
-            return self._backend.job_complete_many(completions=completions, delete=self._delete)
+            return again_if_closed_idle(
+                lambda: self._backend.job_complete_many(
+                    completions=completions, delete=self._delete
+                )
+            )
         except DataRejected:
             pass  # one bad row must not sink the batch: find it
         written: set[int] = set()
@@ -435,7 +457,7 @@ class Completer:
 
     def _fail(self, failures: list[Failure]) -> set[int]:
         try:
-            return self._backend.job_fail_many(failures=failures)
+            return again_if_closed_idle(lambda: self._backend.job_fail_many(failures=failures))
         except DataRejected as exc:
             logger.error("could not record %d failures (%s); trying one by one", len(failures), exc)
         written: set[int] = set()

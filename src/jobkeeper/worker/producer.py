@@ -37,6 +37,7 @@ from jobkeeper.worker.claim_hold import ClaimHold
 from jobkeeper.worker.claims import Claims
 from jobkeeper.worker.completer import Completer
 from jobkeeper.worker.executor import Executor
+from jobkeeper.worker.step_logs import log_failed, log_unavailable
 
 logger = logging.getLogger("jobkeeper.worker")
 
@@ -211,21 +212,29 @@ class Producer:
         # process paused meanwhile (SIGSTOP) does not count as one.
         outage_since: float | None = None
         failures = 0
+        rerun = False  # whether this pass is a closed idle session's rerun
         while not self._stopping.is_set():
             self._wake.clear()
+            # What the pass is doing, for its log lines.
+            step = "claim"
             try:
                 if self._reconcile_needed:
+                    step = "reconciling held jobs"
                     self._reconcile()
                 if time.monotonic() >= self._stage_at:
+                    step = "staging due jobs"
                     self._stage()
                 if time.monotonic() - self._capped_read_at >= CAPPED_RECHECK:
+                    step = "reading queue settings"
                     self._read_capped()
                 if self._fixed_prefetch is None:
+                    step = "handing back ready jobs"
                     self._executor.hand_back(stalled_for=PREFETCH_STALL)
                 now = time.monotonic()
                 if now >= self._slow_checked_at + 1.0:
                     self._slow_checked_at = now
                     self._executor.name_slow_deliveries()
+                step = "claim"
                 claimed = self._claim()
                 if self._burst and claimed == 0 and self._drained():
                     # Not "nothing left": a paused queue's jobs, or ones a
@@ -236,13 +245,19 @@ class Producer:
                             "paused queues or held back by limits, if any, stay queued)"
                         )
                     return
-                outage_pause = 0.05
-                failures = 0
+                outage_pause, failures, rerun = 0.05, 0, False
                 if not self._hold.paused:
                     outage_since = None
                 elif outage_since is None:
                     outage_since = time.monotonic()
             except DatabaseUnavailable as exc:
+                if exc.retry_asked and not rerun:
+                    # The server closed the session for sitting idle as the
+                    # statement went out, after the check before use: nothing
+                    # of it ran, and a new session runs it.
+                    logger.debug("%s: %s; running it again at once", step, exc)
+                    rerun = True
+                    continue
                 # A claim may have committed with its reply lost: look for
                 # jobs held under our id that nobody here runs once back.
                 self._reconcile_needed = True
@@ -250,16 +265,16 @@ class Producer:
                     outage_since = time.monotonic()
                 if self._burst:
                     stop_after_outage(outage_since, exc)
-                logger.warning("database unavailable (%s); retrying in %.2fs", exc, outage_pause)
+                log_unavailable(step, exc, outage_pause)
                 self._stopping.wait(outage_pause)
                 outage_pause = min(outage_pause * 2, 5.0)
                 continue
-            except DatabaseError:
+            except DatabaseError as exc:
                 failures += 1
                 if self._burst and failures >= BURST_CLAIM_FAILURES:
                     logger.error("burst: %d claims in a row failed; stopping", failures)
                     raise
-                logger.exception("claim failed; retrying")
+                log_failed(step, exc)
                 self._stopping.wait(self._settings.poll_interval)
                 continue
             if self._burst and outage_since is not None:

@@ -50,7 +50,7 @@ from jobkeeper.models import Claim, Failure, Job, WorkerInfo
 from jobkeeper.periodic import Periodic
 from jobkeeper.tasks import Task
 from jobkeeper.worker.claims import Claims
-from jobkeeper.worker.completer import Completer, Outcome
+from jobkeeper.worker.completer import Completer, Outcome, again_if_closed_idle
 from jobkeeper.worker.executor import Executor
 from jobkeeper.worker.listener import SignalRelay, start_listener
 from jobkeeper.worker.producer import MAX_PREFETCH, Producer
@@ -481,7 +481,9 @@ class Worker:
             # job is rescued rescue_after seconds after our last heartbeat,
             # by when a CLI worker process has exited.
             if self._registered and not stopped.stuck:
-                self._backend.worker_deregister(worker_id=self.info.id)
+                again_if_closed_idle(
+                    lambda: self._backend.worker_deregister(worker_id=self.info.id)
+                )
         except DatabaseError as exc:
             logger.warning("could not deregister (%s); the row will go stale and be pruned", exc)
         self.executor.close()
