@@ -290,6 +290,15 @@ class DatabaseRefused(DatabaseUnavailable):
     """
 
 
+class DatabaseReplaced(DatabaseError):  # noqa: N818 - reads as what happened
+    """Internal (a :class:`DatabaseError` to callers): the SQLite file a
+    connection has open is no longer the file at the URL's path -- removed,
+    or replaced by another (a restore, ``rm`` and ``migrate``). A write on it
+    would land in a file nobody will read again, so the write is rolled back
+    and nothing was stored. Waiting does not fix it; a worker stops on it.
+    """
+
+
 class DataRejected(DatabaseError):  # noqa: N818
     """The database refused the data of a write (a value out of its range, a
     constraint). Trying the same write again fails the same way.

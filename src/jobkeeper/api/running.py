@@ -113,7 +113,9 @@ class RunningMixin(QueueBase):
             DatabaseUnavailable: with ``burst``, the database cannot be
                 reached at start (without it, the worker waits for it).
             DatabaseError: the schema is behind this code's (run
-                ``jobkeeper migrate``), or not there at all.
+                ``jobkeeper migrate``), or not there at all; or (SQLite) the
+                database file was removed or replaced while the worker ran:
+                it stops at once (its jobs are in the removed file).
         """
         from jobkeeper.worker.log_output import log_unless_configured
 

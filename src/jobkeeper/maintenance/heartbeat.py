@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 
 from jobkeeper.backends.base import Backend
-from jobkeeper.errors import DatabaseError
+from jobkeeper.errors import DatabaseError, DatabaseReplaced
 from jobkeeper.maintenance.service import IntervalService
 from jobkeeper.models import Claim, Job, WorkerInfo
 
@@ -34,6 +34,9 @@ class Heartbeat(IntervalService):
         on_holds: called after a spell (on the beat that ends it and on the
             next) with the jobs the database says we hold, read after the
             beat, and the spell count as of that beat.
+        on_replaced: called (on this thread, at every beat that finds it)
+            when the database file was removed or replaced under the worker
+            (SQLite): the worker stops on it, its beats having nowhere to go.
     """
 
     def __init__(
@@ -44,12 +47,14 @@ class Heartbeat(IntervalService):
         on_cancel: Callable[[Claim], None],
         stale_after: float | None = None,
         on_holds: Callable[[list[Job], int], None] | None = None,
+        on_replaced: Callable[[DatabaseReplaced], None] | None = None,
     ) -> None:
         super().__init__("jobkeeper-heartbeat", interval)
         self._backend = backend
         self._worker = worker
         self._on_cancel = on_cancel
         self._on_holds = on_holds
+        self._on_replaced = on_replaced
         #: Test hook: when set, beats are skipped (simulates a stalled worker).
         self.paused = False
         # Writers of the last acknowledged beat and the stale spells.
@@ -127,6 +132,12 @@ class Heartbeat(IntervalService):
         self._writing_since = sent
         try:
             self._backend.worker_heartbeat(worker=self._worker)
+        except DatabaseReplaced as exc:
+            self.trouble_at = time.monotonic()
+            if self._on_replaced is None:
+                raise
+            self._on_replaced(exc)
+            return
         except DatabaseError:
             self.trouble_at = time.monotonic()
             raise

@@ -29,7 +29,7 @@ from datetime import datetime
 
 from jobkeeper.backends.base import Backend
 from jobkeeper.config import Settings
-from jobkeeper.errors import DatabaseError, DatabaseUnavailable
+from jobkeeper.errors import DatabaseError, DatabaseReplaced, DatabaseUnavailable
 from jobkeeper.events import EventBus, EventKind, JobEvent
 from jobkeeper.outcomes import released_attempt
 from jobkeeper.worker.burst import BURST_CLAIM_FAILURES, stop_after_outage
@@ -269,6 +269,8 @@ class Producer:
                 self._stopping.wait(outage_pause)
                 outage_pause = min(outage_pause * 2, 5.0)
                 continue
+            except DatabaseReplaced:
+                raise  # the worker stops: its file is gone (see Worker._on_replaced)
             except DatabaseError as exc:
                 failures += 1
                 if self._burst and failures >= BURST_CLAIM_FAILURES:

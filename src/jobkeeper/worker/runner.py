@@ -38,7 +38,7 @@ from typing import Any
 from jobkeeper import joblog
 from jobkeeper.backends.base import Backend
 from jobkeeper.config import Settings, is_int_between
-from jobkeeper.errors import ConfigError, DatabaseError, DatabaseRefused, DatabaseUnavailable
+from jobkeeper.errors import ConfigError, DatabaseError, DatabaseReplaced
 from jobkeeper.events import EventBus
 from jobkeeper.maintenance.heartbeat import Heartbeat
 from jobkeeper.maintenance.leader import Leader
@@ -54,15 +54,12 @@ from jobkeeper.worker.completer import Completer, Outcome, again_if_closed_idle
 from jobkeeper.worker.executor import Executor
 from jobkeeper.worker.listener import SignalRelay, start_listener
 from jobkeeper.worker.producer import MAX_PREFETCH, Producer
-from jobkeeper.worker.schema import SchemaWatch, check_schema
+from jobkeeper.worker.schema import SchemaWatch, register_when_reachable
 from jobkeeper.worker.sideeffects import SideEffects
 from jobkeeper.worker.stats import WorkerStats, checked_shares, make_worker_id
 from jobkeeper.worker.stopping import stop_running
 
 logger = logging.getLogger("jobkeeper.worker")
-
-#: Longest wait, in seconds, between attempts to reach the database at start.
-STARTUP_RETRY_MAX = 10.0
 
 
 class Worker:
@@ -158,6 +155,7 @@ class Worker:
             self._on_cancel,
             stale_after=fresh_for,
             on_holds=self._on_holds,
+            on_replaced=self._on_replaced,
         )
         self.claims = Claims(
             # Not the API pool: tasks may hold every pooled connection
@@ -244,6 +242,8 @@ class Worker:
         self._listener: threading.Thread | None = None
         self._listener_stop = threading.Event()
         self._registered = False
+        #: Why the worker must stop with an error (its SQLite file gone).
+        self._fatal: DatabaseReplaced | None = None
 
     def _dedicated(self, role: str) -> Backend:
         # The worker's id in the name joins a session to its jobkeeper_workers
@@ -335,6 +335,24 @@ class Worker:
                     job.task,
                 )
 
+    def _on_replaced(self, exc: DatabaseReplaced) -> None:
+        """The heartbeat found the SQLite file removed or replaced under us:
+        stop at once and let ``run`` raise it (``jobkeeper worker`` exits 1).
+        Not carrying on in a new file: every job we hold is in the removed
+        one; a worker (re)started on the new file serves it, as a supervisor
+        does after a non-zero exit.
+        """
+        if self._fatal is None:
+            self._fatal = exc
+            logger.error(
+                "worker %s: %s -- stopping now (its jobs are in the removed file); "
+                "start a worker again once the database is back (`jobkeeper migrate` "
+                "creates a new one)",
+                self.info.id,
+                exc,
+            )
+        self.stop(force=True)
+
     def _on_cancel(self, claim: Claim) -> None:
         if self.executor.cancel(claim, "cancelled while running"):
             logger.info("job %s: cancel requested; asked its code to stop", claim.job_id)
@@ -363,7 +381,7 @@ class Worker:
         Installs SIGTERM/SIGINT handlers when called from the main thread.
 
         A worker started while the database is unreachable waits for it,
-        retrying with backoff (up to ``STARTUP_RETRY_MAX`` seconds apart) and
+        retrying with backoff (up to ``schema.STARTUP_RETRY_MAX`` seconds apart) and
         logging each failure, the way a worker started beside its database
         (docker-compose, a reboot) should; SIGTERM/SIGINT meanwhile ends it
         cleanly. A ``burst`` worker is for scripts and fails at once instead.
@@ -379,13 +397,18 @@ class Worker:
             DatabaseUnavailable: with ``burst``, the database cannot be
                 reached at start.
             DatabaseError: the schema is behind this code's (run
-                ``jobkeeper migrate``), or not there at all.
+                ``jobkeeper migrate``), or not there at all; or its SQLite
+                file was removed or replaced as it ran (``_on_replaced``).
         """
         signals = SignalRelay(self._on_signal)
         signals.install()
         stop_logging = joblog.install(self.events)
         try:
-            if not self._register_when_reachable():
+            where = self._base_backend.url.redacted()
+            self._registered = register_when_reachable(
+                self._backend, self.info, where=where, burst=self.burst, stopping=self._stopping
+            )
+            if not self._registered:
                 return self.stats
             self.heartbeat.note_beat()
             self.completer.warm()
@@ -403,7 +426,11 @@ class Worker:
                 service.start()
             self._start_listener()
             self.producer.run()
+            if self._fatal is not None:
+                raise self._fatal
         except Exception as exc:
+            if isinstance(exc, DatabaseReplaced):
+                self._force.set()
             joblog.log_stopped_on_error(worker_id=self.info.id, error=exc)
             raise
         finally:
@@ -420,28 +447,6 @@ class Worker:
             self.side_effects.installation()
         except DatabaseError as exc:
             logger.warning("could not read the installation value (%s); retrying later", exc)
-
-    def _register_when_reachable(self) -> bool:
-        """Register this worker, waiting out an unreachable database (not in
-        burst mode) but not a refusal no wait fixes. Returns False if told to
-        stop before it could.
-        """
-        delay = 0.5
-        where = self._base_backend.url.redacted()
-        while True:
-            try:
-                check_schema(self._backend, where=where, worker_id=self.info.id)
-                self._backend.worker_register(worker=self.info)
-            except DatabaseUnavailable as exc:
-                if self.burst or isinstance(exc, DatabaseRefused):
-                    raise
-                logger.warning("database unavailable at start (%s); retrying in %.1fs", exc, delay)
-                if self._stopping.wait(delay):
-                    return False
-                delay = min(delay * 2, STARTUP_RETRY_MAX)
-                continue
-            self._registered = True
-            return True
 
     def _start_listener(self) -> None:
         """The backend's wake-ups, on their own thread and connection."""

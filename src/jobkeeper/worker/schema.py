@@ -1,8 +1,11 @@
-"""The worker's start-up check of the schema version against its code's."""
+"""The worker's start-up: its registration, waiting out an outage, and the
+check of the schema version against its code's.
+"""
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 
 from jobkeeper.backends.base import Backend
@@ -11,10 +14,14 @@ from jobkeeper.backends.migrate import (
     MissingSchemaError,
     UnrecordedSchemaError,
 )
-from jobkeeper.errors import DatabaseError, DatabaseUnavailable
+from jobkeeper.errors import DatabaseError, DatabaseRefused, DatabaseUnavailable
+from jobkeeper.models import WorkerInfo
 from jobkeeper.version import __version__
 
 logger = logging.getLogger("jobkeeper.worker")
+
+#: Longest wait, in seconds, between attempts to reach the database at start.
+STARTUP_RETRY_MAX = 10.0
 
 #: (database, schema version) pairs this process warned of as ahead of its code.
 _WARNED_AHEAD: set[tuple[str, int]] = set()
@@ -61,6 +68,39 @@ def check_schema(backend: Backend, *, where: str, worker_id: str) -> None:
             f"-- {backend.url.migrate_hint()} first"
         )
     _warn_if_ahead(have, want, where=where, worker_id=worker_id)
+
+
+def register_when_reachable(
+    backend: Backend,
+    info: WorkerInfo,
+    *,
+    where: str,
+    burst: bool,
+    stopping: threading.Event,
+) -> bool:
+    """Check the schema and register the worker ``info``, waiting out an
+    unreachable database (not in ``burst`` mode) but not a refusal no wait
+    fixes. Returns False if ``stopping`` was set before it could.
+
+    Raises:
+        DatabaseRefused: a refusal waiting does not fix.
+        DatabaseUnavailable: in ``burst`` mode, the database is unreachable.
+        DatabaseError: see :func:`check_schema`.
+    """
+    delay = 0.5
+    while True:
+        try:
+            check_schema(backend, where=where, worker_id=info.id)
+            backend.worker_register(worker=info)
+        except DatabaseUnavailable as exc:
+            if burst or isinstance(exc, DatabaseRefused):
+                raise
+            logger.warning("database unavailable at start (%s); retrying in %.1fs", exc, delay)
+            if stopping.wait(delay):
+                return False
+            delay = min(delay * 2, STARTUP_RETRY_MAX)
+            continue
+        return True
 
 
 def _warn_if_ahead(have: int, want: int, *, where: str, worker_id: str) -> None:

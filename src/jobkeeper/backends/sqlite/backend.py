@@ -87,8 +87,9 @@ class SqliteBackend(
     prefetch_per_slot = 10
 
     def dedicated(self, role: str = "") -> SqliteBackend:
-        # A SQLite connection has no name to show: role is unused.
-        return SqliteBackend(self.url, busy_timeout=self.busy_timeout)
+        # A SQLite connection has no name to show: role is unused. Pinned:
+        # a worker stays on the file it started on (see SqliteConnection).
+        return SqliteBackend(self.url, busy_timeout=self.busy_timeout, pinned=True)
 
     def wake_listeners(self) -> None:
         """Wake the workers that use the same database file: this process's at

@@ -17,9 +17,16 @@ from datetime import datetime
 from typing import Any, TypeVar
 
 from jobkeeper.backends.rows import epoch_to_datetime, job_from_row
+from jobkeeper.backends.sqlite.files import file_identity, is_empty_file, not_writable_hint
 from jobkeeper.backends.sqlite.queries import QUERIES
 from jobkeeper.database_url import DatabaseURL
-from jobkeeper.errors import DatabaseError, DatabaseUnavailable, DataRejected, UniqueKeyConflict
+from jobkeeper.errors import (
+    DatabaseError,
+    DatabaseReplaced,
+    DatabaseUnavailable,
+    DataRejected,
+    UniqueKeyConflict,
+)
 from jobkeeper.models import Job
 
 
@@ -37,7 +44,7 @@ class _ThreadConnection:
     unclosed database" (Python 3.13, ``-X dev``).
     """
 
-    __slots__ = ("__weakref__", "busy_timeout", "conn", "depth", "doomed")
+    __slots__ = ("__weakref__", "busy_timeout", "conn", "depth", "doomed", "identity")
 
     def __init__(self) -> None:
         self.conn: sqlite3.Connection | None = None
@@ -49,6 +56,9 @@ class _ThreadConnection:
         #: This thread's bound on lock waits (s), below the backend's
         #: busy_timeout (``connection_lock_wait``); None: that one.
         self.busy_timeout: float | None = None
+        #: ``(st_dev, st_ino)`` of the file at the path when ``conn`` was
+        #: opened: the file ``conn`` has open (see ``file_identity``).
+        self.identity: tuple[int, int] | None = None
 
     def __del__(self) -> None:
         conn, self.conn = self.conn, None
@@ -108,40 +118,6 @@ def _retry_while_locked(action: Callable[[], T], timeout: float, max_pause: floa
             pause = min(pause * 2, max_pause)
 
 
-def not_writable_hint(path: str) -> str:
-    """Why SQLite may not be able to write ``path``, as a sentence to append
-    to its error (which says only "unable to open database file" or
-    "attempt to write a readonly database"), or "" when nothing is seen.
-    SQLite in WAL mode writes ``<file>-wal`` and ``<file>-shm`` beside the
-    file even to read it, so its directory must be writable too.
-    """
-    directory = os.path.dirname(path) or "."
-    try:
-        if os.statvfs(directory).f_flag & os.ST_RDONLY:
-            return (
-                f" -- {directory!r} is on a read-only file system (jobkeeper writes the file, "
-                "and SQLite its -wal and -shm beside it)"
-            )
-    except OSError:
-        return ""
-    if os.path.exists(path) and not os.access(path, os.W_OK):
-        return f" -- the file is not writable by this user (uid {os.getuid()})"
-    if not os.access(directory, os.W_OK | os.X_OK):
-        name = os.path.basename(path)
-        return (
-            f" -- its directory {directory!r} is not writable by this user (uid "
-            f"{os.getuid()}): SQLite's WAL mode creates {name}-wal and {name}-shm there"
-        )
-    return ""
-
-
-def _is_empty_file(path: str) -> bool:
-    try:
-        return os.stat(path).st_size == 0
-    except OSError:
-        return False  # gone meanwhile, or unreadable: the connect says which
-
-
 class SqliteConnection:
     """Where a SQLite backend's statements run: this thread's connection,
     with driver errors translated (the base of every part of the backend).
@@ -152,10 +128,18 @@ class SqliteConnection:
             :class:`~jobkeeper.errors.DatabaseUnavailable`.
     """
 
-    def __init__(self, url: DatabaseURL, *, busy_timeout: float = 30.0) -> None:
+    def __init__(
+        self, url: DatabaseURL, *, busy_timeout: float = 30.0, pinned: bool = False
+    ) -> None:
         self.url = url
         self.path = os.path.abspath(url.path)
         self.busy_timeout = busy_timeout
+        #: A pinned backend (a worker's, see ``dedicated``) stays on the file
+        #: its first connection opened: a connection opened later on another
+        #: file (the path's file replaced) fails with DatabaseReplaced. An
+        #: unpinned one (the API's) opens whatever file is at the path then.
+        self.pinned = pinned
+        self._pin: tuple[int, int] | None = None
         self._local = threading.local()
         # Weak: see _ThreadConnection.
         self._threads: weakref.WeakSet[_ThreadConnection] = weakref.WeakSet()
@@ -197,13 +181,14 @@ class SqliteConnection:
                 raise DatabaseError(
                     f"SQLite: {self.path!r} is a directory, not a database file; check the URL"
                 )
-            if not create and _is_empty_file(self.path):
+            if not create and is_empty_file(self.path):
                 # SQLite would take it for an empty database and make it one
                 # (WAL mode, a header): a command that only reads must not.
                 raise DatabaseError(
                     f"SQLite database {self.path!r} is empty (0 bytes) -- "
                     f"{self.url.migrate_hint()} first; the file was left as it is"
                 )
+            before = file_identity(self.path)
             conn = None
             try:
                 conn = sqlite3.connect(
@@ -231,11 +216,75 @@ class SqliteConnection:
                 raise DatabaseUnavailable(
                     f"SQLite database {self.path!r}: {exc}{not_writable_hint(self.path)}"
                 ) from exc
+            identity = self._opened_identity(conn, before)
             with self._threads_lock:
                 slot.conn = conn
+                slot.identity = identity
                 # Listed while it has a connection: close() goes through the list.
                 self._threads.add(slot)
         return conn
+
+    def _opened_identity(
+        self, conn: sqlite3.Connection, before: tuple[int, int] | None
+    ) -> tuple[int, int]:
+        """The identity of the file ``conn`` just opened (its path's, read
+        before and after the open: they must agree, or the file was swapped
+        meanwhile), checked against the pin; ``conn`` is closed on a refusal.
+
+        Raises:
+            DatabaseReplaced: the file went or changed while being opened, or
+                a pinned backend's path now holds another file.
+        """
+        identity = file_identity(self.path)
+        problem = ""
+        if identity is None:
+            problem = "was removed while it was being opened"
+        elif before is not None and identity != before:
+            problem = "was replaced while it was being opened"
+        elif self.pinned and self._pin is not None and identity != self._pin:
+            problem = (
+                "is not the file this worker started on: it was removed or replaced since "
+                "(restart the worker to use the new file)"
+            )
+        if problem or identity is None:
+            conn.close()
+            raise DatabaseReplaced(f"SQLite database {self.path!r} {problem}; nothing was written")
+        if self.pinned and self._pin is None:
+            self._pin = identity
+        return identity
+
+    def _check_file(self, *, committed: bool = False) -> None:
+        """Raise unless this thread's connection still has the file at the
+        path open (one ``stat``); the connection is then closed as its call
+        ends, so an unpinned backend's next call opens the path afresh.
+
+        Args:
+            committed: the check follows a commit (the message says that the
+                commit went to the removed file).
+
+        Raises:
+            DatabaseReplaced: the file was removed (nothing at the path, or
+                its directory gone) or replaced by another file.
+        """
+        slot = self._thread()
+        if slot.identity is None:
+            return
+        now = file_identity(self.path)
+        if now == slot.identity:
+            return
+        with self._threads_lock:
+            slot.doomed = True
+        what = "was removed" if now is None else "was replaced by another file"
+        if committed:
+            done = (
+                "the write just committed went to the removed file: it is not in the "
+                "file at the path, so it is not stored"
+            )
+        else:
+            done = "nothing was written (it would have gone to the deleted file)"
+        raise DatabaseReplaced(
+            f"SQLite database {self.path!r} {what} while this process had it open; {done}"
+        )
 
     @contextlib.contextmanager
     def _errors(self) -> Iterator[None]:
@@ -315,7 +364,15 @@ class SqliteConnection:
                 try:
                     self._begin_immediate(conn, lock_wait)
                     yield conn
+                    # Before the commit: a file removed or replaced is
+                    # refused with nothing written. After it too: one removed
+                    # between the check and the commit took the commit with
+                    # it, so the write is not claimed as done. The open
+                    # connection keeps the old inode allocated, so its number
+                    # cannot come back on a new file meanwhile.
+                    self._check_file()
                     conn.execute("COMMIT")
+                    self._check_file(committed=True)
                 except BaseException:
                     if conn.in_transaction:
                         conn.execute("ROLLBACK")

@@ -30,6 +30,9 @@ class SqliteWorkers(SqliteConnection, SharedReads):
                 # Only after a ROLLBACK that itself failed: a beat must never
                 # join (and vanish with) a transaction nobody will commit.
                 conn.execute("ROLLBACK")
+            # A beat into a removed or replaced file would keep a worker
+            # serving a file nobody enqueues into: the worker stops on it.
+            self._check_file()
             updated = self._take_write_lock(
                 conn, lambda: conn.execute(QUERIES["worker_heartbeat"], {"id": worker.id}).rowcount
             )

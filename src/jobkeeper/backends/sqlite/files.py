@@ -1,0 +1,63 @@
+"""What the SQLite backend asks of the file system about its database file
+(internal): why it cannot be written, whether it is empty, and which file
+the path names now.
+"""
+
+from __future__ import annotations
+
+import os
+
+
+def not_writable_hint(path: str) -> str:
+    """Why SQLite may not be able to write ``path``, as a sentence to append
+    to its error (which says only "unable to open database file" or
+    "attempt to write a readonly database"), or "" when nothing is seen.
+    SQLite in WAL mode writes ``<file>-wal`` and ``<file>-shm`` beside the
+    file even to read it, so its directory must be writable too.
+    """
+    directory = os.path.dirname(path) or "."
+    try:
+        if os.statvfs(directory).f_flag & os.ST_RDONLY:
+            return (
+                f" -- {directory!r} is on a read-only file system (jobkeeper writes the file, "
+                "and SQLite its -wal and -shm beside it)"
+            )
+    except OSError:
+        return ""
+    if os.path.exists(path) and not os.access(path, os.W_OK):
+        return f" -- the file is not writable by this user (uid {os.getuid()})"
+    if not os.access(directory, os.W_OK | os.X_OK):
+        name = os.path.basename(path)
+        return (
+            f" -- its directory {directory!r} is not writable by this user (uid "
+            f"{os.getuid()}): SQLite's WAL mode creates {name}-wal and {name}-shm there"
+        )
+    return ""
+
+
+def file_identity(path: str) -> tuple[int, int] | None:
+    """``(st_dev, st_ino)`` of the file at ``path`` (symbolic links followed,
+    as SQLite follows them), or None when nothing is there.
+
+    sqlite3 gives no way to ``fstat`` the file a connection has open, so a
+    connection records its path's identity when it opens, and a later
+    identity that differs (or none) means the file it has open was removed
+    or replaced since: ``rm -rf`` of the directory, a restore, ``rm`` and
+    ``migrate``. Its writes would go to a deleted file, and SQLite says
+    nothing of it. One ``stat`` call: about 1-2 microseconds.
+    """
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    except OSError:
+        return None  # a directory on the path gone or unreadable: not our file either
+    return st.st_dev, st.st_ino
+
+
+def is_empty_file(path: str) -> bool:
+    """Whether ``path`` is a file of 0 bytes (False when it cannot be read)."""
+    try:
+        return os.stat(path).st_size == 0
+    except OSError:
+        return False  # gone meanwhile, or unreadable: the connect says which

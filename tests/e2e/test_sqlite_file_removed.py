@@ -1,0 +1,139 @@
+"""A SQLite file removed or replaced under running processes (break-test:
+``rm -rf`` of the database's directory while two workers and a producer ran
+them). Before: the producer's enqueues kept returning, into the deleted file,
+and the workers kept serving it without a word. Now: no enqueue that starts
+after the removal returns (each raises, naming the path), and each worker
+stops with exit status 1, saying why.
+
+Real worker subprocesses (``jobkeeper worker``) and a producer subprocess
+calling ``enqueue_many`` of 5 in a loop, recording every call's start, end
+and outcome.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from jobkeeper import JobQueue
+from support.db import sql
+from support.waiting import wait_for
+
+from .helpers import Procs, processes, read_records, wait_exit, workers_by_pid
+
+pytestmark = pytest.mark.slow
+
+SETTINGS = {"heartbeat_interval": 0.2, "rescue_after": 3.0, "poll_interval": 0.2}
+
+# Every call: one JSON line {"start", "end", "ids" | "error"} (times: time.time()).
+PRODUCER = """
+import json, sys, time, os
+from jobkeeper import JobQueue
+url, out, record, stop = sys.argv[1:5]
+jq = JobQueue(url, external_tasks=True)
+with open(out, "a", buffering=1) as log:
+    while not os.path.exists(stop):
+        start = time.time()
+        try:
+            jobs = jq.enqueue_many([("record", {"record": record}) for _ in range(5)])
+            line = {"ids": [job.id for job in jobs]}
+        except Exception as exc:
+            line = {"error": f"{type(exc).__name__}: {exc}"}
+        line.update(start=start, end=time.time())
+        log.write(json.dumps(line) + "\\n")
+        time.sleep(0.05)
+"""
+
+
+def _calls(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.endswith("}")]
+
+
+def _start(procs: Procs, tmp_path: Path, url: str) -> tuple[list[subprocess.Popen[bytes]], Path]:
+    JobQueue(url).migrate()
+    workers = [procs.worker(url, SETTINGS, concurrency=4) for _ in range(2)]
+    calls = tmp_path / "calls.jsonl"
+    procs.python(
+        PRODUCER, url, str(calls), str(tmp_path / "records"), str(tmp_path / "stop"), settings={}
+    )
+    # Running: both workers started, jobs enqueued and run.
+    pids = {worker.pid for worker in workers}
+    wait_for(lambda: set(workers_by_pid(url)) >= pids, what="both workers registered")
+    wait_for(lambda: len(read_records(tmp_path / "records")) >= 20, what="jobs run")
+    return workers, calls
+
+
+def _stopped_on(procs: Procs, worker: subprocess.Popen[bytes], db: Path, what: str) -> None:
+    assert wait_exit(worker, timeout=30) == 1
+    log = procs.log(worker)
+    assert str(db) in log and what in log, log[-3000:]
+    assert "stopping now" in log, log[-3000:]
+
+
+def test_directory_removed_under_workers_and_a_producer(tmp_path: Path) -> None:
+    directory = tmp_path / "db"
+    directory.mkdir()
+    db = directory / "jobs.db"
+    url = f"sqlite:///{db}"
+    with processes(tmp_path) as procs:
+        workers, calls = _start(procs, tmp_path, url)
+        shutil.rmtree(directory)
+        removed_at = time.time()
+        for worker in workers:
+            _stopped_on(procs, worker, db, "was removed")
+        # The producer goes on trying for a while after the workers stopped.
+        wait_for(
+            lambda: sum(call["start"] > removed_at for call in _calls(calls)) >= 10,
+            what="calls after the removal",
+        )
+        (tmp_path / "stop").touch()
+        after = [call for call in _calls(calls) if call["start"] > removed_at]
+        stored = [call for call in after if "ids" in call]
+        assert stored == [], f"enqueues started after the removal returned: {stored[:3]}"
+        # The first says what happened; the later ones that the directory is gone.
+        assert str(db) in after[0]["error"]
+        assert all("DatabaseError" in c["error"] or "Replaced" in c["error"] for c in after)
+
+
+def test_file_replaced_under_workers_and_a_producer(tmp_path: Path) -> None:
+    db = tmp_path / "jobs.db"
+    url = f"sqlite:///{db}"
+    with processes(tmp_path) as procs:
+        workers, calls = _start(procs, tmp_path, url)
+        # What a restore (or rm + migrate) does: another file at the path.
+        fresh = tmp_path / "fresh.db"
+        maker = JobQueue(f"sqlite:///{fresh}")
+        maker.migrate()
+        maker.close()  # the last connection's close writes the WAL into the file
+        assert not Path(f"{fresh}-wal").exists()
+        for suffix in ("-wal", "-shm"):
+            Path(f"{db}{suffix}").unlink(missing_ok=True)
+        os.replace(fresh, db)
+        replaced_at = time.time()
+        for worker in workers:
+            _stopped_on(procs, worker, db, "was replaced by another file")
+        wait_for(
+            lambda: sum("ids" in c and c["start"] > replaced_at for c in _calls(calls)) >= 5,
+            what="enqueues into the new file",
+        )
+        (tmp_path / "stop").touch()
+        after = [call for call in _calls(calls) if call["end"] > replaced_at]
+        # Every call that returned jobs after the replace stored them in the
+        # new file: a worker started on it runs them all.
+        returned = {job_id for call in after if "ids" in call for job_id in call["ids"]}
+        in_new = {int(row[0]) for row in sql(url, "SELECT id FROM jobkeeper_jobs")}
+        assert returned <= in_new, sorted(returned - in_new)[:10]
+        refused = [call for call in after if "error" in call]
+        assert all("DatabaseError" in c["error"] or "Replaced" in c["error"] for c in refused)
+        final = procs.worker(url, SETTINGS, concurrency=4, burst=True)
+        assert wait_exit(final) == 0, procs.log(final)[-3000:]
+        rows = sql(url, "SELECT id, status FROM jobkeeper_jobs")
+        assert {int(i) for i, s in rows if s == "completed"} >= returned
