@@ -84,6 +84,7 @@ def run_checks(
     if "missing" in facts:
         directory = facts["missing"]["directory"]
         also = f"; its directory {directory} does not exist" if directory else ""
+        also += _removed_holders_said(facts)
         return [
             Check(
                 "database",
@@ -106,6 +107,8 @@ def run_checks(
         checks += _postgres(facts, xmin_warn_after)
     else:
         checks += _sqlite(facts, whose)
+        if facts.get("removed_file_holders") is not None:
+            checks.append(_removed_file(facts))
     checks.append(_workers(jq, facts["schema_version"], writes_fail=write_error is not None))
     checks.append(_settings(jq, whose))
     if jq.periodics:
@@ -339,6 +342,27 @@ def _sqlite(facts: dict[str, Any], whose: str) -> list[Check]:
     else:
         checks.append(Check("busy timeout", "ok", f"{busy / 1000:g} s{whose}"))
     return checks
+
+
+def _removed_holders_said(facts: dict[str, Any]) -> str:
+    """The processes still holding a removed or replaced copy of the SQLite
+    file, as a clause, or "" (none, or nobody could tell).
+    """
+    pids = facts.get("removed_file_holders") or []
+    if not pids:
+        return ""
+    return (
+        f"; process(es) {', '.join(map(str, pids[:10]))} still have a removed or replaced copy of "
+        "this file open: jobs written there are in no file at this path (jobkeeper's own "
+        "processes refuse to write to it, and its workers stop; restart the others)"
+    )
+
+
+def _removed_file(facts: dict[str, Any]) -> Check:
+    said = _removed_holders_said(facts)
+    if not said:
+        return Check("removed file", "ok", "no other process has a removed copy of the file open")
+    return Check("removed file", "warn", said[2:])
 
 
 def _workers(jq: JobQueue, schema: int, *, writes_fail: bool = False) -> Check:

@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from jobkeeper import JobQueue
+from jobkeeper.doctor import run_checks
 from support.db import sql
 from support.waiting import wait_for
 
@@ -35,6 +36,7 @@ SETTINGS = {"heartbeat_interval": 0.2, "rescue_after": 3.0, "poll_interval": 0.2
 PRODUCER = """
 import json, sys, time, os
 from jobkeeper import JobQueue
+from jobkeeper.doctor import run_checks
 url, out, record, stop = sys.argv[1:5]
 jq = JobQueue(url, external_tasks=True)
 with open(out, "a", buffering=1) as log:
@@ -137,3 +139,39 @@ def test_file_replaced_under_workers_and_a_producer(tmp_path: Path) -> None:
         assert wait_exit(final) == 0, procs.log(final)[-3000:]
         rows = sql(url, "SELECT id, status FROM jobkeeper_jobs")
         assert {int(i) for i, s in rows if s == "completed"} >= returned
+
+
+# A process of an older jobkeeper, or another program, on the file: it has
+# the database open and keeps it open.
+HOLDER = """
+import sqlite3, sys, time
+conn = sqlite3.connect(sys.argv[1])
+conn.execute("SELECT count(*) FROM jobkeeper_jobs").fetchall()
+print("open", flush=True)
+time.sleep(120)
+"""
+
+
+def test_doctor_names_a_process_holding_the_removed_file(tmp_path: Path) -> None:
+    db = tmp_path / "jobs.db"
+    url = f"sqlite:///{db}"
+    JobQueue(url).migrate()
+    with processes(tmp_path) as procs:
+        holder = procs.python(HOLDER, str(db))
+        wait_for(lambda: "open" in procs.log(holder), what="the holder's open")
+        doctor = JobQueue(url)
+        before = {c.name: c for c in run_checks(doctor)}
+        assert before["removed file"].level == "ok"
+        doctor.close()
+        for name in ("jobs.db", "jobs.db-wal", "jobs.db-shm"):  # rm jobs.db*
+            (tmp_path / name).unlink(missing_ok=True)
+        gone = run_checks(JobQueue(url))
+        assert gone[0].level == "fail" and "does not exist" in gone[0].message
+        assert f"process(es) {holder.pid} still have a removed or replaced copy" in gone[0].message
+        JobQueue(url).migrate()  # a new file at the path: the holder keeps the old
+        after = {c.name: c for c in run_checks(JobQueue(url))}
+        assert after["removed file"].level == "warn"
+        assert str(holder.pid) in after["removed file"].message
+        holder.kill()
+        holder.wait()
+        assert {c.name: c for c in run_checks(JobQueue(url))}["removed file"].level == "ok"

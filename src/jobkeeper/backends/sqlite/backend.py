@@ -30,6 +30,7 @@ from jobkeeper.backends.rows import (
 from jobkeeper.backends.shared import QUEUE_REMOVE_COUNTED, QUEUE_REMOVE_STEPS, SharedReads
 from jobkeeper.backends.sqlite import wakeups
 from jobkeeper.backends.sqlite.connection import _rows
+from jobkeeper.backends.sqlite.files import holders_of_removed
 from jobkeeper.backends.sqlite.flow import SqliteFlow
 from jobkeeper.backends.sqlite.inserts import SqliteInserts
 from jobkeeper.backends.sqlite.periodics import SqlitePeriodics
@@ -444,6 +445,8 @@ class SqliteBackend(
             "backend": self.name,
             "schema_version": self.schema_version(),
             "schema_expected": self.schema_expected(),
+            # Processes still on a removed or replaced file (None: not known).
+            "removed_file_holders": holders_of_removed(self.path),
         }
         if facts["schema_version"] == 0:
             if not os.path.exists(self.path):

@@ -61,3 +61,36 @@ def is_empty_file(path: str) -> bool:
         return os.stat(path).st_size == 0
     except OSError:
         return False  # gone meanwhile, or unreadable: the connect says which
+
+
+def holders_of_removed(path: str) -> list[int] | None:
+    """The ids of other processes that have a removed or replaced copy of the
+    database file ``path`` open (read from ``/proc/<pid>/fd``: Linux, and
+    only the processes this user may inspect), or None where there is no
+    ``/proc`` to read. What ``doctor``, a new process that sees only the file
+    now at the path, can say of processes still serving the one before.
+    """
+    if not os.path.isdir("/proc/self/fd"):
+        return None
+    now = file_identity(path)
+    names = {path, f"{path} (deleted)"}
+    holders = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            fds = os.listdir(f"/proc/{entry}/fd")
+        except OSError:
+            continue  # gone, or another user's
+        for fd in fds:
+            link = f"/proc/{entry}/fd/{fd}"
+            try:
+                if os.readlink(link) not in names:
+                    continue
+                st = os.stat(link)  # the open file itself, not the path
+            except OSError:
+                continue
+            if (st.st_dev, st.st_ino) != now:
+                holders.append(int(entry))
+                break
+    return sorted(holders)
