@@ -18,7 +18,7 @@ import json
 import math
 from collections.abc import Callable, Iterator, Mapping
 from datetime import datetime
-from typing import Any, NamedTuple, Protocol
+from typing import Any, NamedTuple, NoReturn, Protocol
 
 from jobkeeper.config import check_max_attempts, check_name, check_priority
 from jobkeeper.errors import ConfigError, PayloadError, shown
@@ -93,6 +93,23 @@ class Periodic:
     priority: int
     max_attempts: int
     catch_up: float = DEFAULT_CATCH_UP
+
+    def __call__(self, *args: Any, **kwargs: Any) -> NoReturn:
+        """Refuse use as a decorator: ``@jq.periodic(..., task="x")`` above a
+        function raised "'Periodic' object is not callable", which did not
+        say that ``task=`` is the call form (it registers the periodic and
+        returns it; the function below is neither a task nor scheduled).
+
+        Raises:
+            ConfigError: always, saying which form to use.
+        """
+        of = getattr(args[0], "__qualname__", None) if args else None
+        raise ConfigError(
+            f"jq.periodic(..., task={self.task!r}) is the call form: it registered periodic "
+            f"{self.name!r} and returns it, not a decorator"
+            + (f" (it was used on {of})" if of else "")
+            + "; to schedule a function, drop task= and put @jq.periodic(...) above @jq.task()"
+        )
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

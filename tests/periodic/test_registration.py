@@ -127,6 +127,20 @@ def test_decorator_on_a_plain_function_says_where_it_goes(app):
         def plain() -> None: ...
 
 
+def test_the_call_form_used_as_a_decorator_says_task_is_for_the_call_form(app):
+    """Break-test: ``@jq.periodic(every=2, task="tick")`` above a function
+    raised "TypeError: 'Periodic' object is not callable"."""
+    with pytest.raises(ConfigError) as err:
+
+        @app.periodic(every=2, task="tick")
+        def tick() -> None: ...
+
+    message = str(err.value)
+    assert "task='tick') is the call form" in message
+    assert "not a decorator (it was used on " in message and "tick)" in message
+    assert "drop task= and put @jq.periodic(...) above @jq.task()" in message
+
+
 def test_using_shares_the_periodics(app, tmp_path):
     app.periodic(every=5, task="t")
     other = app.using(f"sqlite:///{tmp_path / 'other.db'}")
