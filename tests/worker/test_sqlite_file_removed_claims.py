@@ -16,7 +16,9 @@ from jobkeeper import DatabaseError, JobQueue
 from support.waiting import wait_for
 
 
-def test_a_claim_on_a_removed_file_stops_the_worker(tmp_path: Path) -> None:
+def test_a_claim_on_a_removed_file_stops_the_worker(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     directory = tmp_path / "d"
     directory.mkdir()
     # Beats 20 s apart: the claims find the removal first.
@@ -46,6 +48,8 @@ def test_a_claim_on_a_removed_file_stops_the_worker(tmp_path: Path) -> None:
     assert not thread.is_alive()
     assert len(raised) == 1 and isinstance(raised[0], DatabaseError), raised
     assert "was removed while this process had it open" in str(raised[0])
+    # The same ERROR line as when the heartbeat finds it.
+    assert any("stopping now" in r.getMessage() for r in caplog.records if r.levelname == "ERROR")
     assert len(started) <= 2  # the one running at the removal, and at most one claimed then
     with pytest.raises(DatabaseError):
         jq.enqueue("slow", {"i": 99})

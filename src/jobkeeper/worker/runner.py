@@ -429,8 +429,8 @@ class Worker:
             if self._fatal is not None:
                 raise self._fatal
         except Exception as exc:
-            if isinstance(exc, DatabaseReplaced):
-                self._force.set()
+            if isinstance(exc, DatabaseReplaced):  # a claim found it first
+                self._on_replaced(exc)
             joblog.log_stopped_on_error(worker_id=self.info.id, error=exc)
             raise
         finally:
