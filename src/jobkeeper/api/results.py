@@ -188,8 +188,13 @@ async def _drive_wait_async(
                 error = exc  # the plan waits it out until its timeout
                 continue
             if isinstance(step, Sleep):
+                # asyncio.timeout, not wait_for: Python 3.11's wait_for
+                # returns when its inner wait ended in the loop step that
+                # cancelled the caller, and the cancel is lost (a cancelled
+                # wait_async without a timeout then waited for good).
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(woken.wait(), step.seconds)
+                    async with asyncio.timeout(step.seconds):
+                        await woken.wait()
     finally:
         unregister()
         plan.close()

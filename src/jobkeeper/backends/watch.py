@@ -113,8 +113,11 @@ class CompletionWatch:
             else:
                 decided.set()
         try:
+            # asyncio.timeout, not wait_for: Python 3.11's wait_for loses a
+            # cancel that comes in the loop step in which ``decided`` is set.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(decided.wait(), max(timeout, 0.0))
+                async with asyncio.timeout(max(timeout, 0.0)):
+                    await decided.wait()
         finally:
             with self._lock, contextlib.suppress(ValueError):
                 self._on_decided.remove(wake)

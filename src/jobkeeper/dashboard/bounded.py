@@ -107,7 +107,10 @@ class BoundedRunner:
         work = _Work(function, request, loop, loop.create_future())
         self._submit(work)
         try:
-            return await asyncio.wait_for(work.future, self.seconds)
+            # asyncio.timeout, not wait_for: Python 3.11's wait_for loses a
+            # cancel that comes in the loop step in which the answer does.
+            async with asyncio.timeout(self.seconds):
+                return await work.future
         except TimeoutError:
             work.abandoned = True
             then = (

@@ -113,6 +113,22 @@ class ServerProbe:
             self._failed = None
 
 
+def cancels_asked() -> int:
+    """How many cancels of the running task are pending (``Task.cancelling``).
+
+    On Python 3.11, ``asyncio.wait_for`` returns the result of what it
+    awaited when that ended in the loop step that cancelled the caller, and
+    the cancel is lost (3.12 builds wait_for on ``asyncio.timeout`` and
+    keeps it). psycopg_pool's async ``getconn`` waits in such a wait_for
+    (its condition's ``wait_timeout``): a cancelled ``wait_async`` then ran
+    until its job ended, and ``asyncio.run()`` never returned. A swallowed
+    cancel still counts here (nothing uncancels it), so a count that grew
+    across an await says to raise ``CancelledError`` after it.
+    """
+    task = asyncio.current_task()
+    return 0 if task is None else task.cancelling()
+
+
 async def getconn_async(
     pool: AsyncConnectionPool, probe: ServerProbe
 ) -> psycopg.AsyncConnection[Any]:
@@ -182,11 +198,22 @@ class LoopPool:
         self.waiting = 0
 
     async def checkout(self) -> psycopg.AsyncConnection[Any]:
-        """The spare when it is free and alive, else a pooled connection.
+        """The spare when it is free and alive, else a pooled connection;
+        a cancel of the caller that psycopg_pool swallowed meanwhile is
+        raised here, the connection given back (see :func:`cancels_asked`).
 
         Raises:
+            asyncio.CancelledError: the caller was cancelled.
             As :func:`getconn_async`.
         """
+        asked = cancels_asked()
+        conn = await self._checkout()
+        if cancels_asked() > asked:
+            await self.pool.putconn(conn)
+            raise asyncio.CancelledError
+        return conn
+
+    async def _checkout(self) -> psycopg.AsyncConnection[Any]:
         conn = self.spare
         if conn is not None and self.waiting:
             # Calls came first: the spare joins the pool, and this call the queue.
