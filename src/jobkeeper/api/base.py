@@ -101,6 +101,9 @@ class QueueBase:
             backend, self._backend = self._backend, None
             if backend is not None:
                 backend.close()
+                # The wait's LISTEN (or data_version) connection too, unless
+                # someone waits on it: it stayed open IDLE_STOP seconds more.
+                backend.completion_watch().stop_if_idle()
 
 
 def _job_id(job_id: Any) -> int:

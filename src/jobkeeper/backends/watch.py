@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -86,6 +87,17 @@ class CompletionWatch:
                     self._idle_since = time.monotonic()
 
         return unregister
+
+    def stop_if_idle(self) -> None:
+        """``close()``: with nobody waiting, the thread stops at its next look
+        at :meth:`should_stop` (PostgreSQL's LISTEN every ``LISTEN_SLICE``,
+        0.5 s; SQLite's every ``DATA_VERSION_POLL``), closing its connection,
+        not ``IDLE_STOP`` seconds later. With waiters (another thread's, or
+        another queue's on this database), it goes on for them.
+        """
+        with self._lock:
+            if not self._waiters:
+                self._idle_since = -math.inf
 
     def wait_ready(self, timeout: float) -> bool:
         """Block up to ``timeout`` seconds until ends are watched, or the
