@@ -160,7 +160,7 @@ def test_close_keeps_the_wait_connection_of_a_wait_in_flight(
 
     def waiter() -> None:
         try:
-            jq.wait(job.id, timeout=3.0)
+            jq.wait(job.id, timeout=10.0)
         except BaseException as exc:
             outcome.append(exc)
 
