@@ -12,7 +12,7 @@ import logging
 import pytest
 
 from jobkeeper import DatabaseError, DatabaseUnavailable
-from jobkeeper.worker.completer import again_if_closed_idle
+from jobkeeper.worker.reruns import again_if_closed_idle
 from support.waiting import wait_for
 
 from .helpers import running

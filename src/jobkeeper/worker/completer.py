@@ -25,33 +25,16 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import TypeVar
 
 from jobkeeper.backends.base import Backend
-from jobkeeper.errors import DatabaseError, DatabaseUnavailable, DataRejected
+from jobkeeper.errors import DatabaseError, DataRejected
 from jobkeeper.events import EventBus, EventKind, JobEvent
 from jobkeeper.models import Claim, Completion, Failure, Job
 from jobkeeper.outcomes import outcome_error, outcome_kind, unstorable_result
 from jobkeeper.payload import dumps
+from jobkeeper.worker.reruns import again_if_closed_idle
 
 logger = logging.getLogger("jobkeeper.worker")
-
-T = TypeVar("T")
-
-
-def again_if_closed_idle(call: Callable[[], T]) -> T:
-    """``call()``, run once more at once when the server closed its session
-    for sitting idle as it went out (after the check before use): nothing
-    of it ran (see :attr:`~jobkeeper.errors.DatabaseError.retry_asked`).
-    """
-    try:
-        return call()
-    except DatabaseUnavailable as exc:
-        if not exc.retry_asked:
-            raise
-        logger.debug("%s; running it again at once", exc)
-        return call()
-
 
 Outcome = Completion | Failure
 #: The events the completer emits once a batch is written.

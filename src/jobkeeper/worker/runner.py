@@ -50,10 +50,11 @@ from jobkeeper.models import Claim, Failure, Job, WorkerInfo
 from jobkeeper.periodic import Periodic
 from jobkeeper.tasks import Task
 from jobkeeper.worker.claims import Claims
-from jobkeeper.worker.completer import Completer, Outcome, again_if_closed_idle
+from jobkeeper.worker.completer import Completer, Outcome
 from jobkeeper.worker.executor import Executor
 from jobkeeper.worker.listener import SignalRelay, start_listener
 from jobkeeper.worker.producer import MAX_PREFETCH, Producer
+from jobkeeper.worker.reruns import again_if_closed_idle
 from jobkeeper.worker.schema import SchemaWatch, register_when_reachable
 from jobkeeper.worker.sideeffects import SideEffects
 from jobkeeper.worker.stats import WorkerStats, checked_shares, make_worker_id
@@ -336,11 +337,9 @@ class Worker:
                 )
 
     def _on_replaced(self, exc: DatabaseReplaced) -> None:
-        """The heartbeat found the SQLite file removed or replaced under us:
-        stop at once and let ``run`` raise it (``jobkeeper worker`` exits 1).
-        Not carrying on in a new file: every job we hold is in the removed
-        one; a worker (re)started on the new file serves it, as a supervisor
-        does after a non-zero exit.
+        """The SQLite file was removed or replaced under us: stop at once,
+        ``run`` raises it (exit 1). Every job we hold is in the removed file;
+        a worker (re)started on the new one serves it.
         """
         if self._fatal is None:
             self._fatal = exc
@@ -440,9 +439,7 @@ class Worker:
         return self.stats
 
     def _read_installation(self) -> None:
-        """Read the idempotency keys' installation value before any job runs;
-        if it cannot be read now, the first job to run tries again.
-        """
+        """Read the idempotency keys' installation value before any job runs."""
         try:
             self.side_effects.installation()
         except DatabaseError as exc:
@@ -486,9 +483,8 @@ class Worker:
             # job is rescued rescue_after seconds after our last heartbeat,
             # by when a CLI worker process has exited.
             if self._registered and not stopped.stuck:
-                again_if_closed_idle(
-                    lambda: self._backend.worker_deregister(worker_id=self.info.id)
-                )
+                deregister = self._backend.worker_deregister
+                again_if_closed_idle(lambda: deregister(worker_id=self.info.id))
         except DatabaseError as exc:
             logger.warning("could not deregister (%s); the row will go stale and be pruned", exc)
         self.executor.close()
