@@ -31,8 +31,9 @@ def dashboard_password(password: str | None = None) -> str | None:
     """The basic-auth password: ``password``, else ``$JOBKEEPER_DASHBOARD_PASSWORD``.
 
     Returns:
-        The password, or None for none (neither given, or the variable
-        empty: no basic auth).
+        The password, or None for none: ``password=""`` (the variable is
+        then not read), or neither given, or the variable empty (no basic
+        auth).
 
     Raises:
         ConfigError: the password is blank (only whitespace): a variable set
@@ -40,6 +41,8 @@ def dashboard_password(password: str | None = None) -> str | None:
             on every address with a password anyone can guess.
     """
     source = "password"
+    if password == "":
+        return None  # none, whatever the variable says: how callers turn it off
     if password is None:
         password = os.environ.get(PASSWORD_ENV) or None
         source = f"${PASSWORD_ENV}"
