@@ -80,3 +80,36 @@ def test_a_handler_on_the_jobkeeper_logger_alone_is_left_alone(db_url: str, tmp_
     )
     assert result.returncode == 0 and result.stdout == "done\n", result.stderr
     assert result.stderr == ""
+
+
+def test_the_workers_last_lines_come_before_what_the_caller_prints_next(
+    db_url: str, tmp_path: Path
+):
+    # The lines go out through a writer thread; slowed here, the caller's
+    # own output came first (a Django command's CommandError before the
+    # worker's "stopped" line) until run_worker waited for them.
+    setup = (
+        "import time\n"
+        "from jobkeeper.worker import log_output\n"
+        "_write = log_output.StreamWriter._write\n"
+        "def slow(self, batch):\n"
+        "    time.sleep(0.3)\n"
+        "    _write(self, batch)\n"
+        "log_output.StreamWriter._write = slow\n"
+    )
+    (tmp_path / "script.py").write_text(
+        SCRIPT.format(setup=setup).replace('print("done")', 'print("AFTER", file=sys.stderr)')
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("JOBKEEPER_")}
+    result = subprocess.run(
+        [sys.executable, "script.py", db_url],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    lines = result.stderr.splitlines()
+    assert result.returncode == 0 and lines, result.stderr
+    assert lines[-1] == "AFTER", result.stderr
+    assert any(" stopped" in line for line in lines[:-1]), result.stderr

@@ -117,11 +117,14 @@ class RunningMixin(QueueBase):
                 database file was removed or replaced while the worker ran:
                 it stops at once (its jobs are in the removed file).
         """
-        from jobkeeper.worker.log_output import log_unless_configured
+        from jobkeeper.worker.log_output import flush_installed, log_unless_configured
 
         worker = self.worker(queues, concurrency, burst, prefetch)
         log_unless_configured()
-        stats = worker.run()
+        try:
+            stats = worker.run()
+        finally:
+            flush_installed()
         return int(stats.exit_code)
 
 

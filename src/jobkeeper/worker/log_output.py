@@ -45,6 +45,12 @@ WRITE_BATCH = 1_000
 #: takes nothing must not keep the process from exiting).
 FLUSH_AT_EXIT = 2.0
 
+#: What the writer's queue holds: a line; an Event to set once every line
+#: queued before it is written (:meth:`StreamWriter.flush_within`); None to stop.
+Queued = str | threading.Event | None
+#: The writer :func:`log_unless_configured` started for ``run_worker``, if any.
+_installed: StreamWriter | None = None
+
 
 class JobFields(logging.Filter):
     """Adds the running job's ``job_id``, ``task``, ``queue`` and ``attempt``
@@ -102,7 +108,7 @@ class DroppingLineHandler(logging.Handler):
     a line, which is better than a lock in a logging call.
     """
 
-    def __init__(self, lines: queue.SimpleQueue[str | None], formatter: logging.Formatter) -> None:
+    def __init__(self, lines: queue.SimpleQueue[Queued], formatter: logging.Formatter) -> None:
         super().__init__()
         self._lines = lines
         self.setFormatter(formatter)
@@ -139,7 +145,7 @@ class StreamWriter:
 
     def __init__(
         self,
-        lines: queue.SimpleQueue[str | None],
+        lines: queue.SimpleQueue[Queued],
         source: DroppingLineHandler,
         stream: TextIO,
     ) -> None:
@@ -156,20 +162,29 @@ class StreamWriter:
 
     def _run(self) -> None:
         while True:
-            first = self._lines.get()
-            batch = [first] if first is not None else []
-            while first is not None and len(batch) < WRITE_BATCH:
+            item = self._lines.get()
+            batch: list[str] = []
+            flushed: list[threading.Event] = []
+            while True:
+                if item is None:
+                    self._write(batch)
+                    for done in flushed:
+                        done.set()
+                    return
+                if isinstance(item, threading.Event):
+                    flushed.append(item)
+                else:
+                    batch.append(item)
+                if len(batch) >= WRITE_BATCH:
+                    break
                 try:
-                    line = self._lines.get_nowait()
+                    item = self._lines.get_nowait()
                 except queue.Empty:
                     break
-                if line is None:
-                    first = None
-                    break
-                batch.append(line)
-            self._write(batch)
-            if first is None:
-                return
+            if batch:
+                self._write(batch)
+            for done in flushed:
+                done.set()
 
     def _write(self, batch: list[str]) -> None:
         dropped = self._source.dropped - self._reported
@@ -196,6 +211,16 @@ class StreamWriter:
         )
         return self._source.format(record) + "\n"
 
+    def flush_within(self, timeout: float) -> None:
+        """Wait until every line queued so far is written, for up to
+        ``timeout`` seconds; the writer goes on.
+        """
+        if self._writing is None:
+            return
+        done = threading.Event()
+        self._lines.put_nowait(done)
+        done.wait(timeout)
+
     def stop_within(self, timeout: float) -> None:
         """Write what is queued, for up to ``timeout`` seconds, then stop."""
         writing, self._writing = self._writing, None
@@ -217,7 +242,7 @@ def log_to_stderr(
     """
     if logging.getLogger().handlers:
         return None
-    lines: queue.SimpleQueue[str | None] = queue.SimpleQueue()
+    lines: queue.SimpleQueue[Queued] = queue.SimpleQueue()
     handler = DroppingLineHandler(lines, formatter)
     handler.addFilter(JobFields())
     writer = StreamWriter(lines, handler, sys.stderr if stream is None else stream)
@@ -241,6 +266,19 @@ def log_unless_configured() -> StreamWriter | None:
         The writer (see :func:`log_to_stderr`), or None when logging was
         already set up.
     """
+    global _installed
     if logging.getLogger("jobkeeper").handlers or logging.getLogger().handlers:
         return None
-    return log_to_stderr(logging.INFO, logging.Formatter(TEXT_FORMAT))
+    _installed = log_to_stderr(logging.INFO, logging.Formatter(TEXT_FORMAT))
+    return _installed
+
+
+def flush_installed() -> None:
+    """Write what the writer :func:`log_unless_configured` started holds, for
+    up to :data:`FLUSH_AT_EXIT` seconds: when ``run_worker`` returns or
+    raises, its last lines come before whatever the caller prints next (a
+    Django command's ``CommandError`` came out before the worker's own
+    "stopped" line).
+    """
+    if _installed is not None:
+        _installed.flush_within(FLUSH_AT_EXIT)
