@@ -36,8 +36,11 @@ print("done")
 TEXT_LINE = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} (INFO|WARNING|ERROR) jobkeeper")
 
 
-def _run(tmp_path: Path, db_url: str, setup: str = "") -> subprocess.CompletedProcess[str]:
-    (tmp_path / "script.py").write_text(SCRIPT.format(setup=setup))
+def _run(
+    tmp_path: Path, db_url: str, setup: str = "", *, end: str = 'print("done")'
+) -> subprocess.CompletedProcess[str]:
+    """The script, with ``setup`` before the queue and ``end`` after run_worker."""
+    (tmp_path / "script.py").write_text(SCRIPT.format(setup=setup).replace('print("done")', end))
     env = {k: v for k, v in os.environ.items() if not k.startswith("JOBKEEPER_")}
     return subprocess.run(
         [sys.executable, "script.py", db_url],
@@ -97,18 +100,7 @@ def test_the_workers_last_lines_come_before_what_the_caller_prints_next(
         "    _write(self, batch)\n"
         "log_output.StreamWriter._write = slow\n"
     )
-    (tmp_path / "script.py").write_text(
-        SCRIPT.format(setup=setup).replace('print("done")', 'print("AFTER", file=sys.stderr)')
-    )
-    env = {k: v for k, v in os.environ.items() if not k.startswith("JOBKEEPER_")}
-    result = subprocess.run(
-        [sys.executable, "script.py", db_url],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    result = _run(tmp_path, db_url, setup, end='print("AFTER", file=sys.stderr)')
     lines = result.stderr.splitlines()
     assert result.returncode == 0 and lines, result.stderr
     assert lines[-1] == "AFTER", result.stderr
