@@ -168,3 +168,103 @@ def test_a_serialization_failure_is_marked_retry_asked(pg_url):
         assert not isinstance(failed[0], DatabaseUnavailable)
     finally:
         jq.close()
+
+
+def _pool_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.name == "psycopg.pool" and r.levelno >= logging.WARNING
+    ]
+
+
+def test_sync_calls_after_the_pools_sessions_timed_out_log_no_pool_warnings(pg_url, caplog):
+    # jobkeeper found each closed session on checkout and replaced it, and
+    # psycopg_pool still logged a WARNING "discarding closed connection" per
+    # session it was handed back: noise in the application's log after
+    # every quiet spell.
+    jq = JobQueue(with_setting(pg_url, "idle_session_timeout", "200"), pool_size=4)
+    jq.migrate()
+    caplog.set_level(logging.INFO, logger="psycopg.pool")
+    opened = threading.Barrier(4)
+
+    def hold_one() -> None:
+        with jq.backend._cursor() as cursor:
+            cursor.execute("SELECT 1")
+            opened.wait(10)  # four connections out at once
+
+    try:
+        threads = [threading.Thread(target=hold_one) for _ in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(10)
+        time.sleep(0.6)  # the server closes all four
+        caplog.clear()
+        for _ in range(8):
+            jq.enqueue("anything", {})
+        assert len(jq.list_jobs(limit=100)) == 8
+    finally:
+        jq.close()
+    assert _pool_warnings(caplog) == []
+
+
+def test_an_async_call_after_the_pools_sessions_timed_out_takes_the_next_without_backoff(
+    pg_url, caplog, monkeypatch
+):
+    # The async pool checked connections through psycopg_pool's ``check``,
+    # which waits 1 s, then 2, 4... after each connection that fails it: an
+    # enqueue_async after the server closed four idle sessions took 7.6 s
+    # (and logged a WARNING per session).
+    import asyncio
+
+    from psycopg_pool import pool_async
+
+    waits: list[float] = []
+    real_sleep = pool_async.asleep
+
+    async def noted_sleep(seconds: float) -> None:
+        waits.append(seconds)
+        await real_sleep(seconds)
+
+    monkeypatch.setattr(pool_async, "asleep", noted_sleep)
+    jq = JobQueue(with_setting(pg_url, "idle_session_timeout", "200"), pool_size=4)
+    jq.migrate()
+    caplog.set_level(logging.INFO, logger="psycopg.pool")
+
+    async def calls() -> None:
+        pool = (await jq.backend._async_pool()).pool
+        held = [await pool.getconn() for _ in range(4)]
+        for conn in held:
+            await pool.putconn(conn)
+        await asyncio.sleep(0.6)  # the server closes all four
+        caplog.clear()
+        await jq.enqueue_async("anything", {})
+        await jq.aclose()
+
+    try:
+        asyncio.run(calls())
+        assert len(jq.list_jobs(limit=10)) == 1
+    finally:
+        jq.close()
+    assert waits == []
+    assert _pool_warnings(caplog) == []
+
+
+def test_only_connections_closed_on_purpose_are_kept_out_of_the_pool_log():
+    from jobkeeper.backends.postgres.pool_logs import ClosedOnPurpose, mark_on_purpose
+
+    class Conn:
+        pass
+
+    def record(conn: object) -> logging.LogRecord:
+        return logging.LogRecord(
+            "psycopg.pool", logging.WARNING, __file__, 1, "discarding closed connection: %s",
+            (conn,), None,
+        )  # fmt: skip
+
+    marked, unmarked = Conn(), Conn()
+    mark_on_purpose(marked)
+    kept = ClosedOnPurpose().filter
+    assert not kept(record(marked))
+    assert kept(record(unmarked))

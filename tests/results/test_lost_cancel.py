@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 from jobkeeper import JobQueue
+from jobkeeper.backends.postgres import loop_pools
 from jobkeeper.backends.postgres.loop_pools import LoopPool, ServerProbe
 from jobkeeper.backends.watch import CompletionWatch
 from jobkeeper.waiting import Sleep
@@ -125,7 +126,13 @@ class _SwallowingPool:
         self.given_back.append(conn)
 
 
-def test_pool_checkout_raises_a_cancel_psycopg_pool_swallowed() -> None:
+def test_pool_checkout_raises_a_cancel_psycopg_pool_swallowed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    async def alive(conn: Any) -> None:
+        return None  # the stand-in connection has no socket to check
+
+    monkeypatch.setattr(loop_pools, "check_async", alive)
     pool = _SwallowingPool()
     probe = ServerProbe("postgresql://unused.test/x")
     probe.suspect = False

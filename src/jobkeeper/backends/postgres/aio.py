@@ -32,7 +32,6 @@ from jobkeeper.backends.postgres.loop_pools import (
     POOL_NAME,
     LoopPool,
     ServerProbe,
-    check_async,
     close_at_loop_end,
     quiet_cancelled_connects,
     shut_down_if_skipped,
@@ -124,9 +123,6 @@ class PostgresAsync:
                 kwargs=self._pool_kwargs(),
                 open=False,
                 name=POOL_NAME,
-                # A connection cut by a server restart is found and replaced
-                # on checkout, not handed to a call that then fails.
-                check=check_async,
                 configure=configure,
             )
             found = LoopPool(pool, ServerProbe(self._conninfo), opened)

@@ -19,6 +19,7 @@ from psycopg import pq
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from jobkeeper.backends.postgres import sources
+from jobkeeper.backends.postgres.pool_logs import mark_on_purpose
 from jobkeeper.backends.postgres.sources import CONNECT_TIMEOUT, IDLE_CHECK_AFTER, has_unread_input
 
 #: The name of every loop's pool (psycopg_pool's log lines carry it).
@@ -150,12 +151,42 @@ async def getconn_async(
             await probe.check()
         remaining = deadline - time.monotonic()
         try:
-            return await pool.getconn(timeout=max(min(sources.POOL_SLICE, remaining), 0.001))
+            conn = await pool.getconn(timeout=max(min(sources.POOL_SLICE, remaining), 0.001))
         except PoolTimeout:
             if time.monotonic() >= deadline:
                 raise PoolTimeout(sources.busy_pool_message(pool.max_size)) from None
             # Busy, or the server went away: a probe tells which.
             probe.suspect = True
+            continue
+        # Checked here, not by the pool's ``check``: psycopg_pool waits 1 s,
+        # then 2, 4... between connections that fail it, so a call after the
+        # server had closed the pool's idle sessions (a restart, an
+        # idle_session_timeout) waited 7.6 s to reach the fourth.
+        alive = False
+        try:
+            await check_async(conn)
+            alive = True
+        except psycopg.Error:
+            probe.suspect = True  # cut: the probe says at once if the server is gone
+        finally:
+            # A cancel during the ping gives the connection back too.
+            if not alive:
+                await discard(pool, conn)
+        if alive:
+            return conn
+        if time.monotonic() >= deadline:
+            raise PoolTimeout(f"no live connection within {sources.POOL_TIMEOUT:g}s")
+
+
+async def discard(pool: AsyncConnectionPool, conn: psycopg.AsyncConnection[Any]) -> None:
+    """Close ``conn`` and give it back to ``pool``, which opens a replacement
+    (and, the close being ours, does not log it: see ``pool_logs``).
+    """
+    mark_on_purpose(conn)
+    try:
+        await conn.close()
+    finally:
+        await pool.putconn(conn)
 
 
 class LoopPool:
@@ -276,6 +307,7 @@ class LoopPool:
         suspect, replace_all = sources.pool_repair(error)
         self.probe.suspect = self.probe.suspect or suspect
         if replace_all:
+            mark_on_purpose(conn)
             await conn.close()
             spare, self.spare = self.spare, None
             if spare is not None:
@@ -283,11 +315,7 @@ class LoopPool:
             await self.pool.drain()
 
     async def _discard(self, conn: psycopg.AsyncConnection[Any]) -> None:
-        """Close ``conn`` and give it back: the pool opens a replacement."""
-        try:
-            await conn.close()
-        finally:
-            await self.pool.putconn(conn)
+        await discard(self.pool, conn)
 
     async def close(self) -> None:
         """Cancel the closer and wait for its end, then shut down here if it

@@ -22,6 +22,7 @@ from psycopg.types.json import set_json_loads
 from psycopg_pool import ConnectionPool, PoolClosed, PoolTimeout
 
 from jobkeeper.backends.postgres import pool_exit
+from jobkeeper.backends.postgres.pool_logs import close_on_purpose
 from jobkeeper.backends.postgres.prepared import stale_plan
 from jobkeeper.backends.postgres.session_setup import set_up
 from jobkeeper.backends.rows import load_json
@@ -349,7 +350,7 @@ class PooledConnections:
                     return conn
                 # Cut: the server may be gone; the probe says so at once if it is.
                 self._suspect = True
-                conn.close()
+                close_on_purpose(conn)
             except BaseException:
                 pool.putconn(conn)
                 raise
@@ -395,10 +396,10 @@ class PooledConnections:
             suspect, replace_all = pool_repair(error)
             self._suspect = self._suspect or suspect
             if replace_all:
-                conn.close()
+                close_on_purpose(conn)
                 pool.drain()
             elif error is not None and transaction_blocks_unbalanced(conn):
-                conn.close()  # the pool opens a replacement
+                close_on_purpose(conn)  # the pool opens a replacement
         finally:
             pool.putconn(conn)
 
