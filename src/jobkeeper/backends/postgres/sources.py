@@ -59,6 +59,24 @@ IDLE_CHECK_AFTER = 1.0
 #: with several hosts in the URL, the writable one is found), instead of
 #: failing every write of a session that looks healthy.
 TARGET_SESSION_ATTRS = "read-write"
+#: TCP settings every connection of ours asks libpq for, unless the URL sets
+#: its own: a peer that stops answering at the network level (a failed-over
+#: host whose address vanished, a NAT or firewall that dropped the flow) is
+#: found within about half a minute. Without them a worker waited on such a
+#: connection for 15 min 39 s (the kernel's retransmissions, tcp_retries2=15)
+#: with every thread parked and nothing logged, and an idle connection for
+#: the system's two hours of keepalive. Kernel-level: a busy or blocked
+#: server still acknowledges, so no query is cut short by these. Unix
+#: sockets ignore them.
+TCP_DEFAULTS: dict[str, str] = {
+    "keepalives": "1",
+    "keepalives_idle": "15",
+    "keepalives_interval": "5",
+    "keepalives_count": "3",
+    # Milliseconds sent data may stay unacknowledged (Linux TCP_USER_TIMEOUT;
+    # it also ends keepalive probing sooner).
+    "tcp_user_timeout": "20000",
+}
 #: What our sessions are called in ``pg_stat_activity``: the API's pools this,
 #: a worker's own connections "jobkeeper <role> <worker id>" (see
 #: :meth:`~jobkeeper.backends.base.Backend.dedicated`).
@@ -169,10 +187,10 @@ def with_session_defaults(conninfo: str, application_name: str = APPLICATION_NAM
     naming it ``application_name`` unless the URL, ``PGAPPNAME`` or a ``-c
     application_name=`` in ``options`` or ``PGOPTIONS`` names it (libpq's
     ``fallback_application_name`` gives way to the first two; with the last
-    two none is sent).
+    two none is sent), with :data:`TCP_DEFAULTS` where the URL names none.
     """
     given = conninfo_to_dict(conninfo)
-    defaults: dict[str, str] = {}
+    defaults: dict[str, str] = {k: v for k, v in TCP_DEFAULTS.items() if k not in given}
     if "PGTARGETSESSIONATTRS" not in os.environ and "target_session_attrs" not in given:
         defaults["target_session_attrs"] = TARGET_SESSION_ATTRS
     # A name set with "-c application_name=..." (the URL's options, or
