@@ -15,13 +15,14 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
-from jobkeeper import JobQueue
+from jobkeeper import DatabaseError, JobQueue
 from jobkeeper.doctor import run_checks
 from support.db import sql
 from support.waiting import wait_for
@@ -35,7 +36,7 @@ SETTINGS = {"heartbeat_interval": 0.2, "rescue_after": 3.0, "poll_interval": 0.2
 # Every call: one JSON line {"start", "end", "ids" | "error"} (times: time.time()).
 PRODUCER = """
 import json, sys, time, os
-from jobkeeper import JobQueue
+from jobkeeper import DatabaseError, JobQueue
 from jobkeeper.doctor import run_checks
 url, out, record, stop = sys.argv[1:5]
 jq = JobQueue(url, external_tasks=True)
@@ -177,3 +178,53 @@ def test_doctor_names_a_process_holding_the_removed_file(tmp_path: Path) -> None
         holder.kill()
         holder.wait()
         assert {c.name: c for c in run_checks(JobQueue(url))}["removed file"].level == "ok"
+
+
+def _migrate(url: str) -> None:
+    """A migrate that leaves no connection open in this process."""
+    with JobQueue(url) as jq:
+        jq.migrate()
+
+
+def test_migrate_beside_the_wal_of_a_removed_file_still_open(tmp_path: Path) -> None:
+    """``rm jobs.db`` under a running worker leaves ``jobs.db-wal`` and
+    ``jobs.db-shm``, which it still has open. A ``migrate`` then made a new
+    file sharing them: SQLite failed with a bare "disk I/O error" (or read the
+    removed file's pages as the new one's). It is refused, naming the files
+    and the process, until that process is gone; then it works.
+    """
+    db = tmp_path / "jobs.db"
+    url = f"sqlite:///{db}"
+    _migrate(url)
+    with processes(tmp_path) as procs:
+        worker = procs.worker(url, SETTINGS, concurrency=2)
+        wait_for(lambda: worker.pid in workers_by_pid(url), what="the worker registered")
+        producer = JobQueue(url, external_tasks=True)
+        # Past SQLite's checkpoint (1,000 pages): the removed file holds pages
+        # the WAL does not.
+        for _ in range(8):
+            producer.enqueue_many(
+                [("sleep", {"seconds": 60, "pad": "x" * 500}, {"queue": "elsewhere"})] * 1000
+            )
+        producer.close()
+        os.kill(worker.pid, signal.SIGSTOP)  # a worker that has not looked yet
+        db.unlink()
+        assert Path(f"{db}-wal").exists() and Path(f"{db}-shm").exists()
+        with pytest.raises(DatabaseError) as refused:
+            _migrate(url)
+        message = str(refused.value)
+        assert "jobs.db-wal and jobs.db-shm" in message and str(worker.pid) in message, message
+        assert "disk I/O" not in message.split("(SQLite fails")[0]
+        assert not db.exists()  # nothing created
+        os.kill(worker.pid, signal.SIGCONT)
+        _stopped_on(procs, worker, db, "was removed")
+        # The worker gone, its -wal and -shm belong to no process: migrate
+        # works, and the new file is a new, empty database.
+        _migrate(url)
+        assert sql(url, "SELECT count(*) FROM jobkeeper_jobs") == [(0,)]
+        assert sql(url, "PRAGMA integrity_check") == [("ok",)]
+        with JobQueue(url, external_tasks=True) as jq:
+            jq.enqueue("record", {"record": str(tmp_path / "r")})
+        final = procs.worker(url, SETTINGS, concurrency=2, burst=True)
+        assert wait_exit(final) == 0, procs.log(final)[-3000:]
+        assert len(read_records(tmp_path / "r")) == 1

@@ -17,7 +17,12 @@ from datetime import datetime
 from typing import Any, TypeVar
 
 from jobkeeper.backends.rows import epoch_to_datetime, job_from_row
-from jobkeeper.backends.sqlite.files import file_identity, is_empty_file, not_writable_hint
+from jobkeeper.backends.sqlite.files import (
+    file_identity,
+    is_empty_file,
+    leftovers_refusal,
+    not_writable_hint,
+)
 from jobkeeper.backends.sqlite.queries import QUERIES
 from jobkeeper.database_url import DatabaseURL
 from jobkeeper.errors import (
@@ -188,6 +193,10 @@ class SqliteConnection:
                     f"SQLite database {self.path!r} is empty (0 bytes) -- "
                     f"{self.url.migrate_hint()} first; the file was left as it is"
                 )
+            if create and (not os.path.exists(self.path) or is_empty_file(self.path)):
+                refusal = leftovers_refusal(self.path)
+                if refusal:
+                    raise DatabaseError(refusal)
             before = file_identity(self.path)
             conn = None
             try:

@@ -6,6 +6,7 @@ the path names now.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 
 def not_writable_hint(path: str) -> str:
@@ -70,13 +71,66 @@ def holders_of_removed(path: str) -> list[int] | None:
     ``/proc`` to read. What ``doctor``, a new process that sees only the file
     now at the path, can say of processes still serving the one before.
     """
+    now = file_identity(path)
+    return _holders({path, f"{path} (deleted)"}, lambda st: st != now, others=True)
+
+
+def leftovers_in_use(path: str) -> tuple[list[str], list[int]]:
+    """The ``-wal`` and ``-shm`` files beside ``path`` (a database file that
+    does not exist, or is empty), and the processes, this one included, that
+    still have them open: ``([], [])`` when there are none, or no ``/proc``.
+
+    They are the WAL and the shared memory index of a database file removed
+    while those processes had it open. SQLite finds them by name, so a new
+    file created at the path would share them: its first connection reads
+    the removed file's index ("disk I/O error", or the removed file's pages
+    read as the new one's). With no process on them they are harmless: SQLite
+    discards a WAL beside a database file that has no pages.
+    """
+    names = [name for name in (f"{path}-wal", f"{path}-shm") if os.path.exists(name)]
+    if not names:
+        return [], []
+    ids = {file_identity(name) for name in names}
+    holders = _holders(set(names), lambda st: st in ids, others=False)
+    return (names, holders) if holders else ([], [])
+
+
+def leftovers_refusal(path: str) -> str:
+    """Why no database may be created at ``path`` now (see
+    :func:`leftovers_in_use`), or "": the message names the files, the
+    processes and what to do.
+    """
+    names, holders = leftovers_in_use(path)
+    if not holders:
+        return ""
+    files = " and ".join(os.path.basename(name) for name in names)
+    who = ", ".join(str(pid) for pid in holders if pid != os.getpid())
+    who = f"process(es) {who}" if who else ""
+    if os.getpid() in holders:
+        who = f"{who} and this process" if who else "this process (a queue not closed)"
+    return (
+        f"SQLite database {path!r} does not exist, but {files} beside it "
+        f"{'are' if len(names) > 1 else 'is'} still open in {who}, which still "
+        "have the removed database file open (a worker or another program started on it): a "
+        "database created now would share them with the removed one (SQLite fails with "
+        "'disk I/O error', or reads the removed file's pages). Nothing was created. Stop "
+        "those processes (a jobkeeper worker stops by itself once it sees its file gone), then "
+        "create it again: SQLite discards a -wal and -shm that belong to no database file"
+    )
+
+
+def _holders(
+    names: set[str], matches: Callable[[tuple[int, int]], bool], *, others: bool
+) -> list[int] | None:
+    """The processes (only others when ``others``) with an open file whose
+    link in ``/proc/<pid>/fd`` reads one of ``names`` and whose
+    ``(st_dev, st_ino)`` ``matches``; None without ``/proc``.
+    """
     if not os.path.isdir("/proc/self/fd"):
         return None
-    now = file_identity(path)
-    names = {path, f"{path} (deleted)"}
     holders = []
     for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():
+        if not entry.isdigit() or (others and int(entry) == os.getpid()):
             continue
         try:
             fds = os.listdir(f"/proc/{entry}/fd")
@@ -90,7 +144,7 @@ def holders_of_removed(path: str) -> list[int] | None:
                 st = os.stat(link)  # the open file itself, not the path
             except OSError:
                 continue
-            if (st.st_dev, st.st_ino) != now:
+            if matches((st.st_dev, st.st_ino)):
                 holders.append(int(entry))
                 break
     return sorted(holders)
