@@ -296,7 +296,25 @@ class DatabaseReplaced(DatabaseError):  # noqa: N818 - reads as what happened
     or replaced by another (a restore, ``rm`` and ``migrate``). A write on it
     would land in a file nobody will read again, so the write is rolled back
     and nothing was stored. Waiting does not fix it; a worker stops on it.
+
+    Args:
+        *args: the message, as for any exception.
+        path: the database file's path, which :attr:`path` keeps.
     """
+
+    #: The path of the removed or replaced file.
+    path: str = ""
+
+    def __init__(self, *args: object, path: str = "") -> None:
+        super().__init__(*args)
+        self.path = path
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_replaced, (self.args, self.path))
+
+
+def _replaced(args: tuple[object, ...], path: str) -> DatabaseReplaced:
+    return DatabaseReplaced(*args, path=path)
 
 
 class DataRejected(DatabaseError):  # noqa: N818

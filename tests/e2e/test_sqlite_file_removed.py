@@ -228,3 +228,33 @@ def test_migrate_beside_the_wal_of_a_removed_file_still_open(tmp_path: Path) -> 
         final = procs.worker(url, SETTINGS, concurrency=2, burst=True)
         assert wait_exit(final) == 0, procs.log(final)[-3000:]
         assert len(read_records(tmp_path / "r")) == 1
+
+
+def test_a_worker_stopped_by_its_removed_file_says_where_its_jobs_are(tmp_path: Path) -> None:
+    """Its stop said "those jobs will be rescued and re-run" (and tried for
+    seconds to write their outcomes, to resign its lease, to deregister):
+    nothing rescues them, they are in the removed file. Its lines say that,
+    naming the file.
+    """
+    db = tmp_path / "jobs.db"
+    url = f"sqlite:///{db}"
+    records = tmp_path / "records"
+    _migrate(url)
+    with processes(tmp_path) as procs:
+        worker = procs.worker(url, SETTINGS, concurrency=2)
+        with JobQueue(url, external_tasks=True) as jq:
+            jq.enqueue("sleep", {"seconds": 60, "record": str(records)})
+            jq.enqueue("blocked_in_c", {"seconds": 60, "record": str(records)})
+        wait_for(lambda: len(read_records(records)) == 2, what="both jobs running")
+        db.unlink()
+        assert wait_exit(worker, timeout=30) == 1
+        log = procs.log(worker)
+        stop = log[log.index("\n", log.index("stopping now")) :]  # the lines after it
+        where = f"in the removed file {str(db)!r}, where nothing rescues them"
+        assert f"outcomes still unwritten at shutdown; their jobs are {where} or runs" in stop
+        assert (
+            f"did not return 2s after being interrupted at shutdown and stay held by this "
+            f"worker, {where} (not handed back" in stop
+        ), stop
+        for untrue in ("will be rescued", "to be rescued", "migrate", "resign", "deregister"):
+            assert untrue not in stop, (untrue, stop)

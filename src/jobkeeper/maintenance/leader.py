@@ -81,11 +81,13 @@ class Leader(IntervalService):
         elif was_leader and not held:
             logger.info("worker %s lost the %s lease", self._worker_id, self._lease_name)
 
-    def stop(self, timeout: float = 5.0) -> None:
-        """Stop trying and give the lease up, so another worker need not wait it out."""
+    def stop(self, timeout: float = 5.0, *, resign: bool = True) -> None:
+        """Stop trying and give the lease up (unless not ``resign``), so
+        another worker need not wait it out.
+        """
         super().stop(timeout)
-        if self._valid_until > 0:
-            self._valid_until = -1.0
+        held, self._valid_until = self._valid_until > 0, -1.0
+        if held and resign:
             try:
                 self._backend.leader_resign(name=self._lease_name, worker_id=self._worker_id)
             except DatabaseError as exc:

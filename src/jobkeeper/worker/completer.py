@@ -473,9 +473,10 @@ class Completer:
                 )
         return written
 
-    def stop(self, timeout: float) -> bool:
+    def stop(self, timeout: float, *, then: str = "those jobs will be rescued and re-run") -> bool:
         """Flush what is buffered (retrying for up to ``timeout`` seconds) and
-        stop. Returns True when everything was written.
+        stop. Returns True when everything was written; else logs what
+        becomes of the jobs whose outcomes were not (``then``).
         """
         with self._cond:
             self._stopping = True
@@ -485,9 +486,6 @@ class Completer:
             with self._cond:
                 self._abandoned = True
                 self._cond.notify_all()
-            logger.error(
-                "%d outcomes still unwritten at shutdown; those jobs will be rescued and re-run",
-                self.pending,
-            )
+            logger.error("%d outcomes still unwritten at shutdown; %s", self.pending, then)
             return False
         return True

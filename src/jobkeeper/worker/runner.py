@@ -458,9 +458,10 @@ class Worker:
     def _shutdown(self) -> None:
         self._stopping.set()
         # A stopping worker leads nothing: resigned now, the lease goes to a
-        # worker that stays instead of waiting out the grace period, and a
-        # stopping worker never takes it up on the way out.
-        self.leader.stop()
+        # worker that stays instead of waiting out the grace period (not in
+        # a removed file: nothing can be written there, nor waits on it).
+        gone = None if self._fatal is None else self._fatal.path
+        self.leader.stop(resign=gone is None)
         stopped = stop_running(
             self.executor,
             self.completer,
@@ -468,6 +469,7 @@ class Worker:
             grace=self._settings.shutdown_grace,
             force=self._force,
             rescue_after=self._settings.rescue_after,
+            gone=gone,
         )
         self._listener_stop.set()
         for service in reversed(self._services):
@@ -480,9 +482,8 @@ class Worker:
             # Without our row, anything we still hold (unwritten acks) is
             # rescued by the next rescuer pass instead of after rescue_after.
             # Not while code we gave up on may still run in this process: its
-            # job is rescued rescue_after seconds after our last heartbeat,
-            # by when a CLI worker process has exited.
-            if self._registered and not stopped.stuck:
+            # job is rescued rescue_after seconds after our last heartbeat.
+            if self._registered and not stopped.stuck and gone is None:
                 deregister = self._backend.worker_deregister
                 again_if_closed_idle(lambda: deregister(worker_id=self.info.id))
         except DatabaseError as exc:

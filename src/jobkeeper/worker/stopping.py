@@ -57,6 +57,7 @@ def stop_running(
     grace: float,
     force: threading.Event,
     rescue_after: float,
+    gone: str | None = None,
 ) -> Stopped:
     """End a stopping worker's work: hand back what was claimed but never
     started, let running jobs finish for up to ``grace`` seconds (less once
@@ -70,6 +71,9 @@ def stop_running(
         force: set by a second signal: skip what is left of the grace period.
         rescue_after: seconds after the last heartbeat that stuck jobs are
             rescued (only for the log line).
+        gone: the path of the SQLite file that was removed or replaced under
+            the worker: its jobs are in that file, where nothing can be
+            written and nothing rescues them, and the log lines say so.
 
     Returns:
         Stopped: what is left held, and whether every outcome was written.
@@ -83,22 +87,38 @@ def stop_running(
         if remaining <= 0:
             break
         executor.wait_idle(min(remaining, 0.1))
+    held = (
+        f"in the removed file {gone!r}, where nothing rescues them"
+        if gone
+        else f"to be rescued {rescue_after:g}s after its last heartbeat"
+    )
     stuck = (
-        _interrupt_running(executor, grace, forced=force.is_set(), rescue_after=rescue_after)
+        _interrupt_running(executor, _reason(grace, force.is_set(), gone), held, rerun=not gone)
         if executor.snapshot().active
         else []
     )
-    if stuck:
+    if stuck and not gone:
         _abandon(backend, stuck)
     flush_for = SHUTDOWN_FLUSH if force.is_set() else deadline - time.monotonic()
-    flushed = completer.stop(timeout=max(flush_for, SHUTDOWN_FLUSH))
+    if gone:
+        # No write reaches a removed file: not retried for seconds.
+        flushed = completer.stop(0.0, then=f"their jobs are {held} or runs them again")
+    else:
+        flushed = completer.stop(timeout=max(flush_for, SHUTDOWN_FLUSH))
     left_held = len({job.id for job in stuck} | completer.pending_ids())
     return Stopped(stuck=stuck, flushed=flushed, left_held=left_held)
 
 
-def _interrupt_running(
-    executor: Executor, grace: float, *, forced: bool, rescue_after: float
-) -> list[Job]:
+def _reason(grace: float, forced: bool, gone: str | None) -> str:
+    """Why running jobs are interrupted, as their attempts record it."""
+    if gone:
+        return f"worker stopped: its SQLite file {gone!r} was removed or replaced"
+    if forced:
+        return "worker shutdown: handed back at once (stop forced by a second signal)"
+    return f"worker shutdown: handed back after shutdown_grace={grace:g}s"
+
+
+def _interrupt_running(executor: Executor, reason: str, held: str, *, rerun: bool) -> list[Job]:
     """Past the grace period: interrupt what still runs, wait up to
     ``INTERRUPT_WAIT`` seconds for its code to return (handed back then),
     and give up on the rest. Returns the jobs given up on.
@@ -108,32 +128,27 @@ def _interrupt_running(
     this worker; once its heartbeat stops they are rescued after
     ``rescue_after`` (the attempt counted), as if it had crashed.
     """
-    asked = executor.interrupt_all(
-        "worker shutdown: handed back at once (stop forced by a second signal)"
-        if forced
-        else f"worker shutdown: handed back after shutdown_grace={grace:g}s"
-    )
+    asked = executor.interrupt_all(reason)
     logger.warning("interrupting %d jobs still running at shutdown", asked)
     executor.wait_idle(INTERRUPT_WAIT)
     running, reporting = executor.abandon_running()
     if running:
         logger.error(
             "%d jobs did not return %gs after being interrupted at shutdown and stay held "
-            "by this worker, to be rescued %gs after its last heartbeat (not handed back: "
-            "their code may still be running): %s",
+            "by this worker, %s (not handed back: their code may still be running): %s",
             len(running),
             INTERRUPT_WAIT,
-            rescue_after,
+            held,
             _named(running),
         )
     if reporting:
         logger.error(
             "%d jobs returned, but their outcomes are still with the worker's event "
             "listeners (a log handler or span exporter that blocks), so nothing of them is "
-            "written: they stay held by this worker, to be rescued %gs after its last "
-            "heartbeat and run again: %s",
+            "written: they stay held by this worker, %s%s: %s",
             len(reporting),
-            rescue_after,
+            held,
+            " and run again" if rerun else "",
             _named(reporting),
         )
     return running + reporting

@@ -168,6 +168,14 @@ class SqliteConnection:
         slot = self._thread()
         conn = slot.conn
         if conn is None:
+            if self.pinned and self._pin is not None and not os.path.exists(self.path):
+                # A worker's file (or its directory) was removed: no migrate
+                # mends that for it, and it stops on this error.
+                raise DatabaseReplaced(
+                    f"SQLite database {self.path!r} was removed since this worker opened it; "
+                    "nothing was written",
+                    path=self.path,
+                )
             directory = os.path.dirname(self.path)
             if directory and not os.path.isdir(directory):
                 # Not an outage (waited on, a worker never said what was
@@ -257,7 +265,9 @@ class SqliteConnection:
             )
         if problem or identity is None:
             conn.close()
-            raise DatabaseReplaced(f"SQLite database {self.path!r} {problem}; nothing was written")
+            raise DatabaseReplaced(
+                f"SQLite database {self.path!r} {problem}; nothing was written", path=self.path
+            )
         if self.pinned and self._pin is None:
             self._pin = identity
         return identity
@@ -292,7 +302,8 @@ class SqliteConnection:
         else:
             done = "nothing was written (it would have gone to the deleted file)"
         raise DatabaseReplaced(
-            f"SQLite database {self.path!r} {what} while this process had it open; {done}"
+            f"SQLite database {self.path!r} {what} while this process had it open; {done}",
+            path=self.path,
         )
 
     @contextlib.contextmanager
