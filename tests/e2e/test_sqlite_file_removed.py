@@ -258,3 +258,54 @@ def test_a_worker_stopped_by_its_removed_file_says_where_its_jobs_are(tmp_path: 
         ), stop
         for untrue in ("will be rescued", "to be rescued", "migrate", "resign", "deregister"):
             assert untrue not in stop, (untrue, stop)
+
+
+# A worker whose file is replaced just after it registered, before its
+# other connections (heartbeat, outcomes, leader...) are opened.
+REPLACED_AT_START = """
+import os, sys
+from jobkeeper import JobQueue
+from jobkeeper.worker import runner
+url, fresh = sys.argv[1:3]
+path = url.removeprefix("sqlite:///")
+jq = JobQueue(url, heartbeat_interval=0.2, rescue_after=3.0, poll_interval=0.2)
+
+@jq.task
+def noop() -> None:
+    pass
+
+register = runner.register_when_reachable
+
+def register_then_replace(*args, **kwargs):
+    registered = register(*args, **kwargs)
+    for suffix in ("-wal", "-shm"):
+        os.unlink(path + suffix)
+    os.replace(fresh, path)
+    print("replaced", flush=True)
+    return registered
+
+runner.register_when_reachable = register_then_replace
+jq.run_worker(concurrency=2)
+"""
+
+
+def test_a_file_replaced_while_the_worker_starts_stops_it(tmp_path: Path) -> None:
+    """Each of a worker's connections kept to the file it opened first: one
+    opened after a replace (its heartbeat's, just after its registration)
+    served the new file. The worker then beat and registered itself in the
+    new file while its claims read the removed one: alive for ``doctor``,
+    it never ran a job enqueued there. Now every connection of the worker
+    keeps to the file at the path when it was made, and it stops.
+    """
+    db = tmp_path / "jobs.db"
+    url = f"sqlite:///{db}"
+    fresh = tmp_path / "fresh.db"
+    _migrate(url)
+    _migrate(f"sqlite:///{fresh}")
+    with processes(tmp_path) as procs:
+        worker = procs.python(REPLACED_AT_START, url, str(fresh))
+        wait_for(lambda: "replaced" in procs.log(worker), what="the replace")
+        assert wait_exit(worker, timeout=30) == 1, procs.log(worker)[-3000:]
+        log = procs.log(worker)
+        assert "not the file this worker started on" in log and "stopping now" in log, log
+        assert sql(url, "SELECT count(*) FROM jobkeeper_workers") == [(0,)]

@@ -140,11 +140,16 @@ class SqliteConnection:
         self.path = os.path.abspath(url.path)
         self.busy_timeout = busy_timeout
         #: A pinned backend (a worker's, see ``dedicated``) stays on the file
-        #: its first connection opened: a connection opened later on another
-        #: file (the path's file replaced) fails with DatabaseReplaced. An
-        #: unpinned one (the API's) opens whatever file is at the path then.
+        #: at the path when it was made (else the one its first connection
+        #: opened): a connection opened on another file (the path's file
+        #: replaced) fails with DatabaseReplaced. Taken here, not at each
+        #: backend's first connection: a worker makes all of its backends
+        #: before it opens any, and they opened theirs at different times, so
+        #: one opened after a replace served the new file while the others
+        #: served the old. An unpinned one (the API's) opens whatever file is
+        #: at the path then.
         self.pinned = pinned
-        self._pin: tuple[int, int] | None = None
+        self._pin = file_identity(self.path) if pinned else None
         self._local = threading.local()
         # Weak: see _ThreadConnection.
         self._threads: weakref.WeakSet[_ThreadConnection] = weakref.WeakSet()
