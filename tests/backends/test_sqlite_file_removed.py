@@ -138,3 +138,35 @@ def test_the_file_identity_is_the_paths(tmp_path: Path) -> None:
     st = os.stat(path)
     assert files.file_identity(str(path)) == (st.st_dev, st.st_ino)
     assert files.file_identity(str(tmp_path / "gone" / "x.db")) is None
+
+
+@pytest.mark.parametrize("removed", ["file", "directory"])
+def test_enqueue_through_a_callers_connection_on_a_removed_file(
+    tmp_path: Path, removed: str
+) -> None:
+    """``connection=conn`` on a file removed since ``conn`` opened it: the
+    insert went into the caller's transaction on the deleted file, and
+    ``enqueue`` returned a job that is in no file. Refused before jobkeeper
+    writes anything (the caller's commit is the caller's).
+    """
+    directory = tmp_path / "d"
+    directory.mkdir()
+    db = directory / "jobs.db"
+    jq = _queue(db)
+    conn = sqlite3.connect(db, isolation_level=None)
+    jq.enqueue("t", {"i": 0}, connection=conn)
+    if removed == "file":
+        for name in ("jobs.db", "jobs.db-wal", "jobs.db-shm"):
+            (directory / name).unlink(missing_ok=True)
+    else:
+        shutil.rmtree(directory)
+    conn.execute("BEGIN")
+    with pytest.raises(DatabaseError, match="was removed while connection= had it open") as err:
+        jq.enqueue("t", {"i": 1}, connection=conn)
+    assert str(db) in str(err.value) and "not written" in str(err.value)
+    with pytest.raises(DatabaseError, match="was removed while connection= had it open"):
+        jq.enqueue_many([("t", {"i": 2})], connection=conn)
+    assert conn.execute("SELECT count(*) FROM jobkeeper_jobs").fetchone() == (1,)
+    conn.execute("ROLLBACK")
+    conn.close()
+    jq.close()

@@ -19,7 +19,7 @@ from jobkeeper.backends.rows import (
 )
 from jobkeeper.backends.sqlite.connection import SqliteConnection, _rows
 from jobkeeper.backends.sqlite.queries import QUERIES
-from jobkeeper.errors import DatabaseError
+from jobkeeper.errors import DatabaseError, DatabaseReplaced
 from jobkeeper.models import Job, NewJob
 
 
@@ -40,6 +40,21 @@ class SqliteInserts(SqliteConnection):
                 f"connection= is open on {main or 'an in-memory database'!r}, "
                 f"not on this queue's database {self.path!r}"
             )
+        # sqlite3 cannot say which file the caller's connection has open (no
+        # fstat; nor can it be remembered, not being weakly referable), so a
+        # file replaced under it goes unseen; but with no file at the path,
+        # the one it has open was removed. One stat, before anything is written.
+        try:
+            os.stat(self.path)
+        except (FileNotFoundError, NotADirectoryError):
+            raise DatabaseReplaced(
+                f"SQLite database {self.path!r} was removed while connection= had it open; the "
+                "job was not written (the caller's transaction is on the removed file: its "
+                "commit would not be stored either)",
+                path=self.path,
+            ) from None
+        except OSError:
+            pass  # unreadable now: the insert says what is wrong
 
     def _insert_in_caller(self, conn: sqlite3.Connection, jobs: Sequence[NewJob]) -> list[Job]:
         """Insert on the caller's connection as one unit.
