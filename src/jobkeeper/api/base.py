@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import functools
+import os
 import threading
+import weakref
 from collections.abc import Callable, Iterable
 from typing import Any, ParamSpec, Protocol, TypeVar
 
@@ -76,6 +78,8 @@ class QueueBase:
     _tracing: Tracing | None
     _backend: Backend | None
     _backend_lock: threading.Lock
+    #: Closes the backend if the queue is collected without close().
+    _backend_released: weakref.finalize[Any, Any] | None = None
 
     @property
     def backend(self) -> Backend:
@@ -90,7 +94,13 @@ class QueueBase:
         if self._backend is None:
             with self._backend_lock:
                 if self._backend is None:
-                    self._backend = open_backend(self.url, self.settings)
+                    backend = open_backend(self.url, self.settings)
+                    self._backend = backend
+                    self._backend_released = weakref.finalize(
+                        self, _release_dropped, backend, os.getpid()
+                    )
+                    # At exit, pool_exit closes the pools still open.
+                    self._backend_released.atexit = False
         return self._backend
 
     def close(self) -> None:
@@ -99,11 +109,36 @@ class QueueBase:
             # Forgotten before it is closed: a Ctrl-C during the close must
             # not leave a closed backend in place, refusing every later call.
             backend, self._backend = self._backend, None
+            released = getattr(self, "_backend_released", None)
+            if released is not None:
+                released.detach()
             if backend is not None:
                 backend.close()
                 # The wait's LISTEN (or data_version) connection too, unless
                 # someone waits on it: it stayed open IDLE_STOP seconds more.
                 backend.completion_watch().stop_if_idle()
+
+
+def _release_dropped(backend: Backend, opened_by: int) -> None:
+    """Close the backend of a queue collected without ``close()``: its
+    pooled sessions, their threads and the wait's connection stayed open
+    for the life of the process (a queue made per request and dropped held
+    2 sessions and 4 threads each). On a thread of its own: closing joins the
+    pool's threads, and the collection may run on any thread, a loop's
+    included. Not in a forked child, whose inherited sessions are the
+    parent's.
+    """
+    if os.getpid() != opened_by:
+        return
+
+    def release() -> None:
+        try:
+            backend.close()
+            backend.completion_watch().stop_if_idle()
+        except Exception:  # noqa: BLE001 - nobody to tell: the queue is gone
+            pass
+
+    threading.Thread(target=release, name="jobkeeper-release", daemon=True).start()
 
 
 def _job_id(job_id: Any) -> int:

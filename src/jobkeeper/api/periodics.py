@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import weakref
 from typing import Any, ParamSpec, TypeVar, overload
 
 from jobkeeper.api.base import DEFAULT_MAX_ATTEMPTS, DEFAULT_QUEUE, QueueBase, _PeriodicDecorator
-from jobkeeper.config import check_age
+from jobkeeper.config import Settings, check_age
 from jobkeeper.errors import ConfigError, shown
 from jobkeeper.maintenance.periodic import MAX_REFRESH
 from jobkeeper.periodic import (
@@ -31,9 +32,18 @@ class PeriodicsMixin(QueueBase):
     # -- periodic jobs -----------------------------------------------------------
 
     def _new_periodic_registry(self) -> PeriodicRegistry:
+        # Through a weak reference: a closure over self made a cycle, so a
+        # queue dropped without close() kept its pool (sessions, threads)
+        # until the cycle collector came by.
+        queue = weakref.ref(self)
+
+        def max_payload_bytes() -> int:
+            alive = queue()
+            return (Settings() if alive is None else alive.settings).max_payload_bytes
+
         return PeriodicRegistry(
             self.tasks,
-            max_payload_bytes=lambda: self.settings.max_payload_bytes,
+            max_payload_bytes=max_payload_bytes,
             defaults=(DEFAULT_QUEUE, 0, DEFAULT_MAX_ATTEMPTS),
         )
 
