@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import logging
 import math
+import os
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -220,3 +221,17 @@ def watch_for(key: str, make_source: Callable[[], WatchSource], name: str) -> Co
         if watch is None:
             watch = _watches[key] = CompletionWatch(make_source, name)
         return watch
+
+
+def _after_fork_in_child() -> None:
+    """A forked child starts with no watch: the parent's had its waiters
+    (their wake-ups would reach the parent's event loops through inherited
+    sockets), its thread state and a lock a thread of the parent may have
+    held. The child's first waiter starts its own watch and thread.
+    """
+    global _watches, _watches_lock
+    _watches = {}
+    _watches_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)

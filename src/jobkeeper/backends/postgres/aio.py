@@ -19,6 +19,7 @@ import psycopg
 from psycopg.rows import tuple_row
 from psycopg_pool import AsyncConnectionPool
 
+from jobkeeper.backends import forks
 from jobkeeper.backends.postgres.connections import DriverErrors, describe, retry_asked
 from jobkeeper.backends.postgres.direct import run_direct_async
 from jobkeeper.backends.postgres.flow import FlowNeeded
@@ -71,6 +72,7 @@ def _reused_cursor_async(conn: psycopg.AsyncConnection[Any]) -> psycopg.AsyncCur
 
 
 async def _configure_async(conn: psycopg.AsyncConnection[Any]) -> None:
+    forks.note(conn)
     load_json_safely(conn)
     await set_up_async(conn)
 

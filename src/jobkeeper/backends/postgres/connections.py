@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 from psycopg_pool import PoolClosed, PoolTimeout
 
+from jobkeeper.backends import forks
 from jobkeeper.backends.migrate import MissingSchemaError
 from jobkeeper.backends.postgres.prepared import stale_plan
 from jobkeeper.backends.postgres.queries import QUERIES
@@ -322,6 +323,16 @@ class PostgresConnections:
         self._pool_size = pool_size
         self._async_pools: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
         self._async_checked: weakref.WeakSet[Any] = weakref.WeakSet()
+        forks.watch(self)
+
+    def drop_inherited(self) -> None:
+        """In a forked child: the event loops' pools are the parent's (a
+        loop that forked from a coroutine goes on running in the child, its
+        pool and spare connection with it); each loop opens a new one. The
+        source (pool or single connection) drops its own.
+        """
+        forks.keep(self._async_pools)
+        self._async_pools = weakref.WeakKeyDictionary()
 
     def _pool_kwargs(self) -> dict[str, Any]:
         """What every connection of ours is opened with."""

@@ -13,6 +13,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
+from jobkeeper.backends import forks
 from jobkeeper.backends.postgres.connections import PostgresConnections, describe
 from jobkeeper.backends.postgres.prepared import reaches_server
 from jobkeeper.backends.postgres.queries import QUERIES
@@ -156,6 +157,7 @@ class PostgresListener(PostgresConnections):
             ) as conn,
             closed_idle_told(conn),
         ):
+            forks.note(conn)
             direct = reaches_server(conn)
             conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
             # Anything enqueued while we were not listening is found by a

@@ -61,3 +61,12 @@ def _release_open() -> None:
     for source in sources:
         with contextlib.suppress(Exception):
             source.release()
+
+
+def _after_fork_in_child() -> None:
+    global _lock
+    # A thread of the parent may have held it at the fork.
+    _lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -12,6 +12,7 @@ from typing import Any
 import psycopg
 from psycopg_pool import ConnectionPool
 
+from jobkeeper.backends import forks
 from jobkeeper.backends.postgres.prepared import stale_plan
 from jobkeeper.backends.postgres.sources import (
     APPLICATION_NAME,
@@ -46,6 +47,15 @@ class SingleConnection:
         #: Whether a connection closed while idle was logged at INFO yet:
         #: later ones go to DEBUG (idle_session_timeout closes one per pass).
         self._said_closed_idle = False
+        forks.watch(self)
+
+    def drop_inherited(self) -> None:
+        """In a forked child: forget the parent's connection (``forks``
+        made it unusable without a word to the server); the next use opens
+        the child's own.
+        """
+        forks.keep(self._conn)
+        self._conn = None
 
     def _check_idle(self, conn: psycopg.Connection[Any]) -> None:
         """Ping ``conn`` when the server sent it anything while it sat idle,

@@ -21,6 +21,7 @@ from psycopg.rows import tuple_row
 from psycopg.types.json import set_json_loads
 from psycopg_pool import ConnectionPool, PoolClosed, PoolTimeout
 
+from jobkeeper.backends import forks
 from jobkeeper.backends.postgres import pool_exit
 from jobkeeper.backends.postgres.pool_logs import close_on_purpose
 from jobkeeper.backends.postgres.prepared import stale_plan
@@ -223,6 +224,7 @@ def configure_connection(conn: psycopg.Connection[Any]) -> None:
     """What every new connection of ours gets: safe JSON loading, and what
     :func:`~jobkeeper.backends.postgres.session_setup.set_up` gives it.
     """
+    forks.note(conn)
     load_json_safely(conn)
     set_up(conn)
 
@@ -254,6 +256,17 @@ class PooledConnections:
         #: checkout probes with a direct connection first.
         self._suspect = False
         self._lock = threading.Lock()
+        forks.watch(self)
+
+    def drop_inherited(self) -> None:
+        """In a forked child: a new pool, opened on first use (``forks``).
+        The parent's is kept, never closed here: its threads are not in the
+        child, and a close would wait on them and on locks they may hold.
+        """
+        forks.keep(self._pool)
+        self._lock = threading.Lock()
+        self._pool = self._new_pool()
+        self._opened = False
 
     def _new_pool(self) -> ConnectionPool[psycopg.Connection[Any]]:
         return ConnectionPool(

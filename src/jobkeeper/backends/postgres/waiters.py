@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import secrets
 import threading
 import time
@@ -15,6 +16,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
+from jobkeeper.backends import forks
 from jobkeeper.backends.postgres.prepared import reaches_server
 from jobkeeper.backends.postgres.queries import QUERIES
 from jobkeeper.backends.watch import CompletionWatch, watch_for
@@ -69,6 +71,7 @@ class _ListenSource:
         with psycopg.connect(
             self._conninfo, autocommit=True, connect_timeout=CONNECT_TIMEOUT
         ) as conn:
+            forks.note(conn)
             row = conn.execute(QUERIES["notify_channel"]).fetchone()
             if row is None or row[0] is None:
                 raise psycopg.OperationalError("no current schema (check search_path)")
@@ -144,3 +147,12 @@ class PostgresWaiting:
         return watch_for(
             f"postgresql:{self._conninfo}", lambda: _ListenSource(self._conninfo), "postgresql"
         )
+
+
+def _after_fork_in_child() -> None:
+    global _silent_lock
+    # A thread of the parent may have held it at the fork.
+    _silent_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)

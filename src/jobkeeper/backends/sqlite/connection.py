@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator
 from datetime import datetime
 from typing import Any, TypeVar
 
+from jobkeeper.backends import forks
 from jobkeeper.backends.rows import epoch_to_datetime, job_from_row
 from jobkeeper.backends.sqlite.files import (
     file_identity,
@@ -49,7 +50,7 @@ class _ThreadConnection:
     unclosed database" (Python 3.13, ``-X dev``).
     """
 
-    __slots__ = ("__weakref__", "busy_timeout", "conn", "depth", "doomed", "identity")
+    __slots__ = ("__weakref__", "busy_timeout", "conn", "depth", "doomed", "identity", "pid")
 
     def __init__(self) -> None:
         self.conn: sqlite3.Connection | None = None
@@ -64,12 +65,21 @@ class _ThreadConnection:
         #: ``(st_dev, st_ino)`` of the file at the path when ``conn`` was
         #: opened: the file ``conn`` has open (see ``file_identity``).
         self.identity: tuple[int, int] | None = None
+        #: The process that opened ``conn``.
+        self.pid = 0
 
     def __del__(self) -> None:
         conn, self.conn = self.conn, None
-        if conn is not None:
-            with contextlib.suppress(Exception):
-                conn.close()
+        if conn is None:
+            return
+        if self.pid != os.getpid():
+            # A forked child: another thread's slot goes as the fork drops
+            # that thread's locals, before any at-fork hook runs. Its
+            # connection is the parent's: kept, never closed here (``forks``).
+            forks.keep(conn)
+            return
+        with contextlib.suppress(Exception):
+            conn.close()
 
 
 def _rows(cursor: sqlite3.Cursor) -> list[dict[str, Any]]:
@@ -154,6 +164,19 @@ class SqliteConnection:
         # Weak: see _ThreadConnection.
         self._threads: weakref.WeakSet[_ThreadConnection] = weakref.WeakSet()
         self._threads_lock = threading.Lock()
+        forks.watch(self)
+
+    def drop_inherited(self) -> None:
+        """In a forked child: every thread's connection is the parent's,
+        whose lock state the child does not have (used here, it can corrupt
+        the file). Kept unclosed (``forks``); each thread of the child opens
+        its own on its next call.
+        """
+        self._threads_lock = threading.Lock()
+        for slot in list(self._threads):
+            forks.keep(slot.conn)
+            slot.conn, slot.depth, slot.doomed, slot.identity = None, 0, False, None
+        self._threads = weakref.WeakSet()
 
     # -- plumbing -----------------------------------------------------------
 
@@ -242,6 +265,7 @@ class SqliteConnection:
             with self._threads_lock:
                 slot.conn = conn
                 slot.identity = identity
+                slot.pid = os.getpid()
                 # Listed while it has a connection: close() goes through the list.
                 self._threads.add(slot)
         return conn
