@@ -25,6 +25,7 @@ from jobkeeper.backends.sqlite.files import (
     not_writable_hint,
 )
 from jobkeeper.backends.sqlite.queries import QUERIES
+from jobkeeper.backends.sqlite.slots import ThreadConnection
 from jobkeeper.database_url import DatabaseURL
 from jobkeeper.errors import (
     DatabaseError,
@@ -34,52 +35,6 @@ from jobkeeper.errors import (
     UniqueKeyConflict,
 )
 from jobkeeper.models import Job
-
-
-class _ThreadConnection:
-    """One thread's connection, and whether that thread is using it: a
-    connection is closed only between its thread's calls (closing one that
-    another thread was running a statement on crashed the process).
-
-    Only its thread's locals hold it (the backend's list is weak): when the
-    thread ends, or the backend is collected unclosed, it goes and closes
-    its connection. Listed strongly, the connection of every thread that
-    had used the queue stayed open until ``close()``: two file descriptors
-    per thread (the file and its WAL), 50 threads of a pool that came and
-    went left 100, and their collection at exit warned "ResourceWarning:
-    unclosed database" (Python 3.13, ``-X dev``).
-    """
-
-    __slots__ = ("__weakref__", "busy_timeout", "conn", "depth", "doomed", "identity", "pid")
-
-    def __init__(self) -> None:
-        self.conn: sqlite3.Connection | None = None
-        #: Nested backend calls of the owning thread now running.
-        self.depth = 0
-        #: ``close()`` came while the thread was in a call: its connection
-        #: is closed when that call ends.
-        self.doomed = False
-        #: This thread's bound on lock waits (s), below the backend's
-        #: busy_timeout (``connection_lock_wait``); None: that one.
-        self.busy_timeout: float | None = None
-        #: ``(st_dev, st_ino)`` of the file at the path when ``conn`` was
-        #: opened: the file ``conn`` has open (see ``file_identity``).
-        self.identity: tuple[int, int] | None = None
-        #: The process that opened ``conn``.
-        self.pid = 0
-
-    def __del__(self) -> None:
-        conn, self.conn = self.conn, None
-        if conn is None:
-            return
-        if self.pid != os.getpid():
-            # A forked child: another thread's slot goes as the fork drops
-            # that thread's locals, before any at-fork hook runs. Its
-            # connection is the parent's: kept, never closed here (``forks``).
-            forks.keep(conn)
-            return
-        with contextlib.suppress(Exception):
-            conn.close()
 
 
 def _rows(cursor: sqlite3.Cursor) -> list[dict[str, Any]]:
@@ -161,8 +116,8 @@ class SqliteConnection:
         self.pinned = pinned
         self._pin = file_identity(self.path) if pinned else None
         self._local = threading.local()
-        # Weak: see _ThreadConnection.
-        self._threads: weakref.WeakSet[_ThreadConnection] = weakref.WeakSet()
+        # Weak: see ThreadConnection.
+        self._threads: weakref.WeakSet[ThreadConnection] = weakref.WeakSet()
         self._threads_lock = threading.Lock()
         forks.watch(self)
 
@@ -180,11 +135,11 @@ class SqliteConnection:
 
     # -- plumbing -----------------------------------------------------------
 
-    def _thread(self) -> _ThreadConnection:
+    def _thread(self) -> ThreadConnection:
         """This thread's slot (made on its first call)."""
-        slot: _ThreadConnection | None = getattr(self._local, "slot", None)
+        slot: ThreadConnection | None = getattr(self._local, "slot", None)
         if slot is None:
-            slot = self._local.slot = _ThreadConnection()
+            slot = self._local.slot = ThreadConnection()
         return slot
 
     def _conn(self, *, create: bool = False) -> sqlite3.Connection:
@@ -486,7 +441,7 @@ class SqliteConnection:
         """Close this thread's connection: the thread is about to end, and a
         connection left in the list would stay open until :meth:`close`.
         """
-        slot: _ThreadConnection | None = getattr(self._local, "slot", None)
+        slot: ThreadConnection | None = getattr(self._local, "slot", None)
         if slot is None:
             return
         with self._threads_lock:
