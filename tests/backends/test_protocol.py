@@ -83,6 +83,7 @@ ONLY_IN = {
         "connection_journal_wal",
         "connection_synchronous_full",
         "connection_synchronous_normal",
+        "connection_journal_size_limit",
         "connection_busy_timeout",
         # The wake-up listener's cue that another connection committed;
         # PostgreSQL's listener is told by NOTIFY.
@@ -107,6 +108,7 @@ NOT_OPERATIONS = {
     "connection_journal_wal",
     "connection_synchronous_full",
     "connection_synchronous_normal",
+    "connection_journal_size_limit",
     "connection_busy_timeout",
     "connection_backend_pid",
     "connection_setup",

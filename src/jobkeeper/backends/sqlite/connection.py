@@ -201,6 +201,7 @@ class SqliteConnection:
                     lambda: conn.execute(QUERIES["connection_journal_wal"]), self._busy_timeout()
                 )
                 conn.execute(QUERIES["connection_synchronous_full"])
+                conn.execute(QUERIES["connection_journal_size_limit"])
             except sqlite3.Error as exc:
                 if conn is not None:
                     conn.close()
