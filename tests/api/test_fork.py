@@ -214,6 +214,26 @@ APP = textwrap.dedent(
         return {row[0] for row in rows}
 
     @jq.task
+    def fork_and_leave(how: str) -> str:
+        # The child leaves the task as "how" says, instead of os._exit.
+        pid = os.fork()
+        if pid == 0:
+            if how == "exit":
+                raise SystemExit(3)
+            if how == "raise":
+                raise ValueError("raised in the child")
+            return "returned in the child"
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                return f"child exited {os.waitstatus_to_exitcode(status)}"
+            time.sleep(0.05)
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+        return "child still running after 20 s"
+
+    @jq.task
     def forker() -> list:
         jq.enqueue("double", {"x": 0})  # this worker's API pool, in use
         before = worker_sessions()
@@ -364,3 +384,32 @@ def test_a_task_that_forks_leaves_its_workers_sessions_alone(
     ]
     assert trouble == [], worker_log
     assert "completed, 0 failed" in worker_log, worker_log
+
+
+def test_a_child_forked_in_a_task_ends_when_it_leaves_the_task(
+    db_url: str, worker: Callable[[], str]
+) -> None:
+    # A child that returned from the task (or raised, or called sys.exit)
+    # went on as a copy of the worker's runner and hung, and its parent's
+    # waitpid with it. It ends as sys.exit ends a script.
+    with JobQueue(db_url) as jq:
+        jobs = {
+            how: jq.enqueue("fork_and_leave", {"how": how}) for how in ("return", "exit", "raise")
+        }
+        results = {how: jq.wait(job.id, timeout=60) for how, job in jobs.items()}
+        assert results == {
+            "return": "child exited 0",
+            "exit": "child exited 3",
+            "raise": "child exited 1",
+        }
+        for job in jobs.values():
+            done = jq.get_job(job.id)
+            assert done is not None and done.attempt == 1
+    worker_log = worker()
+    trouble = [
+        line
+        for line in worker_log.splitlines()
+        if line.startswith(("WARNING", "ERROR")) and "autovacuum" not in line
+    ]
+    assert trouble == [], worker_log
+    assert "3 completed, 0 failed" in worker_log, worker_log

@@ -7,11 +7,14 @@ executor (:mod:`jobkeeper.worker.executor`) runs the code and reports.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
+import sys
 import time
 import traceback
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NoReturn
 
 from jobkeeper.config import Settings
 from jobkeeper.errors import Discard, PayloadError, Retry, Snooze
@@ -70,6 +73,8 @@ class Verdicts:
     def __init__(self, settings: Settings, tasks: Mapping[str, Task[Any, Any]]) -> None:
         self._settings = settings
         self._tasks = tasks
+        #: The worker's process (see :func:`_end_forked_child`).
+        self._pid = os.getpid()
 
     def ended(
         self, execution: Execution, *, result: Any = None, exc: BaseException | None = None
@@ -77,6 +82,8 @@ class Verdicts:
         """The outcome of code that has returned ``result`` or raised ``exc``,
         given what asked it to stop meanwhile.
         """
+        if os.getpid() != self._pid:
+            _end_forked_child(exc)
         job = execution.job
         with execution.lock:
             timed_out = execution.timed_out
@@ -180,3 +187,24 @@ class Verdicts:
         """A failed attempt for an outcome that could not be built."""
         error = f"internal error settling the attempt: {_exception_text(exc)}"
         return failed_attempt(job, self._settings, error=error)
+
+
+def _end_forked_child(exc: BaseException | None) -> NoReturn:
+    """End a child that a task forked and that came back out of the task
+    (it returned, raised, or called ``sys.exit()``), as ``sys.exit`` ends a
+    script: the code of its ``SystemExit``, 1 for another exception, else 0.
+
+    The child is a copy of the worker without the worker's other threads:
+    going on, it ran the worker's code for good (it hung, and the task
+    waiting for it with it). Nothing is cleaned up on the way out
+    (``os._exit``): the worker's connections and files are the parent's.
+    """
+    code = 0
+    if isinstance(exc, SystemExit):
+        code = exc.code if isinstance(exc.code, int) else 0 if exc.code is None else 1
+    elif exc is not None:
+        code = 1
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
