@@ -170,3 +170,23 @@ def test_enqueue_through_a_callers_connection_on_a_removed_file(
     conn.execute("ROLLBACK")
     conn.close()
     jq.close()
+
+
+def test_migrate_through_a_symlinked_directory_sees_the_open_wal(tmp_path: Path) -> None:
+    # /proc's links name the real path: through a symlinked directory the
+    # refusal was skipped, migrate failed with "disk I/O error" and left an
+    # empty file beside the -wal and -shm still open (break-test 127).
+    real = tmp_path / "real"
+    real.mkdir()
+    (tmp_path / "link").symlink_to(real)
+    JobQueue(f"sqlite:///{real / 'jobs.db'}").migrate()
+    holder = sqlite3.connect(real / "jobs.db")  # a process still on the file
+    try:
+        holder.execute("PRAGMA journal_mode=WAL")
+        holder.execute("SELECT count(*) FROM jobkeeper_jobs").fetchone()
+        (real / "jobs.db").unlink()
+        with pytest.raises(DatabaseError, match="jobs.db-wal and jobs.db-shm"):
+            JobQueue(f"sqlite:///{tmp_path / 'link' / 'jobs.db'}").migrate()
+        assert not (real / "jobs.db").exists()
+    finally:
+        holder.close()

@@ -72,7 +72,8 @@ def holders_of_removed(path: str) -> list[int] | None:
     now at the path, can say of processes still serving the one before.
     """
     now = file_identity(path)
-    return _holders({path, f"{path} (deleted)"}, lambda st: st != now, others=True)
+    real = os.path.realpath(path)  # what /proc's links name
+    return _holders({real, f"{real} (deleted)"}, lambda st: st != now, others=True)
 
 
 def leftovers_in_use(path: str) -> tuple[list[str], list[int]]:
@@ -91,7 +92,10 @@ def leftovers_in_use(path: str) -> tuple[list[str], list[int]]:
     if not names:
         return [], []
     ids = {file_identity(name) for name in names}
-    holders = _holders(set(names), lambda st: st in ids, others=False)
+    # /proc's links name the real path: a symlink in ``path`` hid the holders.
+    holders = _holders(
+        {os.path.realpath(name) for name in names}, lambda st: st in ids, others=False
+    )
     return (names, holders) if holders else ([], [])
 
 
