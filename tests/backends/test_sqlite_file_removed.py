@@ -185,7 +185,7 @@ def test_migrate_through_a_symlinked_directory_sees_the_open_wal(tmp_path: Path)
         holder.execute("PRAGMA journal_mode=WAL")
         holder.execute("SELECT count(*) FROM jobkeeper_jobs").fetchone()
         (real / "jobs.db").unlink()
-        with pytest.raises(DatabaseError, match="jobs.db-wal and jobs.db-shm"):
+        with pytest.raises(DatabaseError, match=r"jobs\.db-wal and jobs\.db-shm"):
             JobQueue(f"sqlite:///{tmp_path / 'link' / 'jobs.db'}").migrate()
         assert not (real / "jobs.db").exists()
     finally:
