@@ -413,3 +413,54 @@ def test_a_child_forked_in_a_task_ends_when_it_leaves_the_task(
     ]
     assert trouble == [], worker_log
     assert "3 completed, 0 failed" in worker_log, worker_log
+
+
+MID_WRITE = textwrap.dedent(
+    """
+    import json, os, sys, threading, warnings
+    warnings.simplefilter("ignore", DeprecationWarning)  # 3.12+: fork with threads
+    from jobkeeper import JobQueue
+
+    jq = JobQueue(sys.argv[1], external_tasks=True, busy_timeout=3.0)
+    jq.migrate()
+    jq.enqueue("anything", {})
+    inside, forked = threading.Event(), threading.Event()
+
+    def writer():
+        with jq.backend._write():  # BEGIN IMMEDIATE: the write lock held
+            inside.set()
+            forked.wait(30)
+
+    thread = threading.Thread(target=writer)
+    thread.start()
+    inside.wait(30)
+    pid = os.fork()
+    if pid == 0:
+        try:
+            jq.enqueue("anything", {"from": "child"})
+            out = {"child": True, "error": None}
+        except Exception as exc:
+            out = {"child": True, "error": f"{type(exc).__name__}: {exc}"}
+        print(json.dumps(out), flush=True)
+        os._exit(0)
+    forked.set()
+    thread.join()
+    jq.enqueue("anything", {"from": "parent"})
+    os.waitpid(pid, 0)
+    print(json.dumps({"child": False, "jobs": len(jq.list_jobs(limit=10))}), flush=True)
+    """
+)
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_a_sqlite_child_forked_mid_write_is_told_it_cannot_write(db_url: str) -> None:
+    # SQLite keeps a process's locks in the process: the child's copy of the
+    # writing thread's connection (kept, never closed) holds the write lock
+    # for good. Each write of the child waited out busy_timeout, then failed
+    # as "stayed locked" (break-test 127: 29 of 40 children stuck).
+    reports = {r["child"]: r for r in _run(MID_WRITE, db_url)}
+    error = reports[True]["error"]
+    assert error is not None and error.startswith("DatabaseError: "), error
+    assert "forked while a thread of its parent was writing" in error
+    assert reports[False] == {"child": False, "jobs": 2}  # the parent writes on
+    assert count(db_url) == 2

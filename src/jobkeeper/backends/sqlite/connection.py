@@ -25,7 +25,11 @@ from jobkeeper.backends.sqlite.files import (
     not_writable_hint,
 )
 from jobkeeper.backends.sqlite.queries import QUERIES
-from jobkeeper.backends.sqlite.slots import ThreadConnection
+from jobkeeper.backends.sqlite.slots import (
+    WRITE_LOCKED_AT_FORK,
+    ThreadConnection,
+    note_inherited,
+)
 from jobkeeper.database_url import DatabaseURL
 from jobkeeper.errors import (
     DatabaseError,
@@ -129,6 +133,7 @@ class SqliteConnection:
         """
         self._threads_lock = threading.Lock()
         for slot in list(self._threads):
+            note_inherited(slot.conn, slot.identity)
             forks.keep(slot.conn)
             slot.conn, slot.depth, slot.doomed, slot.identity = None, 0, False, None
         self._threads = weakref.WeakSet()
@@ -398,6 +403,14 @@ class SqliteConnection:
         ``BUSY_SLICE_MS`` (see there); every other statement keeps the full
         busy timeout.
         """
+        if WRITE_LOCKED_AT_FORK and self._thread().identity in WRITE_LOCKED_AT_FORK:
+            raise DatabaseError(
+                f"SQLite database {self.path!r}: this process was forked while a thread of its "
+                "parent was writing to it, and SQLite keeps that write lock in this process for "
+                "good (its copy of the parent's connection holds it, and must not be used or "
+                "closed here); nothing was written. Fork while no thread writes, or start the "
+                "process with the spawn or forkserver method"
+            )
         busy = QUERIES["connection_busy_timeout"]
         conn.execute(busy.replace("{ms}", str(BUSY_SLICE_MS)))
         try:

@@ -10,6 +10,20 @@ import sqlite3
 
 from jobkeeper.backends import forks
 
+#: The files, as ``(st_dev, st_ino)``, whose write lock a connection this
+#: process inherited over a fork held (it was inside ``BEGIN IMMEDIATE``, the
+#: only transaction jobkeeper opens). SQLite keeps a process's locks in the
+#: process, shared by its connections to one file: the inherited copy, which
+#: must never be used or closed, holds that lock for good, and every write of
+#: the child waited out busy_timeout and failed as "stayed locked".
+WRITE_LOCKED_AT_FORK: set[tuple[int, int]] = set()
+
+
+def note_inherited(conn: sqlite3.Connection | None, identity: tuple[int, int] | None) -> None:
+    """In a forked child: note ``conn``'s file if ``conn`` held its write lock."""
+    if conn is not None and identity is not None and conn.in_transaction:
+        WRITE_LOCKED_AT_FORK.add(identity)
+
 
 class ThreadConnection:
     """One thread's connection, and whether that thread is using it: a
@@ -51,6 +65,7 @@ class ThreadConnection:
             # A forked child: another thread's slot goes as the fork drops
             # that thread's locals, before any at-fork hook runs. Its
             # connection is the parent's: kept, never closed here (``forks``).
+            note_inherited(conn, self.identity)
             forks.keep(conn)
             return
         with contextlib.suppress(Exception):
