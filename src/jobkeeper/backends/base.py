@@ -52,7 +52,7 @@ class Backend(CockpitSeam, PeriodicSeam, FlowSeam, WaitSeam, Protocol):
     #: Most jobs per slot a worker's adaptive prefetch may hold.
     prefetch_per_slot: int
 
-    def dedicated(self, role: str = "") -> Backend:
+    def dedicated(self, role: str = "", *, stuck_after: float | None = None) -> Backend:
         """A backend on the same database with its own single connection, for
         one worker thread (heartbeats and acks must never wait behind task work).
 
@@ -61,6 +61,10 @@ class Backend(CockpitSeam, PeriodicSeam, FlowSeam, WaitSeam, Protocol):
                 one (PostgreSQL: ``application_name`` "jobkeeper <role>",
                 unless the user names the session: the URL, ``PGAPPNAME``,
                 or ``-c application_name=`` in ``options`` or ``PGOPTIONS``).
+            stuck_after: seconds a call may go without an answer before it
+                is checked on (PostgreSQL: its connection is cut when the
+                server is not running it; None: the default, 10 s; SQLite
+                has no network and ignores it).
         """
         ...
 

@@ -18,6 +18,9 @@ once (info).
 The check runs once per claim pass: a read of the heartbeat's liveness (as
 before) and of one attribute of the completer, ``failing_since``, which is
 None while writes succeed; no lock, no I/O.
+
+Also here: :func:`stop_rescued`, what a worker does with attempts whose
+claim was rescued while it was silent.
 """
 
 from __future__ import annotations
@@ -26,8 +29,10 @@ import contextlib
 import logging
 import time
 
+from jobkeeper.models import Job
 from jobkeeper.worker.claims import Claims
 from jobkeeper.worker.completer import Completer
+from jobkeeper.worker.executor import Executor
 
 logger = logging.getLogger("jobkeeper.worker")
 
@@ -97,3 +102,31 @@ class ClaimHold:
             self.reason = reason
             with contextlib.suppress(Exception):  # see joblog._never_raises
                 logger.warning(message, *args)
+
+
+def stop_rescued(executor: Executor, claims: Claims, held: list[Job], spells: int) -> None:
+    """After a stale spell (the heartbeat's thread, holds read as of a
+    fresh beat): attempts whose claim is no longer ours were rescued
+    while we were silent and may be running elsewhere; ask them to stop
+    rather than run beside their retry. Their writes are fenced off
+    anyway; this ends the overlap as soon as we can know of it.
+
+    Only attempts claimed before the spell ended (``spells``, the count
+    as of the beat that ended it) are judged: one claimed or confirmed
+    since cannot have been rescued during it, and the read may predate
+    its claim's commit (break-test 15 saw four such attempts stopped a
+    few milliseconds in, and run again).
+    """
+    holds = {(job.id, job.fence) for job in held}
+    for job in executor.running_jobs():
+        if claims.held_since(job, spells):
+            continue
+        if (job.id, job.fence) not in holds and executor.claim_lost(
+            job.id, job.fence, "claim lost while this worker was silent: stopped"
+        ):
+            logger.warning(
+                "job %s (%s): its claim was rescued while this worker was silent; "
+                "asked its code to stop (its outcome will not be written)",
+                job.id,
+                job.task,
+            )

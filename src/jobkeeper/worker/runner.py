@@ -30,6 +30,7 @@ import os
 import signal
 import socket
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from types import FrameType
@@ -49,9 +50,11 @@ from jobkeeper.maintenance.service import IntervalService
 from jobkeeper.models import Claim, Failure, Job, WorkerInfo
 from jobkeeper.periodic import Periodic
 from jobkeeper.tasks import Task
+from jobkeeper.worker.claim_hold import stop_rescued
 from jobkeeper.worker.claims import Claims
 from jobkeeper.worker.completer import Completer, Outcome
 from jobkeeper.worker.executor import Executor
+from jobkeeper.worker.exit_bound import ExitBound, stuck_after_for
 from jobkeeper.worker.listener import SignalRelay, start_listener
 from jobkeeper.worker.producer import MAX_PREFETCH, Producer
 from jobkeeper.worker.reruns import again_if_closed_idle
@@ -131,6 +134,9 @@ class Worker:
         self._backend = self._dedicated("claims")
         self._stopping = threading.Event()
         self._force = threading.Event()
+        #: When a stop was first asked (the grace period runs from it).
+        self._asked_at: float | None = None
+        self._exit_bound = ExitBound(self.info.id, settings.rescue_after)
         self.completer = Completer(
             self._dedicated("outcomes"),
             delete_completed=settings.retention == 0,
@@ -249,7 +255,9 @@ class Worker:
     def _dedicated(self, role: str) -> Backend:
         # The worker's id in the name joins a session to its jobkeeper_workers
         # row; the role comes first, as PostgreSQL cuts names at 63 bytes.
-        backend = self._base_backend.dedicated(f"{role} {self.info.id}")
+        backend = self._base_backend.dedicated(
+            f"{role} {self.info.id}", stuck_after=stuck_after_for(self._settings.rescue_after)
+        )
         self._backends.append(backend)
         return backend
 
@@ -263,11 +271,16 @@ class Worker:
         """
         if self._stopping.is_set() or force:
             self._force.set()
+        if self._asked_at is None:
+            self._asked_at = time.monotonic()
         self._stopping.set()
         self.producer.wake()
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         name = signal.Signals(signum).name
+        # Whatever holds the stop up (a database that never answers), a
+        # signalled worker ends within a bound (see exit_bound).
+        self._exit_bound.signalled(self._settings.shutdown_grace, again=self._stopping.is_set())
         if self._stopping.is_set():
             logger.warning("%s again: handing back running jobs now", name)
         else:
@@ -310,31 +323,7 @@ class Worker:
         return not self.heartbeat.troubled_within(max(window, self._settings.rescue_after))
 
     def _on_holds(self, held: list[Job], spells: int) -> None:
-        """After a stale spell (the heartbeat's thread, holds read as of a
-        fresh beat): attempts whose claim is no longer ours were rescued
-        while we were silent and may be running elsewhere; ask them to stop
-        rather than run beside their retry. Their writes are fenced off
-        anyway; this ends the overlap as soon as we can know of it.
-
-        Only attempts claimed before the spell ended (``spells``, the count
-        as of the beat that ended it) are judged: one claimed or confirmed
-        since cannot have been rescued during it, and the read may predate
-        its claim's commit (break-test 15 saw four such attempts stopped a
-        few milliseconds in, and run again).
-        """
-        holds = {(job.id, job.fence) for job in held}
-        for job in self.executor.running_jobs():
-            if self.claims.held_since(job, spells):
-                continue
-            if (job.id, job.fence) not in holds and self.executor.claim_lost(
-                job.id, job.fence, "claim lost while this worker was silent: stopped"
-            ):
-                logger.warning(
-                    "job %s (%s): its claim was rescued while this worker was silent; "
-                    "asked its code to stop (its outcome will not be written)",
-                    job.id,
-                    job.task,
-                )
+        stop_rescued(self.executor, self.claims, held, spells)
 
     def _on_replaced(self, exc: DatabaseReplaced) -> None:
         """The SQLite file was removed or replaced under us: stop at once,
@@ -448,7 +437,9 @@ class Worker:
     def _start_listener(self) -> None:
         """The backend's wake-ups, on their own thread and connection."""
         self._listener = start_listener(
-            self._base_backend.dedicated(f"listener {self.info.id}"),
+            self._base_backend.dedicated(
+                f"listener {self.info.id}", stuck_after=stuck_after_for(self._settings.rescue_after)
+            ),
             self.producer,
             self._listener_stop,
         )
@@ -467,6 +458,7 @@ class Worker:
             self.completer,
             self._backend,
             grace=self._settings.shutdown_grace,
+            since=self._asked_at,
             force=self._force,
             rescue_after=self._settings.rescue_after,
             gone=gone,
@@ -497,3 +489,4 @@ class Worker:
             tally=self.stats,
             left_held=stopped.left_held,
         )
+        self._exit_bound.done()

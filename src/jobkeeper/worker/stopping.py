@@ -58,6 +58,7 @@ def stop_running(
     force: threading.Event,
     rescue_after: float,
     gone: str | None = None,
+    since: float | None = None,
 ) -> Stopped:
     """End a stopping worker's work: hand back what was claimed but never
     started, let running jobs finish for up to ``grace`` seconds (less once
@@ -74,6 +75,10 @@ def stop_running(
         gone: the path of the SQLite file that was removed or replaced under
             the worker: its jobs are in that file, where nothing can be
             written and nothing rescues them, and the log lines say so.
+        since: when the stop was asked (``time.monotonic()``; None: now):
+            the grace period runs from it, not from when the worker's main
+            thread got here (a call the database left unanswered held it
+            up, and the grace began again after it).
 
     Returns:
         Stopped: what is left held, and whether every outcome was written.
@@ -81,7 +86,7 @@ def stop_running(
     # Claimed but never started: handed back at once, with no errors entry
     # (with a deep prefetch a stop would add one to every buffered job).
     executor.hand_back(stop_starting=True)
-    deadline = time.monotonic() + grace
+    deadline = (time.monotonic() if since is None else since) + grace
     while executor.snapshot().active and not force.is_set():
         remaining = deadline - time.monotonic()
         if remaining <= 0:

@@ -29,6 +29,7 @@ from jobkeeper.backends.postgres.periodics import PostgresPeriodics
 from jobkeeper.backends.postgres.queries import MIGRATIONS, QUERIES
 from jobkeeper.backends.postgres.schema import RETIRED_INDEX_DROPS, PostgresSchema
 from jobkeeper.backends.postgres.sources import session_name
+from jobkeeper.backends.postgres.stuck import STUCK_AFTER
 from jobkeeper.backends.postgres.waiters import PostgresWaiting
 from jobkeeper.backends.rows import (
     STAGE_LIMIT,
@@ -81,8 +82,13 @@ class PostgresBackend(
     # than a claim get this deep a buffer (see Producer.prefetch).
     prefetch_per_slot = 100
 
-    def dedicated(self, role: str = "") -> PostgresBackend:
-        return PostgresBackend(self.url, dedicated=True, application_name=session_name(role))
+    def dedicated(self, role: str = "", *, stuck_after: float | None = None) -> PostgresBackend:
+        return PostgresBackend(
+            self.url,
+            dedicated=True,
+            application_name=session_name(role),
+            stuck_after=STUCK_AFTER if stuck_after is None else stuck_after,
+        )
 
     def db_now(self) -> datetime:
         return self._fetch_raw(QUERIES["db_now"])[0][0].astimezone(UTC)  # type: ignore[no-any-return]

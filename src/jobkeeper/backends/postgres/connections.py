@@ -20,6 +20,7 @@ from psycopg_pool import PoolClosed, PoolTimeout
 
 from jobkeeper.backends import forks
 from jobkeeper.backends.migrate import MissingSchemaError
+from jobkeeper.backends.postgres import stuck
 from jobkeeper.backends.postgres.prepared import stale_plan
 from jobkeeper.backends.postgres.queries import QUERIES
 from jobkeeper.backends.postgres.refusals import refusal
@@ -279,8 +280,10 @@ class DriverErrors:
             and session_lost(exc)
             and closed_while_idle(exc) is None
         ):
+            cut = stuck.cut_reason(self.connection)
+            how = f"jobkeeper cut the connection: {cut}" if cut else "the connection was lost"
             error = DatabaseUnavailable(
-                f"{error} (the connection was lost during the call: what it was writing may "
+                f"{error} ({how} during the call: what it was writing may "
                 "have committed; check before running it again)"
             )
         raise error from exc
@@ -296,6 +299,8 @@ class PostgresConnections:
         pool_size: most pooled connections for API calls.
         application_name: what its sessions are called in ``pg_stat_activity``
             unless the user names them (see ``with_session_defaults``).
+        stuck_after: seconds a call on the dedicated connection may go
+            without an answer before the stuck-call watchdog looks at it.
     """
 
     def __init__(
@@ -305,13 +310,14 @@ class PostgresConnections:
         dedicated: bool = False,
         pool_size: int = 10,
         application_name: str = APPLICATION_NAME,
+        stuck_after: float = stuck.STUCK_AFTER,
     ) -> None:
         self.url = url
         self._conninfo = with_session_defaults(
             url.url.replace("postgres://", "postgresql://", 1), application_name
         )
         self._source: SingleConnection | PooledConnections = (
-            SingleConnection(self._conninfo, application_name)
+            SingleConnection(self._conninfo, application_name, stuck_after=stuck_after)
             if dedicated
             else PooledConnections(self._conninfo, pool_size)
         )

@@ -855,6 +855,15 @@ SELECT current_schema()
 -- from libpq (see prepared.direct_session).
 SELECT pg_backend_pid()
 
+-- name: connection_activity
+-- What the sessions of calls without an answer are doing (the stuck-call
+-- watchdog, stuck.py): running them (active), or waiting for their client
+-- (idle: the answer was sent and never arrived); and for how long.
+SELECT pid, state, wait_event,
+       extract(epoch FROM clock_timestamp() - state_change)::float8
+FROM pg_stat_activity
+WHERE pid = ANY(%s)
+
 -- name: connection_setup
 -- On each new connection of ours: the server's PID (connection_backend_pid),
 -- the schema the unqualified jobkeeper_jobs resolves to (NULL: none), and the

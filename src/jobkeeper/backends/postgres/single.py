@@ -13,6 +13,7 @@ import psycopg
 from psycopg_pool import ConnectionPool
 
 from jobkeeper.backends import forks
+from jobkeeper.backends.postgres import stuck
 from jobkeeper.backends.postgres.prepared import stale_plan
 from jobkeeper.backends.postgres.sources import (
     APPLICATION_NAME,
@@ -38,11 +39,21 @@ class SingleConnection:
     Args:
         conninfo: libpq connection string.
         name: what log lines call the connection (its session's name).
+        stuck_after: seconds a call may go without an answer before the
+            stuck-call watchdog looks at it (see :mod:`.stuck`).
     """
 
-    def __init__(self, conninfo: str, name: str = APPLICATION_NAME) -> None:
+    def __init__(
+        self,
+        conninfo: str,
+        name: str = APPLICATION_NAME,
+        *,
+        stuck_after: float = stuck.STUCK_AFTER,
+    ) -> None:
         self._conninfo = conninfo
         self._name = name
+        self._watch = stuck.Watch(name, stuck_after, conninfo)
+        self._key = id(self)
         self._conn: psycopg.Connection[Any] | None = None
         #: Whether a connection closed while idle was logged at INFO yet:
         #: later ones go to DEBUG (idle_session_timeout closes one per pass).
@@ -88,12 +99,18 @@ class SingleConnection:
 
     @contextlib.contextmanager
     def connection(self) -> Iterator[psycopg.Connection[Any]]:
-        if self._conn is not None and not self._conn.closed and not self._conn.broken:
-            self._check_idle(self._conn)
-        if self._conn is None or self._conn.closed or self._conn.broken:
-            self._drop()
-            self._conn = psycopg.connect(self._conninfo, **CONNECTION_OPTIONS)
-            configure_connection(self._conn)
+        try:
+            if self._conn is not None and not self._conn.closed and not self._conn.broken:
+                stuck.enter(self._key, self._conn, self._watch)
+                self._check_idle(self._conn)
+            if self._conn is None or self._conn.closed or self._conn.broken:
+                self._drop()
+                self._conn = psycopg.connect(self._conninfo, **CONNECTION_OPTIONS)
+                stuck.enter(self._key, self._conn, self._watch)
+                configure_connection(self._conn)
+        except BaseException:
+            stuck.leave(self._key)
+            raise
         try:
             yield self._conn
         except RETRY_ASKED:
@@ -109,8 +126,13 @@ class SingleConnection:
             if transaction_blocks_unbalanced(self._conn):
                 self._drop()
             raise
+        finally:
+            stuck.leave(self._key)
 
     def _drop(self) -> None:
+        # First: the watchdog must not cut a descriptor about to be closed
+        # (its number may be reused by another socket).
+        stuck.leave(self._key)
         if self._conn is not None:
             with contextlib.suppress(Exception):
                 self._conn.close()

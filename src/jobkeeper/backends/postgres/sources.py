@@ -22,7 +22,7 @@ from psycopg.types.json import set_json_loads
 from psycopg_pool import ConnectionPool, PoolClosed, PoolTimeout
 
 from jobkeeper.backends import forks
-from jobkeeper.backends.postgres import pool_exit
+from jobkeeper.backends.postgres import pool_exit, stuck
 from jobkeeper.backends.postgres.pool_logs import close_on_purpose
 from jobkeeper.backends.postgres.prepared import stale_plan
 from jobkeeper.backends.postgres.session_setup import set_up
@@ -54,6 +54,11 @@ CONNECTION_OPTIONS: dict[str, Any] = {
 }
 #: Seconds a pooled connection may sit idle before it is pinged on checkout.
 IDLE_CHECK_AFTER = 1.0
+#: Seconds the pre-use ping may go unanswered before the stuck-call
+#: watchdog checks on it: it asks nothing of the server, so one that does
+#: not answer it promptly is not working on it (an API call waited 141.8 s in
+#: it behind a proxy that had stopped forwarding).
+PING_STUCK_AFTER = 2.0
 #: What jobkeeper asks of libpq unless the URL (or ``PGTARGETSESSIONATTRS``)
 #: says otherwise: a session that can write. A demoted primary, a standby, a
 #: server with ``default_transaction_read_only`` is refused at connect (and,
@@ -256,6 +261,12 @@ class PooledConnections:
         #: checkout probes with a direct connection first.
         self._suspect = False
         self._lock = threading.Lock()
+        #: A pooled call may wait on the server (a lock) as long as an API
+        #: call waits for a connection before the watchdog checks on it.
+        self._watch = stuck.Watch(f"{APPLICATION_NAME} (API pool)", POOL_TIMEOUT, conninfo)
+        self._ping_watch = stuck.Watch(
+            f"{APPLICATION_NAME} (API pool, pre-use ping)", PING_STUCK_AFTER, conninfo
+        )
         forks.watch(self)
 
     def drop_inherited(self) -> None:
@@ -322,10 +333,17 @@ class PooledConnections:
         idle = time.monotonic() - returned_at > IDLE_CHECK_AFTER
         if not idle and not has_unread_input(conn):
             return True
+        stuck.enter(id(conn), conn, self._ping_watch)
         try:
             ConnectionPool.check_connection(conn)
         except psycopg.Error:
+            if stuck.cut_reason(conn) is not None:
+                # Cut unanswered: the pool's other sessions, opened alike,
+                # likely lead to the same silence; new ones are opened.
+                conn._jobkeeper_pool.drain()  # type: ignore[attr-defined]
             return False
+        finally:
+            stuck.leave(id(conn))
         return True
 
     def _probe(self) -> None:
@@ -378,6 +396,7 @@ class PooledConnections:
             try:
                 conn._jobkeeper_pool = pool  # type: ignore[attr-defined]
                 if self._alive(conn):
+                    stuck.enter(id(conn), conn, self._watch)  # left in checkin
                     return conn
                 # Cut: the server may be gone; the probe says so at once if it is.
                 self._suspect = True
@@ -418,6 +437,7 @@ class PooledConnections:
         """
         # The pool it came from: a Ctrl-C may have replaced the pool since.
         pool: ConnectionPool[psycopg.Connection[Any]] = conn._jobkeeper_pool  # type: ignore[attr-defined]
+        stuck.leave(id(conn))
         try:
             # Noted here, not in a pool ``reset`` callback: with one, the
             # pool hands every returned connection to a worker thread,

@@ -1,0 +1,180 @@
+"""A database that accepts and never answers (break-test 121): a forwarder
+between jobkeeper and PostgreSQL stops forwarding while it keeps every
+socket open, as a stopped server process or a stuck proxy would. TCP
+keepalives see nothing wrong (the forwarder's kernel acknowledges): the
+stuck-call watchdog must find such calls, cut those the server is not
+running, and leave alone those it is (a lock wait).
+
+PostgreSQL only: SQLite has no network for a call to be stuck on.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from collections import Counter
+
+import psycopg
+import pytest
+
+from jobkeeper import JobQueue, JobStatus
+from jobkeeper.backends.postgres.backend import PostgresBackend
+from jobkeeper.database_url import DatabaseURL
+from jobkeeper.errors import DatabaseUnavailable
+from support.blackhole import Blackhole
+from support.settings import FAST
+from support.waiting import wait_for
+
+from .helpers import holder_pid, processes, read_records, wait_exit
+
+pytestmark = pytest.mark.slow
+
+#: rescue_after 8 s: a worker connection's call is checked on after 2 s
+#: (a quarter of it), far from the rescue of its jobs.
+SILENT = {**FAST, "heartbeat_interval": 0.2, "rescue_after": 8.0, "shutdown_grace": 1.0}
+
+
+def test_a_worker_behind_connections_that_never_answer_recovers_on_new_ones(pg_url, tmp_path):
+    # Every connection the worker has open stops being forwarded; new ones
+    # are. Before the watchdog every thread of the worker waited in its call
+    # until the forwarder healed (4.5 min in break-test 121), here never.
+    jq = JobQueue(pg_url, **SILENT)
+    jq.migrate()
+    record = tmp_path / "runs.log"
+    args = {"seconds": 0.05, "record": str(record)}
+    with Blackhole(pg_url) as hole, processes(tmp_path) as procs:
+        worker = procs.worker(hole.url(pg_url), SILENT, concurrency=2)
+        first = [j.id for j in jq.enqueue_many([("naps", args)] * 4)]
+        wait_for(
+            lambda: all(jq.get_job(i).status == JobStatus.COMPLETED for i in first),
+            what="the first jobs to complete",
+        )
+        long_one = jq.enqueue("naps", {"seconds": 3.0, "record": str(record)})
+        wait_for(lambda: holder_pid(pg_url, long_one.id) == worker.pid, what="the long job held")
+        hole.stop_old()
+        later = [j.id for j in jq.enqueue_many([("naps", args)] * 4)]
+        ids = [*first, long_one.id, *later]
+        wait_for(
+            lambda: all(jq.get_job(i).status == JobStatus.COMPLETED for i in ids),
+            what="every job completed without the forwarder healing",
+        )
+        log = procs.log(worker)
+        assert "cutting the connection" in log, log
+        assert worker.poll() is None, log
+    ends = Counter(r[0] for r in read_records(record) if r[3] == "end")
+    assert ends == dict.fromkeys(ids, 1), ends  # each ran once: none was rescued or rerun
+    assert all(jq.get_job(i).attempt == 1 for i in ids)
+    jq.close()
+
+
+@pytest.mark.parametrize("signals", [1, 2], ids=["SIGTERM", "SIGTERM-twice"])
+def test_sigterm_ends_a_worker_whose_database_never_answers(pg_url, tmp_path, signals):
+    # Nothing reaches the server any more, not even new connections. The
+    # stop cannot hand the running job back nor deregister: the worker exits
+    # 1 by shutdown_grace + 2 s + 10 s after the signal (EXIT_AFTER), says
+    # so, and leaves the job to be rescued. Before, it never exited.
+    jq = JobQueue(pg_url, **SILENT)
+    jq.migrate()
+    record = tmp_path / "runs.log"
+    job = jq.enqueue("naps", {"seconds": 120.0, "record": str(record)})
+    with Blackhole(pg_url) as hole, processes(tmp_path) as procs:
+        worker = procs.worker(hole.url(pg_url), SILENT, concurrency=1)
+        wait_for(lambda: read_records(record), what="the job to start")
+        hole.stop_all()
+        worker.send_signal(signal.SIGTERM)
+        if signals == 2:
+            wait_for(lambda: "stopping" in procs.log(worker), what="the first signal seen")
+            worker.send_signal(signal.SIGTERM)
+        # The bound is 13 s (grace 1 s); this deadline only bounds a hang.
+        assert wait_exit(worker, timeout=45) == 1, procs.log(worker)
+        log = procs.log(worker)
+        assert "exiting now with code 1" in log, log
+        assert "rescued 8s after its last heartbeat" in log, log
+    held = jq.get_job(job.id)
+    assert held.status == JobStatus.RUNNING and held.attempt == 1, held
+    jq.close()
+
+
+def _in_thread(call):
+    """Run ``call`` on a daemon thread; returns (thread, outcome list)."""
+    outcome: list[object] = []
+
+    def run() -> None:
+        try:
+            outcome.append(call())
+        except Exception as exc:
+            outcome.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, outcome
+
+
+@pytest.mark.parametrize("idle", [False, True], ids=["just-used", "pinged"])
+def test_an_enqueue_on_a_pooled_connection_that_never_answers_ends(pg_url, idle):
+    # A pooled connection used a moment ago is lent without a ping, and its
+    # INSERT goes unanswered; one idle for over a second is pinged first,
+    # and the ping goes unanswered (141.8 s in break-test 121). Either way
+    # the call ends: with DatabaseUnavailable, not after the outage.
+    JobQueue(pg_url).migrate()
+    with Blackhole(pg_url) as hole:
+        jq = JobQueue(hole.url(pg_url), **FAST)
+        jq.enqueue("warm", {})
+        if idle:
+            threading.Event().wait(1.2)  # past IDLE_CHECK_AFTER: the checkout pings
+        hole.stop_all()
+        thread, outcome = _in_thread(lambda: jq.enqueue("t", {}))
+        # Well past the bound (about 10 + 5 s for a call, 2 + 5 + 5 s for
+        # a ping); without the watchdog it waits for as long as the outage.
+        thread.join(60)
+        assert not thread.is_alive(), "the enqueue still waits on the silent connection"
+        assert isinstance(outcome[0], DatabaseUnavailable), outcome
+        hole.heal()
+        jq.close()
+
+
+def test_a_pinged_connection_that_never_answers_gives_way_to_a_new_one(pg_url):
+    # Only the pool's open connections are silent: the enqueue succeeds on a
+    # new one once the ping was cut.
+    JobQueue(pg_url).migrate()
+    with Blackhole(pg_url) as hole:
+        jq = JobQueue(hole.url(pg_url), **FAST)
+        jq.enqueue("warm", {})
+        threading.Event().wait(1.2)
+        hole.stop_old()
+        thread, outcome = _in_thread(lambda: jq.enqueue("t", {}))
+        thread.join(60)
+        assert not thread.is_alive(), "the enqueue still waits on the silent connection"
+        assert not isinstance(outcome[0], Exception), outcome
+        assert JobQueue(pg_url).get_job(outcome[0].id) is not None
+        jq.close()
+
+
+def test_a_statement_waiting_on_a_lock_is_not_cut(pg_url, caplog):
+    # Another session holds the jobs table locked for three thresholds: the
+    # server is running the statement (waiting on the lock), so the watchdog
+    # warns and leaves it; it completes once the lock is released.
+    JobQueue(pg_url).migrate()
+    backend = PostgresBackend(DatabaseURL("postgresql", pg_url), dedicated=True, stuck_after=1.0)
+    holder = psycopg.connect(pg_url, autocommit=True)
+    caplog.set_level(logging.WARNING, logger="jobkeeper.postgres")
+    try:
+        holder.execute("BEGIN")
+        holder.execute("LOCK TABLE jobkeeper_jobs")
+        thread, outcome = _in_thread(
+            lambda: backend._fetch_raw("SELECT count(*) FROM jobkeeper_jobs")
+        )
+        wait_for(
+            lambda: "the server is still running it" in caplog.text,
+            what="the watchdog to look at the waiting statement",
+        )
+        threading.Event().wait(2.0)  # two more looks
+        holder.execute("COMMIT")
+        thread.join(30)
+        assert outcome == [[(0,)]], outcome
+        assert "waiting on relation" in caplog.text, caplog.text
+        assert "cutting" not in caplog.text, caplog.text
+    finally:
+        holder.close()
+        backend.close()
