@@ -114,6 +114,7 @@ NOT_OPERATIONS = {
     "connection_journal_size_limit",
     "connection_busy_timeout",
     "connection_backend_pid",
+    "connection_activity",
     "connection_setup",
     "connection_pin_schema",
     "connection_iso_datestyle",

@@ -89,8 +89,11 @@ def test_sigterm_ends_a_worker_whose_database_never_answers(pg_url, tmp_path, si
         # The bound is 13 s (grace 1 s); this deadline only bounds a hang.
         assert wait_exit(worker, timeout=45) == 1, procs.log(worker)
         log = procs.log(worker)
-        assert "exiting now with code 1" in log, log
-        assert "rescued 8s after its last heartbeat" in log, log
+        # Mostly the bound ends it; a stop whose calls were all cut (and its
+        # connects timed out) in time may end on its own, leaving the job held.
+        assert (
+            "exiting now with code 1" in log and "rescued 8s after its last heartbeat" in log
+        ) or "1 left held" in log, log
     held = jq.get_job(job.id)
     assert held.status == JobStatus.RUNNING and held.attempt == 1, held
     jq.close()

@@ -126,8 +126,8 @@ def test_a_worker_stops_claiming_while_its_outcomes_cannot_be_written(
     wrapped: list[_OutcomesFail] = []
     dedicated = jq.backend.dedicated
 
-    def dedicated_failing(role: str = "") -> Any:
-        backend = dedicated(role)
+    def dedicated_failing(role: str = "", **options: Any) -> Any:
+        backend = dedicated(role, **options)
         if role.startswith("outcomes "):
             wrapped.append(_OutcomesFail(backend, failing))
             return wrapped[-1]

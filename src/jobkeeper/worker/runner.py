@@ -422,7 +422,10 @@ class Worker:
             joblog.log_stopped_on_error(worker_id=self.info.id, error=exc)
             raise
         finally:
-            self._shutdown()
+            try:
+                self._shutdown()
+            finally:
+                self._exit_bound.done()
             signals.restore()
             stop_logging()
         return self.stats
@@ -489,4 +492,3 @@ class Worker:
             tally=self.stats,
             left_held=stopped.left_held,
         )
-        self._exit_bound.done()

@@ -14,6 +14,7 @@ import psycopg
 from psycopg import sql
 
 from jobkeeper.backends import forks
+from jobkeeper.backends.postgres import stuck
 from jobkeeper.backends.postgres.connections import PostgresConnections, describe
 from jobkeeper.backends.postgres.prepared import reaches_server
 from jobkeeper.backends.postgres.queries import QUERIES
@@ -158,8 +159,9 @@ class PostgresListener(PostgresConnections):
             closed_idle_told(conn),
         ):
             forks.note(conn)
-            direct = reaches_server(conn)
-            conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
+            with stuck.watched(conn, self._listen_watch()):
+                direct = reaches_server(conn)
+                conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
             # Anything enqueued while we were not listening is found by a
             # claim now rather than by the next poll.
             on_queue("*")
@@ -183,6 +185,9 @@ class PostgresListener(PostgresConnections):
                         )
                     sent_at, next_canary = now, now + CANARY_INTERVAL
         return True, direct
+
+    def _listen_watch(self) -> stuck.Watch:
+        return stuck.Watch("LISTEN connection", stuck.STUCK_AFTER, self._conninfo)
 
     @staticmethod
     def _dispatch(

@@ -100,6 +100,17 @@ def watched(conn: Any, watch: Watch) -> Iterator[None]:
         leave(id(conn))
 
 
+def _forget_after_fork() -> None:
+    """A forked child has no watchdog thread, and none of its parent's calls."""
+    global _started
+    _started = False
+    CALLS.clear()
+
+
+if hasattr(os, "register_at_fork"):  # not on Windows
+    os.register_at_fork(after_in_child=_forget_after_fork)
+
+
 def _start() -> None:
     global _started
     with _start_lock:
