@@ -88,9 +88,8 @@ class SqliteBackend(
     prefetch_per_slot = 10
 
     def dedicated(self, role: str = "", *, stuck_after: float | None = None) -> SqliteBackend:
-        # A SQLite connection has no name to show: role is unused; nor a
-        # network a call can be stuck on: stuck_after is unused. Pinned:
-        # a worker stays on the file it started on (see SqliteConnection).
+        # No session name (role) nor network (stuck_after) here. Pinned: a
+        # worker stays on the file it started on (see SqliteConnection).
         return SqliteBackend(self.url, busy_timeout=self.busy_timeout, pinned=True)
 
     def wake_listeners(self) -> None:
