@@ -81,6 +81,9 @@ def test_sigterm_ends_a_worker_whose_database_never_answers(pg_url, tmp_path, si
     with Blackhole(pg_url) as hole, processes(tmp_path) as procs:
         worker = procs.worker(hole.url(pg_url), SILENT, concurrency=1)
         wait_for(lambda: read_records(record), what="the job to start")
+        # Its start mark is batched: written before the silence, or the job
+        # is left claimed rather than running.
+        wait_for(lambda: jq.get_job(job.id).status == JobStatus.RUNNING, what="the start mark")
         hole.stop_all()
         worker.send_signal(signal.SIGTERM)
         if signals == 2:
