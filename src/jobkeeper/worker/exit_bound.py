@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable
 from types import FrameType
 
+from jobkeeper.worker.log_output import flush_writers
 from jobkeeper.worker.stopping import INTERRUPT_WAIT
 
 logger = logging.getLogger("jobkeeper.worker")
@@ -164,6 +165,9 @@ def _flush_logs() -> None:
     """
 
     def flush() -> None:
+        # The CLI's log lines go through a writer thread: os._exit skips the
+        # atexit hook that writes what it holds.
+        flush_writers(0.8)
         for ref in list(getattr(logging, "_handlerList", [])):
             handler = ref()
             if handler is not None:

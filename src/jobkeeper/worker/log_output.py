@@ -26,6 +26,7 @@ import logging
 import queue
 import sys
 import threading
+import time
 from types import TracebackType
 from typing import TextIO
 
@@ -50,6 +51,8 @@ FLUSH_AT_EXIT = 2.0
 Queued = str | threading.Event | None
 #: The writer :func:`log_unless_configured` started for ``run_worker``, if any.
 _installed: StreamWriter | None = None
+#: Every writer :func:`log_to_stderr` started in this process.
+_writers: list[StreamWriter] = []
 
 
 class JobFields(logging.Filter):
@@ -247,6 +250,7 @@ def log_to_stderr(
     handler.addFilter(JobFields())
     writer = StreamWriter(lines, handler, sys.stderr if stream is None else stream)
     writer.start()
+    _writers.append(writer)
     atexit.register(writer.stop_within, FLUSH_AT_EXIT)
     logging.basicConfig(level=level, handlers=[handler])
     return writer
@@ -282,3 +286,13 @@ def flush_installed() -> None:
     """
     if _installed is not None:
         _installed.flush_within(FLUSH_AT_EXIT)
+
+
+def flush_writers(timeout: float) -> None:
+    """Write what every writer of :func:`log_to_stderr` holds, for up to
+    ``timeout`` seconds in all: before an ``os._exit``, which runs no
+    ``atexit`` hook (a worker's last line, why it exits, was lost with it).
+    """
+    deadline = time.monotonic() + timeout
+    for writer in list(_writers):
+        writer.flush_within(max(deadline - time.monotonic(), 0.0))
