@@ -166,9 +166,11 @@ def test_enqueue_with_connection_rolls_back_with_the_caller(jq):
 
 
 def test_enqueue_with_connection_of_the_wrong_kind_is_a_type_error(jq, tmp_path):
-    wrong = sqlite3.connect(":memory:") if is_pg(jq) else object()
-    with pytest.raises(TypeError, match="connection="):
-        jq.enqueue("t", {}, connection=wrong)
+    # Closed by the test: Python 3.13 warns (an error here) for an unclosed one.
+    with contextlib.closing(sqlite3.connect(":memory:")) as memory_db:
+        wrong = memory_db if is_pg(jq) else object()
+        with pytest.raises(TypeError, match="connection="):
+            jq.enqueue("t", {}, connection=wrong)
     if not is_pg(jq):
         other = sqlite3.connect(tmp_path / "other.db")
         memory = sqlite3.connect(":memory:")
