@@ -160,14 +160,24 @@ def test_sigstop_zombie_late_completion_is_fenced(make_queue, tmp_path):
             raise AssertionError("could not freeze A outside a write transaction")
 
         b = procs.worker(url, FAST, concurrency=1)
-        # B's rescuer sees A silent, rescues the job, and B claims attempt 2.
-        wait_for(lambda: holder_pid(url, j.id) == b.pid, what="B to hold the job")
+        # B's rescuer sees A silent, rescues the job, and B claims attempt 2
+        # and starts it: a claim alone shows CLAIMED until B's start mark.
+        wait_for(
+            lambda: (
+                holder_pid(url, j.id) == b.pid
+                and jq.get_job(j.id).status == JobStatus.RUNNING
+                and any(r[1:] == (2, b.pid, "start") for r in read_records(record))
+            ),
+            what="B to run the job",
+        )
         assert jq.get_job(j.id).attempt == 2
         a.send_signal(signal.SIGCONT)
         # A wakes, its task returns, and its completion is refused by the fence.
         wait_for(lambda: "claim lost" in procs.log(a), what="A's refused ack in its log")
+        # A's refused ack left B's attempt alone (B may have finished it by now).
         now = jq.get_job(j.id)
-        assert now.status == JobStatus.RUNNING and holder_pid(url, j.id) == b.pid
+        assert now.attempt == 2
+        assert now.status == JobStatus.COMPLETED or holder_pid(url, j.id) == b.pid
         done = wait_for(
             lambda: (x := jq.get_job(j.id)).status == JobStatus.COMPLETED and x,
             what="B to complete the job",
