@@ -71,7 +71,7 @@ test-django6: ## tests/contrib_django on Django >= 6 and Python >= 3.12 (.venv-d
 	.venv-django6/bin/python -m pip install --quiet --disable-pip-version-check -e '.[postgres]' 'django>=6.0' pytest pytest-timeout
 	.venv-django6/bin/python -m pytest -q tests/contrib_django -p no:cacheprovider
 
-# The whole suite on another Python, in a venv of its own (.venv-python3.13 for
+# The whole suite on another Python, in a venv of its own (.venv-py3.13 for
 # PY=3.13) with the same extras as .venv: CI runs 3.11 only, within its time
 # budget, so this is not part of `make test`. It finds pyenv's newest $(PY).* or
 # python$(PY) on PATH; PY_PYTHON=/path/to/python chooses. On 3.12 and later the
@@ -83,8 +83,8 @@ PYTEST_ARGS ?= -n 3 --dist loadfile --durations=15
 test-python: pgbouncer chromium ## The whole suite on another Python in its own venv (PY=3.13; not in make test)
 	@test -n "$(PY)" || { echo "which Python? make test-python PY=3.13"; exit 1; }
 	@test -n "$(PY_PYTHON)" || { echo "no Python $(PY) found: set PY_PYTHON=/path/to/python$(PY)"; exit 1; }
-	$(MAKE) --no-print-directory install PYTHON=$(PY_PYTHON) VENV=.venv-python$(PY)
-	.venv-python$(PY)/bin/pytest $(PYTEST_ARGS)
+	$(MAKE) --no-print-directory install PYTHON=$(PY_PYTHON) VENV=.venv-py$(PY)
+	.venv-py$(PY)/bin/pytest $(PYTEST_ARGS)
 
 lint: install ## ruff, ruff format --check, import layers
 	$(BIN)/ruff check src tests benchmarks examples
@@ -130,4 +130,4 @@ soak: install ## Long chaos soak with queue limits on (partitions too on Postgre
 	$(BIN)/python -m benchmarks.soak.run --backend sqlite --minutes $(SOAK_MINUTES) --limits $(SOAK_ARGS)
 
 clean: ## Remove the virtualenv and caches
-	rm -rf $(VENV) .venv-oban .venv-django6 .venv-python* site .pytest_cache .mypy_cache .ruff_cache jobkeeper-demo.db* jobkeeper-demo.log
+	rm -rf $(VENV) .venv-oban .venv-django6 .venv-python* .venv-py3* site .pytest_cache .mypy_cache .ruff_cache jobkeeper-demo.db* jobkeeper-demo.log
