@@ -233,6 +233,9 @@ class DatabaseError(JobkeeperError):
     #: for sitting idle before the call's statement ran (57P05
     #: ``idle_session_timeout``; 25P03 ``idle_in_transaction_session_timeout``
     #: rolled the transaction back); a new session runs it. False otherwise.
+    #: (On PostgreSQL an API call on the queue's own pool whose session was
+    #: closed so runs once more by itself: callers meet it mostly on their
+    #: own ``connection=``.)
     retry_asked: bool = False
 
     def __init__(self, *args: object, retry_asked: bool = False) -> None:

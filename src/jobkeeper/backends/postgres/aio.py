@@ -20,7 +20,12 @@ from psycopg.rows import tuple_row
 from psycopg_pool import AsyncConnectionPool
 
 from jobkeeper.backends import forks
-from jobkeeper.backends.postgres.connections import DriverErrors, describe, retry_asked
+from jobkeeper.backends.postgres.connections import (
+    DriverErrors,
+    closed_before_call,
+    describe,
+    retry_asked,
+)
 from jobkeeper.backends.postgres.direct import run_direct_async
 from jobkeeper.backends.postgres.flow import FlowNeeded
 from jobkeeper.backends.postgres.inserts import (
@@ -49,7 +54,7 @@ from jobkeeper.backends.postgres.queries import QUERIES
 from jobkeeper.backends.postgres.session_setup import require_iso_datestyle, set_up_async
 from jobkeeper.backends.postgres.sources import RETRY_ASKED, load_json_safely
 from jobkeeper.database_url import DatabaseURL
-from jobkeeper.errors import DatabaseError
+from jobkeeper.errors import DatabaseError, DatabaseUnavailable
 from jobkeeper.models import Job, NewJob
 
 logger = logging.getLogger("jobkeeper.postgres")
@@ -157,7 +162,26 @@ class PostgresAsync:
         ``asynccontextmanager``'s generator cost ~5% of an enqueue_async.
         ``writes``: a cancel the server never confirms is said to leave the
         write unsettled (see :func:`_unsettled`).
+
+        ``body`` is one statement, one transaction or reads: it runs once
+        more on another connection when the server had closed the session
+        for sitting idle before it reached it (as the sync ``_once_more``).
         """
+        for rerun in (False, True):
+            try:
+                return await self._with_cursor_once(body, transaction, writes)
+            except DatabaseUnavailable as exc:
+                if rerun or not closed_before_call(exc):
+                    raise
+                logger.debug("%s; running the call once more on another session", exc)
+        raise AssertionError("unreachable")
+
+    async def _with_cursor_once(
+        self,
+        body: Callable[[psycopg.AsyncCursor[Any]], Awaitable[T]],
+        transaction: bool,
+        writes: bool,
+    ) -> T:
         with self._errors() as call:
             loop_pool = await self._async_pool()
             # The spare or getconn/putconn, not ``pool.connection()``: that

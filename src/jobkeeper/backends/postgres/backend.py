@@ -295,6 +295,9 @@ class PostgresBackend(
             return cursor.rowcount
 
     def queue_remove(self, *, queue: str) -> int:
+        return self._once_more(self._queue_remove_once, queue)
+
+    def _queue_remove_once(self, queue: str) -> int:
         removed = 0
         with self._cursor(transaction=True) as cursor:
             for name in QUEUE_REMOVE_STEPS:
@@ -487,9 +490,7 @@ class PostgresBackend(
         else the error: a full disk, a read-only session or standby.
         """
         try:
-            with self._cursor(transaction=True) as cursor:
-                cursor.execute(QUERIES["database_health_write_probe"])
-                raise psycopg.Rollback()
+            self._once_more(self._rolled_back, QUERIES["database_health_write_probe"])
         except DatabaseError as exc:
             return str(exc)
         return None

@@ -13,7 +13,7 @@ import time
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 import psycopg
 from psycopg_pool import PoolClosed, PoolTimeout
@@ -46,6 +46,9 @@ from jobkeeper.errors import (
 from jobkeeper.models import Job
 
 logger = logging.getLogger("jobkeeper.postgres")
+
+P = ParamSpec("P")
+T = TypeVar("T")
 
 #: An insert of our own transaction that PostgreSQL aborts asking for a retry
 #: (a deadlock, a serialization failure) is retried this many times, after a
@@ -222,6 +225,23 @@ def closed_while_idle(exc: BaseException) -> str | None:
     return None
 
 
+def closed_before_call(exc: BaseException) -> bool:
+    """Whether ``exc``, a jobkeeper error, says the server had closed the
+    call's session for sitting idle (:func:`closed_while_idle`, read from the
+    driver's error it was raised from): nothing of the call ran. A session
+    that ended without the server's word (libpq's "server closed the
+    connection unexpectedly", no SQLSTATE) is not one: a large statement or
+    a pipeline that met the same close came so more often than not (the
+    server's FATAL lost to the reset), as does a cut with a statement in flight.
+    """
+    cause = exc.__cause__
+    return (
+        isinstance(exc, DatabaseUnavailable)
+        and cause is not None
+        and closed_while_idle(cause) is not None
+    )
+
+
 def session_lost(exc: BaseException) -> bool:
     """Whether ``exc`` means the session itself ended (the socket closed, the
     server shut the backend down: SQLSTATE class 08 or 57P), not that a live
@@ -321,6 +341,9 @@ class PostgresConnections:
             if dedicated
             else PooledConnections(self._conninfo, pool_size)
         )
+        # Only the API's pool runs a call closed while idle again itself
+        # (see _once_more): a worker's loops rerun their own steps.
+        self._reruns = not dedicated
         self._channel: str | None = None
         self._warned_autovacuum_off = False
         # Caller connections already checked (weak: closing them forgets them).
@@ -366,8 +389,33 @@ class PostgresConnections:
             else:
                 yield cursor
 
+    def _once_more(self, run: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
+        """``run(*args, **kwargs)``, run once more when the server had closed
+        its pooled session for sitting idle before the call reached it
+        (:func:`closed_before_call`; DEBUG). The pool's pre-use check and the
+        server's close can pass each other: under ``idle_session_timeout =
+        '300ms'`` 2 calls in about 800 failed so. The failed session is gone,
+        and the next checkout probes the server and checks the connection it
+        takes. ``run`` takes a connection of its own and is one statement, one
+        transaction of ours or reads: an autocommitted write before the
+        statement that met the close would run twice. Never a call on the caller's
+        connection (its transaction is the caller's to retry).
+        """
+        try:
+            return run(*args, **kwargs)
+        except DatabaseUnavailable as exc:
+            if not (self._reruns and closed_before_call(exc)):
+                raise
+            logger.debug("%s; running the call once more on another session", exc)
+        return run(*args, **kwargs)
+
     def _fetch(
         self, name: str, params: dict[str, Any] | None = None, *, binary: bool = False
+    ) -> list[dict[str, Any]]:
+        return self._once_more(self._fetch_once, name, params, binary)
+
+    def _fetch_once(
+        self, name: str, params: dict[str, Any] | None, binary: bool
     ) -> list[dict[str, Any]]:
         with self._cursor() as cursor:
             cursor.execute(QUERIES[name], params or {}, binary=binary)
@@ -414,9 +462,20 @@ class PostgresConnections:
     def _fetch_raw(
         self, query: str, params: Sequence[Any] | Mapping[str, Any] = ()
     ) -> list[tuple[Any, ...]]:
+        return self._once_more(self._fetch_raw_once, query, params)
+
+    def _fetch_raw_once(
+        self, query: str, params: Sequence[Any] | Mapping[str, Any]
+    ) -> list[tuple[Any, ...]]:
         with self._cursor() as cursor:
             cursor.execute(query, params)
             return cursor.fetchall() if cursor.description else []
+
+    def _rolled_back(self, query: str) -> None:
+        """Run ``query`` in a transaction of its own, then roll it back."""
+        with self._cursor(transaction=True) as cursor:
+            cursor.execute(query)
+            raise psycopg.Rollback()
 
     def connection_lock_wait(self, *, seconds: float | None) -> None:
         """Nothing: a pooled connection is no thread's (see the Protocol)."""

@@ -80,18 +80,22 @@ class PostgresInserts(PostgresConnections):
         # One statement (atomic on its own, no BEGIN/COMMIT round trips) when
         # it can be; a limited queue it meets makes it run again in a
         # transaction, with the flow checks (see plans.insert_plan).
-        def insert(in_transaction: bool) -> list[Job]:
+        def insert_once(in_transaction: bool) -> list[Job]:
             with self._cursor(transaction=in_transaction) as cursor:
                 plan = insert_plan(jobs, channel, in_transaction=in_transaction)
                 stored: list[Job] = run_plan(cursor, plan, QUERIES)
                 return stored
+
+        def insert(in_transaction: bool) -> list[Job]:
+            # One statement or one transaction: see _once_more.
+            return self._once_more(insert_once, in_transaction)
 
         if len(jobs) == 1:
             new = jobs[0]
             now_params = insert_now_params(new, channel)
             if now_params is not None:
                 try:
-                    return retrying(lambda: self._insert_now(new, now_params))
+                    return retrying(lambda: self._once_more(self._insert_now, new, now_params))
                 except FlowNeeded:
                     return retrying(lambda: insert(True))
         if is_single_statement(jobs):

@@ -106,7 +106,7 @@ class PostgresSchema(PostgresConnections):
         while True:
             remaining = lock_wait - (time.monotonic() - started)
             try:
-                version = self._migrate_once(remaining)
+                version = self._once_more(self._migrate_once, remaining)
                 break
             except LockWaitError as waited:
                 remaining = lock_wait - (time.monotonic() - started)
@@ -240,6 +240,9 @@ class PostgresSchema(PostgresConnections):
                 self._fetch_raw(QUERIES[query])
 
     def schema_version(self, *, lock_wait: float | None = None) -> int:
+        return self._once_more(self._schema_version_once, lock_wait)
+
+    def _schema_version_once(self, lock_wait: float | None) -> int:
         with self._cursor(transaction=lock_wait is not None) as cursor:
             if lock_wait is not None:
                 cursor.execute(QUERIES["schema_lock_wait"], (f"{round(lock_wait * 1000)}ms",))
