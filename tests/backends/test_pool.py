@@ -140,7 +140,7 @@ def test_calls_cancelled_while_the_spare_is_checked_give_it_back(pg_url, monkeyp
     monkeypatch.setattr(sources, "POOL_TIMEOUT", 3.0)
     check = loop_pools.check_async
 
-    async def slow_ping(conn: psycopg.AsyncConnection[Any]) -> None:
+    async def slow_ping(conn: psycopg.AsyncConnection[Any], watch: Any) -> None:
         await asyncio.sleep(30)
 
     async def calls() -> None:

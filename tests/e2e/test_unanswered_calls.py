@@ -10,9 +10,12 @@ PostgreSQL only: SQLite has no network for a call to be stuck on.
 
 from __future__ import annotations
 
+import asyncio
+import itertools
 import logging
 import signal
 import threading
+import time
 from collections import Counter
 
 import psycopg
@@ -184,3 +187,70 @@ def test_a_statement_waiting_on_a_lock_is_not_cut(pg_url, caplog):
     finally:
         holder.close()
         backend.close()
+
+
+def _silent_async_call(hole: Blackhole, jq: JobQueue, *, idle: bool, stop=None):
+    """In a fresh event loop: a warm-up enqueue_async, then ``stop`` (the
+    forwarder's) and one more. Returns (its outcome, the longest gap between
+    ticks of a task that ticks every 0.1 s meanwhile: the loop's stalls).
+    """
+
+    async def main() -> tuple[object, float]:
+        await jq.enqueue_async("warm", {})
+        if idle:
+            await asyncio.sleep(1.2)  # past IDLE_CHECK_AFTER: the checkout pings
+        (stop or hole.stop_all)()
+        ticks = [time.monotonic()]
+
+        async def tick() -> None:
+            while True:
+                await asyncio.sleep(0.1)
+                ticks.append(time.monotonic())
+
+        ticker = asyncio.create_task(tick())
+        try:
+            outcome: object = await jq.enqueue_async("t", {})
+        except Exception as exc:
+            outcome = exc
+        ticker.cancel()
+        ticks.append(time.monotonic())
+        hole.heal()  # the loop's end closes the pool through the forwarder
+        await jq.aclose()
+        return outcome, max(b - a for a, b in itertools.pairwise(ticks))
+
+    return _in_thread(lambda: asyncio.run(main()))
+
+
+@pytest.mark.parametrize("idle", [False, True], ids=["just-used", "pinged"])
+def test_an_enqueue_async_on_a_connection_that_never_answers_ends(pg_url, idle):
+    # The loop's pool: the spare used a moment ago is lent without a ping
+    # and its INSERT goes unanswered; one idle for over a second is pinged
+    # and the ping goes unanswered. Either way the await ends with
+    # DatabaseUnavailable (about 10 + 5 s, or 2 + 5 + 5 s), and the loop
+    # runs meanwhile. Before, it waited for as long as the silence lasted.
+    JobQueue(pg_url).migrate()
+    with Blackhole(pg_url) as hole:
+        jq = JobQueue(hole.url(pg_url), **FAST)
+        thread, outcome = _silent_async_call(hole, jq, idle=idle)
+        thread.join(60)
+        assert not thread.is_alive(), "the enqueue_async still waits on the silent connection"
+        error, stall = outcome[0]
+        assert isinstance(error, DatabaseUnavailable), error
+        if not idle:
+            assert "jobkeeper cut the connection: no answer for" in str(error), error
+        assert stall < 1.0, f"the event loop stalled {stall:.1f} s"
+        jq.close()
+
+
+def test_a_pinged_async_connection_that_never_answers_gives_way_to_a_new_one(pg_url):
+    JobQueue(pg_url).migrate()
+    with Blackhole(pg_url) as hole:
+        jq = JobQueue(hole.url(pg_url), **FAST)
+        thread, outcome = _silent_async_call(hole, jq, idle=True, stop=hole.stop_old)
+        thread.join(60)
+        assert not thread.is_alive(), "the enqueue_async still waits on the silent connection"
+        job, stall = outcome[0]
+        assert not isinstance(job, Exception), job
+        assert JobQueue(pg_url).get_job(job.id) is not None
+        assert stall < 1.0, f"the event loop stalled {stall:.1f} s"
+        jq.close()

@@ -129,14 +129,14 @@ class _SwallowingPool:
 def test_pool_checkout_raises_a_cancel_psycopg_pool_swallowed(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    async def alive(conn: Any) -> None:
+    async def alive(conn: Any, watch: Any) -> None:
         return None  # the stand-in connection has no socket to check
 
     monkeypatch.setattr(loop_pools, "check_async", alive)
     pool = _SwallowingPool()
     probe = ServerProbe("postgresql://unused.test/x")
     probe.suspect = False
-    loop_pool = LoopPool(pool, probe, weakref.WeakSet())  # type: ignore[arg-type]
+    loop_pool = LoopPool(pool, probe, weakref.WeakSet(), "postgresql://unused.test/x")  # type: ignore[arg-type]
 
     async def main() -> None:
         task = asyncio.ensure_future(loop_pool.checkout())

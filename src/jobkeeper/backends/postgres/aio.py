@@ -20,6 +20,7 @@ from psycopg.rows import tuple_row
 from psycopg_pool import AsyncConnectionPool
 
 from jobkeeper.backends import forks
+from jobkeeper.backends.postgres import stuck
 from jobkeeper.backends.postgres.connections import (
     DriverErrors,
     closed_before_call,
@@ -132,7 +133,7 @@ class PostgresAsync:
                 name=POOL_NAME,
                 configure=configure,
             )
-            found = LoopPool(pool, ServerProbe(self._conninfo), opened)
+            found = LoopPool(pool, ServerProbe(self._conninfo), opened, self._conninfo)
             self._async_pools[loop] = found
 
             def forget(loop_pool: LoopPool = found) -> None:
@@ -196,12 +197,20 @@ class PostgresAsync:
             call.connection = conn
             failed = True
             try:
-                cursor = _reused_cursor_async(conn)
-                if transaction:
-                    async with conn.transaction():
+                # Watched for an answer that never comes (a dict set and a
+                # pop per call): the watchdog's thread cuts the socket, and
+                # the await fails as a lost connection. Left before the
+                # connection is closed or given back (see stuck._cut).
+                stuck.enter(id(conn), conn, loop_pool.watch)
+                try:
+                    cursor = _reused_cursor_async(conn)
+                    if transaction:
+                        async with conn.transaction():
+                            result = await body(cursor)
+                    else:
                         result = await body(cursor)
-                else:
-                    result = await body(cursor)
+                finally:
+                    stuck.leave(id(conn))
                 failed = False
                 return result
             except BaseException as exc:

@@ -18,7 +18,7 @@ import psycopg
 from psycopg import pq
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
-from jobkeeper.backends.postgres import sources
+from jobkeeper.backends.postgres import sources, stuck
 from jobkeeper.backends.postgres.pool_logs import mark_on_purpose
 from jobkeeper.backends.postgres.sources import CONNECT_TIMEOUT, IDLE_CHECK_AFTER, has_unread_input
 
@@ -55,12 +55,42 @@ def quiet_cancelled_connects() -> None:
         pool_logger.addFilter(CancelledConnects())
 
 
-async def check_async(conn: psycopg.AsyncConnection[Any]) -> None:
+def watches(conninfo: str) -> tuple[stuck.Watch, stuck.Watch]:
+    """What the stuck-call watchdog knows of a loop pool's calls, and of its
+    pre-use pings: the sync pool's thresholds (``POOL_TIMEOUT``,
+    ``PING_STUCK_AFTER``). Its thread cuts the socket (``stuck._cut``), and
+    the call's await then fails as a lost connection: the loop never blocks.
+    """
+    return (
+        stuck.Watch(f"{sources.APPLICATION_NAME} (async pool)", sources.POOL_TIMEOUT, conninfo),
+        stuck.Watch(
+            f"{sources.APPLICATION_NAME} (async pool, pre-use ping)",
+            sources.PING_STUCK_AFTER,
+            conninfo,
+        ),
+    )
+
+
+async def ping_async(conn: psycopg.AsyncConnection[Any], watch: stuck.Watch) -> None:
+    """``check_connection`` watched by the stuck-call watchdog: an async
+    enqueue waited in an unanswered ping for as long as the silence lasted.
+
+    Raises:
+        psycopg.Error: the ping failed, or was cut (``stuck.cut_reason``).
+    """
+    stuck.enter(id(conn), conn, watch)
+    try:
+        await AsyncConnectionPool.check_connection(conn)
+    finally:
+        stuck.leave(id(conn))
+
+
+async def check_async(conn: psycopg.AsyncConnection[Any], watch: stuck.Watch) -> None:
     """The async pool's checkout check, as the sync pool's (see
     ``PooledConnections._alive``): a ping only for a connection that idled
     past ``IDLE_CHECK_AFTER`` or whose socket is readable (a server ending a
     session says why first); a ping on every checkout cost a round trip per
-    call.
+    call. ``watch``: the ping's, for the stuck-call watchdog.
 
     Raises:
         psycopg.Error: the ping failed (the pool then replaces the connection).
@@ -68,7 +98,16 @@ async def check_async(conn: psycopg.AsyncConnection[Any]) -> None:
     returned_at: float = getattr(conn, "_jobkeeper_returned_at", 0.0)
     if time.monotonic() - returned_at <= IDLE_CHECK_AFTER and not has_unread_input(conn):
         return
-    await AsyncConnectionPool.check_connection(conn)
+    await ping_async(conn, watch)
+
+
+async def drain_if_cut(pool: AsyncConnectionPool, conn: psycopg.AsyncConnection[Any]) -> None:
+    """After a ping the watchdog cut: the pool's other sessions, opened
+    alike, likely lead to the same silence; new ones are opened (as the
+    sync pool does).
+    """
+    if stuck.cut_reason(conn) is not None:
+        await pool.drain()
 
 
 class ServerProbe:
@@ -131,13 +170,14 @@ def cancels_asked() -> int:
 
 
 async def getconn_async(
-    pool: AsyncConnectionPool, probe: ServerProbe
+    pool: AsyncConnectionPool, probe: ServerProbe, ping_watch: stuck.Watch
 ) -> psycopg.AsyncConnection[Any]:
     """A connection from ``pool``, as the sync pool's ``_getconn``: waits up
     to ``POOL_TIMEOUT`` while the pool is busy, but fails within about
     ``POOL_SLICE`` when the server is down. The pool alone retried its
     connects in the background until its own timeout, so an async enqueue
     with the server down hung for 30 seconds where the sync one failed at once.
+    ``ping_watch``: the pre-use ping's, for the stuck-call watchdog.
 
     Raises:
         psycopg.OperationalError: the server refused a direct connection.
@@ -164,10 +204,11 @@ async def getconn_async(
         # idle_session_timeout) waited 7.6 s to reach the fourth.
         alive = False
         try:
-            await check_async(conn)
+            await check_async(conn, ping_watch)
             alive = True
         except psycopg.Error:
             probe.suspect = True  # cut: the probe says at once if the server is gone
+            await drain_if_cut(pool, conn)
         finally:
             # A cancel during the ping gives the connection back too.
             if not alive:
@@ -209,16 +250,29 @@ class LoopPool:
     ``POOL_TIMEOUT`` and failed).
     """
 
-    __slots__ = ("closed", "closer", "opened", "pool", "probe", "spare", "waiting")
+    __slots__ = (
+        "closed",
+        "closer",
+        "opened",
+        "ping_watch",
+        "pool",
+        "probe",
+        "spare",
+        "waiting",
+        "watch",
+    )
 
     def __init__(
         self,
         pool: AsyncConnectionPool,
         probe: ServerProbe,
         opened: weakref.WeakSet[psycopg.AsyncConnection[Any]],
+        conninfo: str,
     ) -> None:
         self.pool = pool
         self.probe = probe
+        #: The stuck-call watchdog's: of a call, and of a pre-use ping.
+        self.watch, self.ping_watch = watches(conninfo)
         #: Every connection the pool opened (its ``configure`` notes them).
         self.opened = opened
         self.closer: asyncio.Task[None] | None = None
@@ -256,16 +310,17 @@ class LoopPool:
             alive = False
             try:
                 if not self.probe.suspect:
-                    await check_async(conn)
+                    await check_async(conn, self.ping_watch)
                 else:
                     # Suspected (often only a busy pool: a getconn slice ran
                     # out): a ping of the spare answers for the server, where
                     # discarding it closed a healthy session and logged it.
-                    await AsyncConnectionPool.check_connection(conn)
+                    await ping_async(conn, self.ping_watch)
                     self.probe.suspect = False
                 alive = True
             except psycopg.Error:
                 self.probe.suspect = True  # cut: the server may be gone
+                await drain_if_cut(self.pool, conn)
             finally:
                 # Also when the call is cancelled during the ping: a spare
                 # neither kept nor given back held a pool slot for good.
@@ -275,7 +330,7 @@ class LoopPool:
                 return conn
         self.waiting += 1
         try:
-            conn = await getconn_async(self.pool, self.probe)
+            conn = await getconn_async(self.pool, self.probe, self.ping_watch)
         finally:
             self.waiting -= 1
         conn._jobkeeper_taken_at = time.monotonic()  # type: ignore[attr-defined]
