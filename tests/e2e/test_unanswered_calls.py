@@ -21,13 +21,15 @@ from collections import Counter
 import psycopg
 import pytest
 
-from jobkeeper import JobQueue, JobStatus
+from jobkeeper import JobQueue, JobStatus, waiting
 from jobkeeper.backends.postgres.backend import PostgresBackend
 from jobkeeper.database_url import DatabaseURL
 from jobkeeper.errors import DatabaseUnavailable
 from support.blackhole import Blackhole
+from support.db import sql
 from support.settings import FAST
-from support.waiting import wait_for
+from support.waiting import wait_for, wait_status
+from worker.helpers import running
 
 from .helpers import holder_pid, processes, read_records, wait_exit
 
@@ -254,3 +256,49 @@ def test_a_pinged_async_connection_that_never_answers_gives_way_to_a_new_one(pg_
         assert JobQueue(pg_url).get_job(job.id) is not None
         assert stall < 1.0, f"the event loop stalled {stall:.1f} s"
         jq.close()
+
+
+@pytest.mark.parametrize("flavour", ["sync", "async"])
+def test_a_wait_whose_listen_connection_stops_answering_still_ends(pg_url, monkeypatch, flavour):
+    # The wait's LISTEN connection (and the API pool's) stop being
+    # forwarded once the wait listens; the job then ends. Its NOTIFY never
+    # reaches the waiter: the watchdog must find the silent LISTEN
+    # connection (its ping goes unanswered) and the watch listen again,
+    # which wakes the waiter to re-read. The 30 s re-read is put out of
+    # reach: without the ping the wait runs into its timeout.
+    monkeypatch.setattr(waiting, "RECHECK", 600.0)
+    direct = JobQueue(pg_url, **FAST)
+    direct.migrate()
+    gate = threading.Event()
+
+    @direct.task()
+    def gated() -> int:
+        gate.wait(60)
+        return 7
+
+    job = gated.enqueue()
+    with Blackhole(pg_url) as hole, running(direct.worker(concurrency=1)):
+        jq = JobQueue(hole.url(pg_url), **FAST)
+        wait_status(direct, [job.id], {JobStatus.RUNNING})
+        if flavour == "sync":
+            thread, outcome = _in_thread(lambda: jq.wait(job.id, timeout=45))
+        else:
+            thread, outcome = _in_thread(lambda: asyncio.run(jq.wait_async(job.id, timeout=45)))
+        watch = jq.backend.completion_watch()
+        wait_for(lambda: watch.ready, what="the wait's LISTEN")
+        wait_for(
+            lambda: sql(pg_url, "SELECT awaited FROM jobkeeper_jobs WHERE id = ?", [job.id])[0][0],
+            what="the job marked awaited",
+        )
+        threading.Event().wait(0.5)  # its read done: the waiter sleeps until woken
+        hole.stop_old()
+        started = time.monotonic()
+        gate.set()
+        thread.join(50)
+        assert not thread.is_alive(), "the wait was never woken"
+        assert outcome == [7], outcome
+        # Ping (5 s) + threshold (2 s) + probe, then the re-read (its pooled
+        # connection is silent too: a ping cut after 2 s).
+        assert time.monotonic() - started < 30
+        jq.close()
+    direct.close()

@@ -1,6 +1,13 @@
 """PostgreSQL wake-ups for ``wait`` (internal): one LISTEN connection per
 process and database, woken by the NOTIFY that the end of an awaited job
 sends (migration 0006: the ``awaited`` flag and its trigger).
+
+A LISTEN connection only reads: one whose server (or proxy) stopped
+answering while its socket stayed open looked healthy for ever, and every
+wait went unwoken until its 30 s re-read (``waiting.RECHECK``). It is
+pinged every :data:`LISTEN_PING` seconds under the stuck-call watchdog
+(:mod:`.stuck`), which cuts a ping the server never got; the watch then
+wakes every waiter to re-read, and listens again on a new connection.
 """
 
 from __future__ import annotations
@@ -15,8 +22,10 @@ from typing import Any
 
 import psycopg
 from psycopg import sql
+from psycopg_pool import ConnectionPool
 
 from jobkeeper.backends import forks
+from jobkeeper.backends.postgres import stuck
 from jobkeeper.backends.postgres.prepared import reaches_server
 from jobkeeper.backends.postgres.queries import QUERIES
 from jobkeeper.backends.watch import CompletionWatch, watch_for
@@ -27,6 +36,13 @@ logger = logging.getLogger("jobkeeper.postgres")
 #: Seconds between looks at whether the watch should stop, while idle.
 LISTEN_SLICE = 0.5
 CONNECT_TIMEOUT = 5
+#: Seconds between pings of the LISTEN connection while it is idle: a
+#: silent one is then found within about this plus the ping's threshold
+#: (``sources.PING_STUCK_AFTER``, 2 s) and the watchdog's probe.
+LISTEN_PING = 5.0
+#: Seconds the ping may go unanswered before the watchdog checks on it (as
+#: the API pool's pre-use ping: it asks nothing of the server).
+PING_STUCK_AFTER = 2.0
 #: Seconds a LISTEN made through a pooler has to hear its own canary before
 #: this process's waiters give up on wake-ups through that URL.
 POOLER_ECHO_WAIT = 5.0
@@ -36,6 +52,9 @@ CANARY_PREFIX = "~canary:"  # a job id never starts with "~"
 #: there stays on a pooled server session, which the pooler then warns
 #: about on every notification it cannot hand to a client.
 _SILENT: set[str] = set()
+#: What the watchdog's log lines call the connection, and its ping.
+LISTEN_NAME = "jobkeeper wait LISTEN connection"
+PING_NAME = "jobkeeper wait LISTEN connection (ping)"
 _silent_lock = threading.Lock()
 
 
@@ -72,14 +91,15 @@ class _ListenSource:
             self._conninfo, autocommit=True, connect_timeout=CONNECT_TIMEOUT
         ) as conn:
             forks.note(conn)
-            row = conn.execute(QUERIES["notify_channel"]).fetchone()
-            if row is None or row[0] is None:
-                raise psycopg.OperationalError("no current schema (check search_path)")
-            channel = done_channel(row[0])
-            direct = reaches_server(conn)
-            if not direct:
-                watch.set_unwatched()
-            conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
+            with stuck.watched(conn, stuck.Watch(LISTEN_NAME, stuck.STUCK_AFTER, self._conninfo)):
+                row = conn.execute(QUERIES["notify_channel"]).fetchone()
+                if row is None or row[0] is None:
+                    raise psycopg.OperationalError("no current schema (check search_path)")
+                channel = done_channel(row[0])
+                direct = reaches_server(conn)
+                if not direct:
+                    watch.set_unwatched()
+                conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
             token = f"{CANARY_PREFIX}{secrets.token_hex(6)}"
             echo_by: float | None = None
             if direct:
@@ -87,6 +107,7 @@ class _ListenSource:
             else:
                 self._send_canary(channel, token)
                 echo_by = time.monotonic() + POOLER_ECHO_WAIT
+            ping_at = time.monotonic() + LISTEN_PING
             try:
                 while not watch.should_stop():
                     # The timeout bounds the whole generator (psycopg 3.2+),
@@ -99,12 +120,41 @@ class _ListenSource:
                             watch.deliver((int(notify.payload),))
                     if echo_by is not None and time.monotonic() > echo_by:
                         break
+                    if time.monotonic() >= ping_at:
+                        self._ping(conn, watch)
+                        ping_at = time.monotonic() + LISTEN_PING
             except BaseException:
                 watch.set_ready(False)
                 raise
         if echo_by is not None:
             self._give_up()
             _idle(watch)
+
+    def _ping(self, conn: psycopg.Connection[Any], watch: CompletionWatch) -> None:
+        """An empty query on the LISTEN connection, watched by the stuck-call
+        watchdog: unanswered, it is cut, and the error ends this source (the
+        watch wakes every waiter and listens again on a new connection).
+        Notifications that come with its answer are delivered.
+
+        Raises:
+            psycopg.Error: the ping failed or was cut.
+        """
+        heard: list[int] = []
+
+        def note(notify: psycopg.Notify) -> None:
+            if notify.payload.isdigit():
+                heard.append(int(notify.payload))
+
+        # A handler for the ping's length: notifications read during a
+        # query go to handlers; without one, older psycopg drops them.
+        conn.add_notify_handler(note)
+        try:
+            with stuck.watched(conn, stuck.Watch(PING_NAME, PING_STUCK_AFTER, self._conninfo)):
+                ConnectionPool.check_connection(conn)
+        finally:
+            conn.remove_notify_handler(note)
+        if heard:
+            watch.deliver(heard)
 
     @staticmethod
     def _ready(watch: CompletionWatch) -> None:
