@@ -302,3 +302,35 @@ def test_a_wait_whose_listen_connection_stops_answering_still_ends(pg_url, monke
         assert time.monotonic() - started < 30
         jq.close()
     direct.close()
+
+
+def test_a_stop_checks_on_unanswered_calls_sooner_and_ends_without_the_bound(pg_url, tmp_path):
+    # A worker whose calls are checked on after 10 s (a quarter of
+    # rescue_after=40), stopped with shutdown_grace=1: the bound ends the
+    # stop 13 s after the signal. Its open connections stop answering (new
+    # ones are forwarded: a wedged proxy flow, stopped server processes),
+    # then SIGTERM. Before, each stuck call the stop met (the claim, the
+    # lease's resign, the hand-back) took 10 s to be looked at, and the
+    # bound ended the process with code 1. Once the stop begins they are
+    # looked at after 1 s: cut, done again on new connections, and the job
+    # handed back, by the normal path.
+    settings = {**SILENT, "rescue_after": 40.0}
+    jq = JobQueue(pg_url, **settings)
+    jq.migrate()
+    record = tmp_path / "runs.log"
+    job = jq.enqueue("naps", {"seconds": 120.0, "record": str(record)})
+    with Blackhole(pg_url) as hole, processes(tmp_path) as procs:
+        worker = procs.worker(hole.url(pg_url), settings, concurrency=1)
+        wait_for(lambda: read_records(record), what="the job to start")
+        wait_for(lambda: jq.get_job(job.id).status == JobStatus.RUNNING, what="the start mark")
+        hole.stop_old()
+        worker.send_signal(signal.SIGTERM)
+        code = wait_exit(worker, timeout=45)
+        log = procs.log(worker)
+        assert "exiting now with code 1" not in log, log
+        assert "cutting the connection" in log, log
+        assert code == 0, log
+        assert "1 handed back, 0 left held" in log, log
+    back = jq.get_job(job.id)
+    assert back.status != JobStatus.RUNNING and back.worker_id is None, back
+    jq.close()

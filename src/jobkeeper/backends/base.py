@@ -52,7 +52,13 @@ class Backend(CockpitSeam, PeriodicSeam, FlowSeam, WaitSeam, Protocol):
     #: Most jobs per slot a worker's adaptive prefetch may hold.
     prefetch_per_slot: int
 
-    def dedicated(self, role: str = "", *, stuck_after: float | None = None) -> Backend:
+    def dedicated(
+        self,
+        role: str = "",
+        *,
+        stuck_after: float | None = None,
+        stopping: threading.Event | None = None,
+    ) -> Backend:
         """A backend on the same database with its own single connection, for
         one worker thread (heartbeats and acks must never wait behind task work).
 
@@ -65,6 +71,9 @@ class Backend(CockpitSeam, PeriodicSeam, FlowSeam, WaitSeam, Protocol):
                 is checked on (PostgreSQL: its connection is cut when the
                 server is not running it; None: the default, 10 s; SQLite
                 has no network and ignores it).
+            stopping: set when the connection's owner begins to stop (a
+                worker's stop): from then on a call is checked on after 1 s
+                at most (PostgreSQL; SQLite ignores it).
         """
         ...
 

@@ -131,8 +131,8 @@ class Worker:
         self.stats = WorkerStats()
         self._base_backend = backend
         self._backends: list[Backend] = []
-        self._backend = self._dedicated("claims")
         self._stopping = threading.Event()
+        self._backend = self._dedicated("claims")
         self._force = threading.Event()
         #: When a stop was first asked (the grace period runs from it).
         self._asked_at: float | None = None
@@ -255,8 +255,11 @@ class Worker:
     def _dedicated(self, role: str) -> Backend:
         # The worker's id in the name joins a session to its jobkeeper_workers
         # row; the role comes first, as PostgreSQL cuts names at 63 bytes.
+        # Once the stop begins its calls are checked on after 1 s (exit_bound).
         backend = self._base_backend.dedicated(
-            f"{role} {self.info.id}", stuck_after=stuck_after_for(self._settings.rescue_after)
+            f"{role} {self.info.id}",
+            stuck_after=stuck_after_for(self._settings.rescue_after),
+            stopping=self._stopping,
         )
         self._backends.append(backend)
         return backend
@@ -441,7 +444,9 @@ class Worker:
         """The backend's wake-ups, on their own thread and connection."""
         self._listener = start_listener(
             self._base_backend.dedicated(
-                f"listener {self.info.id}", stuck_after=stuck_after_for(self._settings.rescue_after)
+                f"listener {self.info.id}",
+                stuck_after=stuck_after_for(self._settings.rescue_after),
+                stopping=self._stopping,
             ),
             self.producer,
             self._listener_stop,

@@ -82,12 +82,15 @@ class PostgresBackend(
     # than a claim get this deep a buffer (see Producer.prefetch).
     prefetch_per_slot = 100
 
-    def dedicated(self, role: str = "", *, stuck_after: float | None = None) -> PostgresBackend:
+    def dedicated(
+        self, role: str = "", *, stuck_after: float | None = None, stopping: Any = None
+    ) -> PostgresBackend:
         return PostgresBackend(
             self.url,
             dedicated=True,
             application_name=session_name(role),
             stuck_after=STUCK_AFTER if stuck_after is None else stuck_after,
+            stopping=stopping,
         )
 
     def db_now(self) -> datetime:

@@ -9,6 +9,7 @@ import contextlib
 import hashlib
 import logging
 import random
+import threading
 import time
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -321,6 +322,8 @@ class PostgresConnections:
             unless the user names them (see ``with_session_defaults``).
         stuck_after: seconds a call on the dedicated connection may go
             without an answer before the stuck-call watchdog looks at it.
+        stopping: set when the dedicated connection's owner begins to stop
+            (see ``stuck.Watch``).
     """
 
     def __init__(
@@ -331,13 +334,16 @@ class PostgresConnections:
         pool_size: int = 10,
         application_name: str = APPLICATION_NAME,
         stuck_after: float = stuck.STUCK_AFTER,
+        stopping: threading.Event | None = None,
     ) -> None:
         self.url = url
         self._conninfo = with_session_defaults(
             url.url.replace("postgres://", "postgresql://", 1), application_name
         )
         self._source: SingleConnection | PooledConnections = (
-            SingleConnection(self._conninfo, application_name, stuck_after=stuck_after)
+            SingleConnection(
+                self._conninfo, application_name, stuck_after=stuck_after, stopping=stopping
+            )
             if dedicated
             else PooledConnections(self._conninfo, pool_size)
         )

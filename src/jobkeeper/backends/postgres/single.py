@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -41,6 +42,8 @@ class SingleConnection:
         name: what log lines call the connection (its session's name).
         stuck_after: seconds a call may go without an answer before the
             stuck-call watchdog looks at it (see :mod:`.stuck`).
+        stopping: set when the owner begins to stop: its calls are then
+            looked at sooner (``stuck.STOP_STUCK_AFTER``).
     """
 
     def __init__(
@@ -49,10 +52,11 @@ class SingleConnection:
         name: str = APPLICATION_NAME,
         *,
         stuck_after: float = stuck.STUCK_AFTER,
+        stopping: threading.Event | None = None,
     ) -> None:
         self._conninfo = conninfo
         self._name = name
-        self._watch = stuck.Watch(name, stuck_after, conninfo)
+        self._watch = stuck.Watch(name, stuck_after, conninfo, stopping)
         self._key = id(self)
         self._conn: psycopg.Connection[Any] | None = None
         #: Whether a connection closed while idle was logged at INFO yet:

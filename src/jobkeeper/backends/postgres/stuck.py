@@ -19,6 +19,12 @@ one that is idle (the answer was sent and never arrived), gone, or a
 server that cannot be reached, gets its connection cut from our side
 (``shutdown`` of the socket: nothing is sent on it), so the call fails as a
 lost connection and the callers' reconnect logic takes over.
+
+A connection whose owner is stopping (a worker after its signal: its
+``Watch.stopping`` is set) is looked at after :data:`STOP_STUCK_AFTER` seconds
+instead of its threshold. Only the look comes sooner: the verdict is the
+same, so a call the server is running is still left alone, and a call cut
+then could never have been answered anyway.
 """
 
 from __future__ import annotations
@@ -47,6 +53,11 @@ logger = logging.getLogger("jobkeeper.postgres")
 STUCK_AFTER = 10.0
 #: Fewest seconds a threshold may be: each check opens a connection.
 STUCK_AFTER_MIN = 1.0
+#: The threshold of a connection whose owner is stopping (``Watch.stopping``):
+#: a stop has ``shutdown_grace`` + 12 s before the exit bound ends the
+#: process (``worker.exit_bound``), and a worker's usual threshold (up to
+#: 10 s) plus a probe took most of that for each stuck call it met.
+STOP_STUCK_AFTER = STUCK_AFTER_MIN
 #: Seconds between the watchdog's looks at the calls in flight.
 TICK = 0.5
 #: Seconds between warnings about one call the server is still running.
@@ -66,11 +77,20 @@ class Watch:
         name: what log lines call the connection.
         stuck_after: seconds without an answer before it is looked at.
         conninfo: how to reach the same server for the probe.
+        stopping: set once the owner is stopping: the threshold is then
+            :data:`STOP_STUCK_AFTER` at most (None: never).
     """
 
     name: str
     stuck_after: float
     conninfo: str
+    stopping: threading.Event | None = None
+
+    def threshold(self) -> float:
+        """Seconds a call may go without an answer before it is looked at, now."""
+        if self.stopping is not None and self.stopping.is_set():
+            return min(self.stuck_after, STOP_STUCK_AFTER)
+        return self.stuck_after
 
 
 #: In-flight calls: key -> (connection, time.monotonic() at entry, Watch).
@@ -161,7 +181,7 @@ def _pass(seen: dict[tuple[int, float], _Seen]) -> None:
     due: dict[tuple[tuple[str, str], ...], list[tuple[int, tuple[Any, float, Watch], _Seen]]] = {}
     for key, entry in calls.items():
         _, started, watch = entry
-        if now - started < watch.stuck_after:
+        if now - started < watch.threshold():
             continue
         state = seen.setdefault((key, started), _Seen())
         if now >= state.next_look:
@@ -310,7 +330,7 @@ def _judge(key: int, entry: tuple[Any, float, Watch], state: _Seen, verdict: _Ve
         state.warned_at = now
     # Looked at again after another threshold: a lock wait may end in an
     # answer that is then lost.
-    state.next_look = now + watch.stuck_after
+    state.next_look = now + watch.threshold()
 
 
 def _cut(key: int, entry: tuple[Any, float, Watch], reason: str) -> None:
