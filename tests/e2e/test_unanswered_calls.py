@@ -333,4 +333,6 @@ def test_a_stop_checks_on_unanswered_calls_sooner_and_ends_without_the_bound(pg_
         assert "1 handed back, 0 left held" in log, log
     back = jq.get_job(job.id)
     assert back.status != JobStatus.RUNNING and back.worker_id is None, back
+    # Its deregister, cut on a silent connection, ran again on a new one.
+    assert worker.pid not in {w.pid for w in jq.workers()}
     jq.close()

@@ -28,3 +28,17 @@ def again_if_closed_idle(call: Callable[[], T]) -> T:
             raise
         logger.debug("%s; running it again at once", exc)
         return call()
+
+
+def again_if_lost(call: Callable[[], T]) -> T:
+    """``call()``, run once more at once when its session was lost for any
+    reason, a cut by the stuck-call watchdog included. Only for calls that
+    may run twice (deleting a row by its key): whether the first ran is
+    unknown. The worker's deregister met a silent connection at a stop, was
+    cut, and left its row for the pruner while new connections answered.
+    """
+    try:
+        return call()
+    except DatabaseUnavailable as exc:
+        logger.debug("%s; running it again at once on a new connection", exc)
+        return call()

@@ -57,7 +57,7 @@ from jobkeeper.worker.executor import Executor
 from jobkeeper.worker.exit_bound import ExitBound, stuck_after_for
 from jobkeeper.worker.listener import SignalRelay, start_listener
 from jobkeeper.worker.producer import MAX_PREFETCH, Producer
-from jobkeeper.worker.reruns import again_if_closed_idle
+from jobkeeper.worker.reruns import again_if_lost
 from jobkeeper.worker.schema import SchemaWatch, register_when_reachable
 from jobkeeper.worker.sideeffects import SideEffects
 from jobkeeper.worker.stats import WorkerStats, checked_shares, make_worker_id
@@ -485,7 +485,7 @@ class Worker:
             # job is rescued rescue_after seconds after our last heartbeat.
             if self._registered and not stopped.stuck and gone is None:
                 deregister = self._backend.worker_deregister
-                again_if_closed_idle(lambda: deregister(worker_id=self.info.id))
+                again_if_lost(lambda: deregister(worker_id=self.info.id))
         except DatabaseError as exc:
             logger.warning("could not deregister (%s); the row will go stale and be pruned", exc)
         self.executor.close()
