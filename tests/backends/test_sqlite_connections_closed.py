@@ -105,3 +105,38 @@ def test_the_demo_leaves_no_connection_unclosed(tmp_path, python):
     assert done.returncode == 0, done.stdout + done.stderr
     assert "lost: 0" in done.stdout
     assert "ResourceWarning" not in done.stderr, done.stderr
+
+
+CYCLE = textwrap.dedent(
+    """
+    import gc
+    import sqlite3
+    import sys
+
+    from jobkeeper.backends.sqlite.slots import ThreadConnection
+
+    gc.disable()
+    for _ in range(3):
+        # The connection made before its slot: first on the collector's list.
+        conn = sqlite3.connect(sys.argv[1])
+        slot = ThreadConnection()
+        slot.hold(conn, None)
+        cycle = [slot]
+        cycle.append(cycle)
+        del conn, slot, cycle
+        gc.collect()
+    print("collected")
+    """
+)
+
+
+@pytest.mark.parametrize("python", ["current", "3.13"])
+def test_a_slot_collected_in_a_cycle_closes_its_connection_first(tmp_path, python):
+    # A backend dropped unclosed in a reference cycle took its slots and
+    # their connections with it; 3.13 finalizes a connection before its
+    # slot's __del__ could close it, when the collector meets it first,
+    # and warned "unclosed database".
+    done = run_dev(python, CYCLE, str(tmp_path / "c.db"), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["collected"]
+    assert "ResourceWarning" not in done.stderr, done.stderr

@@ -135,6 +135,7 @@ class SqliteConnection:
         for slot in list(self._threads):
             note_inherited(slot.conn, slot.identity)
             forks.keep(slot.conn)
+            slot.forget()
             slot.conn, slot.depth, slot.doomed, slot.identity = None, 0, False, None
         self._threads = weakref.WeakSet()
 
@@ -224,9 +225,7 @@ class SqliteConnection:
                 ) from exc
             identity = self._opened_identity(conn, before)
             with self._threads_lock:
-                slot.conn = conn
-                slot.identity = identity
-                slot.pid = os.getpid()
+                slot.hold(conn, identity)
                 # Listed while it has a connection: close() goes through the list.
                 self._threads.add(slot)
         return conn

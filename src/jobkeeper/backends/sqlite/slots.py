@@ -7,6 +7,8 @@ from __future__ import annotations
 import contextlib
 import os
 import sqlite3
+import weakref
+from typing import Any
 
 from jobkeeper.backends import forks
 
@@ -39,7 +41,16 @@ class ThreadConnection:
     unclosed database" (Python 3.13, ``-X dev``).
     """
 
-    __slots__ = ("__weakref__", "busy_timeout", "conn", "depth", "doomed", "identity", "pid")
+    __slots__ = (
+        "__weakref__",
+        "busy_timeout",
+        "conn",
+        "depth",
+        "doomed",
+        "identity",
+        "pid",
+        "released",
+    )
 
     def __init__(self) -> None:
         self.conn: sqlite3.Connection | None = None
@@ -56,17 +67,44 @@ class ThreadConnection:
         self.identity: tuple[int, int] | None = None
         #: The process that opened ``conn``.
         self.pid = 0
+        #: Closes ``conn`` when the slot is collected in a cycle (see hold).
+        self.released: weakref.finalize[Any, Any] | None = None
+
+    def hold(self, conn: sqlite3.Connection, identity: tuple[int, int] | None) -> None:
+        """Make ``conn`` this thread's connection. A slot collected in a
+        reference cycle (a backend dropped unclosed) had its connection
+        collected with it, finalized first or second as the collector's
+        list fell: Python 3.13 warned "unclosed database" when first. The
+        finalizer holds ``conn``, so it is not in the cycle, and runs before
+        any ``__del__`` of it; ``__del__`` still closes it at interpreter
+        exit, when finalizers no longer run.
+        """
+        self.conn, self.identity, self.pid = conn, identity, os.getpid()
+        self.forget()
+        self.released = weakref.finalize(self, release, conn, self.pid, identity)
+        self.released.atexit = False
+
+    def forget(self) -> None:
+        """Drop the finalizer of the connection held (another owns it now)."""
+        if self.released is not None:
+            self.released.detach()
+            self.released = None
 
     def __del__(self) -> None:
         conn, self.conn = self.conn, None
-        if conn is None:
-            return
-        if self.pid != os.getpid():
-            # A forked child: another thread's slot goes as the fork drops
-            # that thread's locals, before any at-fork hook runs. Its
-            # connection is the parent's: kept, never closed here (``forks``).
-            note_inherited(conn, self.identity)
-            forks.keep(conn)
-            return
-        with contextlib.suppress(Exception):
-            conn.close()
+        if conn is not None:
+            release(conn, self.pid, self.identity)
+
+
+def release(conn: sqlite3.Connection, pid: int, identity: tuple[int, int] | None) -> None:
+    """Close a collected slot's connection, unless the process is a forked
+    child: another thread's slot goes as the fork drops that thread's
+    locals, before any at-fork hook runs, and its connection is the
+    parent's: kept, never closed here (``forks``).
+    """
+    if pid != os.getpid():
+        note_inherited(conn, identity)
+        forks.keep(conn)
+        return
+    with contextlib.suppress(Exception):
+        conn.close()
