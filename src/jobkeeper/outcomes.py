@@ -16,6 +16,7 @@ from jobkeeper.backoff import ABSOLUTE_MAX_BACKOFF, backoff_delay
 from jobkeeper.config import Settings
 from jobkeeper.errors import shown
 from jobkeeper.events import OutcomeKind
+from jobkeeper.frozen import frozen_builder
 from jobkeeper.models import Claim, Completion, Failure, FailureKind, Job
 from jobkeeper.payload import clean_text, dumps
 
@@ -29,12 +30,23 @@ BackoffFunction = Callable[[int, BaseException], float]
 MAX_ERROR_CHARS = 4_000
 MAX_TRACEBACK_CHARS = 16_000
 
+# Every attempt a worker runs builds its claim twice (start mark, outcome)
+# and most build a Completion: the frozen dataclasses' own __init__ took
+# 0.55 us and 0.42 us, these 0.2 us each (see frozen_builder).
+_claim = frozen_builder(Claim, ("job_id", "worker_id", "attempt", "fence"))
+_completion = frozen_builder(Completion, ("claim", "result_json"))
+
 
 def claim_of(job: Job) -> Claim:
     """The fence of a held (claimed or running) job."""
     if job.worker_id is None:
         raise ValueError(f"job {job.id} is not running nor claimed (no holder)")
-    return Claim(job.id, job.worker_id, job.attempt, job.fence)
+    return _claim(job.id, job.worker_id, job.attempt, job.fence)
+
+
+def completed_attempt(job: Job, result_json: str | None) -> Completion:
+    """The outcome of an attempt whose task returned ``result_json``."""
+    return _completion(claim_of(job), result_json)
 
 
 def error_entry(job: Job, error: str, traceback: str | None) -> str:

@@ -37,6 +37,7 @@ from jobkeeper.worker.claim_hold import ClaimHold
 from jobkeeper.worker.claims import Claims
 from jobkeeper.worker.completer import Completer
 from jobkeeper.worker.executor import Executor
+from jobkeeper.worker.slots import ExecutorState
 from jobkeeper.worker.step_logs import log_failed, log_unavailable
 
 logger = logging.getLogger("jobkeeper.worker")
@@ -139,9 +140,9 @@ class Producer:
         self._on_claimed = on_claimed
         self._shares = dict(shares or {})
         self._claim_seconds = 0.002  # running mean of one claim's round trip
+        self._capacity = -1  # slots + prefetch as last told to the executor
         self._passes = 0
-        # Whether the last claim pass filled some queue's batch: that queue
-        # may hold more, so the loop claims again at once.
+        # The last pass filled some queue's batch: claim again at once.
         self._batch_filled = False
         self._wake = threading.Event()
         # When (time.monotonic()) the producer stages next: at the latest
@@ -166,7 +167,10 @@ class Producer:
 
     def wake(self) -> None:
         """Look for work now (a slot freed up, the worker is stopping)."""
-        self._wake.set()
+        # A pending wake-up is enough (the loop clears it before it reads
+        # anything); set() takes the event's lock even then, per job ended.
+        if not self._wake.is_set():
+            self._wake.set()
 
     def on_queue(self, queue: str) -> None:
         """The listener: jobs became available in ``queue``; ``"*"``: anything
@@ -175,8 +179,7 @@ class Producer:
         if queue == "*":
             with self._stage_lock:
                 self._stage_at = min(self._stage_at, self._staged_at + CHANGE_RESTAGE_GAP)
-            self._wake.set()
-        elif queue in self.queues:
+        if queue == "*" or queue in self.queues:
             self._wake.set()
 
     def on_due(self, queue: str, seconds: float) -> None:
@@ -284,10 +287,8 @@ class Producer:
                 # no claim is made, so none fails.
                 stop_after_outage(outage_since, None)
             if self._batch_filled and self._wanted() > 0:
-                # A full batch came back: the queue may hold more. A short
-                # one took all there was; what comes later comes with a
-                # wake-up, and another pass now would only contend with the
-                # runner starting what was just claimed.
+                # A full batch came back: the queue may hold more. A short one
+                # took all there was; what comes later comes with a wake-up.
                 continue
             wait = max(self._stage_at - time.monotonic(), 0.0)
             if self._drain_asked_at is not None:
@@ -339,6 +340,10 @@ class Producer:
 
     @property
     def prefetch(self) -> int:
+        """Jobs to hold beyond the free slots (see :meth:`_prefetch_of`)."""
+        return self._prefetch_of(self._executor.snapshot())
+
+    def _prefetch_of(self, state: ExecutorState) -> int:
         """Jobs to hold beyond the free slots.
 
         Adaptive unless fixed: enough to keep every slot busy for one claim's
@@ -356,7 +361,6 @@ class Producer:
         """
         if self._fixed_prefetch is not None:
             return self._fixed_prefetch
-        state = self._executor.snapshot()
         run_seconds = state.mean_run_seconds
         if run_seconds is None:
             return 0  # nothing known yet: claim only what fits
@@ -368,7 +372,8 @@ class Producer:
 
     def _wanted(self) -> int:
         """Jobs to claim now: free slots plus the prefetch, less what is buffered."""
-        return self.concurrency + self.prefetch - self._executor.snapshot().load
+        state = self._executor.snapshot()
+        return self.concurrency + self._prefetch_of(state) - state.load
 
     def _claim(self) -> int:
         """Claim a batch if worth it; start what fits. Returns jobs claimed.
@@ -382,13 +387,17 @@ class Producer:
             # Our heartbeat is stale (anything claimed now could be rescued
             # from under us at once), or what we ran cannot be written.
             return 0
-        if self._executor.snapshot().alone:
+        # One reading for the whole decision: each is a lock that busy
+        # runners take too, and a wait for it delays the claim they await.
+        state = self._executor.snapshot()
+        if state.alone:
             # A crash suspect waits to run, or runs, alone (the crash
             # budget, see the slots): nothing is claimed to run beside it.
             return 0
-        capacity = self.concurrency + self.prefetch
-        self._executor.set_refill_at(capacity - capacity // 2)
-        state = self._executor.snapshot()
+        capacity = self.concurrency + self._prefetch_of(state)
+        if capacity != self._capacity:
+            self._capacity = capacity
+            self._executor.set_refill_at(capacity - capacity // 2)
         wanted = capacity - state.load
         if wanted <= 0 or (state.ready and wanted < capacity // 2):
             return 0
@@ -399,16 +408,13 @@ class Producer:
             if limit <= 0 or self._stopping.is_set():
                 break
             if self._shares and queue in self._shares:
-                # Only the producer adds to held_by_queue, so it cannot grow
-                # between this reading and the claim.
+                # Only the producer adds to held_by_queue: it cannot grow meanwhile.
                 limit = min(limit, self._shares[queue] - state.held_by_queue.get(queue, 0))
                 if limit <= 0:
                     continue
             if queue in self.capped and self._completer.urgent_pending:
-                # The cap still counts our jobs that ended: a claim now would
-                # mostly find it full, and take its lock from those that
-                # can claim. The completer wakes us once their outcomes are
-                # written.
+                # The cap still counts our ended jobs: a claim now would mostly
+                # find it full (the completer wakes us once they are written).
                 continue
             if queue in self.capped and self._fixed_prefetch is None:
                 # A prefetch asked for is kept; the adaptive one is not

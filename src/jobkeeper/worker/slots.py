@@ -4,8 +4,8 @@ executions running, and the runner threads that move one to the other.
 Up to ``concurrency`` runner threads pull from the ready queue; a runner that
 finishes a job goes straight on to the next one, with no thread hand-off.
 The producer fills the ready queue in batches and is woken (``on_need_jobs``)
-only when it runs low. Everything here is guarded by one lock; what others
-may read of it is one frozen :class:`ExecutorState`.
+only when it runs low. One lock guards it all (see ``delivered`` for the one
+write without it); others read one frozen :class:`ExecutorState`.
 
 Jobs marked ``run_alone`` (rescued from a worker that went silent while
 running them: crash suspects, see :mod:`jobkeeper.maintenance.rescuer`) wait
@@ -14,10 +14,8 @@ every outcome of this worker is written (:meth:`Slots.settled`); while one
 runs, and until its own outcome is written, nothing else starts, and the
 other suspects still waiting are handed back (:attr:`Execution.beside`) for
 other workers to run, alone too. So a crash during a lone attempt is pinned
-on its job: an outcome still in the completer's buffer when the worker dies
-would leave its job running there, and a rescue would pin the crash on it
-(or on the lone one, for the job after it). The producer claims nothing
-while one is held (``ExecutorState.alone``), so the worker drains to it.
+on its job (an outcome still unwritten at a crash would take the blame).
+The producer claims nothing while one is held (``ExecutorState.alone``).
 """
 
 from __future__ import annotations
@@ -95,16 +93,13 @@ class Execution:
         self.thread_id: int | None = None
         self.async_task: asyncio.Task[Any] | None = None
         self.done: threading.Event | None = None
-        #: The task's complete_in() succeeded (its transaction may or may
-        #: not have committed: the outcome write finds out).
+        #: complete_in() succeeded (committed or not: the outcome write finds out).
         self.completed_in = False
         #: Started alone (a ``run_alone`` job): nothing else runs meanwhile.
         self.alone = False
-        #: Suspects taken from the ready queue as this one started alone:
-        #: to be handed back (unstarted) before its task is called.
+        #: Suspects taken as this one started alone: handed back before its call.
         self.beside: list[Job] = []
-        #: While a sync task's code runs: what ends its ``time.sleep`` early
-        #: (:mod:`~jobkeeper.worker.sleeps`).
+        #: What ends a running sync task's ``time.sleep`` early (see sleeps).
         self.wake: threading.Lock | None = None
 
 
@@ -194,6 +189,7 @@ class Slots:
         self._changed = threading.Condition(self._lock)
         self._idle = threading.Condition(self._lock)
         self._runners = 0
+        self._waiting = 0  # runners waiting for work
         self._runner_names = itertools.count(1)
         self._asked = False
         self._starting = True
@@ -271,7 +267,10 @@ class Slots:
                 (self._alone if job.run_alone else self._ready).append(job)
             self._asked = False
             self._spawn_runners()
-            self._changed.notify(len(self._ready) + len(self._alone) - before)
+            if len(self._ready) + len(self._alone) > before:
+                # One runner, which passes it on (_pass_wake_on): all woken
+                # here, the producer paid every wake-up as its jobs waited.
+                self._changed.notify()
 
     def take_ready(self, *, stalled_for: float | None, stop_starting: bool) -> list[Job]:
         """Remove and return the ready jobs (to be handed back).
@@ -354,17 +353,27 @@ class Slots:
             while True:
                 if self._closed or self._runners > self.concurrency:
                     self._runners -= 1
+                    self._pass_wake_on()
                     return None
                 execution = self._start_next() if self._starting else None
                 if execution is not None:
                     wake = self._need_jobs()
+                    self._pass_wake_on()
                     break
-                if not self._changed.wait(RUNNER_IDLE_EXIT) and not self._ready and not self._alone:
+                self._waiting += 1
+                woken = self._changed.wait(RUNNER_IDLE_EXIT)
+                self._waiting -= 1
+                if not woken and not self._ready and not self._alone:
                     self._runners -= 1
                     return None
         if wake:
             self._on_need_jobs()
         return execution
+
+    def _pass_wake_on(self) -> None:
+        """Wake one more waiting runner while ready jobs are left (lock held)."""
+        if self._waiting and (self._ready or self._alone):
+            self._changed.notify()
 
     def _start_next(self) -> Execution | None:
         """Move the next job that may start to running (lock held), or None.
@@ -395,10 +404,7 @@ class Slots:
         return execution
 
     def _runner(self) -> None:
-        while True:
-            execution = self._next_execution()
-            if execution is None:
-                return
+        while (execution := self._next_execution()) is not None:
             self._work(execution)
 
     # -- ending ------------------------------------------------------------------
@@ -425,17 +431,19 @@ class Slots:
             wake = self._need_jobs() or at_share
             if not self._running and not self._delivering:
                 self._idle.notify_all()
-            # No runner needs waking otherwise: one that could start a ready
-            # job is never waiting (it is this one, looping on).
+            # No runner to wake: this one loops on to the next ready job.
         return deliver, wake
 
     def delivered(self, execution: Execution, wake: bool) -> None:
         """``execution``'s outcome, from :meth:`ended`, has been delivered."""
-        with self._lock:
-            self._delivering.pop(execution.job.id, None)
-            self._slow_named.discard(execution.job.id)
-            if not self._running and not self._delivering:
-                self._idle.notify_all()
+        # The lock (once a job, contended) only for the last or a slow one:
+        # a dict operation is atomic, readers copy the dict before walking it.
+        self._delivering.pop(execution.job.id, None)
+        if self._slow_named or (not self._running and not self._delivering):
+            with self._lock:
+                self._slow_named.discard(execution.job.id)
+                if not self._running and not self._delivering:
+                    self._idle.notify_all()
         if wake:
             self._on_need_jobs()
 
@@ -465,7 +473,8 @@ class Slots:
         with self._lock:
             self._abandoned = True
             running = [execution.job for execution in self._running.values()]
-            return running, [execution.job for execution, _ in self._delivering.values()]
+            delivering = list(self._delivering.values())  # see delivered()
+            return running, [execution.job for execution, _ in delivering]
 
     def slow_deliveries(self, older_than: float) -> list[tuple[Job, float]]:
         """Jobs whose code returned over ``older_than`` seconds ago and whose
@@ -476,7 +485,7 @@ class Slots:
         with self._lock:
             slow = [
                 (execution.job, now - ended)
-                for execution, ended in self._delivering.values()
+                for execution, ended in list(self._delivering.values())  # see delivered()
                 if now - ended > older_than and execution.job.id not in self._slow_named
             ]
             self._slow_named.update(job.id for job, _ in slow)
