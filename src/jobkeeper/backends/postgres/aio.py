@@ -53,6 +53,7 @@ from jobkeeper.backends.postgres.plans import (
 )
 from jobkeeper.backends.postgres.queries import QUERIES
 from jobkeeper.backends.postgres.session_setup import require_iso_datestyle, set_up_async
+from jobkeeper.backends.postgres.settling import SettlingConnection, unsettled_reason
 from jobkeeper.backends.postgres.sources import RETRY_ASKED, load_json_safely
 from jobkeeper.database_url import DatabaseURL
 from jobkeeper.errors import DatabaseError, DatabaseUnavailable
@@ -124,7 +125,7 @@ class PostgresAsync:
                     await conn.close()
                     raise
 
-            pool = AsyncConnectionPool(
+            pool: AsyncConnectionPool = AsyncConnectionPool(
                 self._conninfo,
                 min_size=1,
                 max_size=self._pool_size,
@@ -132,6 +133,9 @@ class PostgresAsync:
                 open=False,
                 name=POOL_NAME,
                 configure=configure,
+                # Its wait settles a cancelled statement however often the
+                # caller is cancelled meanwhile (see settling.py).
+                connection_class=SettlingConnection,
             )
             found = LoopPool(pool, ServerProbe(self._conninfo), opened, self._conninfo)
             self._async_pools[loop] = found
@@ -215,7 +219,7 @@ class PostgresAsync:
                 return result
             except BaseException as exc:
                 if writes and isinstance(exc, asyncio.CancelledError) and conn.closed:
-                    _unsettled(exc)
+                    _unsettled(exc, unsettled_reason(conn))
                 await loop_pool.repair(conn, exc)
                 raise
             finally:
@@ -382,21 +386,22 @@ class PostgresAsync:
                 found.close_after_loop()
 
 
-#: What a cancelled enqueue says when the server never confirmed its cancel.
+#: What a cancelled enqueue says when it could not be settled, after why.
 UNSETTLED = (
-    "the database did not answer this enqueue's cancel (a frozen server or a cut network): "
-    "psycopg closed the connection, and a statement it had sent may still run when the "
-    "server answers. The enqueue may commit after this: look the job up, or give it a "
+    "jobkeeper closed the connection, and a statement it had sent may still run on the "
+    "server. The enqueue may commit after this: look the job up, or give it a "
     "unique_key, before enqueueing it again"
 )
 
 
-def _unsettled(cancelled: asyncio.CancelledError) -> None:
+def _unsettled(cancelled: asyncio.CancelledError, reason: str | None) -> None:
     """Say so on ``cancelled`` (a note on the exception, a WARNING) when a
-    cancelled enqueue could not be settled: the server answered neither the
-    statement nor the cancel request (psycopg then waits about 10 s and
-    closes the connection). A write still in the server's socket buffer runs
-    when the server thaws, after the caller saw the cancel.
+    cancelled enqueue could not be settled, with ``reason`` (see
+    ``settling.SettlingConnection``): the server answered neither the
+    statement nor the cancel request within the bound (frozen, or a cut
+    network: a write still in its socket buffer runs when it thaws), the
+    connection was lost meanwhile, or the loop ended first.
     """
-    cancelled.add_note(f"jobkeeper: {UNSETTLED}")
-    logger.warning("enqueue cancelled, but %s", UNSETTLED)
+    why = reason or "the connection closed before this enqueue's cancel was settled"
+    cancelled.add_note(f"jobkeeper: {why}: {UNSETTLED}")
+    logger.warning("enqueue cancelled, but %s: %s", why, UNSETTLED)

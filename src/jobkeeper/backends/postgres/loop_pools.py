@@ -20,6 +20,7 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from jobkeeper.backends.postgres import sources, stuck
 from jobkeeper.backends.postgres.pool_logs import mark_on_purpose
+from jobkeeper.backends.postgres.settling import finish
 from jobkeeper.backends.postgres.sources import CONNECT_TIMEOUT, IDLE_CHECK_AFTER, has_unread_input
 
 #: The name of every loop's pool (psycopg_pool's log lines carry it).
@@ -107,7 +108,9 @@ async def drain_if_cut(pool: AsyncConnectionPool, conn: psycopg.AsyncConnection[
     sync pool does).
     """
     if stuck.cut_reason(conn) is not None:
-        await pool.drain()
+        # Finished despite a cancel: one between its clearing of the pool
+        # and its replacements left the drained slots counted as used.
+        await finish(pool.drain())
 
 
 class ServerProbe:
@@ -148,7 +151,7 @@ class ServerProbe:
             except psycopg.OperationalError as exc:
                 self._failed = (time.monotonic(), exc)
                 raise
-            await probe.close()
+            await finish(probe.close())
             self.suspect = False
             self._failed = None
 
@@ -224,6 +227,10 @@ async def discard(pool: AsyncConnectionPool, conn: psycopg.AsyncConnection[Any])
     (and, the close being ours, does not log it: see ``pool_logs``).
     """
     mark_on_purpose(conn)
+    await finish(_close_and_put(pool, conn))
+
+
+async def _close_and_put(pool: AsyncConnectionPool, conn: psycopg.AsyncConnection[Any]) -> None:
     try:
         await conn.close()
     finally:
@@ -294,7 +301,7 @@ class LoopPool:
         asked = cancels_asked()
         conn = await self._checkout()
         if cancels_asked() > asked:
-            await self.pool.putconn(conn)
+            await self.give_back(conn)
             raise asyncio.CancelledError
         return conn
 
@@ -303,7 +310,7 @@ class LoopPool:
         if conn is not None and self.waiting:
             # Calls came first: the spare joins the pool, and this call the queue.
             self.spare = None
-            await self.pool.putconn(conn)
+            await self.give_back(conn)
             conn = None
         if conn is not None:
             self.spare = None
@@ -352,7 +359,13 @@ class LoopPool:
         ):
             self.spare = conn
             return
-        await self.pool.putconn(conn)
+        await self.give_back(conn)
+
+    async def give_back(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        """``putconn``, finished even if the caller is cancelled while it
+        waits on the pool's lock (see :mod:`.settling`).
+        """
+        await finish(self.pool.putconn(conn))
 
     async def repair(self, conn: psycopg.AsyncConnection[Any], error: BaseException) -> None:
         """After a call on ``conn`` failed with ``error``: probe the server
@@ -367,7 +380,7 @@ class LoopPool:
             spare, self.spare = self.spare, None
             if spare is not None:
                 await self._discard(spare)
-            await self.pool.drain()
+            await finish(self.pool.drain())
 
     async def _discard(self, conn: psycopg.AsyncConnection[Any]) -> None:
         await discard(self.pool, conn)
