@@ -38,7 +38,6 @@ from jobkeeper.backends.postgres.inserts import (
 from jobkeeper.backends.postgres.loop_pools import (
     POOL_NAME,
     LoopPool,
-    ServerProbe,
     close_at_loop_end,
     quiet_cancelled_connects,
     shut_down_if_skipped,
@@ -51,6 +50,7 @@ from jobkeeper.backends.postgres.plans import (
     is_single_statement,
     read_for_insert,
 )
+from jobkeeper.backends.postgres.pool_setup import ServerProbe, SetupFailures
 from jobkeeper.backends.postgres.queries import QUERIES
 from jobkeeper.backends.postgres.session_setup import require_iso_datestyle, set_up_async
 from jobkeeper.backends.postgres.settling import SettlingConnection, unsettled_reason
@@ -113,17 +113,21 @@ class PostgresAsync:
             self._close_pools_of_closed_loops()
             quiet_cancelled_connects()
             opened: weakref.WeakSet[psycopg.AsyncConnection[Any]] = weakref.WeakSet()
+            failures = SetupFailures()
 
             async def configure(conn: psycopg.AsyncConnection[Any]) -> None:
                 opened.add(conn)
                 try:
                     await _configure_async(conn)
-                except BaseException:
+                except BaseException as exc:
                     # The pool drops a connection whose configure failed
                     # without closing it: cancelled at the loop's end, this
                     # one would stay open until the garbage collector came.
                     await conn.close()
+                    if isinstance(exc, Exception):
+                        failures.failed(exc)  # told apart from a busy pool
                     raise
+                failures.succeeded()
 
             pool: AsyncConnectionPool = AsyncConnectionPool(
                 self._conninfo,
@@ -137,7 +141,8 @@ class PostgresAsync:
                 # caller is cancelled meanwhile (see settling.py).
                 connection_class=SettlingConnection,
             )
-            found = LoopPool(pool, ServerProbe(self._conninfo), opened, self._conninfo)
+            probe = ServerProbe(self._conninfo, self._pool_kwargs(), _configure_async, failures)
+            found = LoopPool(pool, probe, opened, self._conninfo)
             self._async_pools[loop] = found
 
             def forget(loop_pool: LoopPool = found) -> None:

@@ -20,8 +20,9 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from jobkeeper.backends.postgres import sources, stuck
 from jobkeeper.backends.postgres.pool_logs import mark_on_purpose
+from jobkeeper.backends.postgres.pool_setup import ServerProbe, busy_pool_message
 from jobkeeper.backends.postgres.settling import finish
-from jobkeeper.backends.postgres.sources import CONNECT_TIMEOUT, IDLE_CHECK_AFTER, has_unread_input
+from jobkeeper.backends.postgres.sources import IDLE_CHECK_AFTER, has_unread_input
 
 #: The name of every loop's pool (psycopg_pool's log lines carry it).
 POOL_NAME = "jobkeeper-async"
@@ -113,49 +114,6 @@ async def drain_if_cut(pool: AsyncConnectionPool, conn: psycopg.AsyncConnection[
         await finish(pool.drain())
 
 
-class ServerProbe:
-    """Whether an async pool's server may be gone, and one direct connect at
-    a time to find out (the sync pool's ``_probe``, for a loop's many tasks:
-    500 concurrent enqueues must not open 500 probe connections).
-
-    Args:
-        conninfo: where the pool connects.
-    """
-
-    def __init__(self, conninfo: str) -> None:
-        self._conninfo = conninfo
-        #: Probe before the first checkout, as the sync pool does.
-        self.suspect = True
-        self._lock = asyncio.Lock()
-        # (when, error) of the last failed probe: tasks that waited for it
-        # share its answer instead of each connecting in turn.
-        self._failed: tuple[float, psycopg.OperationalError] | None = None
-
-    async def check(self) -> None:
-        """Connect directly once, unless another task's probe just succeeded
-        (or just failed: its error is raised again).
-
-        Raises:
-            psycopg.OperationalError: the server refused the connection.
-        """
-        asked = time.monotonic()
-        async with self._lock:
-            if not self.suspect:
-                return
-            if self._failed is not None and self._failed[0] >= asked:
-                raise self._failed[1]
-            try:
-                probe = await psycopg.AsyncConnection.connect(
-                    self._conninfo, connect_timeout=CONNECT_TIMEOUT
-                )
-            except psycopg.OperationalError as exc:
-                self._failed = (time.monotonic(), exc)
-                raise
-            await finish(probe.close())
-            self.suspect = False
-            self._failed = None
-
-
 def cancels_asked() -> int:
     """How many cancels of the running task are pending (``Task.cancelling``).
 
@@ -197,7 +155,8 @@ async def getconn_async(
             conn = await pool.getconn(timeout=max(min(sources.POOL_SLICE, remaining), 0.001))
         except PoolTimeout:
             if time.monotonic() >= deadline:
-                raise PoolTimeout(sources.busy_pool_message(pool.max_size)) from None
+                why = busy_pool_message(sources.POOL_TIMEOUT, pool, probe.failures)
+                raise PoolTimeout(why) from None
             # Busy, or the server went away: a probe tells which.
             probe.suspect = True
             continue

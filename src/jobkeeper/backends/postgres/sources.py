@@ -24,6 +24,12 @@ from psycopg_pool import ConnectionPool, PoolClosed, PoolTimeout
 from jobkeeper.backends import forks
 from jobkeeper.backends.postgres import pool_exit, stuck
 from jobkeeper.backends.postgres.pool_logs import close_on_purpose
+from jobkeeper.backends.postgres.pool_setup import (
+    SetupFailures,
+    busy_pool_message,
+    configured,
+    probe,
+)
 from jobkeeper.backends.postgres.prepared import stale_plan
 from jobkeeper.backends.postgres.session_setup import set_up
 from jobkeeper.backends.rows import load_json
@@ -164,16 +170,6 @@ def transaction_blocks_unbalanced(
     return getattr(conn, "_num_transactions", 0) != 0
 
 
-def busy_pool_message(max_size: int) -> str:
-    """Why a checkout gave up with the server up: the whole wait, not the
-    pool's last slice of it.
-    """
-    return (
-        f"no pooled connection came free within {POOL_TIMEOUT:g} s: all {max_size} stayed "
-        "in use (JobQueue's pool_size)"
-    )
-
-
 def reused_cursor(conn: psycopg.Connection[Any]) -> psycopg.Cursor[Any]:
     """The one tuple-row cursor of a connection of ours, made on first use
     (a new cursor per call cost about 7 us of CPU, a few percent of an
@@ -252,6 +248,8 @@ class PooledConnections:
     def __init__(self, conninfo: str, max_size: int) -> None:
         self._conninfo = conninfo
         self._max_size = max_size
+        #: New sessions whose set-up failed in a row (see pool_setup).
+        self._setup = SetupFailures()
         self._pool = self._new_pool()
         self._opened = False
         #: Set by close(): the pool is not opened after it (one opened by a
@@ -288,7 +286,7 @@ class PooledConnections:
             timeout=POOL_TIMEOUT,
             open=False,
             name="jobkeeper",
-            configure=configure_connection,
+            configure=configured(configure_connection, self._setup),
         )
 
     def _replace_pool(self, pool: ConnectionPool[psycopg.Connection[Any]]) -> None:
@@ -349,9 +347,9 @@ class PooledConnections:
     def _probe(self) -> None:
         """Connect directly once: raises at once (libpq's own reason) when
         the server is unreachable, instead of letting the caller wait out
-        the pool's timeout while it retries in the background.
+        the pool's timeout while it retries in the background (see pool_setup).
         """
-        psycopg.connect(self._conninfo, connect_timeout=CONNECT_TIMEOUT).close()
+        probe(self._conninfo, CONNECTION_OPTIONS, configure_connection, self._setup)
         self._suspect = False
 
     def _getconn(self) -> psycopg.Connection[Any]:
@@ -374,7 +372,8 @@ class PooledConnections:
                 conn = pool.getconn(timeout=max(min(POOL_SLICE, remaining), 0.001))
             except PoolTimeout:
                 if time.monotonic() >= deadline:
-                    raise PoolTimeout(busy_pool_message(pool.max_size)) from None
+                    why = busy_pool_message(POOL_TIMEOUT, pool, self._setup)
+                    raise PoolTimeout(why) from None
                 # Busy, or the server went away: a probe tells which.
                 self._suspect = True
                 continue
