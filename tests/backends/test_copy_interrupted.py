@@ -23,6 +23,7 @@ import psycopg
 import pytest
 
 from jobkeeper import JobQueue
+from jobkeeper.backends.postgres.settling import SettlingConnection
 from support.db import count
 from support.settings import FAST
 
@@ -68,7 +69,8 @@ def interrupt_after_copy_start(
         raise interrupt.error
 
     sync_wait = psycopg.Connection.wait
-    async_wait = psycopg.AsyncConnection.wait
+    # The async pools' connections wait through their own class's wait.
+    async_wait = SettlingConnection.wait
 
     def wait(self: Any, gen: Any, *args: Any, **kwargs: Any) -> Any:
         interrupted = should_fire(gen)
@@ -87,7 +89,7 @@ def interrupt_after_copy_start(
     monkeypatch.setattr(psycopg.Cursor, "_start_copy_gen", marked(psycopg.Cursor))
     monkeypatch.setattr(psycopg.AsyncCursor, "_start_copy_gen", marked(psycopg.AsyncCursor))
     monkeypatch.setattr(psycopg.Connection, "wait", wait)
-    monkeypatch.setattr(psycopg.AsyncConnection, "wait", wait_async)
+    monkeypatch.setattr(SettlingConnection, "wait", wait_async)
 
     def arm(error: BaseException) -> _Interrupt:
         holder[:] = [_Interrupt(error)]

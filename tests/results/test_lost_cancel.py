@@ -22,7 +22,8 @@ import pytest
 
 from jobkeeper import JobQueue
 from jobkeeper.backends.postgres import loop_pools
-from jobkeeper.backends.postgres.loop_pools import LoopPool, ServerProbe
+from jobkeeper.backends.postgres.loop_pools import LoopPool
+from jobkeeper.backends.postgres.pool_setup import ServerProbe, SetupFailures
 from jobkeeper.backends.watch import CompletionWatch
 from jobkeeper.waiting import Sleep
 
@@ -134,7 +135,11 @@ def test_pool_checkout_raises_a_cancel_psycopg_pool_swallowed(
 
     monkeypatch.setattr(loop_pools, "check_async", alive)
     pool = _SwallowingPool()
-    probe = ServerProbe("postgresql://unused.test/x")
+
+    async def no_set_up(conn: Any) -> None:
+        return None  # never probed: the probe is not suspect
+
+    probe = ServerProbe("postgresql://unused.test/x", {}, no_set_up, SetupFailures())
     probe.suspect = False
     loop_pool = LoopPool(pool, probe, weakref.WeakSet(), "postgresql://unused.test/x")  # type: ignore[arg-type]
 
