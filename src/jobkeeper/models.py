@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import itertools
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from datetime import datetime
 from typing import Any, overload
@@ -247,48 +246,74 @@ class NewJob:
     trace_context: str | None = None
 
 
+#: ``read(items, start, stop, heads, args_json, args)`` of a :class:`NewJobStream`.
+StreamReader = Callable[[list[Any], int, int, list[NewJob], list[str], list[Any]], None]
+
+
 class NewJobStream(Sequence[NewJob]):
     """The jobs of one ``enqueue_many``, validated as they are read (internal).
 
-    ``validate(index, item)`` turns the caller's ``item`` into a NewJob or
-    raises the error that names it. PostgreSQL's COPY path reads it inside
+    ``read(items, start, stop, heads, args_json, args)`` validates
+    ``items[start:stop]`` in order, appending each row to the three lists
+    (the stream's columns), or raises the error that names the first item it
+    refuses (the rows before it stay appended). Row ``i``'s NewJob is
+    ``heads[i]`` when ``args_json[i] is heads[i].args_json``, else
+    ``with_args(heads[i], args_json[i], args[i])``: the rows of a task given
+    without options share one head, so reading a batch makes no NewJob per
+    row. PostgreSQL's COPY path reads the columns (see :meth:`read`) inside
     its transaction while the server reserves the batch's ids, so the
     validation costs no time of its own; its transaction rolls back when an
     item is refused, so nothing is written either way. Any other reader
-    validates every job first (``list(stream)``). Jobs read once are kept:
-    reading again (the COPY's rows, a retried transaction) validates
-    nothing twice.
+    validates every job first (``list(stream)``, which makes the NewJobs).
+    Rows read once are kept: reading again (the COPY's rows, a retried
+    transaction) validates nothing twice.
 
     Attributes:
         keyed: some item's options name ``unique_key`` or ``serial_key``
             (their paths resolve keys before writing: read it whole first).
+        heads, args_json, args: the columns of the rows read so far.
     """
 
-    __slots__ = ("_items", "_read", "_validate", "keyed")
+    __slots__ = ("_items", "_read", "_with_args", "args", "args_json", "heads", "keyed")
 
     def __init__(
         self,
         items: list[Any],
-        validate: Callable[[int, Any], NewJob],
+        read: StreamReader,
+        with_args: Callable[[NewJob, str, Any], NewJob],
         *,
         keyed: bool,
     ) -> None:
         self._items = items
-        self._validate = validate
-        self._read: list[NewJob] = []
+        self._read = read
+        self._with_args = with_args
+        self.heads: list[NewJob] = []
+        self.args_json: list[str] = []
+        self.args: list[Any] = []
         self.keyed = keyed
 
     def __len__(self) -> int:
         return len(self._items)
 
+    def read(self, stop: int | None = None) -> None:
+        """Validate the items not read yet, up to ``stop`` (default: all)."""
+        stop = len(self._items) if stop is None else stop
+        done = len(self.heads)
+        if done < stop:
+            self._read(self._items, done, stop, self.heads, self.args_json, self.args)
+
     def __iter__(self) -> Iterator[NewJob]:
-        read, items, validate = self._read, self._items, self._validate
-        done = len(read)
-        yield from read[:done]
-        for index in range(done, len(items)):
-            if index == len(read):
-                read.append(validate(index, items[index]))
-            yield read[index]
+        heads = self.heads
+        for position in range(len(self._items)):
+            if position == len(heads):
+                self.read(position + 1)  # one at a time: each as it is read
+            yield self._row(position)
+
+    def _row(self, position: int) -> NewJob:
+        head, args_json = self.heads[position], self.args_json[position]
+        if args_json is head.args_json:
+            return head
+        return self._with_args(head, args_json, self.args[position])
 
     @overload
     def __getitem__(self, index: int) -> NewJob: ...
@@ -300,7 +325,8 @@ class NewJobStream(Sequence[NewJob]):
         position = index + len(self) if index < 0 else index
         if not 0 <= position < len(self):
             raise IndexError(f"NewJobStream index {index} out of range")
-        return next(itertools.islice(self, position, None))  # validates up to it
+        self.read(position + 1)  # validates up to it
+        return self._row(position)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -174,14 +174,17 @@ def test_a_limit_set_while_a_bulk_batch_is_read_holds_for_it(pg_url):
     other.configure_queue("late", max_pending=None)
     stream = jq._new_jobs([("t", {})] * 200)
     assert isinstance(stream, NewJobStream)
-    validate = stream._validate
+    read = stream._read
 
-    def validate_and_limit(index: int, item: object) -> NewJob:
-        if index == 80:  # the first rows are in the server's hands by now
+    def read_and_limit(items: list[object], start: int, stop: int, *columns: list[object]) -> None:
+        if start <= 80 < stop:
+            read(items, start, 80, *columns)
+            # The first rows are in the server's hands by now.
             other.configure_queue("late", max_pending=100)
-        return validate(index, item)
+            start = 80
+        read(items, start, stop, *columns)
 
-    stream._validate = validate_and_limit
+    stream._read = read_and_limit
     try:
         with pytest.raises(QueueFull) as caught:
             jq.backend.job_insert_many(jobs=stream)
@@ -195,13 +198,27 @@ def test_a_limit_set_while_a_bulk_batch_is_read_holds_for_it(pg_url):
 def test_a_stream_validates_each_item_once_however_often_it_is_read():
     seen: list[int] = []
 
-    def validate(index: int, item: int) -> NewJob:
-        seen.append(index)
-        if item < 0:
-            raise PayloadError(f"jobs[{index}]: negative")
-        return NewJob(task="t", args_json="{}", queue="default", priority=0, max_attempts=1)
+    def read(
+        items: list[int],
+        start: int,
+        stop: int,
+        heads: list[NewJob],
+        args_json: list[str],
+        args: list[object],
+    ) -> None:
+        for index in range(start, stop):
+            seen.append(index)
+            if items[index] < 0:
+                raise PayloadError(f"jobs[{index}]: negative")
+            new = NewJob(task="t", args_json="{}", queue="default", priority=0, max_attempts=1)
+            heads.append(new)
+            args_json.append(new.args_json)
+            args.append(new.args)
 
-    stream = NewJobStream([1, 2, 3, -1], validate, keyed=False)
+    def with_args(head: NewJob, args_json: str, args: object) -> NewJob:
+        raise AssertionError("no row shares a head here")
+
+    stream = NewJobStream([1, 2, 3, -1], read, with_args, keyed=False)
     assert len(stream) == 4
     reader = iter(stream)
     next(reader)
@@ -325,6 +342,6 @@ def test_the_copy_path_validates_its_items_while_the_ids_are_reserved(pg_url):
         reserve = next(insert_plan(good, "jobkeeper_test", in_transaction=True))
         assert isinstance(reserve, Execute) and reserve.meanwhile is not None
         reserve.meanwhile()
-        assert len(good._read) == BATCH  # all validated, kept for the COPY
+        assert len(good.heads) == BATCH  # all validated, kept for the COPY
     finally:
         jq.close()

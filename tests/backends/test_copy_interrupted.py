@@ -217,21 +217,22 @@ def test_an_interruption_while_the_ids_are_reserved_leaves_the_connection_usable
     Ctrl-C) leaves that statement's reply unread. The batch writes nothing,
     nothing warns, and the next batch on the same (only) connection works.
     """
-    from jobkeeper.models import NewJob, NewJobStream
+    from jobkeeper.models import NewJobStream
 
     jq = _queue(pg_url, pool_size=1)
     try:
         caplog.set_level(logging.WARNING)
         stream = jq._new_jobs(ITEMS)
         assert isinstance(stream, NewJobStream)
-        validate = stream._validate
+        read = stream._read
 
-        def interrupted(index: int, item: object) -> NewJob:
-            if index == BATCH // 2:
+        def interrupted(items: list[object], start: int, stop: int, *columns: list[object]) -> None:
+            if start <= BATCH // 2 < stop:
+                read(items, start, BATCH // 2, *columns)
                 raise error
-            return validate(index, item)
+            read(items, start, stop, *columns)
 
-        stream._validate = interrupted
+        stream._read = interrupted
         with pytest.raises(type(error)):
             jq.backend.job_insert_many(jobs=stream)
         assert _psycopg_warnings(caplog) == []
@@ -244,21 +245,22 @@ def test_an_interruption_while_the_ids_are_reserved_leaves_the_connection_usable
 
 def test_a_cancel_while_the_ids_are_reserved_async_leaves_the_connection_usable(pg_url, caplog):
     """The same on the async API (its pool, its pipeline)."""
-    from jobkeeper.models import NewJob, NewJobStream
+    from jobkeeper.models import NewJobStream
 
     jq = _queue(pg_url, pool_size=1)
 
     async def main() -> None:
         stream = jq._new_jobs(ITEMS)
         assert isinstance(stream, NewJobStream)
-        validate = stream._validate
+        read = stream._read
 
-        def interrupted(index: int, item: object) -> NewJob:
-            if index == BATCH // 2:
+        def interrupted(items: list[object], start: int, stop: int, *columns: list[object]) -> None:
+            if start <= BATCH // 2 < stop:
+                read(items, start, BATCH // 2, *columns)
                 raise asyncio.CancelledError()
-            return validate(index, item)
+            read(items, start, stop, *columns)
 
-        stream._validate = interrupted
+        stream._read = interrupted
         with pytest.raises(asyncio.CancelledError):
             await jq.backend.job_insert_many_async(jobs=stream)
         assert len(await jq.enqueue_many_async(ITEMS)) == BATCH

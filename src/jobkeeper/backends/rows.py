@@ -223,6 +223,41 @@ def jobs_from_new(news: Iterable[NewJob], ids: Iterable[int], now: datetime) -> 
     return built
 
 
+def jobs_from_rows(
+    heads: Sequence[NewJob],
+    args_jsons: Sequence[str],
+    args_column: Sequence[Any],
+    ids: Iterable[int],
+    now: datetime,
+) -> list[Job]:
+    """:func:`jobs_from_new` for the rows of a
+    :class:`~jobkeeper.models.NewJobStream` (its columns: row ``i`` is
+    ``heads[i]`` with ``args_jsons[i]`` and ``args_column[i]``), stored as
+    ``ids[i]``. A head that rows share is a task's given no options: its
+    jobs run now.
+    """
+    available = JobStatus.AVAILABLE
+    built: list[Job] = []
+    append = built.append
+    for head, args_json, args, job_id in zip(heads, args_jsons, args_column, ids, strict=True):
+        if head.delay is None and head.run_at is None and args is not None:
+            append(
+                _build_new_job(
+                    job_id, head.task, args, head.queue, available, head.priority, 0,
+                    head.max_attempts, now, now, head.unique_key, head.serial_key,
+                    head.trace_context,
+                )
+            )  # fmt: skip
+        elif args_json is head.args_json:
+            append(job_from_new(head, job_id, now))
+        else:
+            # Not one of a shared head's rows (those all have args), but
+            # built right whatever comes.
+            new = dataclasses.replace(head, args_json=args_json, args=args)
+            append(job_from_new(new, job_id, now))
+    return built
+
+
 def aware_utc(value: datetime | None) -> Any:
     """PostgreSQL timestamptz (aware, in the session zone) -> aware UTC."""
     if value is None or value.tzinfo is UTC:

@@ -26,7 +26,7 @@ from jobkeeper.backends.rows import (
     insert_params,
     job_from_new,
     job_from_row,
-    jobs_from_new,
+    jobs_from_rows,
     match_inserted,
 )
 from jobkeeper.errors import DatabaseError
@@ -372,16 +372,24 @@ def _insert_copy(jobs: Sequence[NewJob], channel: str) -> Plan:
         binary=True,
         # A list was validated whole before the transaction: nothing to
         # overlap, and no pipeline to enter for it.
-        meanwhile=(lambda: _read_all(jobs)) if isinstance(jobs, NewJobStream) else None,
+        meanwhile=jobs.read if isinstance(jobs, NewJobStream) else None,
     )
     reserved_now, ids, serial_queues = rows[0].values()
+    # The rows as columns (see NewJobStream): a head per row, whose
+    # args_json and args are the row's own only where no other row shares it.
+    if isinstance(jobs, NewJobStream):
+        jobs.read()  # done while the ids were reserved: a no-op
+        heads, args_jsons, args_column = jobs.heads, jobs.args_json, jobs.args
+    else:
+        heads = list(jobs)
+        args_jsons = [new.args_json for new in heads]
+        args_column = [new.args for new in heads]
     # The jobs of serial queues are flagged (serial_unkeyed; none has a key
     # here): COPY's text for true, or for NULL. Without serial queues the
     # COPY leaves the column out (the usual case: nothing more to write).
     flags = {queue: "t" for queue in serial_queues}
     ids.sort()  # ascending in input order: FIFO among equal priorities
     now = reserved_now.astimezone(UTC)
-    read: list[NewJob] = []
     built: list[Job] = []
     delayed: list[int] = []  # positions of the jobs that wait: the second COPY's
     # The batch's queues, and those its jobs to run now wake, gathered as the
@@ -391,41 +399,56 @@ def _insert_copy(jobs: Sequence[NewJob], channel: str) -> Plan:
 
     def immediate_lines() -> Iterator[str]:
         lines: list[str] = []
-        add_queue, add_woken = queues.add, woken.add
-        for new, job_id in zip(jobs, ids, strict=True):
-            if new.unique_key is not None or new.serial_key is not None:
-                # A stream is copied only when no item's options name a key;
-                # a key here means that check missed one: never drop it.
-                raise DatabaseError(
-                    "internal error: a keyed job reached the COPY path; nothing was written"
-                )
-            if new.delay is None and new.run_at is None:
-                # One row in COPY's text format, written out here rather than
-                # by psycopg's write_row (whose formatting of any value cost a
-                # third of the row's time) or a function of its own (a call
-                # per row; the usual absent trace context needs none either).
-                # Queue and task names are validated to letters, digits and
-                # ``_ . : - /``: nothing to escape.
-                trace = new.trace_context
-                add_woken(new.queue)
-                end = f"\t{flags.get(new.queue, _COPY_NULL)}\n" if flags else "\n"
-                lines.append(
-                    f"{job_id}\t{new.queue}\t{new.task}\t{_copy_text(new.args_json)}\t"
-                    f"{new.priority}\t{new.max_attempts}\t"
-                    f"{_COPY_NULL if trace is None else _copy_text(trace)}{end}"
-                )
-                if len(lines) == COPY_CHUNK_ROWS:
-                    yield "".join(lines)
-                    lines = []
-            else:
-                delayed.append(len(read))
-            add_queue(new.queue)
-            read.append(new)
+        append = lines.append
+        last: NewJob | None = None
+        immediate = False
+        before = after = ""
+        for position, (head, args_json, job_id) in enumerate(
+            zip(heads, args_jsons, ids, strict=True)
+        ):
+            if head is not last:
+                # What the row's head gives its line, worked out once for
+                # the rows that share it (a task's rows given no options).
+                last = head
+                if head.unique_key is not None or head.serial_key is not None:
+                    # A stream is copied only when no item's options name a
+                    # key; a key here means that check missed one: never drop it.
+                    raise DatabaseError(
+                        "internal error: a keyed job reached the COPY path; nothing was written"
+                    )
+                immediate = head.delay is None and head.run_at is None
+                queues.add(head.queue)
+                if immediate:
+                    # One row in COPY's text format, written out here rather
+                    # than by psycopg's write_row (whose formatting of any
+                    # value cost a third of the row's time). Queue and task
+                    # names are validated to letters, digits and
+                    # ``_ . : - /``: nothing to escape.
+                    woken.add(head.queue)
+                    trace = head.trace_context
+                    before = f"\t{head.queue}\t{head.task}\t"
+                    after = (
+                        f"\t{head.priority}\t{head.max_attempts}\t"
+                        f"{_COPY_NULL if trace is None else _copy_text(trace)}"
+                        + (f"\t{flags.get(head.queue, _COPY_NULL)}\n" if flags else "\n")
+                    )
+            if not immediate:
+                delayed.append(position)
+                continue
+            if "\\" in args_json:
+                # JSON text holds no raw tab, newline or return (both
+                # encoders escape control characters): only backslashes.
+                args_json = args_json.translate(_COPY_ESCAPES)
+            append(f"{job_id}{before}{args_json}{after}")
+            if len(lines) == COPY_CHUNK_ROWS:
+                yield "".join(lines)
+                lines = []
+                append = lines.append
         if lines:
             yield "".join(lines)
 
     def build() -> None:
-        built.extend(jobs_from_new(read, ids, now))
+        built.extend(jobs_from_rows(heads, args_jsons, args_column, ids, now))
 
     copy = "job_insert_many_copy_serial" if flags else "job_insert_many_copy"
     yield CopyText(copy, immediate_lines(), build)
@@ -434,24 +457,16 @@ def _insert_copy(jobs: Sequence[NewJob], channel: str) -> Plan:
         yield Copy(
             "job_insert_many_copy_scheduled",
             [
-                (job.id, new.queue, new.task, new.args_json, job.status.value,
-                 new.priority, new.max_attempts, job.scheduled_at, now, new.trace_context,
-                 True if new.queue in flags else None)
-                for new, job in ((read[i], built[i]) for i in delayed)
+                (job.id, job.queue, job.task, args_jsons[i], job.status.value,
+                 job.priority, job.max_attempts, job.scheduled_at, now, job.trace_context,
+                 True if job.queue in flags else None)
+                for i, job in ((i, built[i]) for i in delayed)
             ],
         )  # fmt: skip
         woken.update(job.queue for job in waiting if job.status is JobStatus.AVAILABLE)
-    limits = yield from _lock_limited(read, channel=channel, woken=sorted(woken), queues=queues)
-    yield from _count_limited(limits, read, inserted=True)
+    limits = yield from _lock_limited(heads, channel=channel, woken=sorted(woken), queues=queues)
+    yield from _count_limited(limits, heads, inserted=True)
     return built, waiting
-
-
-def _read_all(jobs: NewJobStream) -> None:
-    """Validate every item of ``jobs`` now (the stream keeps them, so the
-    COPY reads them again for free).
-    """
-    for _ in jobs:
-        pass
 
 
 #: COPY's text format escapes these; JSON text holds no raw control
