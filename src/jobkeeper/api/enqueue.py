@@ -389,17 +389,15 @@ class EnqueueMixin(QueueBase):
             return self._new_job(item[0], item[1], options, known)
 
         items = list(jobs)
+        reader = _stream_reader(validate, known, max_bytes)
         if self._tracing is None and BACKENDS[self.url.scheme].streams_inserts:
             keyed = not _named_options(items).isdisjoint(("unique_key", "serial_key"))
-            reader = _stream_reader(validate, known, max_bytes)
             return NewJobStream(items, reader, _with_args, keyed=keyed)
-        new_jobs: list[NewJob] = []
-        for index, item in enumerate(items):
-            try:
-                new_jobs.append(validate(item))
-            except (PayloadError, ConfigError) as exc:
-                raise type(exc)(f"jobs[{index}]: {exc}") from None
-        return new_jobs
+        # Read the same way, then made a NewJob per row: SQLite's insert and
+        # the tracing span read them as such.
+        stream = NewJobStream(items, reader, _with_args, keyed=False)
+        stream.read()
+        return list(stream)
 
     # -- async producers -------------------------------------------------------------
 
