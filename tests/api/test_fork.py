@@ -95,7 +95,9 @@ CONCURRENT = PRELUDE + textwrap.dedent(
                     report["inherited_open"] = True
                 except Exception:
                     report["inherited_open"] = False
-            print(json.dumps(report), flush=True)
+            # One write: print's text and its newline can go out apart, and
+            # two children's lines ran together.
+            os.write(1, (json.dumps(report) + "\\n").encode())
             sys.exit(0)  # a normal exit: finalizers run, atexit hooks too
         kids.append(pid)
     done, error = 0, None
