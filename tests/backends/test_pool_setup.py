@@ -95,3 +95,27 @@ def test_all_in_use_is_said_only_when_the_pool_had_all_its_connections():
     assert "failed jobkeeper's set-up" in said and "statement timeout" in said, said
     failures.succeeded()
     assert "2 of its 10" in busy_pool_message(10, pool, failures)
+
+
+def test_a_session_closed_while_idle_before_its_set_up_is_no_refusal(pg_url):
+    # Under a 50 ms idle_session_timeout and a busy process, a pool's new
+    # session could sit past the timeout between its connect and its set-up:
+    # counted as a refused set-up, a streak of one made the probe set up its
+    # own session, meet the same close, and fail the call blaming "a setting
+    # of the database or role" (break-test 137).
+    import psycopg
+
+    from jobkeeper.backends.postgres.pool_setup import probe
+
+    failures = SetupFailures()
+    failures.failed(psycopg.errors.IdleSessionTimeout("terminating connection"))
+    failures.failed(psycopg.errors.IdleInTransactionSessionTimeout("terminating connection"))
+    assert failures.streak == 0 and failures.last is None
+
+    def closed_idle(conn: Any) -> None:
+        raise psycopg.errors.IdleSessionTimeout(
+            "terminating connection due to idle-session timeout"
+        )
+
+    failures.failed(psycopg.errors.QueryCanceled("canceling statement due to statement timeout"))
+    probe(pg_url, {}, closed_idle, failures)  # the server took the session: no error

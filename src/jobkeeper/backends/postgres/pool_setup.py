@@ -32,6 +32,13 @@ class SessionSetupFailed(psycopg.OperationalError):
     """
 
 
+#: What ends a set-up without refusing it: the server closed the session for
+#: sitting idle between its connect and its set-up (a pool thread held back
+#: by a busy process, under a short ``idle_session_timeout``). Counted as
+#: a refusal, one of these made the probe blame "a setting of the database".
+CLOSED_IDLE = (psycopg.errors.IdleSessionTimeout, psycopg.errors.IdleInTransactionSessionTimeout)
+
+
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return text[0] if text else type(exc).__name__
@@ -49,6 +56,8 @@ class SetupFailures:
         self.last: BaseException | None = None
 
     def failed(self, error: BaseException) -> None:
+        if isinstance(error, CLOSED_IDLE):
+            return  # not a refusal (see CLOSED_IDLE)
         self.streak += 1
         self.last = error
 
@@ -124,6 +133,8 @@ def probe(
         if failures.streak:
             try:
                 configure(conn)
+            except CLOSED_IDLE:
+                pass  # the server is up and took the session: not a refusal
             except psycopg.Error as exc:
                 raise failures.error(exc) from exc
     finally:
@@ -167,6 +178,8 @@ class ServerProbe:
         if self.failures.streak:
             try:
                 await self._configure(probe)
+            except CLOSED_IDLE:
+                pass  # as in probe()
             except psycopg.Error as exc:
                 raise self.failures.error(exc) from exc
 
