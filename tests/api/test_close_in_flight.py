@@ -126,6 +126,30 @@ def test_a_wait_async_cut_by_aclose_on_another_loop_goes_on(adder: tuple[JobQueu
     assert results == [5]
 
 
+def test_a_wait_async_across_aclose_leaves_no_pool_on_the_closed_backend(
+    adder: tuple[JobQueue, Any],
+) -> None:
+    # Break-test 137: the wait's next read ran on the backend aclose() had
+    # closed and the queue forgotten; on PostgreSQL that opened a new pool
+    # of the loop on it, which nothing closed (3 sessions left until the
+    # loop ended). Reads go to the queue's current backend instead.
+    jq, add = adder
+    job = add.enqueue(a=1, b=1)  # no worker: it never ends
+
+    async def main() -> Any:
+        waiting = asyncio.ensure_future(jq.wait_async(job.id, timeout=2))
+        await asyncio.sleep(0.5)  # the waiter listens, its first read done
+        old = jq.backend
+        await jq.aclose()
+        with pytest.raises(TimeoutError):
+            await waiting
+        pools = getattr(old, "_async_pools", {})
+        assert not [p for p in pools.values() if not p.closed], "a pool opened on the old backend"
+        await jq.aclose()
+
+    asyncio.run(main())
+
+
 def test_a_wait_cut_by_close_keeps_its_timeout(adder: tuple[JobQueue, Any]) -> None:
     jq, add = adder
     job = add.enqueue(a=1, b=1)  # no worker: it never ends

@@ -120,6 +120,10 @@ def _drive_wait(
             except StopIteration as stop:
                 return stop.value
             reply, error = None, None
+            if isinstance(step, Mark | Get) and closed():
+                # Not read on the forgotten backend: its async pool opened
+                # again, and nothing closed it (break-test 137).
+                raise _QueueClosedError
             try:
                 if isinstance(step, Ready):
                     reply = watch.wait_ready(step.seconds)
@@ -172,6 +176,8 @@ async def _drive_wait_async(
             except StopIteration as stop:
                 return stop.value
             reply, error = None, None
+            if isinstance(step, Mark | Get) and closed():
+                raise _QueueClosedError  # as in _drive_wait
             try:
                 if isinstance(step, Ready):
                     reply = watch.ready or await watch.wait_ready_async(step.seconds)
