@@ -220,3 +220,34 @@ def test_enqueues_under_short_deadlines_leak_no_slot(pg_url):
         asyncio.run(main())
     finally:
         jq.close()
+
+
+def test_a_cancelled_enqueue_still_settling_when_the_loop_ends_never_commits(pg_url, caplog):
+    # Break-test 137: the caller cancelled, and asyncio.run() ended one loop
+    # step later, cancelling the settle itself; the connection was closed
+    # without the cancel request reaching the server, and the INSERT waiting
+    # on the lock committed once the lock was released. asyncio.run() waits
+    # for the tasks it cancels: the settle now finishes, bounded.
+    jq = JobQueue(pg_url)
+    jq.migrate()
+    holder = psycopg.connect(pg_url)
+
+    async def main() -> None:
+        await jq.enqueue_async("warm", {})
+        holder.execute("LOCK TABLE jobkeeper_jobs IN EXCLUSIVE MODE")
+        task = asyncio.ensure_future(jq.enqueue_async("cancelled", {}))
+        await asyncio.sleep(CANCEL_AFTER)
+        task.cancel()
+        await asyncio.sleep(0)  # the settle starts; the loop ends with it running
+
+    try:
+        with caplog.at_level(logging.WARNING):
+            asyncio.run(main())
+        assert count(pg_url, where="task = 'cancelled'") == 0
+        holder.rollback()  # the lock released: a statement left running would commit now
+        asyncio.run(asyncio.sleep(0.5))
+        assert count(pg_url, where="task = 'cancelled'") == 0
+        assert not [r for r in caplog.records if UNSETTLED in r.getMessage()]
+    finally:
+        holder.close()
+        jq.close()

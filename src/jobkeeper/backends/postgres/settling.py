@@ -21,6 +21,7 @@ then every call waited out the pool's timeout.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Coroutine
 from typing import Any, TypeVar
@@ -105,6 +106,24 @@ class SettlingConnection(psycopg.AsyncConnection[Row]):
             except Exception:  # noqa: BLE001 -- _settle says its outcome on the connection
                 break
 
+    async def _settle_at_loop_end(self, gen: PQGen[Any], interval: float) -> bool:
+        """The settle once more, within ``CANCEL_REQUEST_TIMEOUT``, its task's
+        cancel withdrawn; whether the statement ended (cancelled or not).
+        """
+        task = asyncio.current_task()
+        if task is not None:
+            task.uncancel()
+        try:
+            async with asyncio.timeout(CANCEL_REQUEST_TIMEOUT):
+                with contextlib.suppress(psycopg.Error):
+                    await self.cancel_safe(timeout=CANCEL_REQUEST_TIMEOUT)
+                await waiting.wait_async(gen, self.pgconn.socket, interval=interval)
+        except psycopg.Error:
+            return self.pgconn.status == pq.ConnStatus.OK  # the statement's own end
+        except (TimeoutError, asyncio.CancelledError):
+            return False
+        return True
+
     async def _settle(self, gen: PQGen[Any], interval: float) -> None:
         """Send the cancel request and wait for the statement's end; on
         failure, close the connection and note why (``unsettled_reason``).
@@ -127,10 +146,15 @@ class SettlingConnection(psycopg.AsyncConnection[Row]):
                 f"within {CANCEL_SETTLE_TIMEOUT:g} s (a frozen server or a cut network)"
             )
         except asyncio.CancelledError:
-            reason = (
-                "the event loop ended (its tasks were cancelled) before the database "
-                "answered this enqueue's cancel"
-            )
+            # Only the loop's end cancels this task itself (callers meet the
+            # shield), and asyncio.run() then waits for it: the cancel request
+            # still goes, bounded. Given up at once, a statement waiting on a
+            # lock committed once the lock was released (break-test 137).
+            if not await self._settle_at_loop_end(gen, interval):
+                reason = (
+                    "the event loop ended (its tasks were cancelled) before the database "
+                    "answered this enqueue's cancel"
+                )
             raise
         except psycopg.Error as exc:
             # Usually the server's answer (QueryCanceled, or another error the
