@@ -87,9 +87,7 @@ class SqliteBackend(
     # which the completer waits on: deeper buffers drained slower.
     prefetch_per_slot = 10
 
-    def dedicated(
-        self, role: str = "", *, stuck_after: float | None = None, stopping: Any = None
-    ) -> SqliteBackend:
+    def dedicated(self, role: str = "", **network: Any) -> SqliteBackend:
         # No session name (role) nor network (stuck_after, stopping). Pinned: a
         # worker stays on the file it started on (see SqliteConnection).
         return SqliteBackend(self.url, busy_timeout=self.busy_timeout, pinned=True)
