@@ -21,12 +21,7 @@ from typing import Any
 
 from jobkeeper.backends.base import RETRY_STATUSES
 from jobkeeper.backends.cockpit import CockpitReads, json_ids
-from jobkeeper.backends.rows import (
-    STAGE_LIMIT,
-    claim_arrays,
-    completion_arrays,
-    split_failures,
-)
+from jobkeeper.backends.rows import STAGE_LIMIT, claim_arrays, completion_arrays, split_failures
 from jobkeeper.backends.shared import QUEUE_REMOVE_COUNTED, QUEUE_REMOVE_STEPS, SharedReads
 from jobkeeper.backends.sqlite import wakeups
 from jobkeeper.backends.sqlite.connection import _rows
@@ -87,7 +82,9 @@ class SqliteBackend(
     # which the completer waits on: deeper buffers drained slower.
     prefetch_per_slot = 10
 
-    def dedicated(self, role: str = "", **network: Any) -> SqliteBackend:
+    def dedicated(
+        self, role: str = "", *, stuck_after: float | None = None, stopping: Any = None
+    ) -> SqliteBackend:
         # No session name (role) nor network (stuck_after, stopping). Pinned: a
         # worker stays on the file it started on (see SqliteConnection).
         return SqliteBackend(self.url, busy_timeout=self.busy_timeout, pinned=True)
