@@ -80,11 +80,8 @@ async def ping_async(conn: psycopg.AsyncConnection[Any], watch: stuck.Watch) -> 
     Raises:
         psycopg.Error: the ping failed, or was cut (``stuck.cut_reason``).
     """
-    stuck.enter(id(conn), conn, watch)
-    try:
+    with stuck.watched(conn, watch):
         await AsyncConnectionPool.check_connection(conn)
-    finally:
-        stuck.leave(id(conn))
 
 
 async def check_async(conn: psycopg.AsyncConnection[Any], watch: stuck.Watch) -> None:

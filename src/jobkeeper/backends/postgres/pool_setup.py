@@ -65,8 +65,13 @@ class SetupFailures:
         self.streak = 0
         self.last = None
 
-    def error(self, error: BaseException) -> SessionSetupFailed:
-        """The error for a probe whose own session's set-up failed with ``error``."""
+    def refusal(self, error: BaseException) -> SessionSetupFailed | None:
+        """The error for a probe whose own session's set-up failed with
+        ``error``; None when ``error`` is no refusal (see CLOSED_IDLE): the
+        server is up and took the session.
+        """
+        if isinstance(error, CLOSED_IDLE):
+            return None
         return SessionSetupFailed(
             f"no new session could be set up: {_first_line(error)} (jobkeeper's set-up "
             f"of each new session failed; the pool's last {self.streak} in a row did too: "
@@ -133,10 +138,10 @@ def probe(
         if failures.streak:
             try:
                 configure(conn)
-            except CLOSED_IDLE:
-                pass  # the server is up and took the session: not a refusal
             except psycopg.Error as exc:
-                raise failures.error(exc) from exc
+                refused = failures.refusal(exc)
+                if refused is not None:
+                    raise refused from exc
     finally:
         conn.close()
 
@@ -178,10 +183,10 @@ class ServerProbe:
         if self.failures.streak:
             try:
                 await self._configure(probe)
-            except CLOSED_IDLE:
-                pass  # as in probe()
             except psycopg.Error as exc:
-                raise self.failures.error(exc) from exc
+                refused = self.failures.refusal(exc)
+                if refused is not None:
+                    raise refused from exc
 
     async def check(self) -> None:
         """Connect directly once, unless another task's probe just succeeded

@@ -21,7 +21,6 @@ then every call waited out the pool's timeout.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Coroutine
 from typing import Any, TypeVar
@@ -106,6 +105,25 @@ class SettlingConnection(psycopg.AsyncConnection[Row]):
             except Exception:  # noqa: BLE001 -- _settle says its outcome on the connection
                 break
 
+    async def _cancel_and_wait(self, gen: PQGen[Any], interval: float, bound: float) -> None:
+        """Send the cancel request, then wait for the statement's end, all
+        within ``bound`` seconds (``TimeoutError`` past it).
+
+        Raises:
+            psycopg.Error: the statement's own end (QueryCanceled, another
+                error), or the connection lost.
+        """
+        async with asyncio.timeout(bound):
+            try:
+                await self.cancel_safe(timeout=CANCEL_REQUEST_TIMEOUT)
+            except psycopg.Error as exc:
+                # Not sent (a CancellationTimeout): the statement may still
+                # end within the bound, which settles it all the same.
+                logger.debug("cancel request failed: %s", exc)
+            # Whatever the statement ends in -- cancelled, refused, or
+            # committed just before the cancel reached it -- is settled.
+            await waiting.wait_async(gen, self.pgconn.socket, interval=interval)
+
     async def _settle_at_loop_end(self, gen: PQGen[Any], interval: float) -> bool:
         """The settle once more, within ``CANCEL_REQUEST_TIMEOUT``, its task's
         cancel withdrawn; whether the statement ended (cancelled or not).
@@ -114,10 +132,7 @@ class SettlingConnection(psycopg.AsyncConnection[Row]):
         if task is not None:
             task.uncancel()
         try:
-            async with asyncio.timeout(CANCEL_REQUEST_TIMEOUT):
-                with contextlib.suppress(psycopg.Error):
-                    await self.cancel_safe(timeout=CANCEL_REQUEST_TIMEOUT)
-                await waiting.wait_async(gen, self.pgconn.socket, interval=interval)
+            await self._cancel_and_wait(gen, interval, CANCEL_REQUEST_TIMEOUT)
         except psycopg.Error:
             return self.pgconn.status == pq.ConnStatus.OK  # the statement's own end
         except (TimeoutError, asyncio.CancelledError):
@@ -130,16 +145,7 @@ class SettlingConnection(psycopg.AsyncConnection[Row]):
         """
         reason: str | None = None
         try:
-            async with asyncio.timeout(CANCEL_SETTLE_TIMEOUT):
-                try:
-                    await self.cancel_safe(timeout=CANCEL_REQUEST_TIMEOUT)
-                except psycopg.Error as exc:
-                    # Not sent (a CancellationTimeout): the statement may still
-                    # end within the bound, which settles it all the same.
-                    logger.debug("cancel request failed: %s", exc)
-                # Whatever the statement ends in -- cancelled, refused, or
-                # committed just before the cancel reached it -- is settled.
-                await waiting.wait_async(gen, self.pgconn.socket, interval=interval)
+            await self._cancel_and_wait(gen, interval, CANCEL_SETTLE_TIMEOUT)
         except TimeoutError:
             reason = (
                 f"the database answered neither this enqueue's statement nor its cancel "

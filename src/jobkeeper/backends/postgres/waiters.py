@@ -28,6 +28,7 @@ from jobkeeper.backends import forks
 from jobkeeper.backends.postgres import stuck
 from jobkeeper.backends.postgres.prepared import reaches_server
 from jobkeeper.backends.postgres.queries import QUERIES
+from jobkeeper.backends.postgres.sources import PING_STUCK_AFTER
 from jobkeeper.backends.watch import CompletionWatch, watch_for
 from jobkeeper.database_url import redact_secrets
 
@@ -38,11 +39,9 @@ LISTEN_SLICE = 0.5
 CONNECT_TIMEOUT = 5
 #: Seconds between pings of the LISTEN connection while it is idle: a
 #: silent one is then found within about this plus the ping's threshold
-#: (``sources.PING_STUCK_AFTER``, 2 s) and the watchdog's probe.
+#: (``sources.PING_STUCK_AFTER``, the pools' pre-use ping's: it asks nothing
+#: of the server) and the watchdog's probe.
 LISTEN_PING = 5.0
-#: Seconds the ping may go unanswered before the watchdog checks on it (as
-#: the API pool's pre-use ping: it asks nothing of the server).
-PING_STUCK_AFTER = 2.0
 #: Seconds a LISTEN made through a pooler has to hear its own canary before
 #: this process's waiters give up on wake-ups through that URL.
 POOLER_ECHO_WAIT = 5.0
