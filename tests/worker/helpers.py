@@ -123,3 +123,23 @@ def lose_claim_mid_run(jq: JobQueue, worker: Any, job_id: int, gate: threading.E
     worker.heartbeat.paused = True
     wait_status(jq, [job_id], {JobStatus.RETRYABLE, JobStatus.AVAILABLE})
     gate.set()
+
+
+def claimed_job(job_id: int, **fields: Any) -> Job:
+    """A job claimed by worker ``"w"`` (attempt 1 of 5, task ``"t"``), built
+    without a database for the executor's own structures; ``fields`` override.
+    """
+    now = datetime.now(UTC)
+    defaults: dict[str, Any] = {
+        "task": "t",
+        "args": {},
+        "queue": "default",
+        "status": JobStatus.CLAIMED,
+        "priority": 0,
+        "attempt": 1,
+        "max_attempts": 5,
+        "scheduled_at": now,
+        "created_at": now,
+        "worker_id": "w",
+    }
+    return Job(id=job_id, **{**defaults, **fields})

@@ -6,7 +6,6 @@ count as pinned crashes, when it is dead; and the slots' lone start.
 from __future__ import annotations
 
 import threading
-from datetime import UTC, datetime
 
 from jobkeeper import DatabaseUnavailable, JobStatus
 from jobkeeper.maintenance.rescuer import Rescuer
@@ -17,7 +16,7 @@ from jobkeeper.worker.slots import Execution, Slots
 from support.db import job
 from support.waiting import wait_for
 
-from .helpers import claims_of
+from .helpers import claimed_job, claims_of
 
 
 def _claim(jq, holder: str) -> Job:
@@ -154,21 +153,7 @@ def test_a_lone_attempt_that_completes_clears_the_suspicion(make_queue, db_url):
 
 
 def _job(job_id: int, *, run_alone: bool = False) -> Job:
-    now = datetime.now(UTC)
-    return Job(
-        id=job_id,
-        task="t",
-        args={},
-        queue="default",
-        status=JobStatus.CLAIMED,
-        priority=0,
-        attempt=1,
-        max_attempts=5,
-        scheduled_at=now,
-        created_at=now,
-        worker_id="w",
-        run_alone=run_alone,
-    )
+    return claimed_job(job_id, run_alone=run_alone)
 
 
 def test_slots_start_a_suspect_only_alone_and_hand_back_other_suspects():

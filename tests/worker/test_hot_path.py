@@ -14,7 +14,6 @@ from typing import Any
 
 import pytest
 
-from jobkeeper import JobStatus
 from jobkeeper.config import Settings
 from jobkeeper.models import Job
 from jobkeeper.worker import producer as producer_module
@@ -22,24 +21,11 @@ from jobkeeper.worker import verdicts
 from jobkeeper.worker.slots import Execution, Slots
 from support.waiting import wait_for
 
+from .helpers import claimed_job
+
 
 def _job(job_id: int) -> Job:
-    now = datetime.now(UTC)
-    return Job(
-        id=job_id,
-        task="t",
-        args={},
-        queue="default",
-        status=JobStatus.CLAIMED,
-        priority=0,
-        attempt=1,
-        max_attempts=5,
-        scheduled_at=now,
-        created_at=now,
-        attempted_at=now,
-        worker_id="w",
-        fence=1,
-    )
+    return claimed_job(job_id, attempted_at=datetime.now(UTC), fence=1)
 
 
 class _CountingLock:
